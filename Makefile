@@ -1,0 +1,50 @@
+# conch: common tasks. `make help` lists them.
+CARGO ?= cargo
+CLUSTER_DIR ?= $(CURDIR)/.cluster
+
+.PHONY: help build release test test-unit run cluster cluster-stop fmt lint bench jepsen clean
+
+help:
+	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
+	@echo "make cluster       start a local 3-node cluster on 127.0.0.1:7001-7003 in the background"
+	@echo "make cluster-stop  stop the nodes started by make cluster"
+	@echo "make test          build everything and run every test (unit, property, process-level)"
+	@echo "make build|release|fmt|lint|bench|jepsen"
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+release:
+	$(CARGO) build --workspace --release --bins
+
+# Process-level tests start the conchd/conch binaries, so build them first.
+test:
+	$(CARGO) build --workspace --bins
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		$(CARGO) nextest run --workspace --no-fail-fast; \
+	else \
+		$(CARGO) test --workspace --no-fail-fast; \
+	fi
+	$(CARGO) test --workspace --doc
+
+test-unit:
+	$(CARGO) test --workspace --lib
+
+run:
+	$(CARGO) run --release -p conchd --bin conchd
+
+cluster: release
+	@scripts/cluster.sh start "$(CLUSTER_DIR)"
+
+cluster-stop:
+	@scripts/cluster.sh stop "$(CLUSTER_DIR)"
+
+fmt:
+	$(CARGO) fmt --all
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,204 @@
+//! conch's own services: `ConchApi` (waiters in queue order) and `ConchAdmin` (cluster status,
+//! membership, leadership, snapshots).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use conch_proto::conch as cpb;
+use conch_proto::conch::conch_admin_client::ConchAdminClient;
+use conch_proto::conch::conch_admin_server::ConchAdmin;
+use conch_proto::conch::conch_api_server::ConchApi;
+use openraft::BasicNode;
+use tonic::{Request, Response, Status};
+
+use super::{convert, respond, status};
+use crate::node::{Node, now_ns};
+use crate::raft::network::peer_channel;
+
+pub struct ConchApiService {
+    node: Arc<Node>,
+}
+
+impl ConchApiService {
+    pub fn new(node: Arc<Node>) -> Self {
+        ConchApiService { node }
+    }
+}
+
+#[tonic::async_trait]
+impl ConchApi for ConchApiService {
+    async fn list_semaphore_waiters(
+        &self,
+        request: Request<cpb::ListSemaphoreWaitersRequest>,
+    ) -> Result<Response<cpb::ListSemaphoreWaitersResponse>, Status> {
+        let r = request.into_inner();
+        self.node.linearizable().await.map_err(status::from_node)?;
+        let page = convert::page(r.pagination_token, r.limit);
+        let (semaphore, page) = self
+            .node
+            .applied
+            .read(|s| s.list_waiters(&r.namespace_name, &r.semaphore_name, &page, now_ns()))
+            .map_err(status::from_state)?;
+        Ok(respond(
+            &self.node,
+            cpb::ListSemaphoreWaitersResponse {
+                waiters: page.items.into_iter().map(convert::waiter).collect(),
+                next_pagination_token: page.next_token,
+                previous_pagination_token: page.previous_token,
+                semaphore: Some(convert::semaphore(semaphore)),
+            },
+        ))
+    }
+}
+
+pub struct AdminService {
+    node: Arc<Node>,
+}
+
+impl AdminService {
+    pub fn new(node: Arc<Node>) -> Self {
+        AdminService { node }
+    }
+
+    fn members(&self) -> Vec<cpb::Member> {
+        let metrics = self.node.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| cpb::Member { id: *id, addr: node.addr.clone(), voter: voters.contains(id) })
+            .collect()
+    }
+
+    fn membership_response(&self, log_index: u64) -> cpb::MembershipResponse {
+        cpb::MembershipResponse { log_index, members: self.members() }
+    }
+}
+
+fn raft_error(action: &str, error: impl std::fmt::Display) -> Status {
+    Status::failed_precondition(format!("{action}: {error}"))
+}
+
+#[tonic::async_trait]
+impl ConchAdmin for AdminService {
+    async fn cluster_status(
+        &self,
+        _request: Request<cpb::ClusterStatusRequest>,
+    ) -> Result<Response<cpb::ClusterStatusResponse>, Status> {
+        let (term, state, last_log_index, applied_index, snapshot_index, leader_id) = {
+            let metrics = self.node.raft.metrics();
+            let m = metrics.borrow();
+            (
+                m.current_term,
+                format!("{:?}", m.state),
+                m.last_log_index.unwrap_or(0),
+                m.last_applied.map(|l| l.index).unwrap_or(0),
+                m.snapshot.map(|l| l.index).unwrap_or(0),
+                m.current_leader.unwrap_or(0),
+            )
+        };
+        let leader_addr = self.node.leader().map(|l| l.addr).unwrap_or_default();
+        let (state_hash, stats) = self.node.applied.read(|s| (s.hash(), s.stats()));
+        // openraft 0.9 does not export the commit index; everything applied is committed.
+        let commit_index = self.node.applied.applied_index().max(applied_index);
+        Ok(respond(
+            &self.node,
+            cpb::ClusterStatusResponse {
+                node_id: self.node.id,
+                addr: self.node.config.advertise.clone(),
+                leader_id,
+                leader_addr,
+                term,
+                state,
+                last_log_index,
+                commit_index,
+                applied_index: self.node.applied.applied_index(),
+                snapshot_index,
+                members: self.members(),
+                state_hash,
+                namespaces: stats.namespaces,
+                semaphores: stats.semaphores,
+                leases: stats.leases,
+                holders: stats.holders,
+                waiters: stats.waiters,
+            },
+        ))
+    }
+
+    async fn add_learner(
+        &self,
+        request: Request<cpb::AddLearnerRequest>,
+    ) -> Result<Response<cpb::MembershipResponse>, Status> {
+        let r = request.into_inner();
+        if r.node_id == 0 || r.addr.is_empty() {
+            return Err(Status::invalid_argument("node_id must be positive and addr non-empty"));
+        }
+        let response = self
+            .node
+            .raft
+            .add_learner(r.node_id, BasicNode { addr: r.addr }, true)
+            .await
+            .map_err(|e| raft_error("add learner", e))?;
+        Ok(respond(&self.node, self.membership_response(response.log_id.index)))
+    }
+
+    async fn change_membership(
+        &self,
+        request: Request<cpb::ChangeMembershipRequest>,
+    ) -> Result<Response<cpb::MembershipResponse>, Status> {
+        let voters: BTreeSet<u64> = request.into_inner().voters.into_iter().collect();
+        if voters.is_empty() {
+            return Err(Status::invalid_argument("voters must name at least one node"));
+        }
+        let response = self
+            .node
+            .raft
+            .change_membership(voters, false)
+            .await
+            .map_err(|e| raft_error("change membership", e))?;
+        Ok(respond(&self.node, self.membership_response(response.log_id.index)))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<cpb::TransferLeaderRequest>,
+    ) -> Result<Response<cpb::TransferLeaderResponse>, Status> {
+        let to = request.into_inner().to_node_id;
+        if to == self.node.id {
+            // The target campaigns; with an up-to-date log it wins the election.
+            self.node.raft.trigger().elect().await.map_err(|e| raft_error("start election", e))?;
+            return Ok(respond(&self.node, cpb::TransferLeaderResponse {}));
+        }
+        let members: BTreeMap<u64, String> = self.members().into_iter().map(|m| (m.id, m.addr)).collect();
+        let addr = members
+            .get(&to)
+            .ok_or_else(|| Status::invalid_argument(format!("node {to} is not a member")))?;
+        let channel = peer_channel(addr, std::time::Duration::from_secs(1))
+            .map_err(|e| Status::unavailable(format!("connect to node {to} at {addr}: {e}")))?;
+        ConchAdminClient::new(channel)
+            .transfer_leader(cpb::TransferLeaderRequest { to_node_id: to })
+            .await?;
+        Ok(respond(&self.node, cpb::TransferLeaderResponse {}))
+    }
+
+    async fn trigger_snapshot(
+        &self,
+        _request: Request<cpb::TriggerSnapshotRequest>,
+    ) -> Result<Response<cpb::TriggerSnapshotResponse>, Status> {
+        let before = self.node.raft.metrics().borrow().snapshot.map(|l| l.index).unwrap_or(0);
+        self.node.raft.trigger().snapshot().await.map_err(|e| raft_error("trigger snapshot", e))?;
+        let applied = self.node.applied.applied_index();
+        let mut metrics = self.node.raft.metrics();
+        let snapshot_index = loop {
+            let current = metrics.borrow().snapshot.map(|l| l.index).unwrap_or(0);
+            if current >= applied || current > before {
+                break current;
+            }
+            if tokio::time::timeout(std::time::Duration::from_secs(10), metrics.changed()).await.is_err() {
+                return Err(Status::deadline_exceeded("snapshot did not complete within 10 s"));
+            }
+        };
+        Ok(respond(&self.node, cpb::TriggerSnapshotResponse { snapshot_index }))
+    }
+}

@@ -1,0 +1,79 @@
+//! gRPC services: the Grackle API, conch's extensions and admin, the peer service, health and
+//! reflection, all on one port.
+
+use std::sync::Arc;
+
+use conch_proto::conch::conch_admin_server::ConchAdminServer;
+use conch_proto::conch::conch_api_server::ConchApiServer;
+use conch_proto::conch::conch_peer_server::ConchPeerServer;
+use conch_proto::grackle::grackle_api_server::GrackleApiServer;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::Response;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Server;
+
+use crate::node::Node;
+use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
+
+pub mod conch;
+pub mod convert;
+pub mod grackle;
+pub mod peer;
+pub mod status;
+
+/// Largest client request accepted; anything bigger is refused with ResourceExhausted.
+pub const CLIENT_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+/// Response metadata naming the leader's address, so clients can go there directly.
+pub const LEADER_HEADER: &str = "conch-leader";
+
+/// Wraps a reply, adding the leader's address when known.
+pub fn respond<T>(node: &Node, message: T) -> Response<T> {
+    let mut response = Response::new(message);
+    if let Some(leader) = node.leader()
+        && let Ok(value) = MetadataValue::try_from(leader.addr.as_str())
+    {
+        response.metadata_mut().insert(LEADER_HEADER, value);
+    }
+    response
+}
+
+/// Serves every service on `listener` until `shutdown` resolves.
+pub async fn serve(
+    node: Arc<Node>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<GrackleApiServer<grackle::GrackleService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(conch_proto::FILE_DESCRIPTOR_SET)
+        .build_v1();
+    let reflection = match reflection {
+        Ok(service) => Some(service),
+        Err(e) => {
+            tracing::warn!(error = %e, "gRPC reflection unavailable");
+            None
+        }
+    };
+    let grackle = GrackleApiServer::new(grackle::GrackleService::new(Arc::clone(&node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(&node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let admin = ConchAdminServer::new(conch::AdminService::new(Arc::clone(&node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let peer = ConchPeerServer::new(peer::PeerService::new(Arc::clone(&node)))
+        .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
+        .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES);
+    Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .add_service(health_service)
+        .add_optional_service(reflection)
+        .add_service(grackle)
+        .add_service(conch_api)
+        .add_service(admin)
+        .add_service(peer)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}

@@ -1,0 +1,273 @@
+//! Daemon configuration: flags, `CONCH_*` environment variables and an optional TOML file,
+//! validated once into a read-only [`Config`].
+//!
+//! Precedence: flag > environment variable > config file > default.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7001";
+pub const DEFAULT_DATA_DIR: &str = "conch-data";
+
+/// conchd: a replicated semaphore daemon answering the Grackle semaphore API.
+///
+/// With no arguments it runs a single-node cluster on 127.0.0.1:7001 with its data in
+/// ./conch-data. To run three nodes, start each with its own --id, --listen and --data-dir and
+/// the same --initial-cluster.
+#[derive(Parser, Debug, Default)]
+#[command(name = "conchd", version, about, long_about, after_help = EXAMPLES)]
+pub struct Flags {
+    /// This node's id (a positive integer, unique in the cluster).
+    #[arg(long, env = "CONCH_ID")]
+    pub id: Option<u64>,
+
+    /// Address to serve clients and peers on (host:port). Peers share this port.
+    #[arg(long, env = "CONCH_LISTEN")]
+    pub listen: Option<String>,
+
+    /// Address other nodes and clients reach this node at (default: --listen).
+    #[arg(long, env = "CONCH_ADVERTISE")]
+    pub advertise: Option<String>,
+
+    /// Directory holding the Raft log, vote and snapshots.
+    #[arg(long, env = "CONCH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Initial members, as id=host:port pairs: 1=10.0.0.1:7001,2=10.0.0.2:7001,3=10.0.0.3:7001.
+    /// Used only to bootstrap an empty data directory; a restarted node ignores it.
+    #[arg(long, env = "CONCH_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+
+    /// TOML file with any of these settings (keys as the long flags, with underscores).
+    #[arg(long, env = "CONCH_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Raft heartbeat interval in milliseconds.
+    #[arg(long, env = "CONCH_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+
+    /// Minimum election timeout in milliseconds (the maximum is twice this).
+    #[arg(long, env = "CONCH_ELECTION_TIMEOUT_MS")]
+    pub election_timeout_ms: Option<u64>,
+
+    /// Take a snapshot (and compact the log) every this many log entries.
+    #[arg(long, env = "CONCH_SNAPSHOT_EVERY")]
+    pub snapshot_every: Option<u64>,
+
+    /// How long a call waits for a leader during an election before answering Unavailable, in
+    /// milliseconds.
+    #[arg(long, env = "CONCH_LEADER_WAIT_MS")]
+    pub leader_wait_ms: Option<u64>,
+
+    /// Log filter, e.g. info, debug, conchd=debug,openraft=info.
+    #[arg(long, env = "CONCH_LOG")]
+    pub log: Option<String>,
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  conchd                                   # single node on 127.0.0.1:7001, data in ./conch-data
+  conchd --id 1 --listen 127.0.0.1:7001 --data-dir /var/lib/conch/1 \\
+         --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
+  CONCH_CONFIG=/etc/conch/conchd.toml conchd
+";
+
+/// The same settings, read from a TOML file.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    id: Option<u64>,
+    listen: Option<String>,
+    advertise: Option<String>,
+    data_dir: Option<PathBuf>,
+    initial_cluster: Option<String>,
+    heartbeat_ms: Option<u64>,
+    election_timeout_ms: Option<u64>,
+    snapshot_every: Option<u64>,
+    leader_wait_ms: Option<u64>,
+    log: Option<String>,
+}
+
+/// Validated configuration; read-only once built.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub id: u64,
+    pub listen: SocketAddr,
+    pub advertise: String,
+    pub data_dir: PathBuf,
+    /// Members to bootstrap with when the data directory is empty.
+    pub initial_cluster: BTreeMap<u64, String>,
+    pub heartbeat: Duration,
+    pub election_timeout: Duration,
+    pub snapshot_every: u64,
+    pub leader_wait: Duration,
+    pub log: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("read config file {path}: {source}")]
+    ReadFile { path: PathBuf, source: std::io::Error },
+    #[error("parse config file {path}: {message}")]
+    ParseFile { path: PathBuf, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    pub fn from_flags(flags: Flags) -> Result<Config, ConfigError> {
+        let file = match &flags.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let id = flags.id.or(file.id).unwrap_or(1);
+        if id == 0 {
+            return Err(ConfigError::Invalid("--id must be a positive integer".into()));
+        }
+        let listen_text = flags.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen = resolve(&listen_text).map_err(|e| ConfigError::Invalid(format!("--listen {listen_text}: {e}")))?;
+        let advertise = flags.advertise.or(file.advertise).unwrap_or_else(|| listen.to_string());
+        resolve(&advertise).map_err(|e| ConfigError::Invalid(format!("--advertise {advertise}: {e}")))?;
+        let data_dir = flags.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let initial_cluster = match flags.initial_cluster.or(file.initial_cluster) {
+            Some(text) => parse_initial_cluster(&text)?,
+            None => BTreeMap::from([(id, advertise.clone())]),
+        };
+        match initial_cluster.get(&id) {
+            Some(addr) if *addr == advertise => {}
+            Some(addr) => {
+                return Err(ConfigError::Invalid(format!(
+                    "--initial-cluster names node {id} at {addr}, but this node listens/advertises {advertise}"
+                )));
+            }
+            None => {
+                return Err(ConfigError::Invalid(format!(
+                    "--initial-cluster does not include this node's --id {id}"
+                )));
+            }
+        }
+        let heartbeat_ms = flags.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
+        let election_ms = flags.election_timeout_ms.or(file.election_timeout_ms).unwrap_or(500);
+        if heartbeat_ms == 0 || election_ms < heartbeat_ms * 3 {
+            return Err(ConfigError::Invalid(format!(
+                "--election-timeout-ms ({election_ms}) must be at least 3x --heartbeat-ms ({heartbeat_ms}), and both positive"
+            )));
+        }
+        let snapshot_every = flags.snapshot_every.or(file.snapshot_every).unwrap_or(10_000);
+        if snapshot_every < 10 {
+            return Err(ConfigError::Invalid("--snapshot-every must be at least 10".into()));
+        }
+        let leader_wait_ms = flags.leader_wait_ms.or(file.leader_wait_ms).unwrap_or(3_000);
+        Ok(Config {
+            id,
+            listen,
+            advertise,
+            data_dir,
+            initial_cluster,
+            heartbeat: Duration::from_millis(heartbeat_ms),
+            election_timeout: Duration::from_millis(election_ms),
+            snapshot_every,
+            leader_wait: Duration::from_millis(leader_wait_ms),
+            log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ConfigError::ReadFile { path: path.to_path_buf(), source })?;
+    toml::from_str(&text).map_err(|e| ConfigError::ParseFile { path: path.to_path_buf(), message: e.to_string() })
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    addr.to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or_else(|| "resolves to no address".to_string())
+}
+
+/// Parses `1=host:port,2=host:port`.
+pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
+    let mut members = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part.split_once('=').ok_or_else(|| {
+            ConfigError::Invalid(format!("--initial-cluster entry {part:?} is not id=host:port"))
+        })?;
+        let id: u64 = id.trim().parse().map_err(|_| {
+            ConfigError::Invalid(format!("--initial-cluster entry {part:?}: node id must be a positive integer"))
+        })?;
+        if id == 0 {
+            return Err(ConfigError::Invalid(format!("--initial-cluster entry {part:?}: node id must be positive")));
+        }
+        let addr = addr.trim().to_string();
+        resolve(&addr).map_err(|e| ConfigError::Invalid(format!("--initial-cluster entry {part:?}: {e}")))?;
+        if members.insert(id, addr).is_some() {
+            return Err(ConfigError::Invalid(format!("--initial-cluster names node {id} twice")));
+        }
+    }
+    if members.is_empty() {
+        return Err(ConfigError::Invalid("--initial-cluster is empty".into()));
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_flags_gives_the_embedded_single_node_default() {
+        let config = Config::from_flags(Flags::default()).expect("defaults are valid");
+        assert_eq!(config.id, 1);
+        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(config.initial_cluster, BTreeMap::from([(1, DEFAULT_LISTEN.to_string())]));
+    }
+
+    #[test]
+    fn initial_cluster_parses_and_rejects_bad_entries() {
+        let members = parse_initial_cluster("1=127.0.0.1:7001, 2=127.0.0.1:7002").expect("valid");
+        assert_eq!(members.len(), 2);
+        for bad in ["", "1", "x=127.0.0.1:1", "0=127.0.0.1:1", "1=127.0.0.1:1,1=127.0.0.1:2", "1=nohost"] {
+            assert!(parse_initial_cluster(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn node_must_be_in_its_initial_cluster() {
+        let flags = Flags {
+            id: Some(4),
+            initial_cluster: Some("1=127.0.0.1:7001".into()),
+            ..Flags::default()
+        };
+        let err = Config::from_flags(flags).expect_err("node 4 is not a member");
+        assert!(err.to_string().contains("does not include"), "{err}");
+    }
+
+    #[test]
+    fn file_settings_apply_and_flags_win() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("conchd.toml");
+        std::fs::write(&path, "id = 2\nlisten = \"127.0.0.1:7002\"\nheartbeat_ms = 50\nelection_timeout_ms = 400\n")
+            .expect("write config");
+        let flags = Flags {
+            config: Some(path.clone()),
+            heartbeat_ms: Some(80),
+            initial_cluster: Some("2=127.0.0.1:7002".into()),
+            ..Flags::default()
+        };
+        let config = Config::from_flags(flags).expect("valid");
+        assert_eq!(config.id, 2);
+        assert_eq!(config.heartbeat, Duration::from_millis(80));
+        assert_eq!(config.election_timeout, Duration::from_millis(400));
+
+        std::fs::write(&path, "bogus_key = 1\n").expect("write config");
+        let err = Config::from_flags(Flags { config: Some(path), ..Flags::default() }).expect_err("unknown key");
+        assert!(err.to_string().contains("bogus_key"), "{err}");
+    }
+}

@@ -1,0 +1,52 @@
+//! The lease clock: the leader proposes `Expire` when its applied state has a lease or a
+//! waiter past due. An idle cluster writes nothing; a new leader's first batch extends every
+//! lease (see `node.rs`), proposed here right after it wins an election.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::node::{Node, now_ns};
+use crate::state::Cmd;
+
+/// Longest sleep between checks while leading (bounds the effect of a clock jump).
+const RECHECK: Duration = Duration::from_secs(1);
+/// Pause after a failed proposal before trying again.
+const RETRY: Duration = Duration::from_millis(50);
+
+pub async fn run(node: Arc<Node>) {
+    let mut metrics = node.raft.metrics();
+    let mut applied = node.applied.subscribe_applied();
+    let mut led_term = 0;
+    loop {
+        if !node.is_leader() {
+            if metrics.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let term = metrics.borrow().current_term;
+        let due = node.applied.read(|state| state.next_due_ns());
+        let now = now_ns();
+        let must_propose = term != led_term || due.is_some_and(|due| due <= now);
+        if must_propose {
+            // A new term's first batch also carries ExtendLeases.
+            match node.write_one(Cmd::Expire).await {
+                Ok(_) => led_term = term,
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease expiry proposal failed");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+            continue;
+        }
+        let sleep = match due {
+            Some(due) => Duration::from_nanos(u64::try_from(due.saturating_sub(now)).unwrap_or(0)).min(RECHECK),
+            None => RECHECK,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            changed = applied.changed() => if changed.is_err() { return },
+            changed = metrics.changed() => if changed.is_err() { return },
+        }
+    }
+}

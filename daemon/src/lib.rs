@@ -1,0 +1,10 @@
+//! conchd: the conch daemon. See the module docs for who owns what.
+
+pub mod api;
+pub mod applied;
+pub mod config;
+pub mod expiry;
+pub mod node;
+pub mod raft;
+pub mod server;
+pub mod state;

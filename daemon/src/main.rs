@@ -1,0 +1,67 @@
+//! `conchd`: flags -> Config -> run.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use conchd::config::{Config, Flags};
+use conchd::server;
+
+fn main() -> ExitCode {
+    let flags = match Flags::try_parse() {
+        Ok(flags) => flags,
+        Err(e) => {
+            let code = if e.use_stderr() { 64 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match run(flags) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("conchd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(flags: Flags) -> anyhow::Result<()> {
+    let config = Arc::new(Config::from_flags(flags)?);
+    init_logging(&config.log)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(async move {
+        let running = server::start(Arc::clone(&config)).await?;
+        let data_dir = std::fs::canonicalize(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
+        println!(
+            "conchd: node {} listening on {} (clients and peers), data in {}",
+            config.id,
+            running.local_addr().map(|a| a.to_string()).unwrap_or_else(|| config.listen.to_string()),
+            data_dir.display()
+        );
+        server::serve(running, shutdown_signal()).await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+fn init_logging(filter: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| format!("--log {filter:?}"))?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Without signal handlers, run until killed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}

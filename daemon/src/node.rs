@@ -1,0 +1,393 @@
+//! A running conch node: Raft, the applied state, and the paths every request takes.
+//!
+//! Writes: a handler calls [`Node::write`]; the proposer task collects every command that
+//! arrived meanwhile into one [`Batch`] (one Raft entry, one fsync: group commit). On the leader
+//! the batch goes to Raft; on a follower it is forwarded to the leader's proposer over
+//! `ConchPeer.Propose`, and the follower answers only once it has applied the entry itself.
+//!
+//! Reads: [`Node::linearizable`] confirms leadership (read-index) once for every read that
+//! arrived meanwhile, then waits until this node applied up to that index.
+//!
+//! A new leader's first batch starts with `ExtendLeases`, so a failover never expires a live
+//! client's lease early.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use conch_proto::conch::PeerMessage;
+use conch_proto::conch::conch_peer_client::ConchPeerClient;
+use openraft::ServerState;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tonic::transport::Channel;
+
+use crate::applied::AppliedState;
+use crate::config::Config;
+use crate::raft::network::{decode, encode, peer_channel, peer_client};
+use crate::raft::{NodeId, Raft};
+use crate::state::{Batch, Cmd, Reply};
+
+/// Most commands put into one Raft entry.
+const BATCH_MAX_CMDS: usize = 4096;
+/// Batches in flight to Raft at once (lets the next batch form while one commits).
+const BATCHES_IN_FLIGHT: usize = 3;
+
+/// Why a write or read could not be served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum NodeError {
+    #[error("{0}")]
+    Unavailable(String),
+    /// A forwarded proposal reached a node that is not the leader.
+    #[error("node {node} is not the leader")]
+    NotLeader { node: NodeId },
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The leader as this node currently sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderInfo {
+    pub id: NodeId,
+    pub addr: String,
+    pub term: u64,
+}
+
+struct Proposal {
+    cmds: Vec<Cmd>,
+    /// Came from another node: never forward it again.
+    forwarded: bool,
+    reply: oneshot::Sender<Result<(Vec<Reply>, u64), NodeError>>,
+}
+
+pub struct Node {
+    pub id: NodeId,
+    pub config: Arc<Config>,
+    pub raft: Raft,
+    pub applied: Arc<AppliedState>,
+    proposals: mpsc::Sender<Proposal>,
+    reads: mpsc::Sender<oneshot::Sender<Result<u64, NodeError>>>,
+    peers: Mutex<HashMap<String, ConchPeerClient<Channel>>>,
+    /// Term in which this node, as leader, has committed `ExtendLeases`.
+    extended_term: AtomicU64,
+}
+
+/// Wall clock in nanoseconds since the Unix epoch (the leader's stamp on each batch).
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Node {
+    /// Starts the proposer and read-index tasks for `raft`.
+    pub fn start(config: Arc<Config>, raft: Raft, applied: Arc<AppliedState>) -> Arc<Node> {
+        let (proposals, proposal_rx) = mpsc::channel(BATCH_MAX_CMDS);
+        let (reads, read_rx) = mpsc::channel(BATCH_MAX_CMDS);
+        let node = Arc::new(Node {
+            id: config.id,
+            config,
+            raft,
+            applied,
+            proposals,
+            reads,
+            peers: Mutex::new(HashMap::new()),
+            extended_term: AtomicU64::new(0),
+        });
+        tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
+        tokio::spawn(Arc::clone(&node).run_read_index(read_rx));
+        node
+    }
+
+    /// Proposes `cmds` (in order, in one entry) and returns their replies once this node has
+    /// applied them.
+    pub async fn write(&self, cmds: Vec<Cmd>) -> Result<Vec<Reply>, NodeError> {
+        self.propose(cmds, false).await.map(|(replies, _)| replies)
+    }
+
+    pub async fn write_one(&self, cmd: Cmd) -> Result<Reply, NodeError> {
+        let mut replies = self.write(vec![cmd]).await?;
+        replies.pop().ok_or_else(|| NodeError::Internal("state machine returned no reply".into()))
+    }
+
+    /// Entry point for proposals forwarded by followers.
+    pub async fn propose_forwarded(&self, cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
+        self.propose(cmds, true).await
+    }
+
+    async fn propose(&self, cmds: Vec<Cmd>, forwarded: bool) -> Result<(Vec<Reply>, u64), NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.proposals
+            .send(Proposal { cmds, forwarded, reply })
+            .await
+            .map_err(|_| shutting_down())?;
+        rx.await.map_err(|_| shutting_down())?
+    }
+
+    /// Waits until a read on this node is linearizable: leadership confirmed by a quorum after
+    /// the call began, and this node applied everything committed before it.
+    pub async fn linearizable(&self) -> Result<(), NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.reads.send(reply).await.map_err(|_| shutting_down())?;
+        rx.await.map_err(|_| shutting_down())?.map(|_| ())
+    }
+
+    /// Read index for a follower's linearizable read (leader side of `ConchPeer.ReadIndex`).
+    pub async fn read_index_as_leader(&self) -> Result<u64, NodeError> {
+        match self.raft.get_read_log_id().await {
+            Ok((read_log_id, _)) => Ok(read_log_id.map(|l| l.index).unwrap_or(0)),
+            Err(e) => match e.forward_to_leader() {
+                Some(_) => Err(NodeError::NotLeader { node: self.id }),
+                None => Err(NodeError::Unavailable(format!("confirm leadership: {e}"))),
+            },
+        }
+    }
+
+    /// The current leader, if one is known.
+    pub fn leader(&self) -> Option<LeaderInfo> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let id = metrics.current_leader?;
+        let addr = metrics.membership_config.membership().get_node(&id)?.addr.clone();
+        Some(LeaderInfo { id, addr, term: metrics.current_term })
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.state == ServerState::Leader && metrics.current_leader == Some(self.id)
+    }
+
+    /// Waits (bounded by `leader_wait`) until some leader is known.
+    async fn await_leader(&self, deadline: tokio::time::Instant) -> Result<LeaderInfo, NodeError> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Some(leader) = self.leader() {
+                return Ok(leader);
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) => return Err(shutting_down()),
+                Err(_) => return Err(self.no_leader_error()),
+            }
+        }
+    }
+
+    fn no_leader_error(&self) -> NodeError {
+        NodeError::Unavailable(format!(
+            "no leader elected within {} ms: the cluster may have lost its majority (node {} sees no leader)",
+            self.config.leader_wait.as_millis(),
+            self.id
+        ))
+    }
+
+    fn peer(&self, addr: &str) -> Result<ConchPeerClient<Channel>, NodeError> {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(client) = peers.get(addr) {
+            return Ok(client.clone());
+        }
+        let channel = peer_channel(addr, Duration::from_secs(1))
+            .map_err(|e| NodeError::Unavailable(format!("connect to leader at {addr}: {e}")))?;
+        let client = peer_client(channel);
+        peers.insert(addr.to_string(), client.clone());
+        Ok(client)
+    }
+
+    async fn run_proposer(self: Arc<Self>, mut rx: mpsc::Receiver<Proposal>) {
+        let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+        loop {
+            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else { return };
+            let Some(first) = rx.recv().await else { return };
+            let mut cmd_count = first.cmds.len();
+            let mut batch = vec![first];
+            while cmd_count < BATCH_MAX_CMDS {
+                match rx.try_recv() {
+                    Ok(p) => {
+                        cmd_count += p.cmds.len();
+                        batch.push(p);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let node = Arc::clone(&self);
+            tokio::spawn(async move {
+                node.submit(batch).await;
+                drop(permit);
+            });
+        }
+    }
+
+    /// Commits one batch of proposals (locally as leader, or through the leader) and answers
+    /// each proposal with its own replies.
+    async fn submit(&self, proposals: Vec<Proposal>) {
+        if self.is_leader() {
+            let cmds: Vec<Cmd> = proposals.iter().flat_map(|p| p.cmds.iter().cloned()).collect();
+            match self.commit_as_leader(cmds).await {
+                Ok(committed) => return answer(proposals, Ok(committed)),
+                Err(NodeError::NotLeader { .. }) => {} // nothing was proposed; route below
+                Err(e) => return answer(proposals, Err(e)),
+            }
+        }
+        // Forwarded proposals may only be committed here, as leader: never forward them again.
+        let (local, forwarded): (Vec<_>, Vec<_>) = proposals.into_iter().partition(|p| !p.forwarded);
+        answer(forwarded, Err(NodeError::NotLeader { node: self.id }));
+        if local.is_empty() {
+            return;
+        }
+        let cmds: Vec<Cmd> = local.iter().flat_map(|p| p.cmds.iter().cloned()).collect();
+        let result = self.commit_anywhere(cmds).await;
+        answer(local, result);
+    }
+
+    async fn commit_anywhere(&self, cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
+        let deadline = tokio::time::Instant::now() + self.config.leader_wait;
+        loop {
+            let leader = self.await_leader(deadline).await?;
+            let result = if leader.id == self.id {
+                self.commit_as_leader(cmds.clone()).await
+            } else {
+                self.commit_through(&leader, cmds.clone()).await
+            };
+            match result {
+                Err(NodeError::NotLeader { .. }) if tokio::time::Instant::now() < deadline => {
+                    // The leader changed under us; nothing was proposed. Wait for news and retry.
+                    let mut metrics = self.raft.metrics();
+                    let _ = tokio::time::timeout(self.config.heartbeat, metrics.changed()).await;
+                }
+                Err(NodeError::NotLeader { .. }) => return Err(self.no_leader_error()),
+                other => return other,
+            }
+        }
+    }
+
+    async fn commit_as_leader(&self, mut cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
+        let term = self.raft.metrics().borrow().current_term;
+        let extend = self.extended_term.load(Ordering::Acquire) != term;
+        if extend {
+            cmds.insert(0, Cmd::ExtendLeases);
+        }
+        let batch = Batch { now_ns: now_ns(), cmds };
+        match self.raft.client_write(batch).await {
+            Ok(response) => {
+                if extend {
+                    self.extended_term.fetch_max(term, Ordering::AcqRel);
+                }
+                let mut replies = response.data;
+                if extend && !replies.is_empty() {
+                    replies.remove(0);
+                }
+                Ok((replies, response.log_id.index))
+            }
+            Err(e) => match e.forward_to_leader() {
+                Some(_) => Err(NodeError::NotLeader { node: self.id }),
+                None => Err(NodeError::Unavailable(format!("raft write failed: {e}"))),
+            },
+        }
+    }
+
+    async fn commit_through(&self, leader: &LeaderInfo, cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
+        let payload = encode(&cmds).map_err(|e| NodeError::Internal(format!("encode proposal: {e}")))?;
+        let mut client = self.peer(&leader.addr)?;
+        let response = client.propose(PeerMessage { payload }).await.map_err(|status| {
+            if status.code() == tonic::Code::Unavailable {
+                // Not delivered: the leader is unreachable. Let the caller retry elsewhere.
+                NodeError::NotLeader { node: leader.id }
+            } else {
+                NodeError::Unavailable(format!(
+                    "forward to leader {} at {}: {}; the outcome is unknown",
+                    leader.id,
+                    leader.addr,
+                    status.message()
+                ))
+            }
+        })?;
+        let result: Result<(Vec<Reply>, u64), NodeError> = decode(&response.into_inner().payload)
+            .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
+        let (replies, index) = result?;
+        // Answer only once this node applied the entry: reads here then see the write, and a
+        // caller waiting here for a grant sees the state the reply describes.
+        if tokio::time::timeout(self.config.leader_wait, self.applied.wait_applied(index)).await.is_err() {
+            tracing::warn!(index, "follower slow to apply a forwarded write");
+        }
+        Ok((replies, index))
+    }
+
+    async fn run_read_index(self: Arc<Self>, mut rx: mpsc::Receiver<oneshot::Sender<Result<u64, NodeError>>>) {
+        loop {
+            let Some(first) = rx.recv().await else { return };
+            let mut waiting = vec![first];
+            while let Ok(next) = rx.try_recv() {
+                waiting.push(next);
+            }
+            let result = self.read_index().await;
+            if let Ok(index) = result {
+                self.applied.wait_applied(index).await;
+            }
+            for reply in waiting {
+                let _ = reply.send(result.clone());
+            }
+        }
+    }
+
+    async fn read_index(&self) -> Result<u64, NodeError> {
+        let deadline = tokio::time::Instant::now() + self.config.leader_wait;
+        loop {
+            let leader = self.await_leader(deadline).await?;
+            let result = if leader.id == self.id {
+                self.read_index_as_leader().await
+            } else {
+                self.read_index_through(&leader).await
+            };
+            match result {
+                Err(NodeError::NotLeader { .. }) if tokio::time::Instant::now() < deadline => {
+                    let mut metrics = self.raft.metrics();
+                    let _ = tokio::time::timeout(self.config.heartbeat, metrics.changed()).await;
+                }
+                Err(NodeError::NotLeader { .. }) => return Err(self.no_leader_error()),
+                other => return other,
+            }
+        }
+    }
+
+    async fn read_index_through(&self, leader: &LeaderInfo) -> Result<u64, NodeError> {
+        let mut client = self.peer(&leader.addr)?;
+        let response = client.read_index(PeerMessage { payload: Vec::new() }).await.map_err(|status| {
+            if status.code() == tonic::Code::Unavailable {
+                NodeError::NotLeader { node: leader.id }
+            } else {
+                NodeError::Unavailable(format!("read index from leader {}: {}", leader.id, status.message()))
+            }
+        })?;
+        let result: Result<u64, NodeError> = decode(&response.into_inner().payload)
+            .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
+        result
+    }
+}
+
+fn answer(proposals: Vec<Proposal>, result: Result<(Vec<Reply>, u64), NodeError>) {
+    match result {
+        Ok((replies, index)) => {
+            let mut replies = replies.into_iter();
+            for proposal in proposals {
+                let mine: Vec<Reply> = replies.by_ref().take(proposal.cmds.len()).collect();
+                let outcome = if mine.len() == proposal.cmds.len() {
+                    Ok((mine, index))
+                } else {
+                    Err(NodeError::Internal("state machine returned too few replies".into()))
+                };
+                let _ = proposal.reply.send(outcome);
+            }
+        }
+        Err(e) => {
+            for proposal in proposals {
+                let _ = proposal.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+fn shutting_down() -> NodeError {
+    NodeError::Unavailable("node is shutting down".into())
+}

@@ -1,0 +1,887 @@
+//! The Raft log and vote on sled.
+//!
+//! One sled `Db` under `<data_dir>/raft`, one tree, keys by prefix:
+//! - `e` + big-endian u64 index -> one log entry (so sled's key order is log order)
+//! - `m:vote`, `m:committed`, `m:purged` -> the vote, the last committed log id, the purge point
+//!
+//! Every value is `bincode(value) ++ fnv1a64(bincode(value))` (little-endian), so a damaged value
+//! is reported as a `StorageError` instead of decoding into something else.
+//!
+//! Invariants:
+//! - the entries present form one run of consecutive indexes, starting right after the purge
+//!   point when there is one (no holes); `open` checks this and refuses a log that breaks it
+//! - the key of an entry is its own log index
+//! - an acknowledged append or vote is on disk (see below)
+//!
+//! Ordering. openraft issues every write from one task, one at a time, so sled sees them in
+//! submission order; sled recovers a prefix of its own log, so a write made durable also makes
+//! every earlier write durable.
+//!
+//! `append(entries, callback)`:
+//! 1. encode every entry; all of them go into ONE `sled::Batch` (atomic: all or none)
+//! 2. apply the batch: the entries are now readable by every `LogStore` clone (the log reader)
+//! 3. ONE `flush_async().await`: sled writes its log and `sync_file_range`s it (survives a
+//!    process crash)
+//! 4. durability step ([`Durability::Fsync`]): `fdatasync` sled's data file `<raft>/db` and
+//!    `fsync` any new file in `<raft>/blobs` (large values that sled writes outside its log and
+//!    never syncs), on a blocking thread (survives power loss)
+//! 5. `callback.log_io_completed(Ok(()))`, then return
+//!
+//! One flush per call, never one per entry; openraft hands a follower up to
+//! `max_payload_entries` entries per call.
+//!
+//! `save_vote`: insert, then steps 3-4, then return. There is no callback: return = durable.
+//!
+//! `truncate(id)` removes `[id.index, ..)` in one batch, then steps 3-4 (rare: conflicts only).
+//!
+//! `purge(id)` writes the purge point and removes `(.., id.index]` in one batch, without a
+//! flush: losing it in a crash only brings back entries that a snapshot already covers, and the
+//! next append's flush makes it durable.
+//!
+//! `save_committed` inserts without a flush: a committed id that is lost only means less is
+//! re-applied on restart, and it is never ahead of the log, whose entries were flushed before.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fmt::Debug;
+use std::fs::File;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{AnyError, Entry, OptionalSend, RaftLogReader, StorageIOError, Vote};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{LogId, NodeId, StorageError, TypeConfig};
+
+/// sled's page cache size. Its default (1 GiB) is far more than a log of a few thousand entries
+/// needs.
+pub const CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+
+/// sled's background flush period. Appends and votes flush explicitly; this only bounds how long
+/// a purge or a committed id stays in memory.
+pub const FLUSH_EVERY_MS: u64 = 1000;
+
+const ENTRY_PREFIX: u8 = b'e';
+const KEY_VOTE: &[u8] = b"m:vote";
+const KEY_COMMITTED: &[u8] = b"m:committed";
+const KEY_PURGED: &[u8] = b"m:purged";
+
+/// How far an acknowledged write is made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// sled's flush, then `fdatasync` of sled's files: survives power loss. The default.
+    Fsync,
+    /// sled's flush only (`sync_file_range` on Linux): survives a process crash, not
+    /// necessarily power loss. For tests and benchmarks on throwaway data.
+    Flush,
+}
+
+/// Why the log store could not be opened. Each variant names the path at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("create raft log directory {}: {source}", path.display())]
+    CreateDir { path: PathBuf, source: io::Error },
+    #[error("open raft log at {}: {source}", path.display())]
+    Sled { path: PathBuf, source: sled::Error },
+    #[error("open raft log at {}: sled panicked: {message}", path.display())]
+    Panicked { path: PathBuf, message: String },
+    #[error("open raft log data file {}: {source}", path.display())]
+    DataFile { path: PathBuf, source: io::Error },
+    #[error("raft log at {} is corrupt: {reason}", path.display())]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+/// Why a stored value could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("value too short for its checksum ({len} bytes)")]
+    TooShort { len: usize },
+    #[error("checksum mismatch (stored {stored:#018x}, computed {computed:#018x})")]
+    Checksum { stored: u64, computed: u64 },
+    #[error("decode: {0}")]
+    Decode(bincode::Error),
+    #[error("encode: {0}")]
+    Encode(bincode::Error),
+}
+
+/// 64-bit FNV-1a. Not cryptographic: it catches torn writes and bit rot, not tampering.
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
+    let mut bytes = bincode::serialize(value).map_err(CodecError::Encode)?;
+    let checksum = fnv1a64(&bytes);
+    bytes.extend_from_slice(&checksum.to_le_bytes());
+    Ok(bytes)
+}
+
+fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    let Some(split) = bytes.len().checked_sub(8) else {
+        return Err(CodecError::TooShort { len: bytes.len() });
+    };
+    let (payload, trailer) = bytes.split_at(split);
+    let mut stored = [0u8; 8];
+    stored.copy_from_slice(trailer);
+    let stored = u64::from_le_bytes(stored);
+    let computed = fnv1a64(payload);
+    if stored != computed {
+        return Err(CodecError::Checksum { stored, computed });
+    }
+    bincode::deserialize(payload).map_err(CodecError::Decode)
+}
+
+fn entry_key(index: u64) -> [u8; 9] {
+    let mut key = [0u8; 9];
+    key[0] = ENTRY_PREFIX;
+    key[1..].copy_from_slice(&index.to_be_bytes());
+    key
+}
+
+fn index_of_key(key: &[u8]) -> Option<u64> {
+    if key.len() != 9 || key[0] != ENTRY_PREFIX {
+        return None;
+    }
+    let mut index = [0u8; 8];
+    index.copy_from_slice(&key[1..]);
+    Some(u64::from_be_bytes(index))
+}
+
+/// Decodes the entry stored under `key`, checking that it sits under its own index.
+fn decode_entry(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, String> {
+    let Some(index) = index_of_key(key) else {
+        return Err(format!("unexpected key {key:?} among log entries"));
+    };
+    let entry: Entry<TypeConfig> =
+        decode_value(value).map_err(|e| format!("log entry {index}: {e}"))?;
+    if entry.log_id.index != index {
+        return Err(format!(
+            "log entry under index {index} carries index {}",
+            entry.log_id.index
+        ));
+    }
+    Ok(entry)
+}
+
+fn io_other(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn fsync_dir(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
+struct Inner {
+    db: sled::Db,
+    /// `<raft>`, for messages.
+    path: PathBuf,
+    /// A second handle on sled's data file `<raft>/db`, only for `fdatasync`.
+    data_file: File,
+    /// `<raft>/blobs`: sled writes values above ~128 KiB there and never syncs them.
+    blobs_dir: PathBuf,
+    /// Blob files already synced (blobs are immutable once written).
+    synced_blobs: Mutex<HashSet<OsString>>,
+    durability: Durability,
+}
+
+/// The Raft log and vote. Cheap to clone: clones share one sled `Db` (the log reader is one).
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Inner>,
+}
+
+impl LogStore {
+    /// Opens (creating if needed) the log under `<data_dir>/raft`, with [`Durability::Fsync`],
+    /// and checks every stored value.
+    pub fn open(data_dir: &Path) -> Result<LogStore, OpenError> {
+        Self::open_with_durability(data_dir, Durability::Fsync)
+    }
+
+    /// Like [`LogStore::open`], choosing how far writes are made durable.
+    pub fn open_with_durability(
+        data_dir: &Path,
+        durability: Durability,
+    ) -> Result<LogStore, OpenError> {
+        let path = data_dir.join("raft");
+        std::fs::create_dir_all(&path).map_err(|source| OpenError::CreateDir {
+            path: path.clone(),
+            source,
+        })?;
+        // Make the directory entries themselves durable (first start).
+        for dir in [data_dir, path.as_path()] {
+            fsync_dir(dir).map_err(|source| OpenError::CreateDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+
+        let config = sled::Config::new()
+            .path(&path)
+            .cache_capacity(CACHE_CAPACITY_BYTES)
+            .flush_every_ms(Some(FLUSH_EVERY_MS));
+        // sled 0.34 panics on some kinds of damage instead of returning an error.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open()));
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(source)) => return Err(OpenError::Sled { path, source }),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                    .unwrap_or_else(|| "unknown panic".to_string());
+                return Err(OpenError::Panicked { path, message });
+            }
+        };
+
+        let data_path = path.join("db");
+        let data_file = File::open(&data_path).map_err(|source| OpenError::DataFile {
+            path: data_path.clone(),
+            source,
+        })?;
+
+        let store = LogStore {
+            inner: Arc::new(Inner {
+                db,
+                blobs_dir: path.join("blobs"),
+                path: path.clone(),
+                data_file,
+                // Empty: the first sync also covers blobs left by an earlier run.
+                synced_blobs: Mutex::new(HashSet::new()),
+                durability,
+            }),
+        };
+        let summary = store
+            .check()
+            .map_err(|reason| OpenError::Corrupt { path: path.clone(), reason })?;
+        tracing::info!(
+            path = %path.display(),
+            entries = summary.entries,
+            first_index = ?summary.first_index,
+            last_index = ?summary.last_index,
+            size_on_disk_bytes = store.size_on_disk(),
+            "raft log opened"
+        );
+        Ok(store)
+    }
+
+    /// Bytes sled occupies on disk (for metrics); 0 if sled cannot tell.
+    pub fn size_on_disk(&self) -> u64 {
+        match self.inner.db.size_on_disk() {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::debug!(error = %e, "sled size_on_disk failed");
+                0
+            }
+        }
+    }
+
+    /// Decodes every value and checks that the entries follow the purge point without holes.
+    fn check(&self) -> Result<CheckSummary, String> {
+        let db = &self.inner.db;
+        let read = |key: &[u8]| db.get(key).map_err(|e| format!("read {key:?}: {e}"));
+        if let Some(v) = read(KEY_VOTE)? {
+            decode_value::<Vote<NodeId>>(&v).map_err(|e| format!("vote: {e}"))?;
+        }
+        if let Some(v) = read(KEY_COMMITTED)? {
+            decode_value::<Option<LogId>>(&v).map_err(|e| format!("committed log id: {e}"))?;
+        }
+        let purged = match read(KEY_PURGED)? {
+            Some(v) => Some(
+                decode_value::<LogId>(&v).map_err(|e| format!("purged log id: {e}"))?,
+            ),
+            None => None,
+        };
+
+        let mut summary = CheckSummary::default();
+        let mut previous: Option<u64> = purged.map(|p| p.index);
+        for item in db.range(entry_key(0)..=entry_key(u64::MAX)) {
+            let (key, value) = item.map_err(|e| format!("scan log entries: {e}"))?;
+            let entry = decode_entry(&key, &value)?;
+            let index = entry.log_id.index;
+            if let Some(previous) = previous {
+                if previous.checked_add(1) != Some(index) {
+                    return Err(format!(
+                        "hole in the log: entry {index} follows {previous}{}",
+                        if summary.entries == 0 { " (purge point)" } else { "" }
+                    ));
+                }
+            }
+            summary.first_index.get_or_insert(index);
+            summary.last_index = Some(index);
+            summary.entries += 1;
+            previous = Some(index);
+        }
+        Ok(summary)
+    }
+
+    fn read_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, String> {
+        let bytes = self
+            .inner
+            .db
+            .get(key)
+            .map_err(|e| format!("read {}: {e}", String::from_utf8_lossy(key)))?;
+        match bytes {
+            None => Ok(None),
+            Some(bytes) => decode_value(&bytes)
+                .map(Some)
+                .map_err(|e| format!("decode {}: {e}", String::from_utf8_lossy(key))),
+        }
+    }
+
+    fn last_entry_log_id(&self) -> Result<Option<LogId>, StorageError> {
+        let last = self
+            .inner
+            .db
+            .range(entry_key(0)..=entry_key(u64::MAX))
+            .next_back();
+        match last {
+            None => Ok(None),
+            Some(Err(e)) => Err(StorageIOError::read_logs(&e).into()),
+            Some(Ok((key, value))) => match decode_entry(&key, &value) {
+                Ok(entry) => Ok(Some(entry.log_id)),
+                Err(reason) => Err(StorageIOError::read_logs(AnyError::error(reason)).into()),
+            },
+        }
+    }
+
+    /// Steps 3-4 of the ordering: sled's flush, then the fsyncs that `durability` asks for.
+    async fn make_durable(&self) -> io::Result<()> {
+        self.inner.db.flush_async().await.map_err(io_other)?;
+        if self.inner.durability == Durability::Fsync {
+            let inner = Arc::clone(&self.inner);
+            tokio::task::spawn_blocking(move || inner.sync_files())
+                .await
+                .map_err(io_other)??;
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// `fdatasync` sled's data file, then any blob file not synced yet, then the blob directory.
+    fn sync_files(&self) -> io::Result<()> {
+        self.data_file.sync_data()?;
+
+        let mut synced = self
+            .synced_blobs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut present = HashSet::with_capacity(synced.len());
+        let mut new_blobs = false;
+        let listing = match std::fs::read_dir(&self.blobs_dir) {
+            Ok(listing) => listing,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for item in listing {
+            let item = item?;
+            let name = item.file_name();
+            if !synced.contains(&name) {
+                match File::open(item.path()) {
+                    Ok(file) => file.sync_data()?,
+                    // sled garbage-collected it meanwhile.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                }
+                new_blobs = true;
+            }
+            present.insert(name);
+        }
+        *synced = present;
+        if new_blobs {
+            fsync_dir(&self.blobs_dir)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct CheckSummary {
+    entries: u64,
+    first_index: Option<u64>,
+    last_index: Option<u64>,
+}
+
+/// Maps a `RangeBounds<u64>` onto inclusive index bounds; `None` when the range is empty.
+fn inclusive_bounds(range: &impl RangeBounds<u64>) -> Option<(u64, u64)> {
+    let start = match range.start_bound() {
+        Bound::Included(s) => *s,
+        Bound::Excluded(s) => s.checked_add(1)?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(e) => *e,
+        Bound::Excluded(e) => e.checked_sub(1)?,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start <= end).then_some((start, end))
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let Some((start, end)) = inclusive_bounds(&range) else {
+            return Ok(Vec::new());
+        };
+        let mut entries = Vec::new();
+        for item in self.inner.db.range(entry_key(start)..=entry_key(end)) {
+            let (key, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+            let entry = decode_entry(&key, &value).map_err(|reason| {
+                let index = index_of_key(&key).unwrap_or(start);
+                StorageIOError::read_log_at_index(index, AnyError::error(reason))
+            })?;
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged_log_id = self
+            .read_meta::<LogId>(KEY_PURGED)
+            .map_err(|reason| StorageIOError::read_logs(AnyError::error(reason)))?;
+        let last_log_id = match self.last_entry_log_id()? {
+            Some(last) => Some(last),
+            None => last_purged_log_id,
+        };
+        Ok(LogState { last_purged_log_id, last_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        let value = encode_value(vote).map_err(|e| StorageIOError::write_vote(&e))?;
+        self.inner
+            .db
+            .insert(KEY_VOTE, value)
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        self.make_durable()
+            .await
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        self.read_meta(KEY_VOTE)
+            .map_err(|reason| StorageIOError::read_vote(AnyError::error(reason)).into())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        let value = encode_value(&committed).map_err(|e| StorageIOError::write(&e))?;
+        self.inner
+            .db
+            .insert(KEY_COMMITTED, value)
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        let committed: Option<Option<LogId>> = self
+            .read_meta(KEY_COMMITTED)
+            .map_err(|reason| StorageIOError::read(AnyError::error(reason)))?;
+        Ok(committed.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        // Step 1: one batch for all entries.
+        let mut batch = sled::Batch::default();
+        let mut count = 0usize;
+        for entry in entries {
+            let value = encode_value(&entry)
+                .map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
+            batch.insert(&entry_key(entry.log_id.index), value);
+            count += 1;
+        }
+        if count > 0 {
+            // Step 2: readable from here on.
+            self.inner
+                .db
+                .apply_batch(batch)
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+            // Steps 3-4: one flush, one fdatasync.
+            self.make_durable()
+                .await
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+        }
+        // Step 5.
+        callback.log_io_completed(Ok(()));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        tracing::debug!(since = %log_id, "truncate raft log");
+        let mut batch = sled::Batch::default();
+        for item in self
+            .inner
+            .db
+            .range(entry_key(log_id.index)..=entry_key(u64::MAX))
+        {
+            let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
+            batch.remove(key);
+        }
+        self.inner
+            .db
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.make_durable()
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        tracing::debug!(upto = %log_id, "purge raft log");
+        let mut batch = sled::Batch::default();
+        let value = encode_value(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
+        batch.insert(KEY_PURGED, value);
+        for item in self
+            .inner
+            .db
+            .range(entry_key(0)..=entry_key(log_id.index))
+        {
+            let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
+            batch.remove(key);
+        }
+        self.inner
+            .db
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore")
+            .field("path", &self.inner.path)
+            .field("durability", &self.inner.durability)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::time::{Duration, Instant};
+
+    use openraft::storage::RaftLogStorageExt;
+    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::{CommittedLeaderId, EntryPayload, Membership};
+    use tempfile::TempDir;
+
+    use super::*;
+    use crate::applied::AppliedState;
+    use crate::raft::state_machine::StateMachine;
+    use crate::state::{Batch, Cmd, State};
+
+    /// A fresh log store and state machine in their own temp dir (the guard keeps it alive).
+    struct SledBuilder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for SledBuilder {
+        async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError> {
+            let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
+            let log = LogStore::open(dir.path()).map_err(|e| StorageIOError::write(&e))?;
+            let applied = AppliedState::new(State::new(), 0);
+            let sm = StateMachine::open(dir.path(), applied)
+                .map_err(|e| StorageIOError::write(&e))?;
+            Ok((dir, log, sm))
+        }
+    }
+
+    #[test]
+    fn openraft_suite_passes_on_sled() -> Result<(), StorageError> {
+        Suite::test_all(SledBuilder)
+    }
+
+    fn log_id(term: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+        Entry { log_id: log_id(term, index), payload: EntryPayload::Blank }
+    }
+
+    fn batch(term: u64, index: u64) -> Entry<TypeConfig> {
+        let batch = Batch {
+            now_ns: 1_000 + index as i64,
+            cmds: vec![Cmd::RefreshLease {
+                ns: "conch".to_string(),
+                lease: format!("lease-{index}"),
+                ttl_s: 10,
+            }],
+        };
+        Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(batch) }
+    }
+
+    fn membership(term: u64, index: u64, voters: &[u64]) -> Entry<TypeConfig> {
+        let voters: BTreeSet<u64> = voters.iter().copied().collect();
+        Entry {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Membership(Membership::new(vec![voters], None)),
+        }
+    }
+
+    fn ids(entries: &[Entry<TypeConfig>]) -> Vec<LogId> {
+        entries.iter().map(|e| e.log_id).collect()
+    }
+
+    #[tokio::test]
+    async fn reopened_store_has_the_same_log_vote_and_committed() -> anyhow::Result<()> {
+        // open           empty dir
+        // append         [blank 1, membership 2, batch 3, batch 4, batch 5] in one call
+        // vote           term 2, node 1, committed
+        // committed      (1, 4)
+        // purge          up to 1
+        // drop, reopen   -> same log state, entries 2..=5, vote and committed
+        let dir = tempfile::tempdir()?;
+        let written = vec![blank(1, 1), membership(1, 2, &[1, 2, 3]), batch(1, 3), batch(1, 4), batch(2, 5)];
+        let vote = Vote::new_committed(2, 1);
+        {
+            let mut store = LogStore::open(dir.path())?;
+            store.blocking_append(written.clone()).await?;
+            store.save_vote(&vote).await?;
+            store.save_committed(Some(log_id(1, 4))).await?;
+            store.purge(log_id(1, 1)).await?;
+        }
+
+        let mut store = LogStore::open(dir.path())?;
+        let state = store.get_log_state().await?;
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 1)));
+        assert_eq!(state.last_log_id, Some(log_id(2, 5)));
+        assert_eq!(store.read_vote().await?, Some(vote));
+        assert_eq!(store.read_committed().await?, Some(log_id(1, 4)));
+        let entries = store.try_get_log_entries(..).await?;
+        assert_eq!(entries, written[1..].to_vec());
+
+        // The log keeps working after the reopen: truncate the tail, append a new term.
+        store.truncate(log_id(2, 5)).await?;
+        store.blocking_append([blank(3, 5)]).await?;
+        let mut reader = store.get_log_reader().await;
+        assert_eq!(ids(&reader.try_get_log_entries(4..).await?), vec![log_id(1, 4), log_id(3, 5)]);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn empty_log_reports_the_purge_point_as_last() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        {
+            let mut store = LogStore::open(dir.path())?;
+            store.blocking_append([blank(1, 1), blank(1, 2)]).await?;
+            store.purge(log_id(1, 7)).await?;
+            store.blocking_append([blank(2, 8)]).await?;
+            store.purge(log_id(2, 8)).await?;
+            // Purges are not flushed by themselves; dropping sled flushes.
+        }
+        let mut store = LogStore::open(dir.path())?;
+        let state = store.get_log_state().await?;
+        assert_eq!(state.last_purged_log_id, Some(log_id(2, 8)));
+        assert_eq!(state.last_log_id, Some(log_id(2, 8)));
+        assert!(store.try_get_log_entries(..).await?.is_empty());
+        Ok(())
+    }
+
+    /// Writes `value` under `key`, bypassing the store (simulates damage on disk).
+    fn poke(dir: &Path, key: &[u8], value: &[u8]) -> anyhow::Result<()> {
+        let store = LogStore::open_with_durability(dir, Durability::Flush)?;
+        store.inner.db.insert(key, value)?;
+        store.inner.db.flush()?;
+        Ok(())
+    }
+
+    async fn store_with_five_entries(dir: &Path) -> anyhow::Result<()> {
+        let mut store = LogStore::open(dir)?;
+        store
+            .blocking_append([blank(1, 1), batch(1, 2), batch(1, 3), batch(1, 4), batch(1, 5)])
+            .await?;
+        store.save_vote(&Vote::new(1, 1)).await?;
+        Ok(())
+    }
+
+    fn assert_corrupt(result: Result<LogStore, OpenError>, needle: &str) {
+        match result {
+            Err(e @ OpenError::Corrupt { .. }) => {
+                let message = e.to_string();
+                assert!(message.contains(needle), "{message:?} should mention {needle:?}");
+                assert!(message.contains("raft"), "{message:?} should name the path");
+            }
+            Err(other) => panic!("expected Corrupt, got {other}"),
+            Ok(_) => panic!("expected Corrupt, the store opened"),
+        }
+    }
+
+    #[tokio::test]
+    async fn garbage_entry_is_a_storage_error_and_refuses_open() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        poke(dir.path(), &entry_key(3), b"garbage")?;
+
+        assert_corrupt(LogStore::open(dir.path()), "log entry 3");
+
+        // A store already running reports it as a StorageError on read, never a panic.
+        let mut store = unopened_store(dir.path())?;
+        assert!(store.try_get_log_entries(1..=5).await.is_err());
+        assert_eq!(ids(&store.try_get_log_entries(4..=5).await?), vec![log_id(1, 4), log_id(1, 5)]);
+        Ok(())
+    }
+
+    /// Opens sled directly, skipping `check`, as a running store would see damage that
+    /// appeared after it opened.
+    fn unopened_store(dir: &Path) -> anyhow::Result<LogStore> {
+        let path = dir.join("raft");
+        let db = sled::Config::new().path(&path).open()?;
+        let data_file = File::open(path.join("db"))?;
+        Ok(LogStore {
+            inner: Arc::new(Inner {
+                db,
+                blobs_dir: path.join("blobs"),
+                path,
+                data_file,
+                synced_blobs: Mutex::new(HashSet::new()),
+                durability: Durability::Flush,
+            }),
+        })
+    }
+
+    #[tokio::test]
+    async fn truncated_entry_bytes_are_rejected() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        let good = encode_value(&batch(1, 5))?;
+        poke(dir.path(), &entry_key(5), &good[..good.len() - 3])?;
+        assert_corrupt(LogStore::open(dir.path()), "log entry 5");
+
+        let mut store = unopened_store(dir.path())?;
+        assert!(store.get_log_state().await.is_err(), "the last entry is unreadable");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn entry_under_the_wrong_index_is_rejected() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        poke(dir.path(), &entry_key(4), &encode_value(&batch(1, 3))?)?;
+        assert_corrupt(LogStore::open(dir.path()), "under index 4");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn hole_in_the_log_refuses_open() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        poke(dir.path(), &entry_key(9), &encode_value(&blank(1, 9))?)?;
+        assert_corrupt(LogStore::open(dir.path()), "hole");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn corrupt_vote_is_a_storage_error_and_refuses_open() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        let mut good = encode_value(&Vote::<NodeId>::new(7, 1))?;
+        good[0] ^= 0x40;
+        poke(dir.path(), KEY_VOTE, &good)?;
+        assert_corrupt(LogStore::open(dir.path()), "vote");
+
+        let mut store = unopened_store(dir.path())?;
+        assert!(store.read_vote().await.is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn garbage_with_a_valid_checksum_still_fails_to_decode() {
+        for garbage in [&b""[..], b"\x01", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"] {
+            let mut bytes = garbage.to_vec();
+            bytes.extend_from_slice(&fnv1a64(garbage).to_le_bytes());
+            assert!(decode_value::<Entry<TypeConfig>>(&bytes).is_err(), "{garbage:?}");
+            assert!(decode_value::<Vote<NodeId>>(&bytes).is_err(), "{garbage:?}");
+        }
+        for short in [&b""[..], b"1234567"] {
+            assert!(matches!(decode_value::<Vote<NodeId>>(short), Err(CodecError::TooShort { .. })));
+        }
+    }
+
+    #[test]
+    fn unreadable_data_dir_names_the_path() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, b"x")?;
+        let message = match LogStore::open(&file) {
+            Err(e) => e.to_string(),
+            Ok(_) => anyhow::bail!("opened a log under a regular file"),
+        };
+        assert!(message.contains("not-a-dir"), "{message}");
+        Ok(())
+    }
+
+    /// Prints the cost of one append (1 and 100 entries) with and without the fdatasync step.
+    /// Not a benchmark harness; run by hand:
+    /// `cargo test -p conchd --lib append_cost -- --ignored --nocapture`
+    /// (`CONCH_BENCH_DIR` chooses the file system; default: the temp dir).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore]
+    async fn append_cost() -> anyhow::Result<()> {
+        let base = std::env::var_os("CONCH_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+        println!("dir: {}", base.display());
+        println!("{:<8} {:>8} {:>7} {:>10} {:>10} {:>10} {:>12}", "mode", "entries", "rounds", "mean_us", "p50_us", "p99_us", "us/entry");
+        for durability in [Durability::Flush, Durability::Fsync] {
+            for per_append in [1u64, 100] {
+                let dir = tempfile::tempdir_in(&base)?;
+                let mut store = LogStore::open_with_durability(dir.path(), durability)?;
+                let rounds: u64 = if per_append == 1 { 500 } else { 100 };
+                let mut next = 1u64;
+                // Warm up: file growth and sled's first segments.
+                for _ in 0..20 {
+                    store.blocking_append((next..next + per_append).map(|i| batch(1, i))).await?;
+                    next += per_append;
+                }
+                let mut samples = Vec::with_capacity(rounds as usize);
+                for _ in 0..rounds {
+                    let entries: Vec<_> = (next..next + per_append).map(|i| batch(1, i)).collect();
+                    next += per_append;
+                    let t = Instant::now();
+                    store.blocking_append(entries).await?;
+                    samples.push(t.elapsed());
+                }
+                samples.sort();
+                let mean = samples.iter().sum::<Duration>() / rounds as u32;
+                let p = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize];
+                println!(
+                    "{:<8} {:>8} {:>7} {:>10.1} {:>10.1} {:>10.1} {:>12.2}",
+                    format!("{durability:?}"),
+                    per_append,
+                    rounds,
+                    mean.as_secs_f64() * 1e6,
+                    p(0.5).as_secs_f64() * 1e6,
+                    p(0.99).as_secs_f64() * 1e6,
+                    mean.as_secs_f64() * 1e6 / per_append as f64,
+                );
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,26 @@
+//! openraft glue: type configuration, the sled log store, the state-machine adapter and the
+//! peer transport.
+
+use std::io::Cursor;
+
+use crate::state::{Batch, Reply};
+
+pub mod log_store;
+pub mod network;
+pub mod state_machine;
+
+openraft::declare_raft_types!(
+    /// conch's Raft types: an entry carries a [`Batch`] of commands and answers one reply per
+    /// command.
+    pub TypeConfig:
+        D = Batch,
+        R = Vec<Reply>,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+pub type NodeId = u64;
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type StorageError = openraft::StorageError<NodeId>;

@@ -1,0 +1,150 @@
+//! Peer transport: openraft's RPCs carried over the `ConchPeer` gRPC service.
+//!
+//! Requests and replies travel as bincode in a `bytes` field. A reply payload is the
+//! bincode of `Result<Response, RaftError>`, so the remote node's Raft errors come back intact.
+//! Peers share the client port: every node serves `ConchPeer` next to the Grackle API.
+
+use std::time::Duration;
+
+use conch_proto::conch::PeerMessage;
+use conch_proto::conch::conch_peer_client::ConchPeerClient;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+
+use super::{NodeId, TypeConfig};
+
+/// Largest peer message accepted or sent (snapshot chunks and entry batches stay below it).
+pub const PEER_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// Builds a lazily connecting gRPC channel to `addr` (`host:port`).
+pub fn peer_channel(addr: &str, connect_timeout: Duration) -> Result<Channel, tonic::transport::Error> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5));
+    Ok(endpoint.connect_lazy())
+}
+
+pub fn peer_client(channel: Channel) -> ConchPeerClient<Channel> {
+    ConchPeerClient::new(channel)
+        .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
+        .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES)
+}
+
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::Error> {
+    bincode::serialize(value)
+}
+
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
+    bincode::deserialize(bytes)
+}
+
+/// Creates one [`PeerConnection`] per target node.
+#[derive(Clone)]
+pub struct PeerNetwork {
+    connect_timeout: Duration,
+}
+
+impl PeerNetwork {
+    pub fn new(connect_timeout: Duration) -> Self {
+        PeerNetwork { connect_timeout }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        let client = peer_channel(&node.addr, self.connect_timeout).map(peer_client);
+        PeerConnection { target, node: node.clone(), client }
+    }
+}
+
+/// The connection to one peer.
+pub struct PeerConnection {
+    target: NodeId,
+    node: BasicNode,
+    client: Result<ConchPeerClient<Channel>, tonic::transport::Error>,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+#[derive(Clone, Copy)]
+enum PeerCall {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}
+
+impl PeerConnection {
+    async fn call<Req, Resp, E>(&mut self, call: PeerCall, request: &Req, option: &RPCOption) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = match &mut self.client {
+            Ok(client) => client,
+            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(e))),
+        };
+        let payload = encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut request = tonic::Request::new(PeerMessage { payload });
+        request.set_timeout(option.hard_ttl());
+        let reply = match call {
+            PeerCall::AppendEntries => client.append_entries(request).await,
+            PeerCall::Vote => client.vote(request).await,
+            PeerCall::InstallSnapshot => client.install_snapshot(request).await,
+        };
+        let reply = match reply {
+            Ok(reply) => reply.into_inner(),
+            Err(status) => {
+                return Err(match status.code() {
+                    tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown => {
+                        RPCError::Unreachable(Unreachable::new(&status))
+                    }
+                    _ => RPCError::Network(NetworkError::new(&status)),
+                });
+            }
+        };
+        let result: Result<Resp, RaftError<NodeId, E>> =
+            decode(&reply.payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.call(PeerCall::AppendEntries, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(PeerCall::InstallSnapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        self.call(PeerCall::Vote, &rpc, &option).await
+    }
+}

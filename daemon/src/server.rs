@@ -1,0 +1,126 @@
+//! Starting and stopping a node: bind, open storage, start Raft, bootstrap once, serve.
+//!
+//! Order matters:
+//! 1. bind the listener first, so a taken port fails before anything touches the disk;
+//! 2. open the log store, then restore the newest snapshot into the applied state;
+//! 3. start Raft (it replays committed entries after the snapshot);
+//! 4. bootstrap only an empty node, and only the lowest id of `--initial-cluster`;
+//! 5. serve until shutdown, then stop Raft and flush.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::{BasicNode, SnapshotPolicy};
+
+use crate::applied::AppliedState;
+use crate::config::Config;
+use crate::node::Node;
+use crate::raft::log_store::LogStore;
+use crate::raft::network::PeerNetwork;
+use crate::raft::state_machine::StateMachine;
+use crate::raft::Raft;
+use crate::state::State;
+use crate::{api, expiry};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("create data directory {path}: {source}")]
+    DataDir { path: String, source: std::io::Error },
+    #[error("{0}")]
+    LogStore(#[from] crate::raft::log_store::OpenError),
+    #[error("{0}")]
+    StateMachine(#[from] crate::raft::state_machine::OpenError),
+    #[error("raft configuration: {0}")]
+    RaftConfig(String),
+    #[error("start raft: {0}")]
+    Raft(String),
+    #[error("serve: {0}")]
+    Serve(String),
+}
+
+/// A node that has bound its port and opened its data directory.
+pub struct Running {
+    pub node: Arc<Node>,
+    listener: tokio::net::TcpListener,
+}
+
+impl Running {
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+}
+
+pub fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, StartError> {
+    let election_ms = config.election_timeout.as_millis() as u64;
+    let raft_config = openraft::Config {
+        cluster_name: "conch".into(),
+        heartbeat_interval: config.heartbeat.as_millis() as u64,
+        election_timeout_min: election_ms,
+        election_timeout_max: election_ms * 2,
+        install_snapshot_timeout: 10_000,
+        max_payload_entries: 300,
+        snapshot_max_chunk_size: 3 * 1024 * 1024,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+        replication_lag_threshold: config.snapshot_every * 2,
+        max_in_snapshot_log_to_keep: 1_000,
+        purge_batch_size: 256,
+        ..Default::default()
+    };
+    raft_config.validate().map(Arc::new).map_err(|e| StartError::RaftConfig(e.to_string()))
+}
+
+/// Binds the port, opens the data directory and starts Raft and the node's tasks.
+pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Bind { addr: config.listen.to_string(), source })?;
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|source| StartError::DataDir { path: config.data_dir.display().to_string(), source })?;
+
+    let log_store = LogStore::open(&config.data_dir)?;
+    let applied = AppliedState::new(State::new(), 0);
+    let state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
+    let raft = Raft::new(
+        config.id,
+        raft_config(&config)?,
+        PeerNetwork::new(Duration::from_millis(500)),
+        log_store,
+        state_machine,
+    )
+    .await
+    .map_err(|e| StartError::Raft(e.to_string()))?;
+
+    let initialized = raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))?;
+    let bootstrapper = config.initial_cluster.keys().next() == Some(&config.id);
+    if !initialized && bootstrapper {
+        let members: BTreeMap<u64, BasicNode> = config
+            .initial_cluster
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+            .collect();
+        tracing::info!(members = ?config.initial_cluster, "bootstrapping a new cluster");
+        if let Err(e) = raft.initialize(members).await {
+            // Another start may have initialized it already; anything else is fatal.
+            if !matches!(e, openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) {
+                return Err(StartError::Raft(format!("initialize cluster: {e}")));
+            }
+        }
+    }
+
+    let node = Node::start(Arc::clone(&config), raft, applied);
+    tokio::spawn(expiry::run(Arc::clone(&node)));
+    Ok(Running { node, listener })
+}
+
+/// Serves until `shutdown` resolves, then stops Raft.
+pub async fn serve(running: Running, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+    let Running { node, listener } = running;
+    let served = api::serve(Arc::clone(&node), listener, shutdown).await;
+    if let Err(e) = node.raft.shutdown().await {
+        tracing::warn!(error = %e, "raft shutdown");
+    }
+    served.map_err(|e| StartError::Serve(e.to_string()))
+}

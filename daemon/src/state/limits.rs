@@ -1,0 +1,20 @@
+//! Limits of SPEC §2 (Grackle's where it has one).
+
+pub const NAME_MAX_CHARS: usize = 128;
+pub const DESCRIPTION_MAX_BYTES: usize = 1024;
+pub const METADATA_MAX_ENTRIES: usize = 32;
+pub const METADATA_KEY_MAX_BYTES: usize = 128;
+pub const METADATA_VALUE_MAX_BYTES: usize = 256;
+pub const PROCESS_ID_MAX_BYTES: usize = 128;
+pub const LEASE_ID_MAX_BYTES: usize = 128;
+pub const TTL_MIN_S: u64 = 1;
+pub const TTL_MAX_S: u64 = 300;
+pub const TIMEOUT_MAX_S: i64 = 300;
+pub const PAGE_LIMIT_DEFAULT: usize = 100;
+pub const PAGE_LIMIT_MAX: i32 = 250;
+pub const PERMITS_MAX: u64 = u32::MAX as u64;
+pub const HOLDERS_PER_SEMAPHORE_MAX: usize = 1000;
+pub const WAITERS_PER_SEMAPHORE_MAX: usize = 10_000;
+pub const SEMAPHORES_PER_NAMESPACE_MAX: usize = 1_000_000;
+pub const LEASES_PER_NAMESPACE_MAX: usize = 1_000_000;
+pub const NAMESPACES_MAX: usize = 100_000;

@@ -1,0 +1,292 @@
+//! Commands, replies, events and read views of the semaphore state machine.
+//!
+//! These are the state machine's whole vocabulary: a [`Batch`] of [`Cmd`]s goes in (one Raft
+//! entry), one [`Reply`] per command comes out, and [`Event`]s tell waiting callers that their
+//! wait ended. Everything here is plain data: serde for the Raft log and snapshots, no I/O.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Free-form string map carried by namespaces, semaphores, leases, holders and waiters.
+pub type Metadata = BTreeMap<String, String>;
+
+/// Nanoseconds since the Unix epoch.
+pub type Nanos = i64;
+
+pub const NANOS_PER_SEC: i64 = 1_000_000_000;
+pub const NANOS_PER_MS: i64 = 1_000_000;
+
+/// One Raft entry: the commands a leader proposed together, stamped with its wall clock.
+///
+/// The state machine's clock is `max(previous clock, now_ns)`, so it never runs backwards when
+/// leaders' clocks disagree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Batch {
+    pub now_ns: Nanos,
+    pub cmds: Vec<Cmd>,
+}
+
+/// A state-changing command. Reads never go through the log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Cmd {
+    CreateNamespace {
+        name: String,
+        description: String,
+        metadata: Metadata,
+    },
+    UpdateNamespace {
+        name: String,
+        description: String,
+        metadata: Metadata,
+        expected_version: u64,
+    },
+    /// Deletes the namespace and everything in it; a no-op when absent.
+    DeleteNamespace { name: String },
+    CreateSemaphore {
+        ns: String,
+        name: String,
+        description: String,
+        permits: u64,
+        metadata: Metadata,
+    },
+    UpdateSemaphore {
+        ns: String,
+        name: String,
+        description: String,
+        permits: u64,
+        metadata: Metadata,
+        expected_version: u64,
+    },
+    /// Deletes the semaphore with its holders and waiters.
+    DeleteSemaphore { ns: String, name: String },
+    CreateLease {
+        ns: String,
+        process_id: String,
+        ttl_s: u64,
+        metadata: Metadata,
+    },
+    /// Extends the lease to `now + ttl` (`ttl_s` 0 means the lease's own TTL).
+    RefreshLease { ns: String, lease: String, ttl_s: u64 },
+    RevokeLease { ns: String, lease: String },
+    /// `wait_ns` 0 is a non-blocking acquire; otherwise the lease queues for up to `wait_ns`.
+    Acquire {
+        ns: String,
+        sem: String,
+        lease: String,
+        weight: u64,
+        wait_ns: Nanos,
+        metadata: Metadata,
+    },
+    /// Releases the lease's hold (and its place in the queue, if any).
+    Release { ns: String, sem: String, lease: String },
+    /// The caller waiting with `deadline_ns` gives up. The waiter is removed only if no later
+    /// acquire re-attached with a later deadline.
+    GiveUp {
+        ns: String,
+        sem: String,
+        lease: String,
+        deadline_ns: Nanos,
+    },
+    /// Reaps leases and waiters that are due at the batch's time.
+    Expire,
+    /// Proposed first by a new leader: every lease lives at least its TTL from now.
+    ExtendLeases,
+}
+
+/// What a command answers: a value, or an error that changed nothing.
+pub type Reply = Result<Outcome, Error>;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Namespace(NamespaceView),
+    Semaphore(SemaphoreView),
+    Lease(LeaseView),
+    Acquire(AcquireReply),
+    GiveUp(GiveUpReply),
+    /// Deletes, revokes, expiry and lease extension.
+    Done,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireReply {
+    pub status: AcquireStatus,
+    /// The semaphore after the command.
+    pub semaphore: SemaphoreView,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AcquireStatus {
+    /// The lease holds the permits; `token` is the grant's fencing token.
+    Acquired { token: u64 },
+    /// The lease waits in the queue until `deadline_ns` (possibly extended by a re-attach).
+    Queued { deadline_ns: Nanos },
+    /// Non-blocking and not grantable now.
+    Unavailable,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GiveUpReply {
+    /// The grant committed before the give-up: the lease holds the permits.
+    Granted { token: u64 },
+    /// The waiter left the queue.
+    Removed,
+    /// The waiter stays: a later acquire re-attached with a later deadline.
+    StillQueued { deadline_ns: Nanos },
+    /// Neither holding nor queued (lease or semaphore gone, or already timed out).
+    NotQueued,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    InvalidArgument,
+    NotFound,
+    AlreadyExists,
+    ResourceExhausted,
+}
+
+/// A refused command or read. Messages are lowercase and name the field or thing at fault.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl Error {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error { kind: ErrorKind::InvalidArgument, message: message.into() }
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Error { kind: ErrorKind::NotFound, message: message.into() }
+    }
+    pub fn already_exists(message: impl Into<String>) -> Self {
+        Error { kind: ErrorKind::AlreadyExists, message: message.into() }
+    }
+    pub fn exhausted(message: impl Into<String>) -> Self {
+        Error { kind: ErrorKind::ResourceExhausted, message: message.into() }
+    }
+}
+
+/// Tells a waiting caller what happened to its place in a queue. Emitted by apply, in log order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Granted {
+        ns: String,
+        sem: String,
+        lease: String,
+        token: u64,
+        weight: u64,
+    },
+    WaitEnded {
+        ns: String,
+        sem: String,
+        lease: String,
+        reason: WaitEnd,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// The waiter's deadline passed.
+    TimedOut,
+    /// The waiting caller gave up (GiveUp) or released.
+    GaveUp,
+    /// The lease expired or was revoked.
+    LeaseGone,
+    /// The semaphore or its namespace was deleted.
+    SemaphoreGone,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceView {
+    pub name: String,
+    pub description: String,
+    pub metadata: Metadata,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+    pub version: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SemaphoreView {
+    pub name: String,
+    pub description: String,
+    pub metadata: Metadata,
+    pub permits: u64,
+    pub active_holds: u64,
+    pub active_holders_count: u64,
+    pub waiters_count: u64,
+    pub version: u64,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+    pub last_activity_at: Nanos,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    pub lease_id: String,
+    pub process_id: String,
+    pub metadata: Metadata,
+    pub created_at: Nanos,
+    pub expires_at: Nanos,
+    pub ttl_s: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderView {
+    pub lease_id: String,
+    pub weight: u64,
+    pub locked_at: Nanos,
+    pub metadata: Metadata,
+    pub token: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaiterView {
+    pub lease_id: String,
+    pub weight: u64,
+    pub queued_at: Nanos,
+    pub deadline_ns: Nanos,
+    pub metadata: Metadata,
+    /// 0 = head of the queue.
+    pub position: u64,
+}
+
+/// A page request: an opaque cursor from a previous page (empty = first page) and a limit
+/// (0 means 100; at most 250).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PageRequest {
+    pub token: String,
+    pub limit: i32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Cursor to the page after this one; empty when this is the last.
+    pub next_token: String,
+    /// Cursor to the page before this one; empty when this is the first.
+    pub previous_token: String,
+}
+
+/// Counts over the whole state, for status and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    pub namespaces: u64,
+    pub semaphores: u64,
+    pub leases: u64,
+    pub holders: u64,
+    pub waiters: u64,
+}
+
+/// Why a snapshot could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("encode state snapshot: {0}")]
+    Encode(String),
+    #[error("decode state snapshot: {0}")]
+    Decode(String),
+    #[error("state snapshot is inconsistent: {0}")]
+    Inconsistent(String),
+}

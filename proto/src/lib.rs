@@ -1,0 +1,32 @@
+//! Generated code for conch's wire contract.
+//!
+//! - [`grackle`]: the Grackle semaphore API (`com.evrblk.grackle.v1beta.GrackleApi`), with
+//!   conch's extension fields numbered from 100.
+//! - [`conch`]: conch's own services: `ConchApi` (waiter listing), `ConchAdmin` (cluster
+//!   status and membership) and `ConchPeer` (node-to-node Raft traffic).
+
+#![allow(clippy::all, missing_docs)]
+
+/// Modules laid out like the protobuf packages, so cross-package references resolve.
+pub mod packages {
+    pub mod com {
+        pub mod evrblk {
+            pub mod grackle {
+                pub mod v1beta {
+                    tonic::include_proto!("com.evrblk.grackle.v1beta");
+                }
+            }
+        }
+    }
+    pub mod conch {
+        pub mod v1 {
+            tonic::include_proto!("conch.v1");
+        }
+    }
+}
+
+pub use packages::com::evrblk::grackle::v1beta as grackle;
+pub use packages::conch::v1 as conch;
+
+/// Encoded file descriptor set of every service, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("conch_descriptor");

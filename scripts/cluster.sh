@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Starts or stops a local 3-node conch cluster on 127.0.0.1:7001-7003.
+#   scripts/cluster.sh start DIR   data, logs and pids under DIR
+#   scripts/cluster.sh stop DIR    stops exactly the processes recorded in DIR/pids
+set -euo pipefail
+cmd=${1:-}
+dir=${2:-$(pwd)/.cluster}
+bin=${CONCHD_BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release/conchd}
+members="1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003"
+
+case "$cmd" in
+start)
+  mkdir -p "$dir"
+  if [ -s "$dir/pids" ]; then
+    echo "cluster: $dir/pids exists; run 'make cluster-stop' first" >&2
+    exit 1
+  fi
+  for id in 1 2 3; do
+    "$bin" --id "$id" --listen "127.0.0.1:700$id" --data-dir "$dir/node$id" \
+      --initial-cluster "$members" >>"$dir/node$id.log" 2>&1 &
+    echo "$!" >>"$dir/pids"
+  done
+  sleep 0.3
+  for pid in $(cat "$dir/pids"); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "cluster: a node exited at start; see $dir/node*.log" >&2
+      "$0" stop "$dir" || true
+      exit 1
+    fi
+  done
+  echo "cluster: 3 nodes on 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+  echo "cluster: data and logs in $dir"
+  echo "cluster: try  CONCH_ENDPOINTS=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 conch cluster status"
+  ;;
+stop)
+  if [ ! -s "$dir/pids" ]; then
+    echo "cluster: nothing recorded in $dir/pids"
+    exit 0
+  fi
+  for pid in $(cat "$dir/pids"); do
+    # Only signal processes that are still the conchd we started.
+    if [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = "conchd" ]; then
+      kill -TERM "$pid"
+    fi
+  done
+  for pid in $(cat "$dir/pids"); do
+    for _ in $(seq 50); do
+      [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = "conchd" ] || break
+      sleep 0.1
+    done
+  done
+  rm -f "$dir/pids"
+  echo "cluster: stopped (data kept in $dir)"
+  ;;
+*)
+  echo "usage: $0 start|stop [DIR]" >&2
+  exit 64
+  ;;
+esac
