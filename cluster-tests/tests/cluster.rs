@@ -1,0 +1,296 @@
+//! The replicated cluster, end to end: real conchd processes on loopback.
+
+use std::time::{Duration, Instant};
+
+use cluster_tests::ops::{self, acquired};
+use cluster_tests::{Cluster, wait_for};
+use conch_proto::conch::conch_api_client::ConchApiClient;
+use conch_proto::conch::{ListSemaphoreWaitersRequest, TriggerSnapshotRequest};
+use conch_proto::grackle as pb;
+
+async fn waiters(cluster: &Cluster, id: u64, ns: &str, sem: &str) -> Vec<String> {
+    let Ok(channel) = cluster_tests::channel(&cluster.addr(id)).await else { return vec![] };
+    let mut api = ConchApiClient::new(channel);
+    match api
+        .list_semaphore_waiters(ListSemaphoreWaitersRequest {
+            namespace_name: ns.into(),
+            semaphore_name: sem.into(),
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(r) => r.into_inner().waiters.into_iter().map(|w| w.lease_id).collect(),
+        Err(_) => vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_answers_the_same_through_every_node() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let mut n1 = cluster.grackle(1).await?;
+    let mut n2 = cluster.grackle(2).await?;
+    let mut n3 = cluster.grackle(3).await?;
+
+    ops::namespace(&mut n1, "jobs").await?;
+    let err = ops::namespace(&mut n2, "jobs").await.expect_err("duplicate namespace");
+    assert_eq!(err.code(), tonic::Code::AlreadyExists);
+    ops::semaphore(&mut n2, "jobs", "db", 2).await?;
+    let lease = ops::lease(&mut n3, "jobs", 30).await?;
+    let r = ops::acquire(&mut n1, "jobs", "db", &lease, 1, 0).await?;
+    assert!(acquired(&r), "{r:?}");
+    assert!(r.fencing_token > 0);
+
+    for id in 1..=3 {
+        let mut c = cluster.grackle(id).await?;
+        let ns = c
+            .get_namespace(pb::GetNamespaceRequest { namespace_name: "jobs".into() })
+            .await?
+            .into_inner()
+            .namespace
+            .unwrap_or_default();
+        assert_eq!(ns.name, "jobs");
+        let sem = c
+            .get_semaphore(pb::GetSemaphoreRequest { namespace_name: "jobs".into(), semaphore_name: "db".into() })
+            .await?
+            .into_inner()
+            .semaphore
+            .unwrap_or_default();
+        assert_eq!((sem.permits, sem.active_holds, sem.active_holders_count), (2, 1, 1), "node {id}");
+        let holders = ops::holders(&mut c, "jobs", "db").await?;
+        assert_eq!(holders.len(), 1, "node {id}");
+        assert_eq!(holders[0].lease_id, lease);
+        assert_eq!(holders[0].fencing_token, r.fencing_token);
+        let leases = c
+            .list_semaphore_leases(pb::ListSemaphoreLeasesRequest { namespace_name: "jobs".into(), ..Default::default() })
+            .await?
+            .into_inner()
+            .leases;
+        assert_eq!(leases.len(), 1, "node {id}");
+        let got = c
+            .get_semaphore_lease(pb::GetSemaphoreLeaseRequest { namespace_name: "jobs".into(), lease_id: lease.clone() })
+            .await?
+            .into_inner()
+            .lease
+            .unwrap_or_default();
+        assert_eq!(got.lease_id, lease);
+        let list = c
+            .list_semaphores(pb::ListSemaphoresRequest { namespace_name: "jobs".into(), ..Default::default() })
+            .await?
+            .into_inner();
+        assert_eq!(list.semaphores.len(), 1);
+        let namespaces = c.list_namespaces(pb::ListNamespacesRequest::default()).await?.into_inner().namespaces;
+        assert_eq!(namespaces.len(), 1);
+        let bad = c
+            .get_semaphore(pb::GetSemaphoreRequest { namespace_name: "jobs".into(), semaphore_name: "nope".into() })
+            .await
+            .expect_err("absent semaphore");
+        assert_eq!(bad.code(), tonic::Code::NotFound, "node {id}");
+    }
+
+    // Updates, refresh, release, revoke and deletes through different nodes.
+    let updated = n2
+        .update_namespace(pb::UpdateNamespaceRequest {
+            namespace_name: "jobs".into(),
+            description: "batch jobs".into(),
+            expected_version: 1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .namespace
+        .unwrap_or_default();
+    assert_eq!(updated.version, 2);
+    let mismatch = n3
+        .update_semaphore(pb::UpdateSemaphoreRequest {
+            namespace_name: "jobs".into(),
+            semaphore_name: "db".into(),
+            permits: 3,
+            expected_version: 7,
+            ..Default::default()
+        })
+        .await
+        .expect_err("version mismatch");
+    assert_eq!(mismatch.code(), tonic::Code::InvalidArgument);
+    assert!(mismatch.message().contains("version mismatch"), "{}", mismatch.message());
+    n3.refresh_semaphore_lease(pb::RefreshSemaphoreLeaseRequest {
+        namespace_name: "jobs".into(),
+        lease_id: lease.clone(),
+        ttl_seconds: 0,
+    })
+    .await?;
+    let sem = ops::release(&mut n1, "jobs", "db", &lease).await?;
+    assert_eq!(sem.active_holds, 0);
+    n2.revoke_semaphore_lease(pb::RevokeSemaphoreLeaseRequest { namespace_name: "jobs".into(), lease_id: lease.clone() })
+        .await?;
+    n3.delete_semaphore(pb::DeleteSemaphoreRequest { namespace_name: "jobs".into(), semaphore_name: "db".into() })
+        .await?;
+    n1.delete_namespace(pb::DeleteNamespaceRequest { namespace_name: "jobs".into() }).await?;
+    n1.delete_namespace(pb::DeleteNamespaceRequest { namespace_name: "jobs".into() }).await?;
+    cluster.wait_for_agreement(Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_acquire_is_granted_promptly_after_a_release_on_another_node() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let mut n1 = cluster.grackle(1).await?;
+    ops::namespace(&mut n1, "app").await?;
+    ops::semaphore(&mut n1, "app", "lock", 1).await?;
+    let holder = ops::lease(&mut n1, "app", 30).await?;
+    let waiter = ops::lease(&mut n1, "app", 30).await?;
+    assert!(acquired(&ops::acquire(&mut n1, "app", "lock", &holder, 1, 0).await?));
+
+    let mut n2 = cluster.grackle(2).await?;
+    let waiter_lease = waiter.clone();
+    let blocked = tokio::spawn(async move {
+        let r = ops::acquire(&mut n2, "app", "lock", &waiter_lease, 1, 60).await;
+        (r, Instant::now())
+    });
+    wait_for("the waiter to queue", Duration::from_secs(10), || async {
+        waiters(&cluster, 3, "app", "lock").await.contains(&waiter).then_some(())
+    })
+    .await?;
+
+    let mut n3 = cluster.grackle(3).await?;
+    let released_at = Instant::now();
+    ops::release(&mut n3, "app", "lock", &holder).await?;
+    let (reply, granted_at) = blocked.await?;
+    let reply = reply?;
+    assert!(acquired(&reply), "{reply:?}");
+    let handoff = granted_at.duration_since(released_at);
+    eprintln!("handoff through three nodes: {handoff:?}");
+    // Far below the 60 s wait: the grant woke the caller rather than a timeout or a poll.
+    assert!(handoff < Duration::from_secs(5), "grant took {handoff:?}");
+    let holders = ops::holders(&mut n1, "app", "lock").await?;
+    assert_eq!(holders.iter().map(|h| h.lease_id.clone()).collect::<Vec<_>>(), vec![waiter]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_loses_no_acknowledged_write_and_the_node_catches_up() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start_with(3, &["--snapshot-every", "50"]).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await?;
+    let other = cluster.running_ids().into_iter().find(|id| *id != leader).unwrap_or(1);
+    let mut c = cluster.grackle(other).await?;
+    for i in 0..20 {
+        ops::namespace(&mut c, &format!("before-{i}")).await?;
+    }
+
+    cluster.kill(leader);
+    let new_leader = cluster.wait_for_leader(Duration::from_secs(15)).await?;
+    assert_ne!(new_leader, leader);
+    let mut c = cluster.grackle(new_leader).await?;
+    let names: Vec<String> = c
+        .list_namespaces(pb::ListNamespacesRequest { limit: 250, ..Default::default() })
+        .await?
+        .into_inner()
+        .namespaces
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    for i in 0..20 {
+        assert!(names.contains(&format!("before-{i}")), "lost before-{i}: {names:?}");
+    }
+    // Enough writes while it is down that the log is compacted past the killed node.
+    for i in 0..150 {
+        ops::namespace(&mut c, &format!("after-{i}")).await?;
+    }
+    let mut admin = cluster.admin(new_leader).await?;
+    let snapshot = admin.trigger_snapshot(TriggerSnapshotRequest {}).await?.into_inner();
+    assert!(snapshot.snapshot_index > 0);
+
+    cluster.restart(leader)?;
+    cluster.wait_for_agreement(Duration::from_secs(30)).await?;
+    let status = cluster.status(leader).await?;
+    assert_eq!(status.namespaces, 170, "restarted node state: {status:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_restart_keeps_every_namespace_semaphore_lease_holder_and_waiter() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let mut c = cluster.grackle(1).await?;
+    ops::namespace(&mut c, "keep").await?;
+    ops::semaphore(&mut c, "keep", "one", 1).await?;
+    let holder = ops::lease(&mut c, "keep", 120).await?;
+    let waiter = ops::lease(&mut c, "keep", 120).await?;
+    let held = ops::acquire(&mut c, "keep", "one", &holder, 1, 0).await?;
+    assert!(acquired(&held));
+    let mut c2 = cluster.grackle(2).await?;
+    let waiter_lease = waiter.clone();
+    // Queue a waiter for long enough to outlive the restart; its call dies with the nodes.
+    let queued = tokio::spawn(async move { ops::acquire(&mut c2, "keep", "one", &waiter_lease, 1, 200).await });
+    wait_for("the waiter to queue", Duration::from_secs(10), || async {
+        waiters(&cluster, 1, "keep", "one").await.contains(&waiter).then_some(())
+    })
+    .await?;
+    let before = cluster.wait_for_agreement(Duration::from_secs(10)).await?;
+
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    queued.abort();
+    for id in 1..=3 {
+        cluster.restart(id)?;
+    }
+    cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    let mut c = cluster.grackle(3).await?;
+    let holders = ops::holders(&mut c, "keep", "one").await?;
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].lease_id, holder);
+    assert_eq!(holders[0].fencing_token, held.fencing_token);
+    assert_eq!(waiters(&cluster, 3, "keep", "one").await, vec![waiter]);
+    let leases = c
+        .list_semaphore_leases(pb::ListSemaphoreLeasesRequest { namespace_name: "keep".into(), ..Default::default() })
+        .await?
+        .into_inner()
+        .leases;
+    assert_eq!(leases.len(), 2);
+    let after = cluster.wait_for_agreement(Duration::from_secs(10)).await?;
+    assert!(after.0 >= before.0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_keep_serving_with_two_down() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(5).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await?;
+    // Take down the leader and one follower.
+    let follower = cluster.running_ids().into_iter().find(|id| *id != leader).unwrap_or(1);
+    cluster.kill(leader);
+    cluster.kill(follower);
+    let new_leader = cluster.wait_for_leader(Duration::from_secs(15)).await?;
+    for id in cluster.running_ids() {
+        let mut c = cluster.grackle(id).await?;
+        ops::namespace(&mut c, &format!("written-via-{id}")).await?;
+    }
+    let status = cluster.status(new_leader).await?;
+    assert_eq!(status.namespaces, 3);
+    cluster.wait_for_agreement(Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrefreshed_lease_expires_and_its_permits_go_to_the_next_waiter() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let mut c = cluster.grackle(1).await?;
+    ops::namespace(&mut c, "ttl").await?;
+    ops::semaphore(&mut c, "ttl", "slot", 1).await?;
+    let short = ops::lease(&mut c, "ttl", 1).await?;
+    let long = ops::lease(&mut c, "ttl", 60).await?;
+    assert!(acquired(&ops::acquire(&mut c, "ttl", "slot", &short, 1, 0).await?));
+
+    let mut c2 = cluster.grackle(2).await?;
+    let started = Instant::now();
+    let r = ops::acquire(&mut c2, "ttl", "slot", &long, 1, 30).await?;
+    assert!(acquired(&r), "{r:?}");
+    let waited = started.elapsed();
+    eprintln!("granted after the 1 s lease expired: {waited:?}");
+    assert!(waited < Duration::from_secs(10), "expiry took {waited:?}");
+    let gone = c
+        .get_semaphore_lease(pb::GetSemaphoreLeaseRequest { namespace_name: "ttl".into(), lease_id: short.clone() })
+        .await
+        .expect_err("expired lease");
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+    Ok(())
+}
