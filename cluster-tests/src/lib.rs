@@ -351,3 +351,70 @@ pub mod ops {
         r.outcome == pb::AcquireOutcome::Acquired as i32
     }
 }
+
+/// One `conchd` process started with explicit arguments; killed on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    pub stdout_path: PathBuf,
+    pub stderr_path: PathBuf,
+}
+
+impl Daemon {
+    pub fn spawn(args: &[&str], cwd: &Path) -> anyhow::Result<Daemon> {
+        let stdout_path = cwd.join(format!("conchd-{}.out", free_port()));
+        let stderr_path = stdout_path.with_extension("err");
+        let child = Command::new(binary("conchd"))
+            .args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout_path)?)
+            .stderr(std::fs::File::create(&stderr_path)?)
+            .spawn()
+            .with_context(|| format!("spawn {}", binary("conchd").display()))?;
+        Ok(Daemon { child: Some(child), stdout_path, stderr_path })
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout_path).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            // SAFETY: plain kill(2) on a child we own.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+
+    /// Waits for the process to exit and returns its exit code (None if killed by a signal).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                self.child = None;
+                return Ok(status.code());
+            }
+            if self.child.is_none() {
+                bail!("process already reaped");
+            }
+            if Instant::now() >= deadline {
+                bail!("conchd did not exit within {timeout:?}; stderr: {}", self.stderr());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
