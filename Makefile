@@ -46,5 +46,9 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+bench:
+	$(CARGO) build --release -p conchd -p cluster-tests --bins
+	target/release/conch-bench
+
 clean:
 	$(CARGO) clean

@@ -83,7 +83,11 @@ mod tests {
         for n in 0..30 {
             let c = b.ceiling(n);
             let d = b.next_delay();
-            assert!(d >= c / 2 && d <= c, "attempt {n}: {d:?} not in [{:?}, {c:?}]", c / 2);
+            assert!(
+                d >= c / 2 && d <= c,
+                "attempt {n}: {d:?} not in [{:?}, {c:?}]",
+                c / 2
+            );
         }
         assert_eq!(b.attempts(), 30);
         b.reset();

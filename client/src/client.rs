@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_api_client::ConchApiClient;
-use conch_proto::conch::{ClusterStatusRequest, ClusterStatusResponse, ListSemaphoreWaitersRequest};
+use conch_proto::conch::{
+    ClusterStatusRequest, ClusterStatusResponse, ListSemaphoreWaitersRequest,
+};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::{
     CreateNamespaceRequest, CreateSemaphoreRequest, GetNamespaceRequest, GetSemaphoreLeaseRequest,
@@ -161,7 +163,7 @@ pub fn request<T>(message: T, timeout: Duration) -> Request<T> {
 
 impl Client {
     /// A client of the cluster reachable at `endpoints` (`host:port`, see
-    /// [`parse_endpoint`](crate::parse_endpoint)), with the default [`ClientConfig`].
+    /// [`crate::parse_endpoint`]), with the default [`ClientConfig`].
     ///
     /// Connections are made lazily, on first use; this fails only on malformed endpoints.
     pub async fn connect<I, S>(endpoints: I) -> Result<Client>
@@ -367,7 +369,7 @@ impl Client {
                     debug!(op, addr, error = %describe_status(&status), "transport failure");
                     self.mark_down(idx);
                     Attempt::Retry {
-                        error: format!("{addr}: {}", describe_status(&status)),
+                        error: describe_status(&status),
                         reached: false,
                     }
                 }
@@ -375,7 +377,7 @@ impl Client {
                     debug!(op, addr, error = %status.message(), "node cannot serve now");
                     self.observe_cannot_serve(idx, status.metadata());
                     Attempt::Retry {
-                        error: format!("{addr}: {}", status.message()),
+                        error: status.message().to_string(),
                         reached: true,
                     }
                 }
@@ -388,7 +390,7 @@ impl Client {
                 debug!(op, addr, ?timeout, "attempt timed out");
                 self.mark_down(idx);
                 Attempt::Retry {
-                    error: format!("{addr}: no answer within {}", format_duration(timeout)),
+                    error: format!("no answer within {}", format_duration(timeout)),
                     reached: true,
                 }
             }
@@ -428,12 +430,18 @@ impl Client {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         let mut rounds = 0u32;
         let mut reached = false;
-        let mut last = String::from("no attempt made");
+        let mut last = (String::new(), String::from("no attempt made"));
         loop {
             let Some((idx, addr, channel)) = self.pick(&tried) else {
                 rounds += 1;
                 let spent = start.elapsed();
                 if spent >= opts.retry_for || (!reached && rounds >= 2) {
+                    // Name the endpoint of the last error only when there were several.
+                    let last = if tried_addrs.len() > 1 {
+                        format!("{}: {}", last.0, last.1)
+                    } else {
+                        last.1
+                    };
                     return Err(Error::Unavailable {
                         op,
                         endpoints: tried_addrs,
@@ -455,7 +463,7 @@ impl Client {
                 Attempt::Fail(e) => return Err(e),
                 Attempt::Retry { error, reached: r } => {
                     reached |= r;
-                    last = error;
+                    last = (addr, error);
                 }
             }
         }
@@ -500,7 +508,11 @@ impl Client {
         let resp = self
             .call(OP, self.default_options(), |ch, t| {
                 let req = req.clone();
-                async move { GrackleApiClient::new(ch).create_namespace(request(req, t)).await }
+                async move {
+                    GrackleApiClient::new(ch)
+                        .create_namespace(request(req, t))
+                        .await
+                }
             })
             .await?;
         resp.namespace.ok_or_else(|| missing(OP, "namespace"))
@@ -515,7 +527,11 @@ impl Client {
         let resp = self
             .call(OP, self.default_options(), |ch, t| {
                 let req = req.clone();
-                async move { GrackleApiClient::new(ch).get_namespace(request(req, t)).await }
+                async move {
+                    GrackleApiClient::new(ch)
+                        .get_namespace(request(req, t))
+                        .await
+                }
             })
             .await?;
         resp.namespace.ok_or_else(|| missing(OP, "namespace"))
@@ -556,7 +572,11 @@ impl Client {
         let resp = self
             .call(OP, self.default_options(), |ch, t| {
                 let req = req.clone();
-                async move { GrackleApiClient::new(ch).create_semaphore(request(req, t)).await }
+                async move {
+                    GrackleApiClient::new(ch)
+                        .create_semaphore(request(req, t))
+                        .await
+                }
             })
             .await?;
         resp.semaphore.ok_or_else(|| missing(OP, "semaphore"))
@@ -572,7 +592,11 @@ impl Client {
         let resp = self
             .call(OP, self.default_options(), |ch, t| {
                 let req = req.clone();
-                async move { GrackleApiClient::new(ch).get_semaphore(request(req, t)).await }
+                async move {
+                    GrackleApiClient::new(ch)
+                        .get_semaphore(request(req, t))
+                        .await
+                }
             })
             .await?;
         resp.semaphore.ok_or_else(|| missing(OP, "semaphore"))
@@ -679,7 +703,11 @@ impl Client {
         };
         self.call(OP, self.default_options(), |ch, t| {
             let req = req.clone();
-            async move { GrackleApiClient::new(ch).release_semaphore(request(req, t)).await }
+            async move {
+                GrackleApiClient::new(ch)
+                    .release_semaphore(request(req, t))
+                    .await
+            }
         })
         .await?;
         Ok(())
@@ -748,7 +776,11 @@ impl Client {
         let resp = self
             .call(OP, self.default_options(), |ch, t| {
                 let req = req.clone();
-                async move { GrackleApiClient::new(ch).get_semaphore_lease(request(req, t)).await }
+                async move {
+                    GrackleApiClient::new(ch)
+                        .get_semaphore_lease(request(req, t))
+                        .await
+                }
             })
             .await?;
         resp.lease.ok_or_else(|| missing(OP, "lease"))
@@ -758,11 +790,15 @@ impl Client {
 
     /// Cluster status as seen by whichever node answers.
     pub async fn cluster_status(&self) -> Result<ClusterStatusResponse> {
-        self.call("cluster status", self.default_options(), |ch, t| async move {
-            ConchAdminClient::new(ch)
-                .cluster_status(request(ClusterStatusRequest {}, t))
-                .await
-        })
+        self.call(
+            "cluster status",
+            self.default_options(),
+            |ch, t| async move {
+                ConchAdminClient::new(ch)
+                    .cluster_status(request(ClusterStatusRequest {}, t))
+                    .await
+            },
+        )
         .await
     }
 
@@ -783,8 +819,8 @@ impl Client {
             None => make_channel(&ep, &self.inner.config)?,
         };
         let timeout = self.inner.config.request_timeout;
-        let fut = ConchAdminClient::new(channel)
-            .cluster_status(request(ClusterStatusRequest {}, timeout));
+        let mut admin = ConchAdminClient::new(channel);
+        let fut = admin.cluster_status(request(ClusterStatusRequest {}, timeout));
         match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(resp)) => {
                 if existing.is_some() {

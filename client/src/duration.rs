@@ -35,7 +35,9 @@ pub fn parse_duration(input: &str) -> Result<Duration, String> {
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(rest.len());
         if num_len == 0 {
-            return Err(format!("invalid duration {input:?}: expected a number, e.g. 30s"));
+            return Err(format!(
+                "invalid duration {input:?}: expected a number, e.g. 30s"
+            ));
         }
         let (num, after) = rest.split_at(num_len);
         let value: f64 = num
@@ -134,7 +136,11 @@ mod tests {
         assert!(parse_duration("5").is_ok());
         assert!(parse_duration("1.5").unwrap_err().contains("missing unit"));
         assert!(parse_duration("5y").unwrap_err().contains("unknown unit"));
-        assert!(parse_duration("999999999999h").unwrap_err().contains("too long"));
+        assert!(
+            parse_duration("999999999999h")
+                .unwrap_err()
+                .contains("too long")
+        );
     }
 
     #[test]

@@ -40,7 +40,9 @@ pub fn parse_endpoint(input: &str) -> Result<EndpointAddr> {
     if let Some(rest) = s.strip_prefix("http://") {
         s = rest;
     } else if s.starts_with("https://") {
-        return Err(bad("TLS endpoints are not supported by this client yet; use host:port"));
+        return Err(bad(
+            "TLS endpoints are not supported by this client yet; use host:port",
+        ));
     } else if s.contains("://") {
         return Err(bad("only http:// or host:port endpoints are supported"));
     }

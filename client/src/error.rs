@@ -35,9 +35,15 @@ pub enum LeaseLoss {
 impl std::fmt::Display for LeaseLoss {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LeaseLoss::NotFound { message } => write!(f, "the server no longer knows it ({message})"),
+            LeaseLoss::NotFound { message } => {
+                write!(f, "the server no longer knows it ({message})")
+            }
             LeaseLoss::NoRefresh { since, last_error } => {
-                write!(f, "no refresh succeeded for {}", crate::duration::format_duration(*since))?;
+                write!(
+                    f,
+                    "no refresh succeeded for {}",
+                    crate::duration::format_duration(*since)
+                )?;
                 if let Some(e) = last_error {
                     write!(f, " (last error: {e})")?;
                 }
@@ -230,7 +236,10 @@ mod tests {
         assert!(e.is_not_found());
         assert_eq!(e.to_string(), "get semaphore: not found: semaphore x");
 
-        let e = Error::from_status("acquire", Status::invalid_argument("weight exceeds permits"));
+        let e = Error::from_status(
+            "acquire",
+            Status::invalid_argument("weight exceeds permits"),
+        );
         assert!(matches!(e, Error::InvalidArgument { .. }));
         assert_eq!(e.code(), Some(Code::InvalidArgument));
 
@@ -261,7 +270,10 @@ mod tests {
 
     #[test]
     fn server_statuses_and_transport_failures_are_told_apart() {
-        assert_eq!(classify(&Status::unavailable("no leader")), Class::NodeUnavailable);
+        assert_eq!(
+            classify(&Status::unavailable("no leader")),
+            Class::NodeUnavailable
+        );
         assert_eq!(classify(&Status::not_found("x")), Class::Final);
         assert_eq!(classify(&Status::internal("x")), Class::Final);
 

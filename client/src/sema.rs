@@ -87,7 +87,11 @@ pub fn sanitize_host(host: &str) -> String {
             }
         })
         .collect();
-    if s.is_empty() { "unknown".to_string() } else { s }
+    if s.is_empty() {
+        "unknown".to_string()
+    } else {
+        s
+    }
 }
 
 /// The per-host semaphore of `--spread`: `<name>.<max>.host-<sanitized host>`.
@@ -120,6 +124,23 @@ pub fn spread_semaphore_name(name: &str, max: u64, host: &str) -> Result<String,
     let hash = format!("{:08x}", fnv1a32(host.as_bytes()));
     let keep = room - 9;
     Ok(format!("{prefix}{}-{hash}", &host[..keep]))
+}
+
+/// This machine's host name, as `gethostname(2)` reports it (`unknown` if it cannot).
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for `buf.len()` bytes; gethostname writes at most that many.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).trim().to_string();
+    if name.is_empty() {
+        "unknown".to_string()
+    } else {
+        name
+    }
 }
 
 /// The lease `process_id` conch uses: `<host>/pid-<pid>`.
@@ -170,7 +191,11 @@ mod tests {
         let long = "x".repeat(126);
         assert_eq!(semaphore_name(&long, 9).unwrap().len(), 128);
         assert!(semaphore_name(&long, 10).unwrap_err().contains("too long"));
-        assert!(semaphore_name(&"x".repeat(129), 1).unwrap_err().contains("at most 128"));
+        assert!(
+            semaphore_name(&"x".repeat(129), 1)
+                .unwrap_err()
+                .contains("at most 128")
+        );
     }
 
     #[test]
@@ -180,7 +205,13 @@ mod tests {
         assert_eq!(sanitize_host(""), "unknown");
         let s = spread_semaphore_name("jobs", 2, "10.0.0.5").unwrap();
         assert_eq!(s, "jobs.2.host-10-0-0-5");
-        assert!(!s.rsplit('.').next().unwrap().chars().all(|c| c.is_ascii_digit()));
+        assert!(
+            !s.rsplit('.')
+                .next()
+                .unwrap()
+                .chars()
+                .all(|c| c.is_ascii_digit())
+        );
     }
 
     #[test]
@@ -192,6 +223,11 @@ mod tests {
         assert_ne!(a, b);
         assert!(validate_name("semaphore", &a).is_ok());
         assert!(spread_semaphore_name(&"n".repeat(120), 2, "host").is_err());
+    }
+
+    #[test]
+    fn hostname_is_never_empty() {
+        assert!(!hostname().is_empty());
     }
 
     #[test]

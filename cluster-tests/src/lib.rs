@@ -89,15 +89,31 @@ impl Cluster {
     }
 
     pub async fn start_with(n: u64, extra_args: &[&str]) -> anyhow::Result<Cluster> {
-        let dir = tempfile::Builder::new().prefix("conch-cluster-").tempdir().context("tempdir")?;
+        let dir = tempfile::Builder::new()
+            .prefix("conch-cluster-")
+            .tempdir()
+            .context("tempdir")?;
         let mut nodes = BTreeMap::new();
         for id in 1..=n {
             let addr = format!("127.0.0.1:{}", free_port());
             let data_dir = dir.path().join(format!("node{id}"));
             let log_path = dir.path().join(format!("node{id}.log"));
-            nodes.insert(id, NodeProc { id, addr, data_dir, log_path, child: None });
+            nodes.insert(
+                id,
+                NodeProc {
+                    id,
+                    addr,
+                    data_dir,
+                    log_path,
+                    child: None,
+                },
+            );
         }
-        let initial_cluster = nodes.values().map(|n| format!("{}={}", n.id, n.addr)).collect::<Vec<_>>().join(",");
+        let initial_cluster = nodes
+            .values()
+            .map(|n| format!("{}={}", n.id, n.addr))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut cluster = Cluster {
             nodes,
             initial_cluster,
@@ -171,7 +187,10 @@ impl Cluster {
     }
 
     pub fn addr(&self, id: u64) -> String {
-        self.nodes.get(&id).map(|n| n.addr.clone()).unwrap_or_default()
+        self.nodes
+            .get(&id)
+            .map(|n| n.addr.clone())
+            .unwrap_or_default()
     }
 
     pub fn endpoints(&self) -> Vec<String> {
@@ -179,11 +198,18 @@ impl Cluster {
     }
 
     pub fn running_ids(&self) -> Vec<u64> {
-        self.nodes.values().filter(|n| n.is_running()).map(|n| n.id).collect()
+        self.nodes
+            .values()
+            .filter(|n| n.is_running())
+            .map(|n| n.id)
+            .collect()
     }
 
     pub fn log(&self, id: u64) -> String {
-        self.nodes.get(&id).and_then(|n| std::fs::read_to_string(&n.log_path).ok()).unwrap_or_default()
+        self.nodes
+            .get(&id)
+            .and_then(|n| std::fs::read_to_string(&n.log_path).ok())
+            .unwrap_or_default()
     }
 
     pub async fn grackle(&self, id: u64) -> anyhow::Result<GrackleApiClient<Channel>> {
@@ -196,7 +222,10 @@ impl Cluster {
 
     pub async fn status(&self, id: u64) -> anyhow::Result<ClusterStatusResponse> {
         let mut admin = self.admin(id).await?;
-        Ok(admin.cluster_status(ClusterStatusRequest {}).await?.into_inner())
+        Ok(admin
+            .cluster_status(ClusterStatusRequest {})
+            .await?
+            .into_inner())
     }
 
     /// Waits until every running node names the same leader, itself running; returns its id.
@@ -226,22 +255,26 @@ impl Cluster {
     /// Waits until all running nodes have applied the same index with the same state hash.
     pub async fn wait_for_agreement(&self, timeout: Duration) -> anyhow::Result<(u64, u64)> {
         let running = self.running_ids();
-        wait_for("all nodes at the same applied index and state hash", timeout, || {
-            let running = running.clone();
-            async move {
-                let mut seen = None;
-                for id in &running {
-                    let status = self.status(*id).await.ok()?;
-                    let here = (status.applied_index, status.state_hash);
-                    match seen {
-                        None => seen = Some(here),
-                        Some(s) if s != here => return None,
-                        Some(_) => {}
+        wait_for(
+            "all nodes at the same applied index and state hash",
+            timeout,
+            || {
+                let running = running.clone();
+                async move {
+                    let mut seen = None;
+                    for id in &running {
+                        let status = self.status(*id).await.ok()?;
+                        let here = (status.applied_index, status.state_hash);
+                        match seen {
+                            None => seen = Some(here),
+                            Some(s) if s != here => return None,
+                            Some(_) => {}
+                        }
                     }
+                    seen
                 }
-                seen
-            }
-        })
+            },
+        )
         .await
     }
 }
@@ -262,7 +295,10 @@ pub async fn channel(addr: &str) -> anyhow::Result<Channel> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(10));
-    Ok(endpoint.connect().await.with_context(|| format!("connect to {addr}"))?)
+    Ok(endpoint
+        .connect()
+        .await
+        .with_context(|| format!("connect to {addr}"))?)
 }
 
 /// Small helpers over the Grackle API for tests.
@@ -275,12 +311,20 @@ pub mod ops {
 
     pub async fn namespace(c: &mut Grackle, name: &str) -> Result<pb::Namespace, tonic::Status> {
         let r = c
-            .create_namespace(pb::CreateNamespaceRequest { name: name.into(), ..Default::default() })
+            .create_namespace(pb::CreateNamespaceRequest {
+                name: name.into(),
+                ..Default::default()
+            })
             .await?;
         Ok(r.into_inner().namespace.unwrap_or_default())
     }
 
-    pub async fn semaphore(c: &mut Grackle, ns: &str, name: &str, permits: u64) -> Result<pb::Semaphore, tonic::Status> {
+    pub async fn semaphore(
+        c: &mut Grackle,
+        ns: &str,
+        name: &str,
+        permits: u64,
+    ) -> Result<pb::Semaphore, tonic::Status> {
         let r = c
             .create_semaphore(pb::CreateSemaphoreRequest {
                 namespace_name: ns.into(),
@@ -292,7 +336,11 @@ pub mod ops {
         Ok(r.into_inner().semaphore.unwrap_or_default())
     }
 
-    pub async fn lease(c: &mut Grackle, ns: &str, ttl_seconds: u64) -> Result<String, tonic::Status> {
+    pub async fn lease(
+        c: &mut Grackle,
+        ns: &str,
+        ttl_seconds: u64,
+    ) -> Result<String, tonic::Status> {
         let r = c
             .create_semaphore_lease(pb::CreateSemaphoreLeaseRequest {
                 namespace_name: ns.into(),
@@ -325,7 +373,12 @@ pub mod ops {
         Ok(r.into_inner())
     }
 
-    pub async fn release(c: &mut Grackle, ns: &str, sem: &str, lease: &str) -> Result<pb::Semaphore, tonic::Status> {
+    pub async fn release(
+        c: &mut Grackle,
+        ns: &str,
+        sem: &str,
+        lease: &str,
+    ) -> Result<pb::Semaphore, tonic::Status> {
         let r = c
             .release_semaphore(pb::ReleaseSemaphoreRequest {
                 namespace_name: ns.into(),
@@ -336,7 +389,11 @@ pub mod ops {
         Ok(r.into_inner().semaphore.unwrap_or_default())
     }
 
-    pub async fn holders(c: &mut Grackle, ns: &str, sem: &str) -> Result<Vec<pb::SemaphoreHolder>, tonic::Status> {
+    pub async fn holders(
+        c: &mut Grackle,
+        ns: &str,
+        sem: &str,
+    ) -> Result<Vec<pb::SemaphoreHolder>, tonic::Status> {
         let r = c
             .list_semaphore_holders(pb::ListSemaphoreHoldersRequest {
                 namespace_name: ns.into(),
@@ -371,7 +428,11 @@ impl Daemon {
             .stderr(std::fs::File::create(&stderr_path)?)
             .spawn()
             .with_context(|| format!("spawn {}", binary("conchd").display()))?;
-        Ok(Daemon { child: Some(child), stdout_path, stderr_path })
+        Ok(Daemon {
+            child: Some(child),
+            stdout_path,
+            stderr_path,
+        })
     }
 
     pub fn stdout(&self) -> String {
@@ -403,7 +464,10 @@ impl Daemon {
                 bail!("process already reaped");
             }
             if Instant::now() >= deadline {
-                bail!("conchd did not exit within {timeout:?}; stderr: {}", self.stderr());
+                bail!(
+                    "conchd did not exit within {timeout:?}; stderr: {}",
+                    self.stderr()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -9,7 +9,9 @@ use conch_proto::conch::{ListSemaphoreWaitersRequest, TriggerSnapshotRequest};
 use conch_proto::grackle as pb;
 
 async fn waiters(cluster: &Cluster, id: u64, ns: &str, sem: &str) -> Vec<String> {
-    let Ok(channel) = cluster_tests::channel(&cluster.addr(id)).await else { return vec![] };
+    let Ok(channel) = cluster_tests::channel(&cluster.addr(id)).await else {
+        return vec![];
+    };
     let mut api = ConchApiClient::new(channel);
     match api
         .list_semaphore_waiters(ListSemaphoreWaitersRequest {
@@ -19,7 +21,12 @@ async fn waiters(cluster: &Cluster, id: u64, ns: &str, sem: &str) -> Vec<String>
         })
         .await
     {
-        Ok(r) => r.into_inner().waiters.into_iter().map(|w| w.lease_id).collect(),
+        Ok(r) => r
+            .into_inner()
+            .waiters
+            .into_iter()
+            .map(|w| w.lease_id)
+            .collect(),
         Err(_) => vec![],
     }
 }
@@ -32,7 +39,9 @@ async fn every_rpc_answers_the_same_through_every_node() -> anyhow::Result<()> {
     let mut n3 = cluster.grackle(3).await?;
 
     ops::namespace(&mut n1, "jobs").await?;
-    let err = ops::namespace(&mut n2, "jobs").await.expect_err("duplicate namespace");
+    let err = ops::namespace(&mut n2, "jobs")
+        .await
+        .expect_err("duplicate namespace");
     assert_eq!(err.code(), tonic::Code::AlreadyExists);
     ops::semaphore(&mut n2, "jobs", "db", 2).await?;
     let lease = ops::lease(&mut n3, "jobs", 30).await?;
@@ -43,45 +52,70 @@ async fn every_rpc_answers_the_same_through_every_node() -> anyhow::Result<()> {
     for id in 1..=3 {
         let mut c = cluster.grackle(id).await?;
         let ns = c
-            .get_namespace(pb::GetNamespaceRequest { namespace_name: "jobs".into() })
+            .get_namespace(pb::GetNamespaceRequest {
+                namespace_name: "jobs".into(),
+            })
             .await?
             .into_inner()
             .namespace
             .unwrap_or_default();
         assert_eq!(ns.name, "jobs");
         let sem = c
-            .get_semaphore(pb::GetSemaphoreRequest { namespace_name: "jobs".into(), semaphore_name: "db".into() })
+            .get_semaphore(pb::GetSemaphoreRequest {
+                namespace_name: "jobs".into(),
+                semaphore_name: "db".into(),
+            })
             .await?
             .into_inner()
             .semaphore
             .unwrap_or_default();
-        assert_eq!((sem.permits, sem.active_holds, sem.active_holders_count), (2, 1, 1), "node {id}");
+        assert_eq!(
+            (sem.permits, sem.active_holds, sem.active_holders_count),
+            (2, 1, 1),
+            "node {id}"
+        );
         let holders = ops::holders(&mut c, "jobs", "db").await?;
         assert_eq!(holders.len(), 1, "node {id}");
         assert_eq!(holders[0].lease_id, lease);
         assert_eq!(holders[0].fencing_token, r.fencing_token);
         let leases = c
-            .list_semaphore_leases(pb::ListSemaphoreLeasesRequest { namespace_name: "jobs".into(), ..Default::default() })
+            .list_semaphore_leases(pb::ListSemaphoreLeasesRequest {
+                namespace_name: "jobs".into(),
+                ..Default::default()
+            })
             .await?
             .into_inner()
             .leases;
         assert_eq!(leases.len(), 1, "node {id}");
         let got = c
-            .get_semaphore_lease(pb::GetSemaphoreLeaseRequest { namespace_name: "jobs".into(), lease_id: lease.clone() })
+            .get_semaphore_lease(pb::GetSemaphoreLeaseRequest {
+                namespace_name: "jobs".into(),
+                lease_id: lease.clone(),
+            })
             .await?
             .into_inner()
             .lease
             .unwrap_or_default();
         assert_eq!(got.lease_id, lease);
         let list = c
-            .list_semaphores(pb::ListSemaphoresRequest { namespace_name: "jobs".into(), ..Default::default() })
+            .list_semaphores(pb::ListSemaphoresRequest {
+                namespace_name: "jobs".into(),
+                ..Default::default()
+            })
             .await?
             .into_inner();
         assert_eq!(list.semaphores.len(), 1);
-        let namespaces = c.list_namespaces(pb::ListNamespacesRequest::default()).await?.into_inner().namespaces;
+        let namespaces = c
+            .list_namespaces(pb::ListNamespacesRequest::default())
+            .await?
+            .into_inner()
+            .namespaces;
         assert_eq!(namespaces.len(), 1);
         let bad = c
-            .get_semaphore(pb::GetSemaphoreRequest { namespace_name: "jobs".into(), semaphore_name: "nope".into() })
+            .get_semaphore(pb::GetSemaphoreRequest {
+                namespace_name: "jobs".into(),
+                semaphore_name: "nope".into(),
+            })
             .await
             .expect_err("absent semaphore");
         assert_eq!(bad.code(), tonic::Code::NotFound, "node {id}");
@@ -111,7 +145,11 @@ async fn every_rpc_answers_the_same_through_every_node() -> anyhow::Result<()> {
         .await
         .expect_err("version mismatch");
     assert_eq!(mismatch.code(), tonic::Code::InvalidArgument);
-    assert!(mismatch.message().contains("version mismatch"), "{}", mismatch.message());
+    assert!(
+        mismatch.message().contains("version mismatch"),
+        "{}",
+        mismatch.message()
+    );
     n3.refresh_semaphore_lease(pb::RefreshSemaphoreLeaseRequest {
         namespace_name: "jobs".into(),
         lease_id: lease.clone(),
@@ -120,25 +158,40 @@ async fn every_rpc_answers_the_same_through_every_node() -> anyhow::Result<()> {
     .await?;
     let sem = ops::release(&mut n1, "jobs", "db", &lease).await?;
     assert_eq!(sem.active_holds, 0);
-    n2.revoke_semaphore_lease(pb::RevokeSemaphoreLeaseRequest { namespace_name: "jobs".into(), lease_id: lease.clone() })
-        .await?;
-    n3.delete_semaphore(pb::DeleteSemaphoreRequest { namespace_name: "jobs".into(), semaphore_name: "db".into() })
-        .await?;
-    n1.delete_namespace(pb::DeleteNamespaceRequest { namespace_name: "jobs".into() }).await?;
-    n1.delete_namespace(pb::DeleteNamespaceRequest { namespace_name: "jobs".into() }).await?;
+    n2.revoke_semaphore_lease(pb::RevokeSemaphoreLeaseRequest {
+        namespace_name: "jobs".into(),
+        lease_id: lease.clone(),
+    })
+    .await?;
+    n3.delete_semaphore(pb::DeleteSemaphoreRequest {
+        namespace_name: "jobs".into(),
+        semaphore_name: "db".into(),
+    })
+    .await?;
+    n1.delete_namespace(pb::DeleteNamespaceRequest {
+        namespace_name: "jobs".into(),
+    })
+    .await?;
+    n1.delete_namespace(pb::DeleteNamespaceRequest {
+        namespace_name: "jobs".into(),
+    })
+    .await?;
     cluster.wait_for_agreement(Duration::from_secs(10)).await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blocking_acquire_is_granted_promptly_after_a_release_on_another_node() -> anyhow::Result<()> {
+async fn blocking_acquire_is_granted_promptly_after_a_release_on_another_node() -> anyhow::Result<()>
+{
     let cluster = Cluster::start(3).await?;
     let mut n1 = cluster.grackle(1).await?;
     ops::namespace(&mut n1, "app").await?;
     ops::semaphore(&mut n1, "app", "lock", 1).await?;
     let holder = ops::lease(&mut n1, "app", 30).await?;
     let waiter = ops::lease(&mut n1, "app", 30).await?;
-    assert!(acquired(&ops::acquire(&mut n1, "app", "lock", &holder, 1, 0).await?));
+    assert!(acquired(
+        &ops::acquire(&mut n1, "app", "lock", &holder, 1, 0).await?
+    ));
 
     let mut n2 = cluster.grackle(2).await?;
     let waiter_lease = waiter.clone();
@@ -147,7 +200,10 @@ async fn blocking_acquire_is_granted_promptly_after_a_release_on_another_node() 
         (r, Instant::now())
     });
     wait_for("the waiter to queue", Duration::from_secs(10), || async {
-        waiters(&cluster, 3, "app", "lock").await.contains(&waiter).then_some(())
+        waiters(&cluster, 3, "app", "lock")
+            .await
+            .contains(&waiter)
+            .then_some(())
     })
     .await?;
 
@@ -162,7 +218,13 @@ async fn blocking_acquire_is_granted_promptly_after_a_release_on_another_node() 
     // Far below the 60 s wait: the grant woke the caller rather than a timeout or a poll.
     assert!(handoff < Duration::from_secs(5), "grant took {handoff:?}");
     let holders = ops::holders(&mut n1, "app", "lock").await?;
-    assert_eq!(holders.iter().map(|h| h.lease_id.clone()).collect::<Vec<_>>(), vec![waiter]);
+    assert_eq!(
+        holders
+            .iter()
+            .map(|h| h.lease_id.clone())
+            .collect::<Vec<_>>(),
+        vec![waiter]
+    );
     Ok(())
 }
 
@@ -170,7 +232,11 @@ async fn blocking_acquire_is_granted_promptly_after_a_release_on_another_node() 
 async fn leader_kill_loses_no_acknowledged_write_and_the_node_catches_up() -> anyhow::Result<()> {
     let mut cluster = Cluster::start_with(3, &["--snapshot-every", "50"]).await?;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await?;
-    let other = cluster.running_ids().into_iter().find(|id| *id != leader).unwrap_or(1);
+    let other = cluster
+        .running_ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .unwrap_or(1);
     let mut c = cluster.grackle(other).await?;
     for i in 0..20 {
         ops::namespace(&mut c, &format!("before-{i}")).await?;
@@ -181,7 +247,10 @@ async fn leader_kill_loses_no_acknowledged_write_and_the_node_catches_up() -> an
     assert_ne!(new_leader, leader);
     let mut c = cluster.grackle(new_leader).await?;
     let names: Vec<String> = c
-        .list_namespaces(pb::ListNamespacesRequest { limit: 250, ..Default::default() })
+        .list_namespaces(pb::ListNamespacesRequest {
+            limit: 250,
+            ..Default::default()
+        })
         .await?
         .into_inner()
         .namespaces
@@ -189,14 +258,20 @@ async fn leader_kill_loses_no_acknowledged_write_and_the_node_catches_up() -> an
         .map(|n| n.name)
         .collect();
     for i in 0..20 {
-        assert!(names.contains(&format!("before-{i}")), "lost before-{i}: {names:?}");
+        assert!(
+            names.contains(&format!("before-{i}")),
+            "lost before-{i}: {names:?}"
+        );
     }
     // Enough writes while it is down that the log is compacted past the killed node.
     for i in 0..150 {
         ops::namespace(&mut c, &format!("after-{i}")).await?;
     }
     let mut admin = cluster.admin(new_leader).await?;
-    let snapshot = admin.trigger_snapshot(TriggerSnapshotRequest {}).await?.into_inner();
+    let snapshot = admin
+        .trigger_snapshot(TriggerSnapshotRequest {})
+        .await?
+        .into_inner();
     assert!(snapshot.snapshot_index > 0);
 
     cluster.restart(leader)?;
@@ -207,7 +282,8 @@ async fn leader_kill_loses_no_acknowledged_write_and_the_node_catches_up() -> an
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn whole_cluster_restart_keeps_every_namespace_semaphore_lease_holder_and_waiter() -> anyhow::Result<()> {
+async fn whole_cluster_restart_keeps_every_namespace_semaphore_lease_holder_and_waiter()
+-> anyhow::Result<()> {
     let mut cluster = Cluster::start(3).await?;
     let mut c = cluster.grackle(1).await?;
     ops::namespace(&mut c, "keep").await?;
@@ -219,9 +295,15 @@ async fn whole_cluster_restart_keeps_every_namespace_semaphore_lease_holder_and_
     let mut c2 = cluster.grackle(2).await?;
     let waiter_lease = waiter.clone();
     // Queue a waiter for long enough to outlive the restart; its call dies with the nodes.
-    let queued = tokio::spawn(async move { ops::acquire(&mut c2, "keep", "one", &waiter_lease, 1, 200).await });
+    let queued =
+        tokio::spawn(
+            async move { ops::acquire(&mut c2, "keep", "one", &waiter_lease, 1, 200).await },
+        );
     wait_for("the waiter to queue", Duration::from_secs(10), || async {
-        waiters(&cluster, 1, "keep", "one").await.contains(&waiter).then_some(())
+        waiters(&cluster, 1, "keep", "one")
+            .await
+            .contains(&waiter)
+            .then_some(())
     })
     .await?;
     let before = cluster.wait_for_agreement(Duration::from_secs(10)).await?;
@@ -241,7 +323,10 @@ async fn whole_cluster_restart_keeps_every_namespace_semaphore_lease_holder_and_
     assert_eq!(holders[0].fencing_token, held.fencing_token);
     assert_eq!(waiters(&cluster, 3, "keep", "one").await, vec![waiter]);
     let leases = c
-        .list_semaphore_leases(pb::ListSemaphoreLeasesRequest { namespace_name: "keep".into(), ..Default::default() })
+        .list_semaphore_leases(pb::ListSemaphoreLeasesRequest {
+            namespace_name: "keep".into(),
+            ..Default::default()
+        })
         .await?
         .into_inner()
         .leases;
@@ -256,7 +341,11 @@ async fn five_nodes_keep_serving_with_two_down() -> anyhow::Result<()> {
     let mut cluster = Cluster::start(5).await?;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await?;
     // Take down the leader and one follower.
-    let follower = cluster.running_ids().into_iter().find(|id| *id != leader).unwrap_or(1);
+    let follower = cluster
+        .running_ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .unwrap_or(1);
     cluster.kill(leader);
     cluster.kill(follower);
     let new_leader = cluster.wait_for_leader(Duration::from_secs(15)).await?;
@@ -278,7 +367,9 @@ async fn unrefreshed_lease_expires_and_its_permits_go_to_the_next_waiter() -> an
     ops::semaphore(&mut c, "ttl", "slot", 1).await?;
     let short = ops::lease(&mut c, "ttl", 1).await?;
     let long = ops::lease(&mut c, "ttl", 60).await?;
-    assert!(acquired(&ops::acquire(&mut c, "ttl", "slot", &short, 1, 0).await?));
+    assert!(acquired(
+        &ops::acquire(&mut c, "ttl", "slot", &short, 1, 0).await?
+    ));
 
     let mut c2 = cluster.grackle(2).await?;
     let started = Instant::now();
@@ -288,7 +379,10 @@ async fn unrefreshed_lease_expires_and_its_permits_go_to_the_next_waiter() -> an
     eprintln!("granted after the 1 s lease expired: {waited:?}");
     assert!(waited < Duration::from_secs(10), "expiry took {waited:?}");
     let gone = c
-        .get_semaphore_lease(pb::GetSemaphoreLeaseRequest { namespace_name: "ttl".into(), lease_id: short.clone() })
+        .get_semaphore_lease(pb::GetSemaphoreLeaseRequest {
+            namespace_name: "ttl".into(),
+            lease_id: short.clone(),
+        })
         .await
         .expect_err("expired lease");
     assert_eq!(gone.code(), tonic::Code::NotFound);

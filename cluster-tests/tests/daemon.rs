@@ -8,15 +8,20 @@ use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 
 async fn serving(addr: &str) -> anyhow::Result<GrackleApiClient<tonic::transport::Channel>> {
-    let channel = wait_for("conchd to accept connections", Duration::from_secs(20), || async {
-        channel(addr).await.ok()
-    })
+    let channel = wait_for(
+        "conchd to accept connections",
+        Duration::from_secs(20),
+        || async { channel(addr).await.ok() },
+    )
     .await?;
     Ok(GrackleApiClient::new(channel))
 }
 
 /// Writes until the single node has elected itself and accepts the write.
-async fn create_namespace_when_ready(client: &mut GrackleApiClient<tonic::transport::Channel>, name: &str) -> anyhow::Result<()> {
+async fn create_namespace_when_ready(
+    client: &mut GrackleApiClient<tonic::transport::Channel>,
+    name: &str,
+) -> anyhow::Result<()> {
     wait_for("the node to accept writes", Duration::from_secs(20), || {
         let mut client = client.clone();
         async move {
@@ -31,7 +36,8 @@ async fn create_namespace_when_ready(client: &mut GrackleApiClient<tonic::transp
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conchd_without_cluster_flags_runs_one_node_with_data_in_the_working_directory() -> anyhow::Result<()> {
+async fn conchd_without_cluster_flags_runs_one_node_with_data_in_the_working_directory()
+-> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let addr = format!("127.0.0.1:{}", free_port());
     let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
@@ -45,22 +51,36 @@ async fn conchd_without_cluster_flags_runs_one_node_with_data_in_the_working_dir
     assert!(data_dir.join("raft").is_dir());
 
     daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(0), "{}", daemon.stderr());
+    assert_eq!(
+        daemon.wait_exit(Duration::from_secs(20)).await?,
+        Some(0),
+        "{}",
+        daemon.stderr()
+    );
 
     // Restarted from the same directory, it still has the namespace.
     let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
     let mut client = serving(&addr).await?;
-    let found = wait_for("the namespace after restart", Duration::from_secs(20), || {
-        let mut client = client.clone();
-        async move {
-            client
-                .get_namespace(conch_proto::grackle::GetNamespaceRequest { namespace_name: "hello".into() })
-                .await
-                .ok()
-        }
-    })
+    let found = wait_for(
+        "the namespace after restart",
+        Duration::from_secs(20),
+        || {
+            let mut client = client.clone();
+            async move {
+                client
+                    .get_namespace(conch_proto::grackle::GetNamespaceRequest {
+                        namespace_name: "hello".into(),
+                    })
+                    .await
+                    .ok()
+            }
+        },
+    )
     .await?;
-    assert_eq!(found.into_inner().namespace.unwrap_or_default().name, "hello");
+    assert_eq!(
+        found.into_inner().namespace.unwrap_or_default().name,
+        "hello"
+    );
     daemon.signal(libc::SIGINT);
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(0));
     Ok(())
@@ -85,9 +105,16 @@ async fn bad_flags_exit_64() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut daemon = Daemon::spawn(&["--id", "abc"], dir.path())?;
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
-    let mut daemon = Daemon::spawn(&["--initial-cluster", "1=127.0.0.1:1,1=127.0.0.1:2"], dir.path())?;
+    let mut daemon = Daemon::spawn(
+        &["--initial-cluster", "1=127.0.0.1:1,1=127.0.0.1:2"],
+        dir.path(),
+    )?;
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(1));
-    assert!(daemon.stderr().contains("names node 1 twice"), "{}", daemon.stderr());
+    assert!(
+        daemon.stderr().contains("names node 1 twice"),
+        "{}",
+        daemon.stderr()
+    );
     Ok(())
 }
 

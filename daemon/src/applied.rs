@@ -27,7 +27,10 @@ pub struct WaitKey {
 /// How a registered wait ended, as applied on this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitOutcome {
-    Granted { token: u64, weight: u64 },
+    Granted {
+        token: u64,
+        weight: u64,
+    },
     Ended(WaitEnd),
     /// The state was replaced wholesale (snapshot install): look at it again.
     Recheck,
@@ -57,7 +60,10 @@ impl AppliedState {
     pub fn apply(&self, index: u64, batch: &Batch) -> Vec<Reply> {
         let mut events = Vec::new();
         let replies = {
-            let mut state = self.state.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut state = self
+                .state
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             state.apply_batch(batch, &mut events)
         };
         self.applied_index.send_replace(index);
@@ -75,7 +81,10 @@ impl AppliedState {
     /// Replaces the whole state (snapshot install or restore).
     pub fn replace(&self, state: State, index: u64) {
         {
-            let mut current = self.state.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut current = self
+                .state
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             *current = state;
         }
         self.applied_index.send_replace(index);
@@ -89,7 +98,10 @@ impl AppliedState {
 
     /// Runs `read` against the current state.
     pub fn read<T>(&self, read: impl FnOnce(&State) -> T) -> T {
-        let state = self.state.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = self
+            .state
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         read(&state)
     }
 
@@ -118,8 +130,16 @@ impl AppliedState {
     pub fn register_wait(self: &Arc<Self>, key: WaitKey) -> WaitTicket {
         let id = self.next_wait_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.lock_waits().entry(key.clone()).or_default().push((id, tx));
-        WaitTicket { applied: Arc::clone(self), key, id, rx }
+        self.lock_waits()
+            .entry(key.clone())
+            .or_default()
+            .push((id, tx));
+        WaitTicket {
+            applied: Arc::clone(self),
+            key,
+            id,
+            rx,
+        }
     }
 
     /// Number of callers currently waiting on this node.
@@ -128,7 +148,9 @@ impl AppliedState {
     }
 
     fn lock_waits(&self) -> std::sync::MutexGuard<'_, HashMap<WaitKey, WaitSenders>> {
-        self.waits.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.waits
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn deliver(&self, events: Vec<Event>) {
@@ -138,12 +160,22 @@ impl AppliedState {
         }
         for event in events {
             let (key, outcome) = match event {
-                Event::Granted { ns, sem, lease, token, weight } => {
-                    (WaitKey { ns, sem, lease }, WaitOutcome::Granted { token, weight })
-                }
-                Event::WaitEnded { ns, sem, lease, reason } => {
-                    (WaitKey { ns, sem, lease }, WaitOutcome::Ended(reason))
-                }
+                Event::Granted {
+                    ns,
+                    sem,
+                    lease,
+                    token,
+                    weight,
+                } => (
+                    WaitKey { ns, sem, lease },
+                    WaitOutcome::Granted { token, weight },
+                ),
+                Event::WaitEnded {
+                    ns,
+                    sem,
+                    lease,
+                    reason,
+                } => (WaitKey { ns, sem, lease }, WaitOutcome::Ended(reason)),
             };
             if let Some(senders) = waits.remove(&key) {
                 for (_, tx) in senders {

@@ -112,7 +112,10 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("read config file {path}: {source}")]
-    ReadFile { path: PathBuf, source: std::io::Error },
+    ReadFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("parse config file {path}: {message}")]
     ParseFile { path: PathBuf, message: String },
     #[error("{0}")]
@@ -127,13 +130,26 @@ impl Config {
         };
         let id = flags.id.or(file.id).unwrap_or(1);
         if id == 0 {
-            return Err(ConfigError::Invalid("--id must be a positive integer".into()));
+            return Err(ConfigError::Invalid(
+                "--id must be a positive integer".into(),
+            ));
         }
-        let listen_text = flags.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-        let listen = resolve(&listen_text).map_err(|e| ConfigError::Invalid(format!("--listen {listen_text}: {e}")))?;
-        let advertise = flags.advertise.or(file.advertise).unwrap_or_else(|| listen.to_string());
-        resolve(&advertise).map_err(|e| ConfigError::Invalid(format!("--advertise {advertise}: {e}")))?;
-        let data_dir = flags.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let listen_text = flags
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen = resolve(&listen_text)
+            .map_err(|e| ConfigError::Invalid(format!("--listen {listen_text}: {e}")))?;
+        let advertise = flags
+            .advertise
+            .or(file.advertise)
+            .unwrap_or_else(|| listen.to_string());
+        resolve(&advertise)
+            .map_err(|e| ConfigError::Invalid(format!("--advertise {advertise}: {e}")))?;
+        let data_dir = flags
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         let initial_cluster = match flags.initial_cluster.or(file.initial_cluster) {
             Some(text) => parse_initial_cluster(&text)?,
             None => BTreeMap::from([(id, advertise.clone())]),
@@ -152,17 +168,28 @@ impl Config {
             }
         }
         let heartbeat_ms = flags.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
-        let election_ms = flags.election_timeout_ms.or(file.election_timeout_ms).unwrap_or(500);
+        let election_ms = flags
+            .election_timeout_ms
+            .or(file.election_timeout_ms)
+            .unwrap_or(500);
         if heartbeat_ms == 0 || election_ms < heartbeat_ms * 3 {
             return Err(ConfigError::Invalid(format!(
                 "--election-timeout-ms ({election_ms}) must be at least 3x --heartbeat-ms ({heartbeat_ms}), and both positive"
             )));
         }
-        let snapshot_every = flags.snapshot_every.or(file.snapshot_every).unwrap_or(10_000);
+        let snapshot_every = flags
+            .snapshot_every
+            .or(file.snapshot_every)
+            .unwrap_or(10_000);
         if snapshot_every < 10 {
-            return Err(ConfigError::Invalid("--snapshot-every must be at least 10".into()));
+            return Err(ConfigError::Invalid(
+                "--snapshot-every must be at least 10".into(),
+            ));
         }
-        let leader_wait_ms = flags.leader_wait_ms.or(file.leader_wait_ms).unwrap_or(3_000);
+        let leader_wait_ms = flags
+            .leader_wait_ms
+            .or(file.leader_wait_ms)
+            .unwrap_or(3_000);
         Ok(Config {
             id,
             listen,
@@ -179,9 +206,14 @@ impl Config {
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ConfigError::ReadFile { path: path.to_path_buf(), source })?;
-    toml::from_str(&text).map_err(|e| ConfigError::ParseFile { path: path.to_path_buf(), message: e.to_string() })
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::ParseFile {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr, String> {
@@ -196,18 +228,27 @@ pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<u64, String>, Config
     let mut members = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) = part.split_once('=').ok_or_else(|| {
-            ConfigError::Invalid(format!("--initial-cluster entry {part:?} is not id=host:port"))
+            ConfigError::Invalid(format!(
+                "--initial-cluster entry {part:?} is not id=host:port"
+            ))
         })?;
         let id: u64 = id.trim().parse().map_err(|_| {
-            ConfigError::Invalid(format!("--initial-cluster entry {part:?}: node id must be a positive integer"))
+            ConfigError::Invalid(format!(
+                "--initial-cluster entry {part:?}: node id must be a positive integer"
+            ))
         })?;
         if id == 0 {
-            return Err(ConfigError::Invalid(format!("--initial-cluster entry {part:?}: node id must be positive")));
+            return Err(ConfigError::Invalid(format!(
+                "--initial-cluster entry {part:?}: node id must be positive"
+            )));
         }
         let addr = addr.trim().to_string();
-        resolve(&addr).map_err(|e| ConfigError::Invalid(format!("--initial-cluster entry {part:?}: {e}")))?;
+        resolve(&addr)
+            .map_err(|e| ConfigError::Invalid(format!("--initial-cluster entry {part:?}: {e}")))?;
         if members.insert(id, addr).is_some() {
-            return Err(ConfigError::Invalid(format!("--initial-cluster names node {id} twice")));
+            return Err(ConfigError::Invalid(format!(
+                "--initial-cluster names node {id} twice"
+            )));
         }
     }
     if members.is_empty() {
@@ -226,15 +267,28 @@ mod tests {
         assert_eq!(config.id, 1);
         assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
         assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
-        assert_eq!(config.initial_cluster, BTreeMap::from([(1, DEFAULT_LISTEN.to_string())]));
+        assert_eq!(
+            config.initial_cluster,
+            BTreeMap::from([(1, DEFAULT_LISTEN.to_string())])
+        );
     }
 
     #[test]
     fn initial_cluster_parses_and_rejects_bad_entries() {
         let members = parse_initial_cluster("1=127.0.0.1:7001, 2=127.0.0.1:7002").expect("valid");
         assert_eq!(members.len(), 2);
-        for bad in ["", "1", "x=127.0.0.1:1", "0=127.0.0.1:1", "1=127.0.0.1:1,1=127.0.0.1:2", "1=nohost"] {
-            assert!(parse_initial_cluster(bad).is_err(), "{bad:?} must be refused");
+        for bad in [
+            "",
+            "1",
+            "x=127.0.0.1:1",
+            "0=127.0.0.1:1",
+            "1=127.0.0.1:1,1=127.0.0.1:2",
+            "1=nohost",
+        ] {
+            assert!(
+                parse_initial_cluster(bad).is_err(),
+                "{bad:?} must be refused"
+            );
         }
     }
 
@@ -253,8 +307,11 @@ mod tests {
     fn file_settings_apply_and_flags_win() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("conchd.toml");
-        std::fs::write(&path, "id = 2\nlisten = \"127.0.0.1:7002\"\nheartbeat_ms = 50\nelection_timeout_ms = 400\n")
-            .expect("write config");
+        std::fs::write(
+            &path,
+            "id = 2\nlisten = \"127.0.0.1:7002\"\nheartbeat_ms = 50\nelection_timeout_ms = 400\n",
+        )
+        .expect("write config");
         let flags = Flags {
             config: Some(path.clone()),
             heartbeat_ms: Some(80),
@@ -267,7 +324,11 @@ mod tests {
         assert_eq!(config.election_timeout, Duration::from_millis(400));
 
         std::fs::write(&path, "bogus_key = 1\n").expect("write config");
-        let err = Config::from_flags(Flags { config: Some(path), ..Flags::default() }).expect_err("unknown key");
+        let err = Config::from_flags(Flags {
+            config: Some(path),
+            ..Flags::default()
+        })
+        .expect_err("unknown key");
         assert!(err.to_string().contains("bogus_key"), "{err}");
     }
 }

@@ -40,7 +40,8 @@ pub async fn run(node: Arc<Node>) {
             continue;
         }
         let sleep = match due {
-            Some(due) => Duration::from_nanos(u64::try_from(due.saturating_sub(now)).unwrap_or(0)).min(RECHECK),
+            Some(due) => Duration::from_nanos(u64::try_from(due.saturating_sub(now)).unwrap_or(0))
+                .min(RECHECK),
             None => RECHECK,
         };
         tokio::select! {

@@ -34,34 +34,45 @@ fn run(flags: Flags) -> anyhow::Result<()> {
         .build()
         .context("start the async runtime")?;
     runtime.block_on(async move {
+        // Install the handlers first: a signal during startup must stop, not kill, the node.
+        let shutdown = shutdown_signal()?;
         let running = server::start(Arc::clone(&config)).await?;
-        let data_dir = std::fs::canonicalize(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
+        let data_dir =
+            std::fs::canonicalize(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
         println!(
             "conchd: node {} listening on {} (clients and peers), data in {}",
             config.id,
-            running.local_addr().map(|a| a.to_string()).unwrap_or_else(|| config.listen.to_string()),
+            running
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| config.listen.to_string()),
             data_dir.display()
         );
-        server::serve(running, shutdown_signal()).await?;
+        server::serve(running, shutdown).await?;
         tracing::info!("stopped");
         Ok(())
     })
 }
 
 fn init_logging(filter: &str) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).with_context(|| format!("--log {filter:?}"))?;
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .with_context(|| format!("--log {filter:?}"))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Resolves on the first SIGTERM or SIGINT.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        // Without signal handlers, run until killed.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-    }
+    let mut term = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    })
 }

@@ -109,7 +109,9 @@ impl Node {
 
     pub async fn write_one(&self, cmd: Cmd) -> Result<Reply, NodeError> {
         let mut replies = self.write(vec![cmd]).await?;
-        replies.pop().ok_or_else(|| NodeError::Internal("state machine returned no reply".into()))
+        replies
+            .pop()
+            .ok_or_else(|| NodeError::Internal("state machine returned no reply".into()))
     }
 
     /// Entry point for proposals forwarded by followers.
@@ -117,10 +119,18 @@ impl Node {
         self.propose(cmds, true).await
     }
 
-    async fn propose(&self, cmds: Vec<Cmd>, forwarded: bool) -> Result<(Vec<Reply>, u64), NodeError> {
+    async fn propose(
+        &self,
+        cmds: Vec<Cmd>,
+        forwarded: bool,
+    ) -> Result<(Vec<Reply>, u64), NodeError> {
         let (reply, rx) = oneshot::channel();
         self.proposals
-            .send(Proposal { cmds, forwarded, reply })
+            .send(Proposal {
+                cmds,
+                forwarded,
+                reply,
+            })
             .await
             .map_err(|_| shutting_down())?;
         rx.await.map_err(|_| shutting_down())?
@@ -150,8 +160,17 @@ impl Node {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let id = metrics.current_leader?;
-        let addr = metrics.membership_config.membership().get_node(&id)?.addr.clone();
-        Some(LeaderInfo { id, addr, term: metrics.current_term })
+        let addr = metrics
+            .membership_config
+            .membership()
+            .get_node(&id)?
+            .addr
+            .clone();
+        Some(LeaderInfo {
+            id,
+            addr,
+            term: metrics.current_term,
+        })
     }
 
     pub fn is_leader(&self) -> bool {
@@ -198,7 +217,9 @@ impl Node {
     async fn run_proposer(self: Arc<Self>, mut rx: mpsc::Receiver<Proposal>) {
         let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
         loop {
-            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else { return };
+            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                return;
+            };
             let Some(first) = rx.recv().await else { return };
             let mut cmd_count = first.cmds.len();
             let mut batch = vec![first];
@@ -223,7 +244,10 @@ impl Node {
     /// each proposal with its own replies.
     async fn submit(&self, proposals: Vec<Proposal>) {
         if self.is_leader() {
-            let cmds: Vec<Cmd> = proposals.iter().flat_map(|p| p.cmds.iter().cloned()).collect();
+            let cmds: Vec<Cmd> = proposals
+                .iter()
+                .flat_map(|p| p.cmds.iter().cloned())
+                .collect();
             match self.commit_as_leader(cmds).await {
                 Ok(committed) => return answer(proposals, Ok(committed)),
                 Err(NodeError::NotLeader { .. }) => {} // nothing was proposed; route below
@@ -231,7 +255,8 @@ impl Node {
             }
         }
         // Forwarded proposals may only be committed here, as leader: never forward them again.
-        let (local, forwarded): (Vec<_>, Vec<_>) = proposals.into_iter().partition(|p| !p.forwarded);
+        let (local, forwarded): (Vec<_>, Vec<_>) =
+            proposals.into_iter().partition(|p| !p.forwarded);
         answer(forwarded, Err(NodeError::NotLeader { node: self.id }));
         if local.is_empty() {
             return;
@@ -268,7 +293,10 @@ impl Node {
         if extend {
             cmds.insert(0, Cmd::ExtendLeases);
         }
-        let batch = Batch { now_ns: now_ns(), cmds };
+        let batch = Batch {
+            now_ns: now_ns(),
+            cmds,
+        };
         match self.raft.client_write(batch).await {
             Ok(response) => {
                 if extend {
@@ -276,7 +304,7 @@ impl Node {
                 }
                 let mut replies = response.data;
                 if extend && !replies.is_empty() {
-                    replies.remove(0);
+                    let _extend_reply = replies.remove(0);
                 }
                 Ok((replies, response.log_id.index))
             }
@@ -287,34 +315,49 @@ impl Node {
         }
     }
 
-    async fn commit_through(&self, leader: &LeaderInfo, cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
-        let payload = encode(&cmds).map_err(|e| NodeError::Internal(format!("encode proposal: {e}")))?;
+    async fn commit_through(
+        &self,
+        leader: &LeaderInfo,
+        cmds: Vec<Cmd>,
+    ) -> Result<(Vec<Reply>, u64), NodeError> {
+        let payload =
+            encode(&cmds).map_err(|e| NodeError::Internal(format!("encode proposal: {e}")))?;
         let mut client = self.peer(&leader.addr)?;
-        let response = client.propose(PeerMessage { payload }).await.map_err(|status| {
-            if status.code() == tonic::Code::Unavailable {
-                // Not delivered: the leader is unreachable. Let the caller retry elsewhere.
-                NodeError::NotLeader { node: leader.id }
-            } else {
-                NodeError::Unavailable(format!(
-                    "forward to leader {} at {}: {}; the outcome is unknown",
-                    leader.id,
-                    leader.addr,
-                    status.message()
-                ))
-            }
-        })?;
-        let result: Result<(Vec<Reply>, u64), NodeError> = decode(&response.into_inner().payload)
-            .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
+        let response = client
+            .propose(PeerMessage { payload })
+            .await
+            .map_err(|status| {
+                if status.code() == tonic::Code::Unavailable {
+                    // Not delivered: the leader is unreachable. Let the caller retry elsewhere.
+                    NodeError::NotLeader { node: leader.id }
+                } else {
+                    NodeError::Unavailable(format!(
+                        "forward to leader {} at {}: {}; the outcome is unknown",
+                        leader.id,
+                        leader.addr,
+                        status.message()
+                    ))
+                }
+            })?;
+        let result: Result<(Vec<Reply>, u64), NodeError> =
+            decode(&response.into_inner().payload)
+                .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
         let (replies, index) = result?;
         // Answer only once this node applied the entry: reads here then see the write, and a
         // caller waiting here for a grant sees the state the reply describes.
-        if tokio::time::timeout(self.config.leader_wait, self.applied.wait_applied(index)).await.is_err() {
+        if tokio::time::timeout(self.config.leader_wait, self.applied.wait_applied(index))
+            .await
+            .is_err()
+        {
             tracing::warn!(index, "follower slow to apply a forwarded write");
         }
         Ok((replies, index))
     }
 
-    async fn run_read_index(self: Arc<Self>, mut rx: mpsc::Receiver<oneshot::Sender<Result<u64, NodeError>>>) {
+    async fn run_read_index(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<oneshot::Sender<Result<u64, NodeError>>>,
+    ) {
         loop {
             let Some(first) = rx.recv().await else { return };
             let mut waiting = vec![first];
@@ -353,13 +396,22 @@ impl Node {
 
     async fn read_index_through(&self, leader: &LeaderInfo) -> Result<u64, NodeError> {
         let mut client = self.peer(&leader.addr)?;
-        let response = client.read_index(PeerMessage { payload: Vec::new() }).await.map_err(|status| {
-            if status.code() == tonic::Code::Unavailable {
-                NodeError::NotLeader { node: leader.id }
-            } else {
-                NodeError::Unavailable(format!("read index from leader {}: {}", leader.id, status.message()))
-            }
-        })?;
+        let response = client
+            .read_index(PeerMessage {
+                payload: Vec::new(),
+            })
+            .await
+            .map_err(|status| {
+                if status.code() == tonic::Code::Unavailable {
+                    NodeError::NotLeader { node: leader.id }
+                } else {
+                    NodeError::Unavailable(format!(
+                        "read index from leader {}: {}",
+                        leader.id,
+                        status.message()
+                    ))
+                }
+            })?;
         let result: Result<u64, NodeError> = decode(&response.into_inner().payload)
             .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
         result
@@ -375,7 +427,9 @@ fn answer(proposals: Vec<Proposal>, result: Result<(Vec<Reply>, u64), NodeError>
                 let outcome = if mine.len() == proposal.cmds.len() {
                     Ok((mine, index))
                 } else {
-                    Err(NodeError::Internal("state machine returned too few replies".into()))
+                    Err(NodeError::Internal(
+                        "state machine returned too few replies".into(),
+                    ))
                 };
                 let _ = proposal.reply.send(outcome);
             }

@@ -16,22 +16,28 @@ use openraft::{BasicNode, SnapshotPolicy};
 use crate::applied::AppliedState;
 use crate::config::Config;
 use crate::node::Node;
+use crate::raft::Raft;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
 use crate::raft::state_machine::StateMachine;
-use crate::raft::Raft;
 use crate::state::State;
 use crate::{api, expiry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("create data directory {path}: {source}")]
-    DataDir { path: String, source: std::io::Error },
-    #[error("{0}")]
+    DataDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
     LogStore(#[from] crate::raft::log_store::OpenError),
-    #[error("{0}")]
+    #[error(transparent)]
     StateMachine(#[from] crate::raft::state_machine::OpenError),
     #[error("raft configuration: {0}")]
     RaftConfig(String),
@@ -69,16 +75,24 @@ pub fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, StartError>
         purge_batch_size: 256,
         ..Default::default()
     };
-    raft_config.validate().map(Arc::new).map_err(|e| StartError::RaftConfig(e.to_string()))
+    raft_config
+        .validate()
+        .map(Arc::new)
+        .map_err(|e| StartError::RaftConfig(e.to_string()))
 }
 
 /// Binds the port, opens the data directory and starts Raft and the node's tasks.
 pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|source| StartError::Bind { addr: config.listen.to_string(), source })?;
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|source| StartError::DataDir { path: config.data_dir.display().to_string(), source })?;
+        .map_err(|source| StartError::Bind {
+            addr: config.listen.to_string(),
+            source,
+        })?;
+    std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
+        path: config.data_dir.display().to_string(),
+        source,
+    })?;
 
     let log_store = LogStore::open(&config.data_dir)?;
     let applied = AppliedState::new(State::new(), 0);
@@ -93,7 +107,10 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
     .await
     .map_err(|e| StartError::Raft(e.to_string()))?;
 
-    let initialized = raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))?;
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
     let bootstrapper = config.initial_cluster.keys().next() == Some(&config.id);
     if !initialized && bootstrapper {
         let members: BTreeMap<u64, BasicNode> = config
@@ -104,7 +121,12 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
         tracing::info!(members = ?config.initial_cluster, "bootstrapping a new cluster");
         if let Err(e) = raft.initialize(members).await {
             // Another start may have initialized it already; anything else is fatal.
-            if !matches!(e, openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) {
+            if !matches!(
+                e,
+                openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(
+                    _
+                ))
+            ) {
                 return Err(StartError::Raft(format!("initialize cluster: {e}")));
             }
         }
@@ -116,7 +138,10 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
 }
 
 /// Serves until `shutdown` resolves, then stops Raft.
-pub async fn serve(running: Running, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+pub async fn serve(
+    running: Running,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
     let Running { node, listener } = running;
     let served = api::serve(Arc::clone(&node), listener, shutdown).await;
     if let Err(e) = node.raft.shutdown().await {

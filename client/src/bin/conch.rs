@@ -1,1 +1,144 @@
-fn main() {}
+//! `conch`: run commands under cluster-wide semaphores served by conchd.
+//!
+//! `Cli::try_parse()` → `run() -> anyhow::Result<ExitCode>`. Every failure prints one line,
+//! `conch: …`, and exits with the code [`exit`] documents (64 usage, 69 no node answered,
+//! 75 no slot, 79 slot lost while running; otherwise the command's own status).
+
+#[path = "conch/child.rs"]
+mod child;
+#[path = "conch/cli.rs"]
+mod cli;
+#[path = "conch/cluster.rs"]
+mod cluster;
+#[path = "conch/exit.rs"]
+mod exit;
+#[path = "conch/sema.rs"]
+mod sema;
+#[path = "conch/who.rs"]
+mod who;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{CommandFactory, Parser};
+use conch_client::{Client, ClientConfig, parse_endpoints};
+
+use crate::cli::{Cli, ClusterCommand, Command};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(e),
+    };
+    init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("conch: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("conch: {e:#}");
+            ExitCode::from(exit::code_for(&e))
+        }
+    }
+}
+
+fn clap_exit(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            ExitCode::from(exit::USAGE)
+        }
+        _ => {
+            eprintln!("conch: {}", exit::clap_error_line(&e.render().to_string()));
+            ExitCode::from(exit::USAGE)
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("CONCH_LOG") {
+        Ok(f) if !f.trim().is_empty() => EnvFilter::try_new(f),
+        _ => EnvFilter::try_new(match verbose {
+            0 => "off",
+            1 => "conch=info,conch_client=info",
+            2 => "conch=debug,conch_client=debug",
+            _ => "trace",
+        }),
+    };
+    let filter = filter.unwrap_or_else(|_| EnvFilter::new("off"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Writes to stdout; a reader that went away (`conch … | head -1`) is not an error.
+pub fn print_out(bytes: &[u8]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
+/// Writes lines to stdout (see [`print_out`]).
+pub fn print_lines<I: IntoIterator<Item = String>>(lines: I) -> std::io::Result<()> {
+    let mut text = String::new();
+    for line in lines {
+        text.push_str(&line);
+        text.push('\n');
+    }
+    print_out(text.as_bytes())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Sema(args) = &cli.command {
+        args.validate().map_err(exit::usage)?;
+    }
+    if let Command::Completions { shell } = cli.command {
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "conch", &mut script);
+        print_out(&script).context("write completions")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let endpoints: Vec<String> = parse_endpoints(&cli.endpoints)
+        .map_err(|e| exit::usage(format!("--endpoints / CONCH_ENDPOINTS: {e}")))?
+        .into_iter()
+        .map(|e| e.addr)
+        .collect();
+    let config = ClientConfig {
+        request_timeout: cli.timeout,
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(endpoints, config).await?;
+
+    match cli.command {
+        Command::Sema(args) if args.who => who::run(&client, &args.name, args.max, args.json).await,
+        Command::Sema(args) => {
+            // Catch the forwarded signals from the start, so a Ctrl-C while waiting cancels
+            // the wait cleanly instead of leaving a waiter behind until the TTL.
+            let mut signals = child::Signals::install().context("install signal handlers")?;
+            sema::run(&client, &args, &mut signals).await
+        }
+        Command::Cluster {
+            command: ClusterCommand::Status { json },
+        } => cluster::status(&client, json).await,
+        Command::Completions { .. } => Ok(ExitCode::SUCCESS),
+    }
+}

@@ -67,12 +67,19 @@ impl AdminService {
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         membership
             .nodes()
-            .map(|(id, node)| cpb::Member { id: *id, addr: node.addr.clone(), voter: voters.contains(id) })
+            .map(|(id, node)| cpb::Member {
+                id: *id,
+                addr: node.addr.clone(),
+                voter: voters.contains(id),
+            })
             .collect()
     }
 
     fn membership_response(&self, log_index: u64) -> cpb::MembershipResponse {
-        cpb::MembershipResponse { log_index, members: self.members() }
+        cpb::MembershipResponse {
+            log_index,
+            members: self.members(),
+        }
     }
 }
 
@@ -132,7 +139,9 @@ impl ConchAdmin for AdminService {
     ) -> Result<Response<cpb::MembershipResponse>, Status> {
         let r = request.into_inner();
         if r.node_id == 0 || r.addr.is_empty() {
-            return Err(Status::invalid_argument("node_id must be positive and addr non-empty"));
+            return Err(Status::invalid_argument(
+                "node_id must be positive and addr non-empty",
+            ));
         }
         let response = self
             .node
@@ -140,7 +149,10 @@ impl ConchAdmin for AdminService {
             .add_learner(r.node_id, BasicNode { addr: r.addr }, true)
             .await
             .map_err(|e| raft_error("add learner", e))?;
-        Ok(respond(&self.node, self.membership_response(response.log_id.index)))
+        Ok(respond(
+            &self.node,
+            self.membership_response(response.log_id.index),
+        ))
     }
 
     async fn change_membership(
@@ -149,7 +161,9 @@ impl ConchAdmin for AdminService {
     ) -> Result<Response<cpb::MembershipResponse>, Status> {
         let voters: BTreeSet<u64> = request.into_inner().voters.into_iter().collect();
         if voters.is_empty() {
-            return Err(Status::invalid_argument("voters must name at least one node"));
+            return Err(Status::invalid_argument(
+                "voters must name at least one node",
+            ));
         }
         let response = self
             .node
@@ -157,7 +171,10 @@ impl ConchAdmin for AdminService {
             .change_membership(voters, false)
             .await
             .map_err(|e| raft_error("change membership", e))?;
-        Ok(respond(&self.node, self.membership_response(response.log_id.index)))
+        Ok(respond(
+            &self.node,
+            self.membership_response(response.log_id.index),
+        ))
     }
 
     async fn transfer_leader(
@@ -167,10 +184,16 @@ impl ConchAdmin for AdminService {
         let to = request.into_inner().to_node_id;
         if to == self.node.id {
             // The target campaigns; with an up-to-date log it wins the election.
-            self.node.raft.trigger().elect().await.map_err(|e| raft_error("start election", e))?;
+            self.node
+                .raft
+                .trigger()
+                .elect()
+                .await
+                .map_err(|e| raft_error("start election", e))?;
             return Ok(respond(&self.node, cpb::TransferLeaderResponse {}));
         }
-        let members: BTreeMap<u64, String> = self.members().into_iter().map(|m| (m.id, m.addr)).collect();
+        let members: BTreeMap<u64, String> =
+            self.members().into_iter().map(|m| (m.id, m.addr)).collect();
         let addr = members
             .get(&to)
             .ok_or_else(|| Status::invalid_argument(format!("node {to} is not a member")))?;
@@ -186,8 +209,20 @@ impl ConchAdmin for AdminService {
         &self,
         _request: Request<cpb::TriggerSnapshotRequest>,
     ) -> Result<Response<cpb::TriggerSnapshotResponse>, Status> {
-        let before = self.node.raft.metrics().borrow().snapshot.map(|l| l.index).unwrap_or(0);
-        self.node.raft.trigger().snapshot().await.map_err(|e| raft_error("trigger snapshot", e))?;
+        let before = self
+            .node
+            .raft
+            .metrics()
+            .borrow()
+            .snapshot
+            .map(|l| l.index)
+            .unwrap_or(0);
+        self.node
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| raft_error("trigger snapshot", e))?;
         let applied = self.node.applied.applied_index();
         let mut metrics = self.node.raft.metrics();
         let snapshot_index = loop {
@@ -195,10 +230,18 @@ impl ConchAdmin for AdminService {
             if current >= applied || current > before {
                 break current;
             }
-            if tokio::time::timeout(std::time::Duration::from_secs(10), metrics.changed()).await.is_err() {
-                return Err(Status::deadline_exceeded("snapshot did not complete within 10 s"));
+            if tokio::time::timeout(std::time::Duration::from_secs(10), metrics.changed())
+                .await
+                .is_err()
+            {
+                return Err(Status::deadline_exceeded(
+                    "snapshot did not complete within 10 s",
+                ));
             }
         };
-        Ok(respond(&self.node, cpb::TriggerSnapshotResponse { snapshot_index }))
+        Ok(respond(
+            &self.node,
+            cpb::TriggerSnapshotResponse { snapshot_index },
+        ))
     }
 }

@@ -35,9 +35,15 @@ impl GrackleService {
         reply.map_err(status::from_state)
     }
 
-    async fn read<T>(&self, read: impl FnOnce(&State, Nanos) -> Result<T, Error>) -> Result<T, Status> {
+    async fn read<T>(
+        &self,
+        read: impl FnOnce(&State, Nanos) -> Result<T, Error>,
+    ) -> Result<T, Status> {
         self.node.linearizable().await.map_err(status::from_node)?;
-        self.node.applied.read(|state| read(state, now_ns())).map_err(status::from_state)
+        self.node
+            .applied
+            .read(|state| read(state, now_ns()))
+            .map_err(status::from_state)
     }
 
     fn reply<T>(&self, message: T) -> Result<Response<T>, Status> {
@@ -51,12 +57,20 @@ impl GrackleService {
         mut ticket: WaitTicket,
         deadline_ns: Nanos,
     ) -> Result<pb::AcquireSemaphoreResponse, Status> {
-        let mut give_up = GiveUpOnDrop { node: Arc::clone(&self.node), key: Some(key.clone()), deadline_ns };
-        let remaining = Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(now_ns())).unwrap_or(0));
+        let mut give_up = GiveUpOnDrop {
+            node: Arc::clone(&self.node),
+            key: Some(key.clone()),
+            deadline_ns,
+        };
+        let remaining =
+            Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(now_ns())).unwrap_or(0));
         let local_deadline = tokio::time::Instant::now() + remaining + WAIT_GRACE;
         let mut last = None;
         loop {
-            let queued = self.node.applied.read(|s| s.waiter(&key.ns, &key.sem, &key.lease).is_some());
+            let queued = self
+                .node
+                .applied
+                .read(|s| s.waiter(&key.ns, &key.sem, &key.lease).is_some());
             if !queued {
                 give_up.disarm();
                 return self.ended(&key, last);
@@ -79,7 +93,11 @@ impl GrackleService {
     }
 
     /// Answers a wait that left the queue, according to how it ended.
-    fn ended(&self, key: &WaitKey, last: Option<WaitOutcome>) -> Result<pb::AcquireSemaphoreResponse, Status> {
+    fn ended(
+        &self,
+        key: &WaitKey,
+        last: Option<WaitOutcome>,
+    ) -> Result<pb::AcquireSemaphoreResponse, Status> {
         match last {
             Some(WaitOutcome::Granted { token, .. }) => self.acquire_response(key, Some(token)),
             Some(WaitOutcome::Ended(WaitEnd::LeaseGone)) => Err(Status::not_found(format!(
@@ -90,27 +108,49 @@ impl GrackleService {
                 "semaphore {} was deleted while waiting",
                 key.sem
             ))),
-            Some(WaitOutcome::Ended(WaitEnd::TimedOut | WaitEnd::GaveUp)) => self.acquire_response(key, None),
+            Some(WaitOutcome::Ended(WaitEnd::TimedOut | WaitEnd::GaveUp)) => {
+                self.acquire_response(key, None)
+            }
             // No event seen (state replaced by a snapshot): the holder table decides.
             Some(WaitOutcome::Recheck) | None => {
-                let token = self.node.applied.read(|s| s.holder(&key.ns, &key.sem, &key.lease)).map(|h| h.token);
+                let token = self
+                    .node
+                    .applied
+                    .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
+                    .map(|h| h.token);
                 self.acquire_response(key, token)
             }
         }
     }
 
-    fn acquire_response(&self, key: &WaitKey, token: Option<u64>) -> Result<pb::AcquireSemaphoreResponse, Status> {
+    fn acquire_response(
+        &self,
+        key: &WaitKey,
+        token: Option<u64>,
+    ) -> Result<pb::AcquireSemaphoreResponse, Status> {
         let semaphore = self
             .node
             .applied
             .read(|s| s.get_semaphore(&key.ns, &key.sem, now_ns()))
             .map_err(status::from_state)?;
-        let outcome = if token.is_some() { pb::AcquireOutcome::Acquired } else { pb::AcquireOutcome::TimedOut };
-        Ok(acquire_message(convert::semaphore(semaphore), outcome, token.unwrap_or(0)))
+        let outcome = if token.is_some() {
+            pb::AcquireOutcome::Acquired
+        } else {
+            pb::AcquireOutcome::TimedOut
+        };
+        Ok(acquire_message(
+            convert::semaphore(semaphore),
+            outcome,
+            token.unwrap_or(0),
+        ))
     }
 }
 
-fn acquire_message(semaphore: pb::Semaphore, outcome: pb::AcquireOutcome, token: u64) -> pb::AcquireSemaphoreResponse {
+fn acquire_message(
+    semaphore: pb::Semaphore,
+    outcome: pb::AcquireOutcome,
+    token: u64,
+) -> pb::AcquireSemaphoreResponse {
     pb::AcquireSemaphoreResponse {
         semaphore: Some(semaphore),
         success: outcome == pb::AcquireOutcome::Acquired,
@@ -136,7 +176,12 @@ impl Drop for GiveUpOnDrop {
     fn drop(&mut self) {
         let Some(key) = self.key.take() else { return };
         let node = Arc::clone(&self.node);
-        let cmd = Cmd::GiveUp { ns: key.ns, sem: key.sem, lease: key.lease, deadline_ns: self.deadline_ns };
+        let cmd = Cmd::GiveUp {
+            ns: key.ns,
+            sem: key.sem,
+            lease: key.lease,
+            deadline_ns: self.deadline_ns,
+        };
         tokio::spawn(async move {
             if let Err(e) = node.write_one(cmd).await {
                 tracing::warn!(error = %e, "give up an abandoned wait");
@@ -150,13 +195,18 @@ fn wait_ns(request: &pb::AcquireSemaphoreRequest) -> Result<Nanos, Status> {
     if request.timeout_ms > 0 {
         let max_ms = limits::TIMEOUT_MAX_S as u64 * 1000;
         if request.timeout_ms > max_ms {
-            return Err(Status::invalid_argument(format!("timeout_ms must be 0-{max_ms}")));
+            return Err(Status::invalid_argument(format!(
+                "timeout_ms must be 0-{max_ms}"
+            )));
         }
         return Ok(request.timeout_ms as i64 * NANOS_PER_MS);
     }
     let seconds = i64::from(request.timeout_seconds);
     if !(0..=limits::TIMEOUT_MAX_S).contains(&seconds) {
-        return Err(Status::invalid_argument(format!("timeout_seconds must be 0-{}", limits::TIMEOUT_MAX_S)));
+        return Err(Status::invalid_argument(format!(
+            "timeout_seconds must be 0-{}",
+            limits::TIMEOUT_MAX_S
+        )));
     }
     Ok(seconds * NANOS_PER_SEC)
 }
@@ -173,9 +223,15 @@ impl GrackleApi for GrackleService {
         request: Request<pb::CreateNamespaceRequest>,
     ) -> Result<Response<pb::CreateNamespaceResponse>, Status> {
         let r = request.into_inner();
-        let cmd = Cmd::CreateNamespace { name: r.name, description: r.description, metadata: convert::metadata(r.metadata) };
+        let cmd = Cmd::CreateNamespace {
+            name: r.name,
+            description: r.description,
+            metadata: convert::metadata(r.metadata),
+        };
         match self.write(cmd).await? {
-            Outcome::Namespace(ns) => self.reply(pb::CreateNamespaceResponse { namespace: Some(convert::namespace(ns)) }),
+            Outcome::Namespace(ns) => self.reply(pb::CreateNamespaceResponse {
+                namespace: Some(convert::namespace(ns)),
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -200,7 +256,9 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::GetNamespaceResponse>, Status> {
         let r = request.into_inner();
         let ns = self.read(|s, _| s.get_namespace(&r.namespace_name)).await?;
-        self.reply(pb::GetNamespaceResponse { namespace: Some(convert::namespace(ns)) })
+        self.reply(pb::GetNamespaceResponse {
+            namespace: Some(convert::namespace(ns)),
+        })
     }
 
     #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name))]
@@ -216,7 +274,9 @@ impl GrackleApi for GrackleService {
             expected_version: r.expected_version,
         };
         match self.write(cmd).await? {
-            Outcome::Namespace(ns) => self.reply(pb::UpdateNamespaceResponse { namespace: Some(convert::namespace(ns)) }),
+            Outcome::Namespace(ns) => self.reply(pb::UpdateNamespaceResponse {
+                namespace: Some(convert::namespace(ns)),
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -227,7 +287,10 @@ impl GrackleApi for GrackleService {
         request: Request<pb::DeleteNamespaceRequest>,
     ) -> Result<Response<pb::DeleteNamespaceResponse>, Status> {
         let r = request.into_inner();
-        self.write(Cmd::DeleteNamespace { name: r.namespace_name }).await?;
+        self.write(Cmd::DeleteNamespace {
+            name: r.namespace_name,
+        })
+        .await?;
         self.reply(pb::DeleteNamespaceResponse {})
     }
 
@@ -245,7 +308,9 @@ impl GrackleApi for GrackleService {
             metadata: convert::metadata(r.metadata),
         };
         match self.write(cmd).await? {
-            Outcome::Semaphore(sem) => self.reply(pb::CreateSemaphoreResponse { semaphore: Some(convert::semaphore(sem)) }),
+            Outcome::Semaphore(sem) => self.reply(pb::CreateSemaphoreResponse {
+                semaphore: Some(convert::semaphore(sem)),
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -256,7 +321,9 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::ListSemaphoresResponse>, Status> {
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
-        let page = self.read(|s, now| s.list_semaphores(&r.namespace_name, &page, now)).await?;
+        let page = self
+            .read(|s, now| s.list_semaphores(&r.namespace_name, &page, now))
+            .await?;
         self.reply(pb::ListSemaphoresResponse {
             semaphores: page.items.into_iter().map(convert::semaphore).collect(),
             next_pagination_token: page.next_token,
@@ -269,8 +336,12 @@ impl GrackleApi for GrackleService {
         request: Request<pb::GetSemaphoreRequest>,
     ) -> Result<Response<pb::GetSemaphoreResponse>, Status> {
         let r = request.into_inner();
-        let sem = self.read(|s, now| s.get_semaphore(&r.namespace_name, &r.semaphore_name, now)).await?;
-        self.reply(pb::GetSemaphoreResponse { semaphore: Some(convert::semaphore(sem)) })
+        let sem = self
+            .read(|s, now| s.get_semaphore(&r.namespace_name, &r.semaphore_name, now))
+            .await?;
+        self.reply(pb::GetSemaphoreResponse {
+            semaphore: Some(convert::semaphore(sem)),
+        })
     }
 
     #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
@@ -280,7 +351,11 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
         let r = request.into_inner();
         let wait_ns = wait_ns(&r)?;
-        let key = WaitKey { ns: r.namespace_name, sem: r.semaphore_name, lease: r.lease_id };
+        let key = WaitKey {
+            ns: r.namespace_name,
+            sem: r.semaphore_name,
+            lease: r.lease_id,
+        };
         let cmd = Cmd::Acquire {
             ns: key.ns.clone(),
             sem: key.sem.clone(),
@@ -298,7 +373,9 @@ impl GrackleApi for GrackleService {
         };
         let semaphore = convert::semaphore(reply.semaphore);
         let message = match (reply.status, ticket) {
-            (AcquireStatus::Acquired { token }, _) => acquire_message(semaphore, pb::AcquireOutcome::Acquired, token),
+            (AcquireStatus::Acquired { token }, _) => {
+                acquire_message(semaphore, pb::AcquireOutcome::Acquired, token)
+            }
             (AcquireStatus::Queued { deadline_ns }, Some(ticket)) => {
                 self.wait_for_grant(key, ticket, deadline_ns).await?
             }
@@ -315,9 +392,15 @@ impl GrackleApi for GrackleService {
         request: Request<pb::ReleaseSemaphoreRequest>,
     ) -> Result<Response<pb::ReleaseSemaphoreResponse>, Status> {
         let r = request.into_inner();
-        let cmd = Cmd::Release { ns: r.namespace_name, sem: r.semaphore_name, lease: r.lease_id };
+        let cmd = Cmd::Release {
+            ns: r.namespace_name,
+            sem: r.semaphore_name,
+            lease: r.lease_id,
+        };
         match self.write(cmd).await? {
-            Outcome::Semaphore(sem) => self.reply(pb::ReleaseSemaphoreResponse { semaphore: Some(convert::semaphore(sem)) }),
+            Outcome::Semaphore(sem) => self.reply(pb::ReleaseSemaphoreResponse {
+                semaphore: Some(convert::semaphore(sem)),
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -337,7 +420,9 @@ impl GrackleApi for GrackleService {
             expected_version: r.expected_version,
         };
         match self.write(cmd).await? {
-            Outcome::Semaphore(sem) => self.reply(pb::UpdateSemaphoreResponse { semaphore: Some(convert::semaphore(sem)) }),
+            Outcome::Semaphore(sem) => self.reply(pb::UpdateSemaphoreResponse {
+                semaphore: Some(convert::semaphore(sem)),
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -348,7 +433,11 @@ impl GrackleApi for GrackleService {
         request: Request<pb::DeleteSemaphoreRequest>,
     ) -> Result<Response<pb::DeleteSemaphoreResponse>, Status> {
         let r = request.into_inner();
-        self.write(Cmd::DeleteSemaphore { ns: r.namespace_name, name: r.semaphore_name }).await?;
+        self.write(Cmd::DeleteSemaphore {
+            ns: r.namespace_name,
+            name: r.semaphore_name,
+        })
+        .await?;
         self.reply(pb::DeleteSemaphoreResponse {})
     }
 
@@ -358,7 +447,9 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::ListSemaphoreHoldersResponse>, Status> {
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
-        let page = self.read(|s, now| s.list_holders(&r.namespace_name, &r.semaphore_name, &page, now)).await?;
+        let page = self
+            .read(|s, now| s.list_holders(&r.namespace_name, &r.semaphore_name, &page, now))
+            .await?;
         self.reply(pb::ListSemaphoreHoldersResponse {
             holders: page.items.into_iter().map(convert::holder).collect(),
             next_pagination_token: page.next_token,
@@ -379,7 +470,9 @@ impl GrackleApi for GrackleService {
             metadata: convert::metadata(r.metadata),
         };
         match self.write(cmd).await? {
-            Outcome::Lease(lease) => self.reply(pb::CreateSemaphoreLeaseResponse { lease: Some(convert::lease(lease)) }),
+            Outcome::Lease(lease) => self.reply(pb::CreateSemaphoreLeaseResponse {
+                lease: Some(convert::lease(lease)),
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -390,7 +483,11 @@ impl GrackleApi for GrackleService {
         request: Request<pb::RevokeSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RevokeSemaphoreLeaseResponse>, Status> {
         let r = request.into_inner();
-        self.write(Cmd::RevokeLease { ns: r.namespace_name, lease: r.lease_id }).await?;
+        self.write(Cmd::RevokeLease {
+            ns: r.namespace_name,
+            lease: r.lease_id,
+        })
+        .await?;
         self.reply(pb::RevokeSemaphoreLeaseResponse {})
     }
 
@@ -399,9 +496,15 @@ impl GrackleApi for GrackleService {
         request: Request<pb::RefreshSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RefreshSemaphoreLeaseResponse>, Status> {
         let r = request.into_inner();
-        let cmd = Cmd::RefreshLease { ns: r.namespace_name, lease: r.lease_id, ttl_s: r.ttl_seconds };
+        let cmd = Cmd::RefreshLease {
+            ns: r.namespace_name,
+            lease: r.lease_id,
+            ttl_s: r.ttl_seconds,
+        };
         match self.write(cmd).await? {
-            Outcome::Lease(lease) => self.reply(pb::RefreshSemaphoreLeaseResponse { lease: Some(convert::lease(lease)) }),
+            Outcome::Lease(lease) => self.reply(pb::RefreshSemaphoreLeaseResponse {
+                lease: Some(convert::lease(lease)),
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -413,7 +516,9 @@ impl GrackleApi for GrackleService {
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
         let process_id = (!r.process_id.is_empty()).then_some(r.process_id.as_str());
-        let page = self.read(|s, now| s.list_leases(&r.namespace_name, process_id, &page, now)).await?;
+        let page = self
+            .read(|s, now| s.list_leases(&r.namespace_name, process_id, &page, now))
+            .await?;
         self.reply(pb::ListSemaphoreLeasesResponse {
             leases: page.items.into_iter().map(convert::lease).collect(),
             next_pagination_token: page.next_token,
@@ -426,7 +531,11 @@ impl GrackleApi for GrackleService {
         request: Request<pb::GetSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::GetSemaphoreLeaseResponse>, Status> {
         let r = request.into_inner();
-        let lease = self.read(|s, now| s.get_lease(&r.namespace_name, &r.lease_id, now)).await?;
-        self.reply(pb::GetSemaphoreLeaseResponse { lease: Some(convert::lease(lease)) })
+        let lease = self
+            .read(|s, now| s.get_lease(&r.namespace_name, &r.lease_id, now))
+            .await?;
+        self.reply(pb::GetSemaphoreLeaseResponse {
+            lease: Some(convert::lease(lease)),
+        })
     }
 }

@@ -45,7 +45,9 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<GrackleApiServer<grackle::GrackleService>>().await;
+    health_reporter
+        .set_serving::<GrackleApiServer<grackle::GrackleService>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(conch_proto::FILE_DESCRIPTOR_SET)
         .build_v1();

@@ -24,7 +24,8 @@ impl PeerService {
 }
 
 fn decode_request<T: DeserializeOwned>(request: Request<PeerMessage>) -> Result<T, Status> {
-    decode(&request.into_inner().payload).map_err(|e| Status::invalid_argument(format!("malformed peer message: {e}")))
+    decode(&request.into_inner().payload)
+        .map_err(|e| Status::invalid_argument(format!("malformed peer message: {e}")))
 }
 
 fn encode_reply<T: Serialize>(value: &T) -> Result<Response<PeerMessage>, Status> {
@@ -34,7 +35,10 @@ fn encode_reply<T: Serialize>(value: &T) -> Result<Response<PeerMessage>, Status
 
 #[tonic::async_trait]
 impl ConchPeer for PeerService {
-    async fn append_entries(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
+    async fn append_entries(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
         let rpc = decode_request(request)?;
         encode_reply(&self.node.raft.append_entries(rpc).await)
     }
@@ -44,12 +48,18 @@ impl ConchPeer for PeerService {
         encode_reply(&self.node.raft.vote(rpc).await)
     }
 
-    async fn install_snapshot(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
+    async fn install_snapshot(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
         let rpc = decode_request(request)?;
         encode_reply(&self.node.raft.install_snapshot(rpc).await)
     }
 
-    async fn propose(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
+    async fn propose(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
         let cmds: Vec<Cmd> = decode_request(request)?;
         let result = if self.node.is_leader() {
             self.node.propose_forwarded(cmds).await
@@ -59,7 +69,10 @@ impl ConchPeer for PeerService {
         encode_reply(&result)
     }
 
-    async fn read_index(&self, _request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
+    async fn read_index(
+        &self,
+        _request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
         encode_reply(&self.node.read_index_as_leader().await)
     }
 }

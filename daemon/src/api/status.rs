@@ -18,7 +18,9 @@ pub fn from_state(error: Error) -> Status {
 pub fn from_node(error: NodeError) -> Status {
     match error {
         NodeError::Unavailable(message) => Status::unavailable(message),
-        NodeError::NotLeader { node } => Status::unavailable(format!("node {node} is not the leader; retry")),
+        NodeError::NotLeader { node } => {
+            Status::unavailable(format!("node {node} is not the leader; retry"))
+        }
         NodeError::Internal(message) => {
             tracing::error!(error = %message, "internal error");
             Status::internal(message)
@@ -32,11 +34,26 @@ mod tests {
 
     #[test]
     fn state_errors_map_to_grackle_codes() {
-        assert_eq!(from_state(Error::invalid("weight exceeds semaphore permits")).code(), Code::InvalidArgument);
-        assert_eq!(from_state(Error::not_found("lease x not found")).code(), Code::NotFound);
-        assert_eq!(from_state(Error::already_exists("namespace a exists")).code(), Code::AlreadyExists);
-        assert_eq!(from_state(Error::exhausted("too many waiters")).code(), Code::ResourceExhausted);
+        assert_eq!(
+            from_state(Error::invalid("weight exceeds semaphore permits")).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            from_state(Error::not_found("lease x not found")).code(),
+            Code::NotFound
+        );
+        assert_eq!(
+            from_state(Error::already_exists("namespace a exists")).code(),
+            Code::AlreadyExists
+        );
+        assert_eq!(
+            from_state(Error::exhausted("too many waiters")).code(),
+            Code::ResourceExhausted
+        );
         let status = from_node(NodeError::Unavailable("no leader".into()));
-        assert_eq!((status.code(), status.message()), (Code::Unavailable, "no leader"));
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::Unavailable, "no leader")
+        );
     }
 }

@@ -260,10 +260,11 @@ impl LogStore {
                 durability,
             }),
         };
-        let summary = store
-            .check()
-            .map_err(|reason| OpenError::Corrupt { path: path.clone(), reason })?;
-        tracing::info!(
+        let summary = store.check().map_err(|reason| OpenError::Corrupt {
+            path: path.clone(),
+            reason,
+        })?;
+        tracing::debug!(
             path = %path.display(),
             entries = summary.entries,
             first_index = ?summary.first_index,
@@ -272,6 +273,32 @@ impl LogStore {
             "raft log opened"
         );
         Ok(store)
+    }
+
+    /// Checks that the log continues where the state machine's snapshot ends: entries up to the
+    /// purge point exist only inside a snapshot, so a purge point beyond `snapshot_last_applied`
+    /// means the snapshot directory was lost or replaced. Call after both are opened and before
+    /// `Raft::new`.
+    pub fn check_snapshot_covers_purged(
+        &self,
+        snapshot_last_applied: Option<LogId>,
+    ) -> Result<(), OpenError> {
+        let corrupt = |reason: String| OpenError::Corrupt {
+            path: self.inner.path.clone(),
+            reason,
+        };
+        let purged: Option<LogId> = self.read_meta(KEY_PURGED).map_err(corrupt)?;
+        let purged_index = purged.map(|p| p.index);
+        let applied_index = snapshot_last_applied.map(|a| a.index);
+        if purged_index > applied_index {
+            return Err(corrupt(format!(
+                "log is purged up to {} but the newest snapshot ends at {}; \
+                 the snapshot directory is missing or older than the log",
+                purged.map_or("none".to_string(), |p| p.to_string()),
+                snapshot_last_applied.map_or("none".to_string(), |a| a.to_string()),
+            )));
+        }
+        Ok(())
     }
 
     /// Bytes sled occupies on disk (for metrics); 0 if sled cannot tell.
@@ -288,7 +315,10 @@ impl LogStore {
     /// Decodes every value and checks that the entries follow the purge point without holes.
     fn check(&self) -> Result<CheckSummary, String> {
         let db = &self.inner.db;
-        let read = |key: &[u8]| db.get(key).map_err(|e| format!("read {key:?}: {e}"));
+        let read = |key: &[u8]| {
+            db.get(key)
+                .map_err(|e| format!("read {}: {e}", String::from_utf8_lossy(key)))
+        };
         if let Some(v) = read(KEY_VOTE)? {
             decode_value::<Vote<NodeId>>(&v).map_err(|e| format!("vote: {e}"))?;
         }
@@ -296,9 +326,7 @@ impl LogStore {
             decode_value::<Option<LogId>>(&v).map_err(|e| format!("committed log id: {e}"))?;
         }
         let purged = match read(KEY_PURGED)? {
-            Some(v) => Some(
-                decode_value::<LogId>(&v).map_err(|e| format!("purged log id: {e}"))?,
-            ),
+            Some(v) => Some(decode_value::<LogId>(&v).map_err(|e| format!("purged log id: {e}"))?),
             None => None,
         };
 
@@ -308,13 +336,17 @@ impl LogStore {
             let (key, value) = item.map_err(|e| format!("scan log entries: {e}"))?;
             let entry = decode_entry(&key, &value)?;
             let index = entry.log_id.index;
-            if let Some(previous) = previous {
-                if previous.checked_add(1) != Some(index) {
-                    return Err(format!(
-                        "hole in the log: entry {index} follows {previous}{}",
-                        if summary.entries == 0 { " (purge point)" } else { "" }
-                    ));
-                }
+            if let Some(previous) = previous
+                && previous.checked_add(1) != Some(index)
+            {
+                let what = if summary.entries == 0 {
+                    " (the purge point)"
+                } else {
+                    ""
+                };
+                return Err(format!(
+                    "hole in the log: entry {index} follows {previous}{what}"
+                ));
             }
             summary.first_index.get_or_insert(index);
             summary.last_index = Some(index);
@@ -338,6 +370,8 @@ impl LogStore {
         }
     }
 
+    // StorageError is openraft's type; its size is not ours to choose.
+    #[allow(clippy::result_large_err)]
     fn last_entry_log_id(&self) -> Result<Option<LogId>, StorageError> {
         let last = self
             .inner
@@ -459,7 +493,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Some(last) => Some(last),
             None => last_purged_log_id,
         };
-        Ok(LogState { last_purged_log_id, last_log_id })
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -559,11 +596,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = sled::Batch::default();
         let value = encode_value(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
         batch.insert(KEY_PURGED, value);
-        for item in self
-            .inner
-            .db
-            .range(entry_key(0)..=entry_key(log_id.index))
-        {
+        for item in self.inner.db.range(entry_key(0)..=entry_key(log_id.index)) {
             let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
             batch.remove(key);
         }
@@ -607,13 +640,14 @@ mod tests {
             let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
             let log = LogStore::open(dir.path()).map_err(|e| StorageIOError::write(&e))?;
             let applied = AppliedState::new(State::new(), 0);
-            let sm = StateMachine::open(dir.path(), applied)
-                .map_err(|e| StorageIOError::write(&e))?;
+            let sm =
+                StateMachine::open(dir.path(), applied).map_err(|e| StorageIOError::write(&e))?;
             Ok((dir, log, sm))
         }
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // openraft's StorageError
     fn openraft_suite_passes_on_sled() -> Result<(), StorageError> {
         Suite::test_all(SledBuilder)
     }
@@ -623,7 +657,10 @@ mod tests {
     }
 
     fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
-        Entry { log_id: log_id(term, index), payload: EntryPayload::Blank }
+        Entry {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Blank,
+        }
     }
 
     fn batch(term: u64, index: u64) -> Entry<TypeConfig> {
@@ -635,7 +672,10 @@ mod tests {
                 ttl_s: 10,
             }],
         };
-        Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(batch) }
+        Entry {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Normal(batch),
+        }
     }
 
     fn membership(term: u64, index: u64, voters: &[u64]) -> Entry<TypeConfig> {
@@ -659,7 +699,13 @@ mod tests {
         // purge          up to 1
         // drop, reopen   -> same log state, entries 2..=5, vote and committed
         let dir = tempfile::tempdir()?;
-        let written = vec![blank(1, 1), membership(1, 2, &[1, 2, 3]), batch(1, 3), batch(1, 4), batch(2, 5)];
+        let written = vec![
+            blank(1, 1),
+            membership(1, 2, &[1, 2, 3]),
+            batch(1, 3),
+            batch(1, 4),
+            batch(2, 5),
+        ];
         let vote = Vote::new_committed(2, 1);
         {
             let mut store = LogStore::open(dir.path())?;
@@ -682,7 +728,10 @@ mod tests {
         store.truncate(log_id(2, 5)).await?;
         store.blocking_append([blank(3, 5)]).await?;
         let mut reader = store.get_log_reader().await;
-        assert_eq!(ids(&reader.try_get_log_entries(4..).await?), vec![log_id(1, 4), log_id(3, 5)]);
+        assert_eq!(
+            ids(&reader.try_get_log_entries(4..).await?),
+            vec![log_id(1, 4), log_id(3, 5)]
+        );
         Ok(())
     }
 
@@ -716,7 +765,13 @@ mod tests {
     async fn store_with_five_entries(dir: &Path) -> anyhow::Result<()> {
         let mut store = LogStore::open(dir)?;
         store
-            .blocking_append([blank(1, 1), batch(1, 2), batch(1, 3), batch(1, 4), batch(1, 5)])
+            .blocking_append([
+                blank(1, 1),
+                batch(1, 2),
+                batch(1, 3),
+                batch(1, 4),
+                batch(1, 5),
+            ])
             .await?;
         store.save_vote(&Vote::new(1, 1)).await?;
         Ok(())
@@ -726,7 +781,10 @@ mod tests {
         match result {
             Err(e @ OpenError::Corrupt { .. }) => {
                 let message = e.to_string();
-                assert!(message.contains(needle), "{message:?} should mention {needle:?}");
+                assert!(
+                    message.contains(needle),
+                    "{message:?} should mention {needle:?}"
+                );
                 assert!(message.contains("raft"), "{message:?} should name the path");
             }
             Err(other) => panic!("expected Corrupt, got {other}"),
@@ -745,7 +803,10 @@ mod tests {
         // A store already running reports it as a StorageError on read, never a panic.
         let mut store = unopened_store(dir.path())?;
         assert!(store.try_get_log_entries(1..=5).await.is_err());
-        assert_eq!(ids(&store.try_get_log_entries(4..=5).await?), vec![log_id(1, 4), log_id(1, 5)]);
+        assert_eq!(
+            ids(&store.try_get_log_entries(4..=5).await?),
+            vec![log_id(1, 4), log_id(1, 5)]
+        );
         Ok(())
     }
 
@@ -776,7 +837,10 @@ mod tests {
         assert_corrupt(LogStore::open(dir.path()), "log entry 5");
 
         let mut store = unopened_store(dir.path())?;
-        assert!(store.get_log_state().await.is_err(), "the last entry is unreadable");
+        assert!(
+            store.get_log_state().await.is_err(),
+            "the last entry is unreadable"
+        );
         Ok(())
     }
 
@@ -814,15 +878,54 @@ mod tests {
 
     #[test]
     fn garbage_with_a_valid_checksum_still_fails_to_decode() {
-        for garbage in [&b""[..], b"\x01", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"] {
+        for garbage in [
+            &b""[..],
+            b"\x01",
+            b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+        ] {
             let mut bytes = garbage.to_vec();
             bytes.extend_from_slice(&fnv1a64(garbage).to_le_bytes());
-            assert!(decode_value::<Entry<TypeConfig>>(&bytes).is_err(), "{garbage:?}");
+            assert!(
+                decode_value::<Entry<TypeConfig>>(&bytes).is_err(),
+                "{garbage:?}"
+            );
             assert!(decode_value::<Vote<NodeId>>(&bytes).is_err(), "{garbage:?}");
         }
         for short in [&b""[..], b"1234567"] {
-            assert!(matches!(decode_value::<Vote<NodeId>>(short), Err(CodecError::TooShort { .. })));
+            assert!(matches!(
+                decode_value::<Vote<NodeId>>(short),
+                Err(CodecError::TooShort { .. })
+            ));
         }
+    }
+
+    #[tokio::test]
+    async fn purged_log_without_its_snapshot_is_refused() -> anyhow::Result<()> {
+        // t0: entries 1..=5, purge up to 3 (as after a snapshot at 3)
+        // the snapshot dir is lost -> refused; a snapshot at 3 or later -> accepted
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        let mut store = LogStore::open(dir.path())?;
+        assert!(
+            store.check_snapshot_covers_purged(None).is_ok(),
+            "nothing purged yet"
+        );
+        store.purge(log_id(1, 3)).await?;
+
+        match store.check_snapshot_covers_purged(None) {
+            Err(e @ OpenError::Corrupt { .. }) => {
+                assert!(e.to_string().contains("snapshot directory"), "{e}")
+            }
+            other => anyhow::bail!("expected Corrupt, got {other:?}"),
+        }
+        assert!(
+            store
+                .check_snapshot_covers_purged(Some(log_id(1, 2)))
+                .is_err()
+        );
+        store.check_snapshot_covers_purged(Some(log_id(1, 3)))?;
+        store.check_snapshot_covers_purged(Some(log_id(1, 5)))?;
+        Ok(())
     }
 
     #[test]
@@ -845,9 +948,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore]
     async fn append_cost() -> anyhow::Result<()> {
-        let base = std::env::var_os("CONCH_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+        let base =
+            std::env::var_os("CONCH_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
         println!("dir: {}", base.display());
-        println!("{:<8} {:>8} {:>7} {:>10} {:>10} {:>10} {:>12}", "mode", "entries", "rounds", "mean_us", "p50_us", "p99_us", "us/entry");
+        println!(
+            "{:<8} {:>8} {:>7} {:>10} {:>10} {:>10} {:>12}",
+            "mode", "entries", "rounds", "mean_us", "p50_us", "p99_us", "us/entry"
+        );
         for durability in [Durability::Flush, Durability::Fsync] {
             for per_append in [1u64, 100] {
                 let dir = tempfile::tempdir_in(&base)?;
@@ -856,7 +963,9 @@ mod tests {
                 let mut next = 1u64;
                 // Warm up: file growth and sled's first segments.
                 for _ in 0..20 {
-                    store.blocking_append((next..next + per_append).map(|i| batch(1, i))).await?;
+                    store
+                        .blocking_append((next..next + per_append).map(|i| batch(1, i)))
+                        .await?;
                     next += per_append;
                 }
                 let mut samples = Vec::with_capacity(rounds as usize);

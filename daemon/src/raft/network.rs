@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use conch_proto::conch::PeerMessage;
 use conch_proto::conch::conch_peer_client::ConchPeerClient;
+use openraft::BasicNode;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -16,7 +17,6 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
@@ -27,7 +27,10 @@ use super::{NodeId, TypeConfig};
 pub const PEER_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// Builds a lazily connecting gRPC channel to `addr` (`host:port`).
-pub fn peer_channel(addr: &str, connect_timeout: Duration) -> Result<Channel, tonic::transport::Error> {
+pub fn peer_channel(
+    addr: &str,
+    connect_timeout: Duration,
+) -> Result<Channel, tonic::transport::Error> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
@@ -67,7 +70,11 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
         let client = peer_channel(&node.addr, self.connect_timeout).map(peer_client);
-        PeerConnection { target, node: node.clone(), client }
+        PeerConnection {
+            target,
+            node: node.clone(),
+            client,
+        }
     }
 }
 
@@ -88,7 +95,12 @@ enum PeerCall {
 }
 
 impl PeerConnection {
-    async fn call<Req, Resp, E>(&mut self, call: PeerCall, request: &Req, option: &RPCOption) -> RpcResult<Resp, E>
+    async fn call<Req, Resp, E>(
+        &mut self,
+        call: PeerCall,
+        request: &Req,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -119,7 +131,13 @@ impl PeerConnection {
         };
         let result: Result<Resp, RaftError<NodeId, E>> =
             decode(&reply.payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e)))
+        result.map_err(|e| {
+            RPCError::RemoteError(RemoteError::new_with_node(
+                self.target,
+                self.node.clone(),
+                e,
+            ))
+        })
     }
 }
 

@@ -27,8 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
-    AnyError, BasicNode, Entry, EntryPayload, OptionalSend, RaftSnapshotBuilder,
-    StorageIOError,
+    AnyError, BasicNode, Entry, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError,
 };
 
 use super::log_store::fnv1a64;
@@ -154,7 +153,10 @@ enum SnapshotFileError {
         source: io::Error,
     },
     #[error("snapshot {}: {source}", path.display())]
-    Envelope { path: PathBuf, source: EnvelopeError },
+    Envelope {
+        path: PathBuf,
+        source: EnvelopeError,
+    },
     #[error("received snapshot: {0}")]
     Received(EnvelopeError),
     #[error("received snapshot meta {inside} does not match the announced {announced}")]
@@ -176,7 +178,10 @@ fn fsync_dir(path: &Path) -> io::Result<()> {
 
 /// `snap-<seq>.snap` -> seq.
 fn parse_snapshot_name(name: &str) -> Option<u64> {
-    name.strip_prefix("snap-")?.strip_suffix(".snap")?.parse().ok()
+    name.strip_prefix("snap-")?
+        .strip_suffix(".snap")?
+        .parse()
+        .ok()
 }
 
 struct Current {
@@ -202,7 +207,9 @@ impl SnapshotDir {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Files> {
-        self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.files
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Writes `bytes` as the newest snapshot and removes every other file. Blocking.
@@ -240,11 +247,10 @@ impl SnapshotDir {
         for item in listing.flatten() {
             let name = item.file_name();
             let Some(name) = name.to_str() else { continue };
-            let stale = name.ends_with(".tmp") || parse_snapshot_name(name).is_some_and(|s| s != keep);
-            if stale {
-                if let Err(e) = std::fs::remove_file(item.path()) {
-                    tracing::warn!(file = %item.path().display(), error = %e, "remove old snapshot");
-                }
+            let stale =
+                name.ends_with(".tmp") || parse_snapshot_name(name).is_some_and(|s| s != keep);
+            if stale && let Err(e) = std::fs::remove_file(item.path()) {
+                tracing::warn!(file = %item.path().display(), error = %e, "remove old snapshot");
             }
         }
     }
@@ -257,8 +263,10 @@ impl SnapshotDir {
         };
         let path = self.path_of(current.seq);
         let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
-        let (meta, _) = decode_envelope(&bytes)
-            .map_err(|source| SnapshotFileError::Envelope { path: path.clone(), source })?;
+        let (meta, _) = decode_envelope(&bytes).map_err(|source| SnapshotFileError::Envelope {
+            path: path.clone(),
+            source,
+        })?;
         Ok(Some((meta, bytes)))
     }
 }
@@ -290,13 +298,21 @@ impl StateMachine {
     /// serve a state it cannot vouch for.
     pub fn open(data_dir: &Path, applied: Arc<AppliedState>) -> Result<StateMachine, OpenError> {
         let dir = data_dir.join("snapshots");
-        std::fs::create_dir_all(&dir)
-            .map_err(|source| OpenError::CreateDir { path: dir.clone(), source })?;
+        std::fs::create_dir_all(&dir).map_err(|source| OpenError::CreateDir {
+            path: dir.clone(),
+            source,
+        })?;
         for d in [data_dir, dir.as_path()] {
-            fsync_dir(d).map_err(|source| OpenError::CreateDir { path: d.to_path_buf(), source })?;
+            fsync_dir(d).map_err(|source| OpenError::CreateDir {
+                path: d.to_path_buf(),
+                source,
+            })?;
         }
 
-        let list_err = |source| OpenError::ListDir { path: dir.clone(), source };
+        let list_err = |source| OpenError::ListDir {
+            path: dir.clone(),
+            source,
+        };
         let mut found: Vec<(u64, PathBuf)> = Vec::new();
         for item in std::fs::read_dir(&dir).map_err(list_err)? {
             let item = item.map_err(list_err)?;
@@ -320,7 +336,10 @@ impl StateMachine {
 
         let snapshots = Arc::new(SnapshotDir {
             dir: dir.clone(),
-            files: Mutex::new(Files { next_seq: 1, current: None }),
+            files: Mutex::new(Files {
+                next_seq: 1,
+                current: None,
+            }),
         });
         let mut sm = StateMachine {
             applied,
@@ -333,9 +352,14 @@ impl StateMachine {
             tracing::info!(dir = %dir.display(), "no snapshot; starting from an empty state");
             return Ok(sm);
         };
-        let bytes =
-            std::fs::read(&path).map_err(|source| OpenError::Read { path: path.clone(), source })?;
-        let corrupt = |reason: String| OpenError::Corrupt { path: path.clone(), reason };
+        let bytes = std::fs::read(&path).map_err(|source| OpenError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let corrupt = |reason: String| OpenError::Corrupt {
+            path: path.clone(),
+            reason,
+        };
         let (meta, state_bytes) = decode_envelope(&bytes).map_err(|e| corrupt(e.to_string()))?;
         let state = State::decode_snapshot(state_bytes).map_err(|e| corrupt(e.to_string()))?;
 
@@ -346,7 +370,10 @@ impl StateMachine {
         {
             let mut files = sm.snapshots.lock();
             files.next_seq = seq + 1;
-            files.current = Some(Current { seq, last_log_id: meta.last_log_id });
+            files.current = Some(Current {
+                seq,
+                last_log_id: meta.last_log_id,
+            });
         }
         // Older files left by a crash between rename and cleanup.
         sm.snapshots.remove_all_but(seq);
@@ -419,7 +446,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         })
         .await
         .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
     }
 }
 
@@ -511,7 +541,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let current = blocking(move || snapshots.read_current())
             .await
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        Ok(current.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
+        Ok(current.map(|(meta, bytes)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        }))
     }
 }
 
@@ -569,10 +602,16 @@ mod tests {
         for i in 0..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[i] ^= 0x01;
-            assert!(decode_envelope(&damaged).is_err(), "flip at byte {i} went unnoticed");
+            assert!(
+                decode_envelope(&damaged).is_err(),
+                "flip at byte {i} went unnoticed"
+            );
         }
         for len in 0..bytes.len() {
-            assert!(decode_envelope(&bytes[..len]).is_err(), "truncation to {len} went unnoticed");
+            assert!(
+                decode_envelope(&bytes[..len]).is_err(),
+                "truncation to {len} went unnoticed"
+            );
         }
         Ok(())
     }
@@ -587,19 +626,28 @@ mod tests {
         bytes.extend_from_slice(&0u64.to_le_bytes());
         let checksum = fnv1a64(&bytes);
         bytes.extend_from_slice(&checksum.to_le_bytes());
-        assert!(matches!(decode_envelope(&bytes), Err(EnvelopeError::Length(_))));
+        assert!(matches!(
+            decode_envelope(&bytes),
+            Err(EnvelopeError::Length(_))
+        ));
     }
 
     #[test]
     fn garbage_snapshot_file_refuses_open_and_names_the_file() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         std::fs::create_dir_all(dir.path().join("snapshots"))?;
-        let file = dir.path().join("snapshots").join("snap-00000000000000000007.snap");
+        let file = dir
+            .path()
+            .join("snapshots")
+            .join("snap-00000000000000000007.snap");
         std::fs::write(&file, b"this is not a snapshot at all, just some bytes")?;
 
         match open(dir.path()) {
             Err(e @ OpenError::Corrupt { .. }) => {
-                assert!(e.to_string().contains("snap-00000000000000000007.snap"), "{e}");
+                assert!(
+                    e.to_string().contains("snap-00000000000000000007.snap"),
+                    "{e}"
+                );
             }
             Err(other) => anyhow::bail!("expected Corrupt, got {other}"),
             Ok(_) => anyhow::bail!("a garbage snapshot was accepted"),
@@ -612,18 +660,30 @@ mod tests {
         let dir = tempfile::tempdir()?;
         std::fs::create_dir_all(dir.path().join("snapshots"))?;
         let bytes = encode_envelope(&meta(2, 9), &[7u8; 300])?;
-        let file = dir.path().join("snapshots").join("snap-00000000000000000003.snap");
+        let file = dir
+            .path()
+            .join("snapshots")
+            .join("snap-00000000000000000003.snap");
         std::fs::write(&file, &bytes[..bytes.len() - 100])?;
         // A leftover partial write is dropped, not read.
-        std::fs::write(dir.path().join("snapshots").join("snap-00000000000000000004.tmp"), b"x")?;
+        std::fs::write(
+            dir.path()
+                .join("snapshots")
+                .join("snap-00000000000000000004.tmp"),
+            b"x",
+        )?;
 
         assert!(matches!(open(dir.path()), Err(OpenError::Corrupt { .. })));
-        assert_eq!(snapshot_files(dir.path()), vec!["snap-00000000000000000003.snap"]);
+        assert_eq!(
+            snapshot_files(dir.path()),
+            vec!["snap-00000000000000000003.snap"]
+        );
         Ok(())
     }
 
     #[tokio::test]
-    async fn install_rejects_damaged_or_mismatched_snapshots_and_keeps_the_state() -> anyhow::Result<()> {
+    async fn install_rejects_damaged_or_mismatched_snapshots_and_keeps_the_state()
+    -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let mut sm = open(dir.path())?;
         sm.apply([Entry::<TypeConfig> {
@@ -639,7 +699,11 @@ mod tests {
         // A valid envelope announced under another meta.
         let bytes = encode_envelope(&meta(2, 9), b"state")?;
         let other = meta(2, 10);
-        assert!(sm.install_snapshot(&other, Box::new(Cursor::new(bytes))).await.is_err());
+        assert!(
+            sm.install_snapshot(&other, Box::new(Cursor::new(bytes)))
+                .await
+                .is_err()
+        );
 
         assert_eq!(sm.applied_state().await?.0, Some(log_id(1, 1)));
         assert!(sm.get_current_snapshot().await?.is_none());
@@ -654,7 +718,10 @@ mod tests {
         let mut sm = StateMachine::open(dir.path(), Arc::clone(&applied))?;
         let replies = sm
             .apply([
-                Entry::<TypeConfig> { log_id: log_id(1, 1), payload: EntryPayload::Blank },
+                Entry::<TypeConfig> {
+                    log_id: log_id(1, 1),
+                    payload: EntryPayload::Blank,
+                },
                 Entry::<TypeConfig> {
                     log_id: log_id(1, 2),
                     payload: EntryPayload::Membership(voters(&[1, 2])),
@@ -665,7 +732,10 @@ mod tests {
         assert_eq!(applied.applied_index(), 2);
         let (last, membership) = sm.applied_state().await?;
         assert_eq!(last, Some(log_id(1, 2)));
-        assert_eq!(membership, StoredMembership::new(Some(log_id(1, 2)), voters(&[1, 2])));
+        assert_eq!(
+            membership,
+            StoredMembership::new(Some(log_id(1, 2)), voters(&[1, 2]))
+        );
         Ok(())
     }
 
@@ -685,9 +755,15 @@ mod tests {
                 },
                 Entry::<TypeConfig> {
                     log_id: log_id(1, 2),
-                    payload: EntryPayload::Normal(Batch { now_ns: 5, cmds: vec![] }),
+                    payload: EntryPayload::Normal(Batch {
+                        now_ns: 5,
+                        cmds: vec![],
+                    }),
                 },
-                Entry::<TypeConfig> { log_id: log_id(2, 3), payload: EntryPayload::Blank },
+                Entry::<TypeConfig> {
+                    log_id: log_id(2, 3),
+                    payload: EntryPayload::Blank,
+                },
             ])
             .await?;
             let first = sm.get_snapshot_builder().await.build_snapshot().await?;
@@ -704,11 +780,20 @@ mod tests {
         assert_eq!(applied.applied_index(), 3);
         let (last, membership) = sm.applied_state().await?;
         assert_eq!(last, Some(log_id(2, 3)));
-        assert_eq!(membership, StoredMembership::new(Some(log_id(1, 1)), voters(&[1, 2, 3])));
-        assert_eq!(sm.get_current_snapshot().await?.map(|s| s.meta), Some(built));
+        assert_eq!(
+            membership,
+            StoredMembership::new(Some(log_id(1, 1)), voters(&[1, 2, 3]))
+        );
+        assert_eq!(
+            sm.get_current_snapshot().await?.map(|s| s.meta),
+            Some(built)
+        );
 
         // A damaged state section (valid envelope) is refused too.
-        let path = dir.path().join("snapshots").join(&snapshot_files(dir.path())[0]);
+        let path = dir
+            .path()
+            .join("snapshots")
+            .join(&snapshot_files(dir.path())[0]);
         let bytes = encode_envelope(&meta(2, 3), b"\xff\xff\xff not a state")?;
         std::fs::write(&path, bytes)?;
         assert!(matches!(open(dir.path()), Err(OpenError::Corrupt { .. })));

@@ -33,7 +33,33 @@
 //!
 //! Every command costs O(log n) in the things it touches, plus one step per waiter it grants
 //! or removes and per holder it drops. `ExtendLeases` touches every lease, and `DeleteNamespace`
-//! everything in the namespace.
+//! everything in the namespace. `hash`, `encode_snapshot` and `check_invariants` are O(state):
+//! call them at snapshot points or in tests, not per entry.
+//!
+//! # Decisions the API layer relies on
+//!
+//! - Due leases and waiters are reaped before every command (except `ExtendLeases`), even one
+//!   that is then refused by validation; a refused command changes nothing else.
+//! - `Acquire` answers `Acquired { token }`, `Queued { deadline_ns }` (wait for an [`Event`]
+//!   about this (namespace, semaphore, lease)) or `Unavailable`. A re-attach with wait 0 that is
+//!   still queued answers `Unavailable` and stays queued.
+//! - Re-acquire at most the held weight: granted at once with a new token (the holder moves to
+//!   the end of the grant order). More than held: an upgrade that queues like any acquire while
+//!   the old hold stays; `Release` drops both the hold and the queued upgrade; `GiveUp` on an
+//!   upgrade removes only the upgrade (so it checks "queued" before "holds").
+//! - [`Event::Granted`] is emitted for every grant that leaves a queue, including an upgrade
+//!   settled by a re-acquire at a lower weight; immediate grants of a non-queued lease emit no
+//!   event (the reply carries the token). [`Event::WaitEnded`] is emitted for every other exit
+//!   from a queue.
+//! - The 1001st holder of a semaphore is `ResourceExhausted` when it would be granted at once
+//!   (blocking or not); a queued head that fits but finds no holder slot stays at the head.
+//! - `DeleteSemaphore` of an absent semaphore is `Done`; of an absent namespace `NotFound`.
+//! - `expected_version` must equal the version; there is no "0 = unconditional".
+//! - `RefreshLease` sets `expires_at = clock + ttl` (it may shorten a lease if given a shorter
+//!   TTL); `ttl_s` 0 keeps the lease's TTL, any other value becomes the lease's TTL.
+//! - A lease id this state could not have made is `NotFound` (not `InvalidArgument`).
+//! - Reads take the reader's `now_ns` and hide leases with `expires_at <= now_ns`, their holders
+//!   and waiters, and waiters whose deadline has passed; counts in semaphore views match.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -89,11 +115,13 @@ struct Namespace {
     updated_at: Nanos,
     version: u64,
     semaphores: BTreeMap<String, Semaphore>,
-    /// By lease sequence number.
-    leases: BTreeMap<u64, Lease>,
-    /// Derived: `(process_id, lease seq)`.
+    /// By lease sequence number. Boxed: the map's nodes stay small, which matters at a million
+    /// leases.
+    leases: BTreeMap<u64, Box<Lease>>,
+    /// Derived: `(process_key(process_id), lease seq)`; a hash, not the string, so the index
+    /// costs 16 bytes per lease. Readers compare the actual process id.
     #[serde(skip)]
-    leases_by_process: BTreeSet<(String, u64)>,
+    leases_by_process: BTreeSet<(u64, u64)>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -199,7 +227,11 @@ fn lease_id(seq: u64) -> String {
 /// The sequence number behind a lease id, if the id is one this state could have made.
 fn lease_seq(id: &str) -> Option<u64> {
     let digits = id.strip_prefix(LEASE_ID_PREFIX)?;
-    if digits.len() != 24 || !digits.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+    if digits.len() != 24
+        || !digits
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return None;
     }
     let seq = u64::from_str_radix(digits.get(..16)?, 16).ok()?;
@@ -208,7 +240,9 @@ fn lease_seq(id: &str) -> Option<u64> {
 }
 
 fn ttl_ns(ttl_s: u64) -> Nanos {
-    i64::try_from(ttl_s).unwrap_or(i64::MAX).saturating_mul(NANOS_PER_SEC)
+    i64::try_from(ttl_s)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(NANOS_PER_SEC)
 }
 
 fn namespace_not_found(name: &str) -> Error {
@@ -224,7 +258,9 @@ fn lease_not_found(id: &str) -> Error {
 }
 
 fn version_mismatch(expected: u64, found: u64) -> Error {
-    Error::invalid(format!("version mismatch: expected {expected}, found {found}"))
+    Error::invalid(format!(
+        "version mismatch: expected {expected}, found {found}"
+    ))
 }
 
 // ---- semaphores ----
@@ -364,7 +400,9 @@ impl Namespace {
     }
 
     fn find_semaphore(&self, name: &str) -> Result<&Semaphore, Error> {
-        self.semaphores.get(name).ok_or_else(|| semaphore_not_found(name))
+        self.semaphores
+            .get(name)
+            .ok_or_else(|| semaphore_not_found(name))
     }
 
     fn reply_semaphore(&self, name: &str) -> Reply {
@@ -382,16 +420,22 @@ impl Namespace {
             return;
         };
         while let Some((_, &seq)) = sem.queue.first_key_value() {
-            let fits = sem.waiters.get(&seq).is_some_and(|w| sem.can_grant(seq, w.weight));
+            let fits = sem
+                .waiters
+                .get(&seq)
+                .is_some_and(|w| sem.can_grant(seq, w.weight));
             if !fits {
                 break;
             }
             let Some(waiter) = sem.remove_waiter(seq) else {
                 break;
             };
-            ctx.index
-                .waiter_deadlines
-                .remove(&(waiter.deadline_ns, ns_id, sem_name.to_string(), seq));
+            ctx.index.waiter_deadlines.remove(&(
+                waiter.deadline_ns,
+                ns_id,
+                sem_name.to_string(),
+                seq,
+            ));
             if let Some(lease) = self.leases.get_mut(&seq) {
                 lease.waits.remove(sem_name);
                 lease.holds.insert(sem_name.to_string());
@@ -424,9 +468,12 @@ impl Namespace {
         let Some(waiter) = sem.remove_waiter(seq) else {
             return false;
         };
-        ctx.index
-            .waiter_deadlines
-            .remove(&(waiter.deadline_ns, self.id, sem_name.to_string(), seq));
+        ctx.index.waiter_deadlines.remove(&(
+            waiter.deadline_ns,
+            self.id,
+            sem_name.to_string(),
+            seq,
+        ));
         if let Some(lease) = self.leases.get_mut(&seq) {
             lease.waits.remove(sem_name);
         }
@@ -460,8 +507,11 @@ impl Namespace {
         let Some(lease) = self.leases.remove(&seq) else {
             return false;
         };
-        ctx.index.lease_expiry.remove(&(lease.expires_at, self.id, seq));
-        self.leases_by_process.remove(&(lease.process_id.clone(), seq));
+        ctx.index
+            .lease_expiry
+            .remove(&(lease.expires_at, self.id, seq));
+        self.leases_by_process
+            .remove(&(process_key(&lease.process_id), seq));
         for sem_name in &lease.holds {
             if let Some(sem) = self.semaphores.get_mut(sem_name) {
                 if sem.remove_holder(seq).is_some() {
@@ -474,9 +524,12 @@ impl Namespace {
             if let Some(sem) = self.semaphores.get_mut(sem_name)
                 && let Some(waiter) = sem.remove_waiter(seq)
             {
-                ctx.index
-                    .waiter_deadlines
-                    .remove(&(waiter.deadline_ns, self.id, sem_name.clone(), seq));
+                ctx.index.waiter_deadlines.remove(&(
+                    waiter.deadline_ns,
+                    self.id,
+                    sem_name.clone(),
+                    seq,
+                ));
                 ctx.events.push(Event::WaitEnded {
                     ns: self.name.clone(),
                     sem: sem_name.clone(),
@@ -489,9 +542,18 @@ impl Namespace {
         true
     }
 
-    fn create_semaphore(&mut self, name: &str, description: &str, permits: u64, metadata: &Metadata, ctx: &mut Ctx) -> Reply {
+    fn create_semaphore(
+        &mut self,
+        name: &str,
+        description: &str,
+        permits: u64,
+        metadata: &Metadata,
+        ctx: &mut Ctx,
+    ) -> Reply {
         if self.semaphores.contains_key(name) {
-            return Err(Error::already_exists(format!("semaphore {name} already exists")));
+            return Err(Error::already_exists(format!(
+                "semaphore {name} already exists"
+            )));
         }
         if self.semaphores.len() >= SEMAPHORES_PER_NAMESPACE_MAX {
             return Err(Error::exhausted(format!(
@@ -513,7 +575,10 @@ impl Namespace {
         expected_version: u64,
         ctx: &mut Ctx,
     ) -> Reply {
-        let sem = self.semaphores.get_mut(name).ok_or_else(|| semaphore_not_found(name))?;
+        let sem = self
+            .semaphores
+            .get_mut(name)
+            .ok_or_else(|| semaphore_not_found(name))?;
         if expected_version != sem.version {
             return Err(version_mismatch(expected_version, sem.version));
         }
@@ -524,7 +589,9 @@ impl Namespace {
             )));
         }
         if sem.waiters.values().any(|w| w.weight > permits) {
-            return Err(Error::invalid("permits below the weight of a queued waiter"));
+            return Err(Error::invalid(
+                "permits below the weight of a queued waiter",
+            ));
         }
         sem.description = description.to_string();
         sem.metadata = metadata.clone();
@@ -547,7 +614,11 @@ impl Namespace {
         }
         for seq in sem.queue.values() {
             if let Some(waiter) = sem.waiters.get(seq) {
-                ctx.index.waiter_deadlines.remove(&self.deadline_key(waiter.deadline_ns, name, *seq));
+                ctx.index.waiter_deadlines.remove(&self.deadline_key(
+                    waiter.deadline_ns,
+                    name,
+                    *seq,
+                ));
             }
             if let Some(lease) = self.leases.get_mut(seq) {
                 lease.waits.remove(name);
@@ -562,7 +633,14 @@ impl Namespace {
         Ok(Outcome::Done)
     }
 
-    fn create_lease(&mut self, process_id: &str, ttl_s: u64, metadata: &Metadata, last_lease_seq: &mut u64, ctx: &mut Ctx) -> Reply {
+    fn create_lease(
+        &mut self,
+        process_id: &str,
+        ttl_s: u64,
+        metadata: &Metadata,
+        last_lease_seq: &mut u64,
+        ctx: &mut Ctx,
+    ) -> Reply {
         if self.leases.len() >= LEASES_PER_NAMESPACE_MAX {
             return Err(Error::exhausted(format!(
                 "lease quota reached: at most {LEASES_PER_NAMESPACE_MAX} leases per namespace"
@@ -582,20 +660,28 @@ impl Namespace {
             waits: BTreeSet::new(),
         };
         let view = lease.view(seq);
-        ctx.index.lease_expiry.insert((lease.expires_at, self.id, seq));
-        self.leases_by_process.insert((lease.process_id.clone(), seq));
-        self.leases.insert(seq, lease);
+        ctx.index
+            .lease_expiry
+            .insert((lease.expires_at, self.id, seq));
+        self.leases_by_process
+            .insert((process_key(&lease.process_id), seq));
+        self.leases.insert(seq, Box::new(lease));
         Ok(Outcome::Lease(view))
     }
 
     fn refresh_lease(&mut self, id: &str, ttl_s: u64, ctx: &mut Ctx) -> Reply {
         let seq = self.find_lease(id)?;
-        let lease = self.leases.get_mut(&seq).ok_or_else(|| lease_not_found(id))?;
+        let lease = self
+            .leases
+            .get_mut(&seq)
+            .ok_or_else(|| lease_not_found(id))?;
         if ttl_s != 0 {
             lease.ttl_s = ttl_s;
         }
         let expires_at = ctx.clock_ns.saturating_add(ttl_ns(lease.ttl_s));
-        ctx.index.lease_expiry.remove(&(lease.expires_at, self.id, seq));
+        ctx.index
+            .lease_expiry
+            .remove(&(lease.expires_at, self.id, seq));
         lease.expires_at = expires_at;
         ctx.index.lease_expiry.insert((expires_at, self.id, seq));
         Ok(Outcome::Lease(lease.view(seq)))
@@ -611,7 +697,15 @@ impl Namespace {
         Ok(Outcome::Done)
     }
 
-    fn acquire(&mut self, sem_name: &str, id: &str, weight: u64, wait_ns: Nanos, metadata: &Metadata, ctx: &mut Ctx) -> Reply {
+    fn acquire(
+        &mut self,
+        sem_name: &str,
+        id: &str,
+        weight: u64,
+        wait_ns: Nanos,
+        metadata: &Metadata,
+        ctx: &mut Ctx,
+    ) -> Reply {
         let weight = weight.max(1);
         let permits = self.find_semaphore(sem_name)?.permits;
         let seq = self.find_lease(id)?;
@@ -631,16 +725,24 @@ impl Namespace {
         if held_weight.is_some_and(|held| weight <= held) {
             if queued {
                 if let Some(waiter) = sem.remove_waiter(seq) {
-                    ctx.index
-                        .waiter_deadlines
-                        .remove(&(waiter.deadline_ns, ns_id, sem_name.to_string(), seq));
+                    ctx.index.waiter_deadlines.remove(&(
+                        waiter.deadline_ns,
+                        ns_id,
+                        sem_name.to_string(),
+                        seq,
+                    ));
                 }
                 if let Some(lease) = self.leases.get_mut(&seq) {
                     lease.waits.remove(sem_name);
                 }
             }
             let token = ctx.next_token();
-            let holder = Holder { weight, locked_at: clock, metadata: metadata.clone(), token };
+            let holder = Holder {
+                weight,
+                locked_at: clock,
+                metadata: metadata.clone(),
+                token,
+            };
             sem.set_holder(seq, holder);
             sem.last_activity_at = clock;
             if queued {
@@ -662,12 +764,18 @@ impl Namespace {
             if let Some(waiter) = sem.waiters.get_mut(&seq) {
                 let deadline_ns = waiter.deadline_ns.max(clock.saturating_add(wait_ns));
                 if deadline_ns != waiter.deadline_ns {
-                    ctx.index
-                        .waiter_deadlines
-                        .remove(&(waiter.deadline_ns, ns_id, sem_name.to_string(), seq));
-                    ctx.index
-                        .waiter_deadlines
-                        .insert((deadline_ns, ns_id, sem_name.to_string(), seq));
+                    ctx.index.waiter_deadlines.remove(&(
+                        waiter.deadline_ns,
+                        ns_id,
+                        sem_name.to_string(),
+                        seq,
+                    ));
+                    ctx.index.waiter_deadlines.insert((
+                        deadline_ns,
+                        ns_id,
+                        sem_name.to_string(),
+                        seq,
+                    ));
                     waiter.deadline_ns = deadline_ns;
                 }
                 waiter.weight = weight;
@@ -676,17 +784,28 @@ impl Namespace {
             self.grant_from_head(sem_name, ctx);
             let sem = self.find_semaphore(sem_name)?;
             let status = match (sem.waiters.get(&seq), sem.holders.get(&seq)) {
-                (Some(waiter), _) if wait_ns > 0 => AcquireStatus::Queued { deadline_ns: waiter.deadline_ns },
+                (Some(waiter), _) if wait_ns > 0 => AcquireStatus::Queued {
+                    deadline_ns: waiter.deadline_ns,
+                },
                 (Some(_), _) => AcquireStatus::Unavailable,
-                (None, Some(holder)) => AcquireStatus::Acquired { token: holder.token },
+                (None, Some(holder)) => AcquireStatus::Acquired {
+                    token: holder.token,
+                },
                 (None, None) => AcquireStatus::Unavailable,
             };
-            return Ok(Outcome::Acquire(AcquireReply { status, semaphore: sem.view(sem_name) }));
+            return Ok(Outcome::Acquire(AcquireReply {
+                status,
+                semaphore: sem.view(sem_name),
+            }));
         }
 
         // A new acquire (or an upgrade of a hold): granted at once only if nobody waits and it
         // fits; a non-blocking one never jumps the queue, and neither does a blocking one.
-        let fits = sem.held.saturating_sub(held_weight.unwrap_or(0)).saturating_add(weight) <= sem.permits;
+        let fits = sem
+            .held
+            .saturating_sub(held_weight.unwrap_or(0))
+            .saturating_add(weight)
+            <= sem.permits;
         if sem.queue.is_empty() && fits {
             if held_weight.is_none() && sem.holders.len() >= HOLDERS_PER_SEMAPHORE_MAX {
                 return Err(Error::exhausted(format!(
@@ -694,7 +813,12 @@ impl Namespace {
                 )));
             }
             let token = ctx.next_token();
-            let holder = Holder { weight, locked_at: clock, metadata: metadata.clone(), token };
+            let holder = Holder {
+                weight,
+                locked_at: clock,
+                metadata: metadata.clone(),
+                token,
+            };
             if sem.set_holder(seq, holder).is_none() {
                 ctx.index.holders += 1;
             }
@@ -719,7 +843,13 @@ impl Namespace {
         let deadline_ns = clock.saturating_add(wait_ns);
         sem.push_waiter(
             seq,
-            Waiter { ticket: 0, weight, queued_at: clock, deadline_ns, metadata: metadata.clone() },
+            Waiter {
+                ticket: 0,
+                weight,
+                queued_at: clock,
+                deadline_ns,
+                metadata: metadata.clone(),
+            },
         );
         sem.last_activity_at = clock;
         ctx.index
@@ -756,7 +886,13 @@ impl Namespace {
         self.reply_semaphore(sem_name)
     }
 
-    fn give_up(&mut self, sem_name: &str, id: &str, deadline_ns: Nanos, ctx: &mut Ctx) -> GiveUpReply {
+    fn give_up(
+        &mut self,
+        sem_name: &str,
+        id: &str,
+        deadline_ns: Nanos,
+        ctx: &mut Ctx,
+    ) -> GiveUpReply {
         let Some(seq) = lease_seq(id).filter(|seq| self.leases.contains_key(seq)) else {
             return GiveUpReply::NotQueued;
         };
@@ -767,14 +903,18 @@ impl Namespace {
         // upgrade keeps the hold it had.
         if let Some(waiter) = sem.waiters.get(&seq) {
             if waiter.deadline_ns > deadline_ns {
-                return GiveUpReply::StillQueued { deadline_ns: waiter.deadline_ns };
+                return GiveUpReply::StillQueued {
+                    deadline_ns: waiter.deadline_ns,
+                };
             }
             self.end_wait(sem_name, seq, WaitEnd::GaveUp, ctx);
             self.grant_from_head(sem_name, ctx);
             return GiveUpReply::Removed;
         }
         match sem.holders.get(&seq) {
-            Some(holder) => GiveUpReply::Granted { token: holder.token },
+            Some(holder) => GiveUpReply::Granted {
+                token: holder.token,
+            },
             None => GiveUpReply::NotQueued,
         }
     }
@@ -793,7 +933,11 @@ impl State {
     /// `events` in order.
     pub fn apply_batch(&mut self, batch: &Batch, events: &mut Vec<Event>) -> Vec<Reply> {
         self.data.clock_ns = self.data.clock_ns.max(batch.now_ns);
-        batch.cmds.iter().map(|cmd| self.apply(cmd, events)).collect()
+        batch
+            .cmds
+            .iter()
+            .map(|cmd| self.apply(cmd, events))
+            .collect()
     }
 
     fn apply(&mut self, cmd: &Cmd, events: &mut Vec<Event>) -> Reply {
@@ -801,12 +945,29 @@ impl State {
             self.reap(events);
         }
         cmd.validate()?;
-        let Data { clock_ns, last_token, last_lease_seq, last_namespace_id, namespaces } = &mut self.data;
-        let mut ctx = Ctx { clock_ns: *clock_ns, last_token, index: &mut self.index, events: &mut *events };
+        let Data {
+            clock_ns,
+            last_token,
+            last_lease_seq,
+            last_namespace_id,
+            namespaces,
+        } = &mut self.data;
+        let mut ctx = Ctx {
+            clock_ns: *clock_ns,
+            last_token,
+            index: &mut self.index,
+            events: &mut *events,
+        };
         match cmd {
-            Cmd::CreateNamespace { name, description, metadata } => {
+            Cmd::CreateNamespace {
+                name,
+                description,
+                metadata,
+            } => {
                 if namespaces.contains_key(name) {
-                    return Err(Error::already_exists(format!("namespace {name} already exists")));
+                    return Err(Error::already_exists(format!(
+                        "namespace {name} already exists"
+                    )));
                 }
                 if namespaces.len() >= NAMESPACES_MAX {
                     return Err(Error::exhausted(format!(
@@ -834,7 +995,12 @@ impl State {
                 namespaces.insert(name.clone(), ns);
                 Ok(Outcome::Namespace(view))
             }
-            Cmd::UpdateNamespace { name, description, metadata, expected_version } => {
+            Cmd::UpdateNamespace {
+                name,
+                description,
+                metadata,
+                expected_version,
+            } => {
                 let ns = ns_mut(namespaces, name)?;
                 if *expected_version != ns.version {
                     return Err(version_mismatch(*expected_version, ns.version));
@@ -851,22 +1017,70 @@ impl State {
                 }
                 Ok(Outcome::Done)
             }
-            Cmd::CreateSemaphore { ns, name, description, permits, metadata } => {
-                ns_mut(namespaces, ns)?.create_semaphore(name, description, *permits, metadata, &mut ctx)
+            Cmd::CreateSemaphore {
+                ns,
+                name,
+                description,
+                permits,
+                metadata,
+            } => ns_mut(namespaces, ns)?.create_semaphore(
+                name,
+                description,
+                *permits,
+                metadata,
+                &mut ctx,
+            ),
+            Cmd::UpdateSemaphore {
+                ns,
+                name,
+                description,
+                permits,
+                metadata,
+                expected_version,
+            } => ns_mut(namespaces, ns)?.update_semaphore(
+                name,
+                description,
+                *permits,
+                metadata,
+                *expected_version,
+                &mut ctx,
+            ),
+            Cmd::DeleteSemaphore { ns, name } => {
+                ns_mut(namespaces, ns)?.delete_semaphore(name, &mut ctx)
             }
-            Cmd::UpdateSemaphore { ns, name, description, permits, metadata, expected_version } => ns_mut(namespaces, ns)?
-                .update_semaphore(name, description, *permits, metadata, *expected_version, &mut ctx),
-            Cmd::DeleteSemaphore { ns, name } => ns_mut(namespaces, ns)?.delete_semaphore(name, &mut ctx),
-            Cmd::CreateLease { ns, process_id, ttl_s, metadata } => {
-                ns_mut(namespaces, ns)?.create_lease(process_id, *ttl_s, metadata, last_lease_seq, &mut ctx)
+            Cmd::CreateLease {
+                ns,
+                process_id,
+                ttl_s,
+                metadata,
+            } => ns_mut(namespaces, ns)?.create_lease(
+                process_id,
+                *ttl_s,
+                metadata,
+                last_lease_seq,
+                &mut ctx,
+            ),
+            Cmd::RefreshLease { ns, lease, ttl_s } => {
+                ns_mut(namespaces, ns)?.refresh_lease(lease, *ttl_s, &mut ctx)
             }
-            Cmd::RefreshLease { ns, lease, ttl_s } => ns_mut(namespaces, ns)?.refresh_lease(lease, *ttl_s, &mut ctx),
             Cmd::RevokeLease { ns, lease } => ns_mut(namespaces, ns)?.revoke_lease(lease, &mut ctx),
-            Cmd::Acquire { ns, sem, lease, weight, wait_ns, metadata } => {
-                ns_mut(namespaces, ns)?.acquire(sem, lease, *weight, *wait_ns, metadata, &mut ctx)
+            Cmd::Acquire {
+                ns,
+                sem,
+                lease,
+                weight,
+                wait_ns,
+                metadata,
+            } => ns_mut(namespaces, ns)?.acquire(sem, lease, *weight, *wait_ns, metadata, &mut ctx),
+            Cmd::Release { ns, sem, lease } => {
+                ns_mut(namespaces, ns)?.release(sem, lease, &mut ctx)
             }
-            Cmd::Release { ns, sem, lease } => ns_mut(namespaces, ns)?.release(sem, lease, &mut ctx),
-            Cmd::GiveUp { ns, sem, lease, deadline_ns } => {
+            Cmd::GiveUp {
+                ns,
+                sem,
+                lease,
+                deadline_ns,
+            } => {
                 let reply = match namespaces.get_mut(ns) {
                     Some(ns) => ns.give_up(sem, lease, *deadline_ns, &mut ctx),
                     None => GiveUpReply::NotQueued,
@@ -898,7 +1112,12 @@ impl State {
             let Some(ns) = self.data.namespaces.get_mut(&name) else {
                 continue;
             };
-            let mut ctx = Ctx { clock_ns, last_token: &mut self.data.last_token, index: &mut self.index, events: &mut *events };
+            let mut ctx = Ctx {
+                clock_ns,
+                last_token: &mut self.data.last_token,
+                index: &mut self.index,
+                events: &mut *events,
+            };
             let mut sems = BTreeSet::new();
             ns.remove_lease(seq, &mut ctx, &mut sems);
             affected.extend(sems.into_iter().map(|sem| (name.clone(), sem)));
@@ -916,13 +1135,23 @@ impl State {
             let Some(ns) = self.data.namespaces.get_mut(&name) else {
                 continue;
             };
-            let mut ctx = Ctx { clock_ns, last_token: &mut self.data.last_token, index: &mut self.index, events: &mut *events };
+            let mut ctx = Ctx {
+                clock_ns,
+                last_token: &mut self.data.last_token,
+                index: &mut self.index,
+                events: &mut *events,
+            };
             ns.end_wait(&sem, seq, WaitEnd::TimedOut, &mut ctx);
             affected.insert((name, sem));
         }
         for (name, sem) in affected {
             if let Some(ns) = self.data.namespaces.get_mut(&name) {
-                let mut ctx = Ctx { clock_ns, last_token: &mut self.data.last_token, index: &mut self.index, events: &mut *events };
+                let mut ctx = Ctx {
+                    clock_ns,
+                    last_token: &mut self.data.last_token,
+                    index: &mut self.index,
+                    events: &mut *events,
+                };
                 ns.grant_from_head(&sem, &mut ctx);
             }
         }
@@ -944,8 +1173,13 @@ impl State {
     }
 }
 
-fn ns_mut<'a>(namespaces: &'a mut BTreeMap<String, Namespace>, name: &str) -> Result<&'a mut Namespace, Error> {
-    namespaces.get_mut(name).ok_or_else(|| namespace_not_found(name))
+fn ns_mut<'a>(
+    namespaces: &'a mut BTreeMap<String, Namespace>,
+    name: &str,
+) -> Result<&'a mut Namespace, Error> {
+    namespaces
+        .get_mut(name)
+        .ok_or_else(|| namespace_not_found(name))
 }
 
 /// Removes what a deleted namespace held from the global indexes; its waiters' callers learn
@@ -956,7 +1190,11 @@ fn delete_namespace_contents(ns: Namespace, ctx: &mut Ctx) {
         ctx.index.holders = ctx.index.holders.saturating_sub(sem.holders.len() as u64);
         for seq in sem.queue.values() {
             if let Some(waiter) = sem.waiters.get(seq) {
-                ctx.index.waiter_deadlines.remove(&ns.deadline_key(waiter.deadline_ns, sem_name, *seq));
+                ctx.index.waiter_deadlines.remove(&ns.deadline_key(
+                    waiter.deadline_ns,
+                    sem_name,
+                    *seq,
+                ));
             }
             ctx.events.push(Event::WaitEnded {
                 ns: ns.name.clone(),
@@ -967,7 +1205,9 @@ fn delete_namespace_contents(ns: Namespace, ctx: &mut Ctx) {
         }
     }
     for (seq, lease) in &ns.leases {
-        ctx.index.lease_expiry.remove(&(lease.expires_at, ns.id, *seq));
+        ctx.index
+            .lease_expiry
+            .remove(&(lease.expires_at, ns.id, *seq));
     }
 }
 
@@ -977,7 +1217,9 @@ fn extend_leases(namespaces: &mut BTreeMap<String, Namespace>, ctx: &mut Ctx) {
         for (seq, lease) in ns.leases.iter_mut() {
             let at_least = ctx.clock_ns.saturating_add(ttl_ns(lease.ttl_s));
             if at_least > lease.expires_at {
-                ctx.index.lease_expiry.remove(&(lease.expires_at, ns.id, *seq));
+                ctx.index
+                    .lease_expiry
+                    .remove(&(lease.expires_at, ns.id, *seq));
                 lease.expires_at = at_least;
                 ctx.index.lease_expiry.insert((at_least, ns.id, *seq));
             }
@@ -989,7 +1231,11 @@ fn extend_leases(namespaces: &mut BTreeMap<String, Namespace>, ctx: &mut Ctx) {
 
 impl Namespace {
     fn lease_visible(&self, seq: u64, vis: Visibility) -> bool {
-        vis.everything || self.leases.get(&seq).is_some_and(|l| l.expires_at > vis.now_ns)
+        vis.everything
+            || self
+                .leases
+                .get(&seq)
+                .is_some_and(|l| l.expires_at > vis.now_ns)
     }
 
     fn waiter_visible(&self, seq: u64, waiter: &Waiter, vis: Visibility) -> bool {
@@ -1008,8 +1254,11 @@ impl Namespace {
                 .collect();
             view.active_holds = live.iter().fold(0u64, |sum, w| sum.saturating_add(*w));
             view.active_holders_count = live.len() as u64;
-            view.waiters_count =
-                sem.waiters.iter().filter(|(seq, w)| self.waiter_visible(**seq, w, vis)).count() as u64;
+            view.waiters_count = sem
+                .waiters
+                .iter()
+                .filter(|(seq, w)| self.waiter_visible(**seq, w, vis))
+                .count() as u64;
         }
         view
     }
@@ -1022,19 +1271,32 @@ impl State {
     }
 
     fn namespace(&self, name: &str) -> Result<&Namespace, Error> {
-        self.data.namespaces.get(name).ok_or_else(|| namespace_not_found(name))
+        self.data
+            .namespaces
+            .get(name)
+            .ok_or_else(|| namespace_not_found(name))
     }
 
     pub fn get_namespace(&self, name: &str) -> Result<NamespaceView, Error> {
-        validate::name("name", name)?;
+        validate::name("namespace_name", name)?;
         Ok(self.namespace(name)?.view())
     }
 
     pub fn list_namespaces(&self, page: &PageRequest) -> Result<Page<NamespaceView>, Error> {
-        paginate(page, |lo, hi| self.data.namespaces.range((lo, hi)).map(|(k, ns)| (k.clone(), ns.view())))
+        paginate(page, |lo, hi| {
+            self.data
+                .namespaces
+                .range((lo, hi))
+                .map(|(k, ns)| (k.clone(), ns.view()))
+        })
     }
 
-    pub fn get_semaphore(&self, ns: &str, name: &str, now_ns: Nanos) -> Result<SemaphoreView, Error> {
+    pub fn get_semaphore(
+        &self,
+        ns: &str,
+        name: &str,
+        now_ns: Nanos,
+    ) -> Result<SemaphoreView, Error> {
         validate::name("namespace_name", ns)?;
         validate::name("semaphore_name", name)?;
         let namespace = self.namespace(ns)?;
@@ -1042,7 +1304,12 @@ impl State {
         Ok(namespace.semaphore_view(name, sem, self.visibility(now_ns)))
     }
 
-    pub fn list_semaphores(&self, ns: &str, page: &PageRequest, now_ns: Nanos) -> Result<Page<SemaphoreView>, Error> {
+    pub fn list_semaphores(
+        &self,
+        ns: &str,
+        page: &PageRequest,
+        now_ns: Nanos,
+    ) -> Result<Page<SemaphoreView>, Error> {
         validate::name("namespace_name", ns)?;
         let namespace = self.namespace(ns)?;
         let vis = self.visibility(now_ns);
@@ -1055,7 +1322,13 @@ impl State {
     }
 
     /// Holders in grant order (by fencing token).
-    pub fn list_holders(&self, ns: &str, sem: &str, page: &PageRequest, now_ns: Nanos) -> Result<Page<HolderView>, Error> {
+    pub fn list_holders(
+        &self,
+        ns: &str,
+        sem: &str,
+        page: &PageRequest,
+        now_ns: Nanos,
+    ) -> Result<Page<HolderView>, Error> {
         validate::name("namespace_name", ns)?;
         validate::name("semaphore_name", sem)?;
         let namespace = self.namespace(ns)?;
@@ -1084,17 +1357,27 @@ impl State {
         let semaphore = namespace.find_semaphore(sem)?;
         let vis = self.visibility(now_ns);
         let visible = move |seq: &u64| {
-            semaphore.waiters.get(seq).filter(|w| namespace.waiter_visible(*seq, w, vis)).map(|w| (*seq, w))
+            semaphore
+                .waiters
+                .get(seq)
+                .filter(|w| namespace.waiter_visible(*seq, w, vis))
+                .map(|w| (*seq, w))
         };
         let mut page = paginate(page, |lo, hi| {
             semaphore
                 .queue
                 .range((lo, hi))
-                .filter_map(move |(ticket, seq)| visible(seq).map(|(seq, w)| (*ticket, (*ticket, seq, w))))
+                .filter_map(move |(ticket, seq)| {
+                    visible(seq).map(|(seq, w)| (*ticket, (*ticket, seq, w)))
+                })
         })?;
         // Positions count the visible waiters ahead; the page's waiters are consecutive.
         let first_position = match page.items.first() {
-            Some((ticket, ..)) => semaphore.queue.range(..*ticket).filter(|(_, seq)| visible(seq).is_some()).count(),
+            Some((ticket, ..)) => semaphore
+                .queue
+                .range(..*ticket)
+                .filter(|(_, seq)| visible(seq).is_some())
+                .count(),
             None => 0,
         };
         let items = page
@@ -1103,7 +1386,11 @@ impl State {
             .enumerate()
             .map(|(i, (_, seq, w))| waiter_view(seq, w, (first_position + i) as u64))
             .collect();
-        let waiters = Page { items, next_token: page.next_token, previous_token: page.previous_token };
+        let waiters = Page {
+            items,
+            next_token: page.next_token,
+            previous_token: page.previous_token,
+        };
         Ok((namespace.semaphore_view(sem, semaphore, vis), waiters))
     }
 
@@ -1131,7 +1418,7 @@ impl State {
             validate::process_id(process_id)?;
         }
         let namespace = self.namespace(ns)?;
-        let alive = move |lease: &&Lease| lease.expires_at > now_ns;
+        let alive = move |lease: &Lease| lease.expires_at > now_ns;
         match process_id {
             None => paginate(page, |lo, hi| {
                 namespace
@@ -1142,7 +1429,7 @@ impl State {
             }),
             Some(process_id) => paginate(page, |lo: Bound<u64>, hi: Bound<u64>| {
                 // Only one bound is ever given, so the range below is never inverted.
-                let key = |seq| (process_id.to_string(), seq);
+                let key = |seq| (process_key(process_id), seq);
                 let lo = match lo {
                     Bound::Unbounded => Bound::Included(key(0)),
                     Bound::Included(seq) => Bound::Included(key(seq)),
@@ -1156,8 +1443,8 @@ impl State {
                 namespace
                     .leases_by_process
                     .range((lo, hi))
-                    .filter_map(|(_, seq)| Some((*seq, namespace.leases.get(seq)?)))
-                    .filter(move |(_, l)| alive(l))
+                    .filter_map(|(_, seq)| Some((*seq, &**namespace.leases.get(seq)?)))
+                    .filter(move |(_, l)| l.process_id == process_id && alive(l))
                     .map(|(seq, l)| (seq, l.view(seq)))
             }),
         }
@@ -1166,7 +1453,10 @@ impl State {
     /// The holder of `sem` owned by `lease`, if it holds (no expiry filtering).
     pub fn holder(&self, ns: &str, sem: &str, lease: &str) -> Option<HolderView> {
         let namespace = self.data.namespaces.get(ns)?;
-        namespace.semaphores.get(sem)?.holder_view(lease_seq(lease)?)
+        namespace
+            .semaphores
+            .get(sem)?
+            .holder_view(lease_seq(lease)?)
     }
 
     /// The waiter of `sem` owned by `lease`, if queued (no expiry filtering).
@@ -1181,7 +1471,12 @@ impl State {
     pub fn stats(&self) -> Stats {
         Stats {
             namespaces: self.data.namespaces.len() as u64,
-            semaphores: self.data.namespaces.values().map(|ns| ns.semaphores.len() as u64).sum(),
+            semaphores: self
+                .data
+                .namespaces
+                .values()
+                .map(|ns| ns.semaphores.len() as u64)
+                .sum(),
             leases: self.index.lease_expiry.len() as u64,
             holders: self.index.holders,
             waiters: self.index.waiter_deadlines.len() as u64,
@@ -1203,11 +1498,23 @@ fn bincode_options() -> impl Options {
 /// FNV-1a, 64 bit: fixed, portable, written out so no library's hasher choice can change it.
 struct Fnv1a(u64);
 
+impl Fnv1a {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+}
+
+/// The key of a process id in `leases_by_process`.
+fn process_key(process_id: &str) -> u64 {
+    process_id.bytes().fold(Fnv1a::OFFSET_BASIS, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(Fnv1a::PRIME)
+    })
+}
+
 impl std::io::Write for Fnv1a {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         for b in bytes {
             self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+            self.0 = self.0.wrapping_mul(Self::PRIME);
         }
         Ok(bytes.len())
     }
@@ -1233,7 +1540,7 @@ impl<'de> Deserialize<'de> for State {
 impl State {
     /// A 64-bit hash of the whole state; equal states hash equal on every node and build.
     pub fn hash(&self) -> u64 {
-        let mut hasher = Fnv1a(0xcbf2_9ce4_8422_2325);
+        let mut hasher = Fnv1a(Fnv1a::OFFSET_BASIS);
         // Writing into the hasher cannot fail, and the data has no unserializable parts; a
         // failure would still hash deterministically (to a truncated prefix).
         let _ = bincode_options().serialize_into(&mut hasher, &self.data);
@@ -1254,7 +1561,9 @@ impl State {
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
         let rest = bytes
             .strip_prefix(SNAPSHOT_MAGIC.as_slice())
-            .ok_or_else(|| SnapshotError::Decode("not a conch state snapshot (bad magic)".into()))?;
+            .ok_or_else(|| {
+                SnapshotError::Decode("not a conch state snapshot (bad magic)".into())
+            })?;
         let (format, rest) = rest
             .split_first_chunk::<4>()
             .ok_or_else(|| SnapshotError::Decode("truncated header".into()))?;
@@ -1284,7 +1593,8 @@ impl State {
                 lease.holds.clear();
                 lease.waits.clear();
                 index.lease_expiry.insert((lease.expires_at, ns.id, *seq));
-                ns.leases_by_process.insert((lease.process_id.clone(), *seq));
+                ns.leases_by_process
+                    .insert((process_key(&lease.process_id), *seq));
             }
             for (sem_name, sem) in ns.semaphores.iter_mut() {
                 sem.held = 0;
@@ -1294,19 +1604,28 @@ impl State {
                     sem.held = sem.held.saturating_add(holder.weight);
                     sem.holders_by_token.insert(holder.token, *seq);
                     index.holders = index.holders.saturating_add(1);
-                    let lease = ns
-                        .leases
-                        .get_mut(seq)
-                        .ok_or_else(|| format!("holder {} of {name}/{sem_name} has no lease", lease_id(*seq)))?;
+                    let lease = ns.leases.get_mut(seq).ok_or_else(|| {
+                        format!(
+                            "holder {} of {name}/{sem_name} has no lease",
+                            lease_id(*seq)
+                        )
+                    })?;
                     lease.holds.insert(sem_name.clone());
                 }
                 for (seq, waiter) in &sem.waiters {
                     sem.queue.insert(waiter.ticket, *seq);
-                    index.waiter_deadlines.insert((waiter.deadline_ns, ns.id, sem_name.clone(), *seq));
-                    let lease = ns
-                        .leases
-                        .get_mut(seq)
-                        .ok_or_else(|| format!("waiter {} of {name}/{sem_name} has no lease", lease_id(*seq)))?;
+                    index.waiter_deadlines.insert((
+                        waiter.deadline_ns,
+                        ns.id,
+                        sem_name.clone(),
+                        *seq,
+                    ));
+                    let lease = ns.leases.get_mut(seq).ok_or_else(|| {
+                        format!(
+                            "waiter {} of {name}/{sem_name} has no lease",
+                            lease_id(*seq)
+                        )
+                    })?;
                     lease.waits.insert(sem_name.clone());
                 }
             }
@@ -1330,7 +1649,11 @@ impl State {
             if ns.id == 0 || ns.id > data.last_namespace_id {
                 return Err(at("id not from the counter"));
             }
-            if expected.namespace_names.insert(ns.id, name.clone()).is_some() {
+            if expected
+                .namespace_names
+                .insert(ns.id, name.clone())
+                .is_some()
+            {
                 return Err(at("id used twice"));
             }
             if ns.version == 0 || ns.created_at > ns.updated_at || ns.updated_at > clock {
@@ -1361,7 +1684,10 @@ impl State {
                         return Err(at("holder weight out of range"));
                     }
                     if h.token == 0 || h.token > data.last_token || !tokens.insert(h.token) {
-                        return Err(at(&format!("fencing token {} reused or not from the counter", h.token)));
+                        return Err(at(&format!(
+                            "fencing token {} reused or not from the counter",
+                            h.token
+                        )));
                     }
                     if h.locked_at > clock {
                         return Err(at("holder locked in the future"));
@@ -1371,12 +1697,17 @@ impl State {
                     lease_holds.entry(*seq).or_default().insert(sem_name);
                 }
                 if held > sem.permits {
-                    return Err(at(&format!("held weight {held} exceeds permits {}", sem.permits)));
+                    return Err(at(&format!(
+                        "held weight {held} exceeds permits {}",
+                        sem.permits
+                    )));
                 }
                 if held != sem.held || by_token != sem.holders_by_token {
                     return Err(at("holder index does not match the holders"));
                 }
-                if sem.holders.len() > HOLDERS_PER_SEMAPHORE_MAX || sem.waiters.len() > WAITERS_PER_SEMAPHORE_MAX {
+                if sem.holders.len() > HOLDERS_PER_SEMAPHORE_MAX
+                    || sem.waiters.len() > WAITERS_PER_SEMAPHORE_MAX
+                {
                     return Err(at("over the holder or waiter quota"));
                 }
                 let mut queue = BTreeMap::new();
@@ -1390,13 +1721,21 @@ impl State {
                     if sem.holders.get(seq).is_some_and(|h| h.weight >= w.weight) {
                         return Err(at("an upgrading waiter must want more than it holds"));
                     }
-                    if w.ticket == 0 || w.ticket > sem.last_ticket || queue.insert(w.ticket, *seq).is_some() {
+                    if w.ticket == 0
+                        || w.ticket > sem.last_ticket
+                        || queue.insert(w.ticket, *seq).is_some()
+                    {
                         return Err(at("queue ticket reused or not from the counter"));
                     }
                     if w.queued_at > clock {
                         return Err(at("waiter queued in the future"));
                     }
-                    expected.waiter_deadlines.insert((w.deadline_ns, ns.id, sem_name.clone(), *seq));
+                    expected.waiter_deadlines.insert((
+                        w.deadline_ns,
+                        ns.id,
+                        sem_name.clone(),
+                        *seq,
+                    ));
                     lease_waits.entry(*seq).or_default().insert(sem_name);
                 }
                 if queue != sem.queue {
@@ -1426,8 +1765,10 @@ impl State {
                 {
                     return Err(at("holds/waits do not match the semaphores"));
                 }
-                expected.lease_expiry.insert((lease.expires_at, ns.id, *seq));
-                by_process.insert((lease.process_id.clone(), *seq));
+                expected
+                    .lease_expiry
+                    .insert((lease.expires_at, ns.id, *seq));
+                by_process.insert((process_key(&lease.process_id), *seq));
             }
             if by_process != ns.leases_by_process {
                 return Err(at("process index does not match the leases"));

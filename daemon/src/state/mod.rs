@@ -4,7 +4,9 @@
 //! Invariants (checked by [`State::check_invariants`]):
 //! - for every semaphore, the sum of holder weights <= permits
 //! - every holder and waiter belongs to a live lease of the same namespace
-//! - a lease is never both holder and waiter of one semaphore
+//! - a lease that both holds and waits for one semaphore is upgrading: it waits for more weight
+//!   than it holds (and keeps its hold meanwhile)
+//! - the head of every queue cannot be granted now (no grant is ever left undone)
 //! - fencing tokens are unique and strictly increasing in grant order
 //! - the clock never decreases
 //!
@@ -14,6 +16,8 @@
 pub mod limits;
 mod machine;
 mod paging;
+#[cfg(test)]
+mod proptests;
 mod types;
 pub mod validate;
 

@@ -96,7 +96,8 @@ impl<K: CursorKey> Cursor<K> {
         }
         let mut key = Vec::with_capacity(rest.len() / 2);
         for pair in rest.chunks_exact(2) {
-            key.push((hex_value(pair[0])? << 4) | hex_value(pair[1])?);
+            let [hi, lo] = pair else { return None };
+            key.push((hex_value(*hi)? << 4) | hex_value(*lo)?);
         }
         let key = K::from_cursor_bytes(&key)?;
         // Only the canonical spelling is accepted, so a token maps to one position.
@@ -137,46 +138,62 @@ where
 {
     let limit = validate::page_limit(request.limit)?;
     let cursor = Cursor::<K>::decode(&request.token)?;
-    let any_after = |k: &K| range(Bound::Excluded(k.clone()), Bound::Unbounded).next().is_some();
-    let any_from = |k: &K| range(Bound::Included(k.clone()), Bound::Unbounded).next().is_some();
-    let any_before =
-        |k: &K| range(Bound::Unbounded, Bound::Excluded(k.clone())).next_back().is_some();
-    let any_up_to = |k: &K| range(Bound::Unbounded, Bound::Included(k.clone())).next_back().is_some();
+    let any_after = |k: &K| {
+        range(Bound::Excluded(k.clone()), Bound::Unbounded)
+            .next()
+            .is_some()
+    };
+    let any_from = |k: &K| {
+        range(Bound::Included(k.clone()), Bound::Unbounded)
+            .next()
+            .is_some()
+    };
+    let any_before = |k: &K| {
+        range(Bound::Unbounded, Bound::Excluded(k.clone()))
+            .next_back()
+            .is_some()
+    };
+    let any_up_to = |k: &K| {
+        range(Bound::Unbounded, Bound::Included(k.clone()))
+            .next_back()
+            .is_some()
+    };
 
-    let (items, at_start, at_end): (Vec<(K, T)>, Option<Cursor<K>>, Option<Cursor<K>>) =
-        match cursor {
-            Cursor::First | Cursor::After(_) | Cursor::From(_) => {
-                let lo = match &cursor {
-                    Cursor::After(k) => Bound::Excluded(k.clone()),
-                    Cursor::From(k) => Bound::Included(k.clone()),
-                    _ => Bound::Unbounded,
-                };
-                let items: Vec<(K, T)> = range(lo, Bound::Unbounded).take(limit).collect();
-                // What lies before an empty forward page: everything up to the cursor.
-                let before_empty = match cursor {
-                    Cursor::After(k) => any_up_to(&k).then_some(Cursor::UpTo(k)),
-                    Cursor::From(k) => any_before(&k).then_some(Cursor::Before(k)),
-                    _ => None,
-                };
-                (items, before_empty, None)
-            }
-            Cursor::Before(_) | Cursor::UpTo(_) => {
-                let hi = match &cursor {
-                    Cursor::Before(k) => Bound::Excluded(k.clone()),
-                    Cursor::UpTo(k) => Bound::Included(k.clone()),
-                    _ => Bound::Unbounded,
-                };
-                let mut items: Vec<(K, T)> = range(Bound::Unbounded, hi).rev().take(limit).collect();
-                items.reverse();
-                // What lies after an empty backward page: everything from the cursor on.
-                let after_empty = match cursor {
-                    Cursor::Before(k) => any_from(&k).then_some(Cursor::From(k)),
-                    Cursor::UpTo(k) => any_after(&k).then_some(Cursor::After(k)),
-                    _ => None,
-                };
-                (items, None, after_empty)
-            }
-        };
+    // The page, plus the cursors to use when it comes out empty (what lies before / after).
+    type Built<K, T> = (Vec<(K, T)>, Option<Cursor<K>>, Option<Cursor<K>>);
+    let (items, at_start, at_end): Built<K, T> = match cursor {
+        Cursor::First | Cursor::After(_) | Cursor::From(_) => {
+            let lo = match &cursor {
+                Cursor::After(k) => Bound::Excluded(k.clone()),
+                Cursor::From(k) => Bound::Included(k.clone()),
+                _ => Bound::Unbounded,
+            };
+            let items: Vec<(K, T)> = range(lo, Bound::Unbounded).take(limit).collect();
+            // What lies before an empty forward page: everything up to the cursor.
+            let before_empty = match cursor {
+                Cursor::After(k) => any_up_to(&k).then_some(Cursor::UpTo(k)),
+                Cursor::From(k) => any_before(&k).then_some(Cursor::Before(k)),
+                _ => None,
+            };
+            (items, before_empty, None)
+        }
+        Cursor::Before(_) | Cursor::UpTo(_) => {
+            let hi = match &cursor {
+                Cursor::Before(k) => Bound::Excluded(k.clone()),
+                Cursor::UpTo(k) => Bound::Included(k.clone()),
+                _ => Bound::Unbounded,
+            };
+            let mut items: Vec<(K, T)> = range(Bound::Unbounded, hi).rev().take(limit).collect();
+            items.reverse();
+            // What lies after an empty backward page: everything from the cursor on.
+            let after_empty = match cursor {
+                Cursor::Before(k) => any_from(&k).then_some(Cursor::From(k)),
+                Cursor::UpTo(k) => any_after(&k).then_some(Cursor::After(k)),
+                _ => None,
+            };
+            (items, None, after_empty)
+        }
+    };
 
     let previous = match items.first() {
         Some((first, _)) => any_before(first).then(|| Cursor::Before(first.clone())),
@@ -205,9 +222,14 @@ mod tests {
     }
 
     fn page(m: &BTreeMap<u64, bool>, token: &str, limit: i32) -> Page<u64> {
-        let request = PageRequest { token: token.to_string(), limit };
+        let request = PageRequest {
+            token: token.to_string(),
+            limit,
+        };
         paginate(&request, |lo, hi| {
-            m.range((lo, hi)).filter(|(_, visible)| **visible).map(|(k, _)| (*k, *k))
+            m.range((lo, hi))
+                .filter(|(_, visible)| **visible)
+                .map(|(k, _)| (*k, *k))
         })
         .expect("valid page")
     }
@@ -278,31 +300,57 @@ mod tests {
 
     #[test]
     fn string_keys_round_trip() {
-        let m: BTreeMap<String, ()> =
-            ["a", "b", "c"].iter().map(|s| (s.to_string(), ())).collect();
-        let request = PageRequest { token: String::new(), limit: 1 };
+        let m: BTreeMap<String, ()> = ["a", "b", "c"]
+            .iter()
+            .map(|s| (s.to_string(), ()))
+            .collect();
+        let request = PageRequest {
+            token: String::new(),
+            limit: 1,
+        };
         let list = |request: &PageRequest| {
-            paginate(request, |lo, hi| m.range((lo, hi)).map(|(k, _)| (k.clone(), k.clone())))
-                .expect("valid page")
+            paginate(request, |lo, hi| {
+                m.range((lo, hi)).map(|(k, _)| (k.clone(), k.clone()))
+            })
+            .expect("valid page")
         };
         let p1 = list(&request);
         assert_eq!(p1.items, vec!["a"]);
         assert_eq!(p1.next_token, "f.61");
-        let p2 = list(&PageRequest { token: p1.next_token, limit: 1 });
+        let p2 = list(&PageRequest {
+            token: p1.next_token,
+            limit: 1,
+        });
         assert_eq!(p2.items, vec!["b"]);
     }
 
     #[test]
     fn garbage_tokens_are_invalid_argument() {
         let m = map(&[1]);
-        for token in ["x", "f.", "f.0", "f.zz", "q.00", "f.00", "f.0000000000000001ff", "f.ABCDEF0011223344", "🦀"] {
-            let request = PageRequest { token: token.to_string(), limit: 0 };
+        for token in [
+            "x",
+            "f.",
+            "f.0",
+            "f.zz",
+            "q.00",
+            "f.00",
+            "f.0000000000000001ff",
+            "f.ABCDEF0011223344",
+            "🦀",
+        ] {
+            let request = PageRequest {
+                token: token.to_string(),
+                limit: 0,
+            };
             let err = paginate(&request, |lo, hi| m.range((lo, hi)).map(|(k, _)| (*k, *k)))
                 .expect_err(token);
             assert_eq!(err.kind, ErrorKind::InvalidArgument);
             assert!(err.message.contains("pagination_token"));
         }
-        let request = PageRequest { token: String::new(), limit: -5 };
+        let request = PageRequest {
+            token: String::new(),
+            limit: -5,
+        };
         let err = paginate(&request, |lo, hi| m.range((lo, hi)).map(|(k, _)| (*k, *k)))
             .expect_err("negative limit");
         assert!(err.message.contains("limit"));
@@ -311,9 +359,14 @@ mod tests {
     #[test]
     fn invalid_utf8_in_a_string_cursor_is_refused() {
         let m: BTreeMap<String, ()> = BTreeMap::new();
-        let request = PageRequest { token: "f.ff".to_string(), limit: 0 };
-        let err = paginate(&request, |lo, hi| m.range((lo, hi)).map(|(k, _)| (k.clone(), ())))
-            .expect_err("not utf-8");
+        let request = PageRequest {
+            token: "f.ff".to_string(),
+            limit: 0,
+        };
+        let err = paginate(&request, |lo, hi| {
+            m.range((lo, hi)).map(|(k, _)| (k.clone(), ()))
+        })
+        .expect_err("not utf-8");
         assert_eq!(err.kind, ErrorKind::InvalidArgument);
     }
 }

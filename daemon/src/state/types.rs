@@ -42,7 +42,9 @@ pub enum Cmd {
         expected_version: u64,
     },
     /// Deletes the namespace and everything in it; a no-op when absent.
-    DeleteNamespace { name: String },
+    DeleteNamespace {
+        name: String,
+    },
     CreateSemaphore {
         ns: String,
         name: String,
@@ -59,7 +61,10 @@ pub enum Cmd {
         expected_version: u64,
     },
     /// Deletes the semaphore with its holders and waiters.
-    DeleteSemaphore { ns: String, name: String },
+    DeleteSemaphore {
+        ns: String,
+        name: String,
+    },
     CreateLease {
         ns: String,
         process_id: String,
@@ -67,8 +72,15 @@ pub enum Cmd {
         metadata: Metadata,
     },
     /// Extends the lease to `now + ttl` (`ttl_s` 0 means the lease's own TTL).
-    RefreshLease { ns: String, lease: String, ttl_s: u64 },
-    RevokeLease { ns: String, lease: String },
+    RefreshLease {
+        ns: String,
+        lease: String,
+        ttl_s: u64,
+    },
+    RevokeLease {
+        ns: String,
+        lease: String,
+    },
     /// `wait_ns` 0 is a non-blocking acquire; otherwise the lease queues for up to `wait_ns`.
     Acquire {
         ns: String,
@@ -79,7 +91,11 @@ pub enum Cmd {
         metadata: Metadata,
     },
     /// Releases the lease's hold (and its place in the queue, if any).
-    Release { ns: String, sem: String, lease: String },
+    Release {
+        ns: String,
+        sem: String,
+        lease: String,
+    },
     /// The caller waiting with `deadline_ns` gives up. The waiter is removed only if no later
     /// acquire re-attached with a later deadline.
     GiveUp {
@@ -155,16 +171,28 @@ pub struct Error {
 
 impl Error {
     pub fn invalid(message: impl Into<String>) -> Self {
-        Error { kind: ErrorKind::InvalidArgument, message: message.into() }
+        Error {
+            kind: ErrorKind::InvalidArgument,
+            message: message.into(),
+        }
     }
     pub fn not_found(message: impl Into<String>) -> Self {
-        Error { kind: ErrorKind::NotFound, message: message.into() }
+        Error {
+            kind: ErrorKind::NotFound,
+            message: message.into(),
+        }
     }
     pub fn already_exists(message: impl Into<String>) -> Self {
-        Error { kind: ErrorKind::AlreadyExists, message: message.into() }
+        Error {
+            kind: ErrorKind::AlreadyExists,
+            message: message.into(),
+        }
     }
     pub fn exhausted(message: impl Into<String>) -> Self {
-        Error { kind: ErrorKind::ResourceExhausted, message: message.into() }
+        Error {
+            kind: ErrorKind::ResourceExhausted,
+            message: message.into(),
+        }
     }
 }
 

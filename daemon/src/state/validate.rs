@@ -166,15 +166,42 @@ impl Cmd {
     /// Checks everything about the command that does not depend on the state.
     pub fn validate(&self) -> Result<(), Error> {
         match self {
-            Cmd::CreateNamespace { name: n, description: d, metadata: m }
-            | Cmd::UpdateNamespace { name: n, description: d, metadata: m, .. } => {
+            // CreateNamespaceRequest calls it `name`; every later request `namespace_name`.
+            Cmd::CreateNamespace {
+                name: n,
+                description: d,
+                metadata: m,
+            } => {
                 name("name", n)?;
                 description(d)?;
                 metadata(m)
             }
-            Cmd::DeleteNamespace { name: n } => name("name", n),
-            Cmd::CreateSemaphore { ns, name: n, description: d, permits: p, metadata: m }
-            | Cmd::UpdateSemaphore { ns, name: n, description: d, permits: p, metadata: m, .. } => {
+            Cmd::UpdateNamespace {
+                name: n,
+                description: d,
+                metadata: m,
+                ..
+            } => {
+                name(NAMESPACE_NAME, n)?;
+                description(d)?;
+                metadata(m)
+            }
+            Cmd::DeleteNamespace { name: n } => name(NAMESPACE_NAME, n),
+            Cmd::CreateSemaphore {
+                ns,
+                name: n,
+                description: d,
+                permits: p,
+                metadata: m,
+            }
+            | Cmd::UpdateSemaphore {
+                ns,
+                name: n,
+                description: d,
+                permits: p,
+                metadata: m,
+                ..
+            } => {
                 name(NAMESPACE_NAME, ns)?;
                 name(SEMAPHORE_NAME, n)?;
                 description(d)?;
@@ -185,13 +212,22 @@ impl Cmd {
                 name(NAMESPACE_NAME, ns)?;
                 name(SEMAPHORE_NAME, n)
             }
-            Cmd::CreateLease { ns, process_id: p, ttl_s: t, metadata: m } => {
+            Cmd::CreateLease {
+                ns,
+                process_id: p,
+                ttl_s: t,
+                metadata: m,
+            } => {
                 name(NAMESPACE_NAME, ns)?;
                 process_id(p)?;
                 ttl_s(*t)?;
                 metadata(m)
             }
-            Cmd::RefreshLease { ns, lease, ttl_s: t } => {
+            Cmd::RefreshLease {
+                ns,
+                lease,
+                ttl_s: t,
+            } => {
                 name(NAMESPACE_NAME, ns)?;
                 lease_id(lease)?;
                 refresh_ttl_s(*t)
@@ -200,7 +236,14 @@ impl Cmd {
                 name(NAMESPACE_NAME, ns)?;
                 lease_id(lease)
             }
-            Cmd::Acquire { ns, sem, lease, weight: w, wait_ns: wait, metadata: m } => {
+            Cmd::Acquire {
+                ns,
+                sem,
+                lease,
+                weight: w,
+                wait_ns: wait,
+                metadata: m,
+            } => {
                 name(NAMESPACE_NAME, ns)?;
                 name(SEMAPHORE_NAME, sem)?;
                 lease_id(lease)?;
@@ -294,7 +337,10 @@ mod tests {
         assert!(message(permits(0)).starts_with("permits "));
         assert!(permits(PERMITS_MAX + 1).is_err());
         assert!(weight(0).is_ok() && weight(PERMITS_MAX).is_ok());
-        assert_eq!(message(weight(u64::MAX)), "weight exceeds semaphore permits");
+        assert_eq!(
+            message(weight(u64::MAX)),
+            "weight exceeds semaphore permits"
+        );
         assert_eq!(page_limit(0), Ok(100));
         assert_eq!(page_limit(1), Ok(1));
         assert_eq!(page_limit(250), Ok(250));
@@ -305,14 +351,15 @@ mod tests {
 
     #[test]
     fn commands_name_the_field_at_fault() {
-        let acquire = |ns: &str, sem: &str, lease: &str, weight: u64, wait_ns: Nanos| Cmd::Acquire {
-            ns: ns.into(),
-            sem: sem.into(),
-            lease: lease.into(),
-            weight,
-            wait_ns,
-            metadata: Metadata::new(),
-        };
+        let acquire =
+            |ns: &str, sem: &str, lease: &str, weight: u64, wait_ns: Nanos| Cmd::Acquire {
+                ns: ns.into(),
+                sem: sem.into(),
+                lease: lease.into(),
+                weight,
+                wait_ns,
+                metadata: Metadata::new(),
+            };
         assert!(acquire("n", "s", "l", 0, 0).validate().is_ok());
         let m = |c: Cmd| message(c.validate());
         assert!(m(acquire("", "s", "l", 1, 0)).starts_with("namespace_name "));
@@ -341,7 +388,11 @@ mod tests {
             metadata: Metadata::new(),
         };
         assert!(m(lease).starts_with("ttl_seconds "));
-        let refresh = Cmd::RefreshLease { ns: "n".into(), lease: "l".into(), ttl_s: 0 };
+        let refresh = Cmd::RefreshLease {
+            ns: "n".into(),
+            lease: "l".into(),
+            ttl_s: 0,
+        };
         assert!(refresh.validate().is_ok());
         assert!(Cmd::Expire.validate().is_ok() && Cmd::ExtendLeases.validate().is_ok());
         let give_up = Cmd::GiveUp {

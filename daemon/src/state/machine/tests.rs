@@ -1,1 +1,2153 @@
+//! Timelines through the state machine. Every step checks the invariants.
 
+use super::*;
+
+const S: Nanos = NANOS_PER_SEC;
+const NS: &str = "n";
+
+fn none() -> Metadata {
+    Metadata::new()
+}
+
+fn meta(k: &str, v: &str) -> Metadata {
+    [(k.to_string(), v.to_string())].into()
+}
+
+/// A state driven one command per batch at a settable time.
+struct Timeline {
+    state: State,
+    now_ns: Nanos,
+    events: Vec<Event>,
+}
+
+impl Timeline {
+    fn new() -> Self {
+        Timeline {
+            state: State::new(),
+            now_ns: 0,
+            events: Vec::new(),
+        }
+    }
+
+    /// A timeline with namespace "n" created at t=0.
+    fn with_ns() -> Self {
+        let mut t = Self::new();
+        t.create_ns(NS);
+        t
+    }
+
+    fn at(&mut self, now_ns: Nanos) -> &mut Self {
+        self.now_ns = now_ns;
+        self
+    }
+
+    fn run(&mut self, cmd: Cmd) -> Reply {
+        let batch = Batch {
+            now_ns: self.now_ns,
+            cmds: vec![cmd],
+        };
+        let mut replies = self.state.apply_batch(&batch, &mut self.events);
+        assert_eq!(replies.len(), 1);
+        self.state.check_invariants().expect("invariants hold");
+        replies.remove(0)
+    }
+
+    fn ok(&mut self, cmd: Cmd) -> Outcome {
+        self.run(cmd).expect("command succeeds")
+    }
+
+    fn err(&mut self, cmd: Cmd) -> Error {
+        // Let time advance first (an empty batch moves the clock and reaps nothing).
+        self.state.apply_batch(
+            &Batch {
+                now_ns: self.now_ns,
+                cmds: Vec::new(),
+            },
+            &mut self.events,
+        );
+        let before = self.state.hash();
+        let err = self.run(cmd).expect_err("command is refused");
+        assert_eq!(
+            self.state.hash(),
+            before,
+            "a refused command changes nothing"
+        );
+        err
+    }
+
+    fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn create_ns(&mut self, name: &str) -> NamespaceView {
+        match self.ok(Cmd::CreateNamespace {
+            name: name.into(),
+            description: String::new(),
+            metadata: none(),
+        }) {
+            Outcome::Namespace(v) => v,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn create_sem(&mut self, name: &str, permits: u64) -> SemaphoreView {
+        let cmd = Cmd::CreateSemaphore {
+            ns: NS.into(),
+            name: name.into(),
+            description: String::new(),
+            permits,
+            metadata: none(),
+        };
+        match self.ok(cmd) {
+            Outcome::Semaphore(v) => v,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn create_lease(&mut self, ttl_s: u64) -> String {
+        self.create_lease_for("", ttl_s).lease_id
+    }
+
+    fn create_lease_for(&mut self, process_id: &str, ttl_s: u64) -> LeaseView {
+        let cmd = Cmd::CreateLease {
+            ns: NS.into(),
+            process_id: process_id.into(),
+            ttl_s,
+            metadata: none(),
+        };
+        match self.ok(cmd) {
+            Outcome::Lease(v) => v,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn acquire_cmd(sem: &str, lease: &str, weight: u64, wait_ns: Nanos) -> Cmd {
+        Cmd::Acquire {
+            ns: NS.into(),
+            sem: sem.into(),
+            lease: lease.into(),
+            weight,
+            wait_ns,
+            metadata: none(),
+        }
+    }
+
+    fn acquire(&mut self, sem: &str, lease: &str, weight: u64, wait_ns: Nanos) -> AcquireReply {
+        match self.ok(Self::acquire_cmd(sem, lease, weight, wait_ns)) {
+            Outcome::Acquire(r) => r,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// Acquires and expects the permits now; returns the fencing token.
+    fn acquired(&mut self, sem: &str, lease: &str, weight: u64, wait_ns: Nanos) -> u64 {
+        match self.acquire(sem, lease, weight, wait_ns).status {
+            AcquireStatus::Acquired { token } => token,
+            other => panic!("expected Acquired, got {other:?}"),
+        }
+    }
+
+    fn release(&mut self, sem: &str, lease: &str) -> SemaphoreView {
+        match self.ok(Cmd::Release {
+            ns: NS.into(),
+            sem: sem.into(),
+            lease: lease.into(),
+        }) {
+            Outcome::Semaphore(v) => v,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn give_up(&mut self, sem: &str, lease: &str, deadline_ns: Nanos) -> GiveUpReply {
+        let cmd = Cmd::GiveUp {
+            ns: NS.into(),
+            sem: sem.into(),
+            lease: lease.into(),
+            deadline_ns,
+        };
+        match self.ok(cmd) {
+            Outcome::GiveUp(r) => r,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn sem(&self, name: &str) -> SemaphoreView {
+        self.state
+            .get_semaphore(NS, name, self.now_ns)
+            .expect("semaphore exists")
+    }
+
+    fn holders(&self, sem: &str) -> Vec<(String, u64)> {
+        let page = self
+            .state
+            .list_holders(NS, sem, &PageRequest::default(), self.now_ns)
+            .expect("semaphore exists");
+        page.items
+            .into_iter()
+            .map(|h| (h.lease_id, h.weight))
+            .collect()
+    }
+
+    fn waiters(&self, sem: &str) -> Vec<(String, u64)> {
+        let (_, page) = self
+            .state
+            .list_waiters(NS, sem, &PageRequest::default(), self.now_ns)
+            .expect("exists");
+        page.items
+            .into_iter()
+            .map(|w| (w.lease_id, w.weight))
+            .collect()
+    }
+}
+
+type Tim = Timeline;
+
+fn granted(sem: &str, lease: &str, token: u64, weight: u64) -> Event {
+    Event::Granted {
+        ns: NS.into(),
+        sem: sem.into(),
+        lease: lease.into(),
+        token,
+        weight,
+    }
+}
+
+fn wait_ended(sem: &str, lease: &str, reason: WaitEnd) -> Event {
+    Event::WaitEnded {
+        ns: NS.into(),
+        sem: sem.into(),
+        lease: lease.into(),
+        reason,
+    }
+}
+
+fn hold(lease: &str, weight: u64) -> (String, u64) {
+    (lease.to_string(), weight)
+}
+
+// ---- namespaces ----
+
+#[test]
+fn namespace_create_get_update_delete() {
+    // t=1s  create "n" -> version 1; again -> AlreadyExists
+    let mut t = Timeline::new();
+    t.at(S);
+    let v = t.create_ns(NS);
+    assert_eq!((v.version, v.created_at, v.updated_at), (1, S, S));
+    let e = t.err(Cmd::CreateNamespace {
+        name: NS.into(),
+        description: String::new(),
+        metadata: none(),
+    });
+    assert_eq!(e.kind, ErrorKind::AlreadyExists);
+    assert_eq!(t.state.get_namespace(NS), Ok(v.clone()));
+    // t=2s  update with version 7 -> InvalidArgument, nothing changes
+    t.at(2 * S);
+    let update = |expected_version, metadata: Metadata| Cmd::UpdateNamespace {
+        name: NS.into(),
+        description: "d".into(),
+        metadata,
+        expected_version,
+    };
+    let e = t.err(update(7, meta("k", "v")));
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert_eq!(e.message, "version mismatch: expected 7, found 1");
+    // update with version 1 -> version 2, updated_at 2s
+    let Outcome::Namespace(v2) = t.ok(update(1, meta("k", "v"))) else {
+        panic!()
+    };
+    assert_eq!((v2.version, v2.created_at, v2.updated_at), (2, S, 2 * S));
+    assert_eq!(
+        (v2.description.as_str(), v2.metadata.clone()),
+        ("d", meta("k", "v"))
+    );
+    // omitted metadata clears it
+    let Outcome::Namespace(v3) = t.ok(update(2, none())) else {
+        panic!()
+    };
+    assert!(v3.metadata.is_empty());
+    // unknown namespace -> NotFound; delete -> gone; delete again -> Done (no-op)
+    let e = t.err(Cmd::UpdateNamespace {
+        name: "x".into(),
+        description: String::new(),
+        metadata: none(),
+        expected_version: 1,
+    });
+    assert_eq!(
+        (e.kind, e.message.as_str()),
+        (ErrorKind::NotFound, "namespace x not found")
+    );
+    assert_eq!(
+        t.ok(Cmd::DeleteNamespace { name: NS.into() }),
+        Outcome::Done
+    );
+    assert_eq!(
+        t.state.get_namespace(NS).map_err(|e| e.kind),
+        Err(ErrorKind::NotFound)
+    );
+    assert_eq!(
+        t.ok(Cmd::DeleteNamespace { name: NS.into() }),
+        Outcome::Done
+    );
+    // bad names are InvalidArgument naming the field
+    let e = t.err(Cmd::CreateNamespace {
+        name: "a b".into(),
+        description: String::new(),
+        metadata: none(),
+    });
+    assert!(e.message.starts_with("name "));
+    assert_eq!(
+        t.state.get_namespace("").map_err(|e| e.kind),
+        Err(ErrorKind::InvalidArgument)
+    );
+}
+
+#[test]
+fn deleting_a_namespace_removes_everything_in_it() {
+    // t=0  "n": sem db(1); L1 holds, L2 waits; namespace "other" with a lease
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let l1 = t.create_lease(10);
+    let l2 = t.create_lease(10);
+    t.acquired("db", &l1, 1, 0);
+    t.acquire("db", &l2, 1, 5 * S);
+    t.create_ns("other");
+    t.ok(Cmd::CreateLease {
+        ns: "other".into(),
+        process_id: String::new(),
+        ttl_s: 20,
+        metadata: none(),
+    });
+    t.take_events();
+    // t=1s  delete "n" -> L2's caller learns the semaphore is gone; only "other" is left
+    t.at(S);
+    assert_eq!(
+        t.ok(Cmd::DeleteNamespace { name: NS.into() }),
+        Outcome::Done
+    );
+    assert_eq!(
+        t.take_events(),
+        vec![wait_ended("db", &l2, WaitEnd::SemaphoreGone)]
+    );
+    assert_eq!(
+        t.state.stats(),
+        Stats {
+            namespaces: 1,
+            semaphores: 0,
+            leases: 1,
+            holders: 0,
+            waiters: 0
+        }
+    );
+    assert_eq!(t.state.next_due_ns(), Some(20 * S));
+    // recreate "n": empty, and lease ids are never reused
+    t.create_ns(NS);
+    let l3 = t.create_lease(10);
+    assert!(l3 > l2 && l2 > l1);
+    assert_eq!(
+        t.err(Cmd::RevokeLease {
+            ns: NS.into(),
+            lease: l1.clone()
+        })
+        .kind,
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn namespace_list_is_ordered_and_paged() {
+    let mut t = Timeline::new();
+    for name in ["c", "a", "b", "d", "e"] {
+        t.create_ns(name);
+    }
+    let page = |token: &str| {
+        t.state
+            .list_namespaces(&PageRequest {
+                token: token.into(),
+                limit: 2,
+            })
+            .expect("valid")
+    };
+    let p1 = page("");
+    assert_eq!(
+        p1.items.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    assert_eq!(p1.previous_token, "");
+    let p2 = page(&p1.next_token);
+    assert_eq!(
+        p2.items.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        ["c", "d"]
+    );
+    let p3 = page(&p2.next_token);
+    assert_eq!(
+        p3.items.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        ["e"]
+    );
+    assert_eq!(p3.next_token, "");
+    assert_eq!(page(&p3.previous_token).items, p2.items);
+    let e = t
+        .state
+        .list_namespaces(&PageRequest {
+            token: "nonsense".into(),
+            limit: 0,
+        })
+        .expect_err("garbage");
+    assert!(e.message.contains("pagination_token"));
+    let e = t
+        .state
+        .list_namespaces(&PageRequest {
+            token: String::new(),
+            limit: 251,
+        })
+        .expect_err("too big");
+    assert!(e.message.contains("limit"));
+}
+
+#[test]
+fn namespace_quota_is_resource_exhausted() {
+    let mut state = State::new();
+    let mut events = Vec::new();
+    for chunk in 0..(NAMESPACES_MAX / 1000) {
+        let cmds = (0..1000)
+            .map(|i| Cmd::CreateNamespace {
+                name: format!("ns{}", chunk * 1000 + i),
+                description: String::new(),
+                metadata: none(),
+            })
+            .collect();
+        let replies = state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+        assert!(replies.iter().all(Result::is_ok));
+    }
+    let cmd = Cmd::CreateNamespace {
+        name: "one-more".into(),
+        description: String::new(),
+        metadata: none(),
+    };
+    let replies = state.apply_batch(
+        &Batch {
+            now_ns: 0,
+            cmds: vec![cmd],
+        },
+        &mut events,
+    );
+    assert_eq!(
+        replies[0].as_ref().map_err(|e| e.kind),
+        Err(ErrorKind::ResourceExhausted)
+    );
+    state.check_invariants().expect("invariants hold");
+}
+
+// ---- semaphores ----
+
+#[test]
+fn semaphore_create_and_its_errors() {
+    // t=3s  create db(2) in "n" -> version 1, all timestamps 3s
+    let mut t = Timeline::with_ns();
+    t.at(3 * S);
+    let v = t.create_sem("db", 2);
+    assert_eq!(
+        (
+            v.permits,
+            v.version,
+            v.active_holds,
+            v.active_holders_count,
+            v.waiters_count
+        ),
+        (2, 1, 0, 0, 0)
+    );
+    assert_eq!(
+        (v.created_at, v.updated_at, v.last_activity_at),
+        (3 * S, 3 * S, 3 * S)
+    );
+    let create = |ns: &str, name: &str, permits| Cmd::CreateSemaphore {
+        ns: ns.into(),
+        name: name.into(),
+        description: String::new(),
+        permits,
+        metadata: none(),
+    };
+    assert_eq!(t.err(create(NS, "db", 2)).kind, ErrorKind::AlreadyExists);
+    let e = t.err(create("nope", "db", 2));
+    assert_eq!(
+        (e.kind, e.message.as_str()),
+        (ErrorKind::NotFound, "namespace nope not found")
+    );
+    assert_eq!(t.err(create(NS, "x", 0)).kind, ErrorKind::InvalidArgument);
+    assert_eq!(
+        t.err(create(NS, "x", PERMITS_MAX + 1)).kind,
+        ErrorKind::InvalidArgument
+    );
+    assert!(
+        t.err(create(NS, "x y", 1))
+            .message
+            .starts_with("semaphore_name ")
+    );
+    assert!(
+        t.err(create("x y", "x", 1))
+            .message
+            .starts_with("namespace_name ")
+    );
+    let e = t.state.get_semaphore(NS, "nope", 0).expect_err("absent");
+    assert_eq!(
+        (e.kind, e.message.as_str()),
+        (ErrorKind::NotFound, "semaphore nope not found")
+    );
+}
+
+#[test]
+fn semaphore_update_checks_version_holds_and_waiters() {
+    // t=0  db(4): L1 holds 3, L2 waits for 4
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 4);
+    let l1 = t.create_lease(60);
+    let l2 = t.create_lease(60);
+    let tok1 = t.acquired("db", &l1, 3, 0);
+    t.acquire("db", &l2, 4, 30 * S);
+    let update = |permits, expected_version, metadata: Metadata| Cmd::UpdateSemaphore {
+        ns: NS.into(),
+        name: "db".into(),
+        description: "new".into(),
+        permits,
+        metadata,
+        expected_version,
+    };
+    // t=1s  wrong version; below holds; below a waiter's weight -> InvalidArgument, no change
+    t.at(S);
+    assert_eq!(
+        t.err(update(5, 2, none())).message,
+        "version mismatch: expected 2, found 1"
+    );
+    assert!(
+        t.err(update(2, 1, none()))
+            .message
+            .starts_with("permits below active holds")
+    );
+    assert_eq!(
+        t.err(update(3, 1, none())).message,
+        "permits below the weight of a queued waiter"
+    );
+    t.take_events();
+    // t=2s  raise to 7: L2 (4) fits next to L1 (3) -> granted from the head
+    t.at(2 * S);
+    let Outcome::Semaphore(v) = t.ok(update(7, 1, meta("a", "b"))) else {
+        panic!()
+    };
+    let tok2 = t.state.holder(NS, "db", &l2).expect("granted").token;
+    assert!(tok2 > tok1);
+    assert_eq!(t.take_events(), vec![granted("db", &l2, tok2, 4)]);
+    assert_eq!(
+        (v.permits, v.version, v.active_holds, v.waiters_count),
+        (7, 2, 7, 0)
+    );
+    assert_eq!(
+        (v.updated_at, v.last_activity_at),
+        (2 * S, 0),
+        "update is not activity"
+    );
+    assert_eq!(
+        (v.description.as_str(), v.metadata.clone()),
+        ("new", meta("a", "b"))
+    );
+    // omitted metadata clears it
+    let Outcome::Semaphore(v) = t.ok(update(7, 2, none())) else {
+        panic!()
+    };
+    assert!(v.metadata.is_empty());
+    assert_eq!(
+        t.err(Cmd::UpdateSemaphore {
+            ns: NS.into(),
+            name: "zz".into(),
+            description: String::new(),
+            permits: 1,
+            metadata: none(),
+            expected_version: 1,
+        })
+        .kind,
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn semaphore_update_with_five_permits_fails_only_on_version() {
+    // the previous test's "5 permits, version 1" is fine on permits: 5 >= 3 held, 5 >= 4 waiting
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 4);
+    let l1 = t.create_lease(60);
+    t.acquired("db", &l1, 3, 0);
+    let cmd = Cmd::UpdateSemaphore {
+        ns: NS.into(),
+        name: "db".into(),
+        description: String::new(),
+        permits: 5,
+        metadata: none(),
+        expected_version: 1,
+    };
+    assert!(t.run(cmd).is_ok());
+}
+
+#[test]
+fn deleting_a_semaphore_drops_holders_and_waiters() {
+    // t=0  db(1): L1 holds, L2 and L3 wait; L1 also holds "other"
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    t.create_sem("other", 1);
+    let l1 = t.create_lease(60);
+    let l2 = t.create_lease(60);
+    let l3 = t.create_lease(60);
+    t.acquired("db", &l1, 1, 0);
+    t.acquired("other", &l1, 1, 0);
+    t.acquire("db", &l2, 1, 10 * S);
+    t.acquire("db", &l3, 1, 10 * S);
+    t.take_events();
+    // t=1s  delete db -> both waiters told, in queue order; L1 keeps "other"
+    t.at(S);
+    assert_eq!(
+        t.ok(Cmd::DeleteSemaphore {
+            ns: NS.into(),
+            name: "db".into()
+        }),
+        Outcome::Done
+    );
+    assert_eq!(
+        t.take_events(),
+        vec![
+            wait_ended("db", &l2, WaitEnd::SemaphoreGone),
+            wait_ended("db", &l3, WaitEnd::SemaphoreGone)
+        ]
+    );
+    assert_eq!(
+        t.state.stats(),
+        Stats {
+            namespaces: 1,
+            semaphores: 1,
+            leases: 3,
+            holders: 1,
+            waiters: 0
+        }
+    );
+    assert_eq!(t.state.next_due_ns(), Some(60 * S));
+    // absent semaphore -> Done; absent namespace -> NotFound
+    assert_eq!(
+        t.ok(Cmd::DeleteSemaphore {
+            ns: NS.into(),
+            name: "db".into()
+        }),
+        Outcome::Done
+    );
+    assert_eq!(
+        t.err(Cmd::DeleteSemaphore {
+            ns: "x".into(),
+            name: "db".into()
+        })
+        .kind,
+        ErrorKind::NotFound
+    );
+    // recreated db starts empty; L1 can acquire it again
+    t.create_sem("db", 1);
+    t.acquired("db", &l1, 1, 0);
+    assert_eq!(
+        t.ok(Cmd::RevokeLease {
+            ns: NS.into(),
+            lease: l1
+        }),
+        Outcome::Done
+    );
+    assert_eq!(t.sem("other").active_holds, 0);
+}
+
+#[test]
+fn semaphore_list_is_ordered_and_paged() {
+    let mut t = Timeline::with_ns();
+    for name in ["b", "a", "c"] {
+        t.create_sem(name, 1);
+    }
+    let list = |token: &str| {
+        t.state
+            .list_semaphores(
+                NS,
+                &PageRequest {
+                    token: token.into(),
+                    limit: 2,
+                },
+                0,
+            )
+            .expect("ok")
+    };
+    let p1 = list("");
+    assert_eq!(
+        p1.items.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    let p2 = list(&p1.next_token);
+    assert_eq!(
+        p2.items.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["c"]
+    );
+    assert_eq!(p2.next_token, "");
+    assert_eq!(
+        t.state
+            .list_semaphores("x", &PageRequest::default(), 0)
+            .map_err(|e| e.kind),
+        Err(ErrorKind::NotFound)
+    );
+}
+
+/// Creates a million semaphores; run with `-- --ignored` (release mode recommended).
+#[test]
+#[ignore = "slow in debug builds: creates 1 000 000 semaphores"]
+fn semaphore_quota_is_resource_exhausted() {
+    let mut state = State::new();
+    let mut events = Vec::new();
+    let create_ns = Cmd::CreateNamespace {
+        name: NS.into(),
+        description: String::new(),
+        metadata: none(),
+    };
+    state.apply_batch(
+        &Batch {
+            now_ns: 0,
+            cmds: vec![create_ns],
+        },
+        &mut events,
+    );
+    // Fill the namespace cheaply by inserting through the same code path in big batches.
+    let sem = |i: usize| Cmd::CreateSemaphore {
+        ns: NS.into(),
+        name: format!("s{i}"),
+        description: String::new(),
+        permits: 1,
+        metadata: none(),
+    };
+    for chunk in 0..(SEMAPHORES_PER_NAMESPACE_MAX / 10_000) {
+        let cmds = (0..10_000).map(|i| sem(chunk * 10_000 + i)).collect();
+        let replies = state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+        assert!(replies.iter().all(Result::is_ok));
+    }
+    let replies = state.apply_batch(
+        &Batch {
+            now_ns: 0,
+            cmds: vec![sem(usize::MAX)],
+        },
+        &mut events,
+    );
+    assert_eq!(
+        replies[0].as_ref().map_err(|e| e.kind),
+        Err(ErrorKind::ResourceExhausted)
+    );
+}
+
+// ---- leases ----
+
+#[test]
+fn lease_ids_are_opaque_unique_and_in_creation_order() {
+    let mut t = Timeline::with_ns();
+    t.at(5 * S);
+    let a = t.create_lease_for("host-1/pid-2", 60);
+    let b = t.create_lease(60);
+    assert!(a.lease_id.starts_with("ls_") && a.lease_id.len() == 27);
+    assert!(a.lease_id < b);
+    assert_eq!(lease_seq(&a.lease_id), Some(1));
+    assert_eq!((a.created_at, a.expires_at, a.ttl_s), (5 * S, 65 * S, 60));
+    assert_eq!(a.process_id, "host-1/pid-2");
+    // a forged or mangled id is simply not found
+    let mut forged = a.lease_id.clone();
+    forged.replace_range(26..27, if forged.ends_with('0') { "1" } else { "0" });
+    for id in [
+        forged.as_str(),
+        "ls_",
+        "ls_0000000000000001",
+        "x",
+        "LS_0000000000000001abcdef12",
+    ] {
+        assert_eq!(lease_seq(id), None, "{id}");
+        let e = t.err(Cmd::RevokeLease {
+            ns: NS.into(),
+            lease: id.into(),
+        });
+        assert_eq!(e.kind, ErrorKind::NotFound, "{id}");
+    }
+    assert_eq!(
+        t.err(Cmd::RevokeLease {
+            ns: NS.into(),
+            lease: String::new()
+        })
+        .kind,
+        ErrorKind::InvalidArgument
+    );
+    // ttl out of range; namespace missing
+    let create = |ns: &str, ttl_s| Cmd::CreateLease {
+        ns: ns.into(),
+        process_id: String::new(),
+        ttl_s,
+        metadata: none(),
+    };
+    assert!(t.err(create(NS, 0)).message.starts_with("ttl_seconds "));
+    assert!(t.err(create(NS, 301)).message.starts_with("ttl_seconds "));
+    assert_eq!(t.err(create("x", 10)).kind, ErrorKind::NotFound);
+}
+
+#[test]
+fn refresh_extends_and_may_change_the_ttl() {
+    // t=0  L ttl 10s -> expires 10s
+    let mut t = Timeline::with_ns();
+    let l = t.create_lease(10);
+    let refresh = |ttl_s| Cmd::RefreshLease {
+        ns: NS.into(),
+        lease: l.clone(),
+        ttl_s,
+    };
+    // t=4s  refresh (own ttl) -> 14s
+    t.at(4 * S);
+    let Outcome::Lease(v) = t.ok(refresh(0)) else {
+        panic!()
+    };
+    assert_eq!((v.expires_at, v.ttl_s), (14 * S, 10));
+    // t=5s  refresh with 30s -> 35s, and 30s becomes the lease's ttl
+    t.at(5 * S);
+    let Outcome::Lease(v) = t.ok(refresh(30)) else {
+        panic!()
+    };
+    assert_eq!((v.expires_at, v.ttl_s), (35 * S, 30));
+    t.at(6 * S);
+    let Outcome::Lease(v) = t.ok(refresh(0)) else {
+        panic!()
+    };
+    assert_eq!(v.expires_at, 36 * S);
+    assert_eq!(t.state.get_lease(NS, &l, 6 * S), Ok(v));
+    assert_eq!(t.state.next_due_ns(), Some(36 * S));
+    assert!(t.err(refresh(301)).message.starts_with("ttl_seconds "));
+    assert_eq!(
+        t.err(Cmd::RefreshLease {
+            ns: "x".into(),
+            lease: l.clone(),
+            ttl_s: 0
+        })
+        .kind,
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn refreshing_an_expired_lease_revokes_it_and_is_not_found() {
+    // t=0  db(1): L (ttl 10s) holds, W waits 60s
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let l = t.create_lease(10);
+    let w = t.create_lease(100);
+    t.acquired("db", &l, 1, 0);
+    t.acquire("db", &w, 1, 60 * S);
+    t.take_events();
+    // t=9s  reads still show L
+    assert!(t.state.get_lease(NS, &l, 9 * S).is_ok());
+    // t=10s a read hides L and its hold even before anything is reaped
+    assert_eq!(
+        t.state.get_lease(NS, &l, 10 * S).map_err(|e| e.kind),
+        Err(ErrorKind::NotFound)
+    );
+    assert_eq!(
+        t.state
+            .get_semaphore(NS, "db", 10 * S)
+            .map(|s| s.active_holds),
+        Ok(0)
+    );
+    assert!(
+        t.state.holder(NS, "db", &l).is_some(),
+        "holder() does not filter"
+    );
+    // t=10s refresh -> NotFound; L was reaped first, so W got the permit
+    t.at(10 * S);
+    let e = t
+        .run(Cmd::RefreshLease {
+            ns: NS.into(),
+            lease: l.clone(),
+            ttl_s: 0,
+        })
+        .expect_err("expired");
+    assert_eq!(e.kind, ErrorKind::NotFound);
+    let token = t.state.holder(NS, "db", &w).expect("granted").token;
+    assert_eq!(t.take_events(), vec![granted("db", &w, token, 1)]);
+    assert_eq!(t.holders("db"), vec![hold(&w, 1)]);
+}
+
+#[test]
+fn revoke_releases_everything_atomically() {
+    // t=0  db(2), cache(1): L holds db 2 and cache; L waits for nothing; A waits db, B waits cache
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 2);
+    t.create_sem("cache", 1);
+    t.create_sem("q", 1);
+    let l = t.create_lease(60);
+    let a = t.create_lease(60);
+    let b = t.create_lease(60);
+    t.acquired("db", &l, 2, 0);
+    t.acquired("cache", &l, 1, 0);
+    t.acquired("q", &a, 1, 0);
+    t.acquire("q", &l, 1, 30 * S);
+    t.acquire("db", &a, 2, 30 * S);
+    t.acquire("cache", &b, 1, 30 * S);
+    t.take_events();
+    // t=1s  revoke L -> its wait on q ends, A gets db, B gets cache
+    t.at(S);
+    assert_eq!(
+        t.ok(Cmd::RevokeLease {
+            ns: NS.into(),
+            lease: l.clone()
+        }),
+        Outcome::Done
+    );
+    let ta = t.state.holder(NS, "db", &a).expect("A holds db").token;
+    let tb = t
+        .state
+        .holder(NS, "cache", &b)
+        .expect("B holds cache")
+        .token;
+    assert_eq!(
+        t.take_events(),
+        vec![
+            wait_ended("q", &l, WaitEnd::LeaseGone),
+            granted("cache", &b, tb, 1),
+            granted("db", &a, ta, 2)
+        ]
+    );
+    assert_eq!(t.state.stats().waiters, 0);
+    assert_eq!(
+        t.err(Cmd::RevokeLease {
+            ns: NS.into(),
+            lease: l.clone()
+        })
+        .kind,
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        t.err(Tim::acquire_cmd("db", &l, 1, 0)).kind,
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn lease_list_filters_by_process_and_hides_expired() {
+    // t=0  p1: A (ttl 5), B (ttl 60); p2: C; p1: D
+    let mut t = Timeline::with_ns();
+    let a = t.create_lease_for("p1", 5).lease_id;
+    let b = t.create_lease_for("p1", 60).lease_id;
+    let c = t.create_lease_for("p2", 60).lease_id;
+    let d = t.create_lease_for("p1", 60).lease_id;
+    let ids = |page: Page<LeaseView>| {
+        page.items
+            .into_iter()
+            .map(|l| l.lease_id)
+            .collect::<Vec<_>>()
+    };
+    let list = |pid: Option<&str>, token: &str, limit, now_ns| {
+        t.state
+            .list_leases(
+                NS,
+                pid,
+                &PageRequest {
+                    token: token.into(),
+                    limit,
+                },
+                now_ns,
+            )
+            .expect("ok")
+    };
+    assert_eq!(
+        ids(list(None, "", 0, 0)),
+        [a.as_str(), b.as_str(), c.as_str(), d.as_str()]
+    );
+    assert_eq!(
+        ids(list(Some("p1"), "", 0, 0)),
+        [a.as_str(), b.as_str(), d.as_str()]
+    );
+    assert_eq!(ids(list(Some("p2"), "", 0, 0)), [c.as_str()]);
+    assert!(ids(list(Some("p3"), "", 0, 0)).is_empty());
+    // t=5s  A has expired for readers
+    assert_eq!(
+        ids(list(Some("p1"), "", 0, 5 * S)),
+        [b.as_str(), d.as_str()]
+    );
+    // paging through p1 one at a time, forwards and back
+    let p1 = list(Some("p1"), "", 1, 0);
+    assert_eq!(ids(p1.clone()), [a.as_str()]);
+    let p2 = list(Some("p1"), &p1.next_token, 1, 0);
+    assert_eq!(ids(p2.clone()), [b.as_str()]);
+    let p3 = list(Some("p1"), &p2.next_token, 1, 0);
+    assert_eq!(ids(p3.clone()), [d.as_str()]);
+    assert_eq!(p3.next_token, "");
+    assert_eq!(
+        ids(list(Some("p1"), &p3.previous_token, 1, 0)),
+        [b.as_str()]
+    );
+    // a cursor past every key of the index must not panic
+    let far = list(Some("p1"), &format!("f.{}", "ff".repeat(8)), 1, 0);
+    assert!(far.items.is_empty());
+    assert_eq!(
+        ids(list(Some("p1"), &far.previous_token, 1, 0)),
+        [d.as_str()]
+    );
+    let start = list(Some("p1"), &format!("b.{}", "00".repeat(8)), 1, 0);
+    assert!(start.items.is_empty());
+    assert!(
+        t.state
+            .list_leases(NS, Some(&"p".repeat(129)), &PageRequest::default(), 0)
+            .is_err()
+    );
+}
+
+// ---- acquire ----
+
+#[test]
+fn acquire_grants_when_free_and_reports_unavailable_otherwise() {
+    // t=0  db(3); t=1s L1 acquires weight 0 (= 1) and L2 acquires 2 -> both granted
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 3);
+    let l1 = t.create_lease(60);
+    let l2 = t.create_lease(60);
+    let l3 = t.create_lease(60);
+    t.at(S);
+    let tok1 = t.acquired("db", &l1, 0, 0);
+    let r = t.acquire("db", &l2, 2, 0);
+    let AcquireStatus::Acquired { token: tok2 } = r.status else {
+        panic!("{r:?}")
+    };
+    assert!(tok2 > tok1 && tok1 > 0);
+    assert_eq!(
+        (
+            r.semaphore.active_holds,
+            r.semaphore.active_holders_count,
+            r.semaphore.last_activity_at
+        ),
+        (3, 2, S)
+    );
+    // t=2s  L3 non-blocking -> Unavailable; only last_activity_at changes
+    t.at(2 * S);
+    let r = t.acquire("db", &l3, 1, 0);
+    assert_eq!(r.status, AcquireStatus::Unavailable);
+    assert_eq!(
+        (
+            r.semaphore.active_holds,
+            r.semaphore.waiters_count,
+            r.semaphore.last_activity_at
+        ),
+        (3, 0, 2 * S)
+    );
+    assert_eq!(t.holders("db"), vec![hold(&l1, 1), hold(&l2, 2)]);
+    assert!(t.take_events().is_empty());
+}
+
+#[test]
+fn acquire_errors_change_nothing() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 2);
+    let l = t.create_lease(60);
+    t.at(S);
+    // weight above permits: InvalidArgument at once, even when blocking
+    let e = t.err(Tim::acquire_cmd("db", &l, 3, 10 * S));
+    assert_eq!(
+        (e.kind, e.message.as_str()),
+        (
+            ErrorKind::InvalidArgument,
+            "weight exceeds semaphore permits"
+        )
+    );
+    assert_eq!(
+        t.err(Tim::acquire_cmd("db", &l, u64::MAX, 0)).kind,
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(t.sem("db").last_activity_at, 0);
+    // unknown namespace, semaphore, lease
+    let e = t.err(Cmd::Acquire {
+        ns: "x".into(),
+        sem: "db".into(),
+        lease: l.clone(),
+        weight: 1,
+        wait_ns: 0,
+        metadata: none(),
+    });
+    assert_eq!(e.message, "namespace x not found");
+    assert_eq!(
+        t.err(Tim::acquire_cmd("nope", &l, 1, 0)).message,
+        "semaphore nope not found"
+    );
+    let e = t.err(Tim::acquire_cmd("db", "ls_nope", 1, 0));
+    assert_eq!(
+        (e.kind, e.message.as_str()),
+        (ErrorKind::NotFound, "lease ls_nope not found")
+    );
+    // bad timeout, bad metadata
+    assert!(
+        t.err(Tim::acquire_cmd("db", &l, 1, -1))
+            .message
+            .starts_with("timeout_seconds ")
+    );
+    assert!(
+        t.err(Tim::acquire_cmd("db", &l, 1, 301 * S))
+            .message
+            .starts_with("timeout_seconds ")
+    );
+    let mut cmd = Tim::acquire_cmd("db", &l, 1, 0);
+    if let Cmd::Acquire { metadata, .. } = &mut cmd {
+        metadata.insert("k".into(), "v".repeat(257));
+    }
+    assert!(t.err(cmd).message.starts_with("metadata "));
+}
+
+#[test]
+fn waiters_are_granted_in_strict_fifo_order() {
+    // t=0  db(3): H holds 2; A queues for 3 (heavy), then B queues for 1
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 3);
+    let h = t.create_lease(60);
+    let a = t.create_lease(60);
+    let b = t.create_lease(60);
+    let c = t.create_lease(60);
+    t.acquired("db", &h, 2, 0);
+    assert_eq!(
+        t.acquire("db", &a, 3, 30 * S).status,
+        AcquireStatus::Queued {
+            deadline_ns: 30 * S
+        }
+    );
+    // B would fit (2 + 1 <= 3) but must not jump the heavy head
+    assert_eq!(
+        t.acquire("db", &b, 1, 30 * S).status,
+        AcquireStatus::Queued {
+            deadline_ns: 30 * S
+        }
+    );
+    // C non-blocking: fits but the queue is not empty -> Unavailable
+    assert_eq!(t.acquire("db", &c, 1, 0).status, AcquireStatus::Unavailable);
+    assert_eq!(t.waiters("db"), vec![hold(&a, 3), hold(&b, 1)]);
+    let (view, page) = t
+        .state
+        .list_waiters(NS, "db", &PageRequest::default(), 0)
+        .expect("ok");
+    assert_eq!(view.waiters_count, 2);
+    assert_eq!(
+        page.items.iter().map(|w| w.position).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    assert_eq!(t.state.waiter(NS, "db", &b).map(|w| w.position), Some(1));
+    t.take_events();
+    // t=1s  H releases -> A (3) granted; B still waits behind it
+    t.at(S);
+    let v = t.release("db", &h);
+    let ta = t.state.holder(NS, "db", &a).expect("A holds").token;
+    assert_eq!(t.take_events(), vec![granted("db", &a, ta, 3)]);
+    assert_eq!((v.active_holds, v.waiters_count), (3, 1));
+    // t=2s  A releases -> B granted
+    t.at(2 * S);
+    t.release("db", &a);
+    let tb = t.state.holder(NS, "db", &b).expect("B holds").token;
+    assert!(tb > ta);
+    assert_eq!(t.take_events(), vec![granted("db", &b, tb, 1)]);
+    assert_eq!(
+        t.state.holder(NS, "db", &b).map(|h| h.locked_at),
+        Some(2 * S)
+    );
+}
+
+#[test]
+fn a_heavy_head_blocks_lighter_waiters_while_permits_are_partly_free() {
+    // t=0  db(3): H1 and H2 hold 1 each; A queues for 3; B queues for 1 (it would fit)
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 3);
+    let h1 = t.create_lease(60);
+    let h2 = t.create_lease(60);
+    let a = t.create_lease(60);
+    let b = t.create_lease(60);
+    t.acquired("db", &h1, 1, 0);
+    t.acquired("db", &h2, 1, 0);
+    t.acquire("db", &a, 3, 30 * S);
+    t.acquire("db", &b, 1, 30 * S);
+    // t=1s  H1 releases: 2 permits free, A still does not fit, and B must not pass it
+    t.at(S);
+    t.release("db", &h1);
+    assert!(t.take_events().is_empty());
+    assert_eq!(t.waiters("db"), vec![hold(&a, 3), hold(&b, 1)]);
+    // t=2s  H2 releases: A gets all 3, B keeps waiting
+    t.at(2 * S);
+    t.release("db", &h2);
+    assert_eq!(t.holders("db"), vec![hold(&a, 3)]);
+    assert_eq!(t.waiters("db"), vec![hold(&b, 1)]);
+}
+
+#[test]
+fn one_release_can_grant_several_waiters() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 3);
+    let h = t.create_lease(60);
+    let ls: Vec<String> = (0..3).map(|_| t.create_lease(60)).collect();
+    t.acquired("db", &h, 3, 0);
+    for l in &ls {
+        t.acquire("db", l, 1, 10 * S);
+    }
+    t.take_events();
+    t.release("db", &h);
+    let events = t.take_events();
+    assert_eq!(events.len(), 3);
+    let mut last = 0;
+    for (event, l) in events.iter().zip(&ls) {
+        let Event::Granted { lease, token, .. } = event else {
+            panic!("{event:?}")
+        };
+        assert_eq!(lease, l);
+        assert!(*token > last);
+        last = *token;
+    }
+}
+
+#[test]
+fn reacquire_sets_the_weight_and_never_makes_a_second_holder() {
+    // t=0  db(4): L holds 3
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 4);
+    let l = t.create_lease(60);
+    let o = t.create_lease(60);
+    let tok1 = t.acquired("db", &l, 3, 0);
+    // t=1s  L re-acquires 1 -> granted at once with a new token and weight 1
+    t.at(S);
+    let tok2 = t.acquired("db", &l, 1, 0);
+    assert!(tok2 > tok1);
+    assert_eq!(t.holders("db"), vec![hold(&l, 1)]);
+    // L re-acquires 4: its own 1 counts as free and the queue is empty -> granted
+    let tok3 = t.acquired("db", &l, 4, 0);
+    assert!(tok3 > tok2);
+    assert_eq!(t.holders("db"), vec![hold(&l, 4)]);
+    // back to 2, then O takes 2
+    t.acquired("db", &l, 2, 0);
+    t.acquired("db", &o, 2, 0);
+    // L asks for 3 without waiting -> Unavailable, the old hold stays
+    assert_eq!(t.acquire("db", &l, 3, 0).status, AcquireStatus::Unavailable);
+    assert_eq!(t.holders("db").len(), 2);
+    assert_eq!(t.state.holder(NS, "db", &l).map(|h| h.weight), Some(2));
+    t.take_events();
+    // L asks for 3 waiting 10s -> queued while holding 2
+    assert_eq!(
+        t.acquire("db", &l, 3, 10 * S).status,
+        AcquireStatus::Queued {
+            deadline_ns: 11 * S
+        }
+    );
+    assert_eq!(t.state.stats().holders, 2);
+    assert_eq!(t.sem("db").active_holds, 4);
+    // t=2s  O releases -> L's upgrade is granted: one holder, weight 3
+    t.at(2 * S);
+    t.release("db", &o);
+    let h = t.state.holder(NS, "db", &l).expect("holds");
+    assert_eq!(h.weight, 3);
+    assert_eq!(t.take_events(), vec![granted("db", &l, h.token, 3)]);
+    assert_eq!(t.holders("db"), vec![hold(&l, 3)]);
+    assert_eq!(
+        t.give_up("db", &l, 11 * S),
+        GiveUpReply::Granted { token: h.token }
+    );
+}
+
+#[test]
+fn reacquire_at_a_lower_weight_settles_a_pending_upgrade() {
+    // t=0  db(2): L holds 1, O holds 1; L queues an upgrade to 2
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 2);
+    let l = t.create_lease(60);
+    let o = t.create_lease(60);
+    let w = t.create_lease(60);
+    t.acquired("db", &l, 1, 0);
+    t.acquired("db", &o, 1, 0);
+    t.acquire("db", &l, 2, 10 * S);
+    t.acquire("db", &w, 1, 10 * S);
+    t.take_events();
+    // L re-acquires 1 -> granted at once, the upgrade leaves the queue (its caller learns the
+    // grant), and W is still behind nobody but does not fit
+    let token = t.acquired("db", &l, 1, 0);
+    assert_eq!(t.take_events(), vec![granted("db", &l, token, 1)]);
+    assert_eq!(t.waiters("db"), vec![hold(&w, 1)]);
+    // L gives up the (already settled) upgrade -> Granted with the current token
+    assert_eq!(t.give_up("db", &l, 10 * S), GiveUpReply::Granted { token });
+}
+
+#[test]
+fn reattach_keeps_the_place_and_extends_the_deadline() {
+    // t=0  db(2): H holds 2; A waits 10s for 2, B waits 10s for 1
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 2);
+    let h = t.create_lease(100);
+    let a = t.create_lease(100);
+    let b = t.create_lease(100);
+    t.acquired("db", &h, 2, 0);
+    t.acquire("db", &a, 2, 10 * S);
+    t.acquire("db", &b, 1, 10 * S);
+    // t=5s  A re-attaches waiting 20s -> same place, deadline 25s
+    t.at(5 * S);
+    assert_eq!(
+        t.acquire("db", &a, 2, 20 * S).status,
+        AcquireStatus::Queued {
+            deadline_ns: 25 * S
+        }
+    );
+    assert_eq!(t.waiters("db"), vec![hold(&a, 2), hold(&b, 1)]);
+    // a shorter wait never shortens the deadline
+    assert_eq!(
+        t.acquire("db", &a, 2, S).status,
+        AcquireStatus::Queued {
+            deadline_ns: 25 * S
+        }
+    );
+    // with wait 0 while still queued -> Unavailable, and the waiter stays
+    assert_eq!(t.acquire("db", &a, 2, 0).status, AcquireStatus::Unavailable);
+    assert_eq!(
+        t.state
+            .waiter(NS, "db", &a)
+            .map(|w| (w.position, w.deadline_ns)),
+        Some((0, 25 * S))
+    );
+    assert_eq!(t.state.next_due_ns(), Some(10 * S));
+    // t=10s B times out; A does not
+    t.at(10 * S);
+    t.ok(Cmd::Expire);
+    assert_eq!(
+        t.take_events(),
+        vec![wait_ended("db", &b, WaitEnd::TimedOut)]
+    );
+    assert_eq!(t.waiters("db"), vec![hold(&a, 2)]);
+}
+
+#[test]
+fn reattach_with_a_lower_weight_can_be_granted_at_once() {
+    // t=0  db(2): H holds 1; A waits for 2
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 2);
+    let h = t.create_lease(100);
+    let a = t.create_lease(100);
+    t.acquired("db", &h, 1, 0);
+    t.acquire("db", &a, 2, 10 * S);
+    t.take_events();
+    // A re-attaches for 1 -> fits now -> Acquired, and its waiting caller hears the grant too
+    let r = t.acquire("db", &a, 1, 0);
+    let AcquireStatus::Acquired { token } = r.status else {
+        panic!("{r:?}")
+    };
+    assert_eq!(t.take_events(), vec![granted("db", &a, token, 1)]);
+    assert_eq!(r.semaphore.active_holds, 2);
+}
+
+#[test]
+fn holder_and_waiter_quotas_are_resource_exhausted() {
+    // db(5000): 1000 holders fit, the 1001st is refused though permits are free
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 5000);
+    t.create_sem("one", 1);
+    let mut events = Vec::new();
+    let create = |n| Batch {
+        now_ns: 0,
+        cmds: (0..n)
+            .map(|_| Cmd::CreateLease {
+                ns: NS.into(),
+                process_id: String::new(),
+                ttl_s: 300,
+                metadata: none(),
+            })
+            .collect(),
+    };
+    let leases: Vec<String> = t
+        .state
+        .apply_batch(&create(WAITERS_PER_SEMAPHORE_MAX + 2), &mut events)
+        .into_iter()
+        .map(|r| match r {
+            Ok(Outcome::Lease(l)) => l.lease_id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let cmds = leases[..HOLDERS_PER_SEMAPHORE_MAX]
+        .iter()
+        .map(|l| Tim::acquire_cmd("db", l, 1, 0))
+        .collect();
+    let replies = t.state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+    assert!(replies.iter().all(|r| matches!(
+        r,
+        Ok(Outcome::Acquire(AcquireReply {
+            status: AcquireStatus::Acquired { .. },
+            ..
+        }))
+    )));
+    let e = t.err(Tim::acquire_cmd(
+        "db",
+        &leases[HOLDERS_PER_SEMAPHORE_MAX],
+        1,
+        10 * S,
+    ));
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    // an existing holder can still change its weight
+    t.acquired("db", &leases[0], 5, 0);
+    // one(1): a holder plus 10 000 waiters, then the next waiter is refused
+    t.acquired("one", &leases[0], 1, 0);
+    let cmds = leases[1..=WAITERS_PER_SEMAPHORE_MAX]
+        .iter()
+        .map(|l| Tim::acquire_cmd("one", l, 1, 300 * S))
+        .collect();
+    let replies = t.state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+    assert!(replies.iter().all(|r| matches!(
+        r,
+        Ok(Outcome::Acquire(AcquireReply {
+            status: AcquireStatus::Queued { .. },
+            ..
+        }))
+    )));
+    let e = t.err(Tim::acquire_cmd(
+        "one",
+        &leases[WAITERS_PER_SEMAPHORE_MAX + 1],
+        1,
+        300 * S,
+    ));
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    // but a non-blocking attempt is just Unavailable
+    assert_eq!(
+        t.acquire("one", &leases[WAITERS_PER_SEMAPHORE_MAX + 1], 1, 0)
+            .status,
+        AcquireStatus::Unavailable
+    );
+    t.state.check_invariants().expect("invariants hold");
+}
+
+#[test]
+fn a_head_without_a_holder_slot_waits_for_one() {
+    // db(2000): 1000 holders of weight 1; W queues (permits fit, no holder slot)
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 2000);
+    let mut events = Vec::new();
+    let cmds = (0..=HOLDERS_PER_SEMAPHORE_MAX)
+        .map(|_| Cmd::CreateLease {
+            ns: NS.into(),
+            process_id: String::new(),
+            ttl_s: 300,
+            metadata: none(),
+        })
+        .collect();
+    let leases: Vec<String> = t
+        .state
+        .apply_batch(&Batch { now_ns: 0, cmds }, &mut events)
+        .into_iter()
+        .filter_map(|r| match r {
+            Ok(Outcome::Lease(l)) => Some(l.lease_id),
+            _ => None,
+        })
+        .collect();
+    let cmds = leases[..HOLDERS_PER_SEMAPHORE_MAX]
+        .iter()
+        .map(|l| Tim::acquire_cmd("db", l, 1, 0))
+        .collect();
+    t.state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+    // make the queue non-empty first so W queues instead of being refused: H upgrades to 2000
+    let w = &leases[HOLDERS_PER_SEMAPHORE_MAX];
+    assert!(matches!(
+        t.acquire("db", &leases[0], 2000, 10 * S).status,
+        AcquireStatus::Queued { .. }
+    ));
+    assert!(matches!(
+        t.acquire("db", w, 1, 10 * S).status,
+        AcquireStatus::Queued { .. }
+    ));
+    t.take_events();
+    // the upgrade gives up; W is head, fits on permits, still no slot -> waits
+    assert_eq!(t.give_up("db", &leases[0], 10 * S), GiveUpReply::Removed);
+    assert!(t.state.waiter(NS, "db", w).is_some());
+    // one holder leaves -> W granted
+    t.release("db", &leases[1]);
+    assert!(t.state.holder(NS, "db", w).is_some());
+}
+
+// ---- release and give up ----
+
+#[test]
+fn release_cases() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let h = t.create_lease(60);
+    let w = t.create_lease(60);
+    let x = t.create_lease(60);
+    t.acquired("db", &h, 1, 0);
+    t.acquire("db", &w, 1, 10 * S);
+    t.take_events();
+    // t=1s  releasing a semaphore X does not hold is a no-op returning the semaphore
+    t.at(S);
+    let v = t.release("db", &x);
+    assert_eq!(
+        (v.active_holds, v.waiters_count, v.last_activity_at),
+        (1, 1, S)
+    );
+    assert!(t.take_events().is_empty());
+    // the waiter releases -> leaves the queue
+    let v = t.release("db", &w);
+    assert_eq!((v.active_holds, v.waiters_count), (1, 0));
+    assert_eq!(t.take_events(), vec![wait_ended("db", &w, WaitEnd::GaveUp)]);
+    // unknown semaphore / lease / namespace -> NotFound
+    let release = |ns: &str, sem: &str, lease: &str| Cmd::Release {
+        ns: ns.into(),
+        sem: sem.into(),
+        lease: lease.into(),
+    };
+    assert_eq!(t.err(release(NS, "nope", &h)).kind, ErrorKind::NotFound);
+    assert_eq!(t.err(release(NS, "db", "ls_x")).kind, ErrorKind::NotFound);
+    assert_eq!(t.err(release("x", "db", &h)).kind, ErrorKind::NotFound);
+    // the holder releases
+    let v = t.release("db", &h);
+    assert_eq!((v.active_holds, v.active_holders_count), (0, 0));
+}
+
+#[test]
+fn give_up_cases() {
+    // t=0  db(1): H holds; A waits until 10s; B waits until 10s
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let h = t.create_lease(60);
+    let a = t.create_lease(60);
+    let b = t.create_lease(60);
+    let x = t.create_lease(60);
+    t.acquired("db", &h, 1, 0);
+    t.acquire("db", &a, 1, 10 * S);
+    t.acquire("db", &b, 1, 10 * S);
+    // t=2s  A re-attached until 12s, so an old caller's give-up (deadline 10s) leaves it queued
+    t.at(2 * S);
+    t.acquire("db", &a, 1, 10 * S);
+    t.take_events();
+    assert_eq!(
+        t.give_up("db", &a, 10 * S),
+        GiveUpReply::StillQueued {
+            deadline_ns: 12 * S
+        }
+    );
+    // the newer caller gives up -> Removed
+    assert_eq!(t.give_up("db", &a, 12 * S), GiveUpReply::Removed);
+    assert_eq!(t.take_events(), vec![wait_ended("db", &a, WaitEnd::GaveUp)]);
+    // not queued: X, and anything unknown
+    assert_eq!(t.give_up("db", &x, 10 * S), GiveUpReply::NotQueued);
+    assert_eq!(t.give_up("nope", &x, 10 * S), GiveUpReply::NotQueued);
+    assert_eq!(t.give_up("db", "ls_nope", 10 * S), GiveUpReply::NotQueued);
+    let cmd = Cmd::GiveUp {
+        ns: "x".into(),
+        sem: "db".into(),
+        lease: x.clone(),
+        deadline_ns: 0,
+    };
+    assert_eq!(t.ok(cmd), Outcome::GiveUp(GiveUpReply::NotQueued));
+    // t=3s  H releases -> B granted; B's give-up that raced behind it reports the grant
+    t.at(3 * S);
+    t.release("db", &h);
+    let token = t.state.holder(NS, "db", &b).expect("granted").token;
+    assert_eq!(t.give_up("db", &b, 10 * S), GiveUpReply::Granted { token });
+    assert_eq!(t.sem("db").active_holds, 1, "the grant is not leaked");
+}
+
+#[test]
+fn giving_up_the_head_lets_the_next_waiter_in() {
+    // db(2): H holds 1; A (head) waits for 2; B waits for 1 and would fit
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 2);
+    let h = t.create_lease(60);
+    let a = t.create_lease(60);
+    let b = t.create_lease(60);
+    t.acquired("db", &h, 1, 0);
+    t.acquire("db", &a, 2, 10 * S);
+    t.acquire("db", &b, 1, 10 * S);
+    t.take_events();
+    assert_eq!(t.give_up("db", &a, 10 * S), GiveUpReply::Removed);
+    let token = t.state.holder(NS, "db", &b).expect("B granted").token;
+    assert_eq!(
+        t.take_events(),
+        vec![
+            wait_ended("db", &a, WaitEnd::GaveUp),
+            granted("db", &b, token, 1)
+        ]
+    );
+}
+
+// ---- time ----
+
+#[test]
+fn holder_is_dropped_once_its_lease_expires() {
+    // t=0    create "db" with 2 permits; lease L, ttl 10s
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 2);
+    let l = t.create_lease(10);
+    // t=5s   L acquires 2          -> Acquired
+    t.at(5 * S);
+    t.acquired("db", &l, 2, 0);
+    assert_eq!(t.state.next_due_ns(), Some(10 * S));
+    // t=9s   nothing is due yet
+    t.at(9 * S);
+    t.ok(Cmd::Expire);
+    assert_eq!(t.sem("db").active_holds, 2);
+    // t=16s  Expire                -> held weight back to 0
+    t.at(16 * S);
+    assert_eq!(t.ok(Cmd::Expire), Outcome::Done);
+    assert_eq!(t.sem("db").active_holds, 0);
+    assert_eq!(t.state.stats().leases, 0);
+    assert_eq!(t.state.next_due_ns(), None);
+}
+
+#[test]
+fn expiry_grants_waiters_but_never_a_waiter_that_is_itself_due() {
+    // t=0  db(1): H (ttl 10s) holds; A waits until 10s; B (ttl 100s) waits until 20s
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let h = t.create_lease(10);
+    let a = t.create_lease(100);
+    let b = t.create_lease(100);
+    t.acquired("db", &h, 1, 0);
+    t.acquire("db", &a, 1, 10 * S);
+    t.acquire("db", &b, 1, 20 * S);
+    t.take_events();
+    // t=10s any command reaps first: H expires and A's deadline passes at the same instant;
+    // A times out (never granted), B gets the permit
+    t.at(10 * S);
+    let view = t.release("db", &a);
+    let token = t.state.holder(NS, "db", &b).expect("B granted").token;
+    assert_eq!(
+        t.take_events(),
+        vec![
+            wait_ended("db", &a, WaitEnd::TimedOut),
+            granted("db", &b, token, 1)
+        ]
+    );
+    assert_eq!((view.active_holds, view.waiters_count), (1, 0));
+}
+
+#[test]
+fn an_expiring_lease_ends_its_waits() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let h = t.create_lease(100);
+    let w = t.create_lease(5);
+    t.acquired("db", &h, 1, 0);
+    t.acquire("db", &w, 1, 60 * S);
+    t.take_events();
+    assert_eq!(t.state.next_due_ns(), Some(5 * S));
+    // a reader at 5s no longer sees the waiter
+    let (view, page) = t
+        .state
+        .list_waiters(NS, "db", &PageRequest::default(), 5 * S)
+        .expect("ok");
+    assert_eq!((view.waiters_count, page.items.len()), (0, 0));
+    assert!(
+        t.state.waiter(NS, "db", &w).is_some(),
+        "waiter() does not filter"
+    );
+    t.at(5 * S);
+    t.ok(Cmd::Expire);
+    assert_eq!(
+        t.take_events(),
+        vec![wait_ended("db", &w, WaitEnd::LeaseGone)]
+    );
+    assert_eq!(t.state.next_due_ns(), Some(100 * S));
+}
+
+#[test]
+fn the_clock_never_runs_backwards() {
+    let mut t = Timeline::with_ns();
+    t.at(10 * S);
+    t.ok(Cmd::Expire);
+    t.at(3 * S);
+    let l = t.create_lease_for("", 5);
+    assert_eq!(t.state.clock_ns(), 10 * S);
+    assert_eq!((l.created_at, l.expires_at), (10 * S, 15 * S));
+}
+
+#[test]
+fn extend_leases_gives_every_lease_its_ttl_from_now_and_leaves_waiters_alone() {
+    // t=0  A ttl 10s, B ttl 100s; db(1): A holds, B waits until 12s
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let a = t.create_lease(10);
+    let b = t.create_lease(100);
+    t.acquired("db", &a, 1, 0);
+    t.acquire("db", &b, 1, 12 * S);
+    // t=30s a new leader's first entry: ExtendLeases before anything is reaped
+    let mut events = Vec::new();
+    let batch = Batch {
+        now_ns: 30 * S,
+        cmds: vec![Cmd::ExtendLeases, Cmd::Expire],
+    };
+    let replies = t.state.apply_batch(&batch, &mut events);
+    assert_eq!(replies, vec![Ok(Outcome::Done), Ok(Outcome::Done)]);
+    t.state.check_invariants().expect("invariants hold");
+    // A lives until 40s (it was due at 10s but survived), B until 130s; B's wait timed out
+    assert_eq!(
+        t.state.get_lease(NS, &a, 30 * S).map(|l| l.expires_at),
+        Ok(40 * S)
+    );
+    assert_eq!(
+        t.state.get_lease(NS, &b, 30 * S).map(|l| l.expires_at),
+        Ok(130 * S)
+    );
+    assert_eq!(events, vec![wait_ended("db", &b, WaitEnd::TimedOut)]);
+    assert!(t.state.holder(NS, "db", &a).is_some());
+}
+
+#[test]
+fn extreme_times_and_inputs_do_not_panic() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let l = t.create_lease(300);
+    t.at(i64::MIN);
+    t.ok(Cmd::Expire);
+    t.at(i64::MAX - 1);
+    // everything reaped; new leases saturate at i64::MAX
+    let l2 = t.create_lease_for("", 300);
+    assert_eq!(l2.expires_at, i64::MAX);
+    assert_eq!(
+        t.err(Cmd::RefreshLease {
+            ns: NS.into(),
+            lease: l,
+            ttl_s: 0
+        })
+        .kind,
+        ErrorKind::NotFound
+    );
+    let r = t.acquire("db", &l2.lease_id, 1, 300 * S);
+    assert!(matches!(r.status, AcquireStatus::Acquired { .. }));
+    t.ok(Cmd::ExtendLeases);
+    assert_eq!(
+        t.give_up("db", &l2.lease_id, i64::MIN),
+        GiveUpReply::Granted { token: 1 }
+    );
+    t.at(i64::MAX);
+    t.ok(Cmd::Expire);
+    assert_eq!(t.state.stats().leases, 0);
+    for limit in [i32::MIN, -1, 251, i32::MAX] {
+        assert!(
+            t.state
+                .list_leases(
+                    NS,
+                    None,
+                    &PageRequest {
+                        token: String::new(),
+                        limit
+                    },
+                    0
+                )
+                .is_err()
+        );
+    }
+}
+
+// ---- reads ----
+
+#[test]
+fn reads_hide_expired_holders_before_they_are_reaped() {
+    // t=0  db(3): A (ttl 5) holds 1, B (ttl 50) holds 2; W (ttl 50) waits until 8s
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 3);
+    let a = t.create_lease(5);
+    let b = t.create_lease(50);
+    let w = t.create_lease(50);
+    t.acquired("db", &a, 1, 0);
+    t.acquired("db", &b, 2, 0);
+    t.acquire("db", &w, 1, 8 * S);
+    let seen = |now| {
+        let v = t.state.get_semaphore(NS, "db", now).expect("ok");
+        (v.active_holds, v.active_holders_count, v.waiters_count)
+    };
+    assert_eq!(seen(0), (3, 2, 1));
+    assert_eq!(seen(5 * S), (2, 1, 1));
+    assert_eq!(seen(8 * S), (2, 1, 0));
+    let list = t
+        .state
+        .list_semaphores(NS, &PageRequest::default(), 5 * S)
+        .expect("ok");
+    assert_eq!(list.items[0].active_holds, 2);
+    t.at(5 * S);
+    assert_eq!(t.holders("db"), vec![hold(&b, 2)]);
+    assert_eq!(t.waiters("db"), vec![hold(&w, 1)]);
+    t.at(0);
+    assert_eq!(t.holders("db"), vec![hold(&a, 1), hold(&b, 2)]);
+    assert_eq!(
+        t.state
+            .list_leases(NS, None, &PageRequest::default(), 5 * S)
+            .map(|p| p.items.len()),
+        Ok(2)
+    );
+    assert_eq!(
+        t.state
+            .list_holders(NS, "x", &PageRequest::default(), 0)
+            .map_err(|e| e.kind),
+        Err(ErrorKind::NotFound)
+    );
+}
+
+#[test]
+fn holders_are_listed_in_grant_order_and_paged() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 10);
+    let ls: Vec<String> = (0..5).map(|_| t.create_lease(60)).collect();
+    for l in ls.iter().rev() {
+        t.acquired("db", l, 1, 0);
+    }
+    // ls[4] re-acquires: it moves to the end (new token)
+    t.acquired("db", &ls[4], 1, 0);
+    let order = [&ls[3], &ls[2], &ls[1], &ls[0], &ls[4]];
+    let page = |token: &str| {
+        t.state
+            .list_holders(
+                NS,
+                "db",
+                &PageRequest {
+                    token: token.into(),
+                    limit: 2,
+                },
+                0,
+            )
+            .expect("ok")
+    };
+    let mut token = String::new();
+    let mut seen = Vec::new();
+    loop {
+        let p = page(&token);
+        seen.extend(p.items.iter().map(|h| h.lease_id.clone()));
+        if p.next_token.is_empty() {
+            break;
+        }
+        token = p.next_token;
+    }
+    assert_eq!(seen.iter().collect::<Vec<_>>(), order);
+    let (_, waiters) = t
+        .state
+        .list_waiters(NS, "db", &PageRequest::default(), 0)
+        .expect("ok");
+    assert!(waiters.items.is_empty());
+}
+
+#[test]
+fn waiter_positions_survive_paging() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let h = t.create_lease(60);
+    t.acquired("db", &h, 1, 0);
+    let ls: Vec<String> = (0..5).map(|_| t.create_lease(60)).collect();
+    for l in &ls {
+        t.acquire("db", l, 1, 30 * S);
+    }
+    let request = PageRequest {
+        token: String::new(),
+        limit: 2,
+    };
+    let (_, p1) = t.state.list_waiters(NS, "db", &request, 0).expect("ok");
+    let (_, p2) = t
+        .state
+        .list_waiters(
+            NS,
+            "db",
+            &PageRequest {
+                token: p1.next_token.clone(),
+                limit: 2,
+            },
+            0,
+        )
+        .expect("ok");
+    assert_eq!(
+        p2.items
+            .iter()
+            .map(|w| (w.lease_id.clone(), w.position))
+            .collect::<Vec<_>>(),
+        vec![(ls[2].clone(), 2), (ls[3].clone(), 3)]
+    );
+    let (_, back) = t
+        .state
+        .list_waiters(
+            NS,
+            "db",
+            &PageRequest {
+                token: p2.previous_token,
+                limit: 2,
+            },
+            0,
+        )
+        .expect("ok");
+    assert_eq!(back.items, p1.items);
+}
+
+// ---- batches, hashing, snapshots ----
+
+fn busy_timeline() -> Timeline {
+    let mut t = Timeline::with_ns();
+    t.create_ns("other");
+    t.create_sem("db", 3);
+    t.create_sem("cache", 1);
+    let a = t.create_lease_for("p1", 30).lease_id;
+    let b = t.create_lease_for("p2", 10).lease_id;
+    let c = t.create_lease_for("p1", 60).lease_id;
+    t.acquired("db", &a, 2, 0);
+    t.acquired("db", &c, 1, 0);
+    t.acquire("db", &b, 2, 20 * S);
+    t.acquired("cache", &c, 1, 0);
+    t.acquire("cache", &a, 1, 40 * S);
+    t.at(S);
+    t.acquire("db", &c, 3, 5 * S); // an upgrade, queued behind B
+    t
+}
+
+#[test]
+fn a_batch_is_the_same_as_its_commands_one_by_one() {
+    let mut one = Timeline::with_ns();
+    let mut all = State::new();
+    let mut events = Vec::new();
+    all.apply_batch(
+        &Batch {
+            now_ns: 0,
+            cmds: vec![Cmd::CreateNamespace {
+                name: NS.into(),
+                description: String::new(),
+                metadata: none(),
+            }],
+        },
+        &mut events,
+    );
+    let l1 = lease_id(1);
+    let l2 = lease_id(2);
+    let cmds = vec![
+        Cmd::CreateSemaphore {
+            ns: NS.into(),
+            name: "db".into(),
+            description: String::new(),
+            permits: 1,
+            metadata: none(),
+        },
+        Cmd::CreateLease {
+            ns: NS.into(),
+            process_id: String::new(),
+            ttl_s: 5,
+            metadata: none(),
+        },
+        Cmd::CreateLease {
+            ns: NS.into(),
+            process_id: String::new(),
+            ttl_s: 50,
+            metadata: none(),
+        },
+        Tim::acquire_cmd("db", &l1, 1, 0),
+        Tim::acquire_cmd("db", &l2, 1, 50 * S),
+        Tim::acquire_cmd("db", "garbage id", 1, 0),
+    ];
+    let batch_replies = all.apply_batch(
+        &Batch {
+            now_ns: S,
+            cmds: cmds.clone(),
+        },
+        &mut events,
+    );
+    one.at(S);
+    let one_replies: Vec<Reply> = cmds.into_iter().map(|c| one.run(c)).collect();
+    assert_eq!(batch_replies, one_replies);
+    assert_eq!(events, one.take_events());
+    assert_eq!(all.hash(), one.state.hash());
+}
+
+#[test]
+fn equal_histories_hash_equal_and_different_ones_do_not() {
+    let a = busy_timeline();
+    let b = busy_timeline();
+    assert_eq!(a.state.hash(), b.state.hash());
+    let mut c = busy_timeline();
+    c.at(S + 1);
+    c.ok(Cmd::Expire);
+    assert_ne!(
+        a.state.hash(),
+        c.state.hash(),
+        "the clock is part of the state"
+    );
+    assert_ne!(State::new().hash(), a.state.hash());
+}
+
+#[test]
+fn snapshot_round_trip_keeps_hash_and_behaviour() {
+    let mut t = busy_timeline();
+    let bytes = t.state.encode_snapshot().expect("encodes");
+    let restored = State::decode_snapshot(&bytes).expect("decodes");
+    assert_eq!(restored.hash(), t.state.hash());
+    assert_eq!(restored.index, t.state.index);
+    assert_eq!(restored.stats(), t.state.stats());
+    let mut r = Timeline {
+        state: restored,
+        now_ns: t.now_ns,
+        events: Vec::new(),
+    };
+    // drive both through the same future: expiry, releases, new acquires
+    for now in [5 * S, 10 * S, 25 * S, 31 * S, 70 * S] {
+        t.at(now);
+        r.at(now);
+        let l = t.create_lease(20);
+        assert_eq!(r.create_lease(20), l);
+        for cmd in [
+            Cmd::Expire,
+            Tim::acquire_cmd("db", &l, 1, 10 * S),
+            Tim::acquire_cmd("cache", &l, 1, 0),
+        ] {
+            assert_eq!(t.run(cmd.clone()), r.run(cmd));
+        }
+        assert_eq!(t.take_events(), r.take_events());
+        assert_eq!(t.state.hash(), r.state.hash());
+    }
+}
+
+#[test]
+fn garbage_snapshots_are_errors_not_panics() {
+    let t = busy_timeline();
+    let bytes = t.state.encode_snapshot().expect("encodes");
+    assert!(matches!(
+        State::decode_snapshot(&[]),
+        Err(SnapshotError::Decode(_))
+    ));
+    assert!(matches!(
+        State::decode_snapshot(b"conch-sm\x02\0\0\0"),
+        Err(SnapshotError::Decode(_))
+    ));
+    for len in 0..bytes.len() {
+        assert!(
+            State::decode_snapshot(&bytes[..len]).is_err(),
+            "truncated to {len}"
+        );
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(State::decode_snapshot(&longer).is_err(), "trailing bytes");
+    // flip every byte in turn: an error or a consistent state, never a panic
+    for i in 0..bytes.len() {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut b = bytes.clone();
+            b[i] ^= flip;
+            if let Ok(s) = State::decode_snapshot(&b) {
+                s.check_invariants().expect("a decoded state is consistent");
+            }
+        }
+    }
+}
+
+#[test]
+fn inconsistent_snapshots_are_refused() {
+    let t = busy_timeline();
+    let encode = |data: &Data| {
+        let mut bytes = SNAPSHOT_MAGIC.to_vec();
+        bytes.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
+        bytes.extend(bincode_options().serialize(data).expect("encodes"));
+        bytes
+    };
+    // a semaphore over its permits
+    let mut data = t.state.data.clone();
+    if let Some(sem) = data
+        .namespaces
+        .get_mut(NS)
+        .and_then(|ns| ns.semaphores.get_mut("db"))
+    {
+        sem.permits = 1;
+    }
+    assert!(matches!(
+        State::decode_snapshot(&encode(&data)),
+        Err(SnapshotError::Inconsistent(_))
+    ));
+    // a holder without a lease
+    let mut data = t.state.data.clone();
+    if let Some(ns) = data.namespaces.get_mut(NS) {
+        ns.leases.clear();
+    }
+    assert!(matches!(
+        State::decode_snapshot(&encode(&data)),
+        Err(SnapshotError::Inconsistent(_))
+    ));
+    // a token from beyond the counter
+    let mut data = t.state.data.clone();
+    data.last_token = 1;
+    assert!(matches!(
+        State::decode_snapshot(&encode(&data)),
+        Err(SnapshotError::Inconsistent(_))
+    ));
+    // the untouched data decodes
+    assert!(State::decode_snapshot(&encode(&t.state.data)).is_ok());
+}
+
+#[test]
+fn serde_round_trip_rebuilds_indexes() {
+    let t = busy_timeline();
+    let bytes = bincode::serialize(&t.state).expect("serializes");
+    let back: State = bincode::deserialize(&bytes).expect("deserializes");
+    assert_eq!(back.hash(), t.state.hash());
+    assert_eq!(back.index, t.state.index);
+}
+
+#[test]
+fn stats_count_everything() {
+    let t = busy_timeline();
+    assert_eq!(
+        t.state.stats(),
+        Stats {
+            namespaces: 2,
+            semaphores: 2,
+            leases: 3,
+            holders: 3,
+            waiters: 3
+        }
+    );
+}
+
+/// Memory for one million leases in one namespace. Run with
+/// `cargo test --release -p conchd --lib one_million_leases -- --ignored --nocapture`.
+#[test]
+#[ignore = "memory measurement; takes a few seconds in release"]
+fn one_million_leases_fit_in_memory() {
+    fn rss_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        pages * 4096
+    }
+    let before = rss_bytes();
+    let mut state = State::new();
+    let mut events = Vec::new();
+    let ns = Cmd::CreateNamespace {
+        name: NS.into(),
+        description: String::new(),
+        metadata: none(),
+    };
+    state.apply_batch(
+        &Batch {
+            now_ns: 0,
+            cmds: vec![ns],
+        },
+        &mut events,
+    );
+    let started = std::time::Instant::now();
+    for chunk in 0..1000 {
+        let cmds = (0..1000)
+            .map(|i| Cmd::CreateLease {
+                ns: NS.into(),
+                process_id: format!("host-{}/pid-{}", chunk % 100, i),
+                ttl_s: 60,
+                metadata: none(),
+            })
+            .collect();
+        let replies = state.apply_batch(
+            &Batch {
+                now_ns: chunk * NANOS_PER_MS,
+                cmds,
+            },
+            &mut events,
+        );
+        assert!(replies.iter().all(Result::is_ok));
+    }
+    let elapsed = started.elapsed();
+    let after = rss_bytes();
+    assert_eq!(state.stats().leases, 1_000_000);
+    let snapshot = state.encode_snapshot().expect("encodes");
+    let started = std::time::Instant::now();
+    let restored = State::decode_snapshot(&snapshot).expect("decodes");
+    let decode = started.elapsed();
+    assert_eq!(restored.hash(), state.hash());
+    println!(
+        "1M leases: RSS +{} MiB ({} bytes/lease), created in {elapsed:?}; snapshot {} MiB, decoded+checked in {decode:?}",
+        (after.saturating_sub(before)) >> 20,
+        after.saturating_sub(before) / 1_000_000,
+        snapshot.len() >> 20,
+    );
+}

@@ -1,0 +1,461 @@
+//! [`Client::acquire`] and its [`Guard`].
+//!
+//! A wait longer than one RPC keeps its place in the server's FIFO queue: the server identifies
+//! a waiter by (semaphore, lease), and a second `AcquireSemaphore` from the same lease while it
+//! is queued *re-attaches* — same position, deadline `max(old, now + timeout)`. So:
+//!
+//! 1. send an acquire whose server-side wait is at most [`ClientConfig::acquire_rpc_wait`]
+//!    (or the remaining wait, if shorter);
+//! 2. [`ClientConfig::reattach_margin`] before that wait ends, send an overlapping re-attach,
+//!    extending the waiter before the first call's deadline can remove it;
+//! 3. a `TIMED_OUT` from an older call while a newer one is in flight is ignored (the server
+//!    keeps the waiter for the newer deadline);
+//! 4. if the newest call fails (transport error, node down, no leader), re-attach at once
+//!    through another endpoint (with backoff once every endpoint failed);
+//! 5. the call sent with the last part of a bounded wait is final: its `TIMED_OUT` ends the
+//!    wait, and the server has removed the waiter by then.
+//!
+//! Dropping the future cancels the in-flight RPCs, and the server gives up the wait (unless a
+//! later re-attach extended it, which cannot happen once the future is gone).
+//!
+//! [`ClientConfig::acquire_rpc_wait`]: crate::ClientConfig::acquire_rpc_wait
+//! [`ClientConfig::reattach_margin`]: crate::ClientConfig::reattach_margin
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use conch_proto::grackle::{AcquireOutcome, AcquireSemaphoreRequest, AcquireSemaphoreResponse};
+use tokio::task::JoinSet;
+use tracing::debug;
+
+use crate::backoff::Backoff;
+use crate::client::{Attempt, Client, request};
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+
+const OP: &str = "acquire semaphore";
+
+/// Permits held through a lease, released by [`Guard::release`] or, best effort, on drop.
+#[derive(Debug)]
+#[must_use = "dropping a Guard releases the permits"]
+pub struct Guard {
+    client: Client,
+    namespace: String,
+    semaphore: String,
+    lease_id: String,
+    weight: u64,
+    fencing_token: u64,
+    released: bool,
+}
+
+impl Guard {
+    /// The weight held.
+    pub fn weight(&self) -> u64 {
+        self.weight
+    }
+
+    /// The grant's fencing token: unique and strictly increasing cluster-wide. Pass it to
+    /// whatever the permits protect so it can refuse stale holders (0 if the server sent none).
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// The semaphore held.
+    pub fn semaphore(&self) -> &str {
+        &self.semaphore
+    }
+
+    /// The namespace of the semaphore.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The lease holding the permits.
+    pub fn lease_id(&self) -> &str {
+        &self.lease_id
+    }
+
+    /// Gives up the handle without releasing: the permits stay held until the lease is revoked
+    /// (which releases everything it holds) or expires.
+    pub fn forget(mut self) {
+        self.released = true;
+    }
+
+    /// Releases the permits. If the lease or semaphore is already gone, nothing is held and
+    /// this succeeds.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        match self
+            .client
+            .release(&self.namespace, &self.semaphore, &self.lease_id)
+            .await
+        {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => other,
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let (ns, sem, lease) = (
+                self.namespace.clone(),
+                self.semaphore.clone(),
+                self.lease_id.clone(),
+            );
+            rt.spawn(async move {
+                if let Err(e) = client.release(&ns, &sem, &lease).await {
+                    debug!(semaphore = %sem, error = %e, "release on drop failed");
+                }
+            });
+        }
+    }
+}
+
+/// Why an acquire RPC did not produce an answer.
+enum RpcFailure {
+    /// Worth re-attaching elsewhere.
+    Retry(String),
+    /// A definite error (lease or semaphore gone, invalid argument, ...).
+    Fatal(Error),
+}
+
+/// One issued acquire RPC: the newest decides.
+#[derive(Debug, Clone, Copy)]
+struct Issued {
+    seq: u64,
+    /// Sent with the last part of a bounded wait: its TIMED_OUT ends the wait.
+    last: bool,
+}
+
+/// The plan for the next RPC of a wait: its server-side wait, whether it is the last one,
+/// and when the one after it must be sent (`None`: no further call needed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RpcPlan {
+    pub wait: Duration,
+    pub last: bool,
+    pub reattach_after: Option<Duration>,
+}
+
+/// Plans an acquire RPC sent when `remaining` of the total wait is left (`None`: forever).
+pub(crate) fn plan_rpc(
+    remaining: Option<Duration>,
+    rpc_wait: Duration,
+    margin: Duration,
+) -> RpcPlan {
+    let wait = remaining
+        .map_or(rpc_wait, |r| r.min(rpc_wait))
+        .max(Duration::from_millis(1));
+    let last = remaining.is_some_and(|r| r <= rpc_wait);
+    let margin = margin.min(wait / 2);
+    RpcPlan {
+        wait,
+        last,
+        reattach_after: (!last).then(|| wait - margin),
+    }
+}
+
+fn outcome(resp: &AcquireSemaphoreResponse) -> AcquireOutcome {
+    match AcquireOutcome::try_from(resp.outcome) {
+        Ok(AcquireOutcome::Unspecified) | Err(_) if resp.success => AcquireOutcome::Acquired,
+        Ok(o) => o,
+        Err(_) => AcquireOutcome::Unspecified,
+    }
+}
+
+impl Client {
+    /// Acquires `weight` permits of `semaphore` for `lease`, waiting up to `wait`
+    /// (`None`: until granted; `Some(Duration::ZERO)`: only if free now, flock -n style).
+    ///
+    /// Returns `Ok(None)` when no permits came in time (the server has removed the waiter by
+    /// then). Waits of any length keep their place in the FIFO queue across RPC timeouts and
+    /// node failover (see the [module docs](crate::acquire)). Fails with
+    /// [`Error::LeaseLost`] if the lease is lost while waiting, and with [`Error::NotFound`]
+    /// if the lease, semaphore or namespace disappears.
+    ///
+    /// `metadata` is attached to the waiter and then to the holder (shown by
+    /// `ListSemaphoreHolders` / `ListSemaphoreWaiters`).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: conch_client::Client, lease: conch_client::Lease)
+    /// # -> Result<(), conch_client::Error> {
+    /// use std::collections::HashMap;
+    /// use std::time::Duration;
+    ///
+    /// let wait = Some(Duration::from_secs(60));
+    /// match client.acquire(&lease, "jobs", "nightly", 1, wait, HashMap::new()).await? {
+    ///     Some(guard) => {
+    ///         println!("got it, fencing token {}", guard.fencing_token());
+    ///         guard.release().await?;
+    ///     }
+    ///     None => println!("no permit within a minute"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(
+        &self,
+        lease: &Lease,
+        namespace: &str,
+        semaphore: &str,
+        weight: u64,
+        wait: Option<Duration>,
+        metadata: HashMap<String, String>,
+    ) -> Result<Option<Guard>> {
+        let lease_lost = |loss| Error::LeaseLost {
+            op: OP,
+            lease_id: lease.id().to_string(),
+            reason: loss,
+        };
+        if let crate::LeaseState::Lost(loss) = lease.state() {
+            return Err(lease_lost(loss));
+        }
+        let base = AcquireSemaphoreRequest {
+            namespace_name: namespace.to_string(),
+            semaphore_name: semaphore.to_string(),
+            lease_id: lease.id().to_string(),
+            weight,
+            timeout_seconds: 0,
+            metadata,
+            timeout_ms: 0,
+        };
+        let guard = |resp: &AcquireSemaphoreResponse| Guard {
+            client: self.clone(),
+            namespace: namespace.to_string(),
+            semaphore: semaphore.to_string(),
+            lease_id: lease.id().to_string(),
+            weight: weight.max(1),
+            fencing_token: resp.fencing_token,
+            released: false,
+        };
+
+        if wait == Some(Duration::ZERO) {
+            let call = self.call(OP, self.default_options(), |ch, t| {
+                let req = base.clone();
+                async move {
+                    GrackleApiClient::new(ch)
+                        .acquire_semaphore(request(req, t))
+                        .await
+                }
+            });
+            let resp = tokio::select! {
+                r = call => r?,
+                loss = lease.lost() => return Err(lease_lost(loss)),
+            };
+            return Ok(match outcome(&resp) {
+                AcquireOutcome::Acquired => Some(guard(&resp)),
+                _ => None,
+            });
+        }
+
+        let config = self.config();
+        let deadline = wait.map(|w| Instant::now() + w);
+        let mut inflight: JoinSet<(
+            u64,
+            std::result::Result<AcquireSemaphoreResponse, RpcFailure>,
+        )> = JoinSet::new();
+        let mut seq = 0u64;
+        let mut newest: Option<Issued> = None;
+        let mut next_at: Option<Instant> = Some(Instant::now());
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        let mut failures = 0u32;
+        let mut last_error = String::new();
+        loop {
+            if inflight.is_empty() && next_at.is_none() {
+                // Nothing covers the waiter (a task died): re-attach now.
+                next_at = Some(Instant::now());
+            }
+            if let Some(at) = next_at
+                && Instant::now() >= at
+            {
+                let now = Instant::now();
+                let remaining = deadline.map(|d| d.saturating_duration_since(now));
+                if remaining == Some(Duration::ZERO) {
+                    // The wait ran out while no call was covering it (failures only).
+                    return Err(Error::Unavailable {
+                        op: OP,
+                        endpoints: self.endpoints(),
+                        last: last_error,
+                    });
+                }
+                let plan = plan_rpc(remaining, config.acquire_rpc_wait, config.reattach_margin);
+                seq += 1;
+                let mut req = base.clone();
+                req.timeout_ms = u64::try_from(plan.wait.as_millis()).unwrap_or(u64::MAX);
+                req.timeout_seconds = plan.wait.as_secs_f64().ceil().min(300.0) as i32;
+                debug!(
+                    semaphore,
+                    seq,
+                    wait_ms = req.timeout_ms,
+                    last = plan.last,
+                    "acquire rpc"
+                );
+                inflight.spawn(rpc(
+                    self.clone(),
+                    seq,
+                    req,
+                    plan.wait + config.acquire_slack,
+                ));
+                newest = Some(Issued {
+                    seq,
+                    last: plan.last,
+                });
+                next_at = plan.reattach_after.map(|d| now + d);
+            }
+
+            let sleep_until = next_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                joined = inflight.join_next(), if !inflight.is_empty() => {
+                    let (done, result) = match joined {
+                        Some(Ok(v)) => v,
+                        Some(Err(e)) => (0, Err(RpcFailure::Retry(format!("acquire task failed: {e}")))),
+                        None => continue,
+                    };
+                    let is_newest = newest.is_some_and(|n| n.seq == done);
+                    match result {
+                        Ok(resp) => {
+                            failures = 0;
+                            backoff.reset();
+                            match outcome(&resp) {
+                                AcquireOutcome::Acquired => return Ok(Some(guard(&resp))),
+                                _ if !is_newest => {
+                                    debug!(semaphore, seq = done, "older acquire rpc ended; a newer one holds the place");
+                                }
+                                _ if newest.is_some_and(|n| n.last) => return Ok(None),
+                                _ => {
+                                    // Our waiter's deadline passed before the re-attach reached
+                                    // the server: queue again, now.
+                                    debug!(semaphore, seq = done, "waiter expired early; re-queueing");
+                                    next_at = Some(Instant::now());
+                                }
+                            }
+                        }
+                        Err(RpcFailure::Fatal(e)) => return Err(e),
+                        Err(RpcFailure::Retry(e)) => {
+                            last_error = e;
+                            if is_newest {
+                                failures += 1;
+                                // The first re-attach goes out at once (to another node); after
+                                // that, back off.
+                                let pause = if failures == 1 {
+                                    Duration::ZERO
+                                } else {
+                                    backoff.next_delay()
+                                };
+                                debug!(semaphore, seq = done, error = %last_error, ?pause, "acquire rpc failed; re-attaching");
+                                next_at = Some(Instant::now() + pause);
+                                if let Some(d) = deadline {
+                                    next_at = next_at.map(|t| t.min(d));
+                                }
+                            }
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(sleep_until.into()), if next_at.is_some() => {}
+                loss = lease.lost() => return Err(lease_lost(loss)),
+            }
+        }
+    }
+}
+
+/// One acquire RPC on the best node, as a task of its own.
+async fn rpc(
+    client: Client,
+    seq: u64,
+    req: AcquireSemaphoreRequest,
+    timeout: Duration,
+) -> (
+    u64,
+    std::result::Result<AcquireSemaphoreResponse, RpcFailure>,
+) {
+    let Some((idx, addr, channel)) = client.pick(&[]) else {
+        return (seq, Err(RpcFailure::Retry("no endpoints".to_string())));
+    };
+    let mut grackle = GrackleApiClient::new(channel);
+    let fut = grackle.acquire_semaphore(request(req, timeout));
+    let result = match client.attempt(idx, &addr, OP, timeout, fut).await {
+        Attempt::Ok(resp) => Ok(resp),
+        Attempt::Retry { error, .. } => Err(RpcFailure::Retry(format!("{addr}: {error}"))),
+        Attempt::Fail(e) => Err(RpcFailure::Fatal(e)),
+    };
+    (seq, result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn forever_waits_chain_overlapping_rpcs() {
+        // t=0 send wait=30s; t=25s re-attach (5s before the first call's deadline)
+        let p = plan_rpc(None, S(30), S(5));
+        assert_eq!(
+            p,
+            RpcPlan {
+                wait: S(30),
+                last: false,
+                reattach_after: Some(S(25)),
+            }
+        );
+    }
+
+    #[test]
+    fn bounded_waits_end_with_a_last_rpc_covering_the_rest() {
+        // --wait 40s: t=0 wait 30s (not last), t=25s wait 15s (last, ends at t=40s)
+        let first = plan_rpc(Some(S(40)), S(30), S(5));
+        assert_eq!(
+            (first.wait, first.last, first.reattach_after),
+            (S(30), false, Some(S(25)))
+        );
+        let second = plan_rpc(Some(S(15)), S(30), S(5));
+        assert_eq!(
+            (second.wait, second.last, second.reattach_after),
+            (S(15), true, None)
+        );
+        // --wait 1s: a single last call
+        let short = plan_rpc(Some(S(1)), S(30), S(5));
+        assert_eq!(
+            (short.wait, short.last, short.reattach_after),
+            (S(1), true, None)
+        );
+        // exactly one RPC's worth is still a single last call
+        assert!(plan_rpc(Some(S(30)), S(30), S(5)).last);
+    }
+
+    #[test]
+    fn short_rpc_waits_reattach_halfway() {
+        let p = plan_rpc(None, S(4), S(5));
+        assert_eq!(p.reattach_after, Some(S(2)));
+    }
+
+    #[test]
+    fn a_blocking_wait_is_never_sent_as_zero() {
+        // timeout 0 would mean "non-blocking" to the server.
+        let p = plan_rpc(Some(Duration::from_nanos(10)), S(30), S(5));
+        assert_eq!(p.wait, Duration::from_millis(1));
+        assert!(p.last);
+    }
+
+    #[test]
+    fn outcomes_fall_back_to_the_success_flag() {
+        let mut r = AcquireSemaphoreResponse {
+            outcome: AcquireOutcome::TimedOut as i32,
+            ..Default::default()
+        };
+        assert_eq!(outcome(&r), AcquireOutcome::TimedOut);
+        r.outcome = AcquireOutcome::Unspecified as i32;
+        r.success = true;
+        assert_eq!(outcome(&r), AcquireOutcome::Acquired);
+        r.outcome = 42;
+        assert_eq!(outcome(&r), AcquireOutcome::Acquired);
+        r.success = false;
+        assert_eq!(outcome(&r), AcquireOutcome::Unspecified);
+    }
+}

@@ -1,0 +1,210 @@
+//! The child: its own process group, forwarded signals, and stopping the whole group.
+
+use std::io;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::time::Instant;
+
+/// The signals conch catches (from the moment it starts) and forwards to the child's group.
+pub struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+    quit: Signal,
+    usr1: Signal,
+    usr2: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers. From now on these signals no longer kill conch by default.
+    pub fn install() -> io::Result<Signals> {
+        let on = |sig: i32| signal(SignalKind::from_raw(sig));
+        Ok(Signals {
+            int: on(libc::SIGINT)?,
+            term: on(libc::SIGTERM)?,
+            hup: on(libc::SIGHUP)?,
+            quit: on(libc::SIGQUIT)?,
+            usr1: on(libc::SIGUSR1)?,
+            usr2: on(libc::SIGUSR2)?,
+        })
+    }
+
+    /// The next signal received. Cancel-safe.
+    pub async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            Some(()) = self.int.recv() => libc::SIGINT,
+            Some(()) = self.term.recv() => libc::SIGTERM,
+            Some(()) = self.hup.recv() => libc::SIGHUP,
+            Some(()) = self.quit.recv() => libc::SIGQUIT,
+            Some(()) = self.usr1.recv() => libc::SIGUSR1,
+            Some(()) = self.usr2.recv() => libc::SIGUSR2,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+/// Starts `argv` in a new process group (its pgid is its pid) with `env` added.
+pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args).process_group(0).kill_on_drop(false);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn()
+}
+
+/// Sends `sig` to every process of group `pgid`. A group that is gone is not an error.
+pub fn signal_group(pgid: i32, sig: i32) {
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: kill(2) has no memory-safety requirements; a negative pid names a group.
+    let rc = unsafe { libc::kill(-pgid, sig) };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            tracing::debug!(pgid, sig, error = %err, "signalling the process group failed");
+        }
+    }
+}
+
+/// `true` while any process (zombies included) is in group `pgid`.
+pub fn group_alive(pgid: i32) -> bool {
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks for existence and permission.
+    let rc = unsafe { libc::kill(-pgid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Stops the child's whole group: SIGTERM, then SIGKILL once `grace` has passed with anything
+/// of the group still alive. Signals received meanwhile are still forwarded. Returns the
+/// child's status.
+pub async fn stop_group(
+    child: &mut Child,
+    pgid: i32,
+    grace: Duration,
+    signals: &mut Signals,
+) -> io::Result<ExitStatus> {
+    signal_group(pgid, libc::SIGTERM);
+    let deadline = Instant::now() + grace;
+    let mut status = None;
+    // Wait for the child itself, forwarding signals.
+    while status.is_none() && Instant::now() < deadline {
+        tokio::select! {
+            s = child.wait() => status = Some(s?),
+            sig = signals.recv() => signal_group(pgid, sig),
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+    // Then for the rest of its group.
+    while Instant::now() < deadline && group_alive(pgid) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if group_alive(pgid) {
+        signal_group(pgid, libc::SIGKILL);
+    }
+    match status {
+        Some(s) => Ok(s),
+        None => child.wait().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// Processes of group `pgid` that are not zombies (from /proc).
+    fn live_members(pgid: i32) -> usize {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+            .filter(|stat| {
+                // "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ')'.
+                let Some((_, rest)) = stat.rsplit_once(')') else {
+                    return false;
+                };
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                f.len() > 2 && f[2] == pgid.to_string() && f[0] != "Z"
+            })
+            .count()
+    }
+
+    fn argv(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn the_child_gets_its_own_group_and_the_environment() {
+        let mut child = spawn(
+            &argv(&[
+                "sh",
+                "-c",
+                "read -r pid comm state ppid pgrp rest < /proc/$$/stat; \
+                 test \"$CONCH_REV\" = 42 && test \"$pgrp\" = $$",
+            ]),
+            &[("CONCH_REV", "42".to_string())],
+        )
+        .unwrap();
+        let status = child.wait().await.unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+
+    #[tokio::test]
+    async fn stopping_a_group_that_ignores_sigterm_ends_in_sigkill() {
+        let mut signals = Signals::install().unwrap();
+        // A shell that ignores TERM, and a grandchild in the same group.
+        let mut child = spawn(
+            &argv(&["sh", "-c", "trap '' TERM; sleep 30 & wait; sleep 30"]),
+            &[],
+        )
+        .unwrap();
+        let pgid = child.id().unwrap() as i32;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t0 = std::time::Instant::now();
+        let status = stop_group(&mut child, pgid, Duration::from_millis(500), &mut signals)
+            .await
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        // Killed members may linger as zombies until whoever inherits them reaps them.
+        let t1 = std::time::Instant::now();
+        while live_members(pgid) > 0 && t1.elapsed() < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(live_members(pgid), 0, "the whole group is gone");
+    }
+
+    #[tokio::test]
+    async fn stopping_a_cooperative_child_is_quick() {
+        let mut signals = Signals::install().unwrap();
+        let mut child = spawn(&argv(&["sleep", "30"]), &[]).unwrap();
+        let pgid = child.id().unwrap() as i32;
+        let t0 = std::time::Instant::now();
+        let status = stop_group(&mut child, pgid, Duration::from_secs(5), &mut signals)
+            .await
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGTERM));
+        assert!(t0.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn an_empty_command_is_refused() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            assert!(spawn(&[], &[]).is_err());
+        });
+    }
+}

@@ -1,0 +1,364 @@
+//! Command-line definition (clap derive). Doc comments are the help text.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use conch_client::{DEFAULT_ENDPOINT, parse_duration};
+
+const SEMA_EXAMPLES: &str = "\
+Examples:
+  # classic lock around a mutating script
+  conch sema certs-renew --max 1 --nonblock -- ./renew.sh || echo \"already running elsewhere\"
+
+  # at most 2 nodes run heavy tasks concurrently
+  conch sema heavy-jobs --max 2 -- /usr/local/bin/run-job.sh
+
+  # inspect
+  conch sema heavy-jobs --max 2 --who
+
+The command runs with CONCH_REV (the grant's fencing token, strictly increasing cluster-wide)
+and CONCH_LEASE (the lease id) in its environment, in a process group of its own: conch
+forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to that group. Like `timeout`,
+this means the command cannot read from the terminal.
+
+If the lease cannot be kept alive while the command runs (the cluster is unreachable for
+about the TTL, or the lease was revoked), conch says so on stderr, sends SIGTERM to the
+command's process group, SIGKILL after --kill-after, and exits 79. It gives up before the
+server can expire the lease, but a new holder may start while the old command is still
+stopping: commands must be idempotent or crash-tolerant.
+
+Exit status:
+  the command's     the command ran (128+N if it was killed by signal N)
+  0 / 1             --who: somebody holds a slot / nobody does
+  64                usage error
+  69                no conch node answered
+  70                internal error (unexpected answer from the cluster)
+  75                no slot within --wait (at once with --nonblock)
+  79                slot lost while running (see above)
+  126 / 127         the command could not be executed / was not found";
+
+const TOP_EXAMPLES: &str = "\
+Examples:
+  conch sema certs-renew --max 1 --nonblock -- ./renew.sh || echo \"already running elsewhere\"
+  conch sema heavy-jobs --max 2 -- /usr/local/bin/run-job.sh
+  conch sema heavy-jobs --max 2 --who
+  conch --endpoints node1:7001,node2:7001,node3:7001 cluster status
+  conch completions bash > /etc/bash_completion.d/conch
+
+Exit status: 64 usage error, 69 no conch node answered, 75 no slot in time, 79 slot lost
+while running; otherwise the command's own status (see `conch sema --help`).";
+
+/// conch: cluster-wide semaphores for shell scripts and cron jobs, served by conchd.
+#[derive(Debug, Parser)]
+#[command(name = "conch", version, after_help = TOP_EXAMPLES, propagate_version = true)]
+pub struct Cli {
+    /// conchd endpoints, comma separated (host:port); any node will do.
+    #[arg(
+        long,
+        global = true,
+        env = "CONCH_ENDPOINTS",
+        hide_env_values = true,
+        value_name = "HOST:PORT,..",
+        default_value = DEFAULT_ENDPOINT
+    )]
+    pub endpoints: String,
+
+    /// Deadline of each request to the cluster.
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
+    pub timeout: Duration,
+
+    /// Log what conch does on stderr (-v info, -vv debug; or set CONCH_LOG to a filter).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding one of N cluster-wide slots, or show who holds them.
+    #[command(after_help = SEMA_EXAMPLES)]
+    Sema(SemaArgs),
+    /// Inspect the cluster.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Ask every node (the endpoints, then the members they report) for its Raft status.
+    ///
+    /// Exit status: 0 if every node answered, 1 if some did not, 69 if none did.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct SemaArgs {
+    /// Semaphore name: letters, digits, '-', '_' and '.'.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// Capacity N: at most N holders at once, cluster-wide. Part of the identity: callers with
+    /// different --max use different semaphores (--max 1 is a lock).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max: u64,
+
+    /// Lease time to live (whole seconds, 1s-300s): a crashed conch's slot comes back after
+    /// about this long.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = ttl_arg)]
+    pub ttl: Duration,
+
+    /// Longest wait for a slot [default: forever]; exit 75 if none comes in time. The wait
+    /// keeps its place in the FIFO queue across request timeouts and node failover.
+    #[arg(long, value_name = "DURATION", value_parser = wait_arg, conflicts_with = "nonblock")]
+    pub wait: Option<Wait>,
+
+    /// Do not wait: run only if a slot is free now, else exit 75 (same as --wait 0).
+    #[arg(long, short = 'n')]
+    pub nonblock: bool,
+
+    /// At most one slot per host: a host already holding one is refused as if no slot were
+    /// free.
+    #[arg(long)]
+    pub spread: bool,
+
+    /// When the slot is lost while the command runs: time between SIGTERM and SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
+    pub kill_after: Duration,
+
+    /// Show who holds the slots and who waits, in grant and queue order; exit 0 if anyone
+    /// holds, 1 if nobody does.
+    #[arg(long, conflicts_with_all = ["wait", "nonblock", "spread", "command"])]
+    pub who: bool,
+
+    /// With --who: print JSON.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The command to run, after `--`.
+    #[arg(value_name = "CMD", last = true, required_unless_present = "who")]
+    pub command: Vec<String>,
+}
+
+/// `--wait`: a bound, or forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait(pub Option<Duration>);
+
+impl SemaArgs {
+    /// Checks what clap cannot express.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.json && !self.who {
+            return Err("--json goes with --who".to_string());
+        }
+        Ok(())
+    }
+
+    /// The wait bound: `None` is forever.
+    pub fn wait_bound(&self) -> Option<Duration> {
+        if self.nonblock {
+            Some(Duration::ZERO)
+        } else {
+            self.wait.and_then(|w| w.0)
+        }
+    }
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s)
+}
+
+fn wait_arg(s: &str) -> Result<Wait, String> {
+    match s.trim() {
+        "forever" | "inf" | "infinite" => Ok(Wait(None)),
+        other => parse_duration(other).map(|d| Wait(Some(d))),
+    }
+}
+
+fn ttl_arg(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    conch_client::lease::validate_ttl(d)?;
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("conch").chain(args.iter().copied()))
+    }
+
+    fn sema(args: &[&str]) -> SemaArgs {
+        match parse(args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+            .command
+        {
+            Command::Sema(s) => s,
+            other => panic!("not sema: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_seed_examples_parse() {
+        let s = sema(&[
+            "sema",
+            "certs-renew",
+            "--max",
+            "1",
+            "--nonblock",
+            "--",
+            "./renew.sh",
+        ]);
+        assert_eq!(
+            (s.name.as_str(), s.max, s.nonblock),
+            ("certs-renew", 1, true)
+        );
+        assert_eq!(s.command, ["./renew.sh"]);
+        assert_eq!(s.wait_bound(), Some(Duration::ZERO));
+        assert_eq!(s.ttl, Duration::from_secs(10));
+        assert_eq!(s.kill_after, Duration::from_secs(5));
+
+        let s = sema(&[
+            "sema",
+            "heavy-jobs",
+            "--max",
+            "2",
+            "--",
+            "/usr/local/bin/run-job.sh",
+        ]);
+        assert_eq!(s.wait_bound(), None);
+        assert_eq!(s.command, ["/usr/local/bin/run-job.sh"]);
+
+        let s = sema(&["sema", "heavy-jobs", "--max", "2", "--who"]);
+        assert!(s.who && !s.json && s.command.is_empty());
+    }
+
+    #[test]
+    fn command_arguments_are_passed_through_untouched() {
+        let s = sema(&[
+            "sema", "x", "--max", "1", "--", "ls", "-l", "--max", "--", "y",
+        ]);
+        assert_eq!(s.command, ["ls", "-l", "--max", "--", "y"]);
+    }
+
+    #[test]
+    fn waits_ttls_and_flags() {
+        let s = sema(&[
+            "sema", "x", "--max", "3", "--wait", "1m30s", "--ttl", "30s", "--spread", "--", "true",
+        ]);
+        assert_eq!(s.wait_bound(), Some(Duration::from_secs(90)));
+        assert_eq!(s.ttl, Duration::from_secs(30));
+        assert!(s.spread);
+        let s = sema(&["sema", "x", "--max", "1", "--wait", "forever", "--", "true"]);
+        assert_eq!(s.wait_bound(), None);
+        let s = sema(&["sema", "x", "--max", "1", "--wait", "0", "--", "true"]);
+        assert_eq!(s.wait_bound(), Some(Duration::ZERO));
+        let s = sema(&["sema", "x", "--max", "1", "--who", "--json"]);
+        assert!(s.json);
+    }
+
+    #[test]
+    fn usage_errors_are_caught_by_the_parser() {
+        let bad: &[&[&str]] = &[
+            &["sema", "x", "--", "true"],               // --max missing
+            &["sema", "x", "--max", "0", "--", "true"], // --max 0
+            &["sema", "x", "--max", "1"],               // no command
+            &[
+                "sema",
+                "x",
+                "--max",
+                "1",
+                "--wait",
+                "5s",
+                "--nonblock",
+                "--",
+                "true",
+            ],
+            &["sema", "x", "--max", "1", "--who", "--", "true"],
+            &["sema", "x", "--max", "1", "--who", "--spread"],
+            &["sema", "x", "--max", "1", "--json", "--", "true"], // --json without --who
+            &["sema", "x", "--max", "1", "--ttl", "0s", "--", "true"],
+            &["sema", "x", "--max", "1", "--ttl", "1.5s", "--", "true"],
+            &["sema", "x", "--max", "1", "--ttl", "301s", "--", "true"],
+            &["sema", "x", "--max", "1", "--wait", "soon", "--", "true"],
+            &["completions", "tcsh"],
+            &["cluster"],
+            &["sema", "x", "--max", "1", "--bogus", "--", "true"], // typo'd flag
+            &["sema", "x", "--max", "1", "sh", "-c", "true"],      // command needs `--`
+        ];
+        for args in bad {
+            let refused = match parse(args) {
+                Err(_) => true,
+                Ok(Cli {
+                    command: Command::Sema(s),
+                    ..
+                }) => s.validate().is_err(),
+                Ok(_) => false,
+            };
+            assert!(refused, "{args:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn endpoints_timeout_and_verbosity_are_global() {
+        let cli = parse(&[
+            "sema",
+            "x",
+            "--max",
+            "1",
+            "--who",
+            "--endpoints",
+            "a:1,b:2",
+            "-vv",
+        ])
+        .unwrap();
+        assert_eq!(cli.endpoints, "a:1,b:2");
+        assert_eq!(cli.verbose, 2);
+        let cli = parse(&["--timeout", "2s", "cluster", "status"]).unwrap();
+        assert_eq!(cli.timeout, Duration::from_secs(2));
+        assert!(matches!(
+            cli.command,
+            Command::Cluster {
+                command: ClusterCommand::Status { json: false }
+            }
+        ));
+    }
+
+    #[test]
+    fn help_shows_the_seed_examples_and_exit_codes() {
+        let mut cmd = Cli::command();
+        let sema = cmd.find_subcommand_mut("sema").expect("sema subcommand");
+        let help = sema.render_long_help().to_string();
+        for needle in [
+            "conch sema certs-renew --max 1 --nonblock -- ./renew.sh || echo \"already running elsewhere\"",
+            "conch sema heavy-jobs --max 2 -- /usr/local/bin/run-job.sh",
+            "conch sema heavy-jobs --max 2 --who",
+            "CONCH_REV",
+            "79",
+            "75",
+        ] {
+            assert!(
+                help.contains(needle),
+                "sema --help lacks {needle:?}:\n{help}"
+            );
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! `conch cluster status`: every node's view of the Raft cluster, one row per node.
+//!
+//! ```text
+//! NODE  ADDRESS         STATE     LEADER  TERM  LAST-LOG  COMMIT  APPLIED  MEMBERS
+//! 1     127.0.0.1:7001  Leader    1       3     120       120     120      1,2,3
+//! 2     127.0.0.1:7002  Follower  1       3     120       120     120      1,2,3
+//! -     127.0.0.1:7003  unreachable: tcp connect error: Connection refused (os error 111)
+//! ```
+//!
+//! The endpoints are asked first, then any member address they report that was not asked yet,
+//! so one endpoint is enough to see the whole cluster.
+
+use std::process::ExitCode;
+
+use conch_client::Client;
+use conch_client::proto::conch::ClusterStatusResponse;
+use serde::Serialize;
+
+use crate::exit;
+
+/// One node's row.
+#[derive(Debug, Serialize)]
+pub struct Row {
+    /// The address asked.
+    pub endpoint: String,
+    /// The answer, if the node gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<NodeStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeStatus {
+    pub node_id: u64,
+    pub addr: String,
+    pub state: String,
+    pub leader_id: u64,
+    pub leader_addr: String,
+    pub term: u64,
+    pub last_log_index: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub snapshot_index: u64,
+    pub members: Vec<MemberJson>,
+    pub state_hash: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemberJson {
+    pub id: u64,
+    pub addr: String,
+    pub voter: bool,
+}
+
+impl From<ClusterStatusResponse> for NodeStatus {
+    fn from(r: ClusterStatusResponse) -> Self {
+        NodeStatus {
+            node_id: r.node_id,
+            addr: r.addr,
+            state: r.state,
+            leader_id: r.leader_id,
+            leader_addr: r.leader_addr,
+            term: r.term,
+            last_log_index: r.last_log_index,
+            commit_index: r.commit_index,
+            applied_index: r.applied_index,
+            snapshot_index: r.snapshot_index,
+            members: r
+                .members
+                .into_iter()
+                .map(|m| MemberJson {
+                    id: m.id,
+                    addr: m.addr,
+                    voter: m.voter,
+                })
+                .collect(),
+            state_hash: format!("{:016x}", r.state_hash),
+        }
+    }
+}
+
+/// Members as `1,2,3` with learners marked: `1,2,3,4(learner)`.
+fn members_cell(members: &[MemberJson]) -> String {
+    if members.is_empty() {
+        return "-".to_string();
+    }
+    members
+        .iter()
+        .map(|m| {
+            if m.voter {
+                m.id.to_string()
+            } else {
+                format!("{}(learner)", m.id)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The table, aligned; an unreachable node's row ends in its error.
+pub fn render_table(rows: &[Row]) -> Vec<String> {
+    let header = [
+        "NODE", "ADDRESS", "STATE", "LEADER", "TERM", "LAST-LOG", "COMMIT", "APPLIED", "MEMBERS",
+    ];
+    let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    for row in rows {
+        match &row.status {
+            Some(s) => cells.push(vec![
+                s.node_id.to_string(),
+                if s.addr.is_empty() {
+                    row.endpoint.clone()
+                } else {
+                    s.addr.clone()
+                },
+                if s.state.is_empty() {
+                    "?".to_string()
+                } else {
+                    s.state.clone()
+                },
+                if s.leader_id == 0 {
+                    "-".to_string()
+                } else {
+                    s.leader_id.to_string()
+                },
+                s.term.to_string(),
+                s.last_log_index.to_string(),
+                s.commit_index.to_string(),
+                s.applied_index.to_string(),
+                members_cell(&s.members),
+            ]),
+            None => cells.push(vec![
+                "-".to_string(),
+                row.endpoint.clone(),
+                format!(
+                    "unreachable: {}",
+                    row.error.as_deref().unwrap_or("no answer")
+                ),
+            ]),
+        }
+    }
+    let columns = header.len();
+    let mut widths = vec![0usize; columns];
+    for line in &cells {
+        // A short (unreachable) row's last cell spans the rest of the line.
+        if line.len() < columns {
+            for (i, c) in line.iter().enumerate().take(line.len() - 1) {
+                widths[i] = widths[i].max(c.len());
+            }
+        } else {
+            for (i, c) in line.iter().enumerate() {
+                widths[i] = widths[i].max(c.len());
+            }
+        }
+    }
+    cells
+        .iter()
+        .map(|line| {
+            let mut out = String::new();
+            for (i, c) in line.iter().enumerate() {
+                if i + 1 == line.len() {
+                    out.push_str(c);
+                } else {
+                    out.push_str(&format!("{c:<w$}  ", w = widths[i]));
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// 0 if every node answered, 1 if some did not, 69 if none did.
+pub fn exit_code(rows: &[Row]) -> ExitCode {
+    let answered = rows.iter().filter(|r| r.status.is_some()).count();
+    if answered == 0 {
+        ExitCode::from(exit::UNAVAILABLE)
+    } else if answered < rows.len() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+async fn ask_all(client: &Client, endpoints: Vec<String>) -> Vec<Row> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, ep) in endpoints.into_iter().enumerate() {
+        let client = client.clone();
+        set.spawn(async move {
+            let result = client.cluster_status_of(&ep).await;
+            (i, ep, result)
+        });
+    }
+    let mut rows = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        if let Ok((i, endpoint, result)) = joined {
+            let row = match result {
+                Ok(s) => Row {
+                    endpoint,
+                    status: Some(s.into()),
+                    error: None,
+                },
+                Err(e) => Row {
+                    endpoint,
+                    status: None,
+                    error: Some(short_error(&e)),
+                },
+            };
+            rows.push((i, row));
+        }
+    }
+    rows.sort_by_key(|(i, _)| *i);
+    rows.into_iter().map(|(_, r)| r).collect()
+}
+
+fn short_error(e: &conch_client::Error) -> String {
+    match e {
+        conch_client::Error::Unavailable { last, .. } => last.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let mut rows = ask_all(client, client.endpoints()).await;
+    // Members the endpoints know of that nobody asked yet.
+    let asked_ids: Vec<u64> = rows
+        .iter()
+        .filter_map(|r| r.status.as_ref().map(|s| s.node_id))
+        .collect();
+    let asked_addrs: Vec<String> = rows
+        .iter()
+        .flat_map(|r| {
+            let mut v = vec![r.endpoint.clone()];
+            if let Some(s) = &r.status {
+                v.push(s.addr.clone());
+            }
+            v
+        })
+        .collect();
+    let mut more: Vec<String> = Vec::new();
+    for r in &rows {
+        for m in r.status.iter().flat_map(|s| &s.members) {
+            if !asked_ids.contains(&m.id)
+                && !m.addr.is_empty()
+                && !asked_addrs.contains(&m.addr)
+                && !more.contains(&m.addr)
+            {
+                more.push(m.addr.clone());
+            }
+        }
+    }
+    if !more.is_empty() {
+        rows.extend(ask_all(client, more).await);
+    }
+    if json {
+        crate::print_lines([serde_json::to_string_pretty(&rows)?])?;
+    } else {
+        crate::print_lines(render_table(&rows))?;
+    }
+    Ok(exit_code(&rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use conch_client::proto::conch::Member;
+
+    fn node(id: u64, state: &str) -> Row {
+        let members = (1..=3)
+            .map(|i| Member {
+                id: i,
+                addr: format!("127.0.0.1:700{i}"),
+                voter: true,
+            })
+            .collect();
+        Row {
+            endpoint: format!("127.0.0.1:700{id}"),
+            status: Some(
+                ClusterStatusResponse {
+                    node_id: id,
+                    addr: format!("127.0.0.1:700{id}"),
+                    leader_id: 1,
+                    leader_addr: "127.0.0.1:7001".into(),
+                    term: 3,
+                    state: state.into(),
+                    last_log_index: 120,
+                    commit_index: 120,
+                    applied_index: 119,
+                    members,
+                    ..Default::default()
+                }
+                .into(),
+            ),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn table_aligns_and_shows_unreachable_nodes() {
+        let rows = vec![
+            node(1, "Leader"),
+            node(2, "Follower"),
+            Row {
+                endpoint: "127.0.0.1:7003".into(),
+                status: None,
+                error: Some("connection refused".into()),
+            },
+        ];
+        assert_eq!(
+            render_table(&rows),
+            [
+                "NODE  ADDRESS         STATE     LEADER  TERM  LAST-LOG  COMMIT  APPLIED  MEMBERS",
+                "1     127.0.0.1:7001  Leader    1       3     120       120     119      1,2,3",
+                "2     127.0.0.1:7002  Follower  1       3     120       120     119      1,2,3",
+                "-     127.0.0.1:7003  unreachable: connection refused",
+            ]
+        );
+        assert_eq!(exit_code(&rows), ExitCode::from(1));
+        assert_eq!(exit_code(&rows[..2]), ExitCode::SUCCESS);
+        assert_eq!(exit_code(&rows[2..]), ExitCode::from(exit::UNAVAILABLE));
+    }
+
+    #[test]
+    fn learners_are_marked() {
+        let m = [
+            MemberJson {
+                id: 1,
+                addr: String::new(),
+                voter: true,
+            },
+            MemberJson {
+                id: 4,
+                addr: String::new(),
+                voter: false,
+            },
+        ];
+        assert_eq!(members_cell(&m), "1,4(learner)");
+        assert_eq!(members_cell(&[]), "-");
+    }
+}

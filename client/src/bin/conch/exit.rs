@@ -1,0 +1,176 @@
+//! Exit codes, and the mapping from errors to them.
+//!
+//! | code | meaning |
+//! | --- | --- |
+//! | the command's | the command ran; 128+N if it was killed by signal N |
+//! | 0 / 1 | `--who`: somebody holds / nobody holds; `cluster status`: all / some nodes answered |
+//! | 64 | usage error (EX_USAGE) |
+//! | 69 | no conch node answered (EX_UNAVAILABLE) |
+//! | 70 | internal error: an answer conch cannot use (EX_SOFTWARE) |
+//! | 75 | no slot within `--wait` (EX_TEMPFAIL) |
+//! | 79 | slot lost while the command ran |
+//! | 126 / 127 | the command could not be executed / was not found (as in shells) |
+
+use std::process::ExitStatus;
+
+use tonic::Code;
+
+pub const USAGE: u8 = 64;
+pub const UNAVAILABLE: u8 = 69;
+pub const SOFTWARE: u8 = 70;
+pub const NO_SLOT: u8 = 75;
+pub const SLOT_LOST: u8 = 79;
+pub const CANNOT_EXECUTE: u8 = 126;
+pub const COMMAND_NOT_FOUND: u8 = 127;
+
+/// An error that carries its exit code; `Display` is the one line printed after `conch: `.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Exit {
+    pub code: u8,
+    pub message: String,
+}
+
+/// A usage error (exit 64).
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    Exit {
+        code: USAGE,
+        message: message.into(),
+    }
+    .into()
+}
+
+/// The exit code for an error that ended `run`.
+pub fn code_for(err: &anyhow::Error) -> u8 {
+    for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<Exit>() {
+            return e.code;
+        }
+        if let Some(e) = cause.downcast_ref::<conch_client::Error>() {
+            return code_for_client_error(e);
+        }
+    }
+    SOFTWARE
+}
+
+fn code_for_client_error(e: &conch_client::Error) -> u8 {
+    use conch_client::Error as E;
+    match e {
+        E::InvalidEndpoint { .. } | E::InvalidArgument { .. } => USAGE,
+        E::Unavailable { .. } | E::Timeout { .. } => UNAVAILABLE,
+        // A full queue or namespace: no slot now, try later.
+        E::ResourceExhausted { .. } => NO_SLOT,
+        E::LeaseLost { .. } => NO_SLOT,
+        E::Other { status, .. } if status.code() == Code::DeadlineExceeded => UNAVAILABLE,
+        _ => SOFTWARE,
+    }
+}
+
+/// The exit code that passes a child's status through: its exit code, or 128+signal.
+pub fn code_for_status(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return (code & 0xff) as u8;
+    }
+    if let Some(sig) = status.signal() {
+        return 128u8.saturating_add((sig & 0x7f) as u8);
+    }
+    SOFTWARE
+}
+
+/// The exit code after being interrupted by signal `sig` before the command ran: 128+sig.
+pub fn signal_exit(sig: i32) -> std::process::ExitCode {
+    std::process::ExitCode::from(128u8.saturating_add((sig & 0x7f) as u8))
+}
+
+/// Renders a clap error as one line: `the following required arguments were not provided:
+/// --max <N> (try --help)`.
+pub fn clap_error_line(rendered: &str) -> String {
+    let mut out = String::new();
+    let mut in_usage = false;
+    for line in rendered.lines() {
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            in_usage = false;
+            continue;
+        }
+        if trimmed.starts_with("Usage:") {
+            in_usage = true;
+            continue;
+        }
+        if in_usage || trimmed.starts_with("For more information") {
+            continue;
+        }
+        let part = trimmed.strip_prefix("error: ").unwrap_or(trimmed);
+        if !out.is_empty() {
+            out.push_str(if out.ends_with(':') { " " } else { "; " });
+        }
+        out.push_str(part);
+    }
+    if out.is_empty() {
+        out.push_str("invalid usage");
+    }
+    out.push_str(" (try --help)");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::Duration;
+
+    #[test]
+    fn client_errors_map_to_sysexits() {
+        let unavailable = conch_client::Error::Unavailable {
+            op: "get semaphore",
+            endpoints: vec!["127.0.0.1:7001".into()],
+            last: "connection refused".into(),
+        };
+        assert_eq!(code_for(&anyhow::Error::new(unavailable)), UNAVAILABLE);
+        let timeout = conch_client::Error::Timeout {
+            op: "x",
+            timeout: Duration::from_secs(5),
+        };
+        assert_eq!(
+            code_for(&anyhow::Error::new(timeout).context("ensure semaphore")),
+            UNAVAILABLE
+        );
+        let bad = conch_client::Error::from_status("acquire", tonic::Status::invalid_argument("x"));
+        assert_eq!(code_for(&anyhow::Error::new(bad)), USAGE);
+        let full =
+            conch_client::Error::from_status("acquire", tonic::Status::resource_exhausted("x"));
+        assert_eq!(code_for(&anyhow::Error::new(full)), NO_SLOT);
+        let internal = conch_client::Error::from_status("acquire", tonic::Status::internal("x"));
+        assert_eq!(code_for(&anyhow::Error::new(internal)), SOFTWARE);
+        let gone = conch_client::Error::from_status("get", tonic::Status::not_found("x"));
+        assert_eq!(code_for(&anyhow::Error::new(gone)), SOFTWARE);
+        assert_eq!(code_for(&usage("bad name")), USAGE);
+        assert_eq!(code_for(&anyhow::anyhow!("something else")), SOFTWARE);
+    }
+
+    #[test]
+    fn child_status_passes_through() {
+        // Raw wait statuses: exit code in the high byte, signal in the low bits.
+        assert_eq!(code_for_status(ExitStatus::from_raw(0)), 0);
+        assert_eq!(code_for_status(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(code_for_status(ExitStatus::from_raw(255 << 8)), 255);
+        assert_eq!(code_for_status(ExitStatus::from_raw(libc::SIGTERM)), 143);
+        assert_eq!(code_for_status(ExitStatus::from_raw(libc::SIGKILL)), 137);
+        assert_eq!(code_for_status(ExitStatus::from_raw(libc::SIGINT)), 130);
+    }
+
+    #[test]
+    fn clap_errors_become_one_line() {
+        let rendered = "error: the following required arguments were not provided:\n  --max <N>\n\nUsage: conch sema --max <N> <NAME> [CMD]...\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            clap_error_line(rendered),
+            "the following required arguments were not provided: --max <N> (try --help)"
+        );
+        let rendered = "error: unexpected argument '--foo' found\n\n  tip: to pass '--foo' as a value, use '-- --foo'\n\nUsage: conch sema <NAME>\n       conch sema --who\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            clap_error_line(rendered),
+            "unexpected argument '--foo' found; tip: to pass '--foo' as a value, use '-- --foo' (try --help)"
+        );
+    }
+}

@@ -1,0 +1,360 @@
+//! `conch sema <name> --max N -- cmd…`: hold one of N cluster-wide slots while `cmd` runs.
+//!
+//! 1. Make sure `conch/<name>.<N>` exists (and, with `--spread`, `conch/<name>.<N>.host-<h>`).
+//! 2. Create a lease (`--ttl`) and queue for one permit (the host semaphore first, with the
+//!    same lease and what is left of the same wait). The queue position survives RPC timeouts
+//!    and node failover; a lease lost while waiting re-enters with a new lease (back of the
+//!    queue) while `--wait` allows, else exit 75.
+//! 3. Run the command in its own process group with `CONCH_REV` and `CONCH_LEASE`, forwarding
+//!    signals, while the lease keeps itself alive.
+//! 4. Command exits: revoke the lease (releasing its permits in one request), exit with the
+//!    command's status. Lease lost first: SIGTERM the group, SIGKILL after `--kill-after`,
+//!    revoke, exit 79.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE, NAMESPACE};
+use conch_client::{Client, Guard, Lease, format_duration, now_rfc3339};
+use tracing::{debug, info};
+
+use crate::child::{self, Signals};
+use crate::cli::SemaArgs;
+use crate::exit::{self, Exit};
+
+/// Who this conch is, as holders and waiters show it.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub host: String,
+    pub pid: u32,
+    pub since: String,
+    pub cmd: String,
+}
+
+impl Identity {
+    pub fn current(command: &[String]) -> Identity {
+        Identity {
+            host: sema::hostname(),
+            pid: std::process::id(),
+            since: now_rfc3339(),
+            cmd: command.join(" "),
+        }
+    }
+
+    /// Metadata for the lease and for the waiter/holder (values cut to the server's limit).
+    pub fn metadata(&self) -> HashMap<String, String> {
+        let cut = |s: &str| sema::truncate_utf8(s, sema::MAX_META_VALUE_LEN).to_string();
+        HashMap::from([
+            (META_HOST.to_string(), cut(&self.host)),
+            (META_PID.to_string(), self.pid.to_string()),
+            (META_SINCE.to_string(), self.since.clone()),
+            (META_CMD.to_string(), cut(&self.cmd)),
+        ])
+    }
+
+    pub fn process_id(&self) -> String {
+        sema::process_id(&self.host, self.pid)
+    }
+}
+
+/// The semaphores one run takes, in order: the per-host one (`--spread`), then the main one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub main: String,
+    pub host: Option<String>,
+}
+
+impl Plan {
+    pub fn new(name: &str, max: u64, spread: bool, host: &str) -> Result<Plan, String> {
+        Ok(Plan {
+            main: sema::semaphore_name(name, max)?,
+            host: if spread {
+                Some(sema::spread_semaphore_name(name, max, host)?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
+/// What is left of a wait that ends at `deadline` (`None`: forever).
+fn remaining(deadline: Option<Instant>) -> Option<Duration> {
+    deadline.map(|d| d.saturating_duration_since(Instant::now()))
+}
+
+fn no_slot(args: &SemaArgs, wait: Option<Duration>) -> anyhow::Error {
+    let message = match wait {
+        Some(w) if w.is_zero() => format!(
+            "no free slot in {}[{}] (all taken{})",
+            args.name,
+            args.max,
+            if args.spread {
+                " or this host already holds one"
+            } else {
+                ""
+            }
+        ),
+        Some(w) => format!(
+            "no slot in {}[{}] within {}",
+            args.name,
+            args.max,
+            format_duration(w)
+        ),
+        None => format!("no slot in {}[{}]", args.name, args.max),
+    };
+    Exit {
+        code: exit::NO_SLOT,
+        message,
+    }
+    .into()
+}
+
+async fn ensure_semaphores(client: &Client, plan: &Plan, max: u64) -> anyhow::Result<()> {
+    let s = client
+        .ensure_semaphore(NAMESPACE, &plan.main, max)
+        .await
+        .with_context(|| format!("set up semaphore {NAMESPACE}/{}", plan.main))?;
+    if s.permits != max {
+        eprintln!(
+            "conch: warning: semaphore {NAMESPACE}/{} has {} permits, not {max} (changed through the API?)",
+            plan.main, s.permits
+        );
+    }
+    if let Some(host) = &plan.host {
+        client
+            .ensure_semaphore(NAMESPACE, host, 1)
+            .await
+            .with_context(|| format!("set up semaphore {NAMESPACE}/{host}"))?;
+    }
+    Ok(())
+}
+
+/// Takes the plan's semaphores with one lease: all of them, or none (`Ok(None)`).
+async fn take_slots(
+    client: &Client,
+    lease: &Lease,
+    plan: &Plan,
+    deadline: Option<Instant>,
+    metadata: &HashMap<String, String>,
+) -> conch_client::Result<Option<Vec<Guard>>> {
+    let mut guards = Vec::new();
+    for sem in plan.host.iter().chain(std::iter::once(&plan.main)) {
+        let wait = remaining(deadline);
+        match client
+            .acquire(lease, NAMESPACE, sem, 1, wait, metadata.clone())
+            .await?
+        {
+            Some(g) => guards.push(g),
+            None => {
+                // Revoking the lease (the caller does) releases what was taken.
+                guards.into_iter().for_each(Guard::forget);
+                return Ok(None);
+            }
+        }
+    }
+    Ok(Some(guards))
+}
+
+/// How long the final revoke may take when the command is done: the slot comes back after
+/// the TTL anyway, so conch does not hang around an unreachable cluster.
+const REVOKE_BUDGET: Duration = Duration::from_secs(3);
+
+/// Revokes a lease, which releases everything it holds or waits for in one write; says so if
+/// it could not be done (the slot then comes back within the TTL).
+async fn revoke(lease: Lease) {
+    let id = lease.id().to_string();
+    let ttl = lease.ttl();
+    let why = match tokio::time::timeout(REVOKE_BUDGET, lease.revoke()).await {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("no answer within {}", format_duration(REVOKE_BUDGET)),
+    };
+    eprintln!(
+        "conch: warning: could not revoke lease {id} ({why}); its slot comes back within {}",
+        format_duration(ttl)
+    );
+}
+
+/// Frees the slot: revoking the lease releases every guard taken with it, in one request.
+async fn release_all(guards: Vec<Guard>, lease: Lease) {
+    guards.into_iter().for_each(Guard::forget);
+    revoke(lease).await;
+}
+
+pub async fn run(
+    client: &Client,
+    args: &SemaArgs,
+    signals: &mut Signals,
+) -> anyhow::Result<ExitCode> {
+    let me = Identity::current(&args.command);
+    let plan = Plan::new(&args.name, args.max, args.spread, &me.host).map_err(exit::usage)?;
+    let wait = args.wait_bound();
+    let deadline = wait.map(|w| Instant::now() + w);
+    let metadata = me.metadata();
+    let process_id = me.process_id();
+
+    tokio::select! {
+        r = ensure_semaphores(client, &plan, args.max) => r?,
+        sig = signals.recv() => return Ok(exit::signal_exit(sig)),
+    }
+
+    // Queue for the slot; a lost lease re-enters with a new one while the wait allows.
+    let (lease, guards) = loop {
+        let lease = tokio::select! {
+            r = client.create_lease(NAMESPACE, &process_id, args.ttl, metadata.clone()) => {
+                r.context("create lease")?
+            }
+            sig = signals.recv() => return Ok(exit::signal_exit(sig)),
+        };
+        debug!(lease = lease.id(), "lease created; queueing");
+        let taken = tokio::select! {
+            r = take_slots(client, &lease, &plan, deadline, &metadata) => r,
+            sig = signals.recv() => {
+                // Dropping the acquire cancels the wait; revoking leaves nothing behind.
+                revoke(lease).await;
+                return Ok(exit::signal_exit(sig));
+            }
+        };
+        match taken {
+            Ok(Some(guards)) if !lease.is_lost() => break (lease, guards),
+            Ok(Some(guards)) => {
+                guards.into_iter().for_each(Guard::forget);
+                revoke(lease).await;
+                if remaining(deadline).is_some_and(|r| r.is_zero()) {
+                    return Err(no_slot(args, wait));
+                }
+                eprintln!(
+                    "conch: lease lost just after the grant; queueing again with a new lease"
+                );
+            }
+            Ok(None) => {
+                revoke(lease).await;
+                return Err(no_slot(args, wait));
+            }
+            Err(e) if e.is_lease_lost() || e.is_not_found() => {
+                revoke(lease).await;
+                if remaining(deadline).is_some_and(|r| r.is_zero()) {
+                    return Err(no_slot(args, wait)).context(e.to_string());
+                }
+                eprintln!(
+                    "conch: lost the lease while waiting ({e}); queueing again with a new lease"
+                );
+                // The semaphore may be what disappeared.
+                ensure_semaphores(client, &plan, args.max).await?;
+            }
+            Err(e) => {
+                revoke(lease).await;
+                return Err(e).context(format!("queue for {}[{}]", args.name, args.max));
+            }
+        }
+    };
+
+    let token = guards.last().map_or(0, |g| g.fencing_token());
+    info!(
+        lease = lease.id(),
+        rev = token,
+        "slot acquired; starting the command"
+    );
+    let env = [
+        ("CONCH_REV", token.to_string()),
+        ("CONCH_LEASE", lease.id().to_string()),
+    ];
+    let mut child = match child::spawn(&args.command, &env) {
+        Ok(c) => c,
+        Err(e) => {
+            release_all(guards, lease).await;
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                exit::COMMAND_NOT_FOUND
+            } else {
+                exit::CANNOT_EXECUTE
+            };
+            let program = args.command.first().map_or("", String::as_str);
+            return Err(Exit {
+                code,
+                message: format!("cannot run {program}: {e}"),
+            }
+            .into());
+        }
+    };
+    let pgid = child.id().map_or(0, |id| id as i32);
+
+    enum End {
+        Exited(std::process::ExitStatus),
+        Lost(conch_client::LeaseLoss),
+    }
+    let end = loop {
+        tokio::select! {
+            status = child.wait() => break End::Exited(status.context("wait for the command")?),
+            sig = signals.recv() => child::signal_group(pgid, sig),
+            loss = lease.lost() => break End::Lost(loss),
+        }
+    };
+    match end {
+        End::Exited(status) => {
+            release_all(guards, lease).await;
+            Ok(ExitCode::from(exit::code_for_status(status)))
+        }
+        End::Lost(loss) => {
+            eprintln!(
+                "conch: slot lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
+                lease.id(),
+                format_duration(args.kill_after)
+            );
+            let status = child::stop_group(&mut child, pgid, args.kill_after, signals)
+                .await
+                .context("stop the command")?;
+            debug!(?status, "command stopped");
+            guards.into_iter().for_each(Guard::forget);
+            // The command is gone: let the next holder in now rather than after the TTL.
+            revoke(lease).await;
+            Ok(ExitCode::from(exit::SLOT_LOST))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_name_the_semaphores() {
+        let p = Plan::new("video-encode", 2, false, "node1").unwrap();
+        assert_eq!(
+            p,
+            Plan {
+                main: "video-encode.2".into(),
+                host: None
+            }
+        );
+        let p = Plan::new("video-encode", 2, true, "node1.lan").unwrap();
+        assert_eq!(p.host.as_deref(), Some("video-encode.2.host-node1-lan"));
+        assert!(Plan::new("bad name", 2, false, "h").is_err());
+    }
+
+    #[test]
+    fn identity_metadata_has_host_pid_since_and_fits() {
+        let me = Identity {
+            host: "node2".into(),
+            pid: 4242,
+            since: "2026-06-12T10:15:00Z".into(),
+            cmd: "x".repeat(1000),
+        };
+        let m = me.metadata();
+        assert_eq!(m[META_HOST], "node2");
+        assert_eq!(m[META_PID], "4242");
+        assert_eq!(m[META_SINCE], "2026-06-12T10:15:00Z");
+        assert_eq!(m[META_CMD].len(), sema::MAX_META_VALUE_LEN);
+        assert_eq!(me.process_id(), "node2/pid-4242");
+    }
+
+    #[test]
+    fn remaining_wait_counts_down_and_forever_stays_forever() {
+        assert_eq!(remaining(None), None);
+        let past = Instant::now() - Duration::from_secs(1);
+        assert_eq!(remaining(Some(past)), Some(Duration::ZERO));
+        let r = remaining(Some(Instant::now() + Duration::from_secs(10))).unwrap();
+        assert!(r > Duration::from_secs(9) && r <= Duration::from_secs(10));
+    }
+}

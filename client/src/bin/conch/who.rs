@@ -1,0 +1,311 @@
+//! `conch sema <name> --max N --who [--json]`: holders in grant order, then waiters in queue
+//! order.
+//!
+//! ```text
+//! video-encode[2/2] HELD  node2 pid=4242 since=2026-06-12T10:15:00Z rev=8812
+//! video-encode[2/2] HELD  node3 pid=991  since=2026-06-12T10:15:04Z rev=8814
+//! video-encode[2/2] WAIT  node1 pid=1207 since=2026-06-12T10:15:09Z rev=-
+//! ```
+//!
+//! The bracket is `[active holds/N]`. Host and pid columns are padded so lines align. A holder
+//! or waiter with a weight other than 1 (possible through the Grackle API) gets ` weight=W`.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+
+use conch_client::proto::conch::SemaphoreWaiter;
+use conch_client::proto::grackle::SemaphoreHolder;
+use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE};
+use conch_client::{Client, format_unix_nanos};
+use serde::Serialize;
+
+use crate::exit;
+
+/// What `--who --json` prints.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Who {
+    pub name: String,
+    pub max: u64,
+    pub namespace: String,
+    pub semaphore: String,
+    /// `false` if nobody has used (name, max) yet.
+    pub exists: bool,
+    /// Sum of the holders' weights.
+    pub active_holds: u64,
+    pub holders: Vec<Entry>,
+    pub waiters: Vec<Entry>,
+}
+
+/// One holder or waiter.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Entry {
+    pub host: Option<String>,
+    pub pid: Option<u32>,
+    pub since: Option<String>,
+    pub lease_id: String,
+    pub weight: u64,
+    /// Holders: the grant's fencing token (`CONCH_REV`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rev: Option<u64>,
+    /// Waiters: place in the queue, 0 = next to be granted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<String>,
+}
+
+fn entry(lease_id: &str, weight: u64, metadata: &HashMap<String, String>, at_nanos: i64) -> Entry {
+    Entry {
+        host: metadata.get(META_HOST).filter(|h| !h.is_empty()).cloned(),
+        pid: metadata.get(META_PID).and_then(|p| p.parse().ok()),
+        since: metadata
+            .get(META_SINCE)
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .or_else(|| format_unix_nanos(at_nanos)),
+        lease_id: lease_id.to_string(),
+        weight: weight.max(1),
+        rev: None,
+        position: None,
+        cmd: metadata.get(META_CMD).cloned(),
+    }
+}
+
+pub fn holder_entry(h: &SemaphoreHolder) -> Entry {
+    Entry {
+        rev: Some(h.fencing_token),
+        ..entry(&h.lease_id, h.weight, &h.metadata, h.locked_at)
+    }
+}
+
+pub fn waiter_entry(w: &SemaphoreWaiter, index: usize) -> Entry {
+    // Trust the server's position; fall back to list order if it sent none.
+    let position = if w.position == 0 && index > 0 {
+        index as u64
+    } else {
+        w.position
+    };
+    Entry {
+        position: Some(position),
+        ..entry(&w.lease_id, w.weight, &w.metadata, w.queued_at)
+    }
+}
+
+/// The text lines, holders first.
+pub fn render_lines(who: &Who) -> Vec<String> {
+    let all = who.holders.iter().chain(&who.waiters);
+    let host = |e: &Entry| e.host.clone().unwrap_or_else(|| "?".to_string());
+    let pid = |e: &Entry| e.pid.map_or_else(|| "?".to_string(), |p| p.to_string());
+    let host_w = all.clone().map(|e| host(e).len()).max().unwrap_or(0);
+    let pid_w = all.map(|e| pid(e).len()).max().unwrap_or(0);
+    let prefix = format!("{}[{}/{}]", who.name, who.active_holds, who.max);
+    let line = |state: &str, e: &Entry| {
+        let since = e.since.as_deref().unwrap_or("?");
+        let rev = e.rev.map_or_else(|| "-".to_string(), |r| r.to_string());
+        let mut l = format!(
+            "{prefix} {state:<5} {:<host_w$} pid={:<pid_w$} since={since} rev={rev}",
+            host(e),
+            pid(e)
+        );
+        if e.weight != 1 {
+            l.push_str(&format!(" weight={}", e.weight));
+        }
+        l
+    };
+    who.holders
+        .iter()
+        .map(|e| line("HELD", e))
+        .chain(who.waiters.iter().map(|e| line("WAIT", e)))
+        .collect()
+}
+
+/// Exit 0 if anyone holds, 1 if nobody does.
+pub fn exit_code(who: &Who) -> ExitCode {
+    if who.holders.is_empty() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+pub async fn run(client: &Client, name: &str, max: u64, json: bool) -> anyhow::Result<ExitCode> {
+    let semaphore = sema::semaphore_name(name, max).map_err(exit::usage)?;
+    let mut who = Who {
+        name: name.to_string(),
+        max,
+        namespace: sema::NAMESPACE.to_string(),
+        semaphore: semaphore.clone(),
+        exists: true,
+        active_holds: 0,
+        holders: Vec::new(),
+        waiters: Vec::new(),
+    };
+    match client.list_holders(sema::NAMESPACE, &semaphore).await {
+        Ok(holders) => who.holders = holders.iter().map(holder_entry).collect(),
+        Err(e) if e.is_not_found() => who.exists = false,
+        Err(e) => return Err(e.into()),
+    }
+    if who.exists {
+        match client.list_waiters(sema::NAMESPACE, &semaphore).await {
+            Ok(w) => {
+                who.waiters = w
+                    .waiters
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| waiter_entry(w, i))
+                    .collect();
+                who.active_holds = w.semaphore.map(|s| s.active_holds).unwrap_or(0);
+            }
+            Err(e) if e.is_not_found() => who.exists = false,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if who.active_holds == 0 {
+        who.active_holds = who.holders.iter().map(|h| h.weight).sum();
+    }
+    if json {
+        crate::print_lines([serde_json::to_string_pretty(&who)?])?;
+    } else {
+        crate::print_lines(render_lines(&who))?;
+    }
+    Ok(exit_code(&who))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(host: &str, pid: &str, since: &str) -> HashMap<String, String> {
+        [(META_HOST, host), (META_PID, pid), (META_SINCE, since)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn seed_example() -> Who {
+        let holders = [
+            SemaphoreHolder {
+                lease_id: "ls_a".into(),
+                weight: 1,
+                metadata: meta("node2", "4242", "2026-06-12T10:15:00Z"),
+                fencing_token: 8812,
+                ..Default::default()
+            },
+            SemaphoreHolder {
+                lease_id: "ls_b".into(),
+                weight: 1,
+                metadata: meta("node3", "991", "2026-06-12T10:15:04Z"),
+                fencing_token: 8814,
+                ..Default::default()
+            },
+        ];
+        let waiters = [SemaphoreWaiter {
+            lease_id: "ls_c".into(),
+            weight: 1,
+            metadata: meta("node1", "1207", "2026-06-12T10:15:09Z"),
+            position: 0,
+            ..Default::default()
+        }];
+        Who {
+            name: "video-encode".into(),
+            max: 2,
+            namespace: "conch".into(),
+            semaphore: "video-encode.2".into(),
+            exists: true,
+            active_holds: 2,
+            holders: holders.iter().map(holder_entry).collect(),
+            waiters: waiters
+                .iter()
+                .enumerate()
+                .map(|(i, w)| waiter_entry(w, i))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn lines_match_the_seed_format() {
+        assert_eq!(
+            render_lines(&seed_example()),
+            [
+                "video-encode[2/2] HELD  node2 pid=4242 since=2026-06-12T10:15:00Z rev=8812",
+                "video-encode[2/2] HELD  node3 pid=991  since=2026-06-12T10:15:04Z rev=8814",
+                "video-encode[2/2] WAIT  node1 pid=1207 since=2026-06-12T10:15:09Z rev=-",
+            ]
+        );
+        assert_eq!(exit_code(&seed_example()), ExitCode::SUCCESS);
+    }
+
+    #[test]
+    fn foreign_holders_without_metadata_still_show() {
+        let h = SemaphoreHolder {
+            lease_id: "ls_x".into(),
+            weight: 3,
+            locked_at: 1_781_259_300_000_000_000,
+            fencing_token: 7,
+            ..Default::default()
+        };
+        let who = Who {
+            holders: vec![holder_entry(&h)],
+            waiters: vec![],
+            active_holds: 3,
+            max: 4,
+            name: "db".into(),
+            ..seed_example()
+        };
+        assert_eq!(
+            render_lines(&who),
+            ["db[3/4] HELD  ? pid=? since=2026-06-12T10:15:00Z rev=7 weight=3"]
+        );
+    }
+
+    #[test]
+    fn nobody_holding_exits_1() {
+        let who = Who {
+            holders: vec![],
+            waiters: vec![],
+            active_holds: 0,
+            exists: false,
+            ..seed_example()
+        };
+        assert!(render_lines(&who).is_empty());
+        assert_eq!(exit_code(&who), ExitCode::from(1));
+    }
+
+    #[test]
+    fn json_has_the_same_information() {
+        let v = serde_json::to_value(seed_example()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "name": "video-encode",
+                "max": 2,
+                "namespace": "conch",
+                "semaphore": "video-encode.2",
+                "exists": true,
+                "active_holds": 2,
+                "holders": [
+                    {"host": "node2", "pid": 4242, "since": "2026-06-12T10:15:00Z",
+                     "lease_id": "ls_a", "weight": 1, "rev": 8812},
+                    {"host": "node3", "pid": 991, "since": "2026-06-12T10:15:04Z",
+                     "lease_id": "ls_b", "weight": 1, "rev": 8814},
+                ],
+                "waiters": [
+                    {"host": "node1", "pid": 1207, "since": "2026-06-12T10:15:09Z",
+                     "lease_id": "ls_c", "weight": 1, "position": 0},
+                ],
+            })
+        );
+    }
+
+    #[test]
+    fn waiter_positions_fall_back_to_list_order() {
+        let w = SemaphoreWaiter::default();
+        assert_eq!(waiter_entry(&w, 0).position, Some(0));
+        assert_eq!(waiter_entry(&w, 3).position, Some(3));
+        let w = SemaphoreWaiter {
+            position: 5,
+            ..Default::default()
+        };
+        assert_eq!(waiter_entry(&w, 3).position, Some(5));
+    }
+}

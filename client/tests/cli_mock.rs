@@ -1,0 +1,608 @@
+//! The `conch` binary against the in-process mock cluster (tests/common): exit codes, the
+//! child's environment and status, signals, `--who`, `--spread`, a lost slot.
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{MockCluster, eventually};
+use conch_client::sema::{self, META_HOST, META_PID, META_SINCE, NAMESPACE};
+use conch_client::{Client, Lease};
+use tokio::process::{Child, Command};
+
+fn conch(cluster: &MockCluster, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_conch"));
+    cmd.args(args)
+        .env("CONCH_ENDPOINTS", cluster.endpoints().join(","))
+        .env_remove("CONCH_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn run(cluster: &MockCluster, args: &[&str]) -> Output {
+    conch(cluster, args).output().await.expect("run conch")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn sigterm(child: &Child) {
+    let pid = child.id().expect("running") as i32;
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+}
+
+fn sigint(child: &Child) {
+    let pid = child.id().expect("running") as i32;
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(pid, libc::SIGINT) };
+}
+
+/// Holds `sem` (creating it with `permits`) through the library, with holder metadata.
+async fn hold(
+    cluster: &MockCluster,
+    sem: &str,
+    permits: u64,
+    host: &str,
+    pid: u32,
+) -> (Client, Lease) {
+    let c = Client::connect(cluster.endpoints()).await.unwrap();
+    c.ensure_semaphore(NAMESPACE, sem, permits).await.unwrap();
+    let l = c
+        .create_lease(NAMESPACE, "test", Duration::from_secs(10), HashMap::new())
+        .await
+        .unwrap();
+    let meta = HashMap::from([
+        (META_HOST.to_string(), host.to_string()),
+        (META_PID.to_string(), pid.to_string()),
+        (META_SINCE.to_string(), "2026-06-12T10:15:00Z".to_string()),
+    ]);
+    c.acquire(&l, NAMESPACE, sem, 1, None, meta)
+        .await
+        .unwrap()
+        .unwrap()
+        .forget();
+    (c, l)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_runs_with_rev_and_lease_and_its_status_comes_back() {
+    let cluster = MockCluster::start(1).await;
+    let o = run(
+        &cluster,
+        &[
+            "sema",
+            "job",
+            "--max",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo rev=$CONCH_REV lease=$CONCH_LEASE; exit 3",
+        ],
+    )
+    .await;
+    assert_eq!(code(&o), 3, "stderr: {}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with("rev=") && out.contains(" lease=ls_"),
+        "{out}"
+    );
+    let rev: u64 = out["rev=".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(rev > 0);
+    // Released and revoked on the way out.
+    assert!(cluster.holders(NAMESPACE, "job.1").is_empty());
+    assert_eq!(cluster.lease_count(), 0);
+
+    // Fencing tokens increase from run to run.
+    let o = run(
+        &cluster,
+        &[
+            "sema",
+            "job",
+            "--max",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo $CONCH_REV",
+        ],
+    )
+    .await;
+    let rev2: u64 = stdout(&o).trim().parse().unwrap();
+    assert!(rev2 > rev);
+
+    // Killed by a signal: 128 + signal.
+    let o = run(
+        &cluster,
+        &[
+            "sema",
+            "job",
+            "--max",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "kill -TERM $$",
+        ],
+    )
+    .await;
+    assert_eq!(code(&o), 143);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_slot_exits_75_at_once_or_after_the_wait() {
+    let cluster = MockCluster::start(1).await;
+    let (_c, _l) = hold(&cluster, "certs-renew.1", 1, "node9", 1).await;
+
+    let t0 = Instant::now();
+    let o = run(
+        &cluster,
+        &[
+            "sema",
+            "certs-renew",
+            "--max",
+            "1",
+            "--nonblock",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(code(&o), 75);
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("conch: no free slot"), "{err}");
+
+    let t0 = Instant::now();
+    let o = run(
+        &cluster,
+        &[
+            "sema",
+            "certs-renew",
+            "--max",
+            "1",
+            "--wait",
+            "1s",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    let took = t0.elapsed();
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(
+        cluster.queue(NAMESPACE, "certs-renew.1").is_empty(),
+        "no waiter left behind"
+    );
+    assert_eq!(cluster.lease_count(), 1, "only the holder's lease remains");
+
+    // The seed's example as written.
+    let o = conch(&cluster, &[])
+        .args([
+            "sema",
+            "certs-renew",
+            "--max",
+            "1",
+            "--nonblock",
+            "--",
+            "./renew.sh",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&o), 75);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_queue_in_order_and_never_overlap() {
+    let cluster = MockCluster::start(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start $1 $(date +%s%N) >> {0}; sleep 0.3; echo end $1 $(date +%s%N) >> {0}",
+        log.display()
+    );
+    let mut children = Vec::new();
+    for i in 0..4 {
+        let child = conch(
+            &cluster,
+            &[
+                "sema",
+                "x",
+                "--max",
+                "1",
+                "--",
+                "sh",
+                "-c",
+                &script,
+                "sh",
+                &i.to_string(),
+            ],
+        )
+        .spawn()
+        .unwrap();
+        children.push(child);
+        // Start them in a known order.
+        assert!(
+            eventually(Duration::from_secs(5), || {
+                // Queued, holding, or already done.
+                let done = std::fs::read_to_string(&log)
+                    .map(|t| t.lines().filter(|l| l.starts_with("end")).count())
+                    .unwrap_or(0);
+                cluster.holders(NAMESPACE, "x.1").len()
+                    + cluster.queue(NAMESPACE, "x.1").len()
+                    + done
+                    == i + 1
+            })
+            .await
+        );
+    }
+    for c in children {
+        let o = c.wait_with_output().await.unwrap();
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let events: Vec<(String, String)> = text
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].to_string(), f[1].to_string())
+        })
+        .collect();
+    // start/end strictly alternate (never two at once), in FIFO order 0,1,2,3.
+    let expected: Vec<(String, String)> = (0..4)
+        .flat_map(|i| {
+            [
+                ("start".to_string(), i.to_string()),
+                ("end".to_string(), i.to_string()),
+            ]
+        })
+        .collect();
+    assert_eq!(events, expected, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn who_shows_holders_then_waiters_and_exits_by_occupancy() {
+    let cluster = MockCluster::start(1).await;
+    let o = run(&cluster, &["sema", "video-encode", "--max", "2", "--who"]).await;
+    assert_eq!(code(&o), 1, "nothing there yet: {}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+
+    let (_c1, _l1) = hold(&cluster, "video-encode.2", 2, "node2", 4242).await;
+    let (_c2, _l2) = hold(&cluster, "video-encode.2", 2, "node3", 991).await;
+    let waiter = conch(
+        &cluster,
+        &["sema", "video-encode", "--max", "2", "--", "true"],
+    )
+    .spawn()
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || cluster
+            .queue(NAMESPACE, "video-encode.2")
+            .len()
+            == 1)
+        .await
+    );
+
+    let o = run(&cluster, &["sema", "video-encode", "--max", "2", "--who"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let lines: Vec<String> = stdout(&o).lines().map(String::from).collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    // Columns are padded to the widest host and pid (this machine's name and pid are longer
+    // than the seed's), so compare with spaces squeezed, then check the alignment.
+    let squeezed: Vec<String> = lines
+        .iter()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert!(
+        squeezed[0]
+            .starts_with("video-encode[2/2] HELD node2 pid=4242 since=2026-06-12T10:15:00Z rev="),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        squeezed[1]
+            .starts_with("video-encode[2/2] HELD node3 pid=991 since=2026-06-12T10:15:00Z rev="),
+        "{}",
+        lines[1]
+    );
+    let me = sema::hostname();
+    assert!(
+        squeezed[2].starts_with(&format!("video-encode[2/2] WAIT {me} pid=")),
+        "{}",
+        lines[2]
+    );
+    assert!(lines[2].ends_with(" rev=-"), "{}", lines[2]);
+    let since_col: Vec<Option<usize>> = lines.iter().map(|l| l.find("since=")).collect();
+    assert!(
+        since_col.iter().all(|c| *c == since_col[0]),
+        "aligned: {lines:#?}"
+    );
+
+    let o = run(
+        &cluster,
+        &["sema", "video-encode", "--max", "2", "--who", "--json"],
+    )
+    .await;
+    assert_eq!(code(&o), 0);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["name"], "video-encode");
+    assert_eq!(v["max"], 2);
+    assert_eq!(v["holders"].as_array().unwrap().len(), 2);
+    assert_eq!(v["holders"][0]["host"], "node2");
+    assert_eq!(v["holders"][0]["pid"], 4242);
+    assert_eq!(v["waiters"][0]["host"], me.as_str());
+    assert_eq!(v["waiters"][0]["position"], 0);
+    assert!(
+        v["waiters"][0]["lease_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("ls_")
+    );
+
+    // --max is part of the identity: another N is another semaphore.
+    let o = run(&cluster, &["sema", "video-encode", "--max", "3", "--who"]).await;
+    assert_eq!(code(&o), 1);
+    drop(waiter);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_slot_stops_the_command_and_exits_79() {
+    let cluster = MockCluster::start(1).await;
+    let child = conch(
+        &cluster,
+        &[
+            "sema",
+            "job",
+            "--max",
+            "1",
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got-term; exit 0' TERM; echo started; sleep 30 & wait",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || cluster
+            .holders(NAMESPACE, "job.1")
+            .len()
+            == 1)
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lease = cluster.holders(NAMESPACE, "job.1")[0].clone();
+    let t0 = Instant::now();
+    cluster.revoke(&lease);
+    let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code(&o), 79, "{}", stderr(&o));
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    assert!(
+        stdout(&o).contains("got-term"),
+        "the command got SIGTERM: {}",
+        stdout(&o)
+    );
+    let err = stderr(&o);
+    assert!(err.contains("conch: slot lost while running"), "{err}");
+
+    // A command that ignores SIGTERM is killed after --kill-after.
+    let child = conch(
+        &cluster,
+        &[
+            "sema",
+            "job",
+            "--max",
+            "1",
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; sleep 30",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || cluster
+            .holders(NAMESPACE, "job.1")
+            .len()
+            == 1)
+        .await
+    );
+    let lease = cluster.holders(NAMESPACE, "job.1")[0].clone();
+    cluster.revoke(&lease);
+    let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code(&o), 79, "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_reach_the_command_and_interrupt_a_wait() {
+    let cluster = MockCluster::start(1).await;
+    let child = conch(
+        &cluster,
+        &[
+            "sema",
+            "job",
+            "--max",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 7' TERM; sleep 30 & wait",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || cluster
+            .holders(NAMESPACE, "job.1")
+            .len()
+            == 1)
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sigterm(&child);
+    let o = tokio::time::timeout(Duration::from_secs(5), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code(&o), 7, "{}", stderr(&o));
+    assert!(cluster.holders(NAMESPACE, "job.1").is_empty());
+
+    // Ctrl-C while waiting: 130, and neither waiter nor lease is left behind.
+    let (_c, _l) = hold(&cluster, "job.1", 1, "node9", 1).await;
+    let child = conch(&cluster, &["sema", "job", "--max", "1", "--", "true"])
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || cluster
+            .queue(NAMESPACE, "job.1")
+            .len()
+            == 1)
+        .await
+    );
+    sigint(&child);
+    let o = tokio::time::timeout(Duration::from_secs(5), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code(&o), 130, "{}", stderr(&o));
+    assert!(cluster.queue(NAMESPACE, "job.1").is_empty());
+    assert_eq!(cluster.lease_count(), 1, "only the holder's lease remains");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_allows_one_slot_per_host() {
+    let cluster = MockCluster::start(1).await;
+    let first = conch(
+        &cluster,
+        &[
+            "sema", "heavy", "--max", "2", "--spread", "--", "sleep", "3",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || cluster
+            .holders(NAMESPACE, "heavy.2")
+            .len()
+            == 1)
+        .await
+    );
+    let o = run(
+        &cluster,
+        &[
+            "sema",
+            "heavy",
+            "--max",
+            "2",
+            "--spread",
+            "--nonblock",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(code(&o), 75, "same host refused: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("this host already holds one"),
+        "{}",
+        stderr(&o)
+    );
+    // Without --spread the second slot is free.
+    let o = run(
+        &cluster,
+        &["sema", "heavy", "--max", "2", "--nonblock", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = first.wait_with_output().await.unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let host_sem = sema::spread_semaphore_name("heavy", 2, &sema::hostname()).unwrap();
+    assert!(cluster.holders(NAMESPACE, &host_sem).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_map_to_documented_exit_codes() {
+    let cluster = MockCluster::start(1).await;
+    let o = run(
+        &cluster,
+        &["sema", "job", "--max", "1", "--", "/nonexistent/cmd"],
+    )
+    .await;
+    assert_eq!(code(&o), 127, "{}", stderr(&o));
+    assert!(stderr(&o).starts_with("conch: cannot run /nonexistent/cmd"));
+    assert_eq!(cluster.lease_count(), 0);
+
+    let o = run(&cluster, &["sema", "bad/name", "--max", "1", "--", "true"]).await;
+    assert_eq!(code(&o), 64);
+    let o = run(
+        &cluster,
+        &["sema", "job", "--max", "1", "--wait", "soon", "--", "true"],
+    )
+    .await;
+    assert_eq!(code(&o), 64);
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+
+    let o = Command::new(env!("CARGO_BIN_EXE_conch"))
+        .args([
+            "--endpoints",
+            "127.0.0.1:1",
+            "sema",
+            "job",
+            "--max",
+            "1",
+            "--",
+            "true",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&o), 69, "{}", stderr(&o));
+    assert_eq!(stderr(&o).lines().count(), 1);
+
+    let o = run(&cluster, &["cluster", "status"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("NODE  ADDRESS"), "{out}");
+    assert!(out.contains("Leader"), "{out}");
+}

@@ -1,0 +1,445 @@
+//! The client library against the in-process mock cluster (tests/common): queue positions
+//! across chained RPCs and node failures, lease loss, failover, leader hints.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::{MockCluster, Mode, eventually};
+use conch_client::{Client, ClientConfig, Error, LeaseLoss};
+
+const NS: &str = "t";
+
+/// A client with short per-RPC waits, so a few seconds cover many chained RPCs.
+async fn client(cluster: &MockCluster) -> Client {
+    let config = ClientConfig {
+        request_timeout: Duration::from_secs(2),
+        retry_for: Duration::from_secs(5),
+        connect_timeout: Duration::from_millis(500),
+        keepalive_interval: Duration::from_millis(500),
+        keepalive_timeout: Duration::from_millis(500),
+        acquire_rpc_wait: Duration::from_millis(600),
+        reattach_margin: Duration::from_millis(250),
+        acquire_slack: Duration::from_secs(2),
+    };
+    Client::connect_with(cluster.endpoints(), config)
+        .await
+        .unwrap()
+}
+
+async fn lease(c: &Client, ttl_s: u64) -> conch_client::Lease {
+    c.create_lease(NS, "test", Duration::from_secs(ttl_s), HashMap::new())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensure_creates_once_and_tolerates_existing() {
+    let cluster = MockCluster::start(1).await;
+    let c = client(&cluster).await;
+    let s = c.ensure_semaphore(NS, "db.2", 2).await.unwrap();
+    assert_eq!((s.name.as_str(), s.permits), ("db.2", 2));
+    let s = c.ensure_semaphore(NS, "db.2", 2).await.unwrap();
+    assert_eq!(s.permits, 2);
+    c.ensure_namespace(NS).await.unwrap();
+    assert!(
+        c.create_namespace(NS, "")
+            .await
+            .unwrap_err()
+            .is_already_exists()
+    );
+    assert!(
+        c.get_semaphore(NS, "nope")
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forever_wait_keeps_its_place_across_many_rpcs() {
+    // t=0     A holds the only permit; B queues (forever), then C
+    // t=0..3s B's wait spans ~6 chained RPCs of 600ms; B stays at the head throughout
+    // t=3s    A releases -> B (not C) is granted
+    let cluster = MockCluster::start(1).await;
+    cluster.semaphore(NS, "s", 1);
+    let c = client(&cluster).await;
+    let (la, lb, lc) = (
+        lease(&c, 10).await,
+        lease(&c, 10).await,
+        lease(&c, 10).await,
+    );
+    let ga = c
+        .acquire(&la, NS, "s", 1, Some(Duration::ZERO), HashMap::new())
+        .await
+        .unwrap()
+        .unwrap();
+
+    let cb = c.clone();
+    let b = tokio::spawn(async move {
+        let g = cb.acquire(&lb, NS, "s", 1, None, HashMap::new()).await;
+        (g, lb)
+    });
+    assert!(eventually(Duration::from_secs(2), || cluster.queue(NS, "s").len() == 1).await);
+    let cc = c.clone();
+    let cwait = tokio::spawn(async move {
+        let g = cc.acquire(&lc, NS, "s", 1, None, HashMap::new()).await;
+        (g, lc)
+    });
+    assert!(eventually(Duration::from_secs(2), || cluster.queue(NS, "s").len() == 2).await);
+    let head = cluster.queue(NS, "s")[0].clone();
+
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(3) {
+        let q = cluster.queue(NS, "s");
+        assert_eq!(q.len(), 2, "a waiter fell out of the queue: {q:?}");
+        assert_eq!(q[0], head, "the head changed");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let rpcs_before = cluster.requests(0);
+    assert!(
+        rpcs_before >= 10,
+        "expected chained acquire RPCs, saw {rpcs_before} requests"
+    );
+
+    ga.release().await.unwrap();
+    let (gb, lb) = b.await.unwrap();
+    let gb = gb.unwrap().expect("B granted");
+    assert_eq!(gb.lease_id(), head);
+    assert!(gb.fencing_token() > 0);
+    assert_eq!(cluster.queue(NS, "s").len(), 1);
+    gb.release().await.unwrap();
+    let (gc, lc) = cwait.await.unwrap();
+    let gc = gc.unwrap().expect("C granted");
+    assert!(gc.fencing_token() > 1, "tokens increase");
+    gc.release().await.unwrap();
+    for l in [la, lb, lc] {
+        l.revoke().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_wait_ends_on_time_and_leaves_no_waiter() {
+    let cluster = MockCluster::start(1).await;
+    cluster.semaphore(NS, "s", 1);
+    let c = client(&cluster).await;
+    let (la, lb) = (lease(&c, 10).await, lease(&c, 10).await);
+    let _ga = c
+        .acquire(&la, NS, "s", 1, None, HashMap::new())
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Non-blocking: at once.
+    let t0 = Instant::now();
+    let none = c
+        .acquire(&lb, NS, "s", 1, Some(Duration::ZERO), HashMap::new())
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    assert!(t0.elapsed() < Duration::from_millis(500));
+
+    // 1.5s spans three chained RPCs and ends with the last one's TIMED_OUT.
+    let t0 = Instant::now();
+    let none = c
+        .acquire(
+            &lb,
+            NS,
+            "s",
+            1,
+            Some(Duration::from_millis(1500)),
+            HashMap::new(),
+        )
+        .await
+        .unwrap();
+    let took = t0.elapsed();
+    assert!(none.is_none());
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
+    assert!(cluster.queue(NS, "s").is_empty(), "the waiter is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_when_its_node_dies() {
+    // t=0    A holds; B waits through node 0 (leader hint), C queues behind B
+    // t=1s   node 0 (the leader) crashes, node 1 takes over: B re-attaches through node 1,
+    //        still ahead of C (a crashed leader cannot commit the cancellation of B's call)
+    // t=2.5s A releases -> B is granted
+    let cluster = MockCluster::start(2).await;
+    cluster.semaphore(NS, "s", 1);
+    cluster.set_leader(Some(0));
+    let c = client(&cluster).await;
+    let (la, lb, lc) = (
+        lease(&c, 10).await,
+        lease(&c, 10).await,
+        lease(&c, 10).await,
+    );
+    let ga = c
+        .acquire(&la, NS, "s", 1, None, HashMap::new())
+        .await
+        .unwrap()
+        .unwrap();
+    let cb = c.clone();
+    let b = tokio::spawn(async move {
+        let g = cb.acquire(&lb, NS, "s", 1, None, HashMap::new()).await;
+        (g, lb)
+    });
+    assert!(eventually(Duration::from_secs(2), || cluster.queue(NS, "s").len() == 1).await);
+    let head = cluster.queue(NS, "s")[0].clone();
+    let cc = c.clone();
+    let cwait = tokio::spawn(async move {
+        let g = cc.acquire(&lc, NS, "s", 1, None, HashMap::new()).await;
+        (g, lc)
+    });
+    assert!(eventually(Duration::from_secs(2), || cluster.queue(NS, "s").len() == 2).await);
+
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    cluster.set_leader(Some(1));
+    cluster.set_mode(0, Mode::Down);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(1500) {
+        let q = cluster.queue(NS, "s");
+        assert_eq!(q.first(), Some(&head), "B lost its place: {q:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(cluster.requests(1) > 0, "traffic moved to node 1");
+    ga.release().await.unwrap();
+    let (gb, lb) = b.await.unwrap();
+    assert_eq!(gb.unwrap().expect("B granted").lease_id(), head);
+    drop(cwait);
+    drop((la, lb));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_node_is_abandoned_by_waiters_and_refreshes() {
+    let cluster = MockCluster::start(2).await;
+    cluster.semaphore(NS, "s", 1);
+    cluster.set_leader(Some(0));
+    let c = client(&cluster).await;
+    let (la, lb) = (lease(&c, 3).await, lease(&c, 3).await);
+    let ga = c
+        .acquire(&la, NS, "s", 1, None, HashMap::new())
+        .await
+        .unwrap()
+        .unwrap();
+    let cb = c.clone();
+    let b = tokio::spawn(async move {
+        let g = cb.acquire(&lb, NS, "s", 1, None, HashMap::new()).await;
+        (g, lb)
+    });
+    assert!(eventually(Duration::from_secs(2), || cluster.queue(NS, "s").len() == 1).await);
+    let head = cluster.queue(NS, "s")[0].clone();
+
+    // Node 0 freezes like a SIGSTOPped process: bytes stop, connections stay open.
+    cluster.set_leader(None);
+    cluster.set_mode(0, Mode::Stall);
+    // Longer than the 3s TTL: only refreshes through node 1 keep the leases alive.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!la.is_lost(), "A's lease survived through node 1");
+    assert_eq!(
+        cluster.queue(NS, "s").first(),
+        Some(&head),
+        "B kept its place"
+    );
+    ga.release().await.unwrap();
+    let (gb, _lb) = b.await.unwrap();
+    assert_eq!(gb.unwrap().expect("B granted").lease_id(), head);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_every_node_loses_the_lease_before_the_server_expires_it() {
+    // ttl 3s: the client gives up 2s after its last successful refresh; the server would
+    // expire the lease 3s after it.
+    let cluster = MockCluster::start(2).await;
+    cluster.semaphore(NS, "s", 1);
+    let c = client(&cluster).await;
+    let l = lease(&c, 3).await;
+    let _g = c
+        .acquire(&l, NS, "s", 1, None, HashMap::new())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    cluster.set_mode(0, Mode::Down);
+    cluster.set_mode(1, Mode::Down);
+    let t0 = Instant::now();
+    let loss = tokio::time::timeout(Duration::from_secs(5), l.lost())
+        .await
+        .expect("lost in time");
+    assert!(matches!(loss, LeaseLoss::NoRefresh { .. }), "{loss:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(
+        cluster.lease_exists(l.id()),
+        "the client gave up before the server expired the lease"
+    );
+    assert!(l.is_lost());
+    // A lost lease stays lost even once the nodes are back.
+    cluster.set_mode(0, Mode::Up);
+    cluster.set_mode(1, Mode::Up);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(l.is_lost());
+    let err = c
+        .acquire(&l, NS, "s", 1, None, HashMap::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_lease_lost(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_is_reported_at_the_next_refresh_and_ends_a_wait() {
+    let cluster = MockCluster::start(1).await;
+    cluster.semaphore(NS, "s", 1);
+    let c = client(&cluster).await;
+    let (la, lb) = (lease(&c, 3).await, lease(&c, 3).await);
+    let _ga = c
+        .acquire(&la, NS, "s", 1, None, HashMap::new())
+        .await
+        .unwrap()
+        .unwrap();
+    let cb = c.clone();
+    let id_b = lb.id().to_string();
+    let b = tokio::spawn(async move {
+        cb.acquire(&lb, NS, "s", 1, None, HashMap::new())
+            .await
+            .map(|g| g.is_some())
+    });
+    assert!(eventually(Duration::from_secs(2), || cluster.queue(NS, "s").len() == 1).await);
+    cluster.revoke(&id_b);
+    let err = tokio::time::timeout(Duration::from_secs(3), b)
+        .await
+        .expect("wait ended")
+        .unwrap()
+        .unwrap_err();
+    assert!(err.is_not_found() || err.is_lease_lost(), "{err}");
+
+    cluster.revoke(la.id());
+    let loss = tokio::time::timeout(Duration::from_secs(3), la.lost())
+        .await
+        .expect("lost");
+    assert!(matches!(loss, LeaseLoss::NotFound { .. }), "{loss:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_guard_or_a_lease_frees_the_permits() {
+    let cluster = MockCluster::start(1).await;
+    cluster.semaphore(NS, "s", 1);
+    let c = client(&cluster).await;
+    let l = lease(&c, 10).await;
+    let g = c
+        .acquire(&l, NS, "s", 1, None, HashMap::new())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cluster.holders(NS, "s"), [l.id().to_string()]);
+    drop(g);
+    assert!(
+        eventually(Duration::from_secs(2), || cluster
+            .holders(NS, "s")
+            .is_empty())
+        .await
+    );
+    let _g = c
+        .acquire(&l, NS, "s", 1, None, HashMap::new())
+        .await
+        .unwrap()
+        .unwrap();
+    let before = cluster.lease_count();
+    drop(l);
+    assert!(
+        eventually(Duration::from_secs(2), || cluster.lease_count()
+            == before - 1)
+        .await
+    );
+    assert!(cluster.holders(NS, "s").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_follow_the_leader_hint_and_fail_over() {
+    let cluster = MockCluster::start(3).await;
+    cluster.semaphore(NS, "s", 1);
+    let c = client(&cluster).await;
+    cluster.set_leader(Some(2));
+    c.get_semaphore(NS, "s").await.unwrap(); // learns the hint
+    let before = cluster.requests(2);
+    for _ in 0..5 {
+        c.get_semaphore(NS, "s").await.unwrap();
+    }
+    assert_eq!(cluster.requests(2), before + 5, "reads went to the leader");
+    assert_eq!(
+        c.leader_hint().as_deref(),
+        Some(cluster.nodes[2].addr.as_str())
+    );
+
+    // The leader dies: calls move on without an error.
+    cluster.set_mode(2, Mode::Down);
+    cluster.set_leader(Some(1));
+    c.get_semaphore(NS, "s").await.unwrap();
+    c.get_semaphore(NS, "s").await.unwrap();
+    assert!(cluster.requests(1) >= 1);
+
+    // Everything dies: Unavailable naming the endpoints, quickly.
+    for i in 0..3 {
+        cluster.set_mode(i, Mode::Down);
+    }
+    let t0 = Instant::now();
+    match c.get_semaphore(NS, "s").await {
+        Err(Error::Unavailable { endpoints, .. }) => assert_eq!(endpoints.len(), 3),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_show_holders_then_waiters_in_order() {
+    let cluster = MockCluster::start(1).await;
+    cluster.semaphore(NS, "s", 2);
+    let c = client(&cluster).await;
+    let meta = |i: usize| HashMap::from([("host".to_string(), format!("n{i}"))]);
+    let (l0, l1) = (lease(&c, 10).await, lease(&c, 10).await);
+    let _g0 = c
+        .acquire(&l0, NS, "s", 1, None, meta(0))
+        .await
+        .unwrap()
+        .unwrap();
+    let _g1 = c
+        .acquire(&l1, NS, "s", 1, None, meta(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut waits = Vec::new();
+    for i in 2..4 {
+        let l = lease(&c, 10).await;
+        let cc = c.clone();
+        waits.push(tokio::spawn(async move {
+            let _ = cc.acquire(&l, NS, "s", 1, None, meta(i)).await;
+            l
+        }));
+        // Queue one at a time so the order is known.
+        assert!(
+            eventually(Duration::from_secs(2), || cluster.queue(NS, "s").len()
+                == i - 1)
+            .await
+        );
+    }
+    let holders = c.list_holders(NS, "s").await.unwrap();
+    let hosts: Vec<_> = holders.iter().map(|h| h.metadata["host"].clone()).collect();
+    assert_eq!(hosts, ["n0", "n1"]);
+    assert!(holders[0].fencing_token < holders[1].fencing_token);
+    let w = c.list_waiters(NS, "s").await.unwrap();
+    assert_eq!(
+        w.semaphore.map(|s| (s.permits, s.active_holds)),
+        Some((2, 2))
+    );
+    let waiting: Vec<_> = w
+        .waiters
+        .iter()
+        .map(|w| (w.metadata["host"].clone(), w.position))
+        .collect();
+    assert_eq!(waiting, [("n2".to_string(), 0), ("n3".to_string(), 1)]);
+    for t in waits {
+        t.abort();
+    }
+}

@@ -1,0 +1,228 @@
+//! conch-bench: the load generator of SPEC §7 (issue 6).
+//!
+//! Each workload gets a fresh 3-node release cluster on loopback (or the `--endpoints` given),
+//! drives it from this one process, and returns one [`stats::Row`] per run. Timestamps that are
+//! compared with each other (release sent, grant observed, kill) are all `Instant`s taken in
+//! this process.
+
+pub mod conn;
+pub mod stats;
+pub mod w1;
+pub mod w2;
+pub mod w4;
+pub mod w5;
+
+use std::future::Future;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use cluster_tests::Cluster;
+use conch_proto::conch::ClusterStatusResponse;
+use conch_proto::grackle as pb;
+use futures::StreamExt;
+use tonic::Status;
+
+use conn::{Conn, Grackle, connect, is_failover, status};
+use stats::Errors;
+
+/// Settings shared by the workloads.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub w4_leases: usize,
+    pub w5_leases: usize,
+    pub w5_semaphores: usize,
+    pub w5_waiters: usize,
+}
+
+/// What a workload runs against: a cluster this process started, or given endpoints.
+pub struct Target {
+    pub cluster: Option<Cluster>,
+    pub endpoints: Vec<String>,
+    /// Namespace for this workload (unique per run against external endpoints).
+    pub ns: String,
+}
+
+impl Target {
+    /// A fresh 3-node cluster with default conchd settings, or the external endpoints.
+    pub async fn new(endpoints: &Option<Vec<String>>, tag: &str) -> anyhow::Result<Target> {
+        match endpoints {
+            Some(endpoints) => {
+                let stamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0);
+                let target = Target {
+                    cluster: None,
+                    endpoints: endpoints.clone(),
+                    ns: format!("bench-{tag}-{stamp}"),
+                };
+                target.create_namespace().await?;
+                Ok(target)
+            }
+            None => {
+                let conchd = cluster_tests::binary("conchd");
+                if !conchd.exists() {
+                    bail!(
+                        "conchd not found at {}: build it with `cargo build --release -p conchd` or set CONCHD_BIN",
+                        conchd.display()
+                    );
+                }
+                let cluster = Cluster::start(3).await.context("start a 3-node cluster")?;
+                let endpoints = cluster.endpoints();
+                let target = Target {
+                    cluster: Some(cluster),
+                    endpoints,
+                    ns: format!("bench-{tag}"),
+                };
+                target.create_namespace().await?;
+                Ok(target)
+            }
+        }
+    }
+
+    async fn create_namespace(&self) -> anyhow::Result<()> {
+        let leader = self.leader().await?;
+        let mut conn = Conn::new(&self.endpoints, &leader.addr, Duration::from_secs(5));
+        let request = pb::CreateNamespaceRequest {
+            name: self.ns.clone(),
+            ..Default::default()
+        };
+        let mut last = None;
+        for _ in 0..5 {
+            let request = request.clone();
+            match conn
+                .call(move |mut c| async move { c.create_namespace(request).await })
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(s) if s.code() == tonic::Code::AlreadyExists => return Ok(()),
+                Err(s) if is_failover(s.code()) => last = Some(s),
+                Err(s) => return Err(s).with_context(|| format!("create namespace {}", self.ns)),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(last.unwrap_or_else(|| Status::unknown("no attempt")))
+            .with_context(|| format!("create namespace {}", self.ns))
+    }
+
+    /// Status of the current leader, as the leader reports it (waits up to 10 s for one).
+    pub async fn leader(&self) -> anyhow::Result<ClusterStatusResponse> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            for addr in &self.endpoints {
+                let Ok(s) = status(addr).await else { continue };
+                if s.leader_addr.is_empty() {
+                    continue;
+                }
+                if let Ok(l) = status(&s.leader_addr).await
+                    && l.leader_id == l.node_id
+                {
+                    return Ok(l);
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!("no leader found among {:?} within 10 s", self.endpoints);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Plain clients to `addr`, one channel (TCP connection) each.
+    pub async fn clients(&self, addr: &str, n: usize) -> anyhow::Result<Vec<Grackle>> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let channel = connect(addr, Duration::from_secs(1)).await?;
+            out.push(Grackle::new(channel).max_decoding_message_size(16 * 1024 * 1024));
+        }
+        Ok(out)
+    }
+
+    pub fn cluster_mut(&mut self) -> anyhow::Result<&mut Cluster> {
+        self.cluster
+            .as_mut()
+            .context("this workload needs a cluster started by conch-bench (no --endpoints)")
+    }
+}
+
+/// Runs `f(i)` for `i` in `0..n`, at most `in_flight` at once; returns the results in order.
+pub async fn batched<T, F, Fut>(n: usize, in_flight: usize, f: F) -> Vec<Result<T, Status>>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Result<T, Status>>,
+{
+    futures::stream::iter(0..n)
+        .map(&f)
+        .buffered(in_flight.max(1))
+        .collect()
+        .await
+}
+
+/// Fails with the first error of a setup batch, with the error tally.
+pub fn check_setup<T>(what: &str, results: Vec<Result<T, Status>>) -> anyhow::Result<Vec<T>> {
+    let mut errors = Errors::default();
+    let mut first = None;
+    let mut ok = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(s) => {
+                errors.status(&s);
+                first.get_or_insert(s);
+            }
+        }
+    }
+    if let Some(s) = first {
+        bail!(
+            "{what}: {} failed {:?}; first: {:?} {}",
+            errors.total(),
+            errors.0,
+            s.code(),
+            s.message()
+        );
+    }
+    Ok(ok)
+}
+
+/// `VmRSS` of a process in MiB.
+pub fn rss_mb(pid: u32) -> anyhow::Result<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("read /proc/{pid}/status"))?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .context("no VmRSS line")?;
+    let kb: f64 = line
+        .split_whitespace()
+        .nth(1)
+        .context("VmRSS value")?
+        .parse()
+        .context("parse VmRSS")?;
+    Ok(stats::round1(kb / 1024.0))
+}
+
+/// Total size of the files under `dir` (recursively), in bytes.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut total = 0;
+    for entry in entries.flatten() {
+        match entry.metadata() {
+            Ok(m) if m.is_dir() => total += dir_bytes(&entry.path()),
+            Ok(m) => total += m.len(),
+            Err(_) => {}
+        }
+    }
+    total
+}
+
+pub fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+pub fn ms_between(from: Instant, to: Instant) -> f64 {
+    stats::round1(to.saturating_duration_since(from).as_secs_f64() * 1000.0)
+}

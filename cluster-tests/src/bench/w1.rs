@@ -1,0 +1,304 @@
+//! W1 (uncontended acquire+release cycles), W1b (plus lease create and revoke in every cycle)
+//! and W3 (W1 at 8 clients while the leader is killed).
+//!
+//! Every client has its own connection, its own semaphore (permits 1) and, in W1, its own
+//! lease. A cycle is a blocking acquire (timeout 5 s; uncontended, so granted at once, as
+//! `conch sema` would do it) followed by a release; in W1b it is create lease, acquire,
+//! release, revoke lease. Calls go to the leader directly and follow the `conch-leader` hint.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use conch_proto::grackle as pb;
+
+use super::conn::Conn;
+use super::stats::{Errors, Latencies, Row, round1};
+use super::{Opts, Target, batched, check_setup, ms_between, secs};
+
+const LEASE_TTL_S: u64 = 60;
+
+#[derive(Clone)]
+struct CycleCfg {
+    ns: String,
+    sem: String,
+    /// The client's lease (W1); `None`: create and revoke one in every cycle (W1b).
+    lease: Option<String>,
+}
+
+#[derive(Default)]
+struct ClientLog {
+    /// (completed at, cycle latency) of every successful cycle.
+    done: Vec<(Instant, Duration)>,
+    /// (seen at, error) of every failed call.
+    errors: Vec<(Instant, String)>,
+    redirects: u64,
+}
+
+/// Runs cycles until `stop_at`.
+async fn client_loop(mut conn: Conn, cfg: CycleCfg, stop_at: Instant) -> ClientLog {
+    let mut log = ClientLog::default();
+    while Instant::now() < stop_at {
+        let start = Instant::now();
+        match cycle(&mut conn, &cfg).await {
+            Ok(()) => log.done.push((Instant::now(), start.elapsed())),
+            Err(e) => {
+                log.errors.push((Instant::now(), e));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    log.redirects = conn.redirects;
+    log
+}
+
+fn code(s: &tonic::Status) -> String {
+    format!("{:?}", s.code())
+}
+
+async fn cycle(conn: &mut Conn, cfg: &CycleCfg) -> Result<(), String> {
+    let lease = match &cfg.lease {
+        Some(lease) => lease.clone(),
+        None => {
+            let request = pb::CreateSemaphoreLeaseRequest {
+                namespace_name: cfg.ns.clone(),
+                process_id: "bench".into(),
+                ttl_seconds: LEASE_TTL_S,
+                ..Default::default()
+            };
+            let r = conn
+                .call(move |mut c| async move { c.create_semaphore_lease(request).await })
+                .await
+                .map_err(|s| code(&s))?;
+            r.lease
+                .map(|l| l.lease_id)
+                .ok_or("lease missing in reply")?
+        }
+    };
+    let acquire = pb::AcquireSemaphoreRequest {
+        namespace_name: cfg.ns.clone(),
+        semaphore_name: cfg.sem.clone(),
+        lease_id: lease.clone(),
+        weight: 1,
+        timeout_ms: 5_000,
+        ..Default::default()
+    };
+    let r = conn
+        .call(move |mut c| async move { c.acquire_semaphore(acquire).await })
+        .await
+        .map_err(|s| code(&s))?;
+    if r.outcome != pb::AcquireOutcome::Acquired as i32 {
+        return Err(format!("not acquired (outcome {})", r.outcome));
+    }
+    let release = pb::ReleaseSemaphoreRequest {
+        namespace_name: cfg.ns.clone(),
+        semaphore_name: cfg.sem.clone(),
+        lease_id: lease.clone(),
+    };
+    conn.call(move |mut c| async move { c.release_semaphore(release).await })
+        .await
+        .map_err(|s| code(&s))?;
+    if cfg.lease.is_none() {
+        let revoke = pb::RevokeSemaphoreLeaseRequest {
+            namespace_name: cfg.ns.clone(),
+            lease_id: lease,
+        };
+        conn.call(move |mut c| async move { c.revoke_semaphore_lease(revoke).await })
+            .await
+            .map_err(|s| code(&s))?;
+    }
+    Ok(())
+}
+
+/// Creates one semaphore (permits 1) and, unless `per_cycle_lease`, one lease per client.
+async fn setup(
+    target: &Target,
+    leader: &str,
+    prefix: &str,
+    clients: usize,
+    per_cycle_lease: bool,
+) -> anyhow::Result<Vec<CycleCfg>> {
+    let pool = target.clients(leader, 8).await?;
+    let ns = target.ns.clone();
+    let results = batched(clients, 64, |i| {
+        let mut c = pool[i % pool.len()].clone();
+        let ns = ns.clone();
+        let sem = format!("{prefix}-{i}");
+        async move {
+            c.create_semaphore(pb::CreateSemaphoreRequest {
+                namespace_name: ns.clone(),
+                semaphore_name: sem.clone(),
+                permits: 1,
+                ..Default::default()
+            })
+            .await?;
+            let lease = if per_cycle_lease {
+                None
+            } else {
+                let r = c
+                    .create_semaphore_lease(pb::CreateSemaphoreLeaseRequest {
+                        namespace_name: ns.clone(),
+                        process_id: "bench".into(),
+                        ttl_seconds: LEASE_TTL_S,
+                        ..Default::default()
+                    })
+                    .await?
+                    .into_inner();
+                Some(r.lease.map(|l| l.lease_id).unwrap_or_default())
+            };
+            Ok(CycleCfg { ns, sem, lease })
+        }
+    })
+    .await;
+    check_setup("create semaphores and leases", results)
+}
+
+/// One W1 / W1b run: `clients` clients for warm-up + duration.
+pub async fn run(
+    target: &Target,
+    opts: &Opts,
+    clients: usize,
+    per_cycle_lease: bool,
+) -> anyhow::Result<Row> {
+    let workload = if per_cycle_lease { "W1b" } else { "W1" };
+    let before = target.leader().await?;
+    let prefix = format!("{}-{clients}", workload.to_lowercase());
+    let cfgs = setup(target, &before.addr, &prefix, clients, per_cycle_lease).await?;
+
+    let t0 = Instant::now();
+    let window_start = t0 + opts.warmup;
+    let window_end = window_start + opts.duration;
+    let mut tasks = Vec::new();
+    for cfg in cfgs {
+        let conn = Conn::new(&target.endpoints, &before.addr, Duration::from_secs(5));
+        tasks.push(tokio::spawn(client_loop(conn, cfg, window_end)));
+    }
+    tokio::time::sleep_until(window_start.into()).await;
+    let at_start = target.leader().await?;
+    tokio::time::sleep_until(window_end.into()).await;
+    let at_end = target.leader().await?;
+
+    let mut latencies = Latencies::default();
+    let mut errors = Errors::default();
+    let mut redirects = 0;
+    for task in tasks {
+        let log = task.await.context("client task")?;
+        for (at, latency) in log.done {
+            if at >= window_start && at <= window_end {
+                latencies.push(latency);
+            }
+        }
+        for (_, e) in log.errors {
+            errors.add(e);
+        }
+        redirects += log.redirects;
+    }
+    let after = target.leader().await?;
+
+    let cycles = latencies.len() as f64;
+    let ops_per_cycle = if per_cycle_lease { 4.0 } else { 2.0 };
+    let entries = at_end.applied_index.saturating_sub(at_start.applied_index) as f64;
+    let window = secs(opts.duration);
+    let mut row = Row::new(workload, clients as u64);
+    row.set("cycles_per_s", round1(cycles / window));
+    row.opt("p50_ms", latencies.pct_ms(50.0));
+    row.opt("p99_ms", latencies.pct_ms(99.0));
+    row.set("ops_per_s", round1(cycles * ops_per_cycle / window));
+    row.set("raft_entries_per_s", round1(entries / window));
+    let per_entry = if entries > 0.0 {
+        Some((cycles * ops_per_cycle / entries * 100.0).round() / 100.0)
+    } else {
+        None
+    };
+    row.opt("ops_per_entry", per_entry);
+    row.set("errors", errors.total());
+    if errors.total() > 0 {
+        row.set("error_kinds", errors.to_value());
+    }
+    row.set("leader_changes", after.term.saturating_sub(before.term));
+    row.set("leader_moved", before.leader_id != after.leader_id);
+    row.set("redirects", redirects);
+    Ok(row)
+}
+
+/// W3: W1 at 8 clients; kill -9 of the leader after the warm-up plus 5 s; runs 10 s after the
+/// kill. Clients fail over with 1 s per-call deadlines.
+pub async fn failover(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
+    const CLIENTS: usize = 8;
+    const BEFORE_KILL: Duration = Duration::from_secs(5);
+    const AFTER_KILL: Duration = Duration::from_secs(10);
+    const WINDOW: Duration = Duration::from_millis(200);
+    target.cluster_mut()?;
+    let before = target.leader().await?;
+    let cfgs = setup(target, &before.addr, "w3", CLIENTS, false).await?;
+
+    let t0 = Instant::now();
+    let pre_start = t0 + opts.warmup;
+    let kill_at = pre_start + BEFORE_KILL;
+    let stop_at = kill_at + AFTER_KILL;
+    let mut tasks = Vec::new();
+    for cfg in cfgs {
+        let conn = Conn::new(&target.endpoints, &before.addr, Duration::from_secs(1));
+        tasks.push(tokio::spawn(client_loop(conn, cfg, stop_at)));
+    }
+    tokio::time::sleep_until(kill_at.into()).await;
+    let leader = target.leader().await?;
+    let killed_at = Instant::now();
+    target.cluster_mut()?.kill(leader.leader_id);
+    tokio::time::sleep_until(stop_at.into()).await;
+
+    let mut done = Vec::new();
+    let mut errors = Errors::default();
+    for task in tasks {
+        let log = task.await.context("client task")?;
+        done.extend(log.done.into_iter().map(|(at, _)| at));
+        for (at, e) in log.errors {
+            if at >= killed_at {
+                errors.add(e);
+            }
+        }
+    }
+    done.sort_unstable();
+    let pre = done
+        .iter()
+        .filter(|at| **at >= pre_start && **at < killed_at)
+        .count() as f64;
+    let pre_rate = pre / secs(killed_at.saturating_duration_since(pre_start));
+    let first = done.iter().find(|at| **at > killed_at).copied();
+    let need = pre_rate * secs(WINDOW) / 2.0;
+    let mut half = None;
+    let mut k = 0u32;
+    while killed_at + WINDOW * (k + 1) <= stop_at {
+        let from = killed_at + WINDOW * k;
+        let to = from + WINDOW;
+        let n = done.iter().filter(|at| **at >= from && **at < to).count() as f64;
+        if n >= need {
+            half = Some(ms_between(killed_at, to));
+            break;
+        }
+        k += 1;
+    }
+    let post_start = killed_at + Duration::from_secs(5);
+    let post = done
+        .iter()
+        .filter(|at| **at >= post_start && **at < stop_at)
+        .count() as f64;
+    let after = target.leader().await?;
+
+    let mut row = Row::new("W3", CLIENTS as u64);
+    row.opt(
+        "first_success_ms",
+        first.map(|at| ms_between(killed_at, at)),
+    );
+    row.opt("half_throughput_ms", half);
+    row.set("pre_kill_cycles_per_s", round1(pre_rate));
+    row.set(
+        "post_kill_cycles_per_s",
+        round1(post / secs(stop_at.saturating_duration_since(post_start))),
+    );
+    row.set("errors", errors.total());
+    row.set("error_kinds", errors.to_value());
+    row.set("killed_leader", leader.leader_id);
+    row.set("new_leader", after.leader_id);
+    row.set("term_change", after.term.saturating_sub(leader.term));
+    Ok(row)
+}

@@ -1,0 +1,187 @@
+//! W2: one semaphore with permits 2 and 16 clients acquiring and releasing at once.
+//!
+//! Each client loops: blocking acquire (timeout 30 s) -> hold (0 ms, or uniform 0..=20 ms)
+//! -> release. Clients note the instant a release is sent and the instant a grant is observed,
+//! all in this process. The handoff gap pairs grants with releases in order: the n-th release
+//! sent frees the slot the n-th grant after the first `permits` takes (the queue is FIFO and
+//! never empty for long with 16 clients on 2 permits). Grants before any release (the first
+//! two) have no gap.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use conch_proto::grackle as pb;
+
+use super::conn::Conn;
+use super::stats::{Errors, Latencies, Rng, Row, round1};
+use super::{Opts, Target, batched, check_setup, secs};
+
+const CLIENTS: usize = 16;
+const PERMITS: u64 = 2;
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A release was sent (timestamp before the call).
+    Release,
+    /// A grant was observed (timestamp after the reply).
+    Grant,
+}
+
+#[derive(Default)]
+struct ClientLog {
+    events: Vec<(Instant, Event)>,
+    errors: Errors,
+}
+
+async fn client_loop(
+    mut conn: Conn,
+    ns: String,
+    sem: String,
+    lease: String,
+    hold_max_ms: u64,
+    seed: u64,
+    stop_at: Instant,
+) -> ClientLog {
+    let mut log = ClientLog::default();
+    let mut rng = Rng::new(seed);
+    while Instant::now() < stop_at {
+        let acquire = pb::AcquireSemaphoreRequest {
+            namespace_name: ns.clone(),
+            semaphore_name: sem.clone(),
+            lease_id: lease.clone(),
+            weight: 1,
+            timeout_ms: 30_000,
+            ..Default::default()
+        };
+        match conn
+            .call(move |mut c| async move { c.acquire_semaphore(acquire).await })
+            .await
+        {
+            Ok(r) if r.outcome == pb::AcquireOutcome::Acquired as i32 => {
+                log.events.push((Instant::now(), Event::Grant))
+            }
+            Ok(r) => {
+                log.errors
+                    .add(format!("not acquired (outcome {})", r.outcome));
+                continue;
+            }
+            Err(s) => {
+                log.errors.status(&s);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+        }
+        if hold_max_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(rng.below_incl(hold_max_ms))).await;
+        }
+        let release = pb::ReleaseSemaphoreRequest {
+            namespace_name: ns.clone(),
+            semaphore_name: sem.clone(),
+            lease_id: lease.clone(),
+        };
+        log.events.push((Instant::now(), Event::Release));
+        if let Err(s) = conn
+            .call(move |mut c| async move { c.release_semaphore(release).await })
+            .await
+        {
+            log.errors.status(&s);
+        }
+    }
+    log
+}
+
+pub async fn run(target: &Target, opts: &Opts, hold_max_ms: u64) -> anyhow::Result<Row> {
+    let leader = target.leader().await?;
+    let sem = format!("w2-hold{hold_max_ms}");
+    let pool = target.clients(&leader.addr, 4).await?;
+    let mut c = pool[0].clone();
+    c.create_semaphore(pb::CreateSemaphoreRequest {
+        namespace_name: target.ns.clone(),
+        semaphore_name: sem.clone(),
+        permits: PERMITS,
+        ..Default::default()
+    })
+    .await
+    .context("create the W2 semaphore")?;
+    let ns = target.ns.clone();
+    let leases = batched(CLIENTS, 16, |i| {
+        let mut c = pool[i % pool.len()].clone();
+        let ns = ns.clone();
+        async move {
+            let r = c
+                .create_semaphore_lease(pb::CreateSemaphoreLeaseRequest {
+                    namespace_name: ns,
+                    process_id: format!("w2-{i}"),
+                    ttl_seconds: 60,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            Ok(r.lease.map(|l| l.lease_id).unwrap_or_default())
+        }
+    })
+    .await;
+    let leases = check_setup("create W2 leases", leases)?;
+
+    let t0 = Instant::now();
+    let window_start = t0 + opts.warmup;
+    let window_end = window_start + opts.duration;
+    let mut tasks = Vec::new();
+    for (i, lease) in leases.into_iter().enumerate() {
+        let conn = Conn::new(&target.endpoints, &leader.addr, Duration::from_secs(35));
+        let seed = 0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1) ^ (hold_max_ms << 32);
+        tasks.push(tokio::spawn(client_loop(
+            conn,
+            ns.clone(),
+            sem.clone(),
+            lease,
+            hold_max_ms,
+            seed,
+            window_end,
+        )));
+    }
+    let mut events = Vec::new();
+    let mut errors = Errors::default();
+    for task in tasks {
+        let log = task.await.context("client task")?;
+        events.extend(log.events);
+        errors.merge(log.errors);
+    }
+    events.sort_unstable();
+
+    let mut releases: VecDeque<Instant> = VecDeque::new();
+    let mut gaps = Latencies::default();
+    let mut grants = 0u64;
+    for (at, event) in events {
+        match event {
+            Event::Release => releases.push_back(at),
+            Event::Grant => {
+                let freed_by = releases.pop_front();
+                if at < window_start || at > window_end {
+                    continue;
+                }
+                grants += 1;
+                if let Some(sent) = freed_by {
+                    gaps.push(at.saturating_duration_since(sent));
+                }
+            }
+        }
+    }
+    let label = if hold_max_ms == 0 {
+        "W2 hold 0".to_string()
+    } else {
+        format!("W2 hold 0-{hold_max_ms}ms")
+    };
+    let mut row = Row::new(&label, CLIENTS as u64);
+    row.set("grants_per_s", round1(grants as f64 / secs(opts.duration)));
+    row.opt("handoff_p50_ms", gaps.pct_ms(50.0));
+    row.opt("handoff_p99_ms", gaps.pct_ms(99.0));
+    row.set("handoffs", gaps.len() as u64);
+    row.set("permits", PERMITS);
+    row.set("errors", errors.total());
+    if errors.total() > 0 {
+        row.set("error_kinds", errors.to_value());
+    }
+    Ok(row)
+}

@@ -1,0 +1,173 @@
+//! conch-bench: the benchmark and load generator of SPEC §7.
+//!
+//! Starts a 3-node release cluster on loopback for each workload (default conchd settings, so
+//! every write is fsynced on a majority before it is acknowledged), or drives the nodes given
+//! with `--endpoints`, and prints a table or, with `--json`, one JSON object per line per run.
+
+#[path = "../bench/mod.rs"]
+mod bench;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use bench::stats::{Row, print_table};
+use bench::{Opts, Target};
+
+const WORKLOADS: [&str; 6] = ["W1", "W1b", "W2", "W3", "W4", "W5"];
+
+/// Benchmark a conch cluster: W1 uncontended cycles, W1b cycles with lease create/revoke, W2
+/// contended handoff, W3 leader failover, W4 lease refresh, W5 scale (memory, snapshot,
+/// restart).
+#[derive(Parser, Debug)]
+#[command(name = "conch-bench", after_help = EXAMPLES)]
+struct Cli {
+    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+
+    /// Drive these nodes (host:port, comma-separated) instead of starting a cluster. W3 and W5
+    /// need processes of their own and are skipped.
+    #[arg(long, value_delimiter = ',')]
+    endpoints: Option<Vec<String>>,
+
+    /// Print one JSON object per line per workload run instead of a table.
+    #[arg(long)]
+    json: bool,
+
+    /// Measured seconds per run (after the warm-up).
+    #[arg(long, default_value_t = 5)]
+    duration_s: u64,
+
+    /// Warm-up seconds per run, not measured.
+    #[arg(long, default_value_t = 1)]
+    warmup_s: u64,
+
+    /// Live leases refreshed every second in W4.
+    #[arg(long, default_value_t = 10_000)]
+    w4_leases: usize,
+
+    /// Leases in W5.
+    #[arg(long, default_value_t = 100_000)]
+    w5_leases: usize,
+
+    /// Semaphores (each with one holder) in W5.
+    #[arg(long, default_value_t = 10_000)]
+    w5_semaphores: usize,
+
+    /// Waiters (open blocking acquires, one per semaphore) in W5.
+    #[arg(long, default_value_t = 10_000)]
+    w5_waiters: usize,
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  make bench                                   # build release binaries and run everything
+  target/release/conch-bench --only W2 --json  # one workload, JSON lines
+  target/release/conch-bench --endpoints 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 --only W1
+
+conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let selected: Vec<&str> = if cli.only.is_empty() {
+        WORKLOADS.to_vec()
+    } else {
+        let mut out = Vec::new();
+        for w in &cli.only {
+            match WORKLOADS.iter().find(|k| k.eq_ignore_ascii_case(w.trim())) {
+                Some(k) => out.push(*k),
+                None => {
+                    eprintln!(
+                        "conch-bench: unknown workload {w:?} (known: {})",
+                        WORKLOADS.join(", ")
+                    );
+                    return ExitCode::from(64);
+                }
+            }
+        }
+        out
+    };
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "conch-bench: warning: this is a debug build; numbers are meaningless (use --release)"
+        );
+    }
+    let opts = Opts {
+        duration: Duration::from_secs(cli.duration_s.max(1)),
+        warmup: Duration::from_secs(cli.warmup_s),
+        w4_leases: cli.w4_leases.max(1),
+        w5_leases: cli.w5_leases,
+        w5_semaphores: cli.w5_semaphores,
+        w5_waiters: cli.w5_waiters,
+    };
+    let mut rows = Vec::new();
+    let mut failed = false;
+    for workload in selected {
+        if cli.endpoints.is_some() && matches!(workload, "W3" | "W5") {
+            eprintln!(
+                "conch-bench: {workload} skipped: it kills and restarts nodes, which needs a cluster of its own"
+            );
+            continue;
+        }
+        eprintln!("conch-bench: running {workload}");
+        match run(workload, &cli.endpoints, &opts).await {
+            Ok(new_rows) => {
+                for row in new_rows {
+                    if cli.json {
+                        println!("{}", row.json());
+                    }
+                    rows.push(row);
+                }
+            }
+            Err(e) => {
+                failed = true;
+                eprintln!("conch-bench: {workload} failed: {e:#}");
+                let mut row = Row::new(workload, 0);
+                row.set("error", format!("{e:#}"));
+                if cli.json {
+                    println!("{}", row.json());
+                }
+                rows.push(row);
+            }
+        }
+    }
+    if !cli.json {
+        print_table(&rows);
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Runs one workload on a fresh target; a run that fails ends the workload.
+async fn run(
+    workload: &str,
+    endpoints: &Option<Vec<String>>,
+    opts: &Opts,
+) -> anyhow::Result<Vec<Row>> {
+    let mut target = Target::new(endpoints, &workload.to_lowercase()).await?;
+    let mut rows = Vec::new();
+    match workload {
+        "W1" => {
+            for clients in [1, 8, 64] {
+                rows.push(bench::w1::run(&target, opts, clients, false).await?);
+            }
+        }
+        "W1b" => rows.push(bench::w1::run(&target, opts, 64, true).await?),
+        "W2" => {
+            for hold_max_ms in [0, 20] {
+                rows.push(bench::w2::run(&target, opts, hold_max_ms).await?);
+            }
+        }
+        "W3" => rows.push(bench::w1::failover(&mut target, opts).await?),
+        "W4" => rows.push(bench::w4::run(&target, opts).await?),
+        "W5" => rows.push(bench::w5::run(&mut target, opts).await?),
+        other => anyhow::bail!("unknown workload {other}"),
+    }
+    Ok(rows)
+}
