@@ -43,6 +43,11 @@ pub struct Flags {
     #[arg(long, env = "CONCH_INITIAL_CLUSTER")]
     pub initial_cluster: Option<String>,
 
+    /// Reach these peers at other addresses than their advertised ones, as id=host:port pairs
+    /// (e.g. through a relay, a tunnel or a fault-injecting proxy).
+    #[arg(long, env = "CONCH_PEER_ROUTES")]
+    pub peer_routes: Option<String>,
+
     /// TOML file with any of these settings (keys as the long flags, with underscores).
     #[arg(long, env = "CONCH_CONFIG")]
     pub config: Option<PathBuf>,
@@ -86,6 +91,7 @@ struct FileConfig {
     advertise: Option<String>,
     data_dir: Option<PathBuf>,
     initial_cluster: Option<String>,
+    peer_routes: Option<String>,
     heartbeat_ms: Option<u64>,
     election_timeout_ms: Option<u64>,
     snapshot_every: Option<u64>,
@@ -102,6 +108,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Members to bootstrap with when the data directory is empty.
     pub initial_cluster: BTreeMap<u64, String>,
+    /// Addresses to dial peers at instead of their advertised ones.
+    pub peer_routes: BTreeMap<u64, String>,
     pub heartbeat: Duration,
     pub election_timeout: Duration,
     pub snapshot_every: u64,
@@ -167,6 +175,10 @@ impl Config {
                 )));
             }
         }
+        let peer_routes = match flags.peer_routes.or(file.peer_routes) {
+            Some(text) => parse_members("--peer-routes", &text)?,
+            None => BTreeMap::new(),
+        };
         let heartbeat_ms = flags.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
         let election_ms = flags
             .election_timeout_ms
@@ -196,6 +208,7 @@ impl Config {
             advertise,
             data_dir,
             initial_cluster,
+            peer_routes,
             heartbeat: Duration::from_millis(heartbeat_ms),
             election_timeout: Duration::from_millis(election_ms),
             snapshot_every,
@@ -225,34 +238,36 @@ fn resolve(addr: &str) -> Result<SocketAddr, String> {
 
 /// Parses `1=host:port,2=host:port`.
 pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
+    parse_members("--initial-cluster", text)
+}
+
+/// Parses `id=host:port` pairs for the flag `flag`.
+fn parse_members(flag: &str, text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
     let mut members = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) = part.split_once('=').ok_or_else(|| {
-            ConfigError::Invalid(format!(
-                "--initial-cluster entry {part:?} is not id=host:port"
-            ))
+            ConfigError::Invalid(format!("{flag} entry {part:?} is not id=host:port"))
         })?;
         let id: u64 = id.trim().parse().map_err(|_| {
             ConfigError::Invalid(format!(
-                "--initial-cluster entry {part:?}: node id must be a positive integer"
+                "{flag} entry {part:?}: node id must be a positive integer"
             ))
         })?;
         if id == 0 {
             return Err(ConfigError::Invalid(format!(
-                "--initial-cluster entry {part:?}: node id must be positive"
+                "{flag} entry {part:?}: node id must be positive"
             )));
         }
         let addr = addr.trim().to_string();
-        resolve(&addr)
-            .map_err(|e| ConfigError::Invalid(format!("--initial-cluster entry {part:?}: {e}")))?;
+        resolve(&addr).map_err(|e| ConfigError::Invalid(format!("{flag} entry {part:?}: {e}")))?;
         if members.insert(id, addr).is_some() {
             return Err(ConfigError::Invalid(format!(
-                "--initial-cluster names node {id} twice"
+                "{flag} names node {id} twice"
             )));
         }
     }
     if members.is_empty() {
-        return Err(ConfigError::Invalid("--initial-cluster is empty".into()));
+        return Err(ConfigError::Invalid(format!("{flag} is empty")));
     }
     Ok(members)
 }

@@ -202,7 +202,12 @@ impl Node {
         ))
     }
 
-    fn peer(&self, addr: &str) -> Result<ConchPeerClient<Channel>, NodeError> {
+    fn peer(&self, leader: &LeaderInfo) -> Result<ConchPeerClient<Channel>, NodeError> {
+        let addr = self
+            .config
+            .peer_routes
+            .get(&leader.id)
+            .unwrap_or(&leader.addr);
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(client) = peers.get(addr) {
             return Ok(client.clone());
@@ -322,7 +327,7 @@ impl Node {
     ) -> Result<(Vec<Reply>, u64), NodeError> {
         let payload =
             encode(&cmds).map_err(|e| NodeError::Internal(format!("encode proposal: {e}")))?;
-        let mut client = self.peer(&leader.addr)?;
+        let mut client = self.peer(leader)?;
         let response = client
             .propose(PeerMessage { payload })
             .await
@@ -395,7 +400,7 @@ impl Node {
     }
 
     async fn read_index_through(&self, leader: &LeaderInfo) -> Result<u64, NodeError> {
-        let mut client = self.peer(&leader.addr)?;
+        let mut client = self.peer(leader)?;
         let response = client
             .read_index(PeerMessage {
                 payload: Vec::new(),

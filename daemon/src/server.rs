@@ -97,10 +97,14 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
     let log_store = LogStore::open(&config.data_dir)?;
     let applied = AppliedState::new(State::new(), 0);
     let state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
+    log_store.check_snapshot_covers_purged(state_machine.last_applied())?;
     let raft = Raft::new(
         config.id,
         raft_config(&config)?,
-        PeerNetwork::new(Duration::from_millis(500)),
+        PeerNetwork::new(
+            Duration::from_millis(500),
+            Arc::new(config.peer_routes.clone()),
+        ),
         log_store,
         state_machine,
     )

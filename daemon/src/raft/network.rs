@@ -4,6 +4,8 @@
 //! bincode of `Result<Response, RaftError>`, so the remote node's Raft errors come back intact.
 //! Peers share the client port: every node serves `ConchPeer` next to the Grackle API.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use conch_proto::conch::PeerMessage;
@@ -57,11 +59,16 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
 #[derive(Clone)]
 pub struct PeerNetwork {
     connect_timeout: Duration,
+    routes: Arc<BTreeMap<NodeId, String>>,
 }
 
 impl PeerNetwork {
-    pub fn new(connect_timeout: Duration) -> Self {
-        PeerNetwork { connect_timeout }
+    /// `routes` overrides the advertised address of some peers (see `--peer-routes`).
+    pub fn new(connect_timeout: Duration, routes: Arc<BTreeMap<NodeId, String>>) -> Self {
+        PeerNetwork {
+            connect_timeout,
+            routes,
+        }
     }
 }
 
@@ -69,7 +76,8 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
-        let client = peer_channel(&node.addr, self.connect_timeout).map(peer_client);
+        let addr = self.routes.get(&target).unwrap_or(&node.addr);
+        let client = peer_channel(addr, self.connect_timeout).map(peer_client);
         PeerConnection {
             target,
             node: node.clone(),
