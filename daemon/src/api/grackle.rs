@@ -20,6 +20,10 @@ use crate::state::{
 /// timed the waiter out (e.g. no leader).
 const WAIT_GRACE: Duration = Duration::from_millis(500);
 
+/// How long the waiter of a call that went away (cancelled, connection broken) keeps its place,
+/// so a client that re-attaches through another connection does not lose its queue position.
+const ABANDONED_WAIT_LINGER_NS: Nanos = 5 * NANOS_PER_SEC;
+
 pub struct GrackleService {
     node: Arc<Node>,
 }
@@ -82,7 +86,13 @@ impl GrackleService {
                 }
                 _ = tokio::time::sleep_until(local_deadline) => {
                     give_up.disarm();
-                    let cmd = Cmd::GiveUp { ns: key.ns.clone(), sem: key.sem.clone(), lease: key.lease.clone(), deadline_ns };
+                    let cmd = Cmd::GiveUp {
+                        ns: key.ns.clone(),
+                        sem: key.sem.clone(),
+                        lease: key.lease.clone(),
+                        deadline_ns,
+                        linger_ns: 0,
+                    };
                     return match self.write(cmd).await? {
                         Outcome::GiveUp(GiveUpReply::Granted { token }) => self.acquire_response(&key, Some(token)),
                         _ => self.acquire_response(&key, None),
@@ -159,7 +169,8 @@ fn acquire_message(
     }
 }
 
-/// Gives up a wait when the waiting call goes away (client cancelled or disconnected).
+/// Gives up a wait when the waiting call goes away (client cancelled or disconnected): the
+/// waiter lingers briefly in case the client re-attaches, then leaves the queue.
 struct GiveUpOnDrop {
     node: Arc<Node>,
     key: Option<WaitKey>,
@@ -181,6 +192,7 @@ impl Drop for GiveUpOnDrop {
             sem: key.sem,
             lease: key.lease,
             deadline_ns: self.deadline_ns,
+            linger_ns: ABANDONED_WAIT_LINGER_NS,
         };
         tokio::spawn(async move {
             if let Err(e) = node.write_one(cmd).await {

@@ -891,6 +891,7 @@ impl Namespace {
         sem_name: &str,
         id: &str,
         deadline_ns: Nanos,
+        linger_ns: Nanos,
         ctx: &mut Ctx,
     ) -> GiveUpReply {
         let Some(seq) = lease_seq(id).filter(|seq| self.leases.contains_key(seq)) else {
@@ -905,6 +906,36 @@ impl Namespace {
             if waiter.deadline_ns > deadline_ns {
                 return GiveUpReply::StillQueued {
                     deadline_ns: waiter.deadline_ns,
+                };
+            }
+            if linger_ns > 0 {
+                let lingered = waiter
+                    .deadline_ns
+                    .min(ctx.clock_ns.saturating_add(linger_ns));
+                let ns_id = self.id;
+                if let Some(waiter) = self
+                    .semaphores
+                    .get_mut(sem_name)
+                    .and_then(|s| s.waiters.get_mut(&seq))
+                {
+                    if lingered != waiter.deadline_ns {
+                        ctx.index.waiter_deadlines.remove(&(
+                            waiter.deadline_ns,
+                            ns_id,
+                            sem_name.to_string(),
+                            seq,
+                        ));
+                        ctx.index.waiter_deadlines.insert((
+                            lingered,
+                            ns_id,
+                            sem_name.to_string(),
+                            seq,
+                        ));
+                        waiter.deadline_ns = lingered;
+                    }
+                }
+                return GiveUpReply::StillQueued {
+                    deadline_ns: lingered,
                 };
             }
             self.end_wait(sem_name, seq, WaitEnd::GaveUp, ctx);
@@ -1080,9 +1111,10 @@ impl State {
                 sem,
                 lease,
                 deadline_ns,
+                linger_ns,
             } => {
                 let reply = match namespaces.get_mut(ns) {
-                    Some(ns) => ns.give_up(sem, lease, *deadline_ns, &mut ctx),
+                    Some(ns) => ns.give_up(sem, lease, *deadline_ns, *linger_ns, &mut ctx),
                     None => GiveUpReply::NotQueued,
                 };
                 Ok(Outcome::GiveUp(reply))

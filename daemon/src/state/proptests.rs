@@ -337,6 +337,7 @@ impl Harness {
             sem,
             lease,
             deadline_ns,
+            linger_ns: 0,
         }
     }
 
@@ -371,7 +372,7 @@ fn world(state: &State) -> World {
         limit: 250,
     };
     for ns in &NAMESPACES[..2] {
-        for sem in &SEMAPHORES[..3] {
+        for sem in &SEMAPHORES {
             if let Ok((_, page)) = state.list_waiters(ns, sem, &request, i64::MIN) {
                 let queue = page.items.into_iter().map(|w| w.lease_id).collect();
                 out.queues.insert((ns.to_string(), sem.to_string()), queue);
@@ -501,7 +502,7 @@ fn check_command(
 
 fn check_capacity(state: &State) -> Result<(), TestCaseError> {
     for ns in &NAMESPACES[..2] {
-        for sem in &SEMAPHORES[..3] {
+        for sem in &SEMAPHORES {
             let Ok(view) = state.get_semaphore(ns, sem, i64::MIN) else {
                 continue;
             };

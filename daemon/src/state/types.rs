@@ -96,13 +96,17 @@ pub enum Cmd {
         sem: String,
         lease: String,
     },
-    /// The caller waiting with `deadline_ns` gives up. The waiter is removed only if no later
-    /// acquire re-attached with a later deadline.
+    /// The caller waiting with `deadline_ns` gives up. Nothing happens if a later acquire
+    /// re-attached with a later deadline. Otherwise, with `linger_ns` 0 the waiter leaves the
+    /// queue now; with `linger_ns` > 0 (the caller went away without saying so, e.g. its
+    /// connection broke) the waiter keeps its place for at most `linger_ns` more, so a caller
+    /// that re-attaches through another connection soon keeps its position.
     GiveUp {
         ns: String,
         sem: String,
         lease: String,
         deadline_ns: Nanos,
+        linger_ns: Nanos,
     },
     /// Reaps leases and waiters that are due at the batch's time.
     Expire,

@@ -251,10 +251,22 @@ impl Cmd {
                 wait_ns(*wait)?;
                 metadata(m)
             }
-            Cmd::Release { ns, sem, lease } | Cmd::GiveUp { ns, sem, lease, .. } => {
+            Cmd::Release { ns, sem, lease } => {
                 name(NAMESPACE_NAME, ns)?;
                 name(SEMAPHORE_NAME, sem)?;
                 lease_id(lease)
+            }
+            Cmd::GiveUp {
+                ns,
+                sem,
+                lease,
+                linger_ns,
+                ..
+            } => {
+                name(NAMESPACE_NAME, ns)?;
+                name(SEMAPHORE_NAME, sem)?;
+                lease_id(lease)?;
+                wait_ns(*linger_ns)
             }
             Cmd::Expire | Cmd::ExtendLeases => Ok(()),
         }
@@ -400,6 +412,7 @@ mod tests {
             sem: "s".into(),
             lease: "l".into(),
             deadline_ns: i64::MIN,
+            linger_ns: 0,
         };
         assert!(give_up.validate().is_ok());
     }

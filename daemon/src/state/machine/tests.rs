@@ -164,6 +164,7 @@ impl Timeline {
             sem: sem.into(),
             lease: lease.into(),
             deadline_ns,
+            linger_ns: 0,
         };
         match self.ok(cmd) {
             Outcome::GiveUp(r) => r,
@@ -1529,6 +1530,7 @@ fn give_up_cases() {
         sem: "db".into(),
         lease: x.clone(),
         deadline_ns: 0,
+        linger_ns: 0,
     };
     assert_eq!(t.ok(cmd), Outcome::GiveUp(GiveUpReply::NotQueued));
     // t=3s  H releases -> B granted; B's give-up that raced behind it reports the grant
@@ -2150,4 +2152,80 @@ fn one_million_leases_fit_in_memory() {
         after.saturating_sub(before) / 1_000_000,
         snapshot.len() >> 20,
     );
+}
+
+#[test]
+fn an_abandoned_wait_lingers_so_a_quick_reattach_keeps_its_place() {
+    // t=0    "db" with 1 permit; H holds it; A then B queue with 60 s waits
+    // t=1s   A's connection breaks: GiveUp with a 5 s linger -> A stays queued until t=6s
+    // t=2s   A re-attaches (new call)  -> still ahead of B
+    // t=3s   H releases                -> A granted, not B
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let h = t.create_lease(30);
+    let a = t.create_lease(120);
+    let b = t.create_lease(120);
+    assert!(matches!(
+        t.acquire("db", &h, 1, 0).status,
+        AcquireStatus::Acquired { .. }
+    ));
+    let AcquireStatus::Queued { deadline_ns } = t.acquire("db", &a, 1, 60 * S).status else {
+        panic!("A must queue")
+    };
+    assert!(matches!(
+        t.acquire("db", &b, 1, 60 * S).status,
+        AcquireStatus::Queued { .. }
+    ));
+    t.at(S);
+    let cmd = Cmd::GiveUp {
+        ns: NS.into(),
+        sem: "db".into(),
+        lease: a.clone(),
+        deadline_ns,
+        linger_ns: 5 * S,
+    };
+    assert_eq!(
+        t.ok(cmd),
+        Outcome::GiveUp(GiveUpReply::StillQueued { deadline_ns: 6 * S })
+    );
+    assert_eq!(t.state.waiter(NS, "db", &a).map(|w| w.position), Some(0));
+    t.at(2 * S);
+    assert!(matches!(
+        t.acquire("db", &a, 1, 60 * S).status,
+        AcquireStatus::Queued { .. }
+    ));
+    t.at(3 * S);
+    t.release("db", &h);
+    assert!(
+        t.state.holder(NS, "db", &a).is_some(),
+        "A kept its place at the head"
+    );
+    assert!(t.state.holder(NS, "db", &b).is_none());
+}
+
+#[test]
+fn an_abandoned_wait_that_nobody_reattaches_leaves_after_the_linger() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let h = t.create_lease(30);
+    let a = t.create_lease(120);
+    assert!(matches!(
+        t.acquire("db", &h, 1, 0).status,
+        AcquireStatus::Acquired { .. }
+    ));
+    let AcquireStatus::Queued { deadline_ns } = t.acquire("db", &a, 1, 60 * S).status else {
+        panic!("A must queue")
+    };
+    let cmd = Cmd::GiveUp {
+        ns: NS.into(),
+        sem: "db".into(),
+        lease: a.clone(),
+        deadline_ns,
+        linger_ns: 5 * S,
+    };
+    t.ok(cmd);
+    t.at(5 * S);
+    t.ok(Cmd::Expire);
+    assert!(t.state.waiter(NS, "db", &a).is_none());
+    assert_eq!(t.state.next_due_ns().map(|d| d > 5 * S), Some(true));
 }
