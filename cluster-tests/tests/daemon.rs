@@ -152,3 +152,36 @@ async fn a_corrupt_snapshot_refuses_to_start() -> anyhow::Result<()> {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_raft_log_refuses_to_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    let mut client = serving(&addr).await?;
+    create_namespace_when_ready(&mut client, "kept").await?;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(0));
+
+    // Damage sled's data file throughout: its recovery drops what follows the first damage.
+    let db = dir.path().join("conch-data").join("raft").join("db");
+    let mut bytes = std::fs::read(&db)?;
+    for offset in (100..bytes.len()).step_by(997) {
+        bytes[offset] ^= 0x5a;
+    }
+    std::fs::write(&db, bytes)?;
+    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(1));
+    let stderr = daemon.stderr();
+    assert!(
+        stderr.contains("raft log") && stderr.contains("corrupt"),
+        "{stderr}"
+    );
+
+    // The log directory gone altogether: refused too, never a fresh empty node.
+    std::fs::remove_dir_all(dir.path().join("conch-data").join("raft"))?;
+    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(1));
+    assert!(daemon.stderr().contains("lost data"), "{}", daemon.stderr());
+    Ok(())
+}

@@ -180,6 +180,37 @@ fn fsync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
 
+/// `<data_dir>/vote`: a second copy of the vote, outside sled. sled recovers silently from
+/// damage by dropping what follows it, which could make a node forget its vote (and vote twice
+/// in a term) or its whole log; comparing with this file at open turns that into a refusal.
+fn vote_file_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("vote")
+}
+
+fn write_vote_file(data_dir: &Path, vote: &Vote<NodeId>) -> io::Result<()> {
+    let bytes = encode_value(vote).map_err(io_other)?;
+    let path = vote_file_path(data_dir);
+    let tmp = path.with_extension("tmp");
+    {
+        let mut file = File::create(&tmp)?;
+        io::Write::write_all(&mut file, &bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    fsync_dir(data_dir)
+}
+
+fn read_vote_file(data_dir: &Path) -> Result<Option<Vote<NodeId>>, String> {
+    let path = vote_file_path(data_dir);
+    match std::fs::read(&path) {
+        Ok(bytes) => decode_value(&bytes)
+            .map(Some)
+            .map_err(|e| format!("vote file {}: {e}", path.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("read vote file {}: {e}", path.display())),
+    }
+}
+
 struct Inner {
     db: sled::Db,
     /// `<raft>`, for messages.
@@ -188,6 +219,8 @@ struct Inner {
     data_file: File,
     /// `<raft>/blobs`: sled writes values above ~128 KiB there and never syncs them.
     blobs_dir: PathBuf,
+    /// The data directory, which holds the vote file.
+    data_dir: PathBuf,
     /// Blob files already synced (blobs are immutable once written).
     synced_blobs: Mutex<HashSet<OsString>>,
     durability: Durability,
@@ -254,6 +287,7 @@ impl LogStore {
                 db,
                 blobs_dir: path.join("blobs"),
                 path: path.clone(),
+                data_dir: data_dir.to_path_buf(),
                 data_file,
                 // Empty: the first sync also covers blobs left by an earlier run.
                 synced_blobs: Mutex::new(HashSet::new()),
@@ -264,6 +298,12 @@ impl LogStore {
             path: path.clone(),
             reason,
         })?;
+        store
+            .check_vote_file()
+            .map_err(|reason| OpenError::Corrupt {
+                path: path.clone(),
+                reason,
+            })?;
         tracing::debug!(
             path = %path.display(),
             entries = summary.entries,
@@ -299,6 +339,28 @@ impl LogStore {
             )));
         }
         Ok(())
+    }
+
+    /// Compares sled's vote with the vote file: a vote in the file that sled does not have
+    /// (or an older one in sled) means sled lost acknowledged writes.
+    fn check_vote_file(&self) -> Result<(), String> {
+        let in_file = read_vote_file(&self.inner.data_dir)?;
+        let in_sled: Option<Vote<NodeId>> = self.read_meta(KEY_VOTE)?;
+        match (in_file, in_sled) {
+            (Some(file), None) => Err(format!(
+                "it holds no vote, but {} records {file}: the log lost data and this node must \
+                 not serve; restore the data directory or remove the node from the cluster and \
+                 add it back empty",
+                vote_file_path(&self.inner.data_dir).display()
+            )),
+            (Some(file), Some(sled)) if sled < file => Err(format!(
+                "its vote {sled} is older than {file} recorded in {}: the log lost data",
+                vote_file_path(&self.inner.data_dir).display()
+            )),
+            (None, Some(sled)) => write_vote_file(&self.inner.data_dir, &sled)
+                .map_err(|e| format!("write vote file: {e}")),
+            _ => Ok(()),
+        }
     }
 
     /// Bytes sled occupies on disk (for metrics); 0 if sled cannot tell.
@@ -512,6 +574,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.make_durable()
             .await
             .map_err(|e| StorageIOError::write_vote(&e))?;
+        // Then the copy outside sled (see `vote_file_path`). Written second: a crash between
+        // leaves the file older than sled, which open accepts.
+        let data_dir = self.inner.data_dir.clone();
+        let vote = *vote;
+        tokio::task::spawn_blocking(move || write_vote_file(&data_dir, &vote))
+            .await
+            .map_err(|e| StorageIOError::write_vote(&io_other(e)))?
+            .map_err(|e| StorageIOError::write_vote(&e))?;
         Ok(())
     }
 
@@ -619,6 +689,27 @@ impl std::fmt::Debug for LogStore {
 
 #[cfg(test)]
 mod tests {
+
+    #[tokio::test]
+    async fn a_log_that_lost_its_vote_refuses_to_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut store = LogStore::open(dir.path()).expect("open");
+            store.save_vote(&Vote::new(3, 1)).await.expect("save vote");
+        }
+        // Reopening an intact directory works and keeps the vote.
+        let mut store = LogStore::open(dir.path()).expect("reopen");
+        assert_eq!(
+            store.read_vote().await.expect("read vote"),
+            Some(Vote::new(3, 1))
+        );
+        drop(store);
+        // sled's directory gone (or emptied by its recovery): refuse.
+        std::fs::remove_dir_all(dir.path().join("raft")).expect("remove sled dir");
+        let err = LogStore::open(dir.path()).err().expect("must refuse");
+        assert!(err.to_string().contains("lost data"), "{err}");
+    }
+
     use std::collections::BTreeSet;
     use std::time::{Duration, Instant};
 
@@ -821,6 +912,7 @@ mod tests {
                 db,
                 blobs_dir: path.join("blobs"),
                 path,
+                data_dir: dir.to_path_buf(),
                 data_file,
                 synced_blobs: Mutex::new(HashSet::new()),
                 durability: Durability::Flush,
