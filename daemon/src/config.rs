@@ -152,8 +152,14 @@ impl Config {
             .advertise
             .or(file.advertise)
             .unwrap_or_else(|| listen.to_string());
-        resolve(&advertise)
+        let advertised = resolve(&advertise)
             .map_err(|e| ConfigError::Invalid(format!("--advertise {advertise}: {e}")))?;
+        if advertised.ip().is_unspecified() {
+            return Err(ConfigError::Invalid(format!(
+                "--advertise {advertise} is not an address other nodes can reach; \
+                 with --listen on all interfaces, set --advertise to this node's address"
+            )));
+        }
         let data_dir = flags
             .data_dir
             .or(file.data_dir)
@@ -286,6 +292,22 @@ mod tests {
             config.initial_cluster,
             BTreeMap::from([(1, DEFAULT_LISTEN.to_string())])
         );
+    }
+
+    #[test]
+    fn listening_on_all_interfaces_needs_an_advertised_address() {
+        let flags = Flags {
+            listen: Some("0.0.0.0:7001".into()),
+            ..Flags::default()
+        };
+        let err = Config::from_flags(flags).expect_err("0.0.0.0 cannot be advertised");
+        assert!(err.to_string().contains("--advertise"), "{err}");
+        let flags = Flags {
+            listen: Some("0.0.0.0:7001".into()),
+            advertise: Some("127.0.0.1:7001".into()),
+            ..Flags::default()
+        };
+        assert!(Config::from_flags(flags).is_ok());
     }
 
     #[test]
