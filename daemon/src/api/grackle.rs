@@ -229,7 +229,7 @@ fn unexpected(outcome: Outcome) -> Status {
 
 #[tonic::async_trait]
 impl GrackleApi for GrackleService {
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().name))]
     async fn create_namespace(
         &self,
         request: Request<pb::CreateNamespaceRequest>,
@@ -273,7 +273,7 @@ impl GrackleApi for GrackleService {
         })
     }
 
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name))]
     async fn update_namespace(
         &self,
         request: Request<pb::UpdateNamespaceRequest>,
@@ -293,7 +293,7 @@ impl GrackleApi for GrackleService {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name))]
     async fn delete_namespace(
         &self,
         request: Request<pb::DeleteNamespaceRequest>,
@@ -306,7 +306,7 @@ impl GrackleApi for GrackleService {
         self.reply(pb::DeleteNamespaceResponse {})
     }
 
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
     async fn create_semaphore(
         &self,
         request: Request<pb::CreateSemaphoreRequest>,
@@ -356,7 +356,7 @@ impl GrackleApi for GrackleService {
         })
     }
 
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
     async fn acquire_semaphore(
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
@@ -398,7 +398,7 @@ impl GrackleApi for GrackleService {
         self.reply(message)
     }
 
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
     async fn release_semaphore(
         &self,
         request: Request<pb::ReleaseSemaphoreRequest>,
@@ -417,7 +417,7 @@ impl GrackleApi for GrackleService {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
     async fn update_semaphore(
         &self,
         request: Request<pb::UpdateSemaphoreRequest>,
@@ -439,7 +439,7 @@ impl GrackleApi for GrackleService {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name, sem = %request.get_ref().semaphore_name))]
     async fn delete_semaphore(
         &self,
         request: Request<pb::DeleteSemaphoreRequest>,
@@ -469,7 +469,7 @@ impl GrackleApi for GrackleService {
         })
     }
 
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name))]
     async fn create_semaphore_lease(
         &self,
         request: Request<pb::CreateSemaphoreLeaseRequest>,
@@ -489,7 +489,7 @@ impl GrackleApi for GrackleService {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(ns = %request.get_ref().namespace_name))]
+    #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name))]
     async fn revoke_semaphore_lease(
         &self,
         request: Request<pb::RevokeSemaphoreLeaseRequest>,
