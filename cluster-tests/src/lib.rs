@@ -88,7 +88,55 @@ impl Cluster {
         Self::start_with(n, &[]).await
     }
 
+    /// Ports are picked free and released before `conchd` binds them, so a parallel test can
+    /// take one in between; a node that exits at startup makes the whole start try again with
+    /// new ports.
     pub async fn start_with(n: u64, extra_args: &[&str]) -> anyhow::Result<Cluster> {
+        let mut attempt = 1;
+        loop {
+            let mut cluster = Self::start_once(n, extra_args).await?;
+            let started = cluster.wait_for_leader(Duration::from_secs(20)).await;
+            let exited = cluster.exited_nodes();
+            match (started, exited.is_empty()) {
+                (Ok(_), true) => return Ok(cluster),
+                (result, _) if attempt < 3 && !exited.is_empty() => {
+                    eprintln!(
+                        "cluster start attempt {attempt}: nodes {exited:?} exited ({result:?}); retrying with new ports"
+                    );
+                }
+                (Ok(_), false) => anyhow::bail!("nodes {exited:?} exited at startup"),
+                (Err(e), _) => {
+                    return Err(e.context(format!("start {n} nodes: {}", cluster.logs_tail())));
+                }
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Ids of nodes whose process has exited on its own.
+    fn exited_nodes(&mut self) -> Vec<u64> {
+        self.nodes
+            .values_mut()
+            .filter_map(|node| match node.child.as_mut().map(Child::try_wait) {
+                Some(Ok(Some(_))) => Some(node.id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The last lines of every node's log, for failure messages.
+    pub fn logs_tail(&self) -> String {
+        let mut out = String::new();
+        for id in self.nodes.keys() {
+            let log = self.log(*id);
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+            out.push_str(&format!("\n--- node {id} log (tail) ---\n{tail}"));
+        }
+        out
+    }
+
+    async fn start_once(n: u64, extra_args: &[&str]) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new()
             .prefix("conch-cluster-")
             .tempdir()
@@ -124,7 +172,6 @@ impl Cluster {
         for id in ids {
             cluster.spawn(id)?;
         }
-        cluster.wait_for_leader(Duration::from_secs(20)).await?;
         Ok(cluster)
     }
 
