@@ -189,7 +189,7 @@ impl Config {
         let election_ms = flags
             .election_timeout_ms
             .or(file.election_timeout_ms)
-            .unwrap_or(500);
+            .unwrap_or(300);
         if heartbeat_ms == 0 || election_ms < heartbeat_ms * 3 {
             return Err(ConfigError::Invalid(format!(
                 "--election-timeout-ms ({election_ms}) must be at least 3x --heartbeat-ms ({heartbeat_ms}), and both positive"
