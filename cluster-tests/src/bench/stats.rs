@@ -105,11 +105,12 @@ impl Row {
 fn cell(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "-".into(),
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(f) if f.fract() != 0.0 && f.abs() < 10.0 => format!("{f:.2}"),
-            Some(f) if f.fract() != 0.0 => format!("{f:.0}"),
-            _ => n.to_string(),
+        Some(Value::Number(n)) if n.is_f64() => match n.as_f64().unwrap_or(0.0) {
+            f if f.abs() >= 100.0 => format!("{f:.0}"),
+            f if f.abs() >= 10.0 => format!("{f:.1}"),
+            f => format!("{f:.2}"),
         },
+        Some(Value::Number(n)) => n.to_string(),
         Some(Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),
     }
@@ -142,7 +143,18 @@ pub fn print_table(rows: &[Row]) {
     ]];
     for row in rows {
         let (metric, value) = headline(row);
-        let skip = ["workload", "clients", "p50_ms", "p99_ms", metric.as_str()];
+        let skip = [
+            "workload",
+            "clients",
+            "p50_ms",
+            "p99_ms",
+            "hold_ms",
+            metric.as_str(),
+        ];
+        let mut workload = cell(row.fields.get("workload"));
+        if let Some(hold) = row.fields.get("hold_ms") {
+            workload = format!("{workload} hold {}ms", cell(Some(hold)));
+        }
         let details: Vec<String> = row
             .fields
             .iter()
@@ -150,7 +162,7 @@ pub fn print_table(rows: &[Row]) {
             .map(|(k, v)| format!("{k}={}", cell(Some(v))))
             .collect();
         lines.push([
-            cell(row.fields.get("workload")),
+            workload,
             cell(row.fields.get("clients")),
             metric,
             value,

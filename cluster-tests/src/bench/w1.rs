@@ -177,6 +177,7 @@ pub async fn run(
     tokio::time::sleep_until(window_end.into()).await;
     let at_end = target.leader().await?;
 
+    let debug = std::env::var_os("CONCH_BENCH_DEBUG").is_some();
     let mut latencies = Latencies::default();
     let mut errors = Errors::default();
     let mut redirects = 0;
@@ -185,6 +186,19 @@ pub async fn run(
         for (at, latency) in log.done {
             if at >= window_start && at <= window_end {
                 latencies.push(latency);
+                if debug && latency > Duration::from_millis(20) {
+                    let wall =
+                        std::time::SystemTime::now() - Instant::now().saturating_duration_since(at);
+                    let unix = wall
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or(0.0);
+                    eprintln!(
+                        "{workload} {clients} clients: slow cycle {:.1} ms ending at +{} ms (unix {unix:.3})",
+                        latency.as_secs_f64() * 1000.0,
+                        ms_between(t0, at)
+                    );
+                }
             }
         }
         for (_, e) in log.errors {
@@ -243,17 +257,50 @@ pub async fn failover(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
     tokio::time::sleep_until(kill_at.into()).await;
     let leader = target.leader().await?;
     let killed_at = Instant::now();
+    let killed_wall = std::time::SystemTime::now();
     target.cluster_mut()?.kill(leader.leader_id);
     tokio::time::sleep_until(stop_at.into()).await;
 
+    let debug = std::env::var_os("CONCH_BENCH_DEBUG").is_some();
     let mut done = Vec::new();
     let mut errors = Errors::default();
-    for task in tasks {
+    for (i, task) in tasks.into_iter().enumerate() {
         let log = task.await.context("client task")?;
+        if debug {
+            let first = log
+                .done
+                .iter()
+                .find(|(at, _)| *at > killed_at)
+                .map(|(at, _)| ms_between(killed_at, *at));
+            let errs: Vec<String> = log
+                .errors
+                .iter()
+                .filter(|(at, _)| *at >= killed_at)
+                .map(|(at, e)| format!("{}ms:{e}", ms_between(killed_at, *at)))
+                .collect();
+            eprintln!("W3 client {i}: first success after kill {first:?} ms; errors {errs:?}");
+        }
         done.extend(log.done.into_iter().map(|(at, _)| at));
         for (at, e) in log.errors {
             if at >= killed_at {
                 errors.add(e);
+            }
+        }
+    }
+    if debug {
+        let wall = killed_wall
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        eprintln!("W3 killed node {} at unix {wall:.3}", leader.leader_id);
+        if let Some(cluster) = &target.cluster {
+            for id in cluster.running_ids() {
+                eprintln!("--- node {id} log (tail) ---");
+                let log = cluster.log(id);
+                let lines: Vec<&str> = log.lines().collect();
+                for line in &lines[lines.len().saturating_sub(40)..] {
+                    eprintln!("{line}");
+                }
             }
         }
     }

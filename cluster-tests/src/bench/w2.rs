@@ -168,12 +168,13 @@ pub async fn run(target: &Target, opts: &Opts, hold_max_ms: u64) -> anyhow::Resu
             }
         }
     }
-    let label = if hold_max_ms == 0 {
-        "W2 hold 0".to_string()
+    let hold = if hold_max_ms == 0 {
+        "0".to_string()
     } else {
-        format!("W2 hold 0-{hold_max_ms}ms")
+        format!("0-{hold_max_ms}")
     };
-    let mut row = Row::new(&label, CLIENTS as u64);
+    let mut row = Row::new("W2", CLIENTS as u64);
+    row.set("hold_ms", hold);
     row.set("grants_per_s", round1(grants as f64 / secs(opts.duration)));
     row.opt("handoff_p50_ms", gaps.pct_ms(50.0));
     row.opt("handoff_p99_ms", gaps.pct_ms(99.0));

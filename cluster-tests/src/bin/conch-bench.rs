@@ -113,9 +113,11 @@ async fn main() -> ExitCode {
             continue;
         }
         eprintln!("conch-bench: running {workload}");
+        let load = loadavg();
         match run(workload, &cli.endpoints, &opts).await {
             Ok(new_rows) => {
-                for row in new_rows {
+                for mut row in new_rows {
+                    row.opt("loadavg_1m", load);
                     if cli.json {
                         println!("{}", row.json());
                     }
@@ -142,6 +144,12 @@ async fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The 1-minute load average when a workload starts: other work on the machine skews numbers.
+fn loadavg() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
 }
 
 /// Runs one workload on a fresh target; a run that fails ends the workload.
