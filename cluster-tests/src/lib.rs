@@ -342,10 +342,10 @@ pub async fn channel(addr: &str) -> anyhow::Result<Channel> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(10));
-    Ok(endpoint
+    endpoint
         .connect()
         .await
-        .with_context(|| format!("connect to {addr}"))?)
+        .with_context(|| format!("connect to {addr}"))
 }
 
 /// Small helpers over the Grackle API for tests.

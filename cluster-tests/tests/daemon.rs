@@ -60,7 +60,7 @@ async fn conchd_without_cluster_flags_runs_one_node_with_data_in_the_working_dir
 
     // Restarted from the same directory, it still has the namespace.
     let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
-    let mut client = serving(&addr).await?;
+    let client = serving(&addr).await?;
     let found = wait_for(
         "the namespace after restart",
         Duration::from_secs(20),

@@ -917,22 +917,12 @@ impl Namespace {
                     .semaphores
                     .get_mut(sem_name)
                     .and_then(|s| s.waiters.get_mut(&seq))
+                    && lingered != waiter.deadline_ns
                 {
-                    if lingered != waiter.deadline_ns {
-                        ctx.index.waiter_deadlines.remove(&(
-                            waiter.deadline_ns,
-                            ns_id,
-                            sem_name.to_string(),
-                            seq,
-                        ));
-                        ctx.index.waiter_deadlines.insert((
-                            lingered,
-                            ns_id,
-                            sem_name.to_string(),
-                            seq,
-                        ));
-                        waiter.deadline_ns = lingered;
-                    }
+                    let key = |deadline_ns| (deadline_ns, ns_id, sem_name.to_string(), seq);
+                    ctx.index.waiter_deadlines.remove(&key(waiter.deadline_ns));
+                    ctx.index.waiter_deadlines.insert(key(lingered));
+                    waiter.deadline_ns = lingered;
                 }
                 return GiveUpReply::StillQueued {
                     deadline_ns: lingered,
