@@ -50,5 +50,9 @@ bench:
 	$(CARGO) build --release -p conchd -p cluster-tests --bins
 	target/release/conch-bench
 
+jepsen:
+	$(CARGO) build -p conchd -p cluster-tests --bins
+	target/debug/conch-jepsen --duration $(or $(DURATION),60) --nodes $(or $(NODES),3)
+
 clean:
 	$(CARGO) clean

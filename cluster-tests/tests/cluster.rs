@@ -388,3 +388,94 @@ async fn unrefreshed_lease_expires_and_its_permits_go_to_the_next_waiter() -> an
     assert_eq!(gone.code(), tonic::Code::NotFound);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fourth_node_joins_as_a_learner_then_votes() -> anyhow::Result<()> {
+    use conch_proto::conch::{AddLearnerRequest, ChangeMembershipRequest};
+
+    let cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await?;
+    let follower = cluster
+        .running_ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .unwrap_or(1);
+    let mut c = cluster.grackle(leader).await?;
+    ops::namespace(&mut c, "before-join").await?;
+
+    // The new node names the members and itself; with the highest id it does not bootstrap.
+    let dir = tempfile::tempdir()?;
+    let addr = format!("127.0.0.1:{}", cluster_tests::free_port());
+    let members: Vec<String> = (1..=3)
+        .map(|id| format!("{id}={}", cluster.addr(id)))
+        .collect();
+    let initial = format!("{},4={addr}", members.join(","));
+    let data_dir = dir.path().join("node4");
+    let data_dir = data_dir.to_string_lossy();
+    let _node4 = cluster_tests::Daemon::spawn(
+        &[
+            "--id",
+            "4",
+            "--listen",
+            &addr,
+            "--data-dir",
+            &data_dir,
+            "--initial-cluster",
+            &initial,
+        ],
+        dir.path(),
+    )?;
+
+    // Membership changes sent to a follower are carried out by the leader.
+    let mut admin = cluster.admin(follower).await?;
+    let added = wait_for(
+        "node 4 to be added as a learner",
+        Duration::from_secs(20),
+        || {
+            let mut admin = admin.clone();
+            let addr = addr.clone();
+            async move {
+                admin
+                    .add_learner(AddLearnerRequest { node_id: 4, addr })
+                    .await
+                    .ok()
+            }
+        },
+    )
+    .await?
+    .into_inner();
+    assert!(
+        added.members.iter().any(|m| m.id == 4 && !m.voter),
+        "{added:?}"
+    );
+    let changed = admin
+        .change_membership(ChangeMembershipRequest {
+            voters: vec![1, 2, 3, 4],
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        changed.members.iter().filter(|m| m.voter).count(),
+        4,
+        "{changed:?}"
+    );
+
+    // The new voter has the old data and serves writes.
+    let mut c4 = conch_proto::grackle::grackle_api_client::GrackleApiClient::new(
+        cluster_tests::channel(&addr).await?,
+    );
+    ops::namespace(&mut c4, "after-join").await?;
+    let names: Vec<String> = c4
+        .list_namespaces(pb::ListNamespacesRequest::default())
+        .await?
+        .into_inner()
+        .namespaces
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(
+        names,
+        vec!["after-join".to_string(), "before-join".to_string()]
+    );
+    Ok(())
+}

@@ -20,7 +20,7 @@ use conch_proto::conch::PeerMessage;
 use conch_proto::conch::conch_peer_client::ConchPeerClient;
 use openraft::ServerState;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tonic::transport::Channel;
 
 use crate::applied::AppliedState;
@@ -238,16 +238,18 @@ impl Node {
                 }
             }
             let node = Arc::clone(&self);
-            tokio::spawn(async move {
-                node.submit(batch).await;
-                drop(permit);
-            });
+            tokio::spawn(async move { node.submit(batch, permit).await });
         }
     }
 
     /// Commits one batch of proposals (locally as leader, or through the leader) and answers
     /// each proposal with its own replies.
-    async fn submit(&self, proposals: Vec<Proposal>) {
+    ///
+    /// The in-flight permit bounds only local Raft writes. It is released before anything
+    /// waits on another node: two nodes that each believe the other leads (a paused leader
+    /// resuming) would otherwise hold all their permits forwarding to each other, and neither
+    /// proposer would ever run the other's forwarded batch.
+    async fn submit(&self, proposals: Vec<Proposal>, permit: OwnedSemaphorePermit) {
         if self.is_leader() {
             let cmds: Vec<Cmd> = proposals
                 .iter()
@@ -259,6 +261,7 @@ impl Node {
                 Err(e) => return answer(proposals, Err(e)),
             }
         }
+        drop(permit);
         // Forwarded proposals may only be committed here, as leader: never forward them again.
         let (local, forwarded): (Vec<_>, Vec<_>) =
             proposals.into_iter().partition(|p| !p.forwarded);
@@ -328,22 +331,23 @@ impl Node {
         let payload =
             encode(&cmds).map_err(|e| NodeError::Internal(format!("encode proposal: {e}")))?;
         let mut client = self.peer(leader)?;
-        let response = client
-            .propose(PeerMessage { payload })
-            .await
-            .map_err(|status| {
-                if status.code() == tonic::Code::Unavailable {
-                    // Not delivered: the leader is unreachable. Let the caller retry elsewhere.
-                    NodeError::NotLeader { node: leader.id }
-                } else {
-                    NodeError::Unavailable(format!(
-                        "forward to leader {} at {}: {}; the outcome is unknown",
-                        leader.id,
-                        leader.addr,
-                        status.message()
-                    ))
-                }
-            })?;
+        // Bounded: a leader that stopped answering (paused, partitioned) must not hold this
+        // proposal, and the caller, longer than a leader change takes.
+        let mut request = tonic::Request::new(PeerMessage { payload });
+        request.set_timeout(self.config.leader_wait);
+        let response = client.propose(request).await.map_err(|status| {
+            if status.code() == tonic::Code::Unavailable {
+                // Not delivered: the leader is unreachable. Let the caller retry elsewhere.
+                NodeError::NotLeader { node: leader.id }
+            } else {
+                NodeError::Unavailable(format!(
+                    "forward to leader {} at {}: {}; the outcome is unknown",
+                    leader.id,
+                    leader.addr,
+                    status.message()
+                ))
+            }
+        })?;
         let result: Result<(Vec<Reply>, u64), NodeError> =
             decode(&response.into_inner().payload)
                 .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
@@ -401,22 +405,21 @@ impl Node {
 
     async fn read_index_through(&self, leader: &LeaderInfo) -> Result<u64, NodeError> {
         let mut client = self.peer(leader)?;
-        let response = client
-            .read_index(PeerMessage {
-                payload: Vec::new(),
-            })
-            .await
-            .map_err(|status| {
-                if status.code() == tonic::Code::Unavailable {
-                    NodeError::NotLeader { node: leader.id }
-                } else {
-                    NodeError::Unavailable(format!(
-                        "read index from leader {}: {}",
-                        leader.id,
-                        status.message()
-                    ))
-                }
-            })?;
+        let mut request = tonic::Request::new(PeerMessage {
+            payload: Vec::new(),
+        });
+        request.set_timeout(self.config.leader_wait);
+        let response = client.read_index(request).await.map_err(|status| {
+            if status.code() == tonic::Code::Unavailable {
+                NodeError::NotLeader { node: leader.id }
+            } else {
+                NodeError::Unavailable(format!(
+                    "read index from leader {}: {}",
+                    leader.id,
+                    status.message()
+                ))
+            }
+        })?;
         let result: Result<u64, NodeError> = decode(&response.into_inner().payload)
             .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
         result

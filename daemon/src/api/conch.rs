@@ -83,6 +83,30 @@ impl AdminService {
     }
 }
 
+impl AdminService {
+    /// The leader's admin service, when this node is not the leader (membership changes must
+    /// be made there).
+    async fn leader_admin(
+        &self,
+    ) -> Result<Option<ConchAdminClient<tonic::transport::Channel>>, Status> {
+        if self.node.is_leader() {
+            return Ok(None);
+        }
+        let leader = self
+            .node
+            .leader()
+            .ok_or_else(|| Status::unavailable("no leader is known; retry once one is elected"))?;
+        let channel =
+            peer_channel(&leader.addr, std::time::Duration::from_secs(1)).map_err(|e| {
+                Status::unavailable(format!(
+                    "connect to leader {} at {}: {e}",
+                    leader.id, leader.addr
+                ))
+            })?;
+        Ok(Some(ConchAdminClient::new(channel)))
+    }
+}
+
 fn raft_error(action: &str, error: impl std::fmt::Display) -> Status {
     Status::failed_precondition(format!("{action}: {error}"))
 }
@@ -143,6 +167,9 @@ impl ConchAdmin for AdminService {
                 "node_id must be positive and addr non-empty",
             ));
         }
+        if let Some(mut leader) = self.leader_admin().await? {
+            return leader.add_learner(r).await;
+        }
         let response = self
             .node
             .raft
@@ -159,12 +186,16 @@ impl ConchAdmin for AdminService {
         &self,
         request: Request<cpb::ChangeMembershipRequest>,
     ) -> Result<Response<cpb::MembershipResponse>, Status> {
-        let voters: BTreeSet<u64> = request.into_inner().voters.into_iter().collect();
-        if voters.is_empty() {
+        let r = request.into_inner();
+        if r.voters.is_empty() {
             return Err(Status::invalid_argument(
                 "voters must name at least one node",
             ));
         }
+        if let Some(mut leader) = self.leader_admin().await? {
+            return leader.change_membership(r).await;
+        }
+        let voters: BTreeSet<u64> = r.voters.into_iter().collect();
         let response = self
             .node
             .raft

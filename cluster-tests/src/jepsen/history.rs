@@ -1,0 +1,365 @@
+//! The history of a run: every operation a client (or the checker itself) sent, as
+//! invoke → ok / fail / unknown, with timestamps on the test process's monotonic clock
+//! (microseconds since the run began).
+//!
+//! - `ok`: the server answered; the value says what it answered.
+//! - `fail`: the operation certainly had no effect (the server refused it with a definite error
+//!   such as `NotFound`, or the connection was refused so nothing was sent).
+//! - `unknown`: it may or may not have taken effect (timed out, connection lost, `Unavailable`
+//!   after forwarding, an internal error). An operation still pending when the run ends is
+//!   unknown too.
+//!
+//! An operation is recorded at invoke time and completed later, so an operation whose task was
+//! cancelled still appears (as unknown).
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Microseconds since the run began (monotonic).
+pub type Micros = u64;
+
+/// Who sent an operation: a workload client, or the checker's own final reads and cleanup.
+pub const CHECKER_PROCESS: usize = 10_000;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    CreateLease {
+        ttl_s: u64,
+    },
+    Refresh {
+        lease: String,
+    },
+    Revoke {
+        lease: String,
+    },
+    Acquire {
+        lease: String,
+        sem: String,
+        weight: u64,
+        timeout_ms: u64,
+    },
+    Release {
+        lease: String,
+        sem: String,
+    },
+    /// Linearizable `ListSemaphoreHolders`.
+    ReadHolders {
+        sem: String,
+    },
+    /// Linearizable `ListSemaphoreLeases` (all pages).
+    ReadLeases,
+}
+
+impl OpKind {
+    /// The lease this operation acts on, if it names one.
+    pub fn lease(&self) -> Option<&str> {
+        match self {
+            OpKind::Refresh { lease }
+            | OpKind::Revoke { lease }
+            | OpKind::Acquire { lease, .. }
+            | OpKind::Release { lease, .. } => Some(lease),
+            _ => None,
+        }
+    }
+
+    pub fn sem(&self) -> Option<&str> {
+        match self {
+            OpKind::Acquire { sem, .. }
+            | OpKind::Release { sem, .. }
+            | OpKind::ReadHolders { sem } => Some(sem),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderSeen {
+    pub lease: String,
+    pub weight: u64,
+    pub token: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OkValue {
+    Lease {
+        lease: String,
+    },
+    Done,
+    Acquired {
+        token: u64,
+        active_holds: u64,
+        permits: u64,
+    },
+    /// `UNAVAILABLE` or `TIMED_OUT`: not an error, nothing held.
+    NotAcquired {
+        outcome: String,
+        active_holds: u64,
+        permits: u64,
+    },
+    Released {
+        active_holds: u64,
+        permits: u64,
+    },
+    Holders {
+        holders: Vec<HolderSeen>,
+    },
+    Leases {
+        leases: Vec<String>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Pending,
+    Ok(OkValue),
+    Fail { code: String, message: String },
+    Unknown { reason: String },
+}
+
+impl Outcome {
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Outcome::Ok(_))
+    }
+
+    /// Pending counts as unknown: it may have happened.
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, Outcome::Unknown { .. } | Outcome::Pending)
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Outcome::Fail { code, .. } if code == "NotFound")
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub id: usize,
+    pub process: usize,
+    /// The node the request was sent to.
+    pub node: u64,
+    pub kind: OpKind,
+    pub invoke: Micros,
+    pub complete: Option<Micros>,
+    pub outcome: Outcome,
+}
+
+impl Op {
+    /// When the outcome was known; `Micros::MAX` while pending.
+    pub fn end(&self) -> Micros {
+        self.complete.unwrap_or(Micros::MAX)
+    }
+
+    pub fn token(&self) -> Option<u64> {
+        match &self.outcome {
+            Outcome::Ok(OkValue::Acquired { token, .. }) => Some(*token),
+            _ => None,
+        }
+    }
+
+    pub fn acquired(&self) -> bool {
+        self.token().is_some()
+    }
+}
+
+pub fn fmt_micros(t: Micros) -> String {
+    if t == Micros::MAX {
+        return "…".into();
+    }
+    format!("{}.{:03}s", t / 1_000_000, (t / 1000) % 1000)
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let who = if self.process == CHECKER_PROCESS {
+            "checker".to_string()
+        } else {
+            format!("c{}", self.process)
+        };
+        write!(
+            f,
+            "#{} {who} n{} [{} .. {}] ",
+            self.id,
+            self.node,
+            fmt_micros(self.invoke),
+            fmt_micros(self.end())
+        )?;
+        match &self.kind {
+            OpKind::CreateLease { ttl_s } => write!(f, "create-lease ttl={ttl_s}s")?,
+            OpKind::Refresh { lease } => write!(f, "refresh {lease}")?,
+            OpKind::Revoke { lease } => write!(f, "revoke {lease}")?,
+            OpKind::Acquire {
+                lease,
+                sem,
+                weight,
+                timeout_ms,
+            } => write!(f, "acquire {sem} w={weight} wait={timeout_ms}ms {lease}")?,
+            OpKind::Release { lease, sem } => write!(f, "release {sem} {lease}")?,
+            OpKind::ReadHolders { sem } => write!(f, "read-holders {sem}")?,
+            OpKind::ReadLeases => write!(f, "read-leases")?,
+        }
+        write!(f, " -> ")?;
+        match &self.outcome {
+            Outcome::Pending => write!(f, "pending (unknown)"),
+            Outcome::Unknown { reason } => write!(f, "unknown ({reason})"),
+            Outcome::Fail { code, message } => write!(f, "fail {code} ({message})"),
+            Outcome::Ok(value) => match value {
+                OkValue::Lease { lease } => write!(f, "ok {lease}"),
+                OkValue::Done => write!(f, "ok"),
+                OkValue::Acquired {
+                    token,
+                    active_holds,
+                    permits,
+                } => write!(
+                    f,
+                    "ok ACQUIRED token={token} holds={active_holds}/{permits}"
+                ),
+                OkValue::NotAcquired {
+                    outcome,
+                    active_holds,
+                    permits,
+                } => write!(f, "ok {outcome} holds={active_holds}/{permits}"),
+                OkValue::Released {
+                    active_holds,
+                    permits,
+                } => write!(f, "ok holds={active_holds}/{permits}"),
+                OkValue::Holders { holders } => {
+                    write!(f, "ok [")?;
+                    for (i, h) in holders.iter().enumerate() {
+                        if i > 0 {
+                            write!(f, ", ")?;
+                        }
+                        write!(f, "{} w={} token={}", h.lease, h.weight, h.token)?;
+                    }
+                    write!(f, "]")
+                }
+                OkValue::Leases { leases } => write!(f, "ok {} leases", leases.len()),
+            },
+        }
+    }
+}
+
+/// The shared, append-only history of one run.
+pub struct History {
+    start: Instant,
+    ops: Mutex<Vec<Op>>,
+}
+
+impl History {
+    pub fn new(start: Instant) -> History {
+        History {
+            start,
+            ops: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
+    pub fn now(&self) -> Micros {
+        self.micros(Instant::now())
+    }
+
+    pub fn micros(&self, at: Instant) -> Micros {
+        at.saturating_duration_since(self.start).as_micros() as Micros
+    }
+
+    pub fn instant(&self, t: Micros) -> Instant {
+        self.start + Duration::from_micros(t)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Op>> {
+        self.ops.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records the invocation; returns the op id and its invoke time.
+    pub fn invoke(&self, process: usize, node: u64, kind: OpKind) -> (usize, Micros) {
+        let mut ops = self.lock();
+        let id = ops.len();
+        let invoke = self.now();
+        ops.push(Op {
+            id,
+            process,
+            node,
+            kind,
+            invoke,
+            complete: None,
+            outcome: Outcome::Pending,
+        });
+        (id, invoke)
+    }
+
+    /// Records the outcome; returns the completion time.
+    pub fn complete(&self, id: usize, outcome: Outcome) -> Micros {
+        let mut ops = self.lock();
+        let now = self.now();
+        if let Some(op) = ops.get_mut(id) {
+            op.complete = Some(now);
+            op.outcome = outcome;
+        }
+        now
+    }
+
+    pub fn snapshot(&self) -> Vec<Op> {
+        self.lock().clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Turns a gRPC error into `fail` (certainly no effect) or `unknown`.
+pub fn classify(status: &tonic::Status) -> Outcome {
+    use tonic::Code;
+    let definite = matches!(
+        status.code(),
+        Code::NotFound
+            | Code::InvalidArgument
+            | Code::AlreadyExists
+            | Code::ResourceExhausted
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::Unimplemented
+    );
+    if definite {
+        return Outcome::Fail {
+            code: format!("{:?}", status.code()),
+            message: status.message().to_string(),
+        };
+    }
+    let detail = error_chain(status);
+    if status.code() == Code::Unavailable && not_sent(&detail) {
+        // The TCP connection was refused: the request never left this process.
+        return Outcome::Fail {
+            code: "NotSent".into(),
+            message: detail,
+        };
+    }
+    Outcome::Unknown {
+        reason: format!("{:?}: {}", status.code(), detail),
+    }
+}
+
+fn not_sent(detail: &str) -> bool {
+    let d = detail.to_ascii_lowercase();
+    d.contains("connection refused") || d.contains("tcp connect error")
+}
+
+fn error_chain(status: &tonic::Status) -> String {
+    let mut text = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}

@@ -1,0 +1,658 @@
+//! One run: start a cluster behind proxies, run the workload and the nemesis for `duration`,
+//! heal, let the workload run on healed for `tail`, stop it, then check.
+//!
+//! After the workload stops:
+//! 1. **waiters give up**: within the longest wait plus a few seconds, no node has waiters left
+//!    (every blocking acquire was granted, timed out or was given up when its call went away);
+//! 2. **final reads**: holders of every semaphore and the lease list, through every node,
+//!    recorded in the history and checked like any read (acknowledged holds and leases that are
+//!    still believed alive must be there; revoked or released ones must not);
+//! 3. **revoke all**: every lease the history knows was created (and not yet revoked) is
+//!    revoked;
+//! 4. **drain**: within 2 TTLs plus a few seconds every node shows zero holders, waiters and
+//!    leases (leases whose create answer was lost expire on their own);
+//! 5. **agreement**: every node reaches the same applied index with the same state hash;
+//! 6. the history checks of [`checker`];
+//! 7. **liveness**: after each heal, a write succeeds within `recovery_bound` (the largest
+//!    election timeout, 1 s, plus 5 s) and every node serves a linearizable read within
+//!    `recovery_bound + 5 s`; in the healed tail every semaphore grants at least once.
+//!
+//! How soon writes resume *during* a fault (failover) is measured and reported, not checked:
+//! holds are 1–5 s, shorter than any fair bound.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use cluster_tests::wait_for;
+use conch_proto::grackle as pb;
+use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use super::checker::{self, CheckConfig, CheckResult, Violation};
+use super::cluster::JepsenCluster;
+use super::history::{CHECKER_PROCESS, History, Micros, OkValue, Op, OpKind, Outcome, fmt_micros};
+use super::nemesis::{FaultRecord, Nemesis};
+use super::rng::Rng;
+use super::workload::{MAX_WAIT_MS, Shared, Workload, WorkloadConfig};
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub nodes: u64,
+    /// How long faults are injected while the workload runs.
+    pub duration: Duration,
+    pub seed: u64,
+    pub clients: usize,
+    pub semaphores: usize,
+    pub ttl: Duration,
+    /// Healed time with the workload still running, before it stops.
+    pub tail: Duration,
+    /// Most time from a heal to the first acknowledged write.
+    pub recovery_bound: Duration,
+    /// Keep the directory (node logs, history) even without violations.
+    pub keep: bool,
+    /// Print every fault as it happens.
+    pub progress: bool,
+    /// Fault names or cut modes left out of the nemesis menu (see `nemesis::MENU`).
+    pub exclude: Vec<String>,
+}
+
+/// The final revoke of every lease gives up after this long (the drain check then reports
+/// what is left).
+const REVOKE_ALL_BOUND: Duration = Duration::from_secs(30);
+
+/// conchd's default election timeout is 500..1000 ms.
+pub const ELECTION_TIMEOUT_MAX: Duration = Duration::from_millis(1000);
+
+impl RunOptions {
+    pub fn new(nodes: u64, duration: Duration, seed: u64) -> RunOptions {
+        RunOptions {
+            nodes,
+            duration,
+            seed,
+            clients: 16,
+            semaphores: 3,
+            ttl: Duration::from_secs(4),
+            tail: Duration::from_secs(4),
+            recovery_bound: ELECTION_TIMEOUT_MAX + Duration::from_secs(5),
+            keep: false,
+            progress: true,
+            exclude: Vec::new(),
+        }
+    }
+}
+
+pub struct RunReport {
+    pub seed: u64,
+    pub nodes: u64,
+    pub ops: usize,
+    pub ok: usize,
+    pub fail: usize,
+    pub unknown: usize,
+    pub faults: Vec<FaultRecord>,
+    pub check: CheckResult,
+    pub elapsed: Duration,
+    /// Where node logs and the history were kept (on violations, or with `keep`).
+    pub dir: Option<PathBuf>,
+    pub snapshot_every: u64,
+    pub permits: BTreeMap<String, u64>,
+    pub exclude: Vec<String>,
+}
+
+impl RunReport {
+    pub fn violations(&self) -> usize {
+        self.check.total()
+    }
+
+    pub fn summary_line(&self) -> String {
+        format!(
+            "jepsen: ops={} ok={} fail={} unknown={} faults={} violations={}",
+            self.ops,
+            self.ok,
+            self.fail,
+            self.unknown,
+            self.faults.len(),
+            self.violations()
+        )
+    }
+
+    /// Everything but the summary line.
+    pub fn details(&self) -> String {
+        let mut out = String::new();
+        out.push_str(&format!(
+            "jepsen: seed={} nodes={} semaphores={:?} snapshot-every={} excluded={:?} elapsed={:.1}s\n",
+            self.seed,
+            self.nodes,
+            self.permits,
+            self.snapshot_every,
+            self.exclude,
+            self.elapsed.as_secs_f64()
+        ));
+        out.push_str("jepsen: faults:\n");
+        for f in &self.faults {
+            out.push_str(&format!("  {f}\n"));
+        }
+        let times: Vec<u128> = self
+            .faults
+            .iter()
+            .filter_map(|f| f.first_write.map(|d| d.as_millis()))
+            .collect();
+        if let Some(max) = times.iter().max() {
+            out.push_str(&format!(
+                "jepsen: recovery: first write max {max} ms, mean {} ms; every node max {} ms\n",
+                times.iter().sum::<u128>() / times.len() as u128,
+                self.faults
+                    .iter()
+                    .filter_map(|f| f.all_nodes.map(|d| d.as_millis()))
+                    .max()
+                    .unwrap_or(0)
+            ));
+        }
+        let s = &self.check.stats;
+        out.push_str(&format!(
+            "jepsen: grants={} hold-intervals={} holder-reads={} lease-reads={} max-believed={:?}\n",
+            s.grants,
+            s.hold_intervals,
+            s.holder_reads_checked,
+            s.lease_reads_checked,
+            s.max_believed
+        ));
+        for (check, n) in &self.check.per_check {
+            out.push_str(&format!("jepsen: {check}: {n} violation(s)\n"));
+        }
+        for v in &self.check.violations {
+            out.push_str(&v.to_string());
+        }
+        if let Some(dir) = &self.dir {
+            out.push_str(&format!(
+                "jepsen: node logs and history kept in {}\n",
+                dir.display()
+            ));
+        }
+        out
+    }
+}
+
+fn say(progress: bool, start: std::time::Instant, text: impl AsRef<str>) {
+    if progress {
+        println!(
+            "jepsen: t={:>7} {}",
+            fmt_micros(start.elapsed().as_micros() as Micros),
+            text.as_ref()
+        );
+    }
+}
+
+fn run_violation(check: &mut CheckResult, name: &'static str, message: String) {
+    *check.per_check.entry(name).or_default() += 1;
+    check.violations.push(Violation {
+        check: name,
+        message,
+        ops: Vec::new(),
+    });
+}
+
+pub async fn setup(
+    cluster: &JepsenCluster,
+    namespace: &str,
+    semaphores: &[(String, u64)],
+) -> anyhow::Result<()> {
+    let channels = cluster.channels();
+    wait_for(
+        "the namespace and semaphores to be created",
+        Duration::from_secs(30),
+        || {
+            let channels = channels.clone();
+            async move {
+                for channel in channels.values() {
+                    let mut c = GrackleApiClient::new(channel.clone());
+                    let ok = async {
+                        let r = c
+                            .create_namespace(pb::CreateNamespaceRequest {
+                                name: namespace.into(),
+                                ..Default::default()
+                            })
+                            .await;
+                        if let Err(s) = r
+                            && s.code() != tonic::Code::AlreadyExists
+                        {
+                            return false;
+                        }
+                        for (sem, permits) in semaphores {
+                            let r = c
+                                .create_semaphore(pb::CreateSemaphoreRequest {
+                                    namespace_name: namespace.into(),
+                                    semaphore_name: sem.clone(),
+                                    permits: *permits,
+                                    ..Default::default()
+                                })
+                                .await;
+                            if let Err(s) = r
+                                && s.code() != tonic::Code::AlreadyExists
+                            {
+                                return false;
+                            }
+                        }
+                        true
+                    };
+                    if tokio::time::timeout(Duration::from_secs(3), ok)
+                        .await
+                        .unwrap_or(false)
+                    {
+                        return Some(());
+                    }
+                }
+                None
+            }
+        },
+    )
+    .await
+}
+
+fn status_line(
+    cluster_statuses: &BTreeMap<u64, conch_proto::conch::ClusterStatusResponse>,
+) -> String {
+    cluster_statuses
+        .iter()
+        .map(|(id, s)| {
+            format!(
+                "n{id}: leader={} term={} applied={} hash={:016x} leases={} holders={} waiters={}",
+                s.leader_id, s.term, s.applied_index, s.state_hash, s.leases, s.holders, s.waiters
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Waits (bounded) until every node answers a status that satisfies `done`.
+async fn wait_statuses(
+    cluster: &JepsenCluster,
+    timeout: Duration,
+    done: impl Fn(&BTreeMap<u64, conch_proto::conch::ClusterStatusResponse>) -> bool,
+) -> Result<Duration, String> {
+    let start = Instant::now();
+    let mut last = BTreeMap::new();
+    while start.elapsed() < timeout {
+        let statuses = cluster.statuses().await;
+        if statuses.len() == cluster.ids().len() && done(&statuses) {
+            return Ok(start.elapsed());
+        }
+        last = statuses;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(status_line(&last))
+}
+
+pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
+    let start = std::time::Instant::now();
+    let progress = opts.progress;
+    let mut rng = Rng::derive(opts.seed, 0);
+    let snapshot_every = *rng.pick(&[100u64, 1000, 10_000]).unwrap_or(&10_000);
+    let namespace = "jepsen".to_string();
+    let semaphores: Vec<(String, u64)> = (0..opts.semaphores)
+        .map(|i| (format!("s{i}"), rng.range(2, 3)))
+        .collect();
+    let config = WorkloadConfig {
+        namespace: namespace.clone(),
+        semaphores: semaphores.clone(),
+        clients: opts.clients,
+        ttl: opts.ttl,
+        seed: opts.seed,
+    };
+    let mut cluster = JepsenCluster::start(
+        opts.nodes,
+        &["--snapshot-every".to_string(), snapshot_every.to_string()],
+    )
+    .await?;
+    say(
+        progress,
+        start,
+        format!(
+            "{} nodes up in {}; semaphores {semaphores:?}, snapshot every {snapshot_every} entries",
+            opts.nodes,
+            cluster.dir().display()
+        ),
+    );
+    wait_for("a leader", Duration::from_secs(30), || async {
+        cluster.leader().await
+    })
+    .await?;
+    setup(&cluster, &namespace, &semaphores).await?;
+
+    let history = Arc::new(History::new(start));
+    let shared = Arc::new(Shared {
+        history: Arc::clone(&history),
+        channels: cluster.channels().into_iter().collect(),
+        config: config.clone(),
+    });
+    let workload = Workload::start(&shared);
+    say(progress, start, format!("{} clients started", opts.clients));
+
+    // ---- faults ----
+    let mut nemesis = Nemesis::new(Rng::derive(opts.seed, u64::MAX), &namespace, &opts.exclude);
+    let mut faults = Vec::new();
+    let faults_until = Instant::now() + opts.duration;
+    loop {
+        let quiet = nemesis.quiet();
+        if Instant::now() + quiet + Duration::from_secs(2) > faults_until {
+            break;
+        }
+        tokio::time::sleep(quiet).await;
+        let leader = cluster.leader().await;
+        let (name, fault, hold, detail) = nemesis.choose(&cluster.ids(), leader);
+        let remaining = faults_until.saturating_duration_since(Instant::now());
+        let hold = hold.min(remaining.max(Duration::from_millis(500)));
+        let fault_start = history.now();
+        say(
+            progress,
+            start,
+            format!("fault {name}: {detail} for {} ms", hold.as_millis()),
+        );
+        let fault_at = Instant::now();
+        nemesis.apply(&mut cluster, &fault);
+        let during = nemesis.during(&cluster, fault_at, fault_at + hold).await;
+        tokio::time::sleep_until(fault_at + hold).await;
+        nemesis.heal(&mut cluster)?;
+        let healed_at = Instant::now();
+        let healed = history.now();
+        let (first_write, all_nodes) = nemesis.recovery(&cluster, healed_at).await;
+        let record = FaultRecord {
+            name,
+            detail,
+            start: fault_start,
+            healed,
+            during,
+            first_write,
+            all_nodes,
+        };
+        say(
+            progress,
+            start,
+            format!(
+                "healed {name}: writes during the fault after {}; after the heal: write after {}, every node after {}",
+                during
+                    .map(|d| format!("{} ms", d.as_millis()))
+                    .unwrap_or_else(|| "never".into()),
+                first_write
+                    .map(|d| format!("{} ms", d.as_millis()))
+                    .unwrap_or_else(|| "never".into()),
+                all_nodes
+                    .map(|d| format!("{} ms", d.as_millis()))
+                    .unwrap_or_else(|| "never".into())
+            ),
+        );
+        faults.push(record);
+    }
+    nemesis.heal(&mut cluster)?;
+
+    // ---- healed tail ----
+    let tail_start = history.now();
+    tokio::time::sleep(opts.tail).await;
+    let tail_end = history.now();
+    say(progress, start, "stopping the workload");
+    let leases = workload
+        .stop(Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(10))
+        .await;
+
+    let mut check = CheckResult::default();
+    // 1. waiters give up
+    let waiters_bound = Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(5);
+    if let Err(last) = wait_statuses(&cluster, waiters_bound, |s| {
+        s.values().all(|s| s.waiters == 0)
+    })
+    .await
+    {
+        run_violation(
+            &mut check,
+            "drain",
+            format!(
+                "waiters still queued {} s after the workload stopped: {last}",
+                waiters_bound.as_secs()
+            ),
+        );
+    }
+    // 2. final reads through every node (concurrent; each read is bounded)
+    {
+        let mut reads = Vec::new();
+        for (id, channel) in cluster.channels() {
+            for (sem, _) in &semaphores {
+                let shared = Arc::clone(&shared);
+                let channel = channel.clone();
+                let sem = sem.clone();
+                reads.push(tokio::spawn(async move {
+                    shared
+                        .read_holders(CHECKER_PROCESS, id, channel, &sem)
+                        .await;
+                }));
+            }
+            let shared = Arc::clone(&shared);
+            reads.push(tokio::spawn(async move {
+                shared.read_leases(CHECKER_PROCESS, id, channel).await;
+            }));
+        }
+        for read in reads {
+            let _ = read.await;
+        }
+    }
+    // 3. revoke all (concurrent, at most a few attempts each, bounded overall)
+    for lease in &leases {
+        lease.stop_keepalive();
+    }
+    drop(leases);
+    let to_revoke = leases_to_revoke(&history.snapshot());
+    {
+        let revokes = to_revoke.iter().enumerate().map(|(i, lease)| {
+            let shared = Arc::clone(&shared);
+            let mut rng = Rng::derive(opts.seed, u64::MAX - 1 - i as u64);
+            async move {
+                for _ in 0..3 {
+                    let outcome = shared.revoke(CHECKER_PROCESS, lease, &mut rng).await;
+                    if outcome.is_ok() || outcome.is_not_found() {
+                        break;
+                    }
+                }
+            }
+        });
+        let all = futures::stream::iter(revokes)
+            .buffer_unordered(16)
+            .collect::<Vec<()>>();
+        if tokio::time::timeout(REVOKE_ALL_BOUND, all).await.is_err() {
+            say(
+                progress,
+                start,
+                "revoking every lease took too long; going on",
+            );
+        }
+    }
+    say(
+        progress,
+        start,
+        format!("revoked {} leases; waiting for the drain", to_revoke.len()),
+    );
+    // 4. drain
+    let drain_bound = opts.ttl * 2 + Duration::from_secs(10);
+    match wait_statuses(&cluster, drain_bound, |s| {
+        s.values()
+            .all(|s| s.holders == 0 && s.waiters == 0 && s.leases == 0)
+    })
+    .await
+    {
+        Ok(took) => say(
+            progress,
+            start,
+            format!("drained in {} ms", took.as_millis()),
+        ),
+        Err(last) => run_violation(
+            &mut check,
+            "drain",
+            format!(
+                "holders, waiters or leases left {} s after every lease was revoked: {last}",
+                drain_bound.as_secs()
+            ),
+        ),
+    }
+    // 5. agreement
+    match wait_statuses(&cluster, Duration::from_secs(20), |s| {
+        let mut it = s.values().map(|s| (s.applied_index, s.state_hash));
+        let first = it.next();
+        it.all(|x| Some(x) == first)
+    })
+    .await
+    {
+        Ok(_) => {
+            let statuses = cluster.statuses().await;
+            say(
+                progress,
+                start,
+                format!("agreement: {}", status_line(&statuses)),
+            );
+        }
+        Err(last) => run_violation(
+            &mut check,
+            "agreement",
+            format!("nodes did not converge on one applied index and state hash: {last}"),
+        ),
+    }
+
+    // 6. history
+    let ops = history.snapshot();
+    let result = checker::check(
+        &ops,
+        &CheckConfig {
+            permits: config.permits(),
+            loss_after: config.loss_after(),
+        },
+    );
+    for (name, n) in &result.per_check {
+        *check.per_check.entry(name).or_default() += n;
+    }
+    check.violations.extend(result.violations);
+    check.stats = result.stats;
+
+    // 7. liveness
+    let all_nodes_bound = opts.recovery_bound + Duration::from_secs(5);
+    for f in &faults {
+        match f.first_write {
+            Some(d) if d <= opts.recovery_bound => {}
+            other => run_violation(
+                &mut check,
+                "availability",
+                format!(
+                    "after healing {} ({}) at {}, the first write took {} (bound {} ms)",
+                    f.name,
+                    f.detail,
+                    fmt_micros(f.healed),
+                    other
+                        .map(|d| format!("{} ms", d.as_millis()))
+                        .unwrap_or_else(|| "forever".into()),
+                    opts.recovery_bound.as_millis()
+                ),
+            ),
+        }
+        match f.all_nodes {
+            Some(d) if d <= all_nodes_bound => {}
+            other => run_violation(
+                &mut check,
+                "availability",
+                format!(
+                    "after healing {} ({}) at {}, some node served reads only after {} (bound {} ms)",
+                    f.name,
+                    f.detail,
+                    fmt_micros(f.healed),
+                    other
+                        .map(|d| format!("{} ms", d.as_millis()))
+                        .unwrap_or_else(|| "forever".into()),
+                    all_nodes_bound.as_millis()
+                ),
+            ),
+        }
+    }
+    for (sem, _) in &semaphores {
+        let granted = ops.iter().any(|op| {
+            op.acquired()
+                && op.kind.sem() == Some(sem.as_str())
+                && op
+                    .complete
+                    .is_some_and(|c| c >= tail_start && c <= tail_end)
+        });
+        if !granted {
+            run_violation(
+                &mut check,
+                "liveness",
+                format!(
+                    "no grant of {sem} in the healed tail {}..{}",
+                    fmt_micros(tail_start),
+                    fmt_micros(tail_end)
+                ),
+            );
+        }
+    }
+
+    let (mut ok, mut fail, mut unknown) = (0, 0, 0);
+    for op in &ops {
+        match op.outcome {
+            Outcome::Ok(_) => ok += 1,
+            Outcome::Fail { .. } => fail += 1,
+            Outcome::Unknown { .. } | Outcome::Pending => unknown += 1,
+        }
+    }
+    let dir = if check.total() > 0 || opts.keep {
+        let dir = cluster.keep_dir();
+        write_history(&dir, &ops).context("write the history")?;
+        Some(dir)
+    } else {
+        None
+    };
+    Ok(RunReport {
+        seed: opts.seed,
+        nodes: opts.nodes,
+        ops: ops.len(),
+        ok,
+        fail,
+        unknown,
+        faults,
+        check,
+        elapsed: start.elapsed(),
+        dir,
+        snapshot_every,
+        permits: config.permits(),
+        exclude: opts.exclude.clone(),
+    })
+}
+
+/// Every lease the history created (or may have) and did not see revoked.
+fn leases_to_revoke(ops: &[Op]) -> Vec<String> {
+    let mut leases = BTreeMap::new();
+    for op in ops {
+        if let (OpKind::CreateLease { .. }, Outcome::Ok(OkValue::Lease { lease })) =
+            (&op.kind, &op.outcome)
+        {
+            leases.insert(lease.clone(), true);
+        }
+    }
+    for op in ops {
+        if let OpKind::Revoke { lease } = &op.kind
+            && (op.outcome.is_ok() || op.outcome.is_not_found())
+        {
+            leases.insert(lease.clone(), false);
+        }
+    }
+    leases
+        .into_iter()
+        .filter_map(|(lease, live)| live.then_some(lease))
+        .collect()
+}
+
+fn write_history(dir: &std::path::Path, ops: &[Op]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::io::BufWriter::new(std::fs::File::create(dir.join("history.txt"))?);
+    let mut sorted: Vec<&Op> = ops.iter().collect();
+    sorted.sort_by_key(|op| (op.invoke, op.id));
+    for op in sorted {
+        writeln!(file, "{op}")?;
+    }
+    file.flush()
+}
