@@ -477,5 +477,36 @@ async fn a_fourth_node_joins_as_a_learner_then_votes() -> anyhow::Result<()> {
         names,
         vec!["after-join".to_string(), "before-join".to_string()]
     );
+
+    // The CLI drives the same calls: take node 4 out again, and snapshot.
+    let conch = |args: &[&str]| {
+        let mut command = tokio::process::Command::new(cluster_tests::binary("conch"));
+        command
+            .arg("--endpoints")
+            .arg(cluster.addr(follower))
+            .args(args)
+            .kill_on_drop(true);
+        command
+    };
+    let removed = conch(&["cluster", "remove", "4"]).output().await?;
+    let stdout = String::from_utf8_lossy(&removed.stdout);
+    assert!(
+        removed.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    assert_eq!(
+        stdout.lines().filter(|l| l.ends_with("voter")).count(),
+        3,
+        "{stdout}"
+    );
+    assert!(!stdout.contains("  4  "), "{stdout}");
+    let snapshot = conch(&["cluster", "snapshot"]).output().await?;
+    assert!(
+        snapshot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&snapshot.stderr)
+    );
+    assert!(String::from_utf8_lossy(&snapshot.stdout).contains("snapshot at log index"));
     Ok(())
 }

@@ -139,6 +139,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cluster {
             command: ClusterCommand::Status { json },
         } => cluster::status(&client, json).await,
+        Command::Cluster { command } => cluster::change(&client, command).await,
         Command::Completions { .. } => Ok(ExitCode::SUCCESS),
     }
 }

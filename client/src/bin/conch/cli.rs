@@ -102,6 +102,33 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Add a node as a non-voting learner; it starts receiving the log (start it first, with
+    /// --initial-cluster naming the members and itself).
+    AddLearner {
+        /// The new node's id (unused in the cluster).
+        id: u64,
+        /// The address it serves on (host:port).
+        addr: String,
+    },
+    /// Make learners voters (a joint-consensus membership change).
+    Promote {
+        /// Ids of learners to promote.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// Remove nodes from the cluster (voters or learners); stop them afterwards.
+    Remove {
+        /// Ids of nodes to remove.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// Ask a node to take over leadership (it campaigns; with an up-to-date log it wins).
+    TransferLeader {
+        /// Id of the node that should lead.
+        id: u64,
+    },
+    /// Take a snapshot on the node answering now, and compact its log.
+    Snapshot,
 }
 
 #[derive(Debug, Args)]

@@ -12,8 +12,16 @@
 
 use std::process::ExitCode;
 
-use conch_client::Client;
-use conch_client::proto::conch::ClusterStatusResponse;
+use std::collections::BTreeSet;
+
+use conch_client::proto::conch::conch_admin_client::ConchAdminClient;
+use conch_client::proto::conch::{
+    AddLearnerRequest, ChangeMembershipRequest, ClusterStatusResponse, MembershipResponse,
+    TransferLeaderRequest, TriggerSnapshotRequest,
+};
+use conch_client::{Client, request};
+
+use crate::cli::ClusterCommand;
 use serde::Serialize;
 
 use crate::exit;
@@ -336,4 +344,95 @@ mod tests {
         assert_eq!(members_cell(&m), "1,4(learner)");
         assert_eq!(members_cell(&[]), "-");
     }
+}
+
+/// `conch cluster add-learner|promote|remove|transfer-leader|snapshot`: one admin call (the node
+/// that answers hands membership changes to the leader), then the resulting members.
+pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<ExitCode> {
+    let opts = client.default_options();
+    match command {
+        ClusterCommand::Status { json } => status(client, json).await,
+        ClusterCommand::AddLearner { id, addr } => {
+            let r = client
+                .call("add learner", opts, |ch, t| {
+                    let req = AddLearnerRequest {
+                        node_id: id,
+                        addr: addr.clone(),
+                    };
+                    async move { ConchAdminClient::new(ch).add_learner(request(req, t)).await }
+                })
+                .await?;
+            print_members(&r)
+        }
+        ClusterCommand::Promote { ids } => {
+            change_voters(client, |voters| voters.extend(&ids)).await
+        }
+        ClusterCommand::Remove { ids } => {
+            change_voters(client, |voters| voters.retain(|v| !ids.contains(v))).await
+        }
+        ClusterCommand::TransferLeader { id } => {
+            client
+                .call("transfer leadership", opts, |ch, t| async move {
+                    ConchAdminClient::new(ch)
+                        .transfer_leader(request(TransferLeaderRequest { to_node_id: id }, t))
+                        .await
+                })
+                .await?;
+            crate::print_lines([format!("node {id} is campaigning for leadership")])?;
+            Ok(ExitCode::SUCCESS)
+        }
+        ClusterCommand::Snapshot => {
+            let r = client
+                .call("trigger snapshot", opts, |ch, t| async move {
+                    ConchAdminClient::new(ch)
+                        .trigger_snapshot(request(TriggerSnapshotRequest {}, t))
+                        .await
+                })
+                .await?;
+            crate::print_lines([format!("snapshot at log index {}", r.snapshot_index)])?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Reads the current voters, edits them, and asks for exactly that voter set.
+async fn change_voters(
+    client: &Client,
+    edit: impl FnOnce(&mut BTreeSet<u64>),
+) -> anyhow::Result<ExitCode> {
+    let status = client.cluster_status().await?;
+    let mut voters: BTreeSet<u64> = status
+        .members
+        .iter()
+        .filter(|m| m.voter)
+        .map(|m| m.id)
+        .collect();
+    edit(&mut voters);
+    if voters.is_empty() {
+        return Err(exit::usage("the cluster must keep at least one voter"));
+    }
+    let voters: Vec<u64> = voters.into_iter().collect();
+    let r = client
+        .call("change membership", client.default_options(), |ch, t| {
+            let req = ChangeMembershipRequest {
+                voters: voters.clone(),
+            };
+            async move {
+                ConchAdminClient::new(ch)
+                    .change_membership(request(req, t))
+                    .await
+            }
+        })
+        .await?;
+    print_members(&r)
+}
+
+fn print_members(r: &MembershipResponse) -> anyhow::Result<ExitCode> {
+    let mut lines = vec![format!("membership at log index {}:", r.log_index)];
+    for m in &r.members {
+        let role = if m.voter { "voter" } else { "learner" };
+        lines.push(format!("  {}  {}  {role}", m.id, m.addr));
+    }
+    crate::print_lines(lines)?;
+    Ok(ExitCode::SUCCESS)
 }
