@@ -2,14 +2,17 @@
 CARGO ?= cargo
 CLUSTER_DIR ?= $(CURDIR)/.cluster
 
-.PHONY: help build release test test-unit run cluster cluster-stop fmt lint bench jepsen clean
+.PHONY: help build release test test-unit run cluster cluster-stop fmt lint bench jepsen proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
 	@echo "make cluster       start a local 3-node cluster on 127.0.0.1:7001-7003 in the background"
 	@echo "make cluster-stop  stop the nodes started by make cluster"
 	@echo "make test          build everything and run every test (unit, property, process-level)"
-	@echo "make build|release|fmt|lint|bench|jepsen"
+	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
+	@echo "make jepsen DURATION=60 NODES=3   fault injection soak with the safety checker"
+	@echo "make proptest CASES=5000           longer property runs of the state machine"
+	@echo "make build|release|fmt|lint"
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -53,6 +56,10 @@ bench:
 jepsen:
 	$(CARGO) build -p conchd -p cluster-tests --bins
 	target/debug/conch-jepsen --duration $(or $(DURATION),60) --nodes $(or $(NODES),3)
+
+# Longer property runs of the state machine: random command histories, invalid input included.
+proptest:
+	PROPTEST_CASES=$(or $(CASES),5000) $(CARGO) test --release -p conchd --lib state::proptests
 
 clean:
 	$(CARGO) clean

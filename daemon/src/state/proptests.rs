@@ -651,8 +651,9 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
 
 proptest! {
     // Failing seeds are kept next to this file (daemon/src/state/proptests.proptest-regressions).
+    // `make proptest CASES=N` runs longer (PROPTEST_CASES); 256 cases in `make test`.
     #![proptest_config(ProptestConfig {
-        cases: 256,
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256),
         failure_persistence: Some(Box::new(
             proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
         )),
