@@ -21,14 +21,15 @@ release:
 	$(CARGO) build --workspace --release --bins
 
 # Process-level tests start the conchd/conch binaries, so build them first.
+# Doc tests first, so the test runner's summary is the last thing printed.
 test:
 	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace --doc
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
-	$(CARGO) test --workspace --doc
 
 test-unit:
 	$(CARGO) test --workspace --lib
