@@ -20,11 +20,12 @@
 //! `append(entries, callback)`:
 //! 1. encode every entry; all of them go into ONE `sled::Batch` (atomic: all or none)
 //! 2. apply the batch: the entries are now readable by every `LogStore` clone (the log reader)
-//! 3. ONE `flush_async().await`: sled writes its log and `sync_file_range`s it (survives a
-//!    process crash)
-//! 4. durability step ([`Durability::Fsync`]): `fdatasync` sled's data file `<raft>/db` and
-//!    `fsync` any new file in `<raft>/blobs` (large values that sled writes outside its log and
-//!    never syncs), on a blocking thread (survives power loss)
+//! 3. ONE sled `flush()`: sled writes its log and `sync_file_range`s it (survives a process
+//!    crash)
+//! 4. durability step ([`Durability::Fsync`]): `fdatasync` sled's data file `<raft>/db` and,
+//!    when a value was large enough for sled to put it in `<raft>/blobs` (files sled writes
+//!    outside its log and never syncs), `fsync` the new blob files (survives power loss).
+//!    Steps 3 and 4 run in one blocking call.
 //! 5. `callback.log_io_completed(Ok(()))`, then return
 //!
 //! One flush per call, never one per entry; openraft hands a follower up to
@@ -451,23 +452,33 @@ impl LogStore {
     }
 
     /// Steps 3-4 of the ordering: sled's flush, then the fsyncs that `durability` asks for.
-    async fn make_durable(&self) -> io::Result<()> {
-        self.inner.db.flush_async().await.map_err(io_other)?;
-        if self.inner.durability == Durability::Fsync {
-            let inner = Arc::clone(&self.inner);
-            tokio::task::spawn_blocking(move || inner.sync_files())
-                .await
-                .map_err(io_other)??;
-        }
-        Ok(())
+    /// sled's flush, then (with [`Durability::Fsync`]) `fdatasync`, in one blocking call: one
+    /// thread hand-off per append. `new_blobs_possible` says a value was large enough that sled
+    /// may have written it to a blob file, which then needs its own sync.
+    async fn make_durable(&self, new_blobs_possible: bool) -> io::Result<()> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            inner.db.flush().map_err(io_other)?;
+            if inner.durability == Durability::Fsync {
+                inner.data_file.sync_data()?;
+                if new_blobs_possible {
+                    inner.sync_blobs()?;
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(io_other)?
     }
 }
 
-impl Inner {
-    /// `fdatasync` sled's data file, then any blob file not synced yet, then the blob directory.
-    fn sync_files(&self) -> io::Result<()> {
-        self.data_file.sync_data()?;
+/// Values at least this large may go to a sled blob file (sled 0.34 moves values of about
+/// 128 KiB and more out of its log); smaller ones never do, so their appends skip the blob scan.
+const BLOB_SCAN_MIN_VALUE_BYTES: usize = 16 * 1024;
 
+impl Inner {
+    /// `fdatasync` any blob file not synced yet, then the blob directory.
+    fn sync_blobs(&self) -> io::Result<()> {
         let mut synced = self
             .synced_blobs
             .lock()
@@ -571,7 +582,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .db
             .insert(KEY_VOTE, value)
             .map_err(|e| StorageIOError::write_vote(&e))?;
-        self.make_durable()
+        self.make_durable(false)
             .await
             .map_err(|e| StorageIOError::write_vote(&e))?;
         // Then the copy outside sled (see `vote_file_path`). Written second: a crash between
@@ -618,9 +629,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Step 1: one batch for all entries.
         let mut batch = sled::Batch::default();
         let mut count = 0usize;
+        let mut largest = 0usize;
         for entry in entries {
             let value = encode_value(&entry)
                 .map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
+            largest = largest.max(value.len());
             batch.insert(&entry_key(entry.log_id.index), value);
             count += 1;
         }
@@ -631,7 +644,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .apply_batch(batch)
                 .map_err(|e| StorageIOError::write_logs(&e))?;
             // Steps 3-4: one flush, one fdatasync.
-            self.make_durable()
+            self.make_durable(largest >= BLOB_SCAN_MIN_VALUE_BYTES)
                 .await
                 .map_err(|e| StorageIOError::write_logs(&e))?;
         }
@@ -655,7 +668,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .db
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.make_durable()
+        self.make_durable(false)
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
