@@ -57,6 +57,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{LogId, NodeId, StorageError, TypeConfig};
+use crate::state::fnv1a64;
 
 /// sled's page cache size. Its default (1 GiB) is far more than a log of a few thousand entries
 /// needs.
@@ -107,16 +108,6 @@ pub enum CodecError {
     Decode(bincode::Error),
     #[error("encode: {0}")]
     Encode(bincode::Error),
-}
-
-/// 64-bit FNV-1a. Not cryptographic: it catches torn writes and bit rot, not tampering.
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in bytes {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {

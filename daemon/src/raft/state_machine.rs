@@ -30,9 +30,9 @@ use openraft::{
     AnyError, BasicNode, Entry, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError,
 };
 
-use super::log_store::fnv1a64;
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::applied::AppliedState;
+use crate::state::fnv1a64;
 use crate::state::{Reply, SnapshotError, State};
 
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, BasicNode>;

@@ -1523,21 +1523,31 @@ struct Fnv1a(u64);
 impl Fnv1a {
     const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-}
 
-/// The key of a process id in `leases_by_process`.
-fn process_key(process_id: &str) -> u64 {
-    process_id.bytes().fold(Fnv1a::OFFSET_BASIS, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(Fnv1a::PRIME)
-    })
-}
-
-impl std::io::Write for Fnv1a {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+    fn update(&mut self, bytes: &[u8]) {
         for b in bytes {
             self.0 ^= u64::from(*b);
             self.0 = self.0.wrapping_mul(Self::PRIME);
         }
+    }
+}
+
+/// 64-bit FNV-1a of `bytes`: the state hash's function, also the storage checksums'. Not
+/// cryptographic: it catches torn writes and bit rot, not tampering.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut hasher = Fnv1a(Fnv1a::OFFSET_BASIS);
+    hasher.update(bytes);
+    hasher.0
+}
+
+/// The key of a process id in `leases_by_process`.
+fn process_key(process_id: &str) -> u64 {
+    fnv1a64(process_id.as_bytes())
+}
+
+impl std::io::Write for Fnv1a {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.update(bytes);
         Ok(bytes.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {

@@ -21,5 +21,5 @@ mod proptests;
 mod types;
 pub mod validate;
 
-pub use machine::State;
+pub use machine::{State, fnv1a64};
 pub use types::*;
