@@ -267,85 +267,6 @@ pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     Ok(exit_code(&rows))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use conch_client::proto::conch::Member;
-
-    fn node(id: u64, state: &str) -> Row {
-        let members = (1..=3)
-            .map(|i| Member {
-                id: i,
-                addr: format!("127.0.0.1:700{i}"),
-                voter: true,
-            })
-            .collect();
-        Row {
-            endpoint: format!("127.0.0.1:700{id}"),
-            status: Some(
-                ClusterStatusResponse {
-                    node_id: id,
-                    addr: format!("127.0.0.1:700{id}"),
-                    leader_id: 1,
-                    leader_addr: "127.0.0.1:7001".into(),
-                    term: 3,
-                    state: state.into(),
-                    last_log_index: 120,
-                    commit_index: 120,
-                    applied_index: 119,
-                    members,
-                    ..Default::default()
-                }
-                .into(),
-            ),
-            error: None,
-        }
-    }
-
-    #[test]
-    fn table_aligns_and_shows_unreachable_nodes() {
-        let rows = vec![
-            node(1, "Leader"),
-            node(2, "Follower"),
-            Row {
-                endpoint: "127.0.0.1:7003".into(),
-                status: None,
-                error: Some("connection refused".into()),
-            },
-        ];
-        assert_eq!(
-            render_table(&rows),
-            [
-                "NODE  ADDRESS         STATE     LEADER  TERM  LAST-LOG  COMMIT  APPLIED  MEMBERS",
-                "1     127.0.0.1:7001  Leader    1       3     120       120     119      1,2,3",
-                "2     127.0.0.1:7002  Follower  1       3     120       120     119      1,2,3",
-                "-     127.0.0.1:7003  unreachable: connection refused",
-            ]
-        );
-        assert_eq!(exit_code(&rows), ExitCode::from(1));
-        assert_eq!(exit_code(&rows[..2]), ExitCode::SUCCESS);
-        assert_eq!(exit_code(&rows[2..]), ExitCode::from(exit::UNAVAILABLE));
-    }
-
-    #[test]
-    fn learners_are_marked() {
-        let m = [
-            MemberJson {
-                id: 1,
-                addr: String::new(),
-                voter: true,
-            },
-            MemberJson {
-                id: 4,
-                addr: String::new(),
-                voter: false,
-            },
-        ];
-        assert_eq!(members_cell(&m), "1,4(learner)");
-        assert_eq!(members_cell(&[]), "-");
-    }
-}
-
 /// `conch cluster add-learner|promote|remove|transfer-leader|snapshot`: one admin call (the node
 /// that answers hands membership changes to the leader), then the resulting members.
 pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<ExitCode> {
@@ -435,4 +356,83 @@ fn print_members(r: &MembershipResponse) -> anyhow::Result<ExitCode> {
     }
     crate::print_lines(lines)?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use conch_client::proto::conch::Member;
+
+    fn node(id: u64, state: &str) -> Row {
+        let members = (1..=3)
+            .map(|i| Member {
+                id: i,
+                addr: format!("127.0.0.1:700{i}"),
+                voter: true,
+            })
+            .collect();
+        Row {
+            endpoint: format!("127.0.0.1:700{id}"),
+            status: Some(
+                ClusterStatusResponse {
+                    node_id: id,
+                    addr: format!("127.0.0.1:700{id}"),
+                    leader_id: 1,
+                    leader_addr: "127.0.0.1:7001".into(),
+                    term: 3,
+                    state: state.into(),
+                    last_log_index: 120,
+                    commit_index: 120,
+                    applied_index: 119,
+                    members,
+                    ..Default::default()
+                }
+                .into(),
+            ),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn table_aligns_and_shows_unreachable_nodes() {
+        let rows = vec![
+            node(1, "Leader"),
+            node(2, "Follower"),
+            Row {
+                endpoint: "127.0.0.1:7003".into(),
+                status: None,
+                error: Some("connection refused".into()),
+            },
+        ];
+        assert_eq!(
+            render_table(&rows),
+            [
+                "NODE  ADDRESS         STATE     LEADER  TERM  LAST-LOG  COMMIT  APPLIED  MEMBERS",
+                "1     127.0.0.1:7001  Leader    1       3     120       120     119      1,2,3",
+                "2     127.0.0.1:7002  Follower  1       3     120       120     119      1,2,3",
+                "-     127.0.0.1:7003  unreachable: connection refused",
+            ]
+        );
+        assert_eq!(exit_code(&rows), ExitCode::from(1));
+        assert_eq!(exit_code(&rows[..2]), ExitCode::SUCCESS);
+        assert_eq!(exit_code(&rows[2..]), ExitCode::from(exit::UNAVAILABLE));
+    }
+
+    #[test]
+    fn learners_are_marked() {
+        let m = [
+            MemberJson {
+                id: 1,
+                addr: String::new(),
+                voter: true,
+            },
+            MemberJson {
+                id: 4,
+                addr: String::new(),
+                voter: false,
+            },
+        ];
+        assert_eq!(members_cell(&m), "1,4(learner)");
+        assert_eq!(members_cell(&[]), "-");
+    }
 }
