@@ -13,6 +13,8 @@ use serde::Deserialize;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7001";
 pub const DEFAULT_DATA_DIR: &str = "conch-data";
+/// conchd's lifecycle at info; openraft's own election chatter only when something is wrong.
+pub const DEFAULT_LOG: &str = "info,openraft=warn";
 
 /// conchd: a replicated semaphore daemon answering the Grackle semaphore API.
 ///
@@ -69,7 +71,7 @@ pub struct Flags {
     #[arg(long, env = "CONCH_LEADER_WAIT_MS")]
     pub leader_wait_ms: Option<u64>,
 
-    /// Log filter, e.g. info, debug, conchd=debug,openraft=info.
+    /// Log filter [default: info,openraft=warn], e.g. debug, or conchd=debug,openraft=info.
     #[arg(long, env = "CONCH_LOG")]
     pub log: Option<String>,
 }
@@ -219,7 +221,10 @@ impl Config {
             election_timeout: Duration::from_millis(election_ms),
             snapshot_every,
             leader_wait: Duration::from_millis(leader_wait_ms),
-            log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
+            log: flags
+                .log
+                .or(file.log)
+                .unwrap_or_else(|| DEFAULT_LOG.to_string()),
         })
     }
 }

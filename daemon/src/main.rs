@@ -57,8 +57,10 @@ fn run(flags: Flags) -> anyhow::Result<()> {
 fn init_logging(filter: &str) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .with_context(|| format!("--log {filter:?}"))?;
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     Ok(())

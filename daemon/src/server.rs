@@ -138,7 +138,30 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
 
     let node = Node::start(Arc::clone(&config), raft, applied);
     tokio::spawn(expiry::run(Arc::clone(&node)));
+    tokio::spawn(log_leader_changes(Arc::clone(&node)));
     Ok(Running { node, listener })
+}
+
+/// Logs every change of leader or term as this node sees it.
+async fn log_leader_changes(node: Arc<Node>) {
+    let mut metrics = node.raft.metrics();
+    let mut seen = (None, 0);
+    loop {
+        let now = {
+            let m = metrics.borrow();
+            (m.current_leader, m.current_term)
+        };
+        if now != seen {
+            match now.0 {
+                Some(leader) => tracing::info!(leader, term = now.1, "leader elected"),
+                None => tracing::info!(term = now.1, "no leader"),
+            }
+            seen = now;
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Serves until `shutdown` resolves, then stops Raft.
