@@ -278,6 +278,12 @@ async fn leader_kill_loses_no_acknowledged_write_and_the_node_catches_up() -> an
     cluster.wait_for_agreement(Duration::from_secs(30)).await?;
     let status = cluster.status(leader).await?;
     assert_eq!(status.namespaces, 170, "restarted node state: {status:?}");
+    // The entries it missed were compacted away: it caught up from the leader's snapshot.
+    let log = cluster.log(leader);
+    assert!(
+        log.contains("snapshot installed"),
+        "no snapshot install in the log:\n{log}"
+    );
     Ok(())
 }
 

@@ -71,8 +71,10 @@ pub fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, StartError>
         snapshot_max_chunk_size: 3 * 1024 * 1024,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
         replication_lag_threshold: config.snapshot_every * 2,
-        max_in_snapshot_log_to_keep: 1_000,
-        purge_batch_size: 256,
+        // Keep at most one snapshot interval of log behind a snapshot: a node further behind
+        // catches up from the snapshot.
+        max_in_snapshot_log_to_keep: config.snapshot_every.min(1_000),
+        purge_batch_size: config.snapshot_every.min(256),
         ..Default::default()
     };
     raft_config
