@@ -7,12 +7,14 @@
 //! Invariants:
 //! - `applied_index` only moves forward, except when a snapshot replaces the state
 //! - a wait registered before its acquire is proposed never misses the event that ends it
+//! - events are delivered before the state that produced them can be read: a caller that reads
+//!   a state finds every event up to it already in its ticket
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
 use crate::state::{Batch, Event, Reply, SnapshotError, State, WaitEnd};
 
@@ -36,7 +38,14 @@ pub enum WaitOutcome {
     Recheck,
 }
 
-type WaitSenders = Vec<(u64, oneshot::Sender<WaitOutcome>)>;
+/// An event about a wait, stamped with the log index that produced it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitEvent {
+    pub index: u64,
+    pub outcome: WaitOutcome,
+}
+
+type WaitSenders = Vec<(u64, mpsc::UnboundedSender<WaitEvent>)>;
 
 /// The in-memory state machine plus its applied index and the registry of waiting callers.
 pub struct AppliedState {
@@ -59,17 +68,17 @@ impl AppliedState {
     /// Applies one committed batch at log `index` and wakes the callers its events concern.
     pub fn apply(&self, index: u64, batch: &Batch) -> Vec<Reply> {
         let mut events = Vec::new();
-        let replies = {
-            let mut state = self
-                .state
-                .write()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            state.apply_batch(batch, &mut events)
-        };
-        self.applied_index.send_replace(index);
+        let mut state = self
+            .state
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let replies = state.apply_batch(batch, &mut events);
+        // Still under the state lock: nobody reads this state before its events are queued.
         if !events.is_empty() {
-            self.deliver(events);
+            self.deliver(index, events);
         }
+        drop(state);
+        self.applied_index.send_replace(index);
         replies
     }
 
@@ -80,20 +89,21 @@ impl AppliedState {
 
     /// Replaces the whole state (snapshot install or restore).
     pub fn replace(&self, state: State, index: u64) {
-        {
-            let mut current = self
-                .state
-                .write()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            *current = state;
-        }
-        self.applied_index.send_replace(index);
-        // Events between the old and the new state were never seen here: wake every waiting
+        let mut current = self
+            .state
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *current = state;
+        // Events between the old and the new state were never seen here: tell every waiting
         // caller to look at the new state.
-        let waits = std::mem::take(&mut *self.lock_waits());
-        for (_, tx) in waits.into_values().flatten() {
-            let _ = tx.send(WaitOutcome::Recheck);
+        for (_, tx) in self.lock_waits().values().flatten() {
+            let _ = tx.send(WaitEvent {
+                index,
+                outcome: WaitOutcome::Recheck,
+            });
         }
+        drop(current);
+        self.applied_index.send_replace(index);
     }
 
     /// Runs `read` against the current state.
@@ -126,10 +136,11 @@ impl AppliedState {
         let _ = rx.wait_for(|applied| *applied >= index).await;
     }
 
-    /// Registers interest in how the wait `key` ends. Register before proposing the acquire.
+    /// Subscribes to the events of the wait `key` until the ticket is dropped. Register before
+    /// proposing the acquire.
     pub fn register_wait(self: &Arc<Self>, key: WaitKey) -> WaitTicket {
         let id = self.next_wait_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         self.lock_waits()
             .entry(key.clone())
             .or_default()
@@ -153,8 +164,8 @@ impl AppliedState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn deliver(&self, events: Vec<Event>) {
-        let mut waits = self.lock_waits();
+    fn deliver(&self, index: u64, events: Vec<Event>) {
+        let waits = self.lock_waits();
         if waits.is_empty() {
             return;
         }
@@ -177,21 +188,19 @@ impl AppliedState {
                     reason,
                 } => (WaitKey { ns, sem, lease }, WaitOutcome::Ended(reason)),
             };
-            if let Some(senders) = waits.remove(&key) {
-                for (_, tx) in senders {
-                    let _ = tx.send(outcome);
-                }
+            for (_, tx) in waits.get(&key).into_iter().flatten() {
+                let _ = tx.send(WaitEvent { index, outcome });
             }
         }
     }
 }
 
-/// A registered wait; dropping it deregisters.
+/// A subscription to one wait's events; dropping it deregisters.
 pub struct WaitTicket {
     applied: Arc<AppliedState>,
     key: WaitKey,
     id: u64,
-    rx: oneshot::Receiver<WaitOutcome>,
+    rx: mpsc::UnboundedReceiver<WaitEvent>,
 }
 
 impl WaitTicket {
@@ -199,9 +208,14 @@ impl WaitTicket {
         &self.key
     }
 
-    /// Resolves when an applied command ends the wait.
-    pub async fn outcome(&mut self) -> Option<WaitOutcome> {
-        (&mut self.rx).await.ok()
+    /// The next event, waiting for one.
+    pub async fn next(&mut self) -> Option<WaitEvent> {
+        self.rx.recv().await
+    }
+
+    /// The next event already delivered, if any.
+    pub fn try_next(&mut self) -> Option<WaitEvent> {
+        self.rx.try_recv().ok()
     }
 }
 

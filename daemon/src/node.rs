@@ -108,10 +108,19 @@ impl Node {
     }
 
     pub async fn write_one(&self, cmd: Cmd) -> Result<Reply, NodeError> {
-        let mut replies = self.write(vec![cmd]).await?;
-        replies
+        self.write_one_at(cmd).await.map(|(reply, _)| reply)
+    }
+
+    /// Like [`Node::write_one`], also returning the log index of the entry. The reply is the
+    /// leader's; this node may not have applied the entry yet (a slow follower answers after a
+    /// bounded wait), so compare [`AppliedState::applied_index`] with the index before reading
+    /// the local state about it.
+    pub async fn write_one_at(&self, cmd: Cmd) -> Result<(Reply, u64), NodeError> {
+        let (mut replies, index) = self.propose(vec![cmd], false).await?;
+        let reply = replies
             .pop()
-            .ok_or_else(|| NodeError::Internal("state machine returned no reply".into()))
+            .ok_or_else(|| NodeError::Internal("state machine returned no reply".into()))?;
+        Ok((reply, index))
     }
 
     /// Entry point for proposals forwarded by followers.

@@ -9,7 +9,7 @@ use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
 
 use super::{convert, respond, status};
-use crate::applied::{WaitKey, WaitOutcome, WaitTicket};
+use crate::applied::{WaitEvent, WaitKey, WaitOutcome, WaitTicket};
 use crate::node::{Node, now_ns};
 use crate::state::{
     AcquireStatus, Cmd, Error, GiveUpReply, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State,
@@ -55,11 +55,16 @@ impl GrackleService {
     }
 
     /// Waits for a queued acquire to end. The applied state is the truth; events only wake us.
+    ///
+    /// `index` is the log index of the acquire that queued: until this node has applied it, its
+    /// state knows nothing of the waiter, so it is not read before then. A node that cannot catch
+    /// up before the deadline asks the log instead (GiveUp answers whether the grant came first).
     async fn wait_for_grant(
         &self,
         key: WaitKey,
         mut ticket: WaitTicket,
         deadline_ns: Nanos,
+        index: u64,
     ) -> Result<pb::AcquireSemaphoreResponse, Status> {
         let mut give_up = GiveUpOnDrop {
             node: Arc::clone(&self.node),
@@ -69,36 +74,66 @@ impl GrackleService {
         let remaining =
             Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(now_ns())).unwrap_or(0));
         let local_deadline = tokio::time::Instant::now() + remaining + WAIT_GRACE;
+        let caught_up =
+            tokio::time::timeout_at(local_deadline, self.node.applied.wait_applied(index)).await;
+        if caught_up.is_err() {
+            give_up.disarm();
+            return self.give_up_now(&key, deadline_ns).await;
+        }
+        // Events from before this acquire's entry concern an earlier wait of the same lease.
         let mut last = None;
+        let note = |event: WaitEvent, last: &mut Option<WaitOutcome>| {
+            if event.index >= index || event.outcome == WaitOutcome::Recheck {
+                *last = Some(event.outcome);
+            }
+        };
         loop {
             let queued = self
                 .node
                 .applied
                 .read(|s| s.waiter(&key.ns, &key.sem, &key.lease).is_some());
+            // Every event up to the state just read is already in the ticket.
+            while let Some(event) = ticket.try_next() {
+                note(event, &mut last);
+            }
             if !queued {
                 give_up.disarm();
                 return self.ended(&key, last);
             }
             tokio::select! {
-                outcome = ticket.outcome() => {
-                    last = outcome;
-                    ticket = self.node.applied.register_wait(key.clone());
-                }
+                event = ticket.next() => match event {
+                    Some(event) => note(event, &mut last),
+                    None => {
+                        give_up.disarm();
+                        return self.give_up_now(&key, deadline_ns).await;
+                    }
+                },
                 _ = tokio::time::sleep_until(local_deadline) => {
                     give_up.disarm();
-                    let cmd = Cmd::GiveUp {
-                        ns: key.ns.clone(),
-                        sem: key.sem.clone(),
-                        lease: key.lease.clone(),
-                        deadline_ns,
-                        linger_ns: 0,
-                    };
-                    return match self.write(cmd).await? {
-                        Outcome::GiveUp(GiveUpReply::Granted { token }) => self.acquire_response(&key, Some(token)),
-                        _ => self.acquire_response(&key, None),
-                    };
+                    return self.give_up_now(&key, deadline_ns).await;
                 }
             }
+        }
+    }
+
+    /// Ends this call's wait through the log: the answer says whether the grant came first.
+    async fn give_up_now(
+        &self,
+        key: &WaitKey,
+        deadline_ns: Nanos,
+    ) -> Result<pb::AcquireSemaphoreResponse, Status> {
+        let cmd = Cmd::GiveUp {
+            ns: key.ns.clone(),
+            sem: key.sem.clone(),
+            lease: key.lease.clone(),
+            deadline_ns,
+            linger_ns: 0,
+        };
+        match self.write(cmd).await? {
+            Outcome::GiveUp(GiveUpReply::Granted { token }) => {
+                self.acquire_response(key, Some(token))
+            }
+            _ => self.acquire_response(key, None),
         }
     }
 
@@ -379,7 +414,12 @@ impl GrackleApi for GrackleService {
         cmd.validate().map_err(status::from_state)?;
         // Register before proposing, so the grant cannot slip past us.
         let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key.clone()));
-        let reply = match self.write(cmd).await? {
+        let (reply, index) = self
+            .node
+            .write_one_at(cmd)
+            .await
+            .map_err(status::from_node)?;
+        let reply = match reply.map_err(status::from_state)? {
             Outcome::Acquire(reply) => reply,
             other => return Err(unexpected(other)),
         };
@@ -389,7 +429,7 @@ impl GrackleApi for GrackleService {
                 acquire_message(semaphore, pb::AcquireOutcome::Acquired, token)
             }
             (AcquireStatus::Queued { deadline_ns }, Some(ticket)) => {
-                self.wait_for_grant(key, ticket, deadline_ns).await?
+                self.wait_for_grant(key, ticket, deadline_ns, index).await?
             }
             (AcquireStatus::Unavailable | AcquireStatus::Queued { .. }, _) => {
                 acquire_message(semaphore, pb::AcquireOutcome::Unavailable, 0)
