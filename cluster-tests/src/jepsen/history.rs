@@ -336,7 +336,11 @@ pub fn classify(status: &tonic::Status) -> Outcome {
         };
     }
     let detail = error_chain(status);
-    if status.code() == Code::Unavailable && not_sent(&detail) {
+    // Only this process's own transport error says the request never left: a status the server
+    // sent (no source) may quote the server's failure to reach the leader after it queued the
+    // request, which is an unknown outcome.
+    let local_transport_error = std::error::Error::source(status).is_some();
+    if status.code() == Code::Unavailable && local_transport_error && not_sent(&detail) {
         // The TCP connection was refused: the request never left this process.
         return Outcome::Fail {
             code: "NotSent".into(),
