@@ -463,7 +463,7 @@ async fn writes_resume_after_the_leader_is_paused_under_load() -> anyhow::Result
             let statuses = cluster.statuses().await;
             let dir = cluster.keep_dir();
             anyhow::bail!(
-                "round {round}: no write succeeded within 30 s after resuming the paused leader n{leader} (reads: {all_nodes:?}); statuses {statuses:?}; logs in {}",
+                "round {round}: no write succeeded within 10 s after resuming the paused leader n{leader} (reads: {all_nodes:?}); statuses {statuses:?}; logs in {}",
                 dir.display()
             );
         }

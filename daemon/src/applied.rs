@@ -153,11 +153,6 @@ impl AppliedState {
         }
     }
 
-    /// Number of callers currently waiting on this node.
-    pub fn waiting_callers(&self) -> usize {
-        self.lock_waits().values().map(Vec::len).sum()
-    }
-
     fn lock_waits(&self) -> std::sync::MutexGuard<'_, HashMap<WaitKey, WaitSenders>> {
         self.waits
             .lock()
@@ -204,10 +199,6 @@ pub struct WaitTicket {
 }
 
 impl WaitTicket {
-    pub fn key(&self) -> &WaitKey {
-        &self.key
-    }
-
     /// The next event, waiting for one.
     pub async fn next(&mut self) -> Option<WaitEvent> {
         self.rx.recv().await
