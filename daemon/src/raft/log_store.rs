@@ -8,6 +8,9 @@
 //! is reported as a `StorageError` instead of decoding into something else.
 //!
 //! Invariants:
+//! - `log-end` never names an index beyond the end of the log (the last entry, or the purge
+//!   point when no entry follows it); `open` refuses a log that ends before it, because sled
+//!   dropped acknowledged entries
 //! - the entries present form one run of consecutive indexes, starting right after the purge
 //!   point when there is one (no holes); `open` checks this and refuses a log that breaks it
 //! - the key of an entry is its own log index
@@ -26,14 +29,18 @@
 //!    when a value was large enough for sled to put it in `<raft>/blobs` (files sled writes
 //!    outside its log and never syncs), `fsync` the new blob files (survives power loss).
 //!    Steps 3 and 4 run in one blocking call.
-//! 5. `callback.log_io_completed(Ok(()))`, then return
+//! 5. record the new end of the log in `<data_dir>/log-end` (see [`LogEnd`]; a write into the
+//!    page cache, not synced: it may lag the log, never lead it)
+//! 6. `callback.log_io_completed(Ok(()))`, then return
 //!
 //! One flush per call, never one per entry; openraft hands a follower up to
 //! `max_payload_entries` entries per call.
 //!
 //! `save_vote`: insert, then steps 3-4, then return. There is no callback: return = durable.
 //!
-//! `truncate(id)` removes `[id.index, ..)` in one batch, then steps 3-4 (rare: conflicts only).
+//! `truncate(id)` first lowers `log-end` to `id.index - 1` and syncs it, then removes
+//! `[id.index, ..)` in one batch, then steps 3-4 (rare: conflicts only). A crash between leaves
+//! `log-end` behind the log, which open accepts.
 //!
 //! `purge(id)` writes the purge point and removes `(.., id.index]` in one batch, without a
 //! flush: losing it in a crash only brings back entries that a snapshot already covers, and the
@@ -203,6 +210,116 @@ fn read_vote_file(data_dir: &Path) -> Result<Option<Vote<NodeId>>, String> {
     }
 }
 
+/// `<data_dir>/log-end`: the index of the last log entry made durable, kept outside sled.
+///
+/// sled recovers from damage by silently dropping what follows it. A node that lost entries it
+/// acknowledged (while keeping its vote) could help elect a leader without them and break Raft's
+/// safety; comparing the log with this record at open turns that into a refusal.
+///
+/// The file has two 32-byte slots, written alternately: `seq | index | 0 | fnv1a64(first 24
+/// bytes)`, little-endian. A torn write damages only the slot being written; the valid slot with
+/// the highest `seq` is the record. Appends update it after their own durability step without a
+/// sync (it may lag the log after a power loss, which is safe); `truncate` lowers it and syncs it
+/// before removing entries.
+struct LogEnd {
+    file: File,
+    path: PathBuf,
+    /// Sequence number of the newest slot written, and the index it holds.
+    last: Mutex<(u64, u64)>,
+}
+
+const LOG_END_SLOT_BYTES: usize = 32;
+
+fn log_end_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("log-end")
+}
+
+fn encode_log_end_slot(seq: u64, index: u64) -> [u8; LOG_END_SLOT_BYTES] {
+    let mut slot = [0u8; LOG_END_SLOT_BYTES];
+    slot[..8].copy_from_slice(&seq.to_le_bytes());
+    slot[8..16].copy_from_slice(&index.to_le_bytes());
+    let checksum = fnv1a64(&slot[..24]);
+    slot[24..].copy_from_slice(&checksum.to_le_bytes());
+    slot
+}
+
+/// `(seq, index)` of a valid slot.
+fn decode_log_end_slot(slot: &[u8]) -> Option<(u64, u64)> {
+    if slot.len() != LOG_END_SLOT_BYTES {
+        return None;
+    }
+    let word = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&slot[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    (word(24) == fnv1a64(&slot[..24]) && word(16) == 0).then(|| (word(0), word(8)))
+}
+
+impl LogEnd {
+    /// Opens the record, or creates it holding `current_end` when absent (a data directory from
+    /// before the record existed, or a new one). Returns the record and the index it held.
+    fn open(data_dir: &Path, current_end: u64) -> Result<(LogEnd, Option<u64>), String> {
+        let path = log_end_path(data_dir);
+        let existed = path.exists();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("open {}: {e}", path.display()))?;
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut &file, &mut bytes)
+            .map_err(|e| format!("read {}: {e}", path.display()))?;
+        let newest = bytes
+            .chunks(LOG_END_SLOT_BYTES)
+            .take(2)
+            .filter_map(decode_log_end_slot)
+            .max_by_key(|(seq, _)| *seq);
+        let record = match newest {
+            Some(found) => Some(found),
+            None if existed && !bytes.is_empty() => {
+                return Err(format!(
+                    "{} is damaged (no valid record of the log's end)",
+                    path.display()
+                ));
+            }
+            None => None,
+        };
+        let log_end = LogEnd {
+            file,
+            path,
+            last: Mutex::new(record.unwrap_or((0, 0))),
+        };
+        if record.is_none() {
+            log_end
+                .write(current_end, true)
+                .map_err(|e| format!("write {}: {e}", log_end.path.display()))?;
+            fsync_dir(data_dir).map_err(|e| format!("sync {}: {e}", data_dir.display()))?;
+        }
+        Ok((log_end, record.map(|(_, index)| index)))
+    }
+
+    /// Records `index` as the end of the log; `sync` makes it durable before returning.
+    fn write(&self, index: u64, sync: bool) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.1 == index && !sync && last.0 > 0 {
+            return Ok(());
+        }
+        let seq = last.0.wrapping_add(1);
+        let offset = (seq % 2) * LOG_END_SLOT_BYTES as u64;
+        self.file
+            .write_all_at(&encode_log_end_slot(seq, index), offset)?;
+        if sync {
+            self.file.sync_data()?;
+        }
+        *last = (seq, index);
+        Ok(())
+    }
+}
+
 struct Inner {
     db: sled::Db,
     /// `<raft>`, for messages.
@@ -216,6 +333,8 @@ struct Inner {
     /// Blob files already synced (blobs are immutable once written).
     synced_blobs: Mutex<HashSet<OsString>>,
     durability: Durability,
+    /// `<data_dir>/log-end`, the durable end of the log.
+    log_end: LogEnd,
 }
 
 /// The Raft log and vote. Cheap to clone: clones share one sled `Db` (the log reader is one).
@@ -274,6 +393,29 @@ impl LogStore {
             source,
         })?;
 
+        let summary = check_log(&db).map_err(|reason| OpenError::Corrupt {
+            path: path.clone(),
+            reason,
+        })?;
+        let (log_end, recorded_end) =
+            LogEnd::open(data_dir, summary.end_index).map_err(|reason| OpenError::Corrupt {
+                path: path.clone(),
+                reason,
+            })?;
+        if let Some(recorded) = recorded_end
+            && recorded > summary.end_index
+        {
+            return Err(OpenError::Corrupt {
+                path,
+                reason: format!(
+                    "it ends at index {}, but entries up to {recorded} were made durable \
+                     (recorded in {}): the log lost data and this node must not serve; restore \
+                     the data directory or remove the node from the cluster and add it back empty",
+                    summary.end_index,
+                    log_end.path.display()
+                ),
+            });
+        }
         let store = LogStore {
             inner: Arc::new(Inner {
                 db,
@@ -284,12 +426,9 @@ impl LogStore {
                 // Empty: the first sync also covers blobs left by an earlier run.
                 synced_blobs: Mutex::new(HashSet::new()),
                 durability,
+                log_end,
             }),
         };
-        let summary = store.check().map_err(|reason| OpenError::Corrupt {
-            path: path.clone(),
-            reason,
-        })?;
         store
             .check_vote_file()
             .map_err(|reason| OpenError::Corrupt {
@@ -366,50 +505,6 @@ impl LogStore {
         }
     }
 
-    /// Decodes every value and checks that the entries follow the purge point without holes.
-    fn check(&self) -> Result<CheckSummary, String> {
-        let db = &self.inner.db;
-        let read = |key: &[u8]| {
-            db.get(key)
-                .map_err(|e| format!("read {}: {e}", String::from_utf8_lossy(key)))
-        };
-        if let Some(v) = read(KEY_VOTE)? {
-            decode_value::<Vote<NodeId>>(&v).map_err(|e| format!("vote: {e}"))?;
-        }
-        if let Some(v) = read(KEY_COMMITTED)? {
-            decode_value::<Option<LogId>>(&v).map_err(|e| format!("committed log id: {e}"))?;
-        }
-        let purged = match read(KEY_PURGED)? {
-            Some(v) => Some(decode_value::<LogId>(&v).map_err(|e| format!("purged log id: {e}"))?),
-            None => None,
-        };
-
-        let mut summary = CheckSummary::default();
-        let mut previous: Option<u64> = purged.map(|p| p.index);
-        for item in db.range(entry_key(0)..=entry_key(u64::MAX)) {
-            let (key, value) = item.map_err(|e| format!("scan log entries: {e}"))?;
-            let entry = decode_entry(&key, &value)?;
-            let index = entry.log_id.index;
-            if let Some(previous) = previous
-                && previous.checked_add(1) != Some(index)
-            {
-                let what = if summary.entries == 0 {
-                    " (the purge point)"
-                } else {
-                    ""
-                };
-                return Err(format!(
-                    "hole in the log: entry {index} follows {previous}{what}"
-                ));
-            }
-            summary.first_index.get_or_insert(index);
-            summary.last_index = Some(index);
-            summary.entries += 1;
-            previous = Some(index);
-        }
-        Ok(summary)
-    }
-
     fn read_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, String> {
         let bytes = self
             .inner
@@ -446,7 +541,9 @@ impl LogStore {
     /// sled's flush, then (with [`Durability::Fsync`]) `fdatasync`, in one blocking call: one
     /// thread hand-off per append. `new_blobs_possible` says a value was large enough that sled
     /// may have written it to a blob file, which then needs its own sync.
-    async fn make_durable(&self, new_blobs_possible: bool) -> io::Result<()> {
+    /// `log_end`: after an append, the index of its last entry, recorded once it is durable
+    /// (step 5).
+    async fn make_durable(&self, new_blobs_possible: bool, log_end: Option<u64>) -> io::Result<()> {
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
             inner.db.flush().map_err(io_other)?;
@@ -455,6 +552,9 @@ impl LogStore {
                 if new_blobs_possible {
                     inner.sync_blobs()?;
                 }
+            }
+            if let Some(index) = log_end {
+                inner.log_end.write(index, false)?;
             }
             Ok(())
         })
@@ -503,11 +603,57 @@ impl Inner {
     }
 }
 
+/// Decodes every value and checks that the entries follow the purge point without holes.
+fn check_log(db: &sled::Db) -> Result<CheckSummary, String> {
+    let read = |key: &[u8]| {
+        db.get(key)
+            .map_err(|e| format!("read {}: {e}", String::from_utf8_lossy(key)))
+    };
+    if let Some(v) = read(KEY_VOTE)? {
+        decode_value::<Vote<NodeId>>(&v).map_err(|e| format!("vote: {e}"))?;
+    }
+    if let Some(v) = read(KEY_COMMITTED)? {
+        decode_value::<Option<LogId>>(&v).map_err(|e| format!("committed log id: {e}"))?;
+    }
+    let purged = match read(KEY_PURGED)? {
+        Some(v) => Some(decode_value::<LogId>(&v).map_err(|e| format!("purged log id: {e}"))?),
+        None => None,
+    };
+
+    let mut summary = CheckSummary::default();
+    let mut previous: Option<u64> = purged.map(|p| p.index);
+    for item in db.range(entry_key(0)..=entry_key(u64::MAX)) {
+        let (key, value) = item.map_err(|e| format!("scan log entries: {e}"))?;
+        let entry = decode_entry(&key, &value)?;
+        let index = entry.log_id.index;
+        if let Some(previous) = previous
+            && previous.checked_add(1) != Some(index)
+        {
+            let what = if summary.entries == 0 {
+                " (the purge point)"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "hole in the log: entry {index} follows {previous}{what}"
+            ));
+        }
+        summary.first_index.get_or_insert(index);
+        summary.last_index = Some(index);
+        summary.entries += 1;
+        previous = Some(index);
+    }
+    summary.end_index = summary.last_index.or(purged.map(|p| p.index)).unwrap_or(0);
+    Ok(summary)
+}
+
 #[derive(Default)]
 struct CheckSummary {
     entries: u64,
     first_index: Option<u64>,
     last_index: Option<u64>,
+    /// The last entry's index, else the purge point's, else 0.
+    end_index: u64,
 }
 
 /// Maps a `RangeBounds<u64>` onto inclusive index bounds; `None` when the range is empty.
@@ -573,7 +719,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .db
             .insert(KEY_VOTE, value)
             .map_err(|e| StorageIOError::write_vote(&e))?;
-        self.make_durable(false)
+        self.make_durable(false, None)
             .await
             .map_err(|e| StorageIOError::write_vote(&e))?;
         // Then the copy outside sled (see `vote_file_path`). Written second: a crash between
@@ -621,7 +767,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = sled::Batch::default();
         let mut count = 0usize;
         let mut largest = 0usize;
+        let mut last_index = 0;
         for entry in entries {
+            last_index = entry.log_id.index;
             let value = encode_value(&entry)
                 .map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
             largest = largest.max(value.len());
@@ -634,18 +782,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .db
                 .apply_batch(batch)
                 .map_err(|e| StorageIOError::write_logs(&e))?;
-            // Steps 3-4: one flush, one fdatasync.
-            self.make_durable(largest >= BLOB_SCAN_MIN_VALUE_BYTES)
+            // Steps 3-5: one flush, one fdatasync, then the new end of the log.
+            self.make_durable(largest >= BLOB_SCAN_MIN_VALUE_BYTES, Some(last_index))
                 .await
                 .map_err(|e| StorageIOError::write_logs(&e))?;
         }
-        // Step 5.
+        // Step 6.
         callback.log_io_completed(Ok(()));
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         tracing::debug!(since = %log_id, "truncate raft log");
+        // Lower the recorded end first (durably): the log must never end before it.
+        let inner = Arc::clone(&self.inner);
+        let new_end = log_id.index.saturating_sub(1);
+        tokio::task::spawn_blocking(move || inner.log_end.write(new_end, true))
+            .await
+            .map_err(|e| StorageIOError::write_logs(&io_other(e)))?
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         let mut batch = sled::Batch::default();
         for item in self
             .inner
@@ -659,7 +814,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .db
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.make_durable(false)
+        self.make_durable(false, None)
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
@@ -922,6 +1077,7 @@ mod tests {
                 data_file,
                 synced_blobs: Mutex::new(HashSet::new()),
                 durability: Durability::Flush,
+                log_end: LogEnd::open(dir, 0).map_err(anyhow::Error::msg)?.0,
             }),
         })
     }
@@ -948,6 +1104,152 @@ mod tests {
         store_with_five_entries(dir.path()).await?;
         poke(dir.path(), &entry_key(4), &encode_value(&batch(1, 3))?)?;
         assert_corrupt(LogStore::open(dir.path()), "under index 4");
+        Ok(())
+    }
+
+    /// Removes entries bypassing the store, as sled's recovery does when it drops a damaged tail.
+    fn drop_entries(dir: &Path, indexes: impl IntoIterator<Item = u64>) -> anyhow::Result<()> {
+        let db = sled::Config::new().path(dir.join("raft")).open()?;
+        for index in indexes {
+            db.remove(entry_key(index))?;
+        }
+        db.flush()?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_log_that_lost_its_tail_refuses_to_open() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        // The vote is intact; only the last two acknowledged entries are gone.
+        drop_entries(dir.path(), [4, 5])?;
+        let result = LogStore::open(dir.path());
+        assert_corrupt(result, "lost data");
+        let Err(err) = LogStore::open(dir.path()) else {
+            panic!("a log that lost its tail must not open")
+        };
+        let message = err.to_string();
+        assert!(message.contains("ends at index 3"), "{message}");
+        assert!(message.contains("up to 5"), "{message}");
+        assert!(message.contains("log-end"), "{message}");
+        Ok(())
+    }
+
+    /// sled's files cut short at any point: the store either opens with every entry and the vote,
+    /// or refuses to open. It never opens having forgotten an acknowledged entry.
+    #[tokio::test]
+    async fn a_truncated_sled_file_never_opens_short() -> anyhow::Result<()> {
+        let template = tempfile::tempdir()?;
+        {
+            let mut store = LogStore::open(template.path())?;
+            store.save_vote(&Vote::new(1, 1)).await?;
+            for index in 1..=40 {
+                store.blocking_append([batch(1, index)]).await?;
+            }
+        }
+        let len = std::fs::metadata(template.path().join("raft").join("db"))?.len();
+        let mut refused = 0;
+        for cut in (0..len).step_by(usize::try_from(len / 16).unwrap_or(1).max(1)) {
+            let dir = tempfile::tempdir()?;
+            copy_dir(template.path(), dir.path())?;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.path().join("raft").join("db"))?;
+            file.set_len(cut)?;
+            drop(file);
+            match LogStore::open(dir.path()) {
+                Ok(mut store) => {
+                    let state = store.get_log_state().await?;
+                    assert_eq!(state.last_log_id, Some(log_id(1, 40)), "cut at {cut}");
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(refused > 0, "no cut of sled's data file was detected");
+        Ok(())
+    }
+
+    fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+        for item in std::fs::read_dir(from)? {
+            let item = item?;
+            let target = to.join(item.file_name());
+            if item.file_type()?.is_dir() {
+                std::fs::create_dir_all(&target)?;
+                copy_dir(&item.path(), &target)?;
+            } else {
+                std::fs::copy(item.path(), &target)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn truncation_lowers_the_recorded_end() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        {
+            let mut store = LogStore::open(dir.path())?;
+            store.truncate(log_id(1, 4)).await?;
+        }
+        // Entries 4 and 5 were removed by Raft, not lost: the log opens and ends at 3.
+        let mut store = LogStore::open(dir.path())?;
+        assert_eq!(store.get_log_state().await?.last_log_id, Some(log_id(1, 3)));
+        store.blocking_append([blank(2, 4)]).await?;
+        drop(store);
+        LogStore::open(dir.path())?;
+        // Losing the re-appended entry is detected again.
+        drop_entries(dir.path(), [4])?;
+        assert_corrupt(LogStore::open(dir.path()), "lost data");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_purge_past_the_last_entry_counts_as_the_end() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        {
+            // A snapshot installed beyond the log purges everything up to its end.
+            let mut store = LogStore::open(dir.path())?;
+            store.purge(log_id(1, 9)).await?;
+            store.inner.db.flush()?;
+        }
+        let mut store = LogStore::open(dir.path())?;
+        assert_eq!(store.get_log_state().await?.last_log_id, Some(log_id(1, 9)));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_log_end_record_survives_a_torn_slot_but_not_total_damage() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        let path = dir.path().join("log-end");
+        let mut bytes = std::fs::read(&path)?;
+        assert_eq!(bytes.len(), 2 * LOG_END_SLOT_BYTES);
+        let newest = bytes
+            .chunks(LOG_END_SLOT_BYTES)
+            .enumerate()
+            .filter_map(|(slot, b)| decode_log_end_slot(b).map(|(seq, _)| (seq, slot)))
+            .max()
+            .map(|(_, slot)| slot)
+            .ok_or_else(|| anyhow::anyhow!("no valid slot"))?;
+        // A write torn in the newest slot: the other slot (an older, lower end) is used.
+        bytes[newest * LOG_END_SLOT_BYTES] ^= 0xff;
+        std::fs::write(&path, &bytes)?;
+        LogStore::open(dir.path())?;
+        // Both slots damaged: refused, naming the file.
+        std::fs::write(&path, vec![0x5a; 2 * LOG_END_SLOT_BYTES])?;
+        assert_corrupt(LogStore::open(dir.path()), "log-end");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_data_directory_without_the_record_gets_one() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        std::fs::remove_file(dir.path().join("log-end"))?;
+        LogStore::open(dir.path())?;
+        drop_entries(dir.path(), [5])?;
+        assert_corrupt(LogStore::open(dir.path()), "lost data");
         Ok(())
     }
 
