@@ -69,8 +69,26 @@ pub struct Node {
     proposals: mpsc::Sender<Proposal>,
     reads: mpsc::Sender<oneshot::Sender<Result<u64, NodeError>>>,
     peers: Mutex<HashMap<String, ConchPeerClient<Channel>>>,
-    /// Term in which this node, as leader, has committed `ExtendLeases`.
+    extension: TermExtension,
+}
+
+/// The one record of "a new term's first batch extends every lease": the term in which this
+/// node, as leader, has committed `ExtendLeases`. [`Node::commit_as_leader`] prepends the command
+/// while the current term has none; the lease clock (`expiry.rs`) asks [`Node::extension_due`]
+/// to propose that first batch at once when no client writes. See `docs/design.md` (Time).
+#[derive(Default)]
+struct TermExtension {
     extended_term: AtomicU64,
+}
+
+impl TermExtension {
+    fn due(&self, term: u64) -> bool {
+        self.extended_term.load(Ordering::Acquire) != term
+    }
+
+    fn committed(&self, term: u64) {
+        self.extended_term.fetch_max(term, Ordering::AcqRel);
+    }
 }
 
 /// Wall clock in nanoseconds since the Unix epoch (the leader's stamp on each batch).
@@ -94,7 +112,7 @@ impl Node {
             proposals,
             reads,
             peers: Mutex::new(HashMap::new()),
-            extended_term: AtomicU64::new(0),
+            extension: TermExtension::default(),
         });
         tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
         tokio::spawn(Arc::clone(&node).run_read_index(read_rx));
@@ -180,6 +198,13 @@ impl Node {
             addr,
             term: metrics.current_term,
         })
+    }
+
+    /// True while this node leads a term whose `ExtendLeases` is not committed yet: its next
+    /// batch will carry it.
+    pub fn extension_due(&self) -> bool {
+        let term = self.raft.metrics().borrow().current_term;
+        self.is_leader() && self.extension.due(term)
     }
 
     pub fn is_leader(&self) -> bool {
@@ -306,7 +331,7 @@ impl Node {
 
     async fn commit_as_leader(&self, mut cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
         let term = self.raft.metrics().borrow().current_term;
-        let extend = self.extended_term.load(Ordering::Acquire) != term;
+        let extend = self.extension.due(term);
         if extend {
             cmds.insert(0, Cmd::ExtendLeases);
         }
@@ -317,7 +342,7 @@ impl Node {
         match self.raft.client_write(batch).await {
             Ok(response) => {
                 if extend {
-                    self.extended_term.fetch_max(term, Ordering::AcqRel);
+                    self.extension.committed(term);
                 }
                 let mut replies = response.data;
                 if extend && !replies.is_empty() {
