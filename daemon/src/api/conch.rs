@@ -86,7 +86,7 @@ impl AdminService {
 /// Answers a call forwarded to another node (the leader, or a leadership target) with that
 /// node's own reply or status.
 fn forwarded<T>(reply: Result<Response<T>, Status>) -> Result<Response<T>, Status> {
-    reply.map_err(|status| ApiError::Leader(status).into())
+    reply.map_err(|status| ApiError::Forwarded(status).into())
 }
 
 #[tonic::async_trait]

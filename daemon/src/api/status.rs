@@ -14,7 +14,8 @@
 //! | a peer message that does not decode | `INVALID_ARGUMENT` |
 //! | a bug (unexpected reply, encoding failure) | `INTERNAL` |
 //!
-//! An admin call forwarded to the leader answers with the leader's status, unchanged.
+//! An admin call forwarded to another node (the leader, or a leadership transfer's target)
+//! answers with that node's status, unchanged.
 
 use tonic::{Code, Status};
 
@@ -46,9 +47,10 @@ pub enum ApiError {
     /// Something that cannot happen unless this build has a bug.
     #[error("{0}")]
     Internal(String),
-    /// The leader's own answer to a forwarded admin call.
+    /// The answer of the node an admin call was forwarded to (the leader, or the target of a
+    /// leadership transfer), passed on unchanged.
     #[error("{}", .0.message())]
-    Leader(Status),
+    Forwarded(Status),
 }
 
 impl From<WaitError> for ApiError {
@@ -80,7 +82,7 @@ impl From<ApiError> for Status {
                 Status::invalid_argument(error.to_string())
             }
             ApiError::Internal(message) => internal(message),
-            ApiError::Leader(status) => status,
+            ApiError::Forwarded(status) => status,
         }
     }
 }
@@ -168,7 +170,7 @@ mod tests {
         assert_eq!(status(ApiError::Internal("bug".into())).0, Code::Internal);
         let leader = Status::failed_precondition("from the leader");
         assert_eq!(
-            status(ApiError::Leader(leader)),
+            status(ApiError::Forwarded(leader)),
             (Code::FailedPrecondition, "from the leader".into())
         );
     }
