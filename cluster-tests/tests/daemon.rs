@@ -109,7 +109,7 @@ async fn bad_flags_exit_64() -> anyhow::Result<()> {
         &["--initial-cluster", "1=127.0.0.1:1,1=127.0.0.1:2"],
         dir.path(),
     )?;
-    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(1));
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
     assert!(
         daemon.stderr().contains("names node 1 twice"),
         "{}",

@@ -1,58 +1,24 @@
 //! The applied state machine, shared between the Raft apply path and the API.
 //!
-//! Raft applies committed batches here; API handlers read from here and wait here for the grant
-//! of a queued acquire. Every node applies every entry, so a caller waits on the node it is
-//! connected to, and a grant wakes exactly the callers waiting for that (semaphore, lease).
+//! Raft applies committed batches here; API handlers read from here, and the waits of queued
+//! acquires (`wait.rs`) are woken from here by the events each batch produces.
 //!
 //! Invariants:
 //! - `applied_index` only moves forward, except when a snapshot replaces the state
-//! - a wait registered before its acquire is proposed never misses the event that ends it
-//! - events are delivered before the state that produced them can be read: a caller that reads
-//!   a state finds every event up to it already in its ticket
+//! - a batch's events reach the wait registry before the state that produced them can be read
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
-use crate::state::{Batch, Event, Reply, SnapshotError, State, WaitEnd};
-
-/// Identifies a waiter: (namespace, semaphore, lease).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct WaitKey {
-    pub ns: String,
-    pub sem: String,
-    pub lease: String,
-}
-
-/// How a registered wait ended, as applied on this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WaitOutcome {
-    Granted {
-        token: u64,
-        weight: u64,
-    },
-    Ended(WaitEnd),
-    /// The state was replaced wholesale (snapshot install): look at it again.
-    Recheck,
-}
-
-/// An event about a wait, stamped with the log index that produced it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaitEvent {
-    pub index: u64,
-    pub outcome: WaitOutcome,
-}
-
-type WaitSenders = Vec<(u64, mpsc::UnboundedSender<WaitEvent>)>;
+use crate::state::{Batch, Reply, SnapshotError, State};
+use crate::wait::{Registry, WaitKey, WaitTicket};
 
 /// The in-memory state machine plus its applied index and the registry of waiting callers.
 pub struct AppliedState {
     state: RwLock<State>,
     applied_index: watch::Sender<u64>,
-    waits: Mutex<HashMap<WaitKey, WaitSenders>>,
-    next_wait_id: AtomicU64,
+    waits: Registry,
 }
 
 impl AppliedState {
@@ -60,8 +26,7 @@ impl AppliedState {
         Arc::new(AppliedState {
             state: RwLock::new(state),
             applied_index: watch::Sender::new(applied_index),
-            waits: Mutex::new(HashMap::new()),
-            next_wait_id: AtomicU64::new(1),
+            waits: Registry::default(),
         })
     }
 
@@ -75,7 +40,7 @@ impl AppliedState {
         let replies = state.apply_batch(batch, &mut events);
         // Still under the state lock: nobody reads this state before its events are queued.
         if !events.is_empty() {
-            self.deliver(index, events);
+            self.waits.deliver(index, events);
         }
         drop(state);
         self.applied_index.send_replace(index);
@@ -94,14 +59,7 @@ impl AppliedState {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         *current = state;
-        // Events between the old and the new state were never seen here: tell every waiting
-        // caller to look at the new state.
-        for (_, tx) in self.lock_waits().values().flatten() {
-            let _ = tx.send(WaitEvent {
-                index,
-                outcome: WaitOutcome::Recheck,
-            });
-        }
+        self.waits.recheck_all(index);
         drop(current);
         self.applied_index.send_replace(index);
     }
@@ -138,86 +96,7 @@ impl AppliedState {
 
     /// Subscribes to the events of the wait `key` until the ticket is dropped. Register before
     /// proposing the acquire.
-    pub fn register_wait(self: &Arc<Self>, key: WaitKey) -> WaitTicket {
-        let id = self.next_wait_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.lock_waits()
-            .entry(key.clone())
-            .or_default()
-            .push((id, tx));
-        WaitTicket {
-            applied: Arc::clone(self),
-            key,
-            id,
-            rx,
-        }
-    }
-
-    fn lock_waits(&self) -> std::sync::MutexGuard<'_, HashMap<WaitKey, WaitSenders>> {
-        self.waits
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn deliver(&self, index: u64, events: Vec<Event>) {
-        let waits = self.lock_waits();
-        if waits.is_empty() {
-            return;
-        }
-        for event in events {
-            let (key, outcome) = match event {
-                Event::Granted {
-                    ns,
-                    sem,
-                    lease,
-                    token,
-                    weight,
-                } => (
-                    WaitKey { ns, sem, lease },
-                    WaitOutcome::Granted { token, weight },
-                ),
-                Event::WaitEnded {
-                    ns,
-                    sem,
-                    lease,
-                    reason,
-                } => (WaitKey { ns, sem, lease }, WaitOutcome::Ended(reason)),
-            };
-            for (_, tx) in waits.get(&key).into_iter().flatten() {
-                let _ = tx.send(WaitEvent { index, outcome });
-            }
-        }
-    }
-}
-
-/// A subscription to one wait's events; dropping it deregisters.
-pub struct WaitTicket {
-    applied: Arc<AppliedState>,
-    key: WaitKey,
-    id: u64,
-    rx: mpsc::UnboundedReceiver<WaitEvent>,
-}
-
-impl WaitTicket {
-    /// The next event, waiting for one.
-    pub async fn next(&mut self) -> Option<WaitEvent> {
-        self.rx.recv().await
-    }
-
-    /// The next event already delivered, if any.
-    pub fn try_next(&mut self) -> Option<WaitEvent> {
-        self.rx.try_recv().ok()
-    }
-}
-
-impl Drop for WaitTicket {
-    fn drop(&mut self) {
-        let mut waits = self.applied.lock_waits();
-        if let Some(senders) = waits.get_mut(&self.key) {
-            senders.retain(|(id, _)| *id != self.id);
-            if senders.is_empty() {
-                waits.remove(&self.key);
-            }
-        }
+    pub fn register_wait(&self, key: WaitKey) -> WaitTicket {
+        self.waits.register(key)
     }
 }

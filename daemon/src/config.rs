@@ -236,8 +236,24 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     })?;
     toml::from_str(&text).map_err(|e| ConfigError::ParseFile {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        message: one_line(&text, &e),
     })
+}
+
+/// A TOML error as one line: where it is, then what is wrong (the library's own rendering
+/// quotes the file over several lines).
+fn one_line(text: &str, error: &toml::de::Error) -> String {
+    let message = error
+        .message()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let Some(before) = error.span().and_then(|span| text.get(..span.start)) else {
+        return message;
+    };
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    format!("line {line}, column {column}: {message}")
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr, String> {
@@ -367,10 +383,21 @@ mod tests {
 
         std::fs::write(&path, "bogus_key = 1\n").expect("write config");
         let err = Config::from_flags(Flags {
-            config: Some(path),
+            config: Some(path.clone()),
             ..Flags::default()
         })
         .expect_err("unknown key");
         assert!(err.to_string().contains("bogus_key"), "{err}");
+        assert!(err.to_string().contains("line 1, column 1"), "{err}");
+        assert!(!err.to_string().contains('\n'), "one line: {err}");
+
+        std::fs::write(&path, "id = 2\nheartbeat_ms = \"fast\"\n").expect("write config");
+        let err = Config::from_flags(Flags {
+            config: Some(path),
+            ..Flags::default()
+        })
+        .expect_err("a string for a number");
+        assert!(err.to_string().contains("line 2"), "{err}");
+        assert!(!err.to_string().contains('\n'), "one line: {err}");
     }
 }

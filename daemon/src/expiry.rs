@@ -1,6 +1,8 @@
 //! The lease clock: the leader proposes `Expire` when its applied state has a lease or a
-//! waiter past due. An idle cluster writes nothing; a new leader's first batch extends every
-//! lease (see `node.rs`), proposed here right after it wins an election.
+//! waiter past due. An idle cluster writes nothing. A new leader's first batch extends every
+//! lease; whether that is still due is decided in one place, [`Node::extension_due`], and this
+//! task proposes that batch right after an election when no client writes first. See
+//! `docs/design.md` (Time).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +18,6 @@ const RETRY: Duration = Duration::from_millis(50);
 pub async fn run(node: Arc<Node>) {
     let mut metrics = node.raft.metrics();
     let mut applied = node.applied.subscribe_applied();
-    let mut led_term = 0;
     loop {
         if !node.is_leader() {
             if metrics.changed().await.is_err() {
@@ -24,14 +25,18 @@ pub async fn run(node: Arc<Node>) {
             }
             continue;
         }
-        let term = metrics.borrow().current_term;
         let due = node.applied.read(|state| state.next_due_ns());
         let now = now_ns();
-        let must_propose = term != led_term || due.is_some_and(|due| due <= now);
+        let must_propose = node.extension_due() || due.is_some_and(|due| due <= now);
         if must_propose {
             // A new term's first batch also carries ExtendLeases.
             match node.write_one(Cmd::Expire).await {
-                Ok(_) => led_term = term,
+                Ok(_) => {
+                    if node.extension_due() {
+                        // Leadership moved while proposing; let the news arrive.
+                        tokio::time::sleep(RETRY).await;
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "lease expiry proposal failed");
                     tokio::time::sleep(RETRY).await;

@@ -8,3 +8,4 @@ pub mod node;
 pub mod raft;
 pub mod server;
 pub mod state;
+pub mod wait;

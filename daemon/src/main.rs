@@ -1,4 +1,8 @@
 //! `conchd`: flags -> Config -> run.
+//!
+//! Exit status: 0 after a clean stop; 64 (usage) for a bad flag, environment variable or config
+//! file value, before anything is bound or opened; 1 for any other startup or serving failure
+//! (port taken, damaged data directory). Every failure is one line on stderr.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -8,16 +12,26 @@ use clap::Parser;
 use conchd::config::{Config, Flags};
 use conchd::server;
 
+/// Exit status of a usage error: a bad flag or configuration value.
+const EXIT_USAGE: u8 = 64;
+
 fn main() -> ExitCode {
     let flags = match Flags::try_parse() {
         Ok(flags) => flags,
         Err(e) => {
-            let code = if e.use_stderr() { 64 } else { 0 };
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
             let _ = e.print();
             return ExitCode::from(code);
         }
     };
-    match run(flags) {
+    let config = match configure(flags) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("conchd: {e:#}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    match run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("conchd: {e:#}");
@@ -26,9 +40,15 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(flags: Flags) -> anyhow::Result<()> {
-    let config = Arc::new(Config::from_flags(flags)?);
+/// Everything that can only fail because of what the operator wrote: the configuration and the
+/// log filter.
+fn configure(flags: Flags) -> anyhow::Result<Arc<Config>> {
+    let config = Config::from_flags(flags)?;
     init_logging(&config.log)?;
+    Ok(Arc::new(config))
+}
+
+fn run(config: Arc<Config>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -10,6 +10,9 @@
 //!
 //! A new leader's first batch starts with `ExtendLeases`, so a failover never expires a live
 //! client's lease early.
+//!
+//! Every call to another node (forwarded writes and reads, forwarded admin calls) goes over one
+//! cached, route-aware channel per peer. See `docs/design.md` (The write path, Time).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use conch_proto::conch::PeerMessage;
+use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_peer_client::ConchPeerClient;
 use openraft::ServerState;
 use serde::{Deserialize, Serialize};
@@ -33,6 +37,8 @@ use crate::state::{Batch, Cmd, Reply};
 const BATCH_MAX_CMDS: usize = 4096;
 /// Batches in flight to Raft at once (lets the next batch form while one commits).
 const BATCHES_IN_FLIGHT: usize = 3;
+/// Bound on connecting to another node for a forwarded call.
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Why a write or read could not be served.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -68,9 +74,28 @@ pub struct Node {
     pub applied: Arc<AppliedState>,
     proposals: mpsc::Sender<Proposal>,
     reads: mpsc::Sender<oneshot::Sender<Result<u64, NodeError>>>,
-    peers: Mutex<HashMap<String, ConchPeerClient<Channel>>>,
-    /// Term in which this node, as leader, has committed `ExtendLeases`.
+    /// Channels to other nodes, by the address dialed.
+    peers: Mutex<HashMap<String, Channel>>,
+    extension: TermExtension,
+}
+
+/// The one record of "a new term's first batch extends every lease": the term in which this
+/// node, as leader, has committed `ExtendLeases`. [`Node::commit_as_leader`] prepends the command
+/// while the current term has none; the lease clock (`expiry.rs`) asks [`Node::extension_due`]
+/// to propose that first batch at once when no client writes. See `docs/design.md` (Time).
+#[derive(Default)]
+struct TermExtension {
     extended_term: AtomicU64,
+}
+
+impl TermExtension {
+    fn due(&self, term: u64) -> bool {
+        self.extended_term.load(Ordering::Acquire) != term
+    }
+
+    fn committed(&self, term: u64) {
+        self.extended_term.fetch_max(term, Ordering::AcqRel);
+    }
 }
 
 /// Wall clock in nanoseconds since the Unix epoch (the leader's stamp on each batch).
@@ -94,7 +119,7 @@ impl Node {
             proposals,
             reads,
             peers: Mutex::new(HashMap::new()),
-            extended_term: AtomicU64::new(0),
+            extension: TermExtension::default(),
         });
         tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
         tokio::spawn(Arc::clone(&node).run_read_index(read_rx));
@@ -182,6 +207,13 @@ impl Node {
         })
     }
 
+    /// True while this node leads a term whose `ExtendLeases` is not committed yet: its next
+    /// batch will carry it.
+    pub fn extension_due(&self) -> bool {
+        let term = self.raft.metrics().borrow().current_term;
+        self.is_leader() && self.extension.due(term)
+    }
+
     pub fn is_leader(&self) -> bool {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
@@ -211,21 +243,47 @@ impl Node {
         ))
     }
 
-    fn peer(&self, leader: &LeaderInfo) -> Result<ConchPeerClient<Channel>, NodeError> {
+    /// The channel to node `id` (advertised at `addr`), dialed at its `--peer-routes` address
+    /// if it has one. Channels are cached per address and shared by every call to that node:
+    /// forwarded writes and reads, and forwarded admin calls.
+    fn channel_to(&self, id: NodeId, addr: &str) -> Result<Channel, NodeError> {
         let addr = self
             .config
             .peer_routes
-            .get(&leader.id)
-            .unwrap_or(&leader.addr);
-        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(client) = peers.get(addr) {
-            return Ok(client.clone());
+            .get(&id)
+            .map_or(addr, String::as_str);
+        let mut channels = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(channel) = channels.get(addr) {
+            return Ok(channel.clone());
         }
-        let channel = peer_channel(addr, Duration::from_secs(1))
-            .map_err(|e| NodeError::Unavailable(format!("connect to leader at {addr}: {e}")))?;
-        let client = peer_client(channel);
-        peers.insert(addr.to_string(), client.clone());
-        Ok(client)
+        let channel = peer_channel(addr, PEER_CONNECT_TIMEOUT)
+            .map_err(|e| NodeError::Unavailable(format!("connect to node {id} at {addr}: {e}")))?;
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    fn peer(&self, leader: &LeaderInfo) -> Result<ConchPeerClient<Channel>, NodeError> {
+        self.channel_to(leader.id, &leader.addr).map(peer_client)
+    }
+
+    /// The admin service of node `id` (advertised at `addr`), over the shared peer channel.
+    pub fn admin_of(&self, id: NodeId, addr: &str) -> Result<ConchAdminClient<Channel>, NodeError> {
+        self.channel_to(id, addr).map(ConchAdminClient::new)
+    }
+
+    /// The leader's admin service when another node leads (membership changes must be made
+    /// there), or `None` when this node does. Waits for a leader like a write does.
+    pub async fn leader_admin(&self) -> Result<Option<ConchAdminClient<Channel>>, NodeError> {
+        if self.is_leader() {
+            return Ok(None);
+        }
+        let deadline = tokio::time::Instant::now() + self.config.leader_wait;
+        let leader = self.await_leader(deadline).await?;
+        if leader.id == self.id {
+            // Taking over right now: Raft itself answers whether it leads.
+            return Ok(None);
+        }
+        self.admin_of(leader.id, &leader.addr).map(Some)
     }
 
     async fn run_proposer(self: Arc<Self>, mut rx: mpsc::Receiver<Proposal>) {
@@ -306,7 +364,7 @@ impl Node {
 
     async fn commit_as_leader(&self, mut cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
         let term = self.raft.metrics().borrow().current_term;
-        let extend = self.extended_term.load(Ordering::Acquire) != term;
+        let extend = self.extension.due(term);
         if extend {
             cmds.insert(0, Cmd::ExtendLeases);
         }
@@ -317,7 +375,7 @@ impl Node {
         match self.raft.client_write(batch).await {
             Ok(response) => {
                 if extend {
-                    self.extended_term.fetch_max(term, Ordering::AcqRel);
+                    self.extension.committed(term);
                 }
                 let mut replies = response.data;
                 if extend && !replies.is_empty() {

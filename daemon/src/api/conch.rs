@@ -5,15 +5,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use conch_proto::conch as cpb;
-use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_admin_server::ConchAdmin;
 use conch_proto::conch::conch_api_server::ConchApi;
 use openraft::BasicNode;
 use tonic::{Request, Response, Status};
 
-use super::{convert, respond, status};
+use super::status::ApiError;
+use super::{convert, respond};
 use crate::node::{Node, now_ns};
-use crate::raft::network::peer_channel;
+use crate::state::Error;
 
 pub struct ConchApiService {
     node: Arc<Node>,
@@ -32,13 +32,13 @@ impl ConchApi for ConchApiService {
         request: Request<cpb::ListSemaphoreWaitersRequest>,
     ) -> Result<Response<cpb::ListSemaphoreWaitersResponse>, Status> {
         let r = request.into_inner();
-        self.node.linearizable().await.map_err(status::from_node)?;
+        self.node.linearizable().await.map_err(ApiError::from)?;
         let page = convert::page(r.pagination_token, r.limit);
         let (semaphore, page) = self
             .node
             .applied
             .read(|s| s.list_waiters(&r.namespace_name, &r.semaphore_name, &page, now_ns()))
-            .map_err(status::from_state)?;
+            .map_err(ApiError::from)?;
         Ok(respond(
             &self.node,
             cpb::ListSemaphoreWaitersResponse {
@@ -83,32 +83,10 @@ impl AdminService {
     }
 }
 
-impl AdminService {
-    /// The leader's admin service, when this node is not the leader (membership changes must
-    /// be made there).
-    async fn leader_admin(
-        &self,
-    ) -> Result<Option<ConchAdminClient<tonic::transport::Channel>>, Status> {
-        if self.node.is_leader() {
-            return Ok(None);
-        }
-        let leader = self
-            .node
-            .leader()
-            .ok_or_else(|| Status::unavailable("no leader is known; retry once one is elected"))?;
-        let channel =
-            peer_channel(&leader.addr, std::time::Duration::from_secs(1)).map_err(|e| {
-                Status::unavailable(format!(
-                    "connect to leader {} at {}: {e}",
-                    leader.id, leader.addr
-                ))
-            })?;
-        Ok(Some(ConchAdminClient::new(channel)))
-    }
-}
-
-fn raft_error(action: &str, error: impl std::fmt::Display) -> Status {
-    Status::failed_precondition(format!("{action}: {error}"))
+/// Answers a call forwarded to another node (the leader, or a leadership target) with that
+/// node's own reply or status.
+fn forwarded<T>(reply: Result<Response<T>, Status>) -> Result<Response<T>, Status> {
+    reply.map_err(|status| ApiError::Forwarded(status).into())
 }
 
 #[tonic::async_trait]
@@ -163,19 +141,18 @@ impl ConchAdmin for AdminService {
     ) -> Result<Response<cpb::MembershipResponse>, Status> {
         let r = request.into_inner();
         if r.node_id == 0 || r.addr.is_empty() {
-            return Err(Status::invalid_argument(
-                "node_id must be positive and addr non-empty",
-            ));
+            let invalid = Error::invalid("node_id must be positive and addr non-empty");
+            return Err(ApiError::from(invalid).into());
         }
-        if let Some(mut leader) = self.leader_admin().await? {
-            return leader.add_learner(r).await;
+        if let Some(mut leader) = self.node.leader_admin().await.map_err(ApiError::from)? {
+            return forwarded(leader.add_learner(r).await);
         }
         let response = self
             .node
             .raft
             .add_learner(r.node_id, BasicNode { addr: r.addr }, true)
             .await
-            .map_err(|e| raft_error("add learner", e))?;
+            .map_err(|e| ApiError::raft("add learner", e))?;
         Ok(respond(
             &self.node,
             self.membership_response(response.log_id.index),
@@ -188,12 +165,11 @@ impl ConchAdmin for AdminService {
     ) -> Result<Response<cpb::MembershipResponse>, Status> {
         let r = request.into_inner();
         if r.voters.is_empty() {
-            return Err(Status::invalid_argument(
-                "voters must name at least one node",
-            ));
+            let invalid = Error::invalid("voters must name at least one node");
+            return Err(ApiError::from(invalid).into());
         }
-        if let Some(mut leader) = self.leader_admin().await? {
-            return leader.change_membership(r).await;
+        if let Some(mut leader) = self.node.leader_admin().await.map_err(ApiError::from)? {
+            return forwarded(leader.change_membership(r).await);
         }
         let voters: BTreeSet<u64> = r.voters.into_iter().collect();
         let response = self
@@ -201,7 +177,7 @@ impl ConchAdmin for AdminService {
             .raft
             .change_membership(voters, false)
             .await
-            .map_err(|e| raft_error("change membership", e))?;
+            .map_err(|e| ApiError::raft("change membership", e))?;
         Ok(respond(
             &self.node,
             self.membership_response(response.log_id.index),
@@ -220,19 +196,21 @@ impl ConchAdmin for AdminService {
                 .trigger()
                 .elect()
                 .await
-                .map_err(|e| raft_error("start election", e))?;
+                .map_err(|e| ApiError::raft("start election", e))?;
             return Ok(respond(&self.node, cpb::TransferLeaderResponse {}));
         }
         let members: BTreeMap<u64, String> =
             self.members().into_iter().map(|m| (m.id, m.addr)).collect();
         let addr = members
             .get(&to)
-            .ok_or_else(|| Status::invalid_argument(format!("node {to} is not a member")))?;
-        let channel = peer_channel(addr, std::time::Duration::from_secs(1))
-            .map_err(|e| Status::unavailable(format!("connect to node {to} at {addr}: {e}")))?;
-        ConchAdminClient::new(channel)
-            .transfer_leader(cpb::TransferLeaderRequest { to_node_id: to })
-            .await?;
+            .ok_or_else(|| ApiError::from(Error::invalid(format!("node {to} is not a member"))))?;
+        // The target itself starts the election; it answers for it.
+        let mut target = self.node.admin_of(to, addr).map_err(ApiError::from)?;
+        forwarded(
+            target
+                .transfer_leader(cpb::TransferLeaderRequest { to_node_id: to })
+                .await,
+        )?;
         Ok(respond(&self.node, cpb::TransferLeaderResponse {}))
     }
 
@@ -253,7 +231,7 @@ impl ConchAdmin for AdminService {
             .trigger()
             .snapshot()
             .await
-            .map_err(|e| raft_error("trigger snapshot", e))?;
+            .map_err(|e| ApiError::raft("trigger snapshot", e))?;
         let applied = self.node.applied.applied_index();
         let mut metrics = self.node.raft.metrics();
         let snapshot_index = loop {
@@ -265,9 +243,8 @@ impl ConchAdmin for AdminService {
                 .await
                 .is_err()
             {
-                return Err(Status::deadline_exceeded(
-                    "snapshot did not complete within 10 s",
-                ));
+                let slow = ApiError::Timeout("snapshot did not complete within 10 s".into());
+                return Err(slow.into());
             }
         };
         Ok(respond(

@@ -1,28 +1,19 @@
 //! The Grackle semaphore API. Each handler validates, builds a command (or a read), runs it
-//! through the node and converts the reply.
+//! through the node and converts the reply; a blocking acquire waits in `wait.rs`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
 
-use super::{convert, respond, status};
-use crate::applied::{WaitEvent, WaitKey, WaitOutcome, WaitTicket};
+use super::status::ApiError;
+use super::{convert, respond};
 use crate::node::{Node, now_ns};
 use crate::state::{
-    AcquireStatus, Cmd, Error, GiveUpReply, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State,
-    WaitEnd, limits,
+    AcquireStatus, Cmd, Error, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
 };
-
-/// How long after its deadline a waiting call gives up on its own if the leader's clock has not
-/// timed the waiter out (e.g. no leader).
-const WAIT_GRACE: Duration = Duration::from_millis(500);
-
-/// How long the waiter of a call that went away (cancelled, connection broken) keeps its place,
-/// so a client that re-attaches through another connection does not lose its queue position.
-const ABANDONED_WAIT_LINGER_NS: Nanos = 5 * NANOS_PER_SEC;
+use crate::wait::{self, WaitKey};
 
 pub struct GrackleService {
     node: Arc<Node>,
@@ -33,151 +24,46 @@ impl GrackleService {
         GrackleService { node }
     }
 
-    async fn write(&self, cmd: Cmd) -> Result<Outcome, Status> {
-        cmd.validate().map_err(status::from_state)?;
-        let reply = self.node.write_one(cmd).await.map_err(status::from_node)?;
-        reply.map_err(status::from_state)
+    async fn write(&self, cmd: Cmd) -> Result<Outcome, ApiError> {
+        cmd.validate()?;
+        Ok(self.node.write_one(cmd).await??)
     }
 
     async fn read<T>(
         &self,
         read: impl FnOnce(&State, Nanos) -> Result<T, Error>,
-    ) -> Result<T, Status> {
-        self.node.linearizable().await.map_err(status::from_node)?;
-        self.node
-            .applied
-            .read(|state| read(state, now_ns()))
-            .map_err(status::from_state)
+    ) -> Result<T, ApiError> {
+        self.node.linearizable().await?;
+        Ok(self.node.applied.read(|state| read(state, now_ns()))?)
     }
 
     fn reply<T>(&self, message: T) -> Result<Response<T>, Status> {
         Ok(respond(&self.node, message))
     }
 
-    /// Waits for a queued acquire to end. The applied state is the truth; events only wake us.
-    ///
-    /// `index` is the log index of the acquire that queued: until this node has applied it, its
-    /// state knows nothing of the waiter, so it is not read before then. A node that cannot catch
-    /// up before the deadline asks the log instead (GiveUp answers whether the grant came first).
+    /// Waits for a queued acquire to end and answers it.
     async fn wait_for_grant(
         &self,
         key: WaitKey,
-        mut ticket: WaitTicket,
+        ticket: wait::WaitTicket,
         deadline_ns: Nanos,
         index: u64,
-    ) -> Result<pb::AcquireSemaphoreResponse, Status> {
-        let mut give_up = GiveUpOnDrop {
-            node: Arc::clone(&self.node),
-            key: Some(key.clone()),
-            deadline_ns,
-        };
-        let remaining =
-            Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(now_ns())).unwrap_or(0));
-        let local_deadline = tokio::time::Instant::now() + remaining + WAIT_GRACE;
-        let caught_up =
-            tokio::time::timeout_at(local_deadline, self.node.applied.wait_applied(index)).await;
-        if caught_up.is_err() {
-            give_up.disarm();
-            return self.give_up_now(&key, deadline_ns).await;
-        }
-        // Events from before this acquire's entry concern an earlier wait of the same lease.
-        let mut last = None;
-        let note = |event: WaitEvent, last: &mut Option<WaitOutcome>| {
-            if event.index >= index || event.outcome == WaitOutcome::Recheck {
-                *last = Some(event.outcome);
-            }
-        };
-        loop {
-            let queued = self
-                .node
-                .applied
-                .read(|s| s.waiter(&key.ns, &key.sem, &key.lease).is_some());
-            // Every event up to the state just read is already in the ticket.
-            while let Some(event) = ticket.try_next() {
-                note(event, &mut last);
-            }
-            if !queued {
-                give_up.disarm();
-                return self.ended(&key, last);
-            }
-            tokio::select! {
-                event = ticket.next() => match event {
-                    Some(event) => note(event, &mut last),
-                    None => {
-                        give_up.disarm();
-                        return self.give_up_now(&key, deadline_ns).await;
-                    }
-                },
-                _ = tokio::time::sleep_until(local_deadline) => {
-                    give_up.disarm();
-                    return self.give_up_now(&key, deadline_ns).await;
-                }
-            }
-        }
-    }
-
-    /// Ends this call's wait through the log: the answer says whether the grant came first.
-    async fn give_up_now(
-        &self,
-        key: &WaitKey,
-        deadline_ns: Nanos,
-    ) -> Result<pb::AcquireSemaphoreResponse, Status> {
-        let cmd = Cmd::GiveUp {
-            ns: key.ns.clone(),
-            sem: key.sem.clone(),
-            lease: key.lease.clone(),
-            deadline_ns,
-            linger_ns: 0,
-        };
-        match self.write(cmd).await? {
-            Outcome::GiveUp(GiveUpReply::Granted { token }) => {
-                self.acquire_response(key, Some(token))
-            }
-            _ => self.acquire_response(key, None),
-        }
-    }
-
-    /// Answers a wait that left the queue, according to how it ended.
-    fn ended(
-        &self,
-        key: &WaitKey,
-        last: Option<WaitOutcome>,
-    ) -> Result<pb::AcquireSemaphoreResponse, Status> {
-        match last {
-            Some(WaitOutcome::Granted { token, .. }) => self.acquire_response(key, Some(token)),
-            Some(WaitOutcome::Ended(WaitEnd::LeaseGone)) => Err(Status::not_found(format!(
-                "lease {} expired or was revoked while waiting for semaphore {}",
-                key.lease, key.sem
-            ))),
-            Some(WaitOutcome::Ended(WaitEnd::SemaphoreGone)) => Err(Status::not_found(format!(
-                "semaphore {} was deleted while waiting",
-                key.sem
-            ))),
-            Some(WaitOutcome::Ended(WaitEnd::TimedOut | WaitEnd::GaveUp)) => {
-                self.acquire_response(key, None)
-            }
-            // No event seen (state replaced by a snapshot): the holder table decides.
-            Some(WaitOutcome::Recheck) | None => {
-                let token = self
-                    .node
-                    .applied
-                    .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
-                    .map(|h| h.token);
-                self.acquire_response(key, token)
-            }
-        }
+    ) -> Result<pb::AcquireSemaphoreResponse, ApiError> {
+        let token = wait::wait_for_grant(&self.node, key.clone(), ticket, deadline_ns, index)
+            .await
+            .map_err(ApiError::from)?;
+        self.acquire_response(&key, token)
     }
 
     fn acquire_response(
         &self,
         key: &WaitKey,
         token: Option<u64>,
-    ) -> Result<pb::AcquireSemaphoreResponse, Status> {
+    ) -> Result<pb::AcquireSemaphoreResponse, ApiError> {
         let semaphore = self
             .node
             .applied
-            .read(|s| s.get_semaphore(&key.ns, &key.sem, now_ns()))
-            .map_err(status::from_state)?;
+            .read(|s| s.get_semaphore(&key.ns, &key.sem, now_ns()))?;
         let outcome = if token.is_some() {
             pb::AcquireOutcome::Acquired
         } else {
@@ -204,53 +90,18 @@ fn acquire_message(
     }
 }
 
-/// Gives up a wait when the waiting call goes away (client cancelled or disconnected): the
-/// waiter lingers briefly in case the client re-attaches, then leaves the queue.
-struct GiveUpOnDrop {
-    node: Arc<Node>,
-    key: Option<WaitKey>,
-    deadline_ns: Nanos,
-}
-
-impl GiveUpOnDrop {
-    fn disarm(&mut self) {
-        self.key = None;
-    }
-}
-
-impl Drop for GiveUpOnDrop {
-    fn drop(&mut self) {
-        let Some(key) = self.key.take() else { return };
-        let node = Arc::clone(&self.node);
-        let cmd = Cmd::GiveUp {
-            ns: key.ns,
-            sem: key.sem,
-            lease: key.lease,
-            deadline_ns: self.deadline_ns,
-            linger_ns: ABANDONED_WAIT_LINGER_NS,
-        };
-        tokio::spawn(async move {
-            if let Err(e) = node.write_one(cmd).await {
-                tracing::warn!(error = %e, "give up an abandoned wait");
-            }
-        });
-    }
-}
-
 /// Wait requested by an acquire, in ns: `timeout_ms` (conch) wins over `timeout_seconds`.
-fn wait_ns(request: &pb::AcquireSemaphoreRequest) -> Result<Nanos, Status> {
+fn wait_ns(request: &pb::AcquireSemaphoreRequest) -> Result<Nanos, Error> {
     if request.timeout_ms > 0 {
         let max_ms = limits::TIMEOUT_MAX_S as u64 * 1000;
         if request.timeout_ms > max_ms {
-            return Err(Status::invalid_argument(format!(
-                "timeout_ms must be 0-{max_ms}"
-            )));
+            return Err(Error::invalid(format!("timeout_ms must be 0-{max_ms}")));
         }
         return Ok(request.timeout_ms as i64 * NANOS_PER_MS);
     }
     let seconds = i64::from(request.timeout_seconds);
     if !(0..=limits::TIMEOUT_MAX_S).contains(&seconds) {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::invalid(format!(
             "timeout_seconds must be 0-{}",
             limits::TIMEOUT_MAX_S
         )));
@@ -259,7 +110,7 @@ fn wait_ns(request: &pb::AcquireSemaphoreRequest) -> Result<Nanos, Status> {
 }
 
 fn unexpected(outcome: Outcome) -> Status {
-    Status::internal(format!("unexpected state machine reply: {outcome:?}"))
+    ApiError::Internal(format!("unexpected state machine reply: {outcome:?}")).into()
 }
 
 #[tonic::async_trait]
@@ -397,7 +248,7 @@ impl GrackleApi for GrackleService {
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
         let r = request.into_inner();
-        let wait_ns = wait_ns(&r)?;
+        let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
         let key = WaitKey {
             ns: r.namespace_name,
             sem: r.semaphore_name,
@@ -411,15 +262,11 @@ impl GrackleApi for GrackleService {
             wait_ns,
             metadata: convert::metadata(r.metadata),
         };
-        cmd.validate().map_err(status::from_state)?;
+        cmd.validate().map_err(ApiError::from)?;
         // Register before proposing, so the grant cannot slip past us.
         let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key.clone()));
-        let (reply, index) = self
-            .node
-            .write_one_at(cmd)
-            .await
-            .map_err(status::from_node)?;
-        let reply = match reply.map_err(status::from_state)? {
+        let (reply, index) = self.node.write_one_at(cmd).await.map_err(ApiError::from)?;
+        let reply = match reply.map_err(ApiError::from)? {
             Outcome::Acquire(reply) => reply,
             other => return Err(unexpected(other)),
         };

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
+use super::status::ApiError;
 use crate::node::{Node, NodeError};
 use crate::raft::network::{decode, encode};
 use crate::state::Cmd;
@@ -23,13 +24,13 @@ impl PeerService {
     }
 }
 
-fn decode_request<T: DeserializeOwned>(request: Request<PeerMessage>) -> Result<T, Status> {
-    decode(&request.into_inner().payload)
-        .map_err(|e| Status::invalid_argument(format!("malformed peer message: {e}")))
+fn decode_request<T: DeserializeOwned>(request: Request<PeerMessage>) -> Result<T, ApiError> {
+    decode(&request.into_inner().payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))
 }
 
-fn encode_reply<T: Serialize>(value: &T) -> Result<Response<PeerMessage>, Status> {
-    let payload = encode(value).map_err(|e| Status::internal(format!("encode peer reply: {e}")))?;
+fn encode_reply<T: Serialize>(value: &T) -> Result<Response<PeerMessage>, ApiError> {
+    let payload =
+        encode(value).map_err(|e| ApiError::Internal(format!("encode peer reply: {e}")))?;
     Ok(Response::new(PeerMessage { payload }))
 }
 
@@ -40,12 +41,12 @@ impl ConchPeer for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         let rpc = decode_request(request)?;
-        encode_reply(&self.node.raft.append_entries(rpc).await)
+        Ok(encode_reply(&self.node.raft.append_entries(rpc).await)?)
     }
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
         let rpc = decode_request(request)?;
-        encode_reply(&self.node.raft.vote(rpc).await)
+        Ok(encode_reply(&self.node.raft.vote(rpc).await)?)
     }
 
     async fn install_snapshot(
@@ -53,7 +54,7 @@ impl ConchPeer for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         let rpc = decode_request(request)?;
-        encode_reply(&self.node.raft.install_snapshot(rpc).await)
+        Ok(encode_reply(&self.node.raft.install_snapshot(rpc).await)?)
     }
 
     async fn propose(
@@ -66,13 +67,13 @@ impl ConchPeer for PeerService {
         } else {
             Err(NodeError::NotLeader { node: self.node.id })
         };
-        encode_reply(&result)
+        Ok(encode_reply(&result)?)
     }
 
     async fn read_index(
         &self,
         _request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
-        encode_reply(&self.node.read_index_as_leader().await)
+        Ok(encode_reply(&self.node.read_index_as_leader().await)?)
     }
 }

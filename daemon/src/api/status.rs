@@ -1,11 +1,93 @@
-//! The one mapping from conch errors to gRPC status codes (Grackle's conventions).
+//! The one mapping from conch errors to gRPC status codes (Grackle's conventions). Handlers
+//! return [`ApiError`] (or an error that converts into it); only [`ApiError`]'s conversion below
+//! builds a [`Status`].
+//!
+//! | error | code |
+//! | --- | --- |
+//! | a request field out of range, an unknown member, a refused command | `INVALID_ARGUMENT` |
+//! | an absent namespace, semaphore or lease (also expired, or gone while waiting) | `NOT_FOUND` |
+//! | a duplicate | `ALREADY_EXISTS` |
+//! | a quota | `RESOURCE_EXHAUSTED` |
+//! | no leader reachable in time, a leader change mid-call, shutting down | `UNAVAILABLE` |
+//! | Raft refused a membership, leadership or snapshot change | `FAILED_PRECONDITION` |
+//! | a snapshot that did not complete in time | `DEADLINE_EXCEEDED` |
+//! | a peer message that does not decode | `INVALID_ARGUMENT` |
+//! | a bug (unexpected reply, encoding failure) | `INTERNAL` |
+//!
+//! An admin call forwarded to another node (the leader, or a leadership transfer's target)
+//! answers with that node's status, unchanged.
 
 use tonic::{Code, Status};
 
 use crate::node::NodeError;
 use crate::state::{Error, ErrorKind};
+use crate::wait::WaitError;
 
-pub fn from_state(error: Error) -> Status {
+/// Why a call failed, before it becomes a [`Status`].
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Refused by the state machine, or by the same checks made before proposing.
+    #[error(transparent)]
+    State(#[from] Error),
+    /// The write or read path could not serve the call (no leader, shutting down, a bug).
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// Raft refused an admin operation (`action` names it).
+    #[error("{action}: {message}")]
+    Raft {
+        action: &'static str,
+        message: String,
+    },
+    /// An admin operation did not complete within its bound.
+    #[error("{0}")]
+    Timeout(String),
+    /// Bytes from a peer that do not decode.
+    #[error("malformed peer message: {0}")]
+    MalformedPeerMessage(String),
+    /// Something that cannot happen unless this build has a bug.
+    #[error("{0}")]
+    Internal(String),
+    /// The answer of the node an admin call was forwarded to (the leader, or the target of a
+    /// leadership transfer), passed on unchanged.
+    #[error("{}", .0.message())]
+    Forwarded(Status),
+}
+
+impl From<WaitError> for ApiError {
+    fn from(error: WaitError) -> Self {
+        match error {
+            WaitError::State(error) => ApiError::State(error),
+            WaitError::Node(error) => ApiError::Node(error),
+        }
+    }
+}
+
+impl ApiError {
+    pub fn raft(action: &'static str, error: impl std::fmt::Display) -> Self {
+        ApiError::Raft {
+            action,
+            message: error.to_string(),
+        }
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(error: ApiError) -> Status {
+        match error {
+            ApiError::State(error) => from_state(error),
+            ApiError::Node(error) => from_node(error),
+            error @ ApiError::Raft { .. } => Status::failed_precondition(error.to_string()),
+            ApiError::Timeout(message) => Status::deadline_exceeded(message),
+            error @ ApiError::MalformedPeerMessage(_) => {
+                Status::invalid_argument(error.to_string())
+            }
+            ApiError::Internal(message) => internal(message),
+            ApiError::Forwarded(status) => status,
+        }
+    }
+}
+
+fn from_state(error: Error) -> Status {
     let code = match error.kind {
         ErrorKind::InvalidArgument => Code::InvalidArgument,
         ErrorKind::NotFound => Code::NotFound,
@@ -15,45 +97,81 @@ pub fn from_state(error: Error) -> Status {
     Status::new(code, error.message)
 }
 
-pub fn from_node(error: NodeError) -> Status {
+fn from_node(error: NodeError) -> Status {
     match error {
         NodeError::Unavailable(message) => Status::unavailable(message),
         NodeError::NotLeader { node } => {
             Status::unavailable(format!("node {node} is not the leader; retry"))
         }
-        NodeError::Internal(message) => {
-            tracing::error!(error = %message, "internal error");
-            Status::internal(message)
-        }
+        NodeError::Internal(message) => internal(message),
     }
+}
+
+fn internal(message: String) -> Status {
+    tracing::error!(error = %message, "internal error");
+    Status::internal(message)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn status(error: impl Into<ApiError>) -> (Code, String) {
+        let status = Status::from(error.into());
+        (status.code(), status.message().to_string())
+    }
+
     #[test]
     fn state_errors_map_to_grackle_codes() {
         assert_eq!(
-            from_state(Error::invalid("weight exceeds semaphore permits")).code(),
+            status(Error::invalid("weight exceeds semaphore permits")).0,
             Code::InvalidArgument
         );
         assert_eq!(
-            from_state(Error::not_found("lease x not found")).code(),
+            status(Error::not_found("lease x not found")).0,
             Code::NotFound
         );
         assert_eq!(
-            from_state(Error::already_exists("namespace a exists")).code(),
+            status(Error::already_exists("namespace a exists")).0,
             Code::AlreadyExists
         );
         assert_eq!(
-            from_state(Error::exhausted("too many waiters")).code(),
+            status(Error::exhausted("too many waiters")).0,
             Code::ResourceExhausted
         );
-        let status = from_node(NodeError::Unavailable("no leader".into()));
+    }
+
+    #[test]
+    fn node_and_admin_errors_map_to_their_codes() {
         assert_eq!(
-            (status.code(), status.message()),
-            (Code::Unavailable, "no leader")
+            status(NodeError::Unavailable("no leader".into())),
+            (Code::Unavailable, "no leader".into())
+        );
+        assert_eq!(
+            status(NodeError::NotLeader { node: 2 }),
+            (Code::Unavailable, "node 2 is not the leader; retry".into())
+        );
+        assert_eq!(status(NodeError::Internal("bug".into())).0, Code::Internal);
+        assert_eq!(
+            status(ApiError::raft("change membership", "learner lagging")),
+            (
+                Code::FailedPrecondition,
+                "change membership: learner lagging".into()
+            )
+        );
+        assert_eq!(
+            status(ApiError::Timeout("snapshot slow".into())).0,
+            Code::DeadlineExceeded
+        );
+        assert_eq!(
+            status(ApiError::MalformedPeerMessage("eof".into())),
+            (Code::InvalidArgument, "malformed peer message: eof".into())
+        );
+        assert_eq!(status(ApiError::Internal("bug".into())).0, Code::Internal);
+        let leader = Status::failed_precondition("from the leader");
+        assert_eq!(
+            status(ApiError::Forwarded(leader)),
+            (Code::FailedPrecondition, "from the leader".into())
         );
     }
 }

@@ -8,9 +8,14 @@
 //! Snapshot file (also the bytes sent to followers), integers little-endian:
 //!
 //! ```text
-//! "CONCHSNP" | format version u32 | meta_len u64 | bincode(SnapshotMeta) | state_len u64 |
+//! "CONCHSNP" | format version u32 (2) | meta_len u64 | bincode(SnapshotMeta) | state_len u64 |
 //! State::encode_snapshot() | fnv1a64 of everything before, u64
 //! ```
+//!
+//! This envelope is the file's only header: the state section is the state's bare encoding.
+//! Version 1 files (written by earlier builds) are still read: their state section starts with
+//! a header of its own, `"conch-sm"` and a u32 format 1, which is checked and stripped. New files
+//! are always written as version 2. See `docs/design.md` (Snapshots).
 //!
 //! Invariants:
 //! - `last_applied` and `last_membership` describe exactly the entries applied to `applied`
@@ -39,7 +44,12 @@ pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, BasicNode>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 
 const MAGIC: &[u8; 8] = b"CONCHSNP";
-const FORMAT_VERSION: u32 = 1;
+/// The version written.
+const FORMAT_VERSION: u32 = 2;
+/// The version before it, still read: its state section carries [`V1_STATE_HEADER`].
+const FORMAT_VERSION_1: u32 = 1;
+/// The state section's own header in version 1 files: `"conch-sm"`, then format 1 as a u32.
+const V1_STATE_HEADER: &[u8; 12] = b"conch-sm\x01\0\0\0";
 /// magic + version + meta_len + state_len + checksum.
 const FIXED_LEN: usize = 8 + 4 + 8 + 8 + 8;
 
@@ -63,8 +73,12 @@ pub enum EnvelopeError {
     TooShort { len: usize },
     #[error("not a conch snapshot (bad magic)")]
     Magic,
-    #[error("unsupported snapshot format version {found} (this build reads {FORMAT_VERSION})")]
+    #[error(
+        "unsupported snapshot format version {found} (this build reads {FORMAT_VERSION_1} and {FORMAT_VERSION})"
+    )]
     Version { found: u32 },
+    #[error("version 1 state section lacks its \"conch-sm\" format 1 header")]
+    V1StateHeader,
     #[error("checksum mismatch (stored {stored:#018x}, computed {computed:#018x})")]
     Checksum { stored: u64, computed: u64 },
     #[error("section lengths do not add up: {0}")]
@@ -91,7 +105,8 @@ pub fn encode_envelope(meta: &SnapshotMeta, state: &[u8]) -> Result<Vec<u8>, Env
 }
 
 /// Checks the envelope (magic, version, checksum, lengths) and returns the meta and the encoded
-/// state. The state itself is not decoded here.
+/// state, as [`State::decode_snapshot`] reads it whatever the file's version. The state itself
+/// is not decoded here.
 pub fn decode_envelope(bytes: &[u8]) -> Result<(SnapshotMeta, &[u8]), EnvelopeError> {
     if bytes.len() < FIXED_LEN {
         return Err(EnvelopeError::TooShort { len: bytes.len() });
@@ -99,9 +114,9 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<(SnapshotMeta, &[u8]), EnvelopeEr
     if &bytes[..8] != MAGIC {
         return Err(EnvelopeError::Magic);
     }
-    let found = u32::from_le_bytes(array(&bytes[8..12]));
-    if found != FORMAT_VERSION {
-        return Err(EnvelopeError::Version { found });
+    let version = u32::from_le_bytes(array(&bytes[8..12]));
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_1 {
+        return Err(EnvelopeError::Version { found: version });
     }
     let (body, trailer) = bytes.split_at(bytes.len() - 8);
     let stored = u64::from_le_bytes(array(trailer));
@@ -126,7 +141,14 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<(SnapshotMeta, &[u8]), EnvelopeEr
             body.len() - state_start
         )));
     }
-    Ok((meta, &body[state_start..]))
+    let state = &body[state_start..];
+    if version == FORMAT_VERSION_1 {
+        let state = state
+            .strip_prefix(V1_STATE_HEADER.as_slice())
+            .ok_or(EnvelopeError::V1StateHeader)?;
+        return Ok((meta, state));
+    }
+    Ok((meta, state))
 }
 
 /// Copies an exactly-sized slice into an array (callers slice exact lengths).
@@ -613,6 +635,90 @@ mod tests {
                 "truncation to {len} went unnoticed"
             );
         }
+        Ok(())
+    }
+
+    /// An envelope laid out byte by byte, independent of [`encode_envelope`].
+    fn raw_envelope(version: u32, meta: &SnapshotMeta, state_section: &[u8]) -> Vec<u8> {
+        let meta_bytes = bincode::serialize(meta).unwrap_or_default();
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(b"CONCHSNP");
+        bytes.extend_from_slice(&version.to_le_bytes());
+        bytes.extend_from_slice(&(meta_bytes.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&meta_bytes);
+        bytes.extend_from_slice(&(state_section.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(state_section);
+        let checksum = fnv1a64(&bytes);
+        bytes.extend_from_slice(&checksum.to_le_bytes());
+        bytes
+    }
+
+    /// A state with something in it, its snapshot encoding and its hash.
+    fn sample_state() -> anyhow::Result<(Vec<u8>, u64)> {
+        let applied = AppliedState::new(State::new(), 0);
+        let replies = applied.apply(
+            1,
+            &Batch {
+                now_ns: 1_000,
+                cmds: vec![crate::state::Cmd::CreateNamespace {
+                    name: "kept".into(),
+                    description: "from an older build".into(),
+                    metadata: Default::default(),
+                }],
+            },
+        );
+        anyhow::ensure!(
+            replies.iter().all(Result::is_ok),
+            "sample command refused: {replies:?}"
+        );
+        Ok((applied.encode_snapshot()?, applied.read(State::hash)))
+    }
+
+    fn write_snapshot_file(dir: &Path, seq: u64, bytes: &[u8]) -> anyhow::Result<()> {
+        let snapshots = dir.join("snapshots");
+        std::fs::create_dir_all(&snapshots)?;
+        std::fs::write(snapshots.join(format!("snap-{seq:020}.snap")), bytes)?;
+        Ok(())
+    }
+
+    #[test]
+    fn version_2_is_written_and_carries_the_bare_state_encoding() -> anyhow::Result<()> {
+        let (state, _) = sample_state()?;
+        let bytes = encode_envelope(&meta(3, 40), &state)?;
+        assert_eq!(bytes, raw_envelope(2, &meta(3, 40), &state));
+        let (_, section) = decode_envelope(&bytes)?;
+        assert_eq!(section, state.as_slice());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_version_1_file_from_an_earlier_build_is_restored() -> anyhow::Result<()> {
+        // Version 1: the state section is "conch-sm", format 1 as u32, then the state's bytes.
+        let (state, hash) = sample_state()?;
+        let mut section = b"conch-sm".to_vec();
+        section.extend_from_slice(&1u32.to_le_bytes());
+        section.extend_from_slice(&state);
+        let bytes = raw_envelope(1, &meta(2, 1), &section);
+        let (decoded, stripped) = decode_envelope(&bytes)?;
+        assert_eq!(decoded, meta(2, 1));
+        assert_eq!(stripped, state.as_slice());
+
+        let dir = tempfile::tempdir()?;
+        write_snapshot_file(dir.path(), 5, &bytes)?;
+        let applied = AppliedState::new(State::new(), 0);
+        let mut sm = StateMachine::open(dir.path(), Arc::clone(&applied))?;
+        assert_eq!(applied.applied_index(), 1);
+        assert_eq!(applied.read(State::hash), hash);
+        assert_eq!(sm.applied_state().await?.0, Some(log_id(2, 1)));
+
+        // Without its inner header a version 1 file is refused, as is an unknown version.
+        let dir = tempfile::tempdir()?;
+        write_snapshot_file(dir.path(), 5, &raw_envelope(1, &meta(2, 1), &state))?;
+        assert!(matches!(open(dir.path()), Err(OpenError::Corrupt { .. })));
+        assert!(matches!(
+            decode_envelope(&raw_envelope(3, &meta(2, 1), &state)),
+            Err(EnvelopeError::Version { found: 3 })
+        ));
         Ok(())
     }
 

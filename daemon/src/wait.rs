@@ -1,0 +1,385 @@
+//! The blocking wait of a queued acquire, in one place: the registry of waiting callers (fed by
+//! the apply path), the wait itself, giving up through the log, and giving up with a linger
+//! when the caller goes away.
+//!
+//! Every node applies every entry, so a caller waits on the node it is connected to, and a grant
+//! wakes exactly the callers waiting for that (semaphore, lease). The applied state is the
+//! truth; events only wake a waiting call. See `docs/design.md` (Blocking waits).
+//!
+//! Invariants:
+//! - a wait registered before its acquire is proposed never misses the event that ends it
+//! - events are delivered before the state that produced them can be read: a caller that reads
+//!   a state finds every event up to it already in its ticket (the apply path delivers under the
+//!   state lock)
+//! - a wait that ends without an answer from the state (deadline passed locally, node cannot
+//!   catch up) asks the log with `GiveUp`, whose reply says whether a grant came first; a grant
+//!   committed before the give-up is reported, never leaked
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::node::{Node, NodeError, now_ns};
+use crate::state::{Cmd, Error, Event, GiveUpReply, NANOS_PER_SEC, Nanos, Outcome, WaitEnd};
+
+/// How long after its deadline a waiting call gives up on its own if the leader's clock has not
+/// timed the waiter out (e.g. no leader).
+const WAIT_GRACE: Duration = Duration::from_millis(500);
+
+/// How long the waiter of a call that went away (cancelled, connection broken) keeps its place,
+/// so a client that re-attaches through another connection does not lose its queue position.
+const ABANDONED_WAIT_LINGER_NS: Nanos = 5 * NANOS_PER_SEC;
+
+/// Identifies a waiter: (namespace, semaphore, lease).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WaitKey {
+    pub ns: String,
+    pub sem: String,
+    pub lease: String,
+}
+
+/// How a registered wait ended, as applied on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitOutcome {
+    Granted {
+        token: u64,
+        weight: u64,
+    },
+    Ended(WaitEnd),
+    /// The state was replaced wholesale (snapshot install): look at it again.
+    Recheck,
+}
+
+/// An event about a wait, stamped with the log index that produced it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitEvent {
+    pub index: u64,
+    pub outcome: WaitOutcome,
+}
+
+type WaitSenders = Vec<(u64, mpsc::UnboundedSender<WaitEvent>)>;
+
+#[derive(Default)]
+struct Waits {
+    by_key: HashMap<WaitKey, WaitSenders>,
+    next_id: u64,
+}
+
+/// The callers waiting on this node, by the waiter they wait for.
+#[derive(Clone, Default)]
+pub struct Registry {
+    waits: Arc<Mutex<Waits>>,
+}
+
+impl Registry {
+    /// Subscribes to the events of the wait `key` until the ticket is dropped. Register before
+    /// proposing the acquire.
+    pub fn register(&self, key: WaitKey) -> WaitTicket {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = {
+            let mut waits = self.lock();
+            waits.next_id += 1;
+            let id = waits.next_id;
+            waits.by_key.entry(key.clone()).or_default().push((id, tx));
+            id
+        };
+        WaitTicket {
+            registry: self.clone(),
+            key,
+            id,
+            rx,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Waits> {
+        self.waits
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Hands the events of the entry at `index` to the callers they concern. The apply path
+    /// calls this while it still holds the state lock.
+    pub fn deliver(&self, index: u64, events: Vec<Event>) {
+        let waits = self.lock();
+        if waits.by_key.is_empty() {
+            return;
+        }
+        for event in events {
+            let (key, outcome) = match event {
+                Event::Granted {
+                    ns,
+                    sem,
+                    lease,
+                    token,
+                    weight,
+                } => (
+                    WaitKey { ns, sem, lease },
+                    WaitOutcome::Granted { token, weight },
+                ),
+                Event::WaitEnded {
+                    ns,
+                    sem,
+                    lease,
+                    reason,
+                } => (WaitKey { ns, sem, lease }, WaitOutcome::Ended(reason)),
+            };
+            for (_, tx) in waits.by_key.get(&key).into_iter().flatten() {
+                let _ = tx.send(WaitEvent { index, outcome });
+            }
+        }
+    }
+
+    /// Tells every waiting caller to look at the state again: it was replaced at `index`, and
+    /// the events between the old and the new state were never seen here.
+    pub fn recheck_all(&self, index: u64) {
+        for (_, tx) in self.lock().by_key.values().flatten() {
+            let _ = tx.send(WaitEvent {
+                index,
+                outcome: WaitOutcome::Recheck,
+            });
+        }
+    }
+}
+
+/// A subscription to one wait's events; dropping it deregisters.
+pub struct WaitTicket {
+    registry: Registry,
+    key: WaitKey,
+    id: u64,
+    rx: mpsc::UnboundedReceiver<WaitEvent>,
+}
+
+impl WaitTicket {
+    /// The next event, waiting for one.
+    pub async fn next(&mut self) -> Option<WaitEvent> {
+        self.rx.recv().await
+    }
+
+    /// The next event already delivered, if any.
+    pub fn try_next(&mut self) -> Option<WaitEvent> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Drop for WaitTicket {
+    fn drop(&mut self) {
+        let mut waits = self.registry.lock();
+        if let Some(senders) = waits.by_key.get_mut(&self.key) {
+            senders.retain(|(id, _)| *id != self.id);
+            if senders.is_empty() {
+                waits.by_key.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Why a wait ended without an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    /// The waiter's lease or semaphore went away, or the give-up was refused.
+    #[error(transparent)]
+    State(#[from] Error),
+    /// The give-up could not be committed.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+}
+
+/// Waits for a queued acquire to end: `Some(token)` when granted, `None` when it timed out or
+/// gave up. `index` is the log index of the acquire that queued: until this node has applied
+/// it, its state knows nothing of the waiter, so it is not read before then. A node that cannot
+/// catch up before the deadline asks the log instead (GiveUp answers whether the grant came
+/// first). If the returned future is dropped (the caller went away), the waiter lingers briefly
+/// in case the client re-attaches, then leaves the queue.
+pub async fn wait_for_grant(
+    node: &Arc<Node>,
+    key: WaitKey,
+    mut ticket: WaitTicket,
+    deadline_ns: Nanos,
+    index: u64,
+) -> Result<Option<u64>, WaitError> {
+    let mut give_up = GiveUpOnDrop {
+        node: Arc::clone(node),
+        key: Some(key.clone()),
+        deadline_ns,
+    };
+    let remaining =
+        Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(now_ns())).unwrap_or(0));
+    let local_deadline = tokio::time::Instant::now() + remaining + WAIT_GRACE;
+    let caught_up = tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index)).await;
+    if caught_up.is_err() {
+        give_up.disarm();
+        return give_up_now(node, &key, deadline_ns).await;
+    }
+    // Events from before this acquire's entry concern an earlier wait of the same lease.
+    let mut last = None;
+    let note = |event: WaitEvent, last: &mut Option<WaitOutcome>| {
+        if event.index >= index || event.outcome == WaitOutcome::Recheck {
+            *last = Some(event.outcome);
+        }
+    };
+    loop {
+        let queued = node
+            .applied
+            .read(|s| s.waiter(&key.ns, &key.sem, &key.lease).is_some());
+        // Every event up to the state just read is already in the ticket.
+        while let Some(event) = ticket.try_next() {
+            note(event, &mut last);
+        }
+        if !queued {
+            give_up.disarm();
+            return ended(node, &key, last);
+        }
+        tokio::select! {
+            event = ticket.next() => match event {
+                Some(event) => note(event, &mut last),
+                None => {
+                    give_up.disarm();
+                    return give_up_now(node, &key, deadline_ns).await;
+                }
+            },
+            _ = tokio::time::sleep_until(local_deadline) => {
+                give_up.disarm();
+                return give_up_now(node, &key, deadline_ns).await;
+            }
+        }
+    }
+}
+
+/// Ends this call's wait through the log: the answer says whether the grant came first.
+async fn give_up_now(
+    node: &Node,
+    key: &WaitKey,
+    deadline_ns: Nanos,
+) -> Result<Option<u64>, WaitError> {
+    let cmd = Cmd::GiveUp {
+        ns: key.ns.clone(),
+        sem: key.sem.clone(),
+        lease: key.lease.clone(),
+        deadline_ns,
+        linger_ns: 0,
+    };
+    cmd.validate()?;
+    match node.write_one(cmd).await?? {
+        Outcome::GiveUp(GiveUpReply::Granted { token }) => Ok(Some(token)),
+        _ => Ok(None),
+    }
+}
+
+/// How a wait that left the queue ended.
+fn ended(node: &Node, key: &WaitKey, last: Option<WaitOutcome>) -> Result<Option<u64>, WaitError> {
+    match last {
+        Some(WaitOutcome::Granted { token, .. }) => Ok(Some(token)),
+        Some(WaitOutcome::Ended(WaitEnd::LeaseGone)) => Err(Error::not_found(format!(
+            "lease {} expired or was revoked while waiting for semaphore {}",
+            key.lease, key.sem
+        ))
+        .into()),
+        Some(WaitOutcome::Ended(WaitEnd::SemaphoreGone)) => {
+            Err(Error::not_found(format!("semaphore {} was deleted while waiting", key.sem)).into())
+        }
+        Some(WaitOutcome::Ended(WaitEnd::TimedOut | WaitEnd::GaveUp)) => Ok(None),
+        // No event seen (state replaced by a snapshot): the holder table decides.
+        Some(WaitOutcome::Recheck) | None => Ok(node
+            .applied
+            .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
+            .map(|h| h.token)),
+    }
+}
+
+/// Gives up a wait when the waiting call goes away (client cancelled or disconnected): the
+/// waiter lingers briefly in case the client re-attaches, then leaves the queue.
+struct GiveUpOnDrop {
+    node: Arc<Node>,
+    key: Option<WaitKey>,
+    deadline_ns: Nanos,
+}
+
+impl GiveUpOnDrop {
+    fn disarm(&mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for GiveUpOnDrop {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let node = Arc::clone(&self.node);
+        let cmd = Cmd::GiveUp {
+            ns: key.ns,
+            sem: key.sem,
+            lease: key.lease,
+            deadline_ns: self.deadline_ns,
+            linger_ns: ABANDONED_WAIT_LINGER_NS,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = node.write_one(cmd).await {
+                tracing::warn!(error = %e, "give up an abandoned wait");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(lease: &str) -> WaitKey {
+        WaitKey {
+            ns: "ns".into(),
+            sem: "sem".into(),
+            lease: lease.into(),
+        }
+    }
+
+    fn granted(lease: &str, token: u64) -> Event {
+        Event::Granted {
+            ns: "ns".into(),
+            sem: "sem".into(),
+            lease: lease.into(),
+            token,
+            weight: 1,
+        }
+    }
+
+    #[test]
+    fn events_reach_exactly_the_tickets_of_their_waiter() {
+        let registry = Registry::default();
+        let mut a1 = registry.register(key("a"));
+        let mut a2 = registry.register(key("a"));
+        let mut b = registry.register(key("b"));
+        registry.deliver(7, vec![granted("a", 3)]);
+        let expected = WaitEvent {
+            index: 7,
+            outcome: WaitOutcome::Granted {
+                token: 3,
+                weight: 1,
+            },
+        };
+        assert_eq!(a1.try_next(), Some(expected));
+        assert_eq!(a2.try_next(), Some(expected));
+        assert_eq!(b.try_next(), None);
+
+        registry.recheck_all(9);
+        let recheck = WaitEvent {
+            index: 9,
+            outcome: WaitOutcome::Recheck,
+        };
+        assert_eq!(b.try_next(), Some(recheck));
+        assert_eq!(a1.try_next(), Some(recheck));
+    }
+
+    #[test]
+    fn a_dropped_ticket_deregisters_and_others_stay() {
+        let registry = Registry::default();
+        let first = registry.register(key("a"));
+        let mut second = registry.register(key("a"));
+        drop(first);
+        assert_eq!(registry.lock().by_key.get(&key("a")).map(Vec::len), Some(1));
+        registry.deliver(2, vec![granted("a", 5)]);
+        assert!(second.try_next().is_some());
+        drop(second);
+        assert!(registry.lock().by_key.is_empty());
+    }
+}
