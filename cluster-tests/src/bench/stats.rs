@@ -19,6 +19,10 @@ impl Latencies {
         self.0.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Nearest-rank percentile in milliseconds (`None` when empty).
     pub fn pct_ms(&mut self, p: f64) -> Option<f64> {
         if self.0.is_empty() {
