@@ -773,7 +773,7 @@ async fn no_slot_exits_75_and_leaves_no_waiter() -> anyhow::Result<()> {
     let nonblock_took = t0.elapsed();
     eprintln!("--nonblock exited 75 after {nonblock_took:?}");
     assert!(
-        nonblock_took < Duration::from_secs(5),
+        nonblock_took < Duration::from_secs(15),
         "--nonblock took {nonblock_took:?}"
     );
     let err = nb.stderr();

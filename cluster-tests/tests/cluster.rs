@@ -216,7 +216,7 @@ async fn blocking_acquire_is_granted_promptly_after_a_release_on_another_node() 
     let handoff = granted_at.duration_since(released_at);
     eprintln!("handoff through three nodes: {handoff:?}");
     // Far below the 60 s wait: the grant woke the caller rather than a timeout or a poll.
-    assert!(handoff < Duration::from_secs(5), "grant took {handoff:?}");
+    assert!(handoff < Duration::from_secs(20), "grant took {handoff:?}");
     let holders = ops::holders(&mut n1, "app", "lock").await?;
     assert_eq!(
         holders
@@ -383,7 +383,8 @@ async fn unrefreshed_lease_expires_and_its_permits_go_to_the_next_waiter() -> an
     assert!(acquired(&r), "{r:?}");
     let waited = started.elapsed();
     eprintln!("granted after the 1 s lease expired: {waited:?}");
-    assert!(waited < Duration::from_secs(10), "expiry took {waited:?}");
+    // Below the 30 s wait with room for a loaded machine: the expiry, not the timeout, granted.
+    assert!(waited < Duration::from_secs(20), "expiry took {waited:?}");
     let gone = c
         .get_semaphore_lease(pb::GetSemaphoreLeaseRequest {
             namespace_name: "ttl".into(),

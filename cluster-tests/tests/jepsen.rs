@@ -5,22 +5,20 @@
 //! The seed is printed first; `CONCH_SEED=<seed>` replays it. `CONCH_JEPSEN_DURATION` (seconds)
 //! changes the length of the runs.
 
-#[path = "../src/jepsen/mod.rs"]
-#[allow(dead_code)]
-mod jepsen;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use jepsen::checker::{CheckConfig, CheckResult, check};
-use jepsen::history::{HolderSeen, Micros, OkValue, Op, OpKind, Outcome};
-use jepsen::run::{RunOptions, run};
+use cluster_tests::jepsen;
+use cluster_tests::jepsen::checker::{CheckConfig, CheckResult, check};
+use cluster_tests::jepsen::history::{HolderSeen, Micros, OkValue, Op, OpKind, Outcome};
+use cluster_tests::jepsen::run::{RunOptions, run};
 
 // ---- runs against real clusters ----
 
-/// `make test` replays fixed fault schedules (`seed`), the ones that once found the proposer
-/// deadlock, so a red run always means a regression; `CONCH_SEED` picks another schedule, and
-/// `make jepsen` draws a fresh one each run.
+/// `make test` replays fixed fault schedules (`seed`) that start with the faults which once
+/// found the proposer deadlock (seed 3, 3 nodes: the leader paused first; seed 9, 5 nodes: the
+/// leader's links stalled first), so a red run always means a regression; `CONCH_SEED` picks
+/// another schedule, and `make jepsen` draws a fresh one each run.
 async fn run_and_check(nodes: u64, seed: u64) -> anyhow::Result<()> {
     let seed = match std::env::var("CONCH_SEED") {
         Ok(text) if !text.trim().is_empty() => jepsen::seed_from(None)?,
@@ -54,12 +52,12 @@ async fn run_and_check(nodes: u64, seed: u64) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jepsen_three_nodes_keep_every_invariant_under_faults() -> anyhow::Result<()> {
-    run_and_check(3, 2).await
+    run_and_check(3, 3).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jepsen_five_nodes_keep_every_invariant_under_faults() -> anyhow::Result<()> {
-    run_and_check(5, 12).await
+    run_and_check(5, 9).await
 }
 
 // ---- the checker on hand-written histories ----
@@ -401,12 +399,12 @@ async fn loaded_cluster(
     seed: u64,
     proxied: bool,
 ) -> anyhow::Result<(
-    jepsen::cluster::JepsenCluster,
+    cluster_tests::Cluster,
     std::sync::Arc<jepsen::workload::Shared>,
     jepsen::workload::Workload,
 )> {
     use jepsen::workload::{Shared, Workload, WorkloadConfig};
-    let cluster = jepsen::cluster::JepsenCluster::start_with(3, &[], proxied).await?;
+    let cluster = cluster_tests::Cluster::launch(3, &[], proxied).await?;
     cluster_tests::wait_for("a leader", Duration::from_secs(30), || async {
         cluster.leader().await
     })
@@ -448,7 +446,7 @@ async fn loaded_cluster(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn writes_resume_after_the_leader_is_paused_under_load() -> anyhow::Result<()> {
     let (mut cluster, _shared, workload) = loaded_cluster(2, false).await?;
-    let mut nemesis = jepsen::nemesis::Nemesis::new(jepsen::rng::Rng::new(2), "jepsen", &[]);
+    let mut nemesis = jepsen::nemesis::Nemesis::new(cluster_tests::rng::Rng::new(2), "jepsen", &[]);
     for round in 0..4 {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let leader = cluster
@@ -479,11 +477,11 @@ async fn writes_resume_after_the_leader_is_paused_under_load() -> anyhow::Result
 /// Cuts every link of the leader (both directions) with `mode` for `hold` under load; returns
 /// (writes resumed during the cut, first write after the heal).
 async fn isolate_leader_under_load(
-    mode: jepsen::proxy::LinkMode,
+    mode: cluster_tests::proxy::LinkMode,
     hold: Duration,
 ) -> anyhow::Result<(Option<Duration>, Option<Duration>, String)> {
     let (cluster, _shared, workload) = loaded_cluster(3, true).await?;
-    let mut nemesis = jepsen::nemesis::Nemesis::new(jepsen::rng::Rng::new(3), "jepsen", &[]);
+    let mut nemesis = jepsen::nemesis::Nemesis::new(cluster_tests::rng::Rng::new(3), "jepsen", &[]);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leader = cluster
         .leader()
@@ -524,9 +522,11 @@ async fn isolate_leader_under_load(
 /// on the connection (5 s + 5 s), or at the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn majority_serves_writes_while_the_leader_is_black_holed() -> anyhow::Result<()> {
-    let (during, _, summary) =
-        isolate_leader_under_load(jepsen::proxy::LinkMode::Blackhole, Duration::from_secs(15))
-            .await?;
+    let (during, _, summary) = isolate_leader_under_load(
+        cluster_tests::proxy::LinkMode::Blackhole,
+        Duration::from_secs(15),
+    )
+    .await?;
     anyhow::ensure!(
         during.is_some_and(|d| d <= Duration::from_secs(6)),
         "the majority served no write within 6 s of the cut: {summary}"
@@ -542,12 +542,14 @@ async fn majority_serves_writes_while_the_leader_is_black_holed() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn writes_resume_after_a_stalled_partition_of_the_leader_heals() -> anyhow::Result<()> {
     for round in 0..3 {
-        let (_, after, summary) =
-            isolate_leader_under_load(jepsen::proxy::LinkMode::Stall, Duration::from_secs(4))
-                .await?;
+        let (_, after, summary) = isolate_leader_under_load(
+            cluster_tests::proxy::LinkMode::Stall,
+            Duration::from_secs(4),
+        )
+        .await?;
         anyhow::ensure!(
-            after.is_some_and(|d| d <= Duration::from_secs(6)),
-            "round {round}: no write within 6 s of the heal: {summary}"
+            after.is_some_and(|d| d <= Duration::from_secs(10)),
+            "round {round}: no write within 10 s of the heal: {summary}"
         );
     }
     Ok(())

@@ -1,11 +1,10 @@
-//! conch-bench: the load generator of SPEC §7 (issue 6).
+//! The benchmark workloads of `conch-bench`.
 //!
 //! Each workload gets a fresh 3-node release cluster on loopback (or the `--endpoints` given),
 //! drives it from this one process, and returns one [`stats::Row`] per run. Timestamps that are
 //! compared with each other (release sent, grant observed, kill) are all `Instant`s taken in
 //! this process.
 
-pub mod conn;
 pub mod stats;
 pub mod w1;
 pub mod w2;
@@ -17,13 +16,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use cluster_tests::Cluster;
 use conch_proto::conch::ClusterStatusResponse;
 use conch_proto::grackle as pb;
 use futures::StreamExt;
 use tonic::Status;
 
-use conn::{Conn, Grackle, connect, is_failover, status};
+use crate::Cluster;
+use crate::net::{Failover, Grackle, connect, find_leader, is_failover};
 use stats::Errors;
 
 /// Settings shared by the workloads.
@@ -63,7 +62,7 @@ impl Target {
                 Ok(target)
             }
             None => {
-                let conchd = cluster_tests::binary("conchd");
+                let conchd = crate::binary("conchd");
                 if !conchd.exists() {
                     bail!(
                         "conchd not found at {}: build it with `cargo build --release -p conchd` or set CONCHD_BIN",
@@ -85,7 +84,7 @@ impl Target {
 
     async fn create_namespace(&self) -> anyhow::Result<()> {
         let leader = self.leader().await?;
-        let mut conn = Conn::new(&self.endpoints, &leader.addr, Duration::from_secs(5));
+        let mut conn = Failover::new(&self.endpoints, &leader.addr, Duration::from_secs(5));
         let request = pb::CreateNamespaceRequest {
             name: self.ns.clone(),
             ..Default::default()
@@ -110,24 +109,7 @@ impl Target {
 
     /// Status of the current leader, as the leader reports it (waits up to 10 s for one).
     pub async fn leader(&self) -> anyhow::Result<ClusterStatusResponse> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            for addr in &self.endpoints {
-                let Ok(s) = status(addr).await else { continue };
-                if s.leader_addr.is_empty() {
-                    continue;
-                }
-                if let Ok(l) = status(&s.leader_addr).await
-                    && l.leader_id == l.node_id
-                {
-                    return Ok(l);
-                }
-            }
-            if Instant::now() >= deadline {
-                bail!("no leader found among {:?} within 10 s", self.endpoints);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        find_leader(&self.endpoints, Duration::from_secs(10)).await
     }
 
     /// Plain clients to `addr`, one channel (TCP connection) each.

@@ -19,6 +19,10 @@ impl Latencies {
         self.0.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Nearest-rank percentile in milliseconds (`None` when empty).
     pub fn pct_ms(&mut self, p: f64) -> Option<f64> {
         if self.0.is_empty() {
@@ -184,29 +188,6 @@ pub fn print_table(rows: &[Row]) {
         }
         out.push_str(&line[6]);
         println!("{}", out.trim_end());
-    }
-}
-
-/// A small deterministic PRNG (xorshift64*) for hold times; no dependency needed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `0..=max`.
-    pub fn below_incl(&mut self, max: u64) -> u64 {
-        self.next_u64() % (max + 1)
     }
 }
 

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use conch_proto::grackle as pb;
 
-use super::conn::Conn;
+use crate::net::Failover;
+
 use super::stats::{Errors, Latencies, Row, round1};
 use super::{Opts, Target, batched, check_setup, ms_between, secs};
 
@@ -35,7 +36,7 @@ struct ClientLog {
 }
 
 /// Runs cycles until `stop_at`.
-async fn client_loop(mut conn: Conn, cfg: CycleCfg, stop_at: Instant) -> ClientLog {
+async fn client_loop(mut conn: Failover, cfg: CycleCfg, stop_at: Instant) -> ClientLog {
     let mut log = ClientLog::default();
     while Instant::now() < stop_at {
         let start = Instant::now();
@@ -55,7 +56,7 @@ fn code(s: &tonic::Status) -> String {
     format!("{:?}", s.code())
 }
 
-async fn cycle(conn: &mut Conn, cfg: &CycleCfg) -> Result<(), String> {
+async fn cycle(conn: &mut Failover, cfg: &CycleCfg) -> Result<(), String> {
     let lease = match &cfg.lease {
         Some(lease) => lease.clone(),
         None => {
@@ -169,7 +170,7 @@ pub async fn run(
     let window_end = window_start + opts.duration;
     let mut tasks = Vec::new();
     for cfg in cfgs {
-        let conn = Conn::new(&target.endpoints, &before.addr, Duration::from_secs(5));
+        let conn = Failover::new(&target.endpoints, &before.addr, Duration::from_secs(5));
         tasks.push(tokio::spawn(client_loop(conn, cfg, window_end)));
     }
     tokio::time::sleep_until(window_start.into()).await;
@@ -251,7 +252,7 @@ pub async fn failover(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
     let stop_at = kill_at + AFTER_KILL;
     let mut tasks = Vec::new();
     for cfg in cfgs {
-        let conn = Conn::new(&target.endpoints, &before.addr, Duration::from_secs(1));
+        let conn = Failover::new(&target.endpoints, &before.addr, Duration::from_secs(1));
         tasks.push(tokio::spawn(client_loop(conn, cfg, stop_at)));
     }
     tokio::time::sleep_until(kill_at.into()).await;

@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use conch_proto::grackle as pb;
 
-use super::conn::Conn;
-use super::stats::{Errors, Latencies, Rng, Row, round1};
+use crate::net::Failover;
+use crate::rng::Rng;
+
+use super::stats::{Errors, Latencies, Row, round1};
 use super::{Opts, Target, batched, check_setup, secs};
 
 const CLIENTS: usize = 16;
@@ -35,7 +37,7 @@ struct ClientLog {
 }
 
 async fn client_loop(
-    mut conn: Conn,
+    mut conn: Failover,
     ns: String,
     sem: String,
     lease: String,
@@ -73,7 +75,7 @@ async fn client_loop(
             }
         }
         if hold_max_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(rng.below_incl(hold_max_ms))).await;
+            tokio::time::sleep(Duration::from_millis(rng.range(0, hold_max_ms))).await;
         }
         let release = pb::ReleaseSemaphoreRequest {
             namespace_name: ns.clone(),
@@ -129,7 +131,7 @@ pub async fn run(target: &Target, opts: &Opts, hold_max_ms: u64) -> anyhow::Resu
     let window_end = window_start + opts.duration;
     let mut tasks = Vec::new();
     for (i, lease) in leases.into_iter().enumerate() {
-        let conn = Conn::new(&target.endpoints, &leader.addr, Duration::from_secs(35));
+        let conn = Failover::new(&target.endpoints, &leader.addr, Duration::from_secs(35));
         let seed = 0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1) ^ (hold_max_ms << 32);
         tasks.push(tokio::spawn(client_loop(
             conn,

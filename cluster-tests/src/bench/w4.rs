@@ -65,9 +65,9 @@ pub async fn run(target: &Target, opts: &Opts) -> anyhow::Result<Row> {
         let leader_addr = leader.addr.clone();
         tokio::spawn(async move {
             tokio::time::sleep_until(window_start.into()).await;
-            let a = super::conn::status(&leader_addr).await;
+            let a = crate::net::status(&leader_addr).await;
             tokio::time::sleep_until(window_end.into()).await;
-            let b = super::conn::status(&leader_addr).await;
+            let b = crate::net::status(&leader_addr).await;
             (a, b)
         })
     };

@@ -15,7 +15,8 @@ use conch_proto::conch::TriggerSnapshotRequest;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::grackle as pb;
 
-use super::conn::{connect, status};
+use crate::net::{connect, status};
+
 use super::stats::{Row, round1};
 use super::{Opts, Target, batched, check_setup, dir_bytes, rss_mb, secs};
 
@@ -129,7 +130,7 @@ pub async fn run(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
                 .map(|r| r.into_inner().outcome)
         }));
     }
-    let queued = cluster_tests::wait_for("all waiters queued", Duration::from_secs(120), || {
+    let queued = crate::wait_for("all waiters queued", Duration::from_secs(120), || {
         let addr = leader.addr.clone();
         async move {
             status(&addr)
@@ -198,7 +199,7 @@ pub async fn run(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
     let probe_sem = format!("s{}", n_sems.saturating_sub(1));
     let leader_addr = leader_now.addr.clone();
     let ns2 = ns.clone();
-    cluster_tests::wait_for(
+    crate::wait_for(
         "the restarted follower to serve",
         Duration::from_secs(120),
         || {

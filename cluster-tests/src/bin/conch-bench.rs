@@ -1,19 +1,17 @@
-//! conch-bench: the benchmark and load generator of SPEC §7.
+//! conch-bench: the benchmark and load generator of conch.
 //!
 //! Starts a 3-node release cluster on loopback for each workload (default conchd settings, so
 //! every write is fsynced on a majority before it is acknowledged), or drives the nodes given
 //! with `--endpoints`, and prints a table or, with `--json`, one JSON object per line per run.
-
-#[path = "../bench/mod.rs"]
-mod bench;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 
-use bench::stats::{Row, print_table};
-use bench::{Opts, Target};
+use cluster_tests::bench;
+use cluster_tests::bench::stats::{Row, print_table};
+use cluster_tests::bench::{Opts, Target};
 
 const WORKLOADS: [&str; 6] = ["W1", "W1b", "W2", "W3", "W4", "W5"];
 

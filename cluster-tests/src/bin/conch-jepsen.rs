@@ -1,20 +1,17 @@
 //! conch-jepsen: beat a real conchd cluster with faults while clients contend for semaphores,
-//! then check SPEC §6 on the history and the nodes' final state.
+//! then check the safety rules on the history and the nodes' final state.
 //!
 //! Prints the seed first; `CONCH_SEED=<seed>` (or `--seed`) replays the same fault schedule
 //! and client choices. Ends with one line
 //! `jepsen: ops=… ok=… fail=… unknown=… faults=… violations=N` and exits 1 when N > 0.
-
-#[path = "../jepsen/mod.rs"]
-#[allow(dead_code)]
-mod jepsen;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 
-use jepsen::run::{RunOptions, run};
+use cluster_tests::jepsen;
+use cluster_tests::jepsen::run::{RunOptions, run};
 
 /// Fault injection and a safety checker for conch (Jepsen-style).
 #[derive(Parser, Debug)]

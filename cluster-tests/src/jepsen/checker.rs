@@ -1,5 +1,6 @@
-//! Safety checks on a history (SPEC §6 1, 2, 3 and 6). The run adds agreement (§6 4) and the
-//! liveness checks (§6 5) from what it observes at the end; see `run.rs`.
+//! Safety checks on a history: capacity, fencing, durability of what was acknowledged, and
+//! the client's own view of what it holds. The run adds agreement of the nodes and the
+//! liveness checks from what it observes at the end; see [`super::run`].
 //!
 //! # What a client believes it holds
 //!
@@ -17,7 +18,8 @@
 //!
 //! An acquire whose outcome is unknown creates no interval (the client never believed it
 //! held), and an unknown release still ends the interval at its send: the client stops
-//! considering itself a holder when it sends the release. That is exactly SPEC §6 6. The
+//! considering itself a holder when it sends the release: a hold ends, for the client, when it
+//! lets go. The
 //! server side may still keep such a hold until the lease ends; the read checks below allow
 //! for that.
 //!

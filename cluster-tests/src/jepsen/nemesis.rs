@@ -4,7 +4,7 @@
 //! - `kill` (12): kill -9 of a random node, restarted after 1–3 s;
 //! - `kill-leader` (14): the same for the leader;
 //! - `kill-all` (4): kill -9 of every node, all restarted after 0.5–1.5 s (durability of
-//!   everything acknowledged, SPEC §6 3);
+//!   everything acknowledged);
 //! - `pause-leader` (12): SIGSTOP of the leader for 2–4 s (at least twice the largest election
 //!   timeout, so it loses leadership), then SIGCONT;
 //! - `pause-follower` (6): the same for a follower;
@@ -28,10 +28,11 @@ use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use tokio::time::Instant;
 
-use super::cluster::JepsenCluster;
+use crate::cluster::Cluster;
+use crate::proxy::LinkMode;
+use crate::rng::Rng;
+
 use super::history::{Micros, fmt_micros};
-use super::proxy::LinkMode;
-use super::rng::Rng;
 
 /// Recovery probes give up after this long (the bound itself is checked by the run).
 const PROBE_GIVE_UP: Duration = Duration::from_secs(30);
@@ -301,7 +302,7 @@ impl Nemesis {
         }
     }
 
-    pub fn apply(&mut self, cluster: &mut JepsenCluster, fault: &Fault) {
+    pub fn apply(&mut self, cluster: &mut Cluster, fault: &Fault) {
         match fault {
             Fault::Kill { nodes } => {
                 for &id in nodes {
@@ -340,7 +341,7 @@ impl Nemesis {
     }
 
     /// Undoes every fault: all nodes running and resumed, every link passing.
-    pub fn heal(&mut self, cluster: &mut JepsenCluster) -> anyhow::Result<()> {
+    pub fn heal(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
         cluster.heal_all()
     }
 
@@ -348,7 +349,7 @@ impl Nemesis {
     /// through any node, trying them in turn; `None` if none succeeded before `until`.
     pub async fn first_write(
         &self,
-        cluster: &JepsenCluster,
+        cluster: &Cluster,
         since: Instant,
         until: Instant,
         name: &str,
@@ -392,7 +393,7 @@ impl Nemesis {
     /// (failover), if they do before the heal.
     pub async fn during(
         &mut self,
-        cluster: &JepsenCluster,
+        cluster: &Cluster,
         since: Instant,
         until: Instant,
     ) -> Option<Duration> {
@@ -404,7 +405,7 @@ impl Nemesis {
     /// Measures recovery after a heal at `healed`.
     pub async fn recovery(
         &mut self,
-        cluster: &JepsenCluster,
+        cluster: &Cluster,
         healed: Instant,
     ) -> (Option<Duration>, Option<Duration>) {
         self.probe_seq += 1;

@@ -25,18 +25,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cluster::Cluster;
+use crate::rng::Rng;
+use crate::wait_for;
 use anyhow::Context;
-use cluster_tests::wait_for;
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use futures::StreamExt;
 use tokio::time::Instant;
 
 use super::checker::{self, CheckConfig, CheckResult, Violation};
-use super::cluster::JepsenCluster;
 use super::history::{CHECKER_PROCESS, History, Micros, OkValue, Op, OpKind, Outcome, fmt_micros};
 use super::nemesis::{FaultRecord, Nemesis};
-use super::rng::Rng;
 use super::workload::{MAX_WAIT_MS, Shared, Workload, WorkloadConfig};
 
 #[derive(Clone, Debug)]
@@ -196,7 +196,7 @@ fn run_violation(check: &mut CheckResult, name: &'static str, message: String) {
 }
 
 pub async fn setup(
-    cluster: &JepsenCluster,
+    cluster: &Cluster,
     namespace: &str,
     semaphores: &[(String, u64)],
 ) -> anyhow::Result<()> {
@@ -269,7 +269,7 @@ fn status_line(
 
 /// Waits (bounded) until every node answers a status that satisfies `done`.
 async fn wait_statuses(
-    cluster: &JepsenCluster,
+    cluster: &Cluster,
     timeout: Duration,
     done: impl Fn(&BTreeMap<u64, conch_proto::conch::ClusterStatusResponse>) -> bool,
 ) -> Result<Duration, String> {
@@ -302,9 +302,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         ttl: opts.ttl,
         seed: opts.seed,
     };
-    let mut cluster = JepsenCluster::start(
+    let mut cluster = Cluster::launch(
         opts.nodes,
         &["--snapshot-every".to_string(), snapshot_every.to_string()],
+        true,
     )
     .await?;
     say(

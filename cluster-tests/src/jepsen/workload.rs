@@ -32,8 +32,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
+use crate::rng::Rng;
+
 use super::history::{History, HolderSeen, Micros, OkValue, OpKind, Outcome, classify};
-use super::rng::Rng;
 
 /// Slack added to a blocking acquire's wait for the RPC deadline.
 pub const ACQUIRE_RPC_SLACK: Duration = Duration::from_secs(5);

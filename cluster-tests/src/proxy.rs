@@ -42,29 +42,22 @@ pub enum LinkMode {
 }
 
 pub struct LinkProxy {
-    pub from: u64,
-    pub to: u64,
     pub addr: SocketAddr,
     mode: watch::Sender<LinkMode>,
     task: JoinHandle<()>,
 }
 
 impl LinkProxy {
-    /// Listens on a fresh loopback port and forwards to `upstream` (node `to`'s address).
-    pub async fn start(from: u64, to: u64, upstream: String) -> anyhow::Result<LinkProxy> {
+    /// Listens on a fresh loopback port and forwards to `upstream` (the address of the node
+    /// the link leads to).
+    pub async fn start(upstream: String) -> anyhow::Result<LinkProxy> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .context("bind a proxy port")?;
         let addr = listener.local_addr().context("proxy address")?;
         let (mode, mode_rx) = watch::channel(LinkMode::Pass);
         let task = tokio::spawn(accept_loop(listener, upstream, mode_rx));
-        Ok(LinkProxy {
-            from,
-            to,
-            addr,
-            mode,
-            task,
-        })
+        Ok(LinkProxy { addr, mode, task })
     }
 
     pub fn set(&self, mode: LinkMode) {
@@ -73,10 +66,6 @@ impl LinkProxy {
             *m = mode;
             changed
         });
-    }
-
-    pub fn mode(&self) -> LinkMode {
-        *self.mode.borrow()
     }
 }
 

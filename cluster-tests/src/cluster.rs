@@ -1,26 +1,29 @@
-//! A cluster of real `conchd` processes whose peer links all pass through [`LinkProxy`]s.
+//! A cluster of real `conchd` processes on loopback ports chosen at run time.
 //!
-//! Node `i` is started with `--peer-routes j=<proxy i→j>` for every other `j`, so the test can
-//! cut, black-hole or slow any directed link. Clients talk to the nodes directly.
+//! Peer links are direct, or (for fault injection) each directed link `i → j` passes through
+//! its own [`LinkProxy`]: node `i` is then started with `--peer-routes j=<proxy i→j>` for every
+//! other `j`, so a test can cut, black-hole or slow any directed link. Clients talk to the
+//! nodes directly.
 //!
 //! Everything is stopped on drop, also when a test fails: paused nodes are resumed and every
 //! process is killed and reaped; every proxy task is aborted.
 
 use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use anyhow::Context;
-use cluster_tests::{binary, free_port};
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::{ClusterStatusRequest, ClusterStatusResponse};
-use tonic::transport::{Channel, Endpoint};
+use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use tonic::transport::Channel;
 
-use super::proxy::{LinkMode, LinkProxy};
+use crate::net::{channel, lazy_channel};
+use crate::proxy::{LinkMode, LinkProxy};
+use crate::{conchd_command, free_port, send_signal, wait_for};
 
-pub struct JepsenNode {
+pub struct NodeProc {
     pub id: u64,
     pub addr: String,
     pub data_dir: PathBuf,
@@ -30,40 +33,66 @@ pub struct JepsenNode {
     paused: bool,
 }
 
-pub struct JepsenCluster {
-    pub nodes: BTreeMap<u64, JepsenNode>,
+impl NodeProc {
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+pub struct Cluster {
+    pub nodes: BTreeMap<u64, NodeProc>,
+    /// One per directed peer link `(from, to)`; empty when the peers dial each other directly.
     proxies: BTreeMap<(u64, u64), LinkProxy>,
     channels: BTreeMap<u64, Channel>,
     dir: Option<tempfile::TempDir>,
     kept: Option<PathBuf>,
 }
 
-/// A lazily connecting channel to `addr`: a down node fails calls quickly, a restarted one is
-/// reconnected to.
-pub fn lazy_channel(addr: &str) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_millis(500))
-        .tcp_nodelay(true)
-        .connect_lazy())
-}
-
-impl JepsenCluster {
-    /// Starts `n` nodes with a proxy on every directed peer link; `extra_args` go to every
-    /// node. Does not wait for a leader.
-    pub async fn start(n: u64, extra_args: &[String]) -> anyhow::Result<JepsenCluster> {
-        Self::start_with(n, extra_args, true).await
+impl Cluster {
+    /// Starts `n` nodes with direct peer links and waits until they agree on a leader.
+    pub async fn start(n: u64) -> anyhow::Result<Cluster> {
+        Self::start_with(n, &[]).await
     }
 
-    /// Like [`JepsenCluster::start`]; with `proxied` false the nodes dial each other directly
-    /// (no `--peer-routes`; partitions then have no effect), to tell a proxy problem from a
-    /// daemon problem.
-    pub async fn start_with(
-        n: u64,
-        extra_args: &[String],
-        proxied: bool,
-    ) -> anyhow::Result<JepsenCluster> {
+    /// Like [`Cluster::start`], with `extra_args` for every node.
+    ///
+    /// Ports are picked free and released before `conchd` binds them, so a parallel test can
+    /// take one in between; a node that exits at startup makes the whole start try again with
+    /// new ports.
+    pub async fn start_with(n: u64, extra_args: &[&str]) -> anyhow::Result<Cluster> {
+        let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        let mut attempt = 1;
+        loop {
+            let mut cluster = Self::launch(n, &extra_args, false).await?;
+            let started = cluster.wait_for_leader(Duration::from_secs(20)).await;
+            let exited = cluster.exited_nodes();
+            match (started, exited.is_empty()) {
+                (Ok(_), true) => return Ok(cluster),
+                (result, _) if attempt < 3 && !exited.is_empty() => {
+                    eprintln!(
+                        "cluster start attempt {attempt}: nodes {exited:?} exited ({result:?}); retrying with new ports"
+                    );
+                }
+                (Ok(_), false) => anyhow::bail!("nodes {exited:?} exited at startup"),
+                (Err(e), _) => {
+                    return Err(e.context(format!("start {n} nodes: {}", cluster.logs_tail())));
+                }
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Starts `n` nodes without waiting for a leader; `extra_args` go to every node. With
+    /// `proxied`, every directed peer link passes through a [`LinkProxy`]; without, the nodes
+    /// dial each other directly (partitions then have no effect), e.g. to tell a proxy
+    /// problem from a daemon problem.
+    pub async fn launch(n: u64, extra_args: &[String], proxied: bool) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new()
-            .prefix("conch-jepsen-")
+            .prefix("conch-cluster-")
             .tempdir()
             .context("tempdir")?;
         let ids: Vec<u64> = (1..=n).collect();
@@ -72,11 +101,13 @@ impl JepsenCluster {
             .map(|id| (*id, format!("127.0.0.1:{}", free_port())))
             .collect();
         let mut proxies = BTreeMap::new();
-        for &from in &ids {
-            for &to in &ids {
-                if from != to {
-                    let proxy = LinkProxy::start(from, to, addrs[&to].clone()).await?;
-                    proxies.insert((from, to), proxy);
+        if proxied {
+            for &from in &ids {
+                for &to in &ids {
+                    if from != to {
+                        let proxy = LinkProxy::start(addrs[&to].clone()).await?;
+                        proxies.insert((from, to), proxy);
+                    }
                 }
             }
         }
@@ -88,12 +119,6 @@ impl JepsenCluster {
         let mut nodes = BTreeMap::new();
         let mut channels = BTreeMap::new();
         for &id in &ids {
-            let routes = ids
-                .iter()
-                .filter(|&&to| to != id)
-                .map(|to| format!("{to}={}", proxies[&(id, *to)].addr))
-                .collect::<Vec<_>>()
-                .join(",");
             let data_dir = dir.path().join(format!("node{id}"));
             let mut args: Vec<String> = vec![
                 "--id".into(),
@@ -106,17 +131,21 @@ impl JepsenCluster {
                 initial_cluster.clone(),
                 "--log".into(),
                 std::env::var("CONCH_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
-                "--peer-routes".into(),
-                routes,
             ];
-            if !proxied {
-                args.truncate(args.len() - 2);
+            if proxied {
+                let routes = ids
+                    .iter()
+                    .filter(|&&to| to != id)
+                    .map(|to| format!("{to}={}", proxies[&(id, *to)].addr))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                args.extend(["--peer-routes".into(), routes]);
             }
             args.extend(extra_args.iter().cloned());
             channels.insert(id, lazy_channel(&addrs[&id])?);
             nodes.insert(
                 id,
-                JepsenNode {
+                NodeProc {
                     id,
                     addr: addrs[&id].clone(),
                     data_dir,
@@ -127,7 +156,7 @@ impl JepsenCluster {
                 },
             );
         }
-        let mut cluster = JepsenCluster {
+        let mut cluster = Cluster {
             nodes,
             proxies,
             channels,
@@ -163,27 +192,37 @@ impl JepsenCluster {
             .append(true)
             .open(&node.log_path)
             .context("open node log")?;
-        let mut command = Command::new(binary("conchd"));
-        command
-            .args(&node.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("clone log handle")?)
-            .stderr(log);
-        // SAFETY: prctl(2) is async-signal-safe; the closure touches nothing else. The node
-        // then dies with the thread that started it even if this process is killed before
-        // its destructors run (e.g. by `timeout`).
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = command
-            .spawn()
-            .with_context(|| format!("spawn {}", binary("conchd").display()))?;
+        let child = crate::spawn(
+            conchd_command(&node.args)
+                .stdout(log.try_clone().context("clone log handle")?)
+                .stderr(log),
+        )?;
         node.child = Some(child);
         node.paused = false;
         Ok(())
+    }
+
+    /// Ids of nodes whose process has exited on its own.
+    fn exited_nodes(&mut self) -> Vec<u64> {
+        self.nodes
+            .values_mut()
+            .filter_map(|node| match node.child.as_mut().map(Child::try_wait) {
+                Some(Ok(Some(_))) => Some(node.id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The last lines of every node's log, for failure messages.
+    pub fn logs_tail(&self) -> String {
+        let mut out = String::new();
+        for id in self.nodes.keys() {
+            let log = self.log(*id);
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+            out.push_str(&format!("\n--- node {id} log (tail) ---\n{tail}"));
+        }
+        out
     }
 
     pub fn ids(&self) -> Vec<u64> {
@@ -197,6 +236,10 @@ impl JepsenCluster {
             .unwrap_or_default()
     }
 
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.values().map(|n| n.addr.clone()).collect()
+    }
+
     /// One lazily connecting channel per node (clone it freely).
     pub fn channels(&self) -> BTreeMap<u64, Channel> {
         self.channels.clone()
@@ -206,8 +249,25 @@ impl JepsenCluster {
         self.channels.get(&id).cloned()
     }
 
+    /// A Grackle client on a fresh connection to node `id` (fails if it is down).
+    pub async fn grackle(&self, id: u64) -> anyhow::Result<GrackleApiClient<Channel>> {
+        Ok(GrackleApiClient::new(channel(&self.addr(id)).await?))
+    }
+
+    /// An admin client on a fresh connection to node `id` (fails if it is down).
+    pub async fn admin(&self, id: u64) -> anyhow::Result<ConchAdminClient<Channel>> {
+        Ok(ConchAdminClient::new(channel(&self.addr(id)).await?))
+    }
+
     pub fn is_running(&self, id: u64) -> bool {
-        self.nodes.get(&id).is_some_and(|n| n.child.is_some())
+        self.nodes.get(&id).is_some_and(NodeProc::is_running)
+    }
+
+    pub fn running_ids(&self) -> Vec<u64> {
+        self.ids()
+            .into_iter()
+            .filter(|id| self.is_running(*id))
+            .collect()
     }
 
     /// Running and not paused.
@@ -224,7 +284,7 @@ impl JepsenCluster {
             .collect()
     }
 
-    /// kill -9.
+    /// kill -9 of node `id` (resumed first if paused, so the kill is delivered and reaped).
     pub fn kill(&mut self, id: u64) {
         self.signal(id, libc::SIGCONT);
         if let Some(node) = self.nodes.get_mut(&id)
@@ -242,6 +302,7 @@ impl JepsenCluster {
         self.spawn(id)
     }
 
+    /// SIGSTOP.
     pub fn pause(&mut self, id: u64) {
         self.signal(id, libc::SIGSTOP);
         if let Some(node) = self.nodes.get_mut(&id)
@@ -251,6 +312,7 @@ impl JepsenCluster {
         }
     }
 
+    /// SIGCONT.
     pub fn resume(&mut self, id: u64) {
         self.signal(id, libc::SIGCONT);
         if let Some(node) = self.nodes.get_mut(&id) {
@@ -258,27 +320,18 @@ impl JepsenCluster {
         }
     }
 
-    fn signal(&self, id: u64, signal: i32) {
-        if let Some(pid) = self
-            .nodes
-            .get(&id)
-            .and_then(|n| n.child.as_ref())
-            .map(Child::id)
-        {
-            // SAFETY: plain kill(2) on a child process we own and have not reaped.
-            unsafe { libc::kill(pid as i32, signal) };
+    /// Sends `signal` (e.g. `libc::SIGSTOP`) to node `id`, if it runs.
+    pub fn signal(&self, id: u64, signal: i32) {
+        if let Some(pid) = self.nodes.get(&id).and_then(NodeProc::pid) {
+            send_signal(pid, signal);
         }
     }
 
-    /// Sets the directed link `from → to`.
+    /// Sets the directed link `from → to` (no effect without proxies).
     pub fn set_link(&self, from: u64, to: u64, mode: LinkMode) {
         if let Some(proxy) = self.proxies.get(&(from, to)) {
             proxy.set(mode);
         }
-    }
-
-    pub fn link(&self, from: u64, to: u64) -> Option<LinkMode> {
-        self.proxies.get(&(from, to)).map(LinkProxy::mode)
     }
 
     /// Every link between nodes of different groups gets `mode` (both directions); links
@@ -319,7 +372,7 @@ impl JepsenCluster {
         let channel = self.channel(id).context("no such node")?;
         let mut admin = ConchAdminClient::new(channel);
         let reply = tokio::time::timeout(
-            Duration::from_secs(1),
+            Duration::from_secs(2),
             admin.cluster_status(ClusterStatusRequest {}),
         )
         .await
@@ -348,6 +401,56 @@ impl JepsenCluster {
             .filter(|id| self.is_live(*id))
     }
 
+    /// Waits until every running node names the same leader, itself running; returns its id.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<u64> {
+        let running = self.running_ids();
+        wait_for("an agreed leader", timeout, || {
+            let running = running.clone();
+            async move {
+                let mut leader = None;
+                for id in &running {
+                    let status = self.status(*id).await.ok()?;
+                    if status.leader_id == 0 || !running.contains(&status.leader_id) {
+                        return None;
+                    }
+                    match leader {
+                        None => leader = Some(status.leader_id),
+                        Some(l) if l != status.leader_id => return None,
+                        Some(_) => {}
+                    }
+                }
+                leader
+            }
+        })
+        .await
+    }
+
+    /// Waits until all running nodes have applied the same index with the same state hash.
+    pub async fn wait_for_agreement(&self, timeout: Duration) -> anyhow::Result<(u64, u64)> {
+        let running = self.running_ids();
+        wait_for(
+            "all nodes at the same applied index and state hash",
+            timeout,
+            || {
+                let running = running.clone();
+                async move {
+                    let mut seen = None;
+                    for id in &running {
+                        let status = self.status(*id).await.ok()?;
+                        let here = (status.applied_index, status.state_hash);
+                        match seen {
+                            None => seen = Some(here),
+                            Some(s) if s != here => return None,
+                            Some(_) => {}
+                        }
+                    }
+                    seen
+                }
+            },
+        )
+        .await
+    }
+
     pub fn log(&self, id: u64) -> String {
         self.nodes
             .get(&id)
@@ -356,7 +459,7 @@ impl JepsenCluster {
     }
 }
 
-impl Drop for JepsenCluster {
+impl Drop for Cluster {
     fn drop(&mut self) {
         for id in self.ids() {
             self.kill(id);

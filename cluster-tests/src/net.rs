@@ -1,14 +1,17 @@
-//! A benchmark client connection: talks to the leader directly and fails over between the
-//! endpoints.
+//! Every channel to a node is built here: connected ([`connect`], [`channel`]), lazily
+//! connecting ([`lazy_channel`]), and the failover client [`Failover`] that talks to one node
+//! of a list and moves on.
 //!
-//! - Every call has a client-side deadline; a call past it is dropped (the server sees the
-//!   stream reset) and answered `DeadlineExceeded`.
-//! - A response whose `conch-leader` metadata names another node moves the next calls there.
-//! - On `Unavailable`, a transport error or a deadline, the next call goes to the next endpoint.
+//! [`Failover`]:
+//! - every call has a client-side deadline; a call past it is dropped (the server sees the
+//!   stream reset) and answered `DeadlineExceeded`;
+//! - a response whose `conch-leader` metadata names another node moves the next calls there;
+//! - on `Unavailable`, a transport error or a deadline, the next call goes to the next endpoint.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::{ClusterStatusRequest, ClusterStatusResponse};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
@@ -20,16 +23,37 @@ pub const LEADER_HEADER: &str = "conch-leader";
 
 pub type Grackle = GrackleApiClient<Channel>;
 
-/// Opens a channel to `addr`, failing within `connect_timeout` when nothing listens there.
-pub async fn connect(addr: &str, connect_timeout: Duration) -> Result<Channel, Status> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+/// The one endpoint builder: `addr` (host:port) over plain HTTP/2, no Nagle delay, connecting
+/// within `connect_timeout`.
+fn endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, Status> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| Status::invalid_argument(format!("bad endpoint {addr}: {e}")))?
         .connect_timeout(connect_timeout)
-        .tcp_nodelay(true);
-    endpoint
+        .tcp_nodelay(true))
+}
+
+/// Opens a channel to `addr`, failing within `connect_timeout` when nothing listens there.
+pub async fn connect(addr: &str, connect_timeout: Duration) -> Result<Channel, Status> {
+    endpoint(addr, connect_timeout)?
         .connect()
         .await
         .map_err(|e| Status::unavailable(format!("connect to {addr}: {e}")))
+}
+
+/// A channel to `addr` that is connected (fails fast if the node is down); every call on it
+/// has a 10 s deadline.
+pub async fn channel(addr: &str) -> anyhow::Result<Channel> {
+    endpoint(addr, Duration::from_secs(1))?
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .with_context(|| format!("connect to {addr}"))
+}
+
+/// A lazily connecting channel to `addr`: a down node fails calls quickly, a restarted one is
+/// reconnected to.
+pub fn lazy_channel(addr: &str) -> anyhow::Result<Channel> {
+    Ok(endpoint(addr, Duration::from_millis(500))?.connect_lazy())
 }
 
 /// `ClusterStatus` of the node at `addr`.
@@ -53,7 +77,8 @@ pub fn is_failover(code: Code) -> bool {
     )
 }
 
-pub struct Conn {
+/// A client of one node at a time among `endpoints`, failing over between them.
+pub struct Failover {
     endpoints: Vec<String>,
     addr: String,
     client: Option<Grackle>,
@@ -62,10 +87,10 @@ pub struct Conn {
     pub redirects: u64,
 }
 
-impl Conn {
+impl Failover {
     /// A connection that starts at `start` (usually the leader) and fails over among `endpoints`.
-    pub fn new(endpoints: &[String], start: &str, deadline: Duration) -> Conn {
-        Conn {
+    pub fn new(endpoints: &[String], start: &str, deadline: Duration) -> Failover {
+        Failover {
             endpoints: endpoints.to_vec(),
             addr: start.to_string(),
             client: None,
@@ -141,5 +166,31 @@ impl Conn {
                 Err(status)
             }
         }
+    }
+}
+
+/// Status of the current leader among `endpoints`, as the leader reports it; waits up to
+/// `timeout` for one.
+pub async fn find_leader(
+    endpoints: &[String],
+    timeout: Duration,
+) -> anyhow::Result<ClusterStatusResponse> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        for addr in endpoints {
+            let Ok(s) = status(addr).await else { continue };
+            if s.leader_addr.is_empty() {
+                continue;
+            }
+            if let Ok(l) = status(&s.leader_addr).await
+                && l.leader_id == l.node_id
+            {
+                return Ok(l);
+            }
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!("no leader found among {endpoints:?} within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

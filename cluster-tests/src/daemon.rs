@@ -1,0 +1,81 @@
+//! One `conchd` process started with explicit arguments (flag and config checks, signals).
+
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use crate::{conchd_command, free_port, send_signal};
+
+/// One `conchd` process started with explicit arguments; killed on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    pub stdout_path: PathBuf,
+    pub stderr_path: PathBuf,
+}
+
+impl Daemon {
+    pub fn spawn(args: &[&str], cwd: &Path) -> anyhow::Result<Daemon> {
+        let stdout_path = cwd.join(format!("conchd-{}.out", free_port()));
+        let stderr_path = stdout_path.with_extension("err");
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let child = crate::spawn(
+            conchd_command(&args)
+                .current_dir(cwd)
+                .stdout(std::fs::File::create(&stdout_path)?)
+                .stderr(std::fs::File::create(&stderr_path)?),
+        )?;
+        Ok(Daemon {
+            child: Some(child),
+            stdout_path,
+            stderr_path,
+        })
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout_path).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            send_signal(child.id(), signal);
+        }
+    }
+
+    /// Waits for the process to exit and returns its exit code (None if killed by a signal).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                self.child = None;
+                return Ok(status.code());
+            }
+            if self.child.is_none() {
+                bail!("process already reaped");
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "conchd did not exit within {timeout:?}; stderr: {}",
+                    self.stderr()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
