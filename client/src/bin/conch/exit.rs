@@ -155,9 +155,24 @@ mod tests {
         assert_eq!(code_for_status(ExitStatus::from_raw(0)), 0);
         assert_eq!(code_for_status(ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(code_for_status(ExitStatus::from_raw(255 << 8)), 255);
-        assert_eq!(code_for_status(ExitStatus::from_raw(nix::sys::signal::Signal::SIGTERM as i32)), 143);
-        assert_eq!(code_for_status(ExitStatus::from_raw(nix::sys::signal::Signal::SIGKILL as i32)), 137);
-        assert_eq!(code_for_status(ExitStatus::from_raw(nix::sys::signal::Signal::SIGINT as i32)), 130);
+        assert_eq!(
+            code_for_status(ExitStatus::from_raw(
+                nix::sys::signal::Signal::SIGTERM as i32
+            )),
+            143
+        );
+        assert_eq!(
+            code_for_status(ExitStatus::from_raw(
+                nix::sys::signal::Signal::SIGKILL as i32
+            )),
+            137
+        );
+        assert_eq!(
+            code_for_status(ExitStatus::from_raw(
+                nix::sys::signal::Signal::SIGINT as i32
+            )),
+            130
+        );
     }
 
     #[test]

@@ -13,10 +13,10 @@
 use std::collections::HashMap;
 use std::process::ExitCode;
 
+use conch_client::Client;
 use conch_client::proto::conch::SemaphoreWaiter;
 use conch_client::proto::grackle::SemaphoreHolder;
 use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE};
-use conch_client::Client;
 use serde::Serialize;
 
 use crate::exit;
