@@ -65,16 +65,14 @@ mod endpoint;
 mod error;
 pub mod lease;
 pub mod sema;
-mod timefmt;
 
 pub use acquire::Guard;
 pub use backoff::Backoff;
 pub use client::{CallOptions, Client, ClientConfig, LEADER_METADATA_KEY, Waiters, request};
-pub use duration::{format_duration, parse_duration};
+pub use duration::format_duration;
 pub use endpoint::{DEFAULT_ENDPOINT, DEFAULT_PORT, EndpointAddr, parse_endpoint, parse_endpoints};
 pub use error::{Error, LeaseLoss, Result};
 pub use lease::{Lease, LeaseState, loss_after, refresh_interval};
-pub use timefmt::{format_rfc3339, format_unix_nanos, now_rfc3339};
 
 /// The generated protobuf/gRPC code (`grackle` and `conch` packages), re-exported.
 pub use conch_proto as proto;

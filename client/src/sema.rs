@@ -126,23 +126,6 @@ pub fn spread_semaphore_name(name: &str, max: u64, host: &str) -> Result<String,
     Ok(format!("{prefix}{}-{hash}", &host[..keep]))
 }
 
-/// This machine's host name, as `gethostname(2)` reports it (`unknown` if it cannot).
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for `buf.len()` bytes; gethostname writes at most that many.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".to_string();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    let name = String::from_utf8_lossy(&buf[..end]).trim().to_string();
-    if name.is_empty() {
-        "unknown".to_string()
-    } else {
-        name
-    }
-}
-
 /// The lease `process_id` conch uses: `<host>/pid-<pid>`.
 pub fn process_id(host: &str, pid: u32) -> String {
     let suffix = format!("/pid-{pid}");
@@ -223,11 +206,6 @@ mod tests {
         assert_ne!(a, b);
         assert!(validate_name("semaphore", &a).is_ok());
         assert!(spread_semaphore_name(&"n".repeat(120), 2, "host").is_err());
-    }
-
-    #[test]
-    fn hostname_is_never_empty() {
-        assert!(!hostname().is_empty());
     }
 
     #[test]

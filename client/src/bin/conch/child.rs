@@ -4,43 +4,45 @@ use std::io;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 /// The signals conch catches (from the moment it starts) and forwards to the child's group.
 pub struct Signals {
-    int: Signal,
-    term: Signal,
-    hup: Signal,
-    quit: Signal,
-    usr1: Signal,
-    usr2: Signal,
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
 }
 
 impl Signals {
     /// Installs the handlers. From now on these signals no longer kill conch by default.
     pub fn install() -> io::Result<Signals> {
-        let on = |sig: i32| signal(SignalKind::from_raw(sig));
         Ok(Signals {
-            int: on(libc::SIGINT)?,
-            term: on(libc::SIGTERM)?,
-            hup: on(libc::SIGHUP)?,
-            quit: on(libc::SIGQUIT)?,
-            usr1: on(libc::SIGUSR1)?,
-            usr2: on(libc::SIGUSR2)?,
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
+            usr1: signal(SignalKind::user_defined1())?,
+            usr2: signal(SignalKind::user_defined2())?,
         })
     }
 
     /// The next signal received. Cancel-safe.
-    pub async fn recv(&mut self) -> i32 {
+    pub async fn recv(&mut self) -> Signal {
         tokio::select! {
-            Some(()) = self.int.recv() => libc::SIGINT,
-            Some(()) = self.term.recv() => libc::SIGTERM,
-            Some(()) = self.hup.recv() => libc::SIGHUP,
-            Some(()) = self.quit.recv() => libc::SIGQUIT,
-            Some(()) = self.usr1.recv() => libc::SIGUSR1,
-            Some(()) = self.usr2.recv() => libc::SIGUSR2,
+            Some(()) = self.int.recv() => Signal::SIGINT,
+            Some(()) = self.term.recv() => Signal::SIGTERM,
+            Some(()) = self.hup.recv() => Signal::SIGHUP,
+            Some(()) = self.quit.recv() => Signal::SIGQUIT,
+            Some(()) = self.usr1.recv() => Signal::SIGUSR1,
+            Some(()) = self.usr2.recv() => Signal::SIGUSR2,
             else => std::future::pending().await,
         }
     }
@@ -60,16 +62,14 @@ pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
 }
 
 /// Sends `sig` to every process of group `pgid`. A group that is gone is not an error.
-pub fn signal_group(pgid: i32, sig: i32) {
+pub fn signal_group(pgid: i32, sig: Signal) {
     if pgid <= 1 {
         return;
     }
-    // SAFETY: kill(2) has no memory-safety requirements; a negative pid names a group.
-    let rc = unsafe { libc::kill(-pgid, sig) };
-    if rc != 0 {
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::ESRCH) {
-            tracing::debug!(pgid, sig, error = %err, "signalling the process group failed");
+    match killpg(Pid::from_raw(pgid), sig) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(err) => {
+            tracing::debug!(pgid, %sig, error = %err, "signalling the process group failed");
         }
     }
 }
@@ -79,9 +79,8 @@ pub fn group_alive(pgid: i32) -> bool {
     if pgid <= 1 {
         return false;
     }
-    // SAFETY: signal 0 only checks for existence and permission.
-    let rc = unsafe { libc::kill(-pgid, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    // No signal: only checks for existence and permission.
+    killpg(Pid::from_raw(pgid), None) != Err(Errno::ESRCH)
 }
 
 /// Stops the child's whole group: SIGTERM, then SIGKILL once `grace` has passed with anything
@@ -93,7 +92,7 @@ pub async fn stop_group(
     grace: Duration,
     signals: &mut Signals,
 ) -> io::Result<ExitStatus> {
-    signal_group(pgid, libc::SIGTERM);
+    signal_group(pgid, Signal::SIGTERM);
     let deadline = Instant::now() + grace;
     let mut status = None;
     // Wait for the child itself, forwarding signals.
@@ -109,7 +108,7 @@ pub async fn stop_group(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     if group_alive(pgid) {
-        signal_group(pgid, libc::SIGKILL);
+        signal_group(pgid, Signal::SIGKILL);
     }
     match status {
         Some(s) => Ok(s),
@@ -162,23 +161,33 @@ mod tests {
     #[tokio::test]
     async fn stopping_a_group_that_ignores_sigterm_ends_in_sigkill() {
         let mut signals = Signals::install().unwrap();
-        // A shell that ignores TERM, and a grandchild in the same group.
-        let mut child = spawn(
-            &argv(&["sh", "-c", "trap '' TERM; sleep 30 & wait; sleep 30"]),
-            &[],
-        )
-        .unwrap();
+        // A shell that ignores TERM, and a grandchild in the same group; it says when both are
+        // in place.
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready");
+        let script = format!(
+            "trap '' TERM; sleep 30 & touch {}; wait; sleep 30",
+            ready.display()
+        );
+        let mut child = spawn(&argv(&["sh", "-c", &script]), &[]).unwrap();
         let pgid = child.id().unwrap() as i32;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t0 = std::time::Instant::now();
+        while !ready.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the shell set its trap"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let t0 = std::time::Instant::now();
         let status = stop_group(&mut child, pgid, Duration::from_millis(500), &mut signals)
             .await
             .unwrap();
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
-        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert_eq!(status.signal(), Some(Signal::SIGKILL as i32));
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
         // Killed members may linger as zombies until whoever inherits them reaps them.
         let t1 = std::time::Instant::now();
-        while live_members(pgid) > 0 && t1.elapsed() < Duration::from_secs(3) {
+        while live_members(pgid) > 0 && t1.elapsed() < Duration::from_secs(10) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(live_members(pgid), 0, "the whole group is gone");
@@ -193,8 +202,8 @@ mod tests {
         let status = stop_group(&mut child, pgid, Duration::from_secs(5), &mut signals)
             .await
             .unwrap();
-        assert_eq!(status.signal(), Some(libc::SIGTERM));
-        assert!(t0.elapsed() < Duration::from_secs(2));
+        assert_eq!(status.signal(), Some(Signal::SIGTERM as i32));
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     }
 
     #[test]

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use conch_client::{DEFAULT_ENDPOINT, parse_duration};
+use conch_client::DEFAULT_ENDPOINT;
+
+use crate::duration::parse_duration;
 
 const SEMA_EXAMPLES: &str = "\
 Examples:

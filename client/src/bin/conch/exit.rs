@@ -79,8 +79,8 @@ pub fn code_for_status(status: ExitStatus) -> u8 {
 }
 
 /// The exit code after being interrupted by signal `sig` before the command ran: 128+sig.
-pub fn signal_exit(sig: i32) -> std::process::ExitCode {
-    std::process::ExitCode::from(128u8.saturating_add((sig & 0x7f) as u8))
+pub fn signal_exit(sig: nix::sys::signal::Signal) -> std::process::ExitCode {
+    std::process::ExitCode::from(128u8.saturating_add((sig as i32 & 0x7f) as u8))
 }
 
 /// Renders a clap error as one line: `the following required arguments were not provided:
@@ -155,9 +155,24 @@ mod tests {
         assert_eq!(code_for_status(ExitStatus::from_raw(0)), 0);
         assert_eq!(code_for_status(ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(code_for_status(ExitStatus::from_raw(255 << 8)), 255);
-        assert_eq!(code_for_status(ExitStatus::from_raw(libc::SIGTERM)), 143);
-        assert_eq!(code_for_status(ExitStatus::from_raw(libc::SIGKILL)), 137);
-        assert_eq!(code_for_status(ExitStatus::from_raw(libc::SIGINT)), 130);
+        assert_eq!(
+            code_for_status(ExitStatus::from_raw(
+                nix::sys::signal::Signal::SIGTERM as i32
+            )),
+            143
+        );
+        assert_eq!(
+            code_for_status(ExitStatus::from_raw(
+                nix::sys::signal::Signal::SIGKILL as i32
+            )),
+            137
+        );
+        assert_eq!(
+            code_for_status(ExitStatus::from_raw(
+                nix::sys::signal::Signal::SIGINT as i32
+            )),
+            130
+        );
     }
 
     #[test]

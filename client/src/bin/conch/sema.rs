@@ -17,12 +17,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE, NAMESPACE};
-use conch_client::{Client, Guard, Lease, format_duration, now_rfc3339};
+use conch_client::{Client, Guard, Lease, format_duration};
 use tracing::{debug, info};
 
 use crate::child::{self, Signals};
 use crate::cli::SemaArgs;
 use crate::exit::{self, Exit};
+use crate::timefmt::now_rfc3339;
 
 /// Who this conch is, as holders and waiters show it.
 #[derive(Debug, Clone)]
@@ -33,10 +34,22 @@ pub struct Identity {
     pub cmd: String,
 }
 
+/// This machine's host name, as `gethostname(2)` reports it (`unknown` if it is empty).
+pub fn hostname() -> String {
+    let name = gethostname::gethostname();
+    let name = name.to_string_lossy();
+    let name = name.trim();
+    if name.is_empty() {
+        "unknown".to_string()
+    } else {
+        name.to_string()
+    }
+}
+
 impl Identity {
     pub fn current(command: &[String]) -> Identity {
         Identity {
-            host: sema::hostname(),
+            host: hostname(),
             pid: std::process::id(),
             since: now_rfc3339(),
             cmd: command.join(" "),
@@ -317,6 +330,11 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hostname_is_never_empty() {
+        assert!(!hostname().is_empty());
+    }
 
     #[test]
     fn plans_name_the_semaphores() {

@@ -13,13 +13,14 @@
 use std::collections::HashMap;
 use std::process::ExitCode;
 
+use conch_client::Client;
 use conch_client::proto::conch::SemaphoreWaiter;
 use conch_client::proto::grackle::SemaphoreHolder;
 use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE};
-use conch_client::{Client, format_unix_nanos};
 use serde::Serialize;
 
 use crate::exit;
+use crate::timefmt::format_unix_nanos;
 
 /// What `--who --json` prints.
 #[derive(Debug, Serialize, PartialEq)]

@@ -1,4 +1,4 @@
-//! The `conch` binary against the in-process mock cluster (tests/common): exit codes, the
+//! The `conch` binary against real conchd nodes run in-process (tests/common): exit codes, the
 //! child's environment and status, signals, `--who`, `--spread`, a lost slot.
 
 mod common;
@@ -7,12 +7,14 @@ use std::collections::HashMap;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MockCluster, eventually};
+use common::{Cluster, eventually, file_appears};
 use conch_client::sema::{self, META_HOST, META_PID, META_SINCE, NAMESPACE};
 use conch_client::{Client, Lease};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-fn conch(cluster: &MockCluster, args: &[&str]) -> Command {
+fn conch(cluster: &Cluster, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_conch"));
     cmd.args(args)
         .env("CONCH_ENDPOINTS", cluster.endpoints().join(","))
@@ -24,7 +26,7 @@ fn conch(cluster: &MockCluster, args: &[&str]) -> Command {
     cmd
 }
 
-async fn run(cluster: &MockCluster, args: &[&str]) -> Output {
+async fn run(cluster: &Cluster, args: &[&str]) -> Output {
     conch(cluster, args).output().await.expect("run conch")
 }
 
@@ -40,26 +42,21 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn sigterm(child: &Child) {
+fn send(child: &Child, sig: Signal) {
     let pid = child.id().expect("running") as i32;
-    // SAFETY: plain kill(2).
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    kill(Pid::from_raw(pid), sig).expect("signal conch");
 }
 
-fn sigint(child: &Child) {
-    let pid = child.id().expect("running") as i32;
-    // SAFETY: plain kill(2).
-    unsafe { libc::kill(pid, libc::SIGINT) };
+/// This machine's host name, as conch reports it.
+fn hostname() -> String {
+    gethostname::gethostname()
+        .to_string_lossy()
+        .trim()
+        .to_string()
 }
 
 /// Holds `sem` (creating it with `permits`) through the library, with holder metadata.
-async fn hold(
-    cluster: &MockCluster,
-    sem: &str,
-    permits: u64,
-    host: &str,
-    pid: u32,
-) -> (Client, Lease) {
+async fn hold(cluster: &Cluster, sem: &str, permits: u64, host: &str, pid: u32) -> (Client, Lease) {
     let c = Client::connect(cluster.endpoints()).await.unwrap();
     c.ensure_semaphore(NAMESPACE, sem, permits).await.unwrap();
     let l = c
@@ -81,7 +78,7 @@ async fn hold(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_runs_with_rev_and_lease_and_its_status_comes_back() {
-    let cluster = MockCluster::start(1).await;
+    let cluster = Cluster::start(1).await;
     let o = run(
         &cluster,
         &[
@@ -110,8 +107,8 @@ async fn the_command_runs_with_rev_and_lease_and_its_status_comes_back() {
         .unwrap();
     assert!(rev > 0);
     // Released and revoked on the way out.
-    assert!(cluster.holders(NAMESPACE, "job.1").is_empty());
-    assert_eq!(cluster.lease_count(), 0);
+    assert!(cluster.holders(NAMESPACE, "job.1").await.is_empty());
+    assert_eq!(cluster.lease_count(NAMESPACE).await, 0);
 
     // Fencing tokens increase from run to run.
     let o = run(
@@ -151,7 +148,7 @@ async fn the_command_runs_with_rev_and_lease_and_its_status_comes_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_slot_exits_75_at_once_or_after_the_wait() {
-    let cluster = MockCluster::start(1).await;
+    let cluster = Cluster::start(1).await;
     let (_c, _l) = hold(&cluster, "certs-renew.1", 1, "node9", 1).await;
 
     let t0 = Instant::now();
@@ -169,7 +166,7 @@ async fn no_slot_exits_75_at_once_or_after_the_wait() {
     )
     .await;
     assert_eq!(code(&o), 75);
-    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     let err = stderr(&o);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("conch: no free slot"), "{err}");
@@ -192,14 +189,18 @@ async fn no_slot_exits_75_at_once_or_after_the_wait() {
     let took = t0.elapsed();
     assert_eq!(code(&o), 75, "{}", stderr(&o));
     assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        took >= Duration::from_millis(900) && took < Duration::from_secs(6),
         "{took:?}"
     );
     assert!(
-        cluster.queue(NAMESPACE, "certs-renew.1").is_empty(),
+        cluster.queue(NAMESPACE, "certs-renew.1").await.is_empty(),
         "no waiter left behind"
     );
-    assert_eq!(cluster.lease_count(), 1, "only the holder's lease remains");
+    assert_eq!(
+        cluster.lease_count(NAMESPACE).await,
+        1,
+        "only the holder's lease remains"
+    );
 
     // The seed's example as written.
     let o = conch(&cluster, &[])
@@ -220,7 +221,7 @@ async fn no_slot_exits_75_at_once_or_after_the_wait() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_queue_in_order_and_never_overlap() {
-    let cluster = MockCluster::start(2).await;
+    let cluster = Cluster::start(2).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let script = format!(
@@ -249,13 +250,13 @@ async fn runs_queue_in_order_and_never_overlap() {
         children.push(child);
         // Start them in a known order.
         assert!(
-            eventually(Duration::from_secs(5), || {
+            eventually(Duration::from_secs(10), async || {
                 // Queued, holding, or already done.
                 let done = std::fs::read_to_string(&log)
                     .map(|t| t.lines().filter(|l| l.starts_with("end")).count())
                     .unwrap_or(0);
-                cluster.holders(NAMESPACE, "x.1").len()
-                    + cluster.queue(NAMESPACE, "x.1").len()
+                cluster.holders(NAMESPACE, "x.1").await.len()
+                    + cluster.queue(NAMESPACE, "x.1").await.len()
                     + done
                     == i + 1
             })
@@ -288,7 +289,7 @@ async fn runs_queue_in_order_and_never_overlap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn who_shows_holders_then_waiters_and_exits_by_occupancy() {
-    let cluster = MockCluster::start(1).await;
+    let cluster = Cluster::start(1).await;
     let o = run(&cluster, &["sema", "video-encode", "--max", "2", "--who"]).await;
     assert_eq!(code(&o), 1, "nothing there yet: {}", stderr(&o));
     assert_eq!(stdout(&o), "");
@@ -302,8 +303,9 @@ async fn who_shows_holders_then_waiters_and_exits_by_occupancy() {
     .spawn()
     .unwrap();
     assert!(
-        eventually(Duration::from_secs(3), || cluster
+        eventually(Duration::from_secs(10), async || cluster
             .queue(NAMESPACE, "video-encode.2")
+            .await
             .len()
             == 1)
         .await
@@ -331,7 +333,7 @@ async fn who_shows_holders_then_waiters_and_exits_by_occupancy() {
         "{}",
         lines[1]
     );
-    let me = sema::hostname();
+    let me = hostname();
     assert!(
         squeezed[2].starts_with(&format!("video-encode[2/2] WAIT {me} pid=")),
         "{}",
@@ -373,7 +375,13 @@ async fn who_shows_holders_then_waiters_and_exits_by_occupancy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_slot_stops_the_command_and_exits_79() {
-    let cluster = MockCluster::start(1).await;
+    let cluster = Cluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap 'echo got-term; exit 0' TERM; echo started; touch {}; sleep 30 & wait",
+        ready.display()
+    );
     let child = conch(
         &cluster,
         &[
@@ -388,28 +396,32 @@ async fn a_lost_slot_stops_the_command_and_exits_79() {
             "--",
             "sh",
             "-c",
-            "trap 'echo got-term; exit 0' TERM; echo started; sleep 30 & wait",
+            &script,
         ],
     )
     .spawn()
     .unwrap();
     assert!(
-        eventually(Duration::from_secs(3), || cluster
+        eventually(Duration::from_secs(10), async || cluster
             .holders(NAMESPACE, "job.1")
+            .await
             .len()
             == 1)
         .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let lease = cluster.holders(NAMESPACE, "job.1")[0].clone();
+    assert!(
+        file_appears(&ready, Duration::from_secs(10)).await,
+        "the command set its trap"
+    );
+    let lease = cluster.holders(NAMESPACE, "job.1").await[0].clone();
     let t0 = Instant::now();
-    cluster.revoke(&lease);
+    cluster.revoke(NAMESPACE, &lease).await;
     let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
         .await
         .unwrap()
         .unwrap();
     assert_eq!(code(&o), 79, "{}", stderr(&o));
-    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
     assert!(
         stdout(&o).contains("got-term"),
         "the command got SIGTERM: {}",
@@ -439,14 +451,15 @@ async fn a_lost_slot_stops_the_command_and_exits_79() {
     .spawn()
     .unwrap();
     assert!(
-        eventually(Duration::from_secs(3), || cluster
+        eventually(Duration::from_secs(10), async || cluster
             .holders(NAMESPACE, "job.1")
+            .await
             .len()
             == 1)
         .await
     );
-    let lease = cluster.holders(NAMESPACE, "job.1")[0].clone();
-    cluster.revoke(&lease);
+    let lease = cluster.holders(NAMESPACE, "job.1").await[0].clone();
+    cluster.revoke(NAMESPACE, &lease).await;
     let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
         .await
         .unwrap()
@@ -456,37 +469,38 @@ async fn a_lost_slot_stops_the_command_and_exits_79() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_reach_the_command_and_interrupt_a_wait() {
-    let cluster = MockCluster::start(1).await;
+    let cluster = Cluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap 'exit 7' TERM; touch {}; sleep 30 & wait",
+        ready.display()
+    );
     let child = conch(
         &cluster,
-        &[
-            "sema",
-            "job",
-            "--max",
-            "1",
-            "--",
-            "sh",
-            "-c",
-            "trap 'exit 7' TERM; sleep 30 & wait",
-        ],
+        &["sema", "job", "--max", "1", "--", "sh", "-c", &script],
     )
     .spawn()
     .unwrap();
     assert!(
-        eventually(Duration::from_secs(3), || cluster
+        eventually(Duration::from_secs(10), async || cluster
             .holders(NAMESPACE, "job.1")
+            .await
             .len()
             == 1)
         .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    sigterm(&child);
-    let o = tokio::time::timeout(Duration::from_secs(5), child.wait_with_output())
+    assert!(
+        file_appears(&ready, Duration::from_secs(10)).await,
+        "the command set its trap"
+    );
+    send(&child, Signal::SIGTERM);
+    let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
         .await
         .unwrap()
         .unwrap();
     assert_eq!(code(&o), 7, "{}", stderr(&o));
-    assert!(cluster.holders(NAMESPACE, "job.1").is_empty());
+    assert!(cluster.holders(NAMESPACE, "job.1").await.is_empty());
 
     // Ctrl-C while waiting: 130, and neither waiter nor lease is left behind.
     let (_c, _l) = hold(&cluster, "job.1", 1, "node9", 1).await;
@@ -494,25 +508,30 @@ async fn signals_reach_the_command_and_interrupt_a_wait() {
         .spawn()
         .unwrap();
     assert!(
-        eventually(Duration::from_secs(3), || cluster
+        eventually(Duration::from_secs(10), async || cluster
             .queue(NAMESPACE, "job.1")
+            .await
             .len()
             == 1)
         .await
     );
-    sigint(&child);
-    let o = tokio::time::timeout(Duration::from_secs(5), child.wait_with_output())
+    send(&child, Signal::SIGINT);
+    let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
         .await
         .unwrap()
         .unwrap();
     assert_eq!(code(&o), 130, "{}", stderr(&o));
-    assert!(cluster.queue(NAMESPACE, "job.1").is_empty());
-    assert_eq!(cluster.lease_count(), 1, "only the holder's lease remains");
+    assert!(cluster.queue(NAMESPACE, "job.1").await.is_empty());
+    assert_eq!(
+        cluster.lease_count(NAMESPACE).await,
+        1,
+        "only the holder's lease remains"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_allows_one_slot_per_host() {
-    let cluster = MockCluster::start(1).await;
+    let cluster = Cluster::start(1).await;
     let first = conch(
         &cluster,
         &[
@@ -522,8 +541,9 @@ async fn spread_allows_one_slot_per_host() {
     .spawn()
     .unwrap();
     assert!(
-        eventually(Duration::from_secs(3), || cluster
+        eventually(Duration::from_secs(10), async || cluster
             .holders(NAMESPACE, "heavy.2")
+            .await
             .len()
             == 1)
         .await
@@ -557,13 +577,13 @@ async fn spread_allows_one_slot_per_host() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let o = first.wait_with_output().await.unwrap();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let host_sem = sema::spread_semaphore_name("heavy", 2, &sema::hostname()).unwrap();
-    assert!(cluster.holders(NAMESPACE, &host_sem).is_empty());
+    let host_sem = sema::spread_semaphore_name("heavy", 2, &hostname()).unwrap();
+    assert!(cluster.holders(NAMESPACE, &host_sem).await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_map_to_documented_exit_codes() {
-    let cluster = MockCluster::start(1).await;
+    let cluster = Cluster::start(1).await;
     let o = run(
         &cluster,
         &["sema", "job", "--max", "1", "--", "/nonexistent/cmd"],
@@ -571,7 +591,7 @@ async fn failures_map_to_documented_exit_codes() {
     .await;
     assert_eq!(code(&o), 127, "{}", stderr(&o));
     assert!(stderr(&o).starts_with("conch: cannot run /nonexistent/cmd"));
-    assert_eq!(cluster.lease_count(), 0);
+    assert_eq!(cluster.lease_count(NAMESPACE).await, 0);
 
     let o = run(&cluster, &["sema", "bad/name", "--max", "1", "--", "true"]).await;
     assert_eq!(code(&o), 64);

@@ -4,17 +4,13 @@
 //! `conch: …`, and exits with the code [`exit`] documents (64 usage, 69 no node answered,
 //! 75 no slot, 79 slot lost while running; otherwise the command's own status).
 
-#[path = "conch/child.rs"]
 mod child;
-#[path = "conch/cli.rs"]
 mod cli;
-#[path = "conch/cluster.rs"]
 mod cluster;
-#[path = "conch/exit.rs"]
+mod duration;
 mod exit;
-#[path = "conch/sema.rs"]
 mod sema;
-#[path = "conch/who.rs"]
+mod timefmt;
 mod who;
 
 use std::io::Write;
