@@ -17,6 +17,7 @@ use anyhow::Context;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::{ClusterStatusRequest, ClusterStatusResponse};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use nix::sys::signal::Signal;
 use tonic::transport::Channel;
 
 use crate::net::{channel, lazy_channel};
@@ -286,7 +287,7 @@ impl Cluster {
 
     /// kill -9 of node `id` (resumed first if paused, so the kill is delivered and reaped).
     pub fn kill(&mut self, id: u64) {
-        self.signal(id, libc::SIGCONT);
+        self.signal(id, Signal::SIGCONT);
         if let Some(node) = self.nodes.get_mut(&id)
             && let Some(mut child) = node.child.take()
         {
@@ -304,7 +305,7 @@ impl Cluster {
 
     /// SIGSTOP.
     pub fn pause(&mut self, id: u64) {
-        self.signal(id, libc::SIGSTOP);
+        self.signal(id, Signal::SIGSTOP);
         if let Some(node) = self.nodes.get_mut(&id)
             && node.child.is_some()
         {
@@ -314,14 +315,14 @@ impl Cluster {
 
     /// SIGCONT.
     pub fn resume(&mut self, id: u64) {
-        self.signal(id, libc::SIGCONT);
+        self.signal(id, Signal::SIGCONT);
         if let Some(node) = self.nodes.get_mut(&id) {
             node.paused = false;
         }
     }
 
-    /// Sends `signal` (e.g. `libc::SIGSTOP`) to node `id`, if it runs.
-    pub fn signal(&self, id: u64, signal: i32) {
+    /// Sends `signal` (e.g. `Signal::SIGSTOP`) to node `id`, if it runs.
+    pub fn signal(&self, id: u64, signal: Signal) {
         if let Some(pid) = self.nodes.get(&id).and_then(NodeProc::pid) {
             send_signal(pid, signal);
         }

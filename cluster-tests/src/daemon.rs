@@ -41,7 +41,7 @@ impl Daemon {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
-    pub fn signal(&self, signal: i32) {
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
         if let Some(child) = &self.child {
             send_signal(child.id(), signal);
         }

@@ -30,6 +30,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use nix::sys::signal::Signal;
 
 pub use cluster::{Cluster, NodeProc};
 pub use daemon::Daemon;
@@ -90,7 +91,7 @@ fn conchd_command(args: &[String]) -> Command {
     // destructors run (e.g. by `timeout`).
     unsafe {
         command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             Ok(())
         });
     }
@@ -104,10 +105,10 @@ fn spawn(command: &mut Command) -> anyhow::Result<std::process::Child> {
         .with_context(|| format!("spawn {}", binary("conchd").display()))
 }
 
-/// Sends `signal` (e.g. `libc::SIGSTOP`) to the child process `pid`.
-fn send_signal(pid: u32, signal: i32) {
+/// Sends `signal` (e.g. `Signal::SIGSTOP`) to the child process `pid`.
+fn send_signal(pid: u32, signal: Signal) {
     if let Ok(pid) = i32::try_from(pid) {
-        // SAFETY: plain kill(2) on a child process the caller owns and has not reaped.
-        unsafe { libc::kill(pid, signal) };
+        // The child may have exited already: nothing to do then.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
     }
 }

@@ -21,6 +21,8 @@ use conch_client::sema::META_PID;
 use conch_proto::conch::ListSemaphoreWaitersRequest;
 use conch_proto::conch::conch_api_client::ConchApiClient;
 use conch_proto::grackle as pb;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 
 /// How long any single conch run may take in these tests before it counts as hung.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -83,31 +85,27 @@ fn descendant_groups(root: i32) -> Vec<i32> {
     groups
 }
 
-fn kill_group(pgid: i32, sig: i32) {
-    // SAFETY: getpgrp/kill have no memory-safety requirements.
-    let own = unsafe { libc::getpgrp() };
-    if pgid > 1 && pgid != own {
-        unsafe { libc::kill(-pgid, sig) };
+fn kill_group(pgid: i32, sig: Signal) {
+    if pgid > 1 && Pid::from_raw(pgid) != nix::unistd::getpgrp() {
+        // The group may be gone already: nothing to do then.
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pgid), sig);
     }
 }
 
-fn signal_pid(pid: i32, sig: i32) {
+fn signal_pid(pid: i32, sig: Signal) {
     if pid > 1 {
-        // SAFETY: plain kill(2).
-        unsafe { libc::kill(pid, sig) };
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
     }
 }
 
 /// `true` while process `pid` exists (zombies included).
 fn pid_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    pid > 1 && unsafe { libc::kill(pid, 0) } == 0
+    pid > 1 && nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
 }
 
 /// `true` while any process is in group `pgid` (zombies included).
 fn group_alive(pgid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    pgid > 1 && unsafe { libc::kill(-pgid, 0) } == 0
+    pgid > 1 && nix::sys::signal::killpg(Pid::from_raw(pgid), None).is_ok()
 }
 
 fn now_ns() -> i128 {
@@ -142,7 +140,7 @@ impl Proc {
         std::fs::read_to_string(&self.err).unwrap_or_default()
     }
 
-    fn signal(&self, sig: i32) {
+    fn signal(&self, sig: Signal) {
         if self.status.is_none() {
             signal_pid(self.pid(), sig);
         }
@@ -204,15 +202,15 @@ impl Drop for Proc {
             // Not reaped yet, so the pid (and group id) cannot have been reused.
             let pid = self.pid();
             for g in descendant_groups(pid) {
-                kill_group(g, libc::SIGKILL);
+                kill_group(g, Signal::SIGKILL);
             }
-            kill_group(pid, libc::SIGKILL);
+            kill_group(pid, Signal::SIGKILL);
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
         for &g in &self.also_kill {
             if group_alive(g) {
-                kill_group(g, libc::SIGKILL);
+                kill_group(g, Signal::SIGKILL);
             }
         }
     }
@@ -796,8 +794,8 @@ async fn no_slot_exits_75_and_leaves_no_waiter() -> anyhow::Result<()> {
     // A forever-waiter interrupted by SIGINT exits 128+SIGINT and leaves no waiter either.
     let mut w = f.conch(&sh_c("sema x --max 1", ran))?;
     f.wait_queue("x.1", &[w.pid()]).await?;
-    w.signal(libc::SIGINT);
-    w.expect_code(128 + libc::SIGINT).await?;
+    w.signal(Signal::SIGINT);
+    w.expect_code(128 + Signal::SIGINT as i32).await?;
     assert!(!f.path("ran").exists(), "a command ran without the slot");
 
     // The waiter is gone: only the holder shows.
@@ -831,7 +829,7 @@ async fn the_command_status_comes_back_and_signals_reach_it() -> anyhow::Result<
     assert_eq!(code, 0, "{err:?}");
     // Killed by a signal: 128 + N.
     let (code, _, err) = f.run(&sh_c("sema x --max 1", "kill -KILL $$")).await?;
-    assert_eq!(code, 128 + libc::SIGKILL, "{err:?}");
+    assert_eq!(code, 128 + Signal::SIGKILL as i32, "{err:?}");
 
     // A command that cannot be found: 127, as in shells; the slot is released.
     let (code, _, err) = f
@@ -846,7 +844,7 @@ async fn the_command_status_comes_back_and_signals_reach_it() -> anyhow::Result<
     let body = r#"trap 'echo term > "$T/marker"; exit 42' TERM; echo $$ > "$T/ready"; while :; do sleep 0.05; done"#;
     let mut p = f.conch(&sh_c("sema x --max 1", body))?;
     f.wait_file("ready", |t| t.ends_with('\n')).await?;
-    p.signal(libc::SIGTERM);
+    p.signal(Signal::SIGTERM);
     p.expect_code(42).await?;
     assert_eq!(f.read("marker"), "term\n");
 
@@ -859,8 +857,8 @@ async fn the_command_status_comes_back_and_signals_reach_it() -> anyhow::Result<
         .trim()
         .parse()?;
     p.also_kill.push(child);
-    p.signal(libc::SIGINT);
-    p.expect_code(128 + libc::SIGINT).await?;
+    p.signal(Signal::SIGINT);
+    p.expect_code(128 + Signal::SIGINT as i32).await?;
     assert!(!pid_alive(child), "the command survived SIGINT");
     f.passed()
 }
@@ -885,9 +883,9 @@ async fn a_killed_holders_slot_comes_back_after_the_ttl() -> anyhow::Result<()> 
     f.wait_queue("x.1", &[b.pid()]).await?;
 
     let killed_at = now_ns();
-    a.signal(libc::SIGKILL);
+    a.signal(Signal::SIGKILL);
     let status = a.wait(EXIT_TIMEOUT).await?;
-    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert_eq!(status.signal(), Some(Signal::SIGKILL as i32));
     b.expect_code(0).await?;
     let granted_at: i128 = f.read("b").trim().parse()?;
     let after = Duration::from_nanos((granted_at - killed_at).max(0) as u64);
@@ -983,13 +981,13 @@ async fn an_unreachable_cluster_stops_the_command_before_the_ttl() -> anyhow::Re
 
     let ids = f.cluster.running_ids();
     for &id in &ids {
-        f.cluster.signal(id, libc::SIGSTOP);
+        f.cluster.signal(id, Signal::SIGSTOP);
     }
     // No refresh can succeed after this moment, so the servers' deadline is at most TTL later.
     let stopped_at = now_ns();
     let code = p.code(EXIT_TIMEOUT).await;
     for &id in &ids {
-        f.cluster.signal(id, libc::SIGCONT);
+        f.cluster.signal(id, Signal::SIGCONT);
     }
     let code = code?;
     assert_eq!(code, EX_SLOT_LOST, "stderr: {:?}", p.stderr());

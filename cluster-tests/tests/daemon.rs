@@ -6,6 +6,7 @@ use cluster_tests::{Daemon, channel, free_port, ops, wait_for};
 use conch_proto::conch::TriggerSnapshotRequest;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use nix::sys::signal::Signal;
 
 async fn serving(addr: &str) -> anyhow::Result<GrackleApiClient<tonic::transport::Channel>> {
     let channel = wait_for(
@@ -50,7 +51,7 @@ async fn conchd_without_cluster_flags_runs_one_node_with_data_in_the_working_dir
     assert!(stdout.contains(&data_dir.display().to_string()), "{stdout}");
     assert!(data_dir.join("raft").is_dir());
 
-    daemon.signal(libc::SIGTERM);
+    daemon.signal(Signal::SIGTERM);
     assert_eq!(
         daemon.wait_exit(Duration::from_secs(20)).await?,
         Some(0),
@@ -81,7 +82,7 @@ async fn conchd_without_cluster_flags_runs_one_node_with_data_in_the_working_dir
         found.into_inner().namespace.unwrap_or_default().name,
         "hello"
     );
-    daemon.signal(libc::SIGINT);
+    daemon.signal(Signal::SIGINT);
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(0));
     Ok(())
 }
@@ -127,7 +128,7 @@ async fn a_corrupt_snapshot_refuses_to_start() -> anyhow::Result<()> {
     create_namespace_when_ready(&mut client, "snap").await?;
     let mut admin = ConchAdminClient::new(channel(&addr).await?);
     admin.trigger_snapshot(TriggerSnapshotRequest {}).await?;
-    daemon.signal(libc::SIGTERM);
+    daemon.signal(Signal::SIGTERM);
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(0));
 
     let snapshots = dir.path().join("conch-data").join("snapshots");
@@ -160,7 +161,7 @@ async fn a_damaged_raft_log_refuses_to_start() -> anyhow::Result<()> {
     let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
     let mut client = serving(&addr).await?;
     create_namespace_when_ready(&mut client, "kept").await?;
-    daemon.signal(libc::SIGTERM);
+    daemon.signal(Signal::SIGTERM);
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(0));
 
     // Damage sled's data file throughout: its recovery drops what follows the first damage.
