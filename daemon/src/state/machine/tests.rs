@@ -2229,3 +2229,69 @@ fn an_abandoned_wait_that_nobody_reattaches_leaves_after_the_linger() {
     assert!(t.state.waiter(NS, "db", &a).is_none());
     assert_eq!(t.state.next_due_ns().map(|d| d > 5 * S), Some(true));
 }
+
+/// A small fixed history touching every field of the canonical data: descriptions, metadata,
+/// holders, an upgrade queued behind a waiter, a lingered deadline, a deleted semaphore.
+fn pinned_timeline() -> Timeline {
+    let mut t = Timeline::new();
+    t.ok(Cmd::CreateNamespace {
+        name: NS.into(),
+        description: "the namespace".into(),
+        metadata: meta("team", "infra"),
+    });
+    t.create_ns("other");
+    t.ok(Cmd::CreateSemaphore {
+        ns: NS.into(),
+        name: "db".into(),
+        description: "database slots".into(),
+        permits: 3,
+        metadata: meta("tier", "1"),
+    });
+    t.create_sem("gone", 1);
+    let a = t.create_lease_for("host-a/1", 30).lease_id;
+    let b = t.create_lease_for("host-b/2", 10).lease_id;
+    t.at(S / 2);
+    t.ok(Cmd::Acquire {
+        ns: NS.into(),
+        sem: "db".into(),
+        lease: a.clone(),
+        weight: 2,
+        wait_ns: 0,
+        metadata: meta("job", "42"),
+    });
+    t.acquire("db", &b, 2, 20 * S);
+    t.acquire("gone", &b, 1, 0);
+    t.at(S);
+    t.acquire("db", &a, 3, 5 * S); // an upgrade, queued behind B
+    t.ok(Cmd::GiveUp {
+        ns: NS.into(),
+        sem: "db".into(),
+        lease: b.clone(),
+        deadline_ns: 21 * S,
+        linger_ns: 4 * S,
+    });
+    t.ok(Cmd::DeleteSemaphore {
+        ns: NS.into(),
+        name: "gone".into(),
+    });
+    t
+}
+
+/// The canonical encoding and the hash are what nodes compare and data directories hold:
+/// pinned, so a change to their layout is a deliberate one.
+#[test]
+fn the_hash_and_the_encoded_bytes_are_pinned() {
+    const DATA: &str = concat!(
+        "fc0094357702020202016e01016e0d746865206e616d65737061636501047465616d05696e66726100",
+        "0001010264620e646174616261736520736c6f7473010474696572013103010000fc00943577010102",
+        "fc00ca9a3b01036a6f620234320102010203fc00943577fd007841cb0200000000020102fc00ca9a3b",
+        "fd00e40b54020000000002020108686f73742d612f310000fd005847f80d0000001e0208686f73742d",
+        "622f320000fd00c817a8040000000a056f7468657202056f7468657200000000010000",
+    );
+    let t = pinned_timeline();
+    let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
+    let data = bincode_options().serialize(&t.state.data).expect("encodes");
+    assert_eq!(hex(&data), DATA);
+    assert_eq!(t.state.hash(), 0x60bb_104d_36df_d728);
+    assert_eq!(fnv1a64(&data), t.state.hash(), "the hash is FNV-1a of the encoding");
+}
