@@ -2,8 +2,8 @@
 //!
 //! What always holds here: the encoding is bincode (varint integers, little endian, trailing
 //! bytes rejected) of the canonical data only, and the hash is FNV-1a 64 of exactly those bytes;
-//! both are the same on every node and build. A snapshot is a header (magic, format version)
-//! and those bytes. Decoding never trusts derived data: every index is rebuilt from
+//! both are the same on every node and build. A snapshot is those bytes with no header (the
+//! storage layer frames them). Decoding never trusts derived data: every index is rebuilt from
 //! the canonical data and every invariant is checked before the state is used.
 
 use bincode::Options;
@@ -11,10 +11,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::data::{Data, State};
 use super::types::*;
-
-/// Snapshot header: magic, then the format version (little endian u32), then the data.
-const SNAPSHOT_MAGIC: &[u8; 8] = b"conch-sm";
-const SNAPSHOT_FORMAT: u32 = 1;
 
 pub(super) fn bincode_options() -> impl Options {
     // Varint integers, little endian, trailing bytes rejected.
@@ -78,35 +74,19 @@ impl State {
         hasher.0
     }
 
+    /// The canonical data's bytes, header-less: the caller frames them.
     pub fn encode_snapshot(&self) -> Result<Vec<u8>, SnapshotError> {
-        let mut bytes = Vec::with_capacity(64);
-        bytes.extend_from_slice(SNAPSHOT_MAGIC);
-        bytes.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
         bincode_options()
-            .serialize_into(&mut bytes, &self.data)
-            .map_err(|e| SnapshotError::Encode(e.to_string()))?;
-        Ok(bytes)
+            .serialize(&self.data)
+            .map_err(|e| SnapshotError::Encode(e.to_string()))
     }
 
-    /// Decodes and checks a snapshot; indexes are rebuilt, never trusted from the bytes.
+    /// Decodes and checks exactly what [`State::encode_snapshot`] returns (no header); indexes
+    /// are rebuilt, never trusted from the bytes.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
-        let rest = bytes
-            .strip_prefix(SNAPSHOT_MAGIC.as_slice())
-            .ok_or_else(|| {
-                SnapshotError::Decode("not a conch state snapshot (bad magic)".into())
-            })?;
-        let (format, rest) = rest
-            .split_first_chunk::<4>()
-            .ok_or_else(|| SnapshotError::Decode("truncated header".into()))?;
-        let format = u32::from_le_bytes(*format);
-        if format != SNAPSHOT_FORMAT {
-            return Err(SnapshotError::Decode(format!(
-                "unsupported format version {format} (this build reads {SNAPSHOT_FORMAT})"
-            )));
-        }
         let data: Data = bincode_options()
-            .with_limit(rest.len() as u64)
-            .deserialize(rest)
+            .with_limit(bytes.len() as u64)
+            .deserialize(bytes)
             .map_err(|e| SnapshotError::Decode(e.to_string()))?;
         State::from_data(data).map_err(SnapshotError::Inconsistent)
     }
