@@ -12,8 +12,8 @@
 //!   count
 //!
 //! What always holds here: every derived field and index equals what the data implies. The
-//! collections a derived index depends on are private to this module, and the only ways to
-//! change them are the methods below (`add_holder`, `remove_holder`, `add_waiter`,
+//! collections a derived index depends on are private to this module, index keys are built
+//! only by [`Index`]'s own methods, and the only ways to change the data are the methods below (`add_holder`, `remove_holder`, `add_waiter`,
 //! `remove_waiter`, `set_waiter_deadline`, `add_lease`, `remove_lease`, `set_lease_expiry`,
 //! `remove_semaphore`, [`Namespaces::add`], [`Namespaces::remove`]), each of which updates every
 //! index it touches. They decide nothing: which grant, which event, which error is the command
@@ -48,17 +48,18 @@ pub(super) struct Data {
     pub(super) namespaces: Namespaces,
 }
 
-/// Indexes over [`Data`], rebuilt on decode and never serialized. Outside this module it is
-/// only ever read.
+/// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
+/// reached only through `&` outside this module; the invariant check builds a fresh one with
+/// the same methods to compare.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Index {
     /// `(expires_at, namespace id, lease seq)` for every lease.
-    pub(super) lease_expiry: BTreeSet<(Nanos, u64, u64)>,
+    lease_expiry: BTreeSet<(Nanos, u64, u64)>,
     /// `(deadline_ns, namespace id, semaphore, lease seq)` for every waiter.
-    pub(super) waiter_deadlines: BTreeSet<(Nanos, u64, String, u64)>,
-    pub(super) namespace_names: BTreeMap<u64, String>,
+    waiter_deadlines: BTreeSet<(Nanos, u64, String, u64)>,
+    namespace_names: BTreeMap<u64, String>,
     /// Number of holders over all semaphores.
-    pub(super) holders: u64,
+    holders: u64,
 }
 
 /// The namespaces by name. Serialized exactly as the map it wraps.
@@ -200,14 +201,14 @@ impl State {
     pub(super) fn rebuild(mut data: Data) -> Result<State, String> {
         let mut index = Index::default();
         for (name, ns) in data.namespaces.0.iter_mut() {
-            if index.namespace_names.insert(ns.id, name.clone()).is_some() {
+            if !index.add_namespace(ns.id, name) {
                 return Err(format!("namespace id {} is used twice", ns.id));
             }
             ns.leases_by_process.clear();
             for (seq, lease) in ns.leases.iter_mut() {
                 lease.holds.clear();
                 lease.waits.clear();
-                index.lease_expiry.insert((lease.expires_at, ns.id, *seq));
+                index.add_lease_expiry(ns.id, *seq, lease.expires_at);
                 ns.leases_by_process
                     .insert((process_key(&lease.process_id), *seq));
             }
@@ -218,7 +219,7 @@ impl State {
                 for (seq, holder) in &sem.holders {
                     sem.held = sem.held.saturating_add(holder.weight);
                     sem.holders_by_token.insert(holder.token, *seq);
-                    index.holders = index.holders.saturating_add(1);
+                    index.add_holders(1);
                     let lease = ns.leases.get_mut(seq).ok_or_else(|| {
                         format!(
                             "holder {} of {name}/{sem_name} has no lease",
@@ -229,12 +230,7 @@ impl State {
                 }
                 for (seq, waiter) in &sem.waiters {
                     sem.queue.insert(waiter.ticket, *seq);
-                    index.waiter_deadlines.insert((
-                        waiter.deadline_ns,
-                        ns.id,
-                        sem_name.clone(),
-                        *seq,
-                    ));
+                    index.add_waiter_deadline(ns.id, sem_name, *seq, waiter.deadline_ns);
                     let lease = ns.leases.get_mut(seq).ok_or_else(|| {
                         format!(
                             "waiter {} of {name}/{sem_name} has no lease",
@@ -250,6 +246,55 @@ impl State {
 }
 
 impl Index {
+    pub(super) fn add_lease_expiry(&mut self, ns_id: u64, seq: u64, expires_at: Nanos) {
+        self.lease_expiry.insert((expires_at, ns_id, seq));
+    }
+
+    fn remove_lease_expiry(&mut self, ns_id: u64, seq: u64, expires_at: Nanos) {
+        self.lease_expiry.remove(&(expires_at, ns_id, seq));
+    }
+
+    pub(super) fn add_waiter_deadline(
+        &mut self,
+        ns_id: u64,
+        sem: &str,
+        seq: u64,
+        deadline_ns: Nanos,
+    ) {
+        self.waiter_deadlines
+            .insert((deadline_ns, ns_id, sem.to_string(), seq));
+    }
+
+    fn remove_waiter_deadline(&mut self, ns_id: u64, sem: &str, seq: u64, deadline_ns: Nanos) {
+        self.waiter_deadlines
+            .remove(&(deadline_ns, ns_id, sem.to_string(), seq));
+    }
+
+    /// Records a namespace id; false if it was taken.
+    pub(super) fn add_namespace(&mut self, id: u64, name: &str) -> bool {
+        self.namespace_names.insert(id, name.to_string()).is_none()
+    }
+
+    pub(super) fn add_holders(&mut self, count: u64) {
+        self.holders = self.holders.saturating_add(count);
+    }
+
+    pub(super) fn leases(&self) -> u64 {
+        self.lease_expiry.len() as u64
+    }
+
+    pub(super) fn waiters(&self) -> u64 {
+        self.waiter_deadlines.len() as u64
+    }
+
+    fn remove_holders(&mut self, count: u64) {
+        self.holders = self.holders.saturating_sub(count);
+    }
+
+    pub(super) fn holders(&self) -> u64 {
+        self.holders
+    }
+
     /// The earliest time at which a lease expires or a waiter's deadline passes, if any.
     pub(super) fn next_due_ns(&self) -> Option<Nanos> {
         let lease = self.lease_expiry.first().map(|e| e.0);
@@ -321,7 +366,7 @@ impl Namespaces {
 
     /// Adds a new, empty namespace (replacing none: the caller checked the name is free).
     pub(super) fn add(&mut self, ns: Namespace, ctx: &mut Ctx) {
-        ctx.index.namespace_names.insert(ns.id, ns.name.clone());
+        ctx.index.add_namespace(ns.id, &ns.name);
         self.0.insert(ns.name.clone(), ns);
     }
 
@@ -331,20 +376,14 @@ impl Namespaces {
         let ns = self.0.remove(name)?;
         ctx.index.namespace_names.remove(&ns.id);
         for (sem_name, sem) in &ns.semaphores {
-            ctx.index.holders = ctx.index.holders.saturating_sub(sem.holders.len() as u64);
+            ctx.index.remove_holders(sem.holders.len() as u64);
             for (seq, waiter) in &sem.waiters {
-                ctx.index.waiter_deadlines.remove(&(
-                    waiter.deadline_ns,
-                    ns.id,
-                    sem_name.clone(),
-                    *seq,
-                ));
+                ctx.index
+                    .remove_waiter_deadline(ns.id, sem_name, *seq, waiter.deadline_ns);
             }
         }
         for (seq, lease) in &ns.leases {
-            ctx.index
-                .lease_expiry
-                .remove(&(lease.expires_at, ns.id, *seq));
+            ctx.index.remove_lease_expiry(ns.id, *seq, lease.expires_at);
         }
         Some(ns)
     }
@@ -414,18 +453,14 @@ impl Namespace {
     pub(super) fn remove_semaphore(&mut self, name: &str, ctx: &mut Ctx) -> Option<Semaphore> {
         let sem = self.semaphores.remove(name)?;
         for seq in sem.holders.keys() {
-            ctx.index.holders = ctx.index.holders.saturating_sub(1);
+            ctx.index.remove_holders(1);
             if let Some(lease) = self.leases.get_mut(seq) {
                 lease.holds.remove(name);
             }
         }
         for (seq, waiter) in &sem.waiters {
-            ctx.index.waiter_deadlines.remove(&(
-                waiter.deadline_ns,
-                self.id,
-                name.to_string(),
-                *seq,
-            ));
+            ctx.index
+                .remove_waiter_deadline(self.id, name, *seq, waiter.deadline_ns);
             if let Some(lease) = self.leases.get_mut(seq) {
                 lease.waits.remove(name);
             }
@@ -452,7 +487,7 @@ impl Namespace {
                 sem.holders_by_token.remove(&old.token);
             }
             None => {
-                ctx.index.holders += 1;
+                ctx.index.add_holders(1);
                 if let Some(lease) = self.leases.get_mut(&seq) {
                     lease.holds.insert(sem_name.to_string());
                 }
@@ -470,7 +505,7 @@ impl Namespace {
     ) -> Option<Holder> {
         let sem = self.semaphores.get_mut(sem_name)?;
         let old = sem.take_holder(seq)?;
-        ctx.index.holders = ctx.index.holders.saturating_sub(1);
+        ctx.index.remove_holders(1);
         if let Some(lease) = self.leases.get_mut(&seq) {
             lease.holds.remove(sem_name);
         }
@@ -493,8 +528,7 @@ impl Namespace {
         waiter.ticket = sem.last_ticket;
         sem.queue.insert(waiter.ticket, seq);
         ctx.index
-            .waiter_deadlines
-            .insert((waiter.deadline_ns, self.id, sem_name.to_string(), seq));
+            .add_waiter_deadline(self.id, sem_name, seq, waiter.deadline_ns);
         sem.waiters.insert(seq, waiter);
         if let Some(lease) = self.leases.get_mut(&seq) {
             lease.waits.insert(sem_name.to_string());
@@ -510,12 +544,8 @@ impl Namespace {
     ) -> Option<Waiter> {
         let sem = self.semaphores.get_mut(sem_name)?;
         let waiter = sem.take_waiter(seq)?;
-        ctx.index.waiter_deadlines.remove(&(
-            waiter.deadline_ns,
-            self.id,
-            sem_name.to_string(),
-            seq,
-        ));
+        ctx.index
+            .remove_waiter_deadline(self.id, sem_name, seq, waiter.deadline_ns);
         if let Some(lease) = self.leases.get_mut(&seq) {
             lease.waits.remove(sem_name);
         }
@@ -541,9 +571,10 @@ impl Namespace {
         if waiter.deadline_ns == deadline_ns {
             return;
         }
-        let key = |deadline_ns| (deadline_ns, ns_id, sem_name.to_string(), seq);
-        ctx.index.waiter_deadlines.remove(&key(waiter.deadline_ns));
-        ctx.index.waiter_deadlines.insert(key(deadline_ns));
+        ctx.index
+            .remove_waiter_deadline(ns_id, sem_name, seq, waiter.deadline_ns);
+        ctx.index
+            .add_waiter_deadline(ns_id, sem_name, seq, deadline_ns);
         waiter.deadline_ns = deadline_ns;
     }
 
@@ -567,9 +598,7 @@ impl Namespace {
 
     /// Adds a new lease (the caller took `seq` from the counter).
     pub(super) fn add_lease(&mut self, seq: u64, lease: Lease, ctx: &mut Ctx) {
-        ctx.index
-            .lease_expiry
-            .insert((lease.expires_at, self.id, seq));
+        ctx.index.add_lease_expiry(self.id, seq, lease.expires_at);
         self.leases_by_process
             .insert((process_key(&lease.process_id), seq));
         self.leases.insert(seq, Box::new(lease));
@@ -580,8 +609,7 @@ impl Namespace {
     pub(super) fn remove_lease(&mut self, seq: u64, ctx: &mut Ctx) -> Option<Box<Lease>> {
         let lease = self.leases.remove(&seq)?;
         ctx.index
-            .lease_expiry
-            .remove(&(lease.expires_at, self.id, seq));
+            .remove_lease_expiry(self.id, seq, lease.expires_at);
         self.leases_by_process
             .remove(&(process_key(&lease.process_id), seq));
         for sem_name in &lease.holds {
@@ -621,9 +649,9 @@ fn move_expiry(index: &mut Index, ns_id: u64, seq: u64, lease: &mut Lease, expir
     if expires_at == lease.expires_at {
         return;
     }
-    index.lease_expiry.remove(&(lease.expires_at, ns_id, seq));
+    index.remove_lease_expiry(ns_id, seq, lease.expires_at);
     lease.expires_at = expires_at;
-    index.lease_expiry.insert((expires_at, ns_id, seq));
+    index.add_lease_expiry(ns_id, seq, expires_at);
 }
 
 impl Semaphore {

@@ -34,11 +34,7 @@ impl State {
             if ns.id() == 0 || ns.id() > data.last_namespace_id {
                 return Err(at("id not from the counter"));
             }
-            if expected
-                .namespace_names
-                .insert(ns.id(), name.clone())
-                .is_some()
-            {
+            if !expected.add_namespace(ns.id(), name) {
                 return Err(at("id used twice"));
             }
             if ns.version == 0 || ns.created_at > ns.updated_at || ns.updated_at > clock {
@@ -115,12 +111,7 @@ impl State {
                     if w.queued_at > clock {
                         return Err(at("waiter queued in the future"));
                     }
-                    expected.waiter_deadlines.insert((
-                        w.deadline_ns,
-                        ns.id(),
-                        sem_name.clone(),
-                        *seq,
-                    ));
+                    expected.add_waiter_deadline(ns.id(), sem_name, *seq, w.deadline_ns);
                     lease_waits.entry(*seq).or_default().insert(sem_name);
                 }
                 if queue != *sem.queue() {
@@ -132,7 +123,7 @@ impl State {
                 {
                     return Err(at("the head of the queue fits but was not granted"));
                 }
-                expected.holders = expected.holders.saturating_add(sem.holders().len() as u64);
+                expected.add_holders(sem.holders().len() as u64);
             }
             let mut by_process = BTreeSet::new();
             for (seq, lease) in ns.leases() {
@@ -150,9 +141,7 @@ impl State {
                 {
                     return Err(at("holds/waits do not match the semaphores"));
                 }
-                expected
-                    .lease_expiry
-                    .insert((lease.expires_at, ns.id(), *seq));
+                expected.add_lease_expiry(ns.id(), *seq, lease.expires_at);
                 by_process.insert((process_key(&lease.process_id), *seq));
             }
             if by_process != *ns.leases_by_process() {

@@ -383,9 +383,9 @@ impl State {
                 .values()
                 .map(|ns| ns.semaphores().len() as u64)
                 .sum(),
-            leases: self.index().lease_expiry.len() as u64,
-            holders: self.index().holders,
-            waiters: self.index().waiter_deadlines.len() as u64,
+            leases: self.index().leases(),
+            holders: self.index().holders(),
+            waiters: self.index().waiters(),
         }
     }
 }
