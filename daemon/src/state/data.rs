@@ -13,11 +13,11 @@
 //!
 //! What always holds here: every derived field and index equals what the data implies. The
 //! collections a derived index depends on are private to this module, index keys are built
-//! only by [`Index`]'s own methods, and the only ways to change the data are the methods below (`add_holder`, `remove_holder`, `add_waiter`,
-//! `remove_waiter`, `set_waiter_deadline`, `add_lease`, `remove_lease`, `set_lease_expiry`,
-//! `remove_semaphore`, [`Namespaces::add`], [`Namespaces::remove`]), each of which updates every
-//! index it touches. They decide nothing: which grant, which event, which error is the command
-//! code's business.
+//! only by [`Index`]'s own methods, and the only ways to change the data are the methods below
+//! (`add_holder`, `remove_holder`, `add_waiter`, `remove_waiter`, `set_waiter_deadline`,
+//! `add_lease`, `remove_lease`, `set_lease_expiry`, `remove_semaphore`, [`Namespaces::add`],
+//! [`Namespaces::remove`]), each of which updates every index it touches. They decide nothing:
+//! which grant, which event, which error is the command code's business.
 
 use std::collections::{BTreeMap, BTreeSet};
 
