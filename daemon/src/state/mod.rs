@@ -1,25 +1,67 @@
 //! The semaphore state machine: Grackle semantics as a pure, deterministic function of the
 //! Raft log.
 //!
-//! Invariants (checked by [`State::check_invariants`]):
-//! - for every semaphore, the sum of holder weights <= permits
-//! - every holder and waiter belongs to a live lease of the same namespace
-//! - a lease that both holds and waits for one semaphore is upgrading: it waits for more weight
-//!   than it holds (and keeps its hold meanwhile)
-//! - the head of every queue cannot be granted now (no grant is ever left undone)
-//! - fencing tokens are unique and strictly increasing in grant order
-//! - the clock never decreases
-//!
 //! No clock reads, no I/O, no randomness: ids and tokens derive from counters in the state,
 //! and time comes from the leader's stamp on each [`Batch`].
+//!
+//! The modules, by concept:
+//! - `data`: the canonical data and its derived indexes, changed only through methods that keep
+//!   every index consistent
+//! - `lease_id`: lease ids and the sequence numbers behind them
+//! - `queue`: acquire, release, give up, and the one grant path
+//! - `apply`: command dispatch, reaping, extending leases, the other commands
+//! - `read`: lookups, views and the reads served at the reader's clock
+//! - `snapshot`: the canonical encoding, the state hash, snapshots
+//! - `invariants`: the check of every rule the state keeps (see there for the list)
+//!
+//! # Cost
+//!
+//! Every command costs O(log n) in the things it touches, plus one step per waiter it grants
+//! or removes and per holder it drops. `ExtendLeases` touches every lease, and `DeleteNamespace`
+//! everything in the namespace. `hash`, `encode_snapshot` and `check_invariants` are O(state):
+//! call them at snapshot points or in tests, not per entry.
+//!
+//! # Decisions the API layer relies on
+//!
+//! - Due leases and waiters are reaped before every command (except `ExtendLeases`), even one
+//!   that is then refused by validation; a refused command changes nothing else.
+//! - `Acquire` answers `Acquired { token }`, `Queued { deadline_ns }` (wait for an [`Event`]
+//!   about this (namespace, semaphore, lease)) or `Unavailable`. A re-attach with wait 0 that is
+//!   still queued answers `Unavailable` and stays queued.
+//! - Re-acquire at most the held weight: granted at once with a new token (the holder moves to
+//!   the end of the grant order). More than held: an upgrade that queues like any acquire while
+//!   the old hold stays; `Release` drops both the hold and the queued upgrade; `GiveUp` on an
+//!   upgrade removes only the upgrade (so it checks "queued" before "holds").
+//! - [`Event::Granted`] is emitted for every grant that leaves a queue, including an upgrade
+//!   settled by a re-acquire at a lower weight; immediate grants of a non-queued lease emit no
+//!   event (the reply carries the token). [`Event::WaitEnded`] is emitted for every other exit
+//!   from a queue.
+//! - The 1001st holder of a semaphore is `ResourceExhausted` when it would be granted at once
+//!   (blocking or not); a queued head that fits but finds no holder slot stays at the head.
+//! - `DeleteSemaphore` of an absent semaphore is `Done`; of an absent namespace `NotFound`.
+//! - `expected_version` must equal the version; there is no "0 = unconditional".
+//! - `RefreshLease` sets `expires_at = clock + ttl` (it may shorten a lease if given a shorter
+//!   TTL); `ttl_s` 0 keeps the lease's TTL, any other value becomes the lease's TTL.
+//! - A lease id this state could not have made is `NotFound` (not `InvalidArgument`).
+//! - Reads take the reader's `now_ns` and hide leases with `expires_at <= now_ns`, their holders
+//!   and waiters, and waiters whose deadline has passed; counts in semaphore views match.
 
+mod apply;
+mod data;
+mod invariants;
+mod lease_id;
 pub mod limits;
-mod machine;
 mod paging;
 #[cfg(test)]
 mod proptests;
+mod queue;
+mod read;
+mod snapshot;
+#[cfg(test)]
+mod tests;
 mod types;
 pub mod validate;
 
-pub use machine::{State, fnv1a64};
+pub use data::State;
+pub use snapshot::fnv1a64;
 pub use types::*;

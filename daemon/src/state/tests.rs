@@ -1,6 +1,12 @@
 //! Timelines through the state machine. Every step checks the invariants.
 
-use super::*;
+use bincode::Options;
+
+use super::data::{Data, State};
+use super::lease_id::{lease_id, lease_seq};
+use super::limits::*;
+use super::snapshot::{bincode_options, fnv1a64};
+use super::types::*;
 
 const S: Nanos = NANOS_PER_SEC;
 const NS: &str = "n";
@@ -1966,7 +1972,7 @@ fn snapshot_round_trip_keeps_hash_and_behaviour() {
     let bytes = t.state.encode_snapshot().expect("encodes");
     let restored = State::decode_snapshot(&bytes).expect("decodes");
     assert_eq!(restored.hash(), t.state.hash());
-    assert_eq!(restored.index, t.state.index);
+    assert_eq!(restored.index(), t.state.index());
     assert_eq!(restored.stats(), t.state.stats());
     let mut r = Timeline {
         state: restored,
@@ -1999,10 +2005,17 @@ fn garbage_snapshots_are_errors_not_panics() {
         State::decode_snapshot(&[]),
         Err(SnapshotError::Decode(_))
     ));
+    // a snapshot is header-less: bytes that open with a header are not state data
     assert!(matches!(
-        State::decode_snapshot(b"conch-sm\x02\0\0\0"),
+        State::decode_snapshot(b"conch-sm\x01\0\0\0"),
         Err(SnapshotError::Decode(_))
     ));
+    let mut framed = b"conch-sm\x01\0\0\0".to_vec();
+    framed.extend_from_slice(&bytes);
+    assert!(
+        State::decode_snapshot(&framed).is_err(),
+        "a framed snapshot"
+    );
     for len in 0..bytes.len() {
         assert!(
             State::decode_snapshot(&bytes[..len]).is_err(),
@@ -2027,18 +2040,13 @@ fn garbage_snapshots_are_errors_not_panics() {
 #[test]
 fn inconsistent_snapshots_are_refused() {
     let t = busy_timeline();
-    let encode = |data: &Data| {
-        let mut bytes = SNAPSHOT_MAGIC.to_vec();
-        bytes.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
-        bytes.extend(bincode_options().serialize(data).expect("encodes"));
-        bytes
-    };
+    let encode = |data: &Data| bincode_options().serialize(data).expect("encodes");
     // a semaphore over its permits
     let mut data = t.state.data.clone();
     if let Some(sem) = data
         .namespaces
         .get_mut(NS)
-        .and_then(|ns| ns.semaphores.get_mut("db"))
+        .and_then(|ns| ns.semaphore_mut("db"))
     {
         sem.permits = 1;
     }
@@ -2049,7 +2057,7 @@ fn inconsistent_snapshots_are_refused() {
     // a holder without a lease
     let mut data = t.state.data.clone();
     if let Some(ns) = data.namespaces.get_mut(NS) {
-        ns.leases.clear();
+        ns.leases_raw_mut().clear();
     }
     assert!(matches!(
         State::decode_snapshot(&encode(&data)),
@@ -2072,7 +2080,7 @@ fn serde_round_trip_rebuilds_indexes() {
     let bytes = bincode::serialize(&t.state).expect("serializes");
     let back: State = bincode::deserialize(&bytes).expect("deserializes");
     assert_eq!(back.hash(), t.state.hash());
-    assert_eq!(back.index, t.state.index);
+    assert_eq!(back.index(), t.state.index());
 }
 
 #[test]
@@ -2228,4 +2236,82 @@ fn an_abandoned_wait_that_nobody_reattaches_leaves_after_the_linger() {
     t.ok(Cmd::Expire);
     assert!(t.state.waiter(NS, "db", &a).is_none());
     assert_eq!(t.state.next_due_ns().map(|d| d > 5 * S), Some(true));
+}
+
+/// A small fixed history touching every field of the canonical data: descriptions, metadata,
+/// holders, an upgrade queued behind a waiter, a lingered deadline, a deleted semaphore.
+fn pinned_timeline() -> Timeline {
+    let mut t = Timeline::new();
+    t.ok(Cmd::CreateNamespace {
+        name: NS.into(),
+        description: "the namespace".into(),
+        metadata: meta("team", "infra"),
+    });
+    t.create_ns("other");
+    t.ok(Cmd::CreateSemaphore {
+        ns: NS.into(),
+        name: "db".into(),
+        description: "database slots".into(),
+        permits: 3,
+        metadata: meta("tier", "1"),
+    });
+    t.create_sem("gone", 1);
+    let a = t.create_lease_for("host-a/1", 30).lease_id;
+    let b = t.create_lease_for("host-b/2", 10).lease_id;
+    t.at(S / 2);
+    t.ok(Cmd::Acquire {
+        ns: NS.into(),
+        sem: "db".into(),
+        lease: a.clone(),
+        weight: 2,
+        wait_ns: 0,
+        metadata: meta("job", "42"),
+    });
+    t.acquire("db", &b, 2, 20 * S);
+    t.acquire("gone", &b, 1, 0);
+    t.at(S);
+    t.acquire("db", &a, 3, 5 * S); // an upgrade, queued behind B
+    t.ok(Cmd::GiveUp {
+        ns: NS.into(),
+        sem: "db".into(),
+        lease: b.clone(),
+        deadline_ns: 21 * S,
+        linger_ns: 4 * S,
+    });
+    t.ok(Cmd::DeleteSemaphore {
+        ns: NS.into(),
+        name: "gone".into(),
+    });
+    t
+}
+
+/// The canonical encoding and the hash are what nodes compare and data directories hold:
+/// pinned, so a change to their layout is a deliberate one.
+#[test]
+fn the_hash_and_the_encoded_bytes_are_pinned() {
+    const DATA: &str = concat!(
+        "fc0094357702020202016e01016e0d746865206e616d65737061636501047465616d05696e66726100",
+        "0001010264620e646174616261736520736c6f7473010474696572013103010000fc00943577010102",
+        "fc00ca9a3b01036a6f620234320102010203fc00943577fd007841cb0200000000020102fc00ca9a3b",
+        "fd00e40b54020000000002020108686f73742d612f310000fd005847f80d0000001e0208686f73742d",
+        "622f320000fd00c817a8040000000a056f7468657202056f7468657200000000010000",
+    );
+    let t = pinned_timeline();
+    let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
+    let data = bincode_options().serialize(&t.state.data).expect("encodes");
+    assert_eq!(hex(&data), DATA);
+    assert_eq!(t.state.hash(), 0x60bb_104d_36df_d728);
+    assert_eq!(
+        fnv1a64(&data),
+        t.state.hash(),
+        "the hash is FNV-1a of the encoding"
+    );
+    let snapshot = t.state.encode_snapshot().expect("encodes");
+    assert_eq!(
+        hex(&snapshot),
+        DATA,
+        "a snapshot is the encoding, header-less"
+    );
+    let restored = State::decode_snapshot(&snapshot).expect("decodes");
+    assert_eq!(restored.hash(), t.state.hash());
 }

@@ -1,0 +1,323 @@
+//! Command dispatch: `apply_batch`, the reaping before each command, and the commands that are
+//! not about queues (namespaces, semaphores, leases, extending leases).
+//!
+//! What always holds here: the clock never decreases; due leases and waiters are reaped before
+//! every command except `ExtendLeases`, removals before grants, so a waiter that is due is never
+//! granted; a command refused by validation or by its handler changes nothing besides that
+//! reaping; and every change goes through the index-keeping methods of the data.
+
+use std::collections::BTreeSet;
+
+use super::data::{Ctx, Lease, Namespace, Namespaces, Parts, Semaphore, State};
+use super::limits::*;
+use super::read::{lease_not_found, namespace_not_found, semaphore_not_found, version_mismatch};
+use super::types::*;
+
+fn ttl_ns(ttl_s: u64) -> Nanos {
+    i64::try_from(ttl_s)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(NANOS_PER_SEC)
+}
+
+fn ns_mut<'a>(namespaces: &'a mut Namespaces, name: &str) -> Result<&'a mut Namespace, Error> {
+    namespaces
+        .get_mut(name)
+        .ok_or_else(|| namespace_not_found(name))
+}
+
+impl State {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies one Raft entry: advances the clock to `max(clock, batch.now_ns)`, then applies
+    /// each command in order (reaping due leases and waiters before each command except
+    /// `ExtendLeases`). Returns one reply per command; grants and ended waits are pushed to
+    /// `events` in order.
+    pub fn apply_batch(&mut self, batch: &Batch, events: &mut Vec<Event>) -> Vec<Reply> {
+        self.data.clock_ns = self.data.clock_ns.max(batch.now_ns);
+        batch
+            .cmds
+            .iter()
+            .map(|cmd| self.apply(cmd, events))
+            .collect()
+    }
+
+    fn apply(&mut self, cmd: &Cmd, events: &mut Vec<Event>) -> Reply {
+        let Parts {
+            namespaces,
+            last_lease_seq,
+            last_namespace_id,
+            mut ctx,
+        } = self.parts(events);
+        if !matches!(cmd, Cmd::ExtendLeases) {
+            reap(namespaces, &mut ctx);
+        }
+        cmd.validate()?;
+        let ctx = &mut ctx;
+        match cmd {
+            Cmd::CreateNamespace {
+                name,
+                description,
+                metadata,
+            } => {
+                if namespaces.contains_key(name) {
+                    return Err(Error::already_exists(format!(
+                        "namespace {name} already exists"
+                    )));
+                }
+                if namespaces.len() >= NAMESPACES_MAX {
+                    return Err(Error::exhausted(format!(
+                        "namespace quota reached: at most {NAMESPACES_MAX} namespaces"
+                    )));
+                }
+                let Some(id) = last_namespace_id.checked_add(1) else {
+                    return Err(Error::exhausted("namespace ids exhausted"));
+                };
+                *last_namespace_id = id;
+                let ns = Namespace::new(id, name, description, metadata, ctx.clock_ns);
+                let view = ns.view();
+                namespaces.add(ns, ctx);
+                Ok(Outcome::Namespace(view))
+            }
+            Cmd::UpdateNamespace {
+                name,
+                description,
+                metadata,
+                expected_version,
+            } => {
+                let ns = ns_mut(namespaces, name)?;
+                if *expected_version != ns.version {
+                    return Err(version_mismatch(*expected_version, ns.version));
+                }
+                ns.description = description.clone();
+                ns.metadata = metadata.clone();
+                ns.version = ns.version.saturating_add(1);
+                ns.updated_at = ctx.clock_ns;
+                Ok(Outcome::Namespace(ns.view()))
+            }
+            Cmd::DeleteNamespace { name } => {
+                if let Some(ns) = namespaces.remove(name, ctx) {
+                    // Its waiters' callers learn that the semaphore is gone.
+                    for (sem_name, sem) in ns.semaphores() {
+                        for seq in sem.queue().values() {
+                            ns.wait_ended(sem_name, *seq, WaitEnd::SemaphoreGone, ctx);
+                        }
+                    }
+                }
+                Ok(Outcome::Done)
+            }
+            Cmd::CreateSemaphore {
+                ns,
+                name,
+                description,
+                permits,
+                metadata,
+            } => {
+                ns_mut(namespaces, ns)?.create_semaphore(name, description, *permits, metadata, ctx)
+            }
+            Cmd::UpdateSemaphore {
+                ns,
+                name,
+                description,
+                permits,
+                metadata,
+                expected_version,
+            } => ns_mut(namespaces, ns)?.update_semaphore(
+                name,
+                description,
+                *permits,
+                metadata,
+                *expected_version,
+                ctx,
+            ),
+            Cmd::DeleteSemaphore { ns, name } => {
+                ns_mut(namespaces, ns)?.end_semaphore(name, ctx);
+                Ok(Outcome::Done)
+            }
+            Cmd::CreateLease {
+                ns,
+                process_id,
+                ttl_s,
+                metadata,
+            } => ns_mut(namespaces, ns)?.create_lease(
+                process_id,
+                *ttl_s,
+                metadata,
+                last_lease_seq,
+                ctx,
+            ),
+            Cmd::RefreshLease { ns, lease, ttl_s } => {
+                ns_mut(namespaces, ns)?.refresh_lease(lease, *ttl_s, ctx)
+            }
+            Cmd::RevokeLease { ns, lease } => ns_mut(namespaces, ns)?.revoke_lease(lease, ctx),
+            Cmd::Acquire {
+                ns,
+                sem,
+                lease,
+                weight,
+                wait_ns,
+                metadata,
+            } => ns_mut(namespaces, ns)?.acquire(sem, lease, *weight, *wait_ns, metadata, ctx),
+            Cmd::Release { ns, sem, lease } => ns_mut(namespaces, ns)?.release(sem, lease, ctx),
+            Cmd::GiveUp {
+                ns,
+                sem,
+                lease,
+                deadline_ns,
+                linger_ns,
+            } => {
+                let reply = match namespaces.get_mut(ns) {
+                    Some(ns) => ns.give_up(sem, lease, *deadline_ns, *linger_ns, ctx),
+                    None => GiveUpReply::NotQueued,
+                };
+                Ok(Outcome::GiveUp(reply))
+            }
+            Cmd::Expire => Ok(Outcome::Done),
+            Cmd::ExtendLeases => {
+                extend_leases(namespaces, ctx);
+                Ok(Outcome::Done)
+            }
+        }
+    }
+}
+
+/// Revokes every lease and removes every waiter due at the clock, then grants from the heads of
+/// the queues that changed. Removals come first, so a waiter that is due is never granted.
+fn reap(namespaces: &mut Namespaces, ctx: &mut Ctx) {
+    let mut affected: BTreeSet<(String, String)> = BTreeSet::new();
+    while let Some((ns_id, seq)) = ctx.pop_lease_due() {
+        let Some(name) = ctx.namespace_name(ns_id).cloned() else {
+            continue;
+        };
+        let Some(ns) = namespaces.get_mut(&name) else {
+            continue;
+        };
+        let mut sems = BTreeSet::new();
+        ns.end_lease(seq, ctx, &mut sems);
+        affected.extend(sems.into_iter().map(|sem| (name.clone(), sem)));
+    }
+    while let Some((ns_id, sem, seq)) = ctx.pop_waiter_due() {
+        let Some(name) = ctx.namespace_name(ns_id).cloned() else {
+            continue;
+        };
+        let Some(ns) = namespaces.get_mut(&name) else {
+            continue;
+        };
+        ns.end_wait(&sem, seq, WaitEnd::TimedOut, ctx);
+        affected.insert((name, sem));
+    }
+    for (name, sem) in affected {
+        if let Some(ns) = namespaces.get_mut(&name) {
+            ns.grant_from_head(&sem, ctx);
+        }
+    }
+}
+
+/// Every lease lives at least its TTL from the clock (a new leader's first command).
+fn extend_leases(namespaces: &mut Namespaces, ctx: &mut Ctx) {
+    let clock_ns = ctx.clock_ns;
+    for ns in namespaces.values_mut() {
+        ns.set_lease_expiries(ctx, |lease| {
+            lease
+                .expires_at
+                .max(clock_ns.saturating_add(ttl_ns(lease.ttl_s)))
+        });
+    }
+}
+
+impl Namespace {
+    fn create_semaphore(
+        &mut self,
+        name: &str,
+        description: &str,
+        permits: u64,
+        metadata: &Metadata,
+        ctx: &mut Ctx,
+    ) -> Reply {
+        if self.semaphores().contains_key(name) {
+            return Err(Error::already_exists(format!(
+                "semaphore {name} already exists"
+            )));
+        }
+        if self.semaphores().len() >= SEMAPHORES_PER_NAMESPACE_MAX {
+            return Err(Error::exhausted(format!(
+                "semaphore quota reached: at most {SEMAPHORES_PER_NAMESPACE_MAX} semaphores per namespace"
+            )));
+        }
+        let sem = Semaphore::new(description, permits, metadata, ctx.clock_ns);
+        let view = sem.view(name);
+        self.add_semaphore(name, sem);
+        Ok(Outcome::Semaphore(view))
+    }
+
+    fn update_semaphore(
+        &mut self,
+        name: &str,
+        description: &str,
+        permits: u64,
+        metadata: &Metadata,
+        expected_version: u64,
+        ctx: &mut Ctx,
+    ) -> Reply {
+        let sem = self
+            .semaphore_mut(name)
+            .ok_or_else(|| semaphore_not_found(name))?;
+        if expected_version != sem.version {
+            return Err(version_mismatch(expected_version, sem.version));
+        }
+        if permits < sem.held() {
+            return Err(Error::invalid(format!(
+                "permits below active holds: {permits} < {}",
+                sem.held()
+            )));
+        }
+        if sem.waiters().values().any(|w| w.weight > permits) {
+            return Err(Error::invalid(
+                "permits below the weight of a queued waiter",
+            ));
+        }
+        sem.description = description.to_string();
+        sem.metadata = metadata.clone();
+        sem.permits = permits;
+        sem.version = sem.version.saturating_add(1);
+        sem.updated_at = ctx.clock_ns;
+        self.grant_from_head(name, ctx);
+        self.reply_semaphore(name)
+    }
+
+    fn create_lease(
+        &mut self,
+        process_id: &str,
+        ttl_s: u64,
+        metadata: &Metadata,
+        last_lease_seq: &mut u64,
+        ctx: &mut Ctx,
+    ) -> Reply {
+        if self.leases().len() >= LEASES_PER_NAMESPACE_MAX {
+            return Err(Error::exhausted(format!(
+                "lease quota reached: at most {LEASES_PER_NAMESPACE_MAX} leases per namespace"
+            )));
+        }
+        let Some(seq) = last_lease_seq.checked_add(1) else {
+            return Err(Error::exhausted("lease ids exhausted"));
+        };
+        *last_lease_seq = seq;
+        let expires_at = ctx.clock_ns.saturating_add(ttl_ns(ttl_s));
+        let lease = Lease::new(process_id, ttl_s, metadata, ctx.clock_ns, expires_at);
+        let view = lease.view(seq);
+        self.add_lease(seq, lease, ctx);
+        Ok(Outcome::Lease(view))
+    }
+
+    fn refresh_lease(&mut self, id: &str, ttl_s: u64, ctx: &mut Ctx) -> Reply {
+        let seq = self.find_lease(id)?;
+        if ttl_s != 0 {
+            self.set_lease_ttl(seq, ttl_s);
+        }
+        let ttl_s = self.leases().get(&seq).map_or(ttl_s, |lease| lease.ttl_s);
+        self.set_lease_expiry(seq, ctx.clock_ns.saturating_add(ttl_ns(ttl_s)), ctx);
+        let lease = self.leases().get(&seq).ok_or_else(|| lease_not_found(id))?;
+        Ok(Outcome::Lease(lease.view(seq)))
+    }
+}

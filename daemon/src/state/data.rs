@@ -1,0 +1,740 @@
+//! The data and its indexes.
+//!
+//! The canonical data ([`Data`]) is what snapshots carry and [`State::hash`] covers: the clock,
+//! three counters (fencing tokens, lease ids, namespace ids) and the namespaces with their
+//! semaphores (holders and waiters keyed by lease) and leases. Everything else is derived:
+//! - per semaphore: `held` (sum of holder weights), `holders_by_token` (grant order) and `queue`
+//!   (ticket -> lease, i.e. FIFO order)
+//! - per lease: the semaphores it holds and waits for
+//! - per namespace: `leases_by_process` for the `process_id` filter
+//! - globally ([`Index`]): `lease_expiry` and `waiter_deadlines`, ordered by time, so that
+//!   reaping and [`State::next_due_ns`] never scan; `namespace_names` (id -> name); the holder
+//!   count
+//!
+//! What always holds here: every derived field and index equals what the data implies. The
+//! collections a derived index depends on are private to this module, index keys are built
+//! only by [`Index`]'s own methods, and the only ways to change the data are the methods below
+//! (`add_holder`, `remove_holder`, `add_waiter`, `remove_waiter`, `set_waiter_deadline`,
+//! `add_lease`, `remove_lease`, `set_lease_expiry`, `remove_semaphore`, [`Namespaces::add`],
+//! [`Namespaces::remove`]), each of which updates every index it touches. They decide nothing:
+//! which grant, which event, which error is the command code's business.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::lease_id::lease_id;
+use super::snapshot::fnv1a64;
+use super::types::*;
+
+/// The whole replicated state. Same state + same batch => same replies and events, on every
+/// node and every replay.
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    pub(super) data: Data,
+    index: Index,
+}
+
+/// The canonical data: what snapshots carry and `hash` covers.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(super) struct Data {
+    pub(super) clock_ns: Nanos,
+    /// The last fencing token handed out (0: none yet).
+    pub(super) last_token: u64,
+    /// The last lease sequence number handed out (0: none yet).
+    pub(super) last_lease_seq: u64,
+    /// The last namespace id handed out (0: none yet).
+    pub(super) last_namespace_id: u64,
+    pub(super) namespaces: Namespaces,
+}
+
+/// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
+/// reached only through `&` outside this module; the invariant check builds a fresh one with
+/// the same methods to compare.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Index {
+    /// `(expires_at, namespace id, lease seq)` for every lease.
+    lease_expiry: BTreeSet<(Nanos, u64, u64)>,
+    /// `(deadline_ns, namespace id, semaphore, lease seq)` for every waiter.
+    waiter_deadlines: BTreeSet<(Nanos, u64, String, u64)>,
+    namespace_names: BTreeMap<u64, String>,
+    /// Number of holders over all semaphores.
+    holders: u64,
+}
+
+/// The namespaces by name. Serialized exactly as the map it wraps.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(super) struct Namespaces(BTreeMap<String, Namespace>);
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct Namespace {
+    id: u64,
+    name: String,
+    pub(super) description: String,
+    pub(super) metadata: Metadata,
+    pub(super) created_at: Nanos,
+    pub(super) updated_at: Nanos,
+    pub(super) version: u64,
+    semaphores: BTreeMap<String, Semaphore>,
+    /// By lease sequence number. Boxed: the map's nodes stay small, which matters at a million
+    /// leases.
+    leases: BTreeMap<u64, Box<Lease>>,
+    /// Derived: `(process_key(process_id), lease seq)`; a hash, not the string, so the index
+    /// costs 16 bytes per lease. Readers compare the actual process id.
+    #[serde(skip)]
+    leases_by_process: BTreeSet<(u64, u64)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct Semaphore {
+    pub(super) description: String,
+    pub(super) metadata: Metadata,
+    pub(super) permits: u64,
+    pub(super) version: u64,
+    pub(super) created_at: Nanos,
+    pub(super) updated_at: Nanos,
+    pub(super) last_activity_at: Nanos,
+    /// By lease sequence number.
+    holders: BTreeMap<u64, Holder>,
+    /// By lease sequence number; FIFO order is by `Waiter::ticket`.
+    waiters: BTreeMap<u64, Waiter>,
+    /// The last queue ticket handed out.
+    last_ticket: u64,
+    /// Derived: sum of holder weights.
+    #[serde(skip)]
+    held: u64,
+    /// Derived: fencing token -> lease seq (grant order).
+    #[serde(skip)]
+    holders_by_token: BTreeMap<u64, u64>,
+    /// Derived: ticket -> lease seq (queue order).
+    #[serde(skip)]
+    queue: BTreeMap<u64, u64>,
+}
+
+/// Reached only through `&` outside this module: a hold changes by replacing it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Holder {
+    pub(super) weight: u64,
+    pub(super) locked_at: Nanos,
+    pub(super) metadata: Metadata,
+    pub(super) token: u64,
+}
+
+/// Reached only through `&` outside this module.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Waiter {
+    pub(super) ticket: u64,
+    pub(super) weight: u64,
+    pub(super) queued_at: Nanos,
+    pub(super) deadline_ns: Nanos,
+    pub(super) metadata: Metadata,
+}
+
+/// Reached only through `&` outside this module.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct Lease {
+    pub(super) process_id: String,
+    pub(super) metadata: Metadata,
+    pub(super) created_at: Nanos,
+    pub(super) expires_at: Nanos,
+    pub(super) ttl_s: u64,
+    /// Derived: semaphores this lease holds.
+    #[serde(skip)]
+    pub(super) holds: BTreeSet<String>,
+    /// Derived: semaphores this lease waits for.
+    #[serde(skip)]
+    pub(super) waits: BTreeSet<String>,
+}
+
+/// What a command may change besides its namespace: the token counter, the global indexes
+/// (only through the methods of this module) and the event stream.
+pub(super) struct Ctx<'a> {
+    pub(super) clock_ns: Nanos,
+    last_token: &'a mut u64,
+    index: &'a mut Index,
+    pub(super) events: &'a mut Vec<Event>,
+}
+
+/// A state taken apart for one command: what the command may change.
+pub(super) struct Parts<'a> {
+    pub(super) namespaces: &'a mut Namespaces,
+    pub(super) last_lease_seq: &'a mut u64,
+    pub(super) last_namespace_id: &'a mut u64,
+    pub(super) ctx: Ctx<'a>,
+}
+
+/// The key of a process id in `leases_by_process`.
+pub(super) fn process_key(process_id: &str) -> u64 {
+    fnv1a64(process_id.as_bytes())
+}
+
+impl State {
+    pub(super) fn index(&self) -> &Index {
+        &self.index
+    }
+
+    pub(super) fn parts<'a>(&'a mut self, events: &'a mut Vec<Event>) -> Parts<'a> {
+        let Data {
+            clock_ns,
+            last_token,
+            last_lease_seq,
+            last_namespace_id,
+            namespaces,
+        } = &mut self.data;
+        Parts {
+            namespaces,
+            last_lease_seq,
+            last_namespace_id,
+            ctx: Ctx {
+                clock_ns: *clock_ns,
+                last_token,
+                index: &mut self.index,
+                events,
+            },
+        }
+    }
+
+    /// Builds the state from canonical data, filling every derived field and index from it
+    /// (whatever the bytes held for them). Fails only on references to missing things; the
+    /// caller checks the invariants.
+    pub(super) fn rebuild(mut data: Data) -> Result<State, String> {
+        let mut index = Index::default();
+        for (name, ns) in data.namespaces.0.iter_mut() {
+            if !index.add_namespace(ns.id, name) {
+                return Err(format!("namespace id {} is used twice", ns.id));
+            }
+            ns.leases_by_process.clear();
+            for (seq, lease) in ns.leases.iter_mut() {
+                lease.holds.clear();
+                lease.waits.clear();
+                index.add_lease_expiry(ns.id, *seq, lease.expires_at);
+                ns.leases_by_process
+                    .insert((process_key(&lease.process_id), *seq));
+            }
+            for (sem_name, sem) in ns.semaphores.iter_mut() {
+                sem.held = 0;
+                sem.holders_by_token.clear();
+                sem.queue.clear();
+                for (seq, holder) in &sem.holders {
+                    sem.held = sem.held.saturating_add(holder.weight);
+                    sem.holders_by_token.insert(holder.token, *seq);
+                    index.add_holders(1);
+                    let lease = ns.leases.get_mut(seq).ok_or_else(|| {
+                        format!(
+                            "holder {} of {name}/{sem_name} has no lease",
+                            lease_id(*seq)
+                        )
+                    })?;
+                    lease.holds.insert(sem_name.clone());
+                }
+                for (seq, waiter) in &sem.waiters {
+                    sem.queue.insert(waiter.ticket, *seq);
+                    index.add_waiter_deadline(ns.id, sem_name, *seq, waiter.deadline_ns);
+                    let lease = ns.leases.get_mut(seq).ok_or_else(|| {
+                        format!(
+                            "waiter {} of {name}/{sem_name} has no lease",
+                            lease_id(*seq)
+                        )
+                    })?;
+                    lease.waits.insert(sem_name.clone());
+                }
+            }
+        }
+        Ok(State { data, index })
+    }
+}
+
+impl Index {
+    pub(super) fn add_lease_expiry(&mut self, ns_id: u64, seq: u64, expires_at: Nanos) {
+        self.lease_expiry.insert((expires_at, ns_id, seq));
+    }
+
+    fn remove_lease_expiry(&mut self, ns_id: u64, seq: u64, expires_at: Nanos) {
+        self.lease_expiry.remove(&(expires_at, ns_id, seq));
+    }
+
+    pub(super) fn add_waiter_deadline(
+        &mut self,
+        ns_id: u64,
+        sem: &str,
+        seq: u64,
+        deadline_ns: Nanos,
+    ) {
+        self.waiter_deadlines
+            .insert((deadline_ns, ns_id, sem.to_string(), seq));
+    }
+
+    fn remove_waiter_deadline(&mut self, ns_id: u64, sem: &str, seq: u64, deadline_ns: Nanos) {
+        self.waiter_deadlines
+            .remove(&(deadline_ns, ns_id, sem.to_string(), seq));
+    }
+
+    /// Records a namespace id; false if it was taken.
+    pub(super) fn add_namespace(&mut self, id: u64, name: &str) -> bool {
+        self.namespace_names.insert(id, name.to_string()).is_none()
+    }
+
+    pub(super) fn add_holders(&mut self, count: u64) {
+        self.holders = self.holders.saturating_add(count);
+    }
+
+    pub(super) fn leases(&self) -> u64 {
+        self.lease_expiry.len() as u64
+    }
+
+    pub(super) fn waiters(&self) -> u64 {
+        self.waiter_deadlines.len() as u64
+    }
+
+    fn remove_holders(&mut self, count: u64) {
+        self.holders = self.holders.saturating_sub(count);
+    }
+
+    pub(super) fn holders(&self) -> u64 {
+        self.holders
+    }
+
+    /// The earliest time at which a lease expires or a waiter's deadline passes, if any.
+    pub(super) fn next_due_ns(&self) -> Option<Nanos> {
+        let lease = self.lease_expiry.first().map(|e| e.0);
+        let waiter = self.waiter_deadlines.first().map(|e| e.0);
+        match (lease, waiter) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl Ctx<'_> {
+    pub(super) fn next_token(&mut self) -> u64 {
+        *self.last_token = self.last_token.saturating_add(1);
+        *self.last_token
+    }
+
+    pub(super) fn namespace_name(&self, id: u64) -> Option<&String> {
+        self.index.namespace_names.get(&id)
+    }
+
+    /// Takes the earliest lease expiry entry if it is due: `(namespace id, lease seq)`. The
+    /// caller removes that lease next.
+    pub(super) fn pop_lease_due(&mut self) -> Option<(u64, u64)> {
+        let &(expires_at, ns_id, seq) = self.index.lease_expiry.first()?;
+        if expires_at > self.clock_ns {
+            return None;
+        }
+        self.index.lease_expiry.pop_first();
+        Some((ns_id, seq))
+    }
+
+    /// Takes the earliest waiter deadline entry if it is due: `(namespace id, semaphore, lease
+    /// seq)`. The caller removes that waiter next.
+    pub(super) fn pop_waiter_due(&mut self) -> Option<(u64, String, u64)> {
+        let (deadline_ns, ..) = self.index.waiter_deadlines.first()?;
+        if *deadline_ns > self.clock_ns {
+            return None;
+        }
+        let (_, ns_id, sem, seq) = self.index.waiter_deadlines.pop_first()?;
+        Some((ns_id, sem, seq))
+    }
+}
+
+impl Namespaces {
+    pub(super) fn get(&self, name: &str) -> Option<&Namespace> {
+        self.0.get(name)
+    }
+
+    pub(super) fn get_mut(&mut self, name: &str) -> Option<&mut Namespace> {
+        self.0.get_mut(name)
+    }
+
+    pub(super) fn contains_key(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(super) fn map(&self) -> &BTreeMap<String, Namespace> {
+        &self.0
+    }
+
+    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut Namespace> {
+        self.0.values_mut()
+    }
+
+    /// Adds a new, empty namespace (replacing none: the caller checked the name is free).
+    pub(super) fn add(&mut self, ns: Namespace, ctx: &mut Ctx) {
+        ctx.index.add_namespace(ns.id, &ns.name);
+        self.0.insert(ns.name.clone(), ns);
+    }
+
+    /// Removes a namespace and everything in it from the indexes; returns it so the caller can
+    /// tell its waiters.
+    pub(super) fn remove(&mut self, name: &str, ctx: &mut Ctx) -> Option<Namespace> {
+        let ns = self.0.remove(name)?;
+        ctx.index.namespace_names.remove(&ns.id);
+        for (sem_name, sem) in &ns.semaphores {
+            ctx.index.remove_holders(sem.holders.len() as u64);
+            for (seq, waiter) in &sem.waiters {
+                ctx.index
+                    .remove_waiter_deadline(ns.id, sem_name, *seq, waiter.deadline_ns);
+            }
+        }
+        for (seq, lease) in &ns.leases {
+            ctx.index.remove_lease_expiry(ns.id, *seq, lease.expires_at);
+        }
+        Some(ns)
+    }
+}
+
+impl Namespace {
+    pub(super) fn new(
+        id: u64,
+        name: &str,
+        description: &str,
+        metadata: &Metadata,
+        clock_ns: Nanos,
+    ) -> Self {
+        Namespace {
+            id,
+            name: name.to_string(),
+            description: description.to_string(),
+            metadata: metadata.clone(),
+            created_at: clock_ns,
+            updated_at: clock_ns,
+            version: 1,
+            semaphores: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            leases_by_process: BTreeSet::new(),
+        }
+    }
+
+    pub(super) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn semaphores(&self) -> &BTreeMap<String, Semaphore> {
+        &self.semaphores
+    }
+
+    /// A semaphore, to change its attributes (its holders and waiters change through the
+    /// namespace's methods).
+    pub(super) fn semaphore_mut(&mut self, name: &str) -> Option<&mut Semaphore> {
+        self.semaphores.get_mut(name)
+    }
+
+    pub(super) fn leases(&self) -> &BTreeMap<u64, Box<Lease>> {
+        &self.leases
+    }
+
+    pub(super) fn leases_by_process(&self) -> &BTreeSet<(u64, u64)> {
+        &self.leases_by_process
+    }
+
+    /// Test hook: the raw lease map, to build inconsistent data on purpose.
+    #[cfg(test)]
+    pub(super) fn leases_raw_mut(&mut self) -> &mut BTreeMap<u64, Box<Lease>> {
+        &mut self.leases
+    }
+
+    /// Adds a new semaphore with no holders or waiters (the caller checked the name is free).
+    pub(super) fn add_semaphore(&mut self, name: &str, sem: Semaphore) {
+        self.semaphores.insert(name.to_string(), sem);
+    }
+
+    /// Removes a semaphore, dropping its holders and waiters from every index; returns it so
+    /// the caller can tell its waiters.
+    pub(super) fn remove_semaphore(&mut self, name: &str, ctx: &mut Ctx) -> Option<Semaphore> {
+        let sem = self.semaphores.remove(name)?;
+        for seq in sem.holders.keys() {
+            ctx.index.remove_holders(1);
+            if let Some(lease) = self.leases.get_mut(seq) {
+                lease.holds.remove(name);
+            }
+        }
+        for (seq, waiter) in &sem.waiters {
+            ctx.index
+                .remove_waiter_deadline(self.id, name, *seq, waiter.deadline_ns);
+            if let Some(lease) = self.leases.get_mut(seq) {
+                lease.waits.remove(name);
+            }
+        }
+        Some(sem)
+    }
+
+    /// Makes `seq` a holder of `sem` (replacing the hold it had, if any); returns the hold
+    /// replaced.
+    pub(super) fn add_holder(
+        &mut self,
+        sem_name: &str,
+        seq: u64,
+        holder: Holder,
+        ctx: &mut Ctx,
+    ) -> Option<Holder> {
+        let sem = self.semaphores.get_mut(sem_name)?;
+        sem.held = sem.held.saturating_add(holder.weight);
+        sem.holders_by_token.insert(holder.token, seq);
+        let old = sem.holders.insert(seq, holder);
+        match &old {
+            Some(old) => {
+                sem.held = sem.held.saturating_sub(old.weight);
+                sem.holders_by_token.remove(&old.token);
+            }
+            None => {
+                ctx.index.add_holders(1);
+                if let Some(lease) = self.leases.get_mut(&seq) {
+                    lease.holds.insert(sem_name.to_string());
+                }
+            }
+        }
+        old
+    }
+
+    /// Drops the hold of `seq` on `sem`, if it has one.
+    pub(super) fn remove_holder(
+        &mut self,
+        sem_name: &str,
+        seq: u64,
+        ctx: &mut Ctx,
+    ) -> Option<Holder> {
+        let sem = self.semaphores.get_mut(sem_name)?;
+        let old = sem.take_holder(seq)?;
+        ctx.index.remove_holders(1);
+        if let Some(lease) = self.leases.get_mut(&seq) {
+            lease.holds.remove(sem_name);
+        }
+        Some(old)
+    }
+
+    /// Queues `seq` at the end of `sem`'s queue with the next ticket (the caller checked it is
+    /// not queued there yet).
+    pub(super) fn add_waiter(
+        &mut self,
+        sem_name: &str,
+        seq: u64,
+        mut waiter: Waiter,
+        ctx: &mut Ctx,
+    ) {
+        let Some(sem) = self.semaphores.get_mut(sem_name) else {
+            return;
+        };
+        sem.last_ticket = sem.last_ticket.saturating_add(1);
+        waiter.ticket = sem.last_ticket;
+        sem.queue.insert(waiter.ticket, seq);
+        ctx.index
+            .add_waiter_deadline(self.id, sem_name, seq, waiter.deadline_ns);
+        sem.waiters.insert(seq, waiter);
+        if let Some(lease) = self.leases.get_mut(&seq) {
+            lease.waits.insert(sem_name.to_string());
+        }
+    }
+
+    /// Takes `seq` out of `sem`'s queue, if it waits there.
+    pub(super) fn remove_waiter(
+        &mut self,
+        sem_name: &str,
+        seq: u64,
+        ctx: &mut Ctx,
+    ) -> Option<Waiter> {
+        let sem = self.semaphores.get_mut(sem_name)?;
+        let waiter = sem.take_waiter(seq)?;
+        ctx.index
+            .remove_waiter_deadline(self.id, sem_name, seq, waiter.deadline_ns);
+        if let Some(lease) = self.leases.get_mut(&seq) {
+            lease.waits.remove(sem_name);
+        }
+        Some(waiter)
+    }
+
+    /// Moves the deadline of the waiter `seq` of `sem`.
+    pub(super) fn set_waiter_deadline(
+        &mut self,
+        sem_name: &str,
+        seq: u64,
+        deadline_ns: Nanos,
+        ctx: &mut Ctx,
+    ) {
+        let ns_id = self.id;
+        let Some(waiter) = self
+            .semaphores
+            .get_mut(sem_name)
+            .and_then(|sem| sem.waiters.get_mut(&seq))
+        else {
+            return;
+        };
+        if waiter.deadline_ns == deadline_ns {
+            return;
+        }
+        ctx.index
+            .remove_waiter_deadline(ns_id, sem_name, seq, waiter.deadline_ns);
+        ctx.index
+            .add_waiter_deadline(ns_id, sem_name, seq, deadline_ns);
+        waiter.deadline_ns = deadline_ns;
+    }
+
+    /// Changes what the waiter `seq` of `sem` asks for (its place and deadline stay).
+    pub(super) fn set_waiter_request(
+        &mut self,
+        sem_name: &str,
+        seq: u64,
+        weight: u64,
+        metadata: &Metadata,
+    ) {
+        if let Some(waiter) = self
+            .semaphores
+            .get_mut(sem_name)
+            .and_then(|sem| sem.waiters.get_mut(&seq))
+        {
+            waiter.weight = weight;
+            waiter.metadata = metadata.clone();
+        }
+    }
+
+    /// Adds a new lease (the caller took `seq` from the counter).
+    pub(super) fn add_lease(&mut self, seq: u64, lease: Lease, ctx: &mut Ctx) {
+        ctx.index.add_lease_expiry(self.id, seq, lease.expires_at);
+        self.leases_by_process
+            .insert((process_key(&lease.process_id), seq));
+        self.leases.insert(seq, Box::new(lease));
+    }
+
+    /// Removes a lease with its holds and waits; returns it (its `holds` and `waits` say what
+    /// it had) so the caller can tell waiters and move queues.
+    pub(super) fn remove_lease(&mut self, seq: u64, ctx: &mut Ctx) -> Option<Box<Lease>> {
+        let lease = self.leases.remove(&seq)?;
+        ctx.index
+            .remove_lease_expiry(self.id, seq, lease.expires_at);
+        self.leases_by_process
+            .remove(&(process_key(&lease.process_id), seq));
+        for sem_name in &lease.holds {
+            self.remove_holder(sem_name, seq, ctx);
+        }
+        for sem_name in &lease.waits {
+            self.remove_waiter(sem_name, seq, ctx);
+        }
+        Some(lease)
+    }
+
+    /// Sets the TTL a lease is refreshed and extended by (its expiry does not move).
+    pub(super) fn set_lease_ttl(&mut self, seq: u64, ttl_s: u64) {
+        if let Some(lease) = self.leases.get_mut(&seq) {
+            lease.ttl_s = ttl_s;
+        }
+    }
+
+    /// Moves the expiry of lease `seq`.
+    pub(super) fn set_lease_expiry(&mut self, seq: u64, expires_at: Nanos, ctx: &mut Ctx) {
+        let Some(lease) = self.leases.get_mut(&seq) else {
+            return;
+        };
+        move_expiry(ctx.index, self.id, seq, lease, expires_at);
+    }
+
+    /// Moves the expiry of every lease to `expiry(lease)`.
+    pub(super) fn set_lease_expiries(&mut self, ctx: &mut Ctx, expiry: impl Fn(&Lease) -> Nanos) {
+        for (seq, lease) in self.leases.iter_mut() {
+            let expires_at = expiry(lease);
+            move_expiry(ctx.index, self.id, *seq, lease, expires_at);
+        }
+    }
+}
+
+fn move_expiry(index: &mut Index, ns_id: u64, seq: u64, lease: &mut Lease, expires_at: Nanos) {
+    if expires_at == lease.expires_at {
+        return;
+    }
+    index.remove_lease_expiry(ns_id, seq, lease.expires_at);
+    lease.expires_at = expires_at;
+    index.add_lease_expiry(ns_id, seq, expires_at);
+}
+
+impl Semaphore {
+    pub(super) fn new(
+        description: &str,
+        permits: u64,
+        metadata: &Metadata,
+        clock_ns: Nanos,
+    ) -> Self {
+        Semaphore {
+            description: description.to_string(),
+            metadata: metadata.clone(),
+            permits,
+            version: 1,
+            created_at: clock_ns,
+            updated_at: clock_ns,
+            last_activity_at: clock_ns,
+            holders: BTreeMap::new(),
+            waiters: BTreeMap::new(),
+            last_ticket: 0,
+            held: 0,
+            holders_by_token: BTreeMap::new(),
+            queue: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn holders(&self) -> &BTreeMap<u64, Holder> {
+        &self.holders
+    }
+
+    pub(super) fn waiters(&self) -> &BTreeMap<u64, Waiter> {
+        &self.waiters
+    }
+
+    pub(super) fn last_ticket(&self) -> u64 {
+        self.last_ticket
+    }
+
+    /// The sum of holder weights.
+    pub(super) fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// Fencing token -> lease seq: the holders in grant order.
+    pub(super) fn holders_by_token(&self) -> &BTreeMap<u64, u64> {
+        &self.holders_by_token
+    }
+
+    /// Ticket -> lease seq: the waiters in queue order.
+    pub(super) fn queue(&self) -> &BTreeMap<u64, u64> {
+        &self.queue
+    }
+
+    fn take_holder(&mut self, seq: u64) -> Option<Holder> {
+        let old = self.holders.remove(&seq)?;
+        self.held = self.held.saturating_sub(old.weight);
+        self.holders_by_token.remove(&old.token);
+        Some(old)
+    }
+
+    fn take_waiter(&mut self, seq: u64) -> Option<Waiter> {
+        let waiter = self.waiters.remove(&seq)?;
+        self.queue.remove(&waiter.ticket);
+        Some(waiter)
+    }
+}
+
+impl Lease {
+    pub(super) fn new(
+        process_id: &str,
+        ttl_s: u64,
+        metadata: &Metadata,
+        clock_ns: Nanos,
+        expires_at: Nanos,
+    ) -> Self {
+        Lease {
+            process_id: process_id.to_string(),
+            metadata: metadata.clone(),
+            created_at: clock_ns,
+            expires_at,
+            ttl_s,
+            holds: BTreeSet::new(),
+            waits: BTreeSet::new(),
+        }
+    }
+}

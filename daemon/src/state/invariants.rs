@@ -1,0 +1,156 @@
+//! The invariant check: every rule the state keeps, verified from the data alone.
+//!
+//! What always holds (and what [`State::check_invariants`] verifies):
+//! - for every semaphore: sum of holder weights = `held` <= permits; at most 1000 holders and
+//!   10 000 waiters; every weight is 1..=permits
+//! - every holder and waiter belongs to a lease of the same namespace, and that lease lists it
+//! - a lease that both holds and waits for one semaphore is upgrading: waiter weight > held
+//!   weight
+//! - the head of every queue cannot be granted (grants are never left undone)
+//! - fencing tokens are unique and <= the token counter (each grant takes the next one, so they
+//!   increase strictly in grant order); queue tickets are unique and <= the semaphore's counter
+//! - every timestamp written by a command is <= the clock; the clock never decreases
+//! - every derived index equals what the data implies (computed here independently of the
+//!   incremental upkeep in the data's methods)
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::data::{Index, State, process_key};
+use super::lease_id::lease_id;
+use super::limits::*;
+
+impl State {
+    /// Verifies every invariant listed in the module docs, and that indexes match the data.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let data = &self.data;
+        let clock = data.clock_ns;
+        let mut expected = Index::default();
+        let mut tokens = BTreeSet::new();
+        for (name, ns) in data.namespaces.map() {
+            let at = |what: &str| format!("namespace {name}: {what}");
+            if ns.name() != name {
+                return Err(at(&format!("stored under a different name {}", ns.name())));
+            }
+            if ns.id() == 0 || ns.id() > data.last_namespace_id {
+                return Err(at("id not from the counter"));
+            }
+            if !expected.add_namespace(ns.id(), name) {
+                return Err(at("id used twice"));
+            }
+            if ns.version == 0 || ns.created_at > ns.updated_at || ns.updated_at > clock {
+                return Err(at("version or timestamps out of order"));
+            }
+            // What each lease should list, from the semaphores' side.
+            let mut lease_holds: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
+            let mut lease_waits: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
+            for (sem_name, sem) in ns.semaphores() {
+                let at = |what: &str| format!("semaphore {name}/{sem_name}: {what}");
+                if !(1..=PERMITS_MAX).contains(&sem.permits) {
+                    return Err(at("permits out of range"));
+                }
+                if sem.version == 0
+                    || sem.created_at > sem.updated_at
+                    || sem.updated_at > clock
+                    || sem.last_activity_at > clock
+                {
+                    return Err(at("version or timestamps out of order"));
+                }
+                let mut held = 0u64;
+                let mut by_token = BTreeMap::new();
+                for (seq, h) in sem.holders() {
+                    if !ns.leases().contains_key(seq) {
+                        return Err(at(&format!("holder {} has no lease", lease_id(*seq))));
+                    }
+                    if h.weight == 0 || h.weight > sem.permits {
+                        return Err(at("holder weight out of range"));
+                    }
+                    if h.token == 0 || h.token > data.last_token || !tokens.insert(h.token) {
+                        return Err(at(&format!(
+                            "fencing token {} reused or not from the counter",
+                            h.token
+                        )));
+                    }
+                    if h.locked_at > clock {
+                        return Err(at("holder locked in the future"));
+                    }
+                    held = held.saturating_add(h.weight);
+                    by_token.insert(h.token, *seq);
+                    lease_holds.entry(*seq).or_default().insert(sem_name);
+                }
+                if held > sem.permits {
+                    return Err(at(&format!(
+                        "held weight {held} exceeds permits {}",
+                        sem.permits
+                    )));
+                }
+                if held != sem.held() || by_token != *sem.holders_by_token() {
+                    return Err(at("holder index does not match the holders"));
+                }
+                if sem.holders().len() > HOLDERS_PER_SEMAPHORE_MAX
+                    || sem.waiters().len() > WAITERS_PER_SEMAPHORE_MAX
+                {
+                    return Err(at("over the holder or waiter quota"));
+                }
+                let mut queue = BTreeMap::new();
+                for (seq, w) in sem.waiters() {
+                    if !ns.leases().contains_key(seq) {
+                        return Err(at(&format!("waiter {} has no lease", lease_id(*seq))));
+                    }
+                    if w.weight == 0 || w.weight > sem.permits {
+                        return Err(at("waiter weight out of range"));
+                    }
+                    if sem.holders().get(seq).is_some_and(|h| h.weight >= w.weight) {
+                        return Err(at("an upgrading waiter must want more than it holds"));
+                    }
+                    if w.ticket == 0
+                        || w.ticket > sem.last_ticket()
+                        || queue.insert(w.ticket, *seq).is_some()
+                    {
+                        return Err(at("queue ticket reused or not from the counter"));
+                    }
+                    if w.queued_at > clock {
+                        return Err(at("waiter queued in the future"));
+                    }
+                    expected.add_waiter_deadline(ns.id(), sem_name, *seq, w.deadline_ns);
+                    lease_waits.entry(*seq).or_default().insert(sem_name);
+                }
+                if queue != *sem.queue() {
+                    return Err(at("queue index does not match the waiters"));
+                }
+                if let Some((_, seq)) = sem.queue().first_key_value()
+                    && let Some(head) = sem.waiters().get(seq)
+                    && sem.can_grant(*seq, head.weight)
+                {
+                    return Err(at("the head of the queue fits but was not granted"));
+                }
+                expected.add_holders(sem.holders().len() as u64);
+            }
+            let mut by_process = BTreeSet::new();
+            for (seq, lease) in ns.leases() {
+                let at = |what: &str| format!("lease {} in {name}: {what}", lease_id(*seq));
+                if *seq == 0 || *seq > data.last_lease_seq {
+                    return Err(at("id not from the counter"));
+                }
+                if !(TTL_MIN_S..=TTL_MAX_S).contains(&lease.ttl_s) || lease.created_at > clock {
+                    return Err(at("ttl or creation time out of range"));
+                }
+                let holds: BTreeSet<&str> = lease.holds.iter().map(String::as_str).collect();
+                let waits: BTreeSet<&str> = lease.waits.iter().map(String::as_str).collect();
+                if holds != lease_holds.remove(seq).unwrap_or_default()
+                    || waits != lease_waits.remove(seq).unwrap_or_default()
+                {
+                    return Err(at("holds/waits do not match the semaphores"));
+                }
+                expected.add_lease_expiry(ns.id(), *seq, lease.expires_at);
+                by_process.insert((process_key(&lease.process_id), *seq));
+            }
+            if by_process != *ns.leases_by_process() {
+                return Err(at("process index does not match the leases"));
+            }
+        }
+        if expected != *self.index() {
+            return Err("global indexes do not match the data".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,315 @@
+//! Queues and grants: acquire, release, give up, and what a removed lease or waiter means for
+//! a queue.
+//!
+//! What always holds after every method here: the head of every queue cannot be granted now
+//! (no grant is ever left undone), grants leave a queue only from its head (strict FIFO), and
+//! every grant goes through [`Namespace::grant`], which takes the next fencing token and emits
+//! [`Event::Granted`] exactly when the grant ends a wait. Every other exit from a queue emits
+//! [`Event::WaitEnded`].
+
+use std::collections::BTreeSet;
+
+use super::data::{Ctx, Holder, Namespace, Semaphore, Waiter};
+use super::lease_id::{lease_id, lease_seq};
+use super::limits::*;
+use super::types::*;
+use super::validate;
+
+impl Semaphore {
+    /// Whether `seq` could hold `weight` now: its own current weight counts as free, and a new
+    /// holder needs a free holder slot.
+    pub(super) fn can_grant(&self, seq: u64, weight: u64) -> bool {
+        let own = self.holders().get(&seq).map_or(0, |h| h.weight);
+        let fits = self.held().saturating_sub(own).saturating_add(weight) <= self.permits;
+        let slot = own > 0 || self.holders().len() < HOLDERS_PER_SEMAPHORE_MAX;
+        fits && slot
+    }
+}
+
+impl Namespace {
+    /// The one grant path: `seq` holds `weight` of `sem` from now with the next fencing token,
+    /// replacing any hold it had. A wait of `seq` on `sem` ends with this grant and is announced
+    /// as [`Event::Granted`]; a grant to a lease that was not queued is announced by the reply.
+    fn grant(
+        &mut self,
+        sem_name: &str,
+        seq: u64,
+        weight: u64,
+        metadata: Metadata,
+        ctx: &mut Ctx,
+    ) -> u64 {
+        let was_queued = self.remove_waiter(sem_name, seq, ctx).is_some();
+        let token = ctx.next_token();
+        let holder = Holder {
+            weight,
+            locked_at: ctx.clock_ns,
+            metadata,
+            token,
+        };
+        self.add_holder(sem_name, seq, holder, ctx);
+        if was_queued {
+            ctx.events.push(Event::Granted {
+                ns: self.name().to_string(),
+                sem: sem_name.to_string(),
+                lease: lease_id(seq),
+                token,
+                weight,
+            });
+        }
+        token
+    }
+
+    /// Grants waiters of `sem` from the head while the head fits (strict FIFO).
+    pub(super) fn grant_from_head(&mut self, sem_name: &str, ctx: &mut Ctx) {
+        loop {
+            let Some(sem) = self.semaphores().get(sem_name) else {
+                return;
+            };
+            let Some((_, &seq)) = sem.queue().first_key_value() else {
+                return;
+            };
+            let Some(waiter) = sem
+                .waiters()
+                .get(&seq)
+                .filter(|w| sem.can_grant(seq, w.weight))
+            else {
+                return;
+            };
+            let (weight, metadata) = (waiter.weight, waiter.metadata.clone());
+            self.grant(sem_name, seq, weight, metadata, ctx);
+        }
+    }
+
+    /// Removes the waiter of `seq` from `sem` (no grants), telling its caller `reason`.
+    pub(super) fn end_wait(
+        &mut self,
+        sem_name: &str,
+        seq: u64,
+        reason: WaitEnd,
+        ctx: &mut Ctx,
+    ) -> bool {
+        if self.remove_waiter(sem_name, seq, ctx).is_none() {
+            return false;
+        }
+        self.wait_ended(sem_name, seq, reason, ctx);
+        true
+    }
+
+    pub(super) fn wait_ended(&self, sem_name: &str, seq: u64, reason: WaitEnd, ctx: &mut Ctx) {
+        ctx.events.push(Event::WaitEnded {
+            ns: self.name().to_string(),
+            sem: sem_name.to_string(),
+            lease: lease_id(seq),
+            reason,
+        });
+    }
+
+    /// Removes a lease with its holds and waits (no grants); adds the semaphores whose queues
+    /// may now move to `affected`.
+    pub(super) fn end_lease(
+        &mut self,
+        seq: u64,
+        ctx: &mut Ctx,
+        affected: &mut BTreeSet<String>,
+    ) -> bool {
+        let Some(lease) = self.remove_lease(seq, ctx) else {
+            return false;
+        };
+        affected.extend(lease.holds.iter().cloned());
+        for sem_name in &lease.waits {
+            self.wait_ended(sem_name, seq, WaitEnd::LeaseGone, ctx);
+            affected.insert(sem_name.clone());
+        }
+        true
+    }
+
+    /// Deletes a semaphore; its waiters' callers learn that it is gone.
+    pub(super) fn end_semaphore(&mut self, name: &str, ctx: &mut Ctx) {
+        if let Some(sem) = self.remove_semaphore(name, ctx) {
+            for seq in sem.queue().values() {
+                self.wait_ended(name, *seq, WaitEnd::SemaphoreGone, ctx);
+            }
+        }
+    }
+
+    pub(super) fn revoke_lease(&mut self, id: &str, ctx: &mut Ctx) -> Reply {
+        let seq = self.find_lease(id)?;
+        let mut affected = BTreeSet::new();
+        self.end_lease(seq, ctx, &mut affected);
+        for sem in &affected {
+            self.grant_from_head(sem, ctx);
+        }
+        Ok(Outcome::Done)
+    }
+
+    pub(super) fn acquire(
+        &mut self,
+        sem_name: &str,
+        id: &str,
+        weight: u64,
+        wait_ns: Nanos,
+        metadata: &Metadata,
+        ctx: &mut Ctx,
+    ) -> Reply {
+        let weight = weight.max(1);
+        let permits = self.find_semaphore(sem_name)?.permits;
+        let seq = self.find_lease(id)?;
+        if weight > permits {
+            return Err(validate::weight_exceeds_permits());
+        }
+        let clock = ctx.clock_ns;
+        let sem = self.find_semaphore(sem_name)?;
+        let held_weight = sem.holders().get(&seq).map(|h| h.weight);
+        let queued = sem.waiters().contains_key(&seq);
+
+        // Re-acquire at the same or a lower weight: granted at once, with a new token. A pending
+        // upgrade of this lease is settled by it.
+        if held_weight.is_some_and(|held| weight <= held) {
+            let token = self.grant(sem_name, seq, weight, metadata.clone(), ctx);
+            self.touch(sem_name, clock);
+            self.grant_from_head(sem_name, ctx);
+            return self.acquired(sem_name, token);
+        }
+
+        // Re-attach: keep the place in the queue, take the new weight and the later deadline.
+        if queued {
+            let deadline_ns = sem.waiters().get(&seq).map(|w| w.deadline_ns);
+            self.touch(sem_name, clock);
+            if let Some(deadline_ns) = deadline_ns {
+                let deadline_ns = deadline_ns.max(clock.saturating_add(wait_ns));
+                self.set_waiter_deadline(sem_name, seq, deadline_ns, ctx);
+                self.set_waiter_request(sem_name, seq, weight, metadata);
+            }
+            self.grant_from_head(sem_name, ctx);
+            let sem = self.find_semaphore(sem_name)?;
+            let status = match (sem.waiters().get(&seq), sem.holders().get(&seq)) {
+                (Some(waiter), _) if wait_ns > 0 => AcquireStatus::Queued {
+                    deadline_ns: waiter.deadline_ns,
+                },
+                (Some(_), _) => AcquireStatus::Unavailable,
+                (None, Some(holder)) => AcquireStatus::Acquired {
+                    token: holder.token,
+                },
+                (None, None) => AcquireStatus::Unavailable,
+            };
+            return Ok(Outcome::Acquire(AcquireReply {
+                status,
+                semaphore: sem.view(sem_name),
+            }));
+        }
+
+        // A new acquire (or an upgrade of a hold): granted at once only if nobody waits and it
+        // fits; a non-blocking one never jumps the queue, and neither does a blocking one.
+        let fits = sem
+            .held()
+            .saturating_sub(held_weight.unwrap_or(0))
+            .saturating_add(weight)
+            <= sem.permits;
+        if sem.queue().is_empty() && fits {
+            if held_weight.is_none() && sem.holders().len() >= HOLDERS_PER_SEMAPHORE_MAX {
+                return Err(Error::exhausted(format!(
+                    "holder quota reached: at most {HOLDERS_PER_SEMAPHORE_MAX} holders per semaphore"
+                )));
+            }
+            let token = self.grant(sem_name, seq, weight, metadata.clone(), ctx);
+            self.touch(sem_name, clock);
+            return self.acquired(sem_name, token);
+        }
+        if wait_ns <= 0 {
+            self.touch(sem_name, clock);
+            return Ok(Outcome::Acquire(AcquireReply {
+                status: AcquireStatus::Unavailable,
+                semaphore: self.find_semaphore(sem_name)?.view(sem_name),
+            }));
+        }
+        if sem.waiters().len() >= WAITERS_PER_SEMAPHORE_MAX {
+            return Err(Error::exhausted(format!(
+                "waiter quota reached: at most {WAITERS_PER_SEMAPHORE_MAX} waiters per semaphore"
+            )));
+        }
+        let deadline_ns = clock.saturating_add(wait_ns);
+        let waiter = Waiter {
+            ticket: 0,
+            weight,
+            queued_at: clock,
+            deadline_ns,
+            metadata: metadata.clone(),
+        };
+        self.add_waiter(sem_name, seq, waiter, ctx);
+        self.touch(sem_name, clock);
+        Ok(Outcome::Acquire(AcquireReply {
+            status: AcquireStatus::Queued { deadline_ns },
+            semaphore: self.find_semaphore(sem_name)?.view(sem_name),
+        }))
+    }
+
+    /// Records activity on a semaphore.
+    fn touch(&mut self, sem_name: &str, clock_ns: Nanos) {
+        if let Some(sem) = self.semaphore_mut(sem_name) {
+            sem.last_activity_at = clock_ns;
+        }
+    }
+
+    fn acquired(&self, sem_name: &str, token: u64) -> Reply {
+        let sem = self.find_semaphore(sem_name)?;
+        Ok(Outcome::Acquire(AcquireReply {
+            status: AcquireStatus::Acquired { token },
+            semaphore: sem.view(sem_name),
+        }))
+    }
+
+    pub(super) fn release(&mut self, sem_name: &str, id: &str, ctx: &mut Ctx) -> Reply {
+        self.find_semaphore(sem_name)?;
+        let seq = self.find_lease(id)?;
+        let released = self.remove_holder(sem_name, seq, ctx).is_some();
+        let dequeued = self.end_wait(sem_name, seq, WaitEnd::GaveUp, ctx);
+        self.touch(sem_name, ctx.clock_ns);
+        if released || dequeued {
+            self.grant_from_head(sem_name, ctx);
+        }
+        self.reply_semaphore(sem_name)
+    }
+
+    pub(super) fn give_up(
+        &mut self,
+        sem_name: &str,
+        id: &str,
+        deadline_ns: Nanos,
+        linger_ns: Nanos,
+        ctx: &mut Ctx,
+    ) -> GiveUpReply {
+        let Some(seq) = lease_seq(id).filter(|seq| self.leases().contains_key(seq)) else {
+            return GiveUpReply::NotQueued;
+        };
+        let Some(sem) = self.semaphores().get(sem_name) else {
+            return GiveUpReply::NotQueued;
+        };
+        // Queued comes first: a lease that holds and waits is upgrading, and giving up the
+        // upgrade keeps the hold it had.
+        if let Some(waiter) = sem.waiters().get(&seq) {
+            if waiter.deadline_ns > deadline_ns {
+                return GiveUpReply::StillQueued {
+                    deadline_ns: waiter.deadline_ns,
+                };
+            }
+            if linger_ns > 0 {
+                let lingered = waiter
+                    .deadline_ns
+                    .min(ctx.clock_ns.saturating_add(linger_ns));
+                self.set_waiter_deadline(sem_name, seq, lingered, ctx);
+                return GiveUpReply::StillQueued {
+                    deadline_ns: lingered,
+                };
+            }
+            self.end_wait(sem_name, seq, WaitEnd::GaveUp, ctx);
+            self.grant_from_head(sem_name, ctx);
+            return GiveUpReply::Removed;
+        }
+        match sem.holders().get(&seq) {
+            Some(holder) => GiveUpReply::Granted {
+                token: holder.token,
+            },
+            None => GiveUpReply::NotQueued,
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! Reads and views: lookups, the views replies carry, and the reads a node serves from its
+//! applied state at the reader's clock.
+//!
+//! What always holds here: nothing changes the state. Reads take the reader's `now_ns` and hide
+//! leases with `expires_at <= now_ns`, their holders and waiters, and waiters whose deadline has
+//! passed; counts in semaphore views match what is shown.
+
+use std::ops::Bound;
+
+use super::data::{Lease, Namespace, Semaphore, State, Waiter, process_key};
+use super::lease_id::{lease_id, lease_seq};
+use super::paging::paginate;
+use super::types::*;
+use super::validate;
+
+/// Which leases, holders and waiters a read shows: those still alive at the reader's clock.
+#[derive(Clone, Copy)]
+struct Visibility {
+    now_ns: Nanos,
+    /// Nothing in the whole state is due at `now_ns`: skip the per-item checks.
+    everything: bool,
+}
+
+pub(super) fn namespace_not_found(name: &str) -> Error {
+    Error::not_found(format!("namespace {name} not found"))
+}
+
+pub(super) fn semaphore_not_found(name: &str) -> Error {
+    Error::not_found(format!("semaphore {name} not found"))
+}
+
+pub(super) fn lease_not_found(id: &str) -> Error {
+    Error::not_found(format!("lease {id} not found"))
+}
+
+pub(super) fn version_mismatch(expected: u64, found: u64) -> Error {
+    Error::invalid(format!(
+        "version mismatch: expected {expected}, found {found}"
+    ))
+}
+
+impl Semaphore {
+    /// The view with everything counted (apply's replies: nothing is due at the clock).
+    pub(super) fn view(&self, name: &str) -> SemaphoreView {
+        SemaphoreView {
+            name: name.to_string(),
+            description: self.description.clone(),
+            metadata: self.metadata.clone(),
+            permits: self.permits,
+            active_holds: self.held(),
+            active_holders_count: self.holders().len() as u64,
+            waiters_count: self.waiters().len() as u64,
+            version: self.version,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            last_activity_at: self.last_activity_at,
+        }
+    }
+
+    fn holder_view(&self, seq: u64) -> Option<HolderView> {
+        let h = self.holders().get(&seq)?;
+        Some(HolderView {
+            lease_id: lease_id(seq),
+            weight: h.weight,
+            locked_at: h.locked_at,
+            metadata: h.metadata.clone(),
+            token: h.token,
+        })
+    }
+}
+
+fn waiter_view(seq: u64, w: &Waiter, position: u64) -> WaiterView {
+    WaiterView {
+        lease_id: lease_id(seq),
+        weight: w.weight,
+        queued_at: w.queued_at,
+        deadline_ns: w.deadline_ns,
+        metadata: w.metadata.clone(),
+        position,
+    }
+}
+
+impl Lease {
+    pub(super) fn view(&self, seq: u64) -> LeaseView {
+        LeaseView {
+            lease_id: lease_id(seq),
+            process_id: self.process_id.clone(),
+            metadata: self.metadata.clone(),
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            ttl_s: self.ttl_s,
+        }
+    }
+}
+
+impl Namespace {
+    pub(super) fn view(&self) -> NamespaceView {
+        NamespaceView {
+            name: self.name().to_string(),
+            description: self.description.clone(),
+            metadata: self.metadata.clone(),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            version: self.version,
+        }
+    }
+
+    /// The sequence number of a lease of this namespace, or `NotFound`.
+    pub(super) fn find_lease(&self, id: &str) -> Result<u64, Error> {
+        lease_seq(id)
+            .filter(|seq| self.leases().contains_key(seq))
+            .ok_or_else(|| lease_not_found(id))
+    }
+
+    pub(super) fn find_semaphore(&self, name: &str) -> Result<&Semaphore, Error> {
+        self.semaphores()
+            .get(name)
+            .ok_or_else(|| semaphore_not_found(name))
+    }
+
+    pub(super) fn reply_semaphore(&self, name: &str) -> Reply {
+        Ok(Outcome::Semaphore(self.find_semaphore(name)?.view(name)))
+    }
+}
+
+impl Namespace {
+    fn lease_visible(&self, seq: u64, vis: Visibility) -> bool {
+        vis.everything
+            || self
+                .leases()
+                .get(&seq)
+                .is_some_and(|l| l.expires_at > vis.now_ns)
+    }
+
+    fn waiter_visible(&self, seq: u64, waiter: &Waiter, vis: Visibility) -> bool {
+        vis.everything || (waiter.deadline_ns > vis.now_ns && self.lease_visible(seq, vis))
+    }
+
+    /// The semaphore as a reader at `vis.now_ns` sees it.
+    fn semaphore_view(&self, name: &str, sem: &Semaphore, vis: Visibility) -> SemaphoreView {
+        let mut view = sem.view(name);
+        if !vis.everything {
+            let live: Vec<u64> = sem
+                .holders()
+                .iter()
+                .filter(|(seq, _)| self.lease_visible(**seq, vis))
+                .map(|(_, h)| h.weight)
+                .collect();
+            view.active_holds = live.iter().fold(0u64, |sum, w| sum.saturating_add(*w));
+            view.active_holders_count = live.len() as u64;
+            view.waiters_count = sem
+                .waiters()
+                .iter()
+                .filter(|(seq, w)| self.waiter_visible(**seq, w, vis))
+                .count() as u64;
+        }
+        view
+    }
+}
+
+impl State {
+    /// The state machine's clock (ns): the largest batch time applied so far.
+    pub fn clock_ns(&self) -> Nanos {
+        self.data.clock_ns
+    }
+
+    /// The earliest time at which a lease expires or a waiter's deadline passes, if any.
+    pub fn next_due_ns(&self) -> Option<Nanos> {
+        self.index().next_due_ns()
+    }
+
+    fn visibility(&self, now_ns: Nanos) -> Visibility {
+        let everything = self.next_due_ns().is_none_or(|due| due > now_ns);
+        Visibility { now_ns, everything }
+    }
+
+    fn namespace(&self, name: &str) -> Result<&Namespace, Error> {
+        self.data
+            .namespaces
+            .get(name)
+            .ok_or_else(|| namespace_not_found(name))
+    }
+
+    pub fn get_namespace(&self, name: &str) -> Result<NamespaceView, Error> {
+        validate::name("namespace_name", name)?;
+        Ok(self.namespace(name)?.view())
+    }
+
+    pub fn list_namespaces(&self, page: &PageRequest) -> Result<Page<NamespaceView>, Error> {
+        paginate(page, |lo, hi| {
+            self.data
+                .namespaces
+                .map()
+                .range((lo, hi))
+                .map(|(k, ns)| (k.clone(), ns.view()))
+        })
+    }
+
+    pub fn get_semaphore(
+        &self,
+        ns: &str,
+        name: &str,
+        now_ns: Nanos,
+    ) -> Result<SemaphoreView, Error> {
+        validate::name("namespace_name", ns)?;
+        validate::name("semaphore_name", name)?;
+        let namespace = self.namespace(ns)?;
+        let sem = namespace.find_semaphore(name)?;
+        Ok(namespace.semaphore_view(name, sem, self.visibility(now_ns)))
+    }
+
+    pub fn list_semaphores(
+        &self,
+        ns: &str,
+        page: &PageRequest,
+        now_ns: Nanos,
+    ) -> Result<Page<SemaphoreView>, Error> {
+        validate::name("namespace_name", ns)?;
+        let namespace = self.namespace(ns)?;
+        let vis = self.visibility(now_ns);
+        paginate(page, |lo, hi| {
+            namespace
+                .semaphores()
+                .range((lo, hi))
+                .map(move |(name, sem)| (name.clone(), namespace.semaphore_view(name, sem, vis)))
+        })
+    }
+
+    /// Holders in grant order (by fencing token).
+    pub fn list_holders(
+        &self,
+        ns: &str,
+        sem: &str,
+        page: &PageRequest,
+        now_ns: Nanos,
+    ) -> Result<Page<HolderView>, Error> {
+        validate::name("namespace_name", ns)?;
+        validate::name("semaphore_name", sem)?;
+        let namespace = self.namespace(ns)?;
+        let semaphore = namespace.find_semaphore(sem)?;
+        let vis = self.visibility(now_ns);
+        paginate(page, |lo, hi| {
+            semaphore
+                .holders_by_token()
+                .range((lo, hi))
+                .filter(move |(_, seq)| namespace.lease_visible(**seq, vis))
+                .filter_map(|(token, seq)| Some((*token, semaphore.holder_view(*seq)?)))
+        })
+    }
+
+    /// Waiters in queue order, with the semaphore.
+    pub fn list_waiters(
+        &self,
+        ns: &str,
+        sem: &str,
+        page: &PageRequest,
+        now_ns: Nanos,
+    ) -> Result<(SemaphoreView, Page<WaiterView>), Error> {
+        validate::name("namespace_name", ns)?;
+        validate::name("semaphore_name", sem)?;
+        let namespace = self.namespace(ns)?;
+        let semaphore = namespace.find_semaphore(sem)?;
+        let vis = self.visibility(now_ns);
+        let visible = move |seq: &u64| {
+            semaphore
+                .waiters()
+                .get(seq)
+                .filter(|w| namespace.waiter_visible(*seq, w, vis))
+                .map(|w| (*seq, w))
+        };
+        let mut page = paginate(page, |lo, hi| {
+            semaphore
+                .queue()
+                .range((lo, hi))
+                .filter_map(move |(ticket, seq)| {
+                    visible(seq).map(|(seq, w)| (*ticket, (*ticket, seq, w)))
+                })
+        })?;
+        // Positions count the visible waiters ahead; the page's waiters are consecutive.
+        let first_position = match page.items.first() {
+            Some((ticket, ..)) => semaphore
+                .queue()
+                .range(..*ticket)
+                .filter(|(_, seq)| visible(seq).is_some())
+                .count(),
+            None => 0,
+        };
+        let items = page
+            .items
+            .drain(..)
+            .enumerate()
+            .map(|(i, (_, seq, w))| waiter_view(seq, w, (first_position + i) as u64))
+            .collect();
+        let waiters = Page {
+            items,
+            next_token: page.next_token,
+            previous_token: page.previous_token,
+        };
+        Ok((namespace.semaphore_view(sem, semaphore, vis), waiters))
+    }
+
+    pub fn get_lease(&self, ns: &str, lease: &str, now_ns: Nanos) -> Result<LeaseView, Error> {
+        validate::name("namespace_name", ns)?;
+        validate::lease_id(lease)?;
+        let namespace = self.namespace(ns)?;
+        lease_seq(lease)
+            .and_then(|seq| Some((seq, namespace.leases().get(&seq)?)))
+            .filter(|(_, l)| l.expires_at > now_ns)
+            .map(|(seq, l)| l.view(seq))
+            .ok_or_else(|| lease_not_found(lease))
+    }
+
+    /// Leases in creation order; `process_id` filters when `Some`.
+    pub fn list_leases(
+        &self,
+        ns: &str,
+        process_id: Option<&str>,
+        page: &PageRequest,
+        now_ns: Nanos,
+    ) -> Result<Page<LeaseView>, Error> {
+        validate::name("namespace_name", ns)?;
+        if let Some(process_id) = process_id {
+            validate::process_id(process_id)?;
+        }
+        let namespace = self.namespace(ns)?;
+        let alive = move |lease: &Lease| lease.expires_at > now_ns;
+        match process_id {
+            None => paginate(page, |lo, hi| {
+                namespace
+                    .leases()
+                    .range((lo, hi))
+                    .filter(move |(_, l)| alive(l))
+                    .map(|(seq, l)| (*seq, l.view(*seq)))
+            }),
+            Some(process_id) => paginate(page, |lo: Bound<u64>, hi: Bound<u64>| {
+                // Only one bound is ever given, so the range below is never inverted.
+                let key = |seq| (process_key(process_id), seq);
+                let lo = match lo {
+                    Bound::Unbounded => Bound::Included(key(0)),
+                    Bound::Included(seq) => Bound::Included(key(seq)),
+                    Bound::Excluded(seq) => Bound::Excluded(key(seq)),
+                };
+                let hi = match hi {
+                    Bound::Unbounded => Bound::Included(key(u64::MAX)),
+                    Bound::Included(seq) => Bound::Included(key(seq)),
+                    Bound::Excluded(seq) => Bound::Excluded(key(seq)),
+                };
+                namespace
+                    .leases_by_process()
+                    .range((lo, hi))
+                    .filter_map(|(_, seq)| Some((*seq, &**namespace.leases().get(seq)?)))
+                    .filter(move |(_, l)| l.process_id == process_id && alive(l))
+                    .map(|(seq, l)| (seq, l.view(seq)))
+            }),
+        }
+    }
+
+    /// The holder of `sem` owned by `lease`, if it holds (no expiry filtering).
+    pub fn holder(&self, ns: &str, sem: &str, lease: &str) -> Option<HolderView> {
+        let namespace = self.data.namespaces.get(ns)?;
+        namespace
+            .semaphores()
+            .get(sem)?
+            .holder_view(lease_seq(lease)?)
+    }
+
+    /// The waiter of `sem` owned by `lease`, if queued (no expiry filtering).
+    pub fn waiter(&self, ns: &str, sem: &str, lease: &str) -> Option<WaiterView> {
+        let semaphore = self.data.namespaces.get(ns)?.semaphores().get(sem)?;
+        let seq = lease_seq(lease)?;
+        let waiter = semaphore.waiters().get(&seq)?;
+        let position = semaphore.queue().range(..waiter.ticket).count() as u64;
+        Some(waiter_view(seq, waiter, position))
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            namespaces: self.data.namespaces.len() as u64,
+            semaphores: self
+                .data
+                .namespaces
+                .map()
+                .values()
+                .map(|ns| ns.semaphores().len() as u64)
+                .sum(),
+            leases: self.index().leases(),
+            holders: self.index().holders(),
+            waiters: self.index().waiters(),
+        }
+    }
+}
