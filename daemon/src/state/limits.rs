@@ -1,4 +1,4 @@
-//! Limits of SPEC §2 (Grackle's where it has one).
+//! The limits every request is checked against (Grackle's where it has one).
 
 pub const NAME_MAX_CHARS: usize = 128;
 pub const DESCRIPTION_MAX_BYTES: usize = 1024;
