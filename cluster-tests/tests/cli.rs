@@ -863,7 +863,8 @@ async fn the_command_status_comes_back_and_signals_reach_it() -> anyhow::Result<
     f.passed()
 }
 
-/// kill -9 of a holding conch: its slot comes back after the TTL, not before.
+/// kill -9 of a holding conch: its command dies with it, and the slot comes back after the TTL,
+/// not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holders_slot_comes_back_after_the_ttl() -> anyhow::Result<()> {
     let f = Fixture::start().await?;
@@ -873,7 +874,7 @@ async fn a_killed_holders_slot_comes_back_after_the_ttl() -> anyhow::Result<()> 
         "sema", "x", "--max", "1", "--ttl", "2s", "--", "sh", "-c", body,
     ])?;
     let a_child: i32 = f.wait_file("a.pid", |_| true).await?.trim().parse()?;
-    // The command is in a group of its own and outlives a SIGKILLed conch: kill it at the end.
+    // Should the command outlive conch (the behaviour under test fails), kill it at the end.
     a.also_kill.push(a_child);
 
     let got = r#"echo "$(date +%s%N)" > "$T/b""#;
@@ -886,6 +887,11 @@ async fn a_killed_holders_slot_comes_back_after_the_ttl() -> anyhow::Result<()> 
     a.signal(Signal::SIGKILL);
     let status = a.wait(EXIT_TIMEOUT).await?;
     assert_eq!(status.signal(), Some(Signal::SIGKILL as i32));
+    wait_for("the command to die with conch", SHOW_UP, || async {
+        (!pid_alive(a_child)).then_some(())
+    })
+    .await?;
+    let command_gone_at = now_ns();
     b.expect_code(0).await?;
     let granted_at: i128 = f.read("b").trim().parse()?;
     let after = Duration::from_nanos((granted_at - killed_at).max(0) as u64);
@@ -895,8 +901,10 @@ async fn a_killed_holders_slot_comes_back_after_the_ttl() -> anyhow::Result<()> 
         after >= Duration::from_secs(1) && after < Duration::from_secs(15),
         "the slot came back {after:?} after the kill (TTL 2s)"
     );
-    // Nobody stopped the old command (conch died with -9): the documented overlap window. It
-    // is killed when `a` is dropped.
+    eprintln!(
+        "the command was seen gone {:?} after kill -9",
+        Duration::from_nanos((command_gone_at - killed_at).max(0) as u64)
+    );
     f.passed()
 }
 
@@ -961,6 +969,9 @@ async fn a_deleted_namespace_stops_the_command_with_79() -> anyhow::Result<()> {
     );
     let err = p.stderr();
     assert!(err.contains("slot lost"), "stderr: {err:?}");
+    // One line says what happened; no revoke is attempted for a lease the server no longer has.
+    let said: Vec<&str> = err.lines().filter(|l| l.starts_with("conch:")).collect();
+    assert_eq!(said.len(), 1, "stderr: {err:?}");
     wait_for("the command's group to be gone", SHOW_UP, || async {
         (!group_alive(child)).then_some(())
     })

@@ -49,6 +49,12 @@ impl Signals {
 }
 
 /// Starts `argv` in a new process group (its pgid is its pid) with `env` added.
+///
+/// The command dies with conch: on Linux it gets SIGKILL when the thread that started it ends
+/// (`PR_SET_PDEATHSIG`). conch starts it from the one thread of its runtime, which lives as long
+/// as conch, so a `kill -9` of conch (or its crash) does not leave the command running without
+/// the slot. Processes the command starts itself are not covered: they get no signal unless the
+/// command passes one on.
 pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
     let Some((program, args)) = argv.split_first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
@@ -57,6 +63,19 @@ pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
     cmd.args(args).process_group(0).kill_on_drop(false);
     for (k, v) in env {
         cmd.env(k, v);
+    }
+    let conch = nix::unistd::getpid();
+    // SAFETY: between fork and exec the closure only makes two system calls (prctl, getppid),
+    // both async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // conch died before the setting took effect: do not run without it.
+            if nix::unistd::getppid() != conch {
+                return Err(io::Error::other("conch exited before the command started"));
+            }
+            Ok(())
+        });
     }
     cmd.spawn()
 }

@@ -174,6 +174,9 @@ async fn take_slots(
 /// the TTL anyway, so conch does not hang around an unreachable cluster.
 const REVOKE_BUDGET: Duration = Duration::from_secs(3);
 
+/// How long conch tries to revoke a lease it could not refresh, after its command was stopped.
+const LAST_REVOKE_TRY: Duration = Duration::from_millis(300);
+
 /// Revokes a lease, which releases everything it holds or waits for in one write; says so if
 /// it could not be done (the slot then comes back within the TTL).
 async fn revoke(lease: Lease) {
@@ -320,8 +323,13 @@ pub async fn run(
                 .context("stop the command")?;
             debug!(?status, "command stopped");
             guards.into_iter().for_each(Guard::forget);
-            // The command is gone: let the next holder in now rather than after the TTL.
-            revoke(lease).await;
+            // The command is gone. A lease the server no longer knows needs no revoke; one that
+            // could not be refreshed gets one quick, silent try (the cluster was unreachable a
+            // moment ago), so the next holder may get in before the TTL. Either way conch exits
+            // now, having said one line.
+            if matches!(loss, conch_client::LeaseLoss::NoRefresh { .. }) {
+                let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
+            }
             Ok(ExitCode::from(exit::SLOT_LOST))
         }
     }
