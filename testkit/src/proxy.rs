@@ -255,7 +255,11 @@ async fn pump(
     let mut write_mode = mode;
     let writer = async move {
         while let Some((at, bytes)) = rx.recv().await {
-            tokio::time::sleep_until(at).await;
+            // Passing bytes go on at once: a timer, even one already due, would hold them
+            // until the timer's next tick.
+            if at > Instant::now() {
+                tokio::time::sleep_until(at).await;
+            }
             if gate(&mut write_mode).await.is_none() {
                 return;
             }
@@ -327,7 +331,17 @@ mod tests {
     /// A frame header: 24-bit length, type, flags, stream id.
     fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
         let len = payload.len();
-        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, 0, 0, 0, 0, 1];
+        let mut f = vec![
+            (len >> 16) as u8,
+            (len >> 8) as u8,
+            len as u8,
+            kind,
+            0,
+            0,
+            0,
+            0,
+            1,
+        ];
         f.extend_from_slice(payload);
         f
     }
