@@ -235,14 +235,12 @@ impl Client {
         };
 
         if wait == Some(Duration::ZERO) {
-            let call = self.call(OP, self.default_options(), |ch, t| {
-                let req = base.clone();
-                async move {
-                    GrackleApiClient::new(ch)
-                        .acquire_semaphore(request(req, t))
-                        .await
-                }
-            });
+            let call = self.unary(
+                OP,
+                self.default_options(),
+                base.clone(),
+                |ch, r| async move { GrackleApiClient::new(ch).acquire_semaphore(r).await },
+            );
             let resp = tokio::select! {
                 r = call => r?,
                 loss = lease.lost() => return Err(lease_lost(loss)),

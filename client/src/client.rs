@@ -469,6 +469,24 @@ impl Client {
         }
     }
 
+    /// [`Client::call`] for a unary RPC: `rpc` gets a channel and a copy of `req` with the
+    /// attempt's deadline, once per attempt.
+    pub(crate) async fn unary<Req, T, F, Fut>(
+        &self,
+        op: &'static str,
+        opts: CallOptions,
+        req: Req,
+        rpc: F,
+    ) -> Result<T>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        self.call(op, opts, |ch, t| rpc(ch, request(req.clone(), t)))
+            .await
+    }
+
     /// A Grackle API client on the node calls would go to now (leader hint first). No failover:
     /// for anything not wrapped here, prefer [`Client::call`].
     pub fn grackle(&self) -> GrackleApiClient<Channel> {
@@ -506,13 +524,8 @@ impl Client {
             metadata: HashMap::new(),
         };
         let resp = self
-            .call(OP, self.default_options(), |ch, t| {
-                let req = req.clone();
-                async move {
-                    GrackleApiClient::new(ch)
-                        .create_namespace(request(req, t))
-                        .await
-                }
+            .unary(OP, self.default_options(), req, |ch, r| async move {
+                GrackleApiClient::new(ch).create_namespace(r).await
             })
             .await?;
         resp.namespace.ok_or_else(|| missing(OP, "namespace"))
@@ -525,13 +538,8 @@ impl Client {
             namespace_name: name.to_string(),
         };
         let resp = self
-            .call(OP, self.default_options(), |ch, t| {
-                let req = req.clone();
-                async move {
-                    GrackleApiClient::new(ch)
-                        .get_namespace(request(req, t))
-                        .await
-                }
+            .unary(OP, self.default_options(), req, |ch, r| async move {
+                GrackleApiClient::new(ch).get_namespace(r).await
             })
             .await?;
         resp.namespace.ok_or_else(|| missing(OP, "namespace"))
@@ -570,13 +578,8 @@ impl Client {
             metadata: HashMap::new(),
         };
         let resp = self
-            .call(OP, self.default_options(), |ch, t| {
-                let req = req.clone();
-                async move {
-                    GrackleApiClient::new(ch)
-                        .create_semaphore(request(req, t))
-                        .await
-                }
+            .unary(OP, self.default_options(), req, |ch, r| async move {
+                GrackleApiClient::new(ch).create_semaphore(r).await
             })
             .await?;
         resp.semaphore.ok_or_else(|| missing(OP, "semaphore"))
@@ -590,13 +593,8 @@ impl Client {
             semaphore_name: name.to_string(),
         };
         let resp = self
-            .call(OP, self.default_options(), |ch, t| {
-                let req = req.clone();
-                async move {
-                    GrackleApiClient::new(ch)
-                        .get_semaphore(request(req, t))
-                        .await
-                }
+            .unary(OP, self.default_options(), req, |ch, r| async move {
+                GrackleApiClient::new(ch).get_semaphore(r).await
             })
             .await?;
         resp.semaphore.ok_or_else(|| missing(OP, "semaphore"))
@@ -627,70 +625,46 @@ impl Client {
     /// The holders of a semaphore in grant order (all pages).
     pub async fn list_holders(&self, namespace: &str, name: &str) -> Result<Vec<SemaphoreHolder>> {
         const OP: &str = "list semaphore holders";
-        let mut out = Vec::new();
-        let mut token = String::new();
-        for _ in 0..10_000 {
+        all_pages(async |pagination_token| {
             let req = ListSemaphoreHoldersRequest {
                 namespace_name: namespace.to_string(),
                 semaphore_name: name.to_string(),
-                pagination_token: token.clone(),
+                pagination_token,
                 limit: PAGE_LIMIT,
             };
             let resp = self
-                .call(OP, self.default_options(), |ch, t| {
-                    let req = req.clone();
-                    async move {
-                        GrackleApiClient::new(ch)
-                            .list_semaphore_holders(request(req, t))
-                            .await
-                    }
+                .unary(OP, self.default_options(), req, |ch, r| async move {
+                    GrackleApiClient::new(ch).list_semaphore_holders(r).await
                 })
                 .await?;
-            let empty = resp.holders.is_empty();
-            out.extend(resp.holders);
-            if empty || resp.next_pagination_token.is_empty() || resp.next_pagination_token == token
-            {
-                break;
-            }
-            token = resp.next_pagination_token;
-        }
-        Ok(out)
+            Ok((resp.holders, resp.next_pagination_token))
+        })
+        .await
     }
 
     /// The waiters of a semaphore in queue order (all pages), with the semaphore itself.
     pub async fn list_waiters(&self, namespace: &str, name: &str) -> Result<Waiters> {
         const OP: &str = "list semaphore waiters";
-        let mut out = Waiters::default();
-        let mut token = String::new();
-        for _ in 0..10_000 {
+        let mut semaphore = None;
+        let waiters = all_pages(async |pagination_token| {
             let req = ListSemaphoreWaitersRequest {
                 namespace_name: namespace.to_string(),
                 semaphore_name: name.to_string(),
-                pagination_token: token.clone(),
+                pagination_token,
                 limit: PAGE_LIMIT,
             };
             let resp = self
-                .call(OP, self.default_options(), |ch, t| {
-                    let req = req.clone();
-                    async move {
-                        ConchApiClient::new(ch)
-                            .list_semaphore_waiters(request(req, t))
-                            .await
-                    }
+                .unary(OP, self.default_options(), req, |ch, r| async move {
+                    ConchApiClient::new(ch).list_semaphore_waiters(r).await
                 })
                 .await?;
-            if out.semaphore.is_none() {
-                out.semaphore = resp.semaphore;
+            if semaphore.is_none() {
+                semaphore = resp.semaphore;
             }
-            let empty = resp.waiters.is_empty();
-            out.waiters.extend(resp.waiters);
-            if empty || resp.next_pagination_token.is_empty() || resp.next_pagination_token == token
-            {
-                break;
-            }
-            token = resp.next_pagination_token;
-        }
-        Ok(out)
+            Ok((resp.waiters, resp.next_pagination_token))
+        })
+        .await?;
+        Ok(Waiters { semaphore, waiters })
     }
 
     /// Releases whatever `lease_id` holds of a semaphore (a no-op if it holds nothing).
@@ -701,13 +675,8 @@ impl Client {
             semaphore_name: name.to_string(),
             lease_id: lease_id.to_string(),
         };
-        self.call(OP, self.default_options(), |ch, t| {
-            let req = req.clone();
-            async move {
-                GrackleApiClient::new(ch)
-                    .release_semaphore(request(req, t))
-                    .await
-            }
+        self.unary(OP, self.default_options(), req, |ch, r| async move {
+            GrackleApiClient::new(ch).release_semaphore(r).await
         })
         .await?;
         Ok(())
@@ -731,13 +700,8 @@ impl Client {
             ttl_seconds,
         };
         let resp = self
-            .call(OP, opts, |ch, t| {
-                let req = req.clone();
-                async move {
-                    GrackleApiClient::new(ch)
-                        .refresh_semaphore_lease(request(req, t))
-                        .await
-                }
+            .unary(OP, opts, req, |ch, r| async move {
+                GrackleApiClient::new(ch).refresh_semaphore_lease(r).await
             })
             .await?;
         resp.lease.ok_or_else(|| missing(OP, "lease"))
@@ -750,13 +714,8 @@ impl Client {
             namespace_name: namespace.to_string(),
             lease_id: lease_id.to_string(),
         };
-        self.call(OP, self.default_options(), |ch, t| {
-            let req = req.clone();
-            async move {
-                GrackleApiClient::new(ch)
-                    .revoke_semaphore_lease(request(req, t))
-                    .await
-            }
+        self.unary(OP, self.default_options(), req, |ch, r| async move {
+            GrackleApiClient::new(ch).revoke_semaphore_lease(r).await
         })
         .await?;
         Ok(())
@@ -774,13 +733,8 @@ impl Client {
             lease_id: lease_id.to_string(),
         };
         let resp = self
-            .call(OP, self.default_options(), |ch, t| {
-                let req = req.clone();
-                async move {
-                    GrackleApiClient::new(ch)
-                        .get_semaphore_lease(request(req, t))
-                        .await
-                }
+            .unary(OP, self.default_options(), req, |ch, r| async move {
+                GrackleApiClient::new(ch).get_semaphore_lease(r).await
             })
             .await?;
         resp.lease.ok_or_else(|| missing(OP, "lease"))
@@ -790,14 +744,12 @@ impl Client {
 
     /// Cluster status as seen by whichever node answers.
     pub async fn cluster_status(&self) -> Result<ClusterStatusResponse> {
-        self.call(
+        let req = ClusterStatusRequest {};
+        self.unary(
             "cluster status",
             self.default_options(),
-            |ch, t| async move {
-                ConchAdminClient::new(ch)
-                    .cluster_status(request(ClusterStatusRequest {}, t))
-                    .await
-            },
+            req,
+            |ch, r| async move { ConchAdminClient::new(ch).cluster_status(r).await },
         )
         .await
     }
@@ -848,6 +800,26 @@ pub struct Waiters {
     pub semaphore: Option<Semaphore>,
     /// Waiters in queue order; the head is granted first.
     pub waiters: Vec<conch_proto::conch::SemaphoreWaiter>,
+}
+
+/// Reads every page of a listing: `page(token)` fetches the page at `token` (empty: the first)
+/// and returns its items and the next page's token. Stops at an empty page, an empty or
+/// repeated token, or after 10 000 pages.
+async fn all_pages<T>(
+    mut page: impl AsyncFnMut(String) -> Result<(Vec<T>, String)>,
+) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    for _ in 0..10_000 {
+        let (items, next) = page(token.clone()).await?;
+        let empty = items.is_empty();
+        out.extend(items);
+        if empty || next.is_empty() || next == token {
+            break;
+        }
+        token = next;
+    }
+    Ok(out)
 }
 
 pub(crate) fn missing(op: &'static str, field: &str) -> Error {

@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::backoff::Backoff;
-use crate::client::{CallOptions, Client, missing, request};
+use crate::client::{CallOptions, Client, missing};
 use crate::error::{Error, LeaseLoss, Result};
 
 /// Longest TTL the server accepts.
@@ -171,13 +171,8 @@ impl Client {
         // The lease cannot expire earlier than `ttl` after this instant.
         let sent = Instant::now();
         let resp = self
-            .call(OP, self.default_options(), |ch, t| {
-                let req = req.clone();
-                async move {
-                    GrackleApiClient::new(ch)
-                        .create_semaphore_lease(request(req, t))
-                        .await
-                }
+            .unary(OP, self.default_options(), req, |ch, r| async move {
+                GrackleApiClient::new(ch).create_semaphore_lease(r).await
             })
             .await?;
         let info = resp.lease.ok_or_else(|| missing(OP, "lease"))?;

@@ -42,6 +42,14 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The output of `child` once it has exited (within 10 s).
+async fn exited(child: Child) -> Output {
+    tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("conch exited in time")
+        .expect("conch output")
+}
+
 fn send(child: &Child, sig: Signal) {
     let pid = child.id().expect("running") as i32;
     kill(Pid::from_raw(pid), sig).expect("signal conch");
@@ -302,14 +310,9 @@ async fn who_shows_holders_then_waiters_and_exits_by_occupancy() {
     )
     .spawn()
     .unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), async || cluster
-            .queue(NAMESPACE, "video-encode.2")
-            .await
-            .len()
-            == 1)
-        .await
-    );
+    cluster
+        .await_queued(NAMESPACE, "video-encode.2", 1, Duration::from_secs(10))
+        .await;
 
     let o = run(&cluster, &["sema", "video-encode", "--max", "2", "--who"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -401,14 +404,9 @@ async fn a_lost_slot_stops_the_command_and_exits_79() {
     )
     .spawn()
     .unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), async || cluster
-            .holders(NAMESPACE, "job.1")
-            .await
-            .len()
-            == 1)
-        .await
-    );
+    cluster
+        .await_holders(NAMESPACE, "job.1", 1, Duration::from_secs(10))
+        .await;
     assert!(
         file_appears(&ready, Duration::from_secs(10)).await,
         "the command set its trap"
@@ -416,10 +414,7 @@ async fn a_lost_slot_stops_the_command_and_exits_79() {
     let lease = cluster.holders(NAMESPACE, "job.1").await[0].clone();
     let t0 = Instant::now();
     cluster.revoke(NAMESPACE, &lease).await;
-    let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let o = exited(child).await;
     assert_eq!(code(&o), 79, "{}", stderr(&o));
     assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
     assert!(
@@ -450,20 +445,12 @@ async fn a_lost_slot_stops_the_command_and_exits_79() {
     )
     .spawn()
     .unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), async || cluster
-            .holders(NAMESPACE, "job.1")
-            .await
-            .len()
-            == 1)
-        .await
-    );
+    cluster
+        .await_holders(NAMESPACE, "job.1", 1, Duration::from_secs(10))
+        .await;
     let lease = cluster.holders(NAMESPACE, "job.1").await[0].clone();
     cluster.revoke(NAMESPACE, &lease).await;
-    let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let o = exited(child).await;
     assert_eq!(code(&o), 79, "{}", stderr(&o));
 }
 
@@ -482,23 +469,15 @@ async fn signals_reach_the_command_and_interrupt_a_wait() {
     )
     .spawn()
     .unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), async || cluster
-            .holders(NAMESPACE, "job.1")
-            .await
-            .len()
-            == 1)
-        .await
-    );
+    cluster
+        .await_holders(NAMESPACE, "job.1", 1, Duration::from_secs(10))
+        .await;
     assert!(
         file_appears(&ready, Duration::from_secs(10)).await,
         "the command set its trap"
     );
     send(&child, Signal::SIGTERM);
-    let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let o = exited(child).await;
     assert_eq!(code(&o), 7, "{}", stderr(&o));
     assert!(cluster.holders(NAMESPACE, "job.1").await.is_empty());
 
@@ -507,19 +486,11 @@ async fn signals_reach_the_command_and_interrupt_a_wait() {
     let child = conch(&cluster, &["sema", "job", "--max", "1", "--", "true"])
         .spawn()
         .unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), async || cluster
-            .queue(NAMESPACE, "job.1")
-            .await
-            .len()
-            == 1)
-        .await
-    );
+    cluster
+        .await_queued(NAMESPACE, "job.1", 1, Duration::from_secs(10))
+        .await;
     send(&child, Signal::SIGINT);
-    let o = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let o = exited(child).await;
     assert_eq!(code(&o), 130, "{}", stderr(&o));
     assert!(cluster.queue(NAMESPACE, "job.1").await.is_empty());
     assert_eq!(
@@ -540,14 +511,9 @@ async fn spread_allows_one_slot_per_host() {
     )
     .spawn()
     .unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), async || cluster
-            .holders(NAMESPACE, "heavy.2")
-            .await
-            .len()
-            == 1)
-        .await
-    );
+    cluster
+        .await_holders(NAMESPACE, "heavy.2", 1, Duration::from_secs(10))
+        .await;
     let o = run(
         &cluster,
         &[

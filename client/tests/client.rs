@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::{Cluster, Mode, eventually};
-use conch_client::{Client, ClientConfig, Error, LeaseLoss};
+use conch_client::{Client, ClientConfig, Error, Guard, Lease, LeaseLoss};
+use tokio::task::JoinHandle;
 
 const NS: &str = "t";
 
@@ -28,10 +29,42 @@ async fn client(cluster: &Cluster) -> Client {
         .unwrap()
 }
 
-async fn lease(c: &Client, ttl_s: u64) -> conch_client::Lease {
+async fn lease(c: &Client, ttl_s: u64) -> Lease {
     c.create_lease(NS, "test", Duration::from_secs(ttl_s), HashMap::new())
         .await
         .unwrap()
+}
+
+/// One permit of semaphore "s" for `l`, waiting as long as it takes.
+async fn hold(c: &Client, l: &Lease) -> Guard {
+    c.acquire(l, NS, "s", 1, None, HashMap::new())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// `l` waits (forever) for a permit of "s" in a task, which returns the outcome and the lease.
+fn wait_in_task(c: &Client, l: Lease) -> JoinHandle<(conch_client::Result<Option<Guard>>, Lease)> {
+    let c = c.clone();
+    tokio::spawn(async move {
+        let g = c.acquire(&l, NS, "s", 1, None, HashMap::new()).await;
+        (g, l)
+    })
+}
+
+/// Waits until `n` leases are queued on "s".
+async fn queued(cluster: &Cluster, n: usize) {
+    cluster
+        .await_queued(NS, "s", n, Duration::from_secs(5))
+        .await;
+}
+
+/// The client's leader hint names the leader's client address.
+fn assert_hint_is(c: &Client, cluster: &Cluster, leader: usize) {
+    assert_eq!(
+        c.leader_hint().as_deref(),
+        Some(cluster.nodes[leader].addr.as_str())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,32 +109,10 @@ async fn a_forever_wait_keeps_its_place_across_many_rpcs() {
         .unwrap()
         .unwrap();
 
-    let cb = c.clone();
-    let b = tokio::spawn(async move {
-        let g = cb.acquire(&lb, NS, "s", 1, None, HashMap::new()).await;
-        (g, lb)
-    });
-    assert!(
-        eventually(Duration::from_secs(5), async || cluster
-            .queue(NS, "s")
-            .await
-            .len()
-            == 1)
-        .await
-    );
-    let cc = c.clone();
-    let cwait = tokio::spawn(async move {
-        let g = cc.acquire(&lc, NS, "s", 1, None, HashMap::new()).await;
-        (g, lc)
-    });
-    assert!(
-        eventually(Duration::from_secs(5), async || cluster
-            .queue(NS, "s")
-            .await
-            .len()
-            == 2)
-        .await
-    );
+    let b = wait_in_task(&c, lb);
+    queued(&cluster, 1).await;
+    let cwait = wait_in_task(&c, lc);
+    queued(&cluster, 2).await;
     let head = cluster.queue(NS, "s").await[0].clone();
 
     let t0 = Instant::now();
@@ -139,11 +150,7 @@ async fn a_bounded_wait_ends_on_time_and_leaves_no_waiter() {
     cluster.semaphore(NS, "s", 1).await;
     let c = client(&cluster).await;
     let (la, lb) = (lease(&c, 10).await, lease(&c, 10).await);
-    let _ga = c
-        .acquire(&la, NS, "s", 1, None, HashMap::new())
-        .await
-        .unwrap()
-        .unwrap();
+    let _ga = hold(&c, &la).await;
 
     // Non-blocking: at once.
     let t0 = Instant::now();
@@ -194,43 +201,14 @@ async fn a_waiter_keeps_its_place_when_its_node_dies() {
         lease(&c, 10).await,
         lease(&c, 10).await,
     );
-    let ga = c
-        .acquire(&la, NS, "s", 1, None, HashMap::new())
-        .await
-        .unwrap()
-        .unwrap();
+    let ga = hold(&c, &la).await;
     let leader = cluster.leader().await;
-    assert_eq!(
-        c.leader_hint().as_deref(),
-        Some(cluster.nodes[leader].addr.as_str())
-    );
-    let cb = c.clone();
-    let b = tokio::spawn(async move {
-        let g = cb.acquire(&lb, NS, "s", 1, None, HashMap::new()).await;
-        (g, lb)
-    });
-    assert!(
-        eventually(Duration::from_secs(5), async || cluster
-            .queue(NS, "s")
-            .await
-            .len()
-            == 1)
-        .await
-    );
+    assert_hint_is(&c, &cluster, leader);
+    let b = wait_in_task(&c, lb);
+    queued(&cluster, 1).await;
     let head = cluster.queue(NS, "s").await[0].clone();
-    let cc = c.clone();
-    let cwait = tokio::spawn(async move {
-        let g = cc.acquire(&lc, NS, "s", 1, None, HashMap::new()).await;
-        (g, lc)
-    });
-    assert!(
-        eventually(Duration::from_secs(5), async || cluster
-            .queue(NS, "s")
-            .await
-            .len()
-            == 2)
-        .await
-    );
+    let cwait = wait_in_task(&c, lc);
+    queued(&cluster, 2).await;
 
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
@@ -263,30 +241,12 @@ async fn a_stalled_node_is_abandoned_by_waiters_and_refreshes() {
     cluster.semaphore(NS, "s", 1).await;
     let c = client(&cluster).await;
     let (la, lb) = (lease(&c, 5).await, lease(&c, 5).await);
-    let ga = c
-        .acquire(&la, NS, "s", 1, None, HashMap::new())
-        .await
-        .unwrap()
-        .unwrap();
+    let ga = hold(&c, &la).await;
     // The client talks to the leader (its hint): that is the node B waits through.
     let leader = cluster.leader().await;
-    assert_eq!(
-        c.leader_hint().as_deref(),
-        Some(cluster.nodes[leader].addr.as_str())
-    );
-    let cb = c.clone();
-    let b = tokio::spawn(async move {
-        let g = cb.acquire(&lb, NS, "s", 1, None, HashMap::new()).await;
-        (g, lb)
-    });
-    assert!(
-        eventually(Duration::from_secs(5), async || cluster
-            .queue(NS, "s")
-            .await
-            .len()
-            == 1)
-        .await
-    );
+    assert_hint_is(&c, &cluster, leader);
+    let b = wait_in_task(&c, lb);
+    queued(&cluster, 1).await;
     let head = cluster.queue(NS, "s").await[0].clone();
 
     // The leader freezes like a SIGSTOPped process: bytes stop, connections stay open (to its
@@ -315,11 +275,7 @@ async fn losing_every_node_loses_the_lease_before_the_server_expires_it() {
     cluster.semaphore(NS, "s", 1).await;
     let c = client(&cluster).await;
     let l = lease(&c, 3).await;
-    let _g = c
-        .acquire(&l, NS, "s", 1, None, HashMap::new())
-        .await
-        .unwrap()
-        .unwrap();
+    let _g = hold(&c, &l).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     cluster.set_mode(0, Mode::Down);
     let t0 = Instant::now();
@@ -350,31 +306,16 @@ async fn a_revoked_lease_is_reported_at_the_next_refresh_and_ends_a_wait() {
     cluster.semaphore(NS, "s", 1).await;
     let c = client(&cluster).await;
     let (la, lb) = (lease(&c, 3).await, lease(&c, 3).await);
-    let _ga = c
-        .acquire(&la, NS, "s", 1, None, HashMap::new())
-        .await
-        .unwrap()
-        .unwrap();
-    let cb = c.clone();
+    let _ga = hold(&c, &la).await;
     let id_b = lb.id().to_string();
-    let b = tokio::spawn(async move {
-        cb.acquire(&lb, NS, "s", 1, None, HashMap::new())
-            .await
-            .map(|g| g.is_some())
-    });
-    assert!(
-        eventually(Duration::from_secs(5), async || cluster
-            .queue(NS, "s")
-            .await
-            .len()
-            == 1)
-        .await
-    );
+    let b = wait_in_task(&c, lb);
+    queued(&cluster, 1).await;
     cluster.revoke(NS, &id_b).await;
     let err = tokio::time::timeout(Duration::from_secs(3), b)
         .await
         .expect("wait ended")
         .unwrap()
+        .0
         .unwrap_err();
     assert!(err.is_not_found() || err.is_lease_lost(), "{err}");
 
@@ -391,11 +332,7 @@ async fn dropping_a_guard_or_a_lease_frees_the_permits() {
     cluster.semaphore(NS, "s", 1).await;
     let c = client(&cluster).await;
     let l = lease(&c, 10).await;
-    let g = c
-        .acquire(&l, NS, "s", 1, None, HashMap::new())
-        .await
-        .unwrap()
-        .unwrap();
+    let g = hold(&c, &l).await;
     assert_eq!(cluster.holders(NS, "s").await, [l.id().to_string()]);
     drop(g);
     assert!(
@@ -405,11 +342,7 @@ async fn dropping_a_guard_or_a_lease_frees_the_permits() {
             .is_empty())
         .await
     );
-    let _g = c
-        .acquire(&l, NS, "s", 1, None, HashMap::new())
-        .await
-        .unwrap()
-        .unwrap();
+    let _g = hold(&c, &l).await;
     let before = cluster.lease_count(NS).await;
     drop(l);
     assert!(
@@ -438,10 +371,7 @@ async fn calls_follow_the_leader_hint_and_fail_over() {
         before + 5,
         "reads went to the leader"
     );
-    assert_eq!(
-        c.leader_hint().as_deref(),
-        Some(cluster.nodes[leader].addr.as_str())
-    );
+    assert_hint_is(&c, &cluster, leader);
 
     // The leader dies: the others elect a new one, and calls move on without an error.
     let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
@@ -490,14 +420,7 @@ async fn listings_show_holders_then_waiters_in_order() {
             l
         }));
         // Queue one at a time so the order is known.
-        assert!(
-            eventually(Duration::from_secs(5), async || cluster
-                .queue(NS, "s")
-                .await
-                .len()
-                == i - 1)
-            .await
-        );
+        queued(&cluster, i - 1).await;
     }
     let holders = c.list_holders(NS, "s").await.unwrap();
     let hosts: Vec<_> = holders.iter().map(|h| h.metadata["host"].clone()).collect();

@@ -17,11 +17,11 @@ use anyhow::Context;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::{ClusterStatusRequest, ClusterStatusResponse};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use conch_testkit::{LinkMode, LinkProxy};
 use nix::sys::signal::Signal;
 use tonic::transport::Channel;
 
 use crate::net::{channel, lazy_channel};
-use crate::proxy::{LinkMode, LinkProxy};
 use crate::{conchd_command, free_port, send_signal, wait_for};
 
 pub struct NodeProc {

@@ -2,7 +2,7 @@
 //! time, and the tools built on it.
 //!
 //! - [`cluster`]: a cluster of `conchd` processes, its peer links optionally through fault
-//!   [`proxy`]s; [`daemon`]: one `conchd` started with explicit arguments;
+//!   proxies ([`conch_testkit::LinkProxy`]); [`daemon`]: one `conchd` started with explicit arguments;
 //! - [`net`]: every channel to a node is built here, including the failover client;
 //! - [`rng`]: the seeded random stream behind every replayable choice (`CONCH_SEED`);
 //! - [`ops`]: small helpers over the Grackle API;
@@ -19,7 +19,6 @@ pub mod daemon;
 pub mod jepsen;
 pub mod net;
 pub mod ops;
-pub mod proxy;
 pub mod rng;
 
 use std::future::Future;

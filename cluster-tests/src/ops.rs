@@ -100,3 +100,35 @@ pub async fn holders(
 pub fn acquired(r: &pb::AcquireSemaphoreResponse) -> bool {
     r.outcome == pb::AcquireOutcome::Acquired as i32
 }
+
+/// A one-permit semaphore, held: see [`held_by_one`].
+pub struct Held {
+    /// The lease that holds the permit.
+    pub holder: String,
+    /// A second lease, ready to wait for the permit.
+    pub waiter: String,
+    /// The holder's fencing token.
+    pub fencing_token: u64,
+}
+
+/// Creates namespace `ns` and semaphore `sem` (1 permit), a lease (TTL `holder_ttl`) that takes
+/// the permit and a second lease (TTL `waiter_ttl`) ready to wait for it.
+pub async fn held_by_one(
+    c: &mut Grackle,
+    ns: &str,
+    sem: &str,
+    holder_ttl: u64,
+    waiter_ttl: u64,
+) -> anyhow::Result<Held> {
+    namespace(c, ns).await?;
+    semaphore(c, ns, sem, 1).await?;
+    let holder = lease(c, ns, holder_ttl).await?;
+    let waiter = lease(c, ns, waiter_ttl).await?;
+    let r = acquire(c, ns, sem, &holder, 1, 0).await?;
+    anyhow::ensure!(acquired(&r), "the first lease was not granted: {r:?}");
+    Ok(Held {
+        holder,
+        waiter,
+        fencing_token: r.fencing_token,
+    })
+}

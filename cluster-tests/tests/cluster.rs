@@ -185,13 +185,7 @@ async fn blocking_acquire_is_granted_promptly_after_a_release_on_another_node() 
 {
     let cluster = Cluster::start(3).await?;
     let mut n1 = cluster.grackle(1).await?;
-    ops::namespace(&mut n1, "app").await?;
-    ops::semaphore(&mut n1, "app", "lock", 1).await?;
-    let holder = ops::lease(&mut n1, "app", 30).await?;
-    let waiter = ops::lease(&mut n1, "app", 30).await?;
-    assert!(acquired(
-        &ops::acquire(&mut n1, "app", "lock", &holder, 1, 0).await?
-    ));
+    let ops::Held { holder, waiter, .. } = ops::held_by_one(&mut n1, "app", "lock", 30, 30).await?;
 
     let mut n2 = cluster.grackle(2).await?;
     let waiter_lease = waiter.clone();
@@ -292,12 +286,8 @@ async fn whole_cluster_restart_keeps_every_namespace_semaphore_lease_holder_and_
 -> anyhow::Result<()> {
     let mut cluster = Cluster::start(3).await?;
     let mut c = cluster.grackle(1).await?;
-    ops::namespace(&mut c, "keep").await?;
-    ops::semaphore(&mut c, "keep", "one", 1).await?;
-    let holder = ops::lease(&mut c, "keep", 120).await?;
-    let waiter = ops::lease(&mut c, "keep", 120).await?;
-    let held = ops::acquire(&mut c, "keep", "one", &holder, 1, 0).await?;
-    assert!(acquired(&held));
+    let held = ops::held_by_one(&mut c, "keep", "one", 120, 120).await?;
+    let (holder, waiter) = (held.holder.clone(), held.waiter.clone());
     let mut c2 = cluster.grackle(2).await?;
     let waiter_lease = waiter.clone();
     // Queue a waiter for long enough to outlive the restart; its call dies with the nodes.
@@ -369,13 +359,11 @@ async fn five_nodes_keep_serving_with_two_down() -> anyhow::Result<()> {
 async fn unrefreshed_lease_expires_and_its_permits_go_to_the_next_waiter() -> anyhow::Result<()> {
     let cluster = Cluster::start(3).await?;
     let mut c = cluster.grackle(1).await?;
-    ops::namespace(&mut c, "ttl").await?;
-    ops::semaphore(&mut c, "ttl", "slot", 1).await?;
-    let short = ops::lease(&mut c, "ttl", 1).await?;
-    let long = ops::lease(&mut c, "ttl", 60).await?;
-    assert!(acquired(
-        &ops::acquire(&mut c, "ttl", "slot", &short, 1, 0).await?
-    ));
+    let ops::Held {
+        holder: short,
+        waiter: long,
+        ..
+    } = ops::held_by_one(&mut c, "ttl", "slot", 1, 60).await?;
 
     let mut c2 = cluster.grackle(2).await?;
     let started = Instant::now();

@@ -477,7 +477,7 @@ async fn writes_resume_after_the_leader_is_paused_under_load() -> anyhow::Result
 /// Cuts every link of the leader (both directions) with `mode` for `hold` under load; returns
 /// (writes resumed during the cut, first write after the heal).
 async fn isolate_leader_under_load(
-    mode: cluster_tests::proxy::LinkMode,
+    mode: conch_testkit::LinkMode,
     hold: Duration,
 ) -> anyhow::Result<(Option<Duration>, Option<Duration>, String)> {
     let (cluster, _shared, workload) = loaded_cluster(3, true).await?;
@@ -522,11 +522,9 @@ async fn isolate_leader_under_load(
 /// on the connection (5 s + 5 s), or at the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn majority_serves_writes_while_the_leader_is_black_holed() -> anyhow::Result<()> {
-    let (during, _, summary) = isolate_leader_under_load(
-        cluster_tests::proxy::LinkMode::Blackhole,
-        Duration::from_secs(15),
-    )
-    .await?;
+    let (during, _, summary) =
+        isolate_leader_under_load(conch_testkit::LinkMode::Blackhole, Duration::from_secs(15))
+            .await?;
     anyhow::ensure!(
         during.is_some_and(|d| d <= Duration::from_secs(6)),
         "the majority served no write within 6 s of the cut: {summary}"
@@ -542,11 +540,9 @@ async fn majority_serves_writes_while_the_leader_is_black_holed() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn writes_resume_after_a_stalled_partition_of_the_leader_heals() -> anyhow::Result<()> {
     for round in 0..3 {
-        let (_, after, summary) = isolate_leader_under_load(
-            cluster_tests::proxy::LinkMode::Stall,
-            Duration::from_secs(4),
-        )
-        .await?;
+        let (_, after, summary) =
+            isolate_leader_under_load(conch_testkit::LinkMode::Stall, Duration::from_secs(4))
+                .await?;
         anyhow::ensure!(
             after.is_some_and(|d| d <= Duration::from_secs(10)),
             "round {round}: no write within 10 s of the heal: {summary}"

@@ -13,10 +13,10 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -26,11 +26,10 @@ use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_api_client::ConchApiClient;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::*;
+use conch_testkit::{LinkMode, LinkProxy};
 use conchd::config::{Config, Flags};
 use conchd::server::{self, StartError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
@@ -52,21 +51,25 @@ pub struct Node {
     pub addr: String,
     /// The node's own listener, past every proxy.
     real: SocketAddr,
-    requests: Arc<AtomicU64>,
-    mode: watch::Sender<Mode>,
+    /// In front of the node's client listener; counts the requests clients send.
+    client_proxy: LinkProxy,
     shutdown: Option<oneshot::Sender<()>>,
 }
 
 pub struct Cluster {
     pub nodes: Vec<Node>,
+    /// Each node's mode, as last set.
+    modes: Mutex<Vec<Mode>>,
+    /// One per directed peer link `(from, to)`, as broken as the worse of its two ends.
+    links: BTreeMap<(usize, usize), LinkProxy>,
     tasks: Vec<JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // Dropping the proxies (with the cluster) closes every connection through them.
         for node in &mut self.nodes {
-            node.mode.send_replace(Mode::Down);
             if let Some(tx) = node.shutdown.take() {
                 let _ = tx.send(());
             }
@@ -74,6 +77,15 @@ impl Drop for Cluster {
         for task in &self.tasks {
             task.abort();
         }
+    }
+}
+
+/// What a proxy does in `mode`.
+fn link_mode(mode: Mode) -> LinkMode {
+    match mode {
+        Mode::Up => LinkMode::Pass,
+        Mode::Stall => LinkMode::Stall,
+        Mode::Down => LinkMode::Refuse,
     }
 }
 
@@ -91,9 +103,11 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("temporary directory");
         for attempt in 0..5 {
             match Cluster::try_start(n, &dir.path().join(attempt.to_string())).await {
-                Ok((nodes, tasks)) => {
+                Ok((nodes, links, tasks)) => {
                     let cluster = Cluster {
                         nodes,
+                        modes: Mutex::new(vec![Mode::Up; n]),
+                        links,
                         tasks,
                         _dir: dir,
                     };
@@ -109,52 +123,46 @@ impl Cluster {
         panic!("could not find free ports for {n} nodes");
     }
 
+    #[allow(clippy::type_complexity)]
     async fn try_start(
         n: usize,
         dir: &Path,
-    ) -> Result<(Vec<Node>, Vec<JoinHandle<()>>), StartError> {
-        let mut tasks = Vec::new();
-        let modes: Vec<watch::Sender<Mode>> = (0..n).map(|_| watch::channel(Mode::Up).0).collect();
-        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
-        let real: Vec<SocketAddr> = ports
-            .iter()
-            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+    ) -> Result<
+        (
+            Vec<Node>,
+            BTreeMap<(usize, usize), LinkProxy>,
+            Vec<JoinHandle<()>>,
+        ),
+        StartError,
+    > {
+        let mut tasks: Vec<JoinHandle<()>> = Vec::new();
+        let real: Vec<SocketAddr> = (0..n)
+            .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
             .collect();
-
         let mut client_proxies = Vec::new();
-        for i in 0..n {
-            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-            let addr = listener.local_addr().expect("proxy address").to_string();
-            let requests = Arc::new(AtomicU64::new(0));
-            tasks.push(tokio::spawn(proxy(
-                listener,
-                real[i],
-                modes[i].subscribe(),
-                Some(requests.clone()),
-            )));
-            client_proxies.push((addr, requests));
+        for addr in &real {
+            let proxy = LinkProxy::start_counting(addr.to_string())
+                .await
+                .expect("client proxy");
+            client_proxies.push(proxy);
         }
         let initial_cluster = client_proxies
             .iter()
             .enumerate()
-            .map(|(i, (addr, _))| format!("{}={addr}", i + 1))
+            .map(|(i, proxy)| format!("{}={}", i + 1, proxy.addr))
             .collect::<Vec<_>>()
             .join(",");
 
+        let mut links = BTreeMap::new();
         let mut nodes = Vec::new();
-        for i in 0..n {
+        for (i, client_proxy) in client_proxies.into_iter().enumerate() {
             let mut routes = Vec::new();
             for j in (0..n).filter(|j| *j != i) {
-                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-                let addr = listener.local_addr().expect("proxy address");
-                let (link, link_mode) = watch::channel(Mode::Up);
-                tasks.push(tokio::spawn(worse_of(
-                    modes[i].subscribe(),
-                    modes[j].subscribe(),
-                    link,
-                )));
-                tasks.push(tokio::spawn(proxy(listener, real[j], link_mode, None)));
-                routes.push(format!("{}={addr}", j + 1));
+                let link = LinkProxy::start(real[j].to_string())
+                    .await
+                    .expect("peer link proxy");
+                routes.push(format!("{}={}", j + 1, link.addr));
+                links.insert((i, j), link);
             }
             let data_dir = dir.join(format!("node{}", i + 1));
             let mut argv = vec![
@@ -164,7 +172,7 @@ impl Cluster {
                 "--listen".into(),
                 real[i].to_string(),
                 "--advertise".into(),
-                client_proxies[i].0.clone(),
+                client_proxy.addr.to_string(),
                 "--data-dir".into(),
                 data_dir.display().to_string(),
                 "--initial-cluster".into(),
@@ -181,9 +189,6 @@ impl Cluster {
                     for t in &tasks {
                         t.abort();
                     }
-                    for node in nodes {
-                        drop(node);
-                    }
                     return Err(e);
                 }
             };
@@ -195,14 +200,13 @@ impl Cluster {
                 .await;
             }));
             nodes.push(Node {
-                addr: client_proxies[i].0.clone(),
+                addr: client_proxy.addr.to_string(),
                 real: real[i],
-                requests: client_proxies[i].1.clone(),
-                mode: modes[i].clone(),
+                client_proxy,
                 shutdown: Some(shutdown),
             });
         }
-        Ok((nodes, tasks))
+        Ok((nodes, links, tasks))
     }
 
     async fn wait_ready(&self) {
@@ -228,13 +232,23 @@ impl Cluster {
         self.nodes.iter().map(|n| n.addr.clone()).collect()
     }
 
+    /// Puts node `node` in `mode`: every peer link to or from it as broken as the worse of the
+    /// link's two ends, then its client proxy (so a node cut off from its peers cannot commit
+    /// what its clients' closed connections cancel).
     pub fn set_mode(&self, node: usize, mode: Mode) {
-        self.nodes[node].mode.send_replace(mode);
+        let mut modes = self.modes.lock().unwrap_or_else(|e| e.into_inner());
+        modes[node] = mode;
+        for (&(from, to), link) in &self.links {
+            if from == node || to == node {
+                link.set(link_mode(modes[from].max(modes[to])));
+            }
+        }
+        self.nodes[node].client_proxy.set(link_mode(mode));
     }
 
     /// gRPC requests node `node` has received from clients.
     pub fn requests(&self, node: usize) -> u64 {
-        self.nodes[node].requests.load(Ordering::SeqCst)
+        self.nodes[node].client_proxy.requests()
     }
 
     async fn channel(&self, node: usize) -> Option<Channel> {
@@ -275,11 +289,10 @@ impl Cluster {
 
     /// Runs `f` against the leader's real listener (past the proxies), trying the other nodes
     /// while none answers. `NotFound` is an answer.
-    async fn inspect<T, F, Fut>(&self, f: F) -> Result<T, tonic::Status>
-    where
-        F: Fn(Channel) -> Fut,
-        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
-    {
+    async fn inspect<T>(
+        &self,
+        f: impl AsyncFn(Channel) -> Result<tonic::Response<T>, tonic::Status>,
+    ) -> Result<T, tonic::Status> {
         let t0 = Instant::now();
         loop {
             let leader = self.leader().await;
@@ -292,13 +305,26 @@ impl Cluster {
                 };
                 match f(channel).await {
                     Err(s) if s.code() == tonic::Code::Unavailable => last = s,
-                    other => return other,
+                    other => return other.map(tonic::Response::into_inner),
                 }
             }
             if t0.elapsed() > READY_WITHIN {
                 return Err(last);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Like `inspect`, with `NotFound` as `None`; any other error fails the test, naming `what`.
+    async fn inspect_found<T>(
+        &self,
+        what: &str,
+        f: impl AsyncFn(Channel) -> Result<tonic::Response<T>, tonic::Status>,
+    ) -> Option<T> {
+        match self.inspect(f).await {
+            Ok(r) => Some(r),
+            Err(s) if s.code() == tonic::Code::NotFound => None,
+            Err(s) => panic!("{what}: {s}"),
         }
     }
 
@@ -310,21 +336,14 @@ impl Cluster {
             ..Default::default()
         };
         let r = self
-            .inspect(|ch| {
-                let req = req.clone();
-                async move { ConchApiClient::new(ch).list_semaphore_waiters(req).await }
+            .inspect_found("list waiters", async |ch| {
+                ConchApiClient::new(ch)
+                    .list_semaphore_waiters(req.clone())
+                    .await
             })
             .await;
-        match r {
-            Ok(r) => r
-                .into_inner()
-                .waiters
-                .into_iter()
-                .map(|w| w.lease_id)
-                .collect(),
-            Err(s) if s.code() == tonic::Code::NotFound => Vec::new(),
-            Err(s) => panic!("list waiters: {s}"),
-        }
+        r.map(|r| r.waiters.into_iter().map(|w| w.lease_id).collect())
+            .unwrap_or_default()
     }
 
     /// Lease ids holding a semaphore, in grant order (none if it does not exist).
@@ -335,21 +354,14 @@ impl Cluster {
             ..Default::default()
         };
         let r = self
-            .inspect(|ch| {
-                let req = req.clone();
-                async move { GrackleApiClient::new(ch).list_semaphore_holders(req).await }
+            .inspect_found("list holders", async |ch| {
+                GrackleApiClient::new(ch)
+                    .list_semaphore_holders(req.clone())
+                    .await
             })
             .await;
-        match r {
-            Ok(r) => r
-                .into_inner()
-                .holders
-                .into_iter()
-                .map(|h| h.lease_id)
-                .collect(),
-            Err(s) if s.code() == tonic::Code::NotFound => Vec::new(),
-            Err(s) => panic!("list holders: {s}"),
-        }
+        r.map(|r| r.holders.into_iter().map(|h| h.lease_id).collect())
+            .unwrap_or_default()
     }
 
     pub async fn lease_exists(&self, ns: &str, id: &str) -> bool {
@@ -357,17 +369,13 @@ impl Cluster {
             namespace_name: ns.to_string(),
             lease_id: id.to_string(),
         };
-        let r = self
-            .inspect(|ch| {
-                let req = req.clone();
-                async move { GrackleApiClient::new(ch).get_semaphore_lease(req).await }
-            })
-            .await;
-        match r {
-            Ok(_) => true,
-            Err(s) if s.code() == tonic::Code::NotFound => false,
-            Err(s) => panic!("get lease: {s}"),
-        }
+        self.inspect_found("get lease", async |ch| {
+            GrackleApiClient::new(ch)
+                .get_semaphore_lease(req.clone())
+                .await
+        })
+        .await
+        .is_some()
     }
 
     /// Leases in namespace `ns` (0 if it does not exist).
@@ -381,25 +389,40 @@ impl Cluster {
                 limit: 250,
                 ..Default::default()
             };
-            let r = self
-                .inspect(|ch| {
-                    let req = req.clone();
-                    async move { GrackleApiClient::new(ch).list_semaphore_leases(req).await }
+            let page = self
+                .inspect_found("list leases", async |ch| {
+                    GrackleApiClient::new(ch)
+                        .list_semaphore_leases(req.clone())
+                        .await
                 })
                 .await;
-            match r {
-                Ok(r) => {
-                    let r = r.into_inner();
-                    count += r.leases.len();
-                    if r.next_pagination_token.is_empty() || r.leases.is_empty() {
-                        return count;
-                    }
-                    token = r.next_pagination_token;
-                }
-                Err(s) if s.code() == tonic::Code::NotFound => return count,
-                Err(s) => panic!("list leases: {s}"),
+            let Some(page) = page else {
+                return count;
+            };
+            count += page.leases.len();
+            if page.next_pagination_token.is_empty() || page.leases.is_empty() {
+                return count;
             }
+            token = page.next_pagination_token;
         }
+    }
+
+    /// Waits until `n` leases are queued on a semaphore, failing the test after `within`.
+    pub async fn await_queued(&self, ns: &str, sem: &str, n: usize, within: Duration) {
+        assert!(
+            eventually(within, async || self.queue(ns, sem).await.len() == n).await,
+            "expected {n} waiters on {ns}/{sem}: {:?}",
+            self.queue(ns, sem).await
+        );
+    }
+
+    /// Waits until `n` leases hold a semaphore, failing the test after `within`.
+    pub async fn await_holders(&self, ns: &str, sem: &str, n: usize, within: Duration) {
+        assert!(
+            eventually(within, async || self.holders(ns, sem).await.len() == n).await,
+            "expected {n} holders of {ns}/{sem}: {:?}",
+            self.holders(ns, sem).await
+        );
     }
 
     /// Revokes a lease behind its client's back.
@@ -408,9 +431,10 @@ impl Cluster {
             namespace_name: ns.to_string(),
             lease_id: id.to_string(),
         };
-        self.inspect(|ch| {
-            let req = req.clone();
-            async move { GrackleApiClient::new(ch).revoke_semaphore_lease(req).await }
+        self.inspect(async |ch| {
+            GrackleApiClient::new(ch)
+                .revoke_semaphore_lease(req.clone())
+                .await
         })
         .await
         .expect("revoke lease");
@@ -423,9 +447,10 @@ impl Cluster {
             ..Default::default()
         };
         let r = self
-            .inspect(|ch| {
-                let req = req.clone();
-                async move { GrackleApiClient::new(ch).create_namespace(req).await }
+            .inspect(async |ch| {
+                GrackleApiClient::new(ch)
+                    .create_namespace(req.clone())
+                    .await
             })
             .await;
         if let Err(s) = r
@@ -439,130 +464,13 @@ impl Cluster {
             permits,
             ..Default::default()
         };
-        self.inspect(|ch| {
-            let req = req.clone();
-            async move { GrackleApiClient::new(ch).create_semaphore(req).await }
+        self.inspect(async |ch| {
+            GrackleApiClient::new(ch)
+                .create_semaphore(req.clone())
+                .await
         })
         .await
         .expect("create semaphore");
-    }
-}
-
-/// Keeps `out` at the worse of two nodes' modes (a link is as broken as its worse end).
-async fn worse_of(
-    mut a: watch::Receiver<Mode>,
-    mut b: watch::Receiver<Mode>,
-    out: watch::Sender<Mode>,
-) {
-    loop {
-        let worse = (*a.borrow_and_update()).max(*b.borrow_and_update());
-        out.send_replace(worse);
-        tokio::select! {
-            r = a.changed() => if r.is_err() { return },
-            r = b.changed() => if r.is_err() { return },
-        }
-    }
-}
-
-async fn proxy(
-    listener: TcpListener,
-    upstream: SocketAddr,
-    mode: watch::Receiver<Mode>,
-    requests: Option<Arc<AtomicU64>>,
-) {
-    loop {
-        let Ok((inbound, _)) = listener.accept().await else {
-            return;
-        };
-        let mut mode = mode.clone();
-        let requests = requests.clone();
-        tokio::spawn(async move {
-            let m = *mode.borrow();
-            match m {
-                Mode::Down => return,
-                Mode::Stall => {
-                    let _ = mode.wait_for(|m| *m == Mode::Down).await;
-                    return;
-                }
-                Mode::Up => {}
-            }
-            let Ok(outbound) = TcpStream::connect(upstream).await else {
-                return;
-            };
-            let (mut in_read, mut in_write) = inbound.into_split();
-            let (mut out_read, mut out_write) = outbound.into_split();
-            let upward = async {
-                let mut counter = RequestCounter::default();
-                let mut buf = vec![0u8; 16 * 1024];
-                loop {
-                    let n = match in_read.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    if let Some(requests) = &requests {
-                        requests.fetch_add(counter.feed(&buf[..n]), Ordering::SeqCst);
-                    }
-                    if out_write.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            };
-            let downward = tokio::io::copy(&mut out_read, &mut in_write);
-            let changed = tokio::select! {
-                _ = upward => return,
-                _ = downward => return,
-                m = async { mode.wait_for(|m| *m != Mode::Up).await.map(|r| *r) } => m,
-            };
-            if matches!(changed, Ok(Mode::Stall)) {
-                let _ = mode.wait_for(|m| *m == Mode::Down).await;
-            }
-        });
-    }
-}
-
-/// Counts the requests a client sends on an HTTP/2 connection: one HEADERS frame opens each
-/// gRPC call (trailers are sent by the server only).
-#[derive(Default)]
-struct RequestCounter {
-    preface_seen: usize,
-    header: [u8; 9],
-    header_len: usize,
-    skip: usize,
-}
-
-const PREFACE_LEN: usize = 24;
-const HEADERS: u8 = 0x1;
-
-impl RequestCounter {
-    fn feed(&mut self, mut bytes: &[u8]) -> u64 {
-        let mut count = 0;
-        while !bytes.is_empty() {
-            if self.preface_seen < PREFACE_LEN {
-                let take = (PREFACE_LEN - self.preface_seen).min(bytes.len());
-                self.preface_seen += take;
-                bytes = &bytes[take..];
-            } else if self.skip > 0 {
-                let take = self.skip.min(bytes.len());
-                self.skip -= take;
-                bytes = &bytes[take..];
-            } else {
-                let take = (9 - self.header_len).min(bytes.len());
-                self.header[self.header_len..self.header_len + take]
-                    .copy_from_slice(&bytes[..take]);
-                self.header_len += take;
-                bytes = &bytes[take..];
-                if self.header_len == 9 {
-                    let h = self.header;
-                    self.skip =
-                        (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
-                    if h[3] == HEADERS {
-                        count += 1;
-                    }
-                    self.header_len = 0;
-                }
-            }
-        }
-        count
     }
 }
 

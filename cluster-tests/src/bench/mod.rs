@@ -142,6 +142,34 @@ where
         .await
 }
 
+/// Creates `n` leases in `ns` with `ttl_seconds`, the `i`th with process id `process(i)`,
+/// `in_flight` at a time over the clients of `pool`; fails (naming `what`) if any fails.
+pub async fn create_leases(
+    pool: &[Grackle],
+    ns: &str,
+    n: usize,
+    in_flight: usize,
+    ttl_seconds: u64,
+    process: impl Fn(usize) -> String,
+    what: &str,
+) -> anyhow::Result<Vec<String>> {
+    let results = batched(n, in_flight, |i| {
+        let mut c = pool[i % pool.len()].clone();
+        let req = pb::CreateSemaphoreLeaseRequest {
+            namespace_name: ns.to_string(),
+            process_id: process(i),
+            ttl_seconds,
+            ..Default::default()
+        };
+        async move {
+            let r = c.create_semaphore_lease(req).await?.into_inner();
+            Ok(r.lease.map(|l| l.lease_id).unwrap_or_default())
+        }
+    })
+    .await;
+    check_setup(what, results)
+}
+
 /// Fails with the first error of a setup batch, with the error tally.
 pub fn check_setup<T>(what: &str, results: Vec<Result<T, Status>>) -> anyhow::Result<Vec<T>> {
     let mut errors = Errors::default();

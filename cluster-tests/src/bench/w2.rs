@@ -17,7 +17,7 @@ use crate::net::Failover;
 use crate::rng::Rng;
 
 use super::stats::{Errors, Latencies, Row, round1};
-use super::{Opts, Target, batched, check_setup, secs};
+use super::{Opts, Target, create_leases, secs};
 
 const CLIENTS: usize = 16;
 const PERMITS: u64 = 2;
@@ -107,24 +107,16 @@ pub async fn run(target: &Target, opts: &Opts, hold_max_ms: u64) -> anyhow::Resu
     .await
     .context("create the W2 semaphore")?;
     let ns = target.ns.clone();
-    let leases = batched(CLIENTS, 16, |i| {
-        let mut c = pool[i % pool.len()].clone();
-        let ns = ns.clone();
-        async move {
-            let r = c
-                .create_semaphore_lease(pb::CreateSemaphoreLeaseRequest {
-                    namespace_name: ns,
-                    process_id: format!("w2-{i}"),
-                    ttl_seconds: 60,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            Ok(r.lease.map(|l| l.lease_id).unwrap_or_default())
-        }
-    })
-    .await;
-    let leases = check_setup("create W2 leases", leases)?;
+    let leases = create_leases(
+        &pool,
+        &ns,
+        CLIENTS,
+        16,
+        60,
+        |i| format!("w2-{i}"),
+        "create W2 leases",
+    )
+    .await?;
 
     let t0 = Instant::now();
     let window_start = t0 + opts.warmup;

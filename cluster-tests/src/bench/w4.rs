@@ -14,7 +14,7 @@ use conch_proto::grackle as pb;
 use tokio::sync::{Mutex, Semaphore};
 
 use super::stats::{Errors, Latencies, Row, round1};
-use super::{Opts, Target, batched, check_setup, secs};
+use super::{Opts, Target, create_leases, secs};
 
 const IN_FLIGHT: usize = 64;
 const TTL_S: u64 = 10;
@@ -33,24 +33,18 @@ pub async fn run(target: &Target, opts: &Opts) -> anyhow::Result<Row> {
     let pool = target.clients(&leader.addr, 8).await?;
     let ns = target.ns.clone();
     let setup_start = Instant::now();
-    let leases = batched(n, 256, |i| {
-        let mut c = pool[i % pool.len()].clone();
-        let ns = ns.clone();
-        async move {
-            let r = c
-                .create_semaphore_lease(pb::CreateSemaphoreLeaseRequest {
-                    namespace_name: ns,
-                    process_id: "w4".into(),
-                    ttl_seconds: TTL_S,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            Ok(r.lease.map(|l| l.lease_id).unwrap_or_default())
-        }
-    })
-    .await;
-    let leases = Arc::new(check_setup("create W4 leases", leases)?);
+    let leases = Arc::new(
+        create_leases(
+            &pool,
+            &ns,
+            n,
+            256,
+            TTL_S,
+            |_| "w4".into(),
+            "create W4 leases",
+        )
+        .await?,
+    );
     let setup_s = secs(setup_start.elapsed());
 
     let t0 = Instant::now();

@@ -18,7 +18,7 @@ use conch_proto::grackle as pb;
 use crate::net::{connect, status};
 
 use super::stats::{Row, round1};
-use super::{Opts, Target, batched, check_setup, dir_bytes, rss_mb, secs};
+use super::{Opts, Target, batched, check_setup, create_leases, dir_bytes, rss_mb, secs};
 
 const IN_FLIGHT: usize = 256;
 const TTL_S: u64 = 300;
@@ -61,24 +61,16 @@ pub async fn run(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
     let semaphores_s = secs(setup_start.elapsed());
 
     let t = Instant::now();
-    let results = batched(n_leases, IN_FLIGHT, |i| {
-        let mut c = pool[i % pool.len()].clone();
-        let ns = ns.clone();
-        async move {
-            let r = c
-                .create_semaphore_lease(pb::CreateSemaphoreLeaseRequest {
-                    namespace_name: ns,
-                    process_id: format!("w5-{}", i % 1000),
-                    ttl_seconds: TTL_S,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            Ok(r.lease.map(|l| l.lease_id).unwrap_or_default())
-        }
-    })
-    .await;
-    let leases = check_setup("create leases", results)?;
+    let leases = create_leases(
+        &pool,
+        &ns,
+        n_leases,
+        IN_FLIGHT,
+        TTL_S,
+        |i| format!("w5-{}", i % 1000),
+        "create leases",
+    )
+    .await?;
     let leases_s = secs(t.elapsed());
 
     let t = Instant::now();

@@ -1,7 +1,7 @@
 //! Jepsen-style fault injection and safety checking against real `conchd` processes.
 //!
 //! - the cluster: 3 or 5 nodes whose peer links all pass through fault proxies
-//!   ([`crate::cluster`], [`crate::proxy`]);
+//!   ([`crate::cluster`], [`conch_testkit::proxy`]);
 //! - [`nemesis`]: a seeded sequence of faults (kill -9, SIGSTOP, partitions, slow links);
 //! - [`workload`]: ≥16 clients with kept-alive leases acquiring and releasing small weights;
 //! - [`history`]: every operation as invoke / ok / fail / unknown;

@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use conch_testkit::LinkMode;
 use tokio::time::Instant;
 
 use crate::cluster::Cluster;
-use crate::proxy::LinkMode;
 use crate::rng::Rng;
 
 use super::history::{Micros, fmt_micros};

@@ -536,39 +536,31 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     // 7. liveness
     let all_nodes_bound = opts.recovery_bound + Duration::from_secs(5);
     for f in &faults {
-        match f.first_write {
-            Some(d) if d <= opts.recovery_bound => {}
-            other => run_violation(
+        let bounds = [
+            ("the first write took", f.first_write, opts.recovery_bound),
+            (
+                "some node served reads only after",
+                f.all_nodes,
+                all_nodes_bound,
+            ),
+        ];
+        for (what, took, bound) in bounds {
+            if took.is_some_and(|d| d <= bound) {
+                continue;
+            }
+            run_violation(
                 &mut check,
                 "availability",
                 format!(
-                    "after healing {} ({}) at {}, the first write took {} (bound {} ms)",
+                    "after healing {} ({}) at {}, {what} {} (bound {} ms)",
                     f.name,
                     f.detail,
                     fmt_micros(f.healed),
-                    other
-                        .map(|d| format!("{} ms", d.as_millis()))
+                    took.map(|d| format!("{} ms", d.as_millis()))
                         .unwrap_or_else(|| "forever".into()),
-                    opts.recovery_bound.as_millis()
+                    bound.as_millis()
                 ),
-            ),
-        }
-        match f.all_nodes {
-            Some(d) if d <= all_nodes_bound => {}
-            other => run_violation(
-                &mut check,
-                "availability",
-                format!(
-                    "after healing {} ({}) at {}, some node served reads only after {} (bound {} ms)",
-                    f.name,
-                    f.detail,
-                    fmt_micros(f.healed),
-                    other
-                        .map(|d| format!("{} ms", d.as_millis()))
-                        .unwrap_or_else(|| "forever".into()),
-                    all_nodes_bound.as_millis()
-                ),
-            ),
+            );
         }
     }
     for (sem, _) in &semaphores {

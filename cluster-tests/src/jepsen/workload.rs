@@ -315,26 +315,22 @@ impl Shared {
         let ns = self.config.namespace.clone();
         let sem_name = sem.to_string();
         let request = async move {
-            let mut client = GrackleApiClient::new(channel);
-            let mut holders = Vec::new();
-            let mut token = String::new();
+            let client = GrackleApiClient::new(channel);
             // Pages are bounded: a semaphore here has at most a few holders.
-            for _ in 0..100 {
-                let page = client
-                    .list_semaphore_holders(pb::ListSemaphoreHoldersRequest {
-                        namespace_name: ns.clone(),
-                        semaphore_name: sem_name.clone(),
-                        pagination_token: token.clone(),
-                        limit: 250,
-                    })
-                    .await?
-                    .into_inner();
-                holders.extend(page.holders);
-                if page.next_pagination_token.is_empty() {
-                    break;
+            let holders = all_pages(100, |pagination_token| {
+                let mut client = client.clone();
+                let req = pb::ListSemaphoreHoldersRequest {
+                    namespace_name: ns.clone(),
+                    semaphore_name: sem_name.clone(),
+                    pagination_token,
+                    limit: 250,
+                };
+                async move {
+                    let page = client.list_semaphore_holders(req).await?.into_inner();
+                    Ok((page.holders, page.next_pagination_token))
                 }
-                token = page.next_pagination_token;
-            }
+            })
+            .await?;
             Ok(tonic::Response::new(holders))
         };
         self.call(
@@ -363,25 +359,22 @@ impl Shared {
     pub async fn read_leases(&self, process: usize, node: u64, channel: Channel) -> Outcome {
         let ns = self.config.namespace.clone();
         let request = async move {
-            let mut client = GrackleApiClient::new(channel);
-            let mut leases = Vec::new();
-            let mut token = String::new();
-            for _ in 0..1000 {
-                let page = client
-                    .list_semaphore_leases(pb::ListSemaphoreLeasesRequest {
-                        namespace_name: ns.clone(),
-                        pagination_token: token.clone(),
-                        limit: 250,
-                        ..Default::default()
-                    })
-                    .await?
-                    .into_inner();
-                leases.extend(page.leases.into_iter().map(|l| l.lease_id));
-                if page.next_pagination_token.is_empty() {
-                    break;
+            let client = GrackleApiClient::new(channel);
+            let leases = all_pages(1000, |pagination_token| {
+                let mut client = client.clone();
+                let req = pb::ListSemaphoreLeasesRequest {
+                    namespace_name: ns.clone(),
+                    pagination_token,
+                    limit: 250,
+                    ..Default::default()
+                };
+                async move {
+                    let page = client.list_semaphore_leases(req).await?.into_inner();
+                    let ids = page.leases.into_iter().map(|l| l.lease_id).collect();
+                    Ok((ids, page.next_pagination_token))
                 }
-                token = page.next_pagination_token;
-            }
+            })
+            .await?;
             Ok(tonic::Response::new(leases))
         };
         self.call(
@@ -676,4 +669,24 @@ impl Drop for Workload {
             task.abort();
         }
     }
+}
+
+/// Every page of a listing, `max_pages` at most: `page(token)` fetches the page at `token`
+/// (empty: the first) and returns its items and the next page's token (empty: the last).
+async fn all_pages<T, F, Fut>(max_pages: usize, mut page: F) -> Result<Vec<T>, tonic::Status>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<(Vec<T>, String), tonic::Status>>,
+{
+    let mut out = Vec::new();
+    let mut token = String::new();
+    for _ in 0..max_pages {
+        let (items, next) = page(token).await?;
+        out.extend(items);
+        if next.is_empty() {
+            break;
+        }
+        token = next;
+    }
+    Ok(out)
 }
