@@ -14,14 +14,25 @@ const NS: &str = "t";
 
 /// A client with short per-RPC waits, so a few seconds cover many chained RPCs.
 async fn client(cluster: &Cluster) -> Client {
+    client_with(
+        cluster,
+        Duration::from_millis(600),
+        Duration::from_millis(250),
+    )
+    .await
+}
+
+/// A client whose blocking acquires ask the server to wait `rpc_wait` per call and re-attach
+/// `margin` before that wait ends.
+async fn client_with(cluster: &Cluster, rpc_wait: Duration, margin: Duration) -> Client {
     let config = ClientConfig {
         request_timeout: Duration::from_secs(2),
         retry_for: Duration::from_secs(5),
         connect_timeout: Duration::from_millis(500),
         keepalive_interval: Duration::from_millis(500),
         keepalive_timeout: Duration::from_millis(500),
-        acquire_rpc_wait: Duration::from_millis(600),
-        reattach_margin: Duration::from_millis(250),
+        acquire_rpc_wait: rpc_wait,
+        reattach_margin: margin,
         acquire_slack: Duration::from_secs(2),
     };
     Client::connect_with(cluster.endpoints(), config)
@@ -195,7 +206,9 @@ async fn a_waiter_keeps_its_place_when_its_node_dies() {
     // t=2.5s A releases -> B is granted
     let cluster = Cluster::start(3).await;
     cluster.semaphore(NS, "s", 1).await;
-    let c = client(&cluster).await;
+    // A waiter's place lasts until the deadline of its newest call. The election after the
+    // crash must fit inside it, even on a slow machine: calls of 20 s, re-attached 5 s early.
+    let c = client_with(&cluster, Duration::from_secs(20), Duration::from_secs(5)).await;
     let (la, lb, lc) = (
         lease(&c, 10).await,
         lease(&c, 10).await,
