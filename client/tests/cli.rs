@@ -42,9 +42,10 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// The output of `child` once it has exited (within 10 s).
+/// The output of `child` once it has exited (within 30 s: a bound on "it exits", with room for a
+/// loaded machine).
 async fn exited(child: Child) -> Output {
-    tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+    tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
         .await
         .expect("conch exited in time")
         .expect("conch output")
