@@ -29,8 +29,9 @@ use conch_proto::conch::{
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::{
     CreateNamespaceRequest, CreateSemaphoreRequest, GetNamespaceRequest, GetSemaphoreLeaseRequest,
-    GetSemaphoreRequest, ListSemaphoreHoldersRequest, Namespace, RefreshSemaphoreLeaseRequest,
-    ReleaseSemaphoreRequest, RevokeSemaphoreLeaseRequest, Semaphore, SemaphoreHolder,
+    GetSemaphoreRequest, ListSemaphoreHoldersRequest, ListSemaphoresRequest, Namespace,
+    RefreshSemaphoreLeaseRequest, ReleaseSemaphoreRequest, RevokeSemaphoreLeaseRequest, Semaphore,
+    SemaphoreHolder,
 };
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
@@ -620,6 +621,25 @@ impl Client {
             Err(e) if e.is_already_exists() => self.get_semaphore(namespace, name).await,
             Err(e) => Err(e),
         }
+    }
+
+    /// Every semaphore of a namespace, in name order (all pages).
+    pub async fn list_semaphores(&self, namespace: &str) -> Result<Vec<Semaphore>> {
+        const OP: &str = "list semaphores";
+        all_pages(async |pagination_token| {
+            let req = ListSemaphoresRequest {
+                namespace_name: namespace.to_string(),
+                pagination_token,
+                limit: PAGE_LIMIT,
+            };
+            let resp = self
+                .unary(OP, self.default_options(), req, |ch, r| async move {
+                    GrackleApiClient::new(ch).list_semaphores(r).await
+                })
+                .await?;
+            Ok((resp.semaphores, resp.next_pagination_token))
+        })
+        .await
     }
 
     /// The holders of a semaphore in grant order (all pages).

@@ -24,6 +24,8 @@ pub const META_CMD: &str = "cmd";
 
 /// Longest namespace or semaphore name the server accepts.
 pub const MAX_NAME_LEN: usize = 128;
+/// The largest `--max`: the server's limit on a semaphore's permits.
+pub const MAX_PERMITS: u64 = u32::MAX as u64;
 /// Longest metadata value the server accepts, in bytes.
 pub const MAX_META_VALUE_LEN: usize = 256;
 /// Longest lease `process_id` the server accepts, in bytes.
@@ -62,8 +64,8 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
 /// assert!(semaphore_name("x", 0).is_err());
 /// ```
 pub fn semaphore_name(name: &str, max: u64) -> Result<String, String> {
-    if max == 0 {
-        return Err("--max must be at least 1".to_string());
+    if !(1..=MAX_PERMITS).contains(&max) {
+        return Err(format!("--max must be 1 to {MAX_PERMITS}, not {max}"));
     }
     validate_name("name", name)?;
     let full = format!("{name}.{max}");
@@ -73,6 +75,55 @@ pub fn semaphore_name(name: &str, max: u64) -> Result<String, String> {
         ));
     }
     Ok(full)
+}
+
+/// What a semaphore of the `conch` namespace is, by its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SemaphoreKind {
+    /// `<name>.<max>`: the slots of (name, max).
+    Main {
+        /// The name given to `conch sema`.
+        name: String,
+        /// Its `--max`.
+        max: u64,
+    },
+    /// `<name>.<max>.host-<host>`: the per-host lock of `--spread`.
+    HostLock {
+        /// The name given to `conch sema`.
+        name: String,
+        /// Its `--max`.
+        max: u64,
+    },
+}
+
+/// Reads a semaphore name of the `conch` namespace; `None` for a name `conch sema` does not make.
+///
+/// ```
+/// use conch_client::sema::{SemaphoreKind, semaphore_kind};
+/// assert_eq!(
+///     semaphore_kind("video-encode.2"),
+///     Some(SemaphoreKind::Main { name: "video-encode".into(), max: 2 })
+/// );
+/// assert_eq!(
+///     semaphore_kind("video-encode.2.host-node1"),
+///     Some(SemaphoreKind::HostLock { name: "video-encode".into(), max: 2 })
+/// );
+/// assert_eq!(semaphore_kind("video-encode"), None);
+/// ```
+pub fn semaphore_kind(semaphore: &str) -> Option<SemaphoreKind> {
+    let main = |full: &str| {
+        let (name, max) = full.rsplit_once('.')?;
+        if name.is_empty() || max.is_empty() || !max.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some((name.to_string(), max.parse::<u64>().ok()?))
+    };
+    if let Some((prefix, _host)) = semaphore.rsplit_once(".host-")
+        && let Some((name, max)) = main(prefix)
+    {
+        return Some(SemaphoreKind::HostLock { name, max });
+    }
+    main(semaphore).map(|(name, max)| SemaphoreKind::Main { name, max })
 }
 
 /// Reduces a host name to `[-_0-9a-zA-Z]` (anything else, dots included, becomes `-`).

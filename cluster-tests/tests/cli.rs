@@ -1123,9 +1123,37 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
         "a waiter has no rev: {out}"
     );
 
-    // (name, max) is the identity: x[1] is another, empty semaphore.
-    let (code, out, _) = f.run(&["sema", "x", "--max", "1", "--who"]).await?;
-    assert_eq!((code, out.as_str()), (1, ""));
+    // (name, max) is the identity: x[1] is another, empty semaphore, and --who says loudly that
+    // x is in use with --max 2, showing those holders and waiters.
+    let (code, out, err) = f.run(&["sema", "x", "--max", "1", "--who"]).await?;
+    assert_eq!(code, 1, "nobody holds x[1]: {out:?} {err:?}");
+    let who = parse_who(&out)?;
+    assert_eq!(who.len(), 3, "{out}");
+    assert!(who.iter().all(|w| w.prefix == "x[2/2]"), "{out}");
+    assert!(
+        err.contains("x is also used with --max 2"),
+        "stderr names the other capacity: {err:?}"
+    );
+    let (code, out, _) = f
+        .run(&["sema", "x", "--max", "1", "--who", "--json"])
+        .await?;
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).with_context(|| out.clone())?;
+    assert_eq!(v["exists"], false, "{out}");
+    let others = v["others"].as_array().context("others")?;
+    assert_eq!(others.len(), 1, "{out}");
+    assert_eq!(others[0]["max"], 2, "{out}");
+    assert_eq!(others[0]["semaphore"], "x.2", "{out}");
+    assert_eq!(
+        others[0]["holders"].as_array().map(Vec::len),
+        Some(2),
+        "{out}"
+    );
+    assert_eq!(
+        others[0]["waiters"].as_array().map(Vec::len),
+        Some(1),
+        "{out}"
+    );
 
     // Everyone done: empty again, exit 1.
     f.touch("go")?;
@@ -1142,6 +1170,73 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
     assert_eq!(v["exists"], true, "{out}");
     assert_eq!(v["holders"], serde_json::json!([]), "{out}");
     assert_eq!(v["waiters"], serde_json::json!([]), "{out}");
+    f.passed()
+}
+
+/// A `--spread` caller queued on its host's lock (its host already holds a slot) shows in
+/// `--who` as a waiter, marked `(host lock)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn who_shows_spread_callers_waiting_on_their_host() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let body = format!("{}; {}", report("seen"), gate("go"));
+    let mut first = f.conch(&sh_c("sema sp --max 2 --spread", &body))?;
+    let seen = parse_seen(&f.wait_file("seen", |_| true).await?)?;
+    let second = f.conch(&sh_c("sema sp --max 2 --spread", "true"))?;
+    let lock = conch_client::sema::spread_semaphore_name("sp", 2, &seen.host)
+        .map_err(anyhow::Error::msg)?;
+    f.wait_queue(&lock, &[second.pid()]).await?;
+
+    let (code, out, err) = f.run(&["sema", "sp", "--max", "2", "--who"]).await?;
+    assert_eq!(code, 0, "{out:?} {err:?}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].contains(" HELD ") && lines[0].contains(&format!("pid={}", first.pid())),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains(" WAIT ") && lines[1].contains(&format!("pid={}", second.pid())),
+        "{out}"
+    );
+    assert!(lines[1].ends_with(" (host lock)"), "{out}");
+
+    let (_, out, _) = f
+        .run(&["sema", "sp", "--max", "2", "--who", "--json"])
+        .await?;
+    let v: serde_json::Value = serde_json::from_str(&out).with_context(|| out.clone())?;
+    let waiters = v["waiters"].as_array().context("waiters")?;
+    assert_eq!(waiters.len(), 1, "{out}");
+    assert_eq!(waiters[0]["pid"], second.pid(), "{out}");
+    assert_eq!(waiters[0]["host_lock"], true, "{out}");
+
+    f.touch("go")?;
+    first.expect_code(0).await?;
+    let mut second = second;
+    second.expect_code(0).await?;
+    f.passed()
+}
+
+/// `--max` takes the server's range: 1 to 2^32-1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_outside_the_servers_range_is_a_usage_error() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    for bad in ["0", "4294967296"] {
+        let (code, _, err) = f.run(&["sema", "x", "--max", bad, "--who"]).await?;
+        assert_eq!(code, EX_USAGE, "--max {bad}: {err:?}");
+        assert!(err.contains("4294967295"), "the range is named: {err:?}");
+    }
+    let (code, _, err) = f
+        .run(&[
+            "sema",
+            "x",
+            "--max",
+            "4294967295",
+            "--nonblock",
+            "--",
+            "true",
+        ])
+        .await?;
+    assert_eq!(code, 0, "the largest --max works: {err:?}");
     f.passed()
 }
 

@@ -141,7 +141,7 @@ pub struct SemaArgs {
 
     /// Capacity N: at most N holders at once, cluster-wide. Part of the identity: callers with
     /// different --max use different semaphores (--max 1 is a lock).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=conch_client::sema::MAX_PERMITS))]
     pub max: u64,
 
     /// Lease time to live (whole seconds, 1s-300s): a crashed conch's slot comes back after

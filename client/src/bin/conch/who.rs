@@ -9,6 +9,13 @@
 //!
 //! The bracket is `[active holds/N]`. Host and pid columns are padded so lines align. A holder
 //! or waiter with a weight other than 1 (possible through the Grackle API) gets ` weight=W`.
+//!
+//! Also shown:
+//! - `--spread` callers queued on their host's lock (behind a process of the same host that
+//!   holds a slot), after the queue, as `WAIT ... (host lock)`;
+//! - the other capacities of the same name in use (`conch sema x --max 3` while others use
+//!   `--max 2`): each --max is a semaphore of its own, a mistake `--who` makes visible. Their
+//!   lines follow, with their own `[holds/N]`, and one line on stderr names them.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -16,7 +23,7 @@ use std::process::ExitCode;
 use conch_client::Client;
 use conch_client::proto::conch::SemaphoreWaiter;
 use conch_client::proto::grackle::SemaphoreHolder;
-use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE};
+use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE, SemaphoreKind};
 use serde::Serialize;
 
 use crate::exit;
@@ -35,6 +42,9 @@ pub struct Who {
     pub active_holds: u64,
     pub holders: Vec<Entry>,
     pub waiters: Vec<Entry>,
+    /// The same name with other `--max` values that exist, each as a `Who` (without `others`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub others: Option<Vec<Who>>,
 }
 
 /// One holder or waiter.
@@ -53,6 +63,9 @@ pub struct Entry {
     pub position: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cmd: Option<String>,
+    /// Waiters: a `--spread` caller queued on its host's lock, not yet on the semaphore.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub host_lock: bool,
 }
 
 fn entry(lease_id: &str, weight: u64, metadata: &HashMap<String, String>, at_nanos: i64) -> Entry {
@@ -69,6 +82,7 @@ fn entry(lease_id: &str, weight: u64, metadata: &HashMap<String, String>, at_nan
         rev: None,
         position: None,
         cmd: metadata.get(META_CMD).cloned(),
+        host_lock: false,
     }
 }
 
@@ -111,13 +125,28 @@ pub fn render_lines(who: &Who) -> Vec<String> {
         if e.weight != 1 {
             l.push_str(&format!(" weight={}", e.weight));
         }
+        if e.host_lock {
+            l.push_str(" (host lock)");
+        }
         l
     };
     who.holders
         .iter()
         .map(|e| line("HELD", e))
         .chain(who.waiters.iter().map(|e| line("WAIT", e)))
+        .chain(who.others.iter().flatten().flat_map(render_lines))
         .collect()
+}
+
+/// The stderr line naming the other capacities in use, if any.
+pub fn others_note(who: &Who) -> Option<String> {
+    let others = who.others.as_ref().filter(|o| !o.is_empty())?;
+    let maxes: Vec<String> = others.iter().map(|o| format!("--max {}", o.max)).collect();
+    Some(format!(
+        "conch: note: {} is also used with {}; each --max is a separate semaphore",
+        who.name,
+        maxes.join(", ")
+    ))
 }
 
 /// Exit 0 if anyone holds, 1 if nobody does.
@@ -131,23 +160,77 @@ pub fn exit_code(who: &Who) -> ExitCode {
 
 pub async fn run(client: &Client, name: &str, max: u64, json: bool) -> anyhow::Result<ExitCode> {
     let semaphore = sema::semaphore_name(name, max).map_err(exit::usage)?;
+    // Every semaphore of the namespace: the other capacities and the host locks of this name.
+    let all = match client.list_semaphores(sema::NAMESPACE).await {
+        Ok(all) => all,
+        Err(e) if e.is_not_found() => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let mut other_maxes = Vec::new();
+    let mut host_locks = Vec::new();
+    for s in &all {
+        match sema::semaphore_kind(&s.name) {
+            Some(SemaphoreKind::Main { name: n, max: m }) if n == name && m != max => {
+                other_maxes.push(m);
+            }
+            Some(SemaphoreKind::HostLock { name: n, max: m }) if n == name && m == max => {
+                host_locks.push(s.name.clone());
+            }
+            _ => {}
+        }
+    }
+    let mut who = gather(client, name, max, &semaphore).await?;
+    for lock in host_locks {
+        match client.list_waiters(sema::NAMESPACE, &lock).await {
+            Ok(w) => who.waiters.extend(w.waiters.iter().map(|w| Entry {
+                host_lock: true,
+                position: None,
+                ..waiter_entry(w, 0)
+            })),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut others = Vec::new();
+    for m in other_maxes {
+        let other = sema::semaphore_name(name, m).map_err(exit::usage)?;
+        let found = gather(client, name, m, &other).await?;
+        if found.exists {
+            others.push(found);
+        }
+    }
+    who.others = Some(others);
+    if let Some(note) = others_note(&who) {
+        eprintln!("{note}");
+    }
+    if json {
+        crate::print_lines([serde_json::to_string_pretty(&who)?])?;
+    } else {
+        crate::print_lines(render_lines(&who))?;
+    }
+    Ok(exit_code(&who))
+}
+
+/// Holders and waiters of one semaphore of (name, max).
+async fn gather(client: &Client, name: &str, max: u64, semaphore: &str) -> anyhow::Result<Who> {
     let mut who = Who {
         name: name.to_string(),
         max,
         namespace: sema::NAMESPACE.to_string(),
-        semaphore: semaphore.clone(),
+        semaphore: semaphore.to_string(),
         exists: true,
         active_holds: 0,
         holders: Vec::new(),
         waiters: Vec::new(),
+        others: None,
     };
-    match client.list_holders(sema::NAMESPACE, &semaphore).await {
+    match client.list_holders(sema::NAMESPACE, semaphore).await {
         Ok(holders) => who.holders = holders.iter().map(holder_entry).collect(),
         Err(e) if e.is_not_found() => who.exists = false,
         Err(e) => return Err(e.into()),
     }
     if who.exists {
-        match client.list_waiters(sema::NAMESPACE, &semaphore).await {
+        match client.list_waiters(sema::NAMESPACE, semaphore).await {
             Ok(w) => {
                 who.waiters = w
                     .waiters
@@ -164,12 +247,7 @@ pub async fn run(client: &Client, name: &str, max: u64, json: bool) -> anyhow::R
     if who.active_holds == 0 {
         who.active_holds = who.holders.iter().map(|h| h.weight).sum();
     }
-    if json {
-        crate::print_lines([serde_json::to_string_pretty(&who)?])?;
-    } else {
-        crate::print_lines(render_lines(&who))?;
-    }
-    Ok(exit_code(&who))
+    Ok(who)
 }
 
 #[cfg(test)]
@@ -220,6 +298,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, w)| waiter_entry(w, i))
                 .collect(),
+            others: None,
         }
     }
 
@@ -296,6 +375,52 @@ mod tests {
                 ],
             })
         );
+    }
+
+    #[test]
+    fn other_capacities_and_host_lock_waiters_are_shown() {
+        let mut spread = waiter_entry(
+            &SemaphoreWaiter {
+                lease_id: "ls_d".into(),
+                weight: 1,
+                metadata: meta("node2", "77", "2026-06-12T10:16:00Z"),
+                ..Default::default()
+            },
+            0,
+        );
+        spread.host_lock = true;
+        spread.position = None;
+        let asked = Who {
+            name: "video-encode".into(),
+            max: 3,
+            semaphore: "video-encode.3".into(),
+            exists: false,
+            active_holds: 0,
+            holders: vec![],
+            waiters: vec![spread],
+            others: Some(vec![seed_example()]),
+            ..seed_example()
+        };
+        assert_eq!(
+            render_lines(&asked),
+            [
+                "video-encode[0/3] WAIT  node2 pid=77 since=2026-06-12T10:16:00Z rev=- (host lock)",
+                "video-encode[2/2] HELD  node2 pid=4242 since=2026-06-12T10:15:00Z rev=8812",
+                "video-encode[2/2] HELD  node3 pid=991  since=2026-06-12T10:15:04Z rev=8814",
+                "video-encode[2/2] WAIT  node1 pid=1207 since=2026-06-12T10:15:09Z rev=-",
+            ]
+        );
+        assert_eq!(
+            others_note(&asked).as_deref(),
+            Some(
+                "conch: note: video-encode is also used with --max 2; each --max is a separate semaphore"
+            )
+        );
+        assert_eq!(exit_code(&asked), ExitCode::from(1));
+        let v = serde_json::to_value(&asked).unwrap();
+        assert_eq!(v["waiters"][0]["host_lock"], true);
+        assert_eq!(v["others"][0]["max"], 2);
+        assert_eq!(others_note(&seed_example()), None);
     }
 
     #[test]
