@@ -98,6 +98,33 @@ async fn a_taken_port_fails_with_one_clear_line() -> anyhow::Result<()> {
     let stderr = daemon.stderr();
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains(&format!("listen on {addr}")), "{stderr}");
+    assert!(
+        stderr.contains("already in use"),
+        "says what is wrong: {stderr}"
+    );
+    assert_eq!(
+        stderr.matches("in use").count(),
+        1,
+        "the cause is said once: {stderr}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_that_is_a_file_fails_with_one_clear_line() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x")?;
+    let file_arg = file.display().to_string();
+    let mut daemon = Daemon::spawn(
+        &["--listen", "127.0.0.1:0", "--data-dir", &file_arg],
+        dir.path(),
+    )?;
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(1));
+    let stderr = daemon.stderr();
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&file_arg), "names the path: {stderr}");
+    assert!(stderr.contains("is a file, not a directory"), "{stderr}");
     Ok(())
 }
 
@@ -106,6 +133,17 @@ async fn bad_flags_exit_64() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut daemon = Daemon::spawn(&["--id", "abc"], dir.path())?;
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
+    let stderr = daemon.stderr();
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--id"), "names the flag: {stderr}");
+    let mut daemon = Daemon::spawn(&["--no-such-flag"], dir.path())?;
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
+    let stderr = daemon.stderr();
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("--no-such-flag"),
+        "names the flag: {stderr}"
+    );
     let mut daemon = Daemon::spawn(
         &["--initial-cluster", "1=127.0.0.1:1,1=127.0.0.1:2"],
         dir.path(),

@@ -18,26 +18,55 @@ const EXIT_USAGE: u8 = 64;
 fn main() -> ExitCode {
     let flags = match Flags::try_parse() {
         Ok(flags) => flags,
+        Err(e) if e.use_stderr() => {
+            eprintln!("conchd: {}", usage_line(&e));
+            return ExitCode::from(EXIT_USAGE);
+        }
         Err(e) => {
-            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            // --help, --version: clap's own output on stdout.
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
         }
     };
     let config = match configure(flags) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("conchd: {e:#}");
+            eprintln!("conchd: {}", one_line(&e));
             return ExitCode::from(EXIT_USAGE);
         }
     };
     match run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("conchd: {e:#}");
+            eprintln!("conchd: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// clap's error as one line: its first line without the `error: ` prefix, and where to look.
+fn usage_line(e: &clap::Error) -> String {
+    let rendered = e.render().to_string();
+    let first = rendered.lines().next().unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    format!("{first} (see conchd --help)")
+}
+
+/// The error and its causes on one line, each cause said once (a message that already quotes
+/// its cause does not repeat it).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.replace('\n', " ")
 }
 
 /// Everything that can only fail because of what the operator wrote: the configuration and the

@@ -25,16 +25,14 @@ use crate::{api, expiry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("listen on {addr}: {source}")]
+    #[error("listen on {addr}: {}", describe_bind_error(.error))]
     Bind {
         addr: String,
-        source: std::io::Error,
+        // Not named `source`: the message says it already, once.
+        error: std::io::Error,
     },
-    #[error("create data directory {path}: {source}")]
-    DataDir {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("data directory {path}: {reason}")]
+    DataDir { path: String, reason: String },
     #[error(transparent)]
     LogStore(#[from] crate::raft::log_store::OpenError),
     #[error(transparent)]
@@ -83,18 +81,53 @@ pub fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, StartError>
         .map_err(|e| StartError::RaftConfig(e.to_string()))
 }
 
+/// What to tell an operator whose port could not be bound.
+fn describe_bind_error(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            "the address is already in use (another conchd or another program listens there; \
+             stop it or choose another --listen)"
+                .to_string()
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            "no interface of this machine has that address (check --listen)".to_string()
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            "permission denied (ports below 1024 need privileges; choose another --listen)"
+                .to_string()
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// Creates the data directory if needed; refuses a path that is not a directory.
+fn prepare_data_dir(path: &std::path::Path) -> Result<(), StartError> {
+    let fail = |reason: String| StartError::DataDir {
+        path: path.display().to_string(),
+        reason,
+    };
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_dir() => {
+            return Err(fail(
+                "is a file, not a directory (choose another --data-dir or move the file)".into(),
+            ));
+        }
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(format!("cannot be read: {e}"))),
+    }
+    std::fs::create_dir_all(path).map_err(|e| fail(format!("cannot be created: {e}")))
+}
+
 /// Binds the port, opens the data directory and starts Raft and the node's tasks.
 pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|source| StartError::Bind {
+        .map_err(|error| StartError::Bind {
             addr: config.listen.to_string(),
-            source,
+            error,
         })?;
-    std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
-        path: config.data_dir.display().to_string(),
-        source,
-    })?;
+    prepare_data_dir(&config.data_dir)?;
 
     let log_store = LogStore::open(&config.data_dir)?;
     let applied = AppliedState::new(State::new(), 0);

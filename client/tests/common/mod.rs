@@ -114,8 +114,8 @@ impl Cluster {
                     cluster.wait_ready().await;
                     return cluster;
                 }
-                Err(StartError::Bind { addr, source }) => {
-                    eprintln!("port {addr} was taken ({source}); starting again on new ports");
+                Err(StartError::Bind { addr, error }) => {
+                    eprintln!("port {addr} was taken ({error}); starting again on new ports");
                 }
                 Err(e) => panic!("start conchd: {e}"),
             }
