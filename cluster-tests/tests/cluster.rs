@@ -268,10 +268,40 @@ async fn leader_kill_loses_no_acknowledged_write_and_the_node_catches_up() -> an
         .into_inner();
     assert!(snapshot.snapshot_index > 0);
 
+    let new_term = cluster.status(new_leader).await?.term;
+    let logged_before_restart = cluster.log(leader).len();
     cluster.restart(leader)?;
     cluster.wait_for_agreement(Duration::from_secs(30)).await?;
     let status = cluster.status(leader).await?;
     assert_eq!(status.namespaces, 170, "restarted node state: {status:?}");
+    // The restarted former leader never claims, in its log or its status, the leadership of a
+    // term it no longer leads (openraft remembers its own old vote).
+    let log = cluster.log(leader);
+    for line in log[logged_before_restart..]
+        .lines()
+        .filter(|l| l.contains("leader elected"))
+    {
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .and_then(|v| {
+                    v.trim_matches(|c: char| !c.is_ascii_digit())
+                        .parse::<u64>()
+                        .ok()
+                })
+        };
+        let (Some(named), Some(term)) = (field("leader="), field("term=")) else {
+            panic!("unparsable leader line: {line:?}");
+        };
+        assert!(
+            !(named == leader && term <= new_term),
+            "the restarted node logged a stale leadership of its own: {line:?} (node {new_leader} leads term {new_term})"
+        );
+    }
+    assert!(
+        status.leader_id != leader || status.state == "Leader",
+        "the restarted node names itself leader without leading: {status:?}"
+    );
     // The entries it missed were compacted away: it caught up from the leader's snapshot.
     let log = cluster.log(leader);
     assert!(

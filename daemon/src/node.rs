@@ -520,3 +520,25 @@ fn answer(proposals: Vec<Proposal>, result: Result<(Vec<Reply>, u64), NodeError>
 fn shutting_down() -> NodeError {
     NodeError::Unavailable("node is shutting down".into())
 }
+
+/// The leader as far as this node knows, for what it logs and reports: openraft's
+/// `current_leader`, except a claim of this node itself that a quorum has not confirmed.
+/// openraft derives the leader from the stored vote: a restarted former leader resumes leading
+/// its old term until it hears of a newer one, and a node removed from the cluster keeps naming
+/// itself. Neither is reported. (Routing still follows openraft: a write sent to a stale leader
+/// is refused by Raft and retried.)
+pub fn known_leader(
+    metrics: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
+    own_id: NodeId,
+) -> Option<NodeId> {
+    match metrics.current_leader {
+        Some(id)
+            if id == own_id
+                && (metrics.state != ServerState::Leader
+                    || metrics.millis_since_quorum_ack.is_none()) =>
+        {
+            None
+        }
+        other => other,
+    }
+}

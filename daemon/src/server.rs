@@ -184,7 +184,7 @@ async fn log_leader_changes(node: Arc<Node>) {
     loop {
         let now = {
             let m = metrics.borrow();
-            (m.current_leader, m.current_term)
+            (crate::node::known_leader(&m, node.id), m.current_term)
         };
         if now != seen {
             match now.0 {

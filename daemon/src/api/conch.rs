@@ -104,10 +104,15 @@ impl ConchAdmin for AdminService {
                 m.last_log_index.unwrap_or(0),
                 m.last_applied.map(|l| l.index).unwrap_or(0),
                 m.snapshot.map(|l| l.index).unwrap_or(0),
-                m.current_leader.unwrap_or(0),
+                crate::node::known_leader(&m, self.node.id).unwrap_or(0),
             )
         };
-        let leader_addr = self.node.leader().map(|l| l.addr).unwrap_or_default();
+        let leader_addr = self
+            .node
+            .leader()
+            .filter(|l| l.id == leader_id)
+            .map(|l| l.addr)
+            .unwrap_or_default();
         let (state_hash, stats) = self.node.applied.read(|s| (s.hash(), s.stats()));
         // openraft 0.9 does not export the commit index; everything applied is committed.
         let commit_index = self.node.applied.applied_index().max(applied_index);

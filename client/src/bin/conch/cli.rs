@@ -82,7 +82,7 @@ pub enum Command {
     /// Run a command while holding one of N cluster-wide slots, or show who holds them.
     #[command(after_help = SEMA_EXAMPLES)]
     Sema(SemaArgs),
-    /// Inspect the cluster.
+    /// Inspect and change the cluster: status, membership, leadership, snapshots.
     Cluster {
         #[command(subcommand)]
         command: ClusterCommand,
