@@ -224,3 +224,79 @@ async fn a_damaged_raft_log_refuses_to_start() -> anyhow::Result<()> {
     assert!(daemon.stderr().contains("lost data"), "{}", daemon.stderr());
     Ok(())
 }
+
+/// Server reflection answers in both protocol versions (older grpcurl, Postman, evans and many IDE
+/// plugins only speak v1alpha) and lists every API service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_answers_v1_and_v1alpha() -> anyhow::Result<()> {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let dir = tempfile::tempdir()?;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    serving(&addr).await?;
+    let expected = [
+        "com.evrblk.grackle.v1beta.GrackleApi",
+        "conch.v1.ConchApi",
+        "conch.v1.ConchAdmin",
+        "grpc.health.v1.Health",
+    ];
+
+    let mut client =
+        v1::server_reflection_client::ServerReflectionClient::new(channel(&addr).await?);
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut replies = client
+        .server_reflection_info(futures::stream::iter([request]))
+        .await?
+        .into_inner();
+    let reply = replies
+        .message()
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no v1 reply"))?;
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        anyhow::bail!("v1: unexpected reply {reply:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for service in expected {
+        assert!(names.iter().any(|n| n == service), "v1 lists {names:?}");
+    }
+
+    let mut client =
+        v1alpha::server_reflection_client::ServerReflectionClient::new(channel(&addr).await?);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
+    };
+    let mut replies = client
+        .server_reflection_info(futures::stream::iter([request]))
+        .await?
+        .into_inner();
+    let reply = replies
+        .message()
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no v1alpha reply"))?;
+    let Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        anyhow::bail!("v1alpha: unexpected reply {reply:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for service in expected {
+        assert!(
+            names.iter().any(|n| n == service),
+            "v1alpha lists {names:?}"
+        );
+    }
+
+    daemon.signal(Signal::SIGTERM);
+    daemon.wait_exit(Duration::from_secs(20)).await?;
+    Ok(())
+}

@@ -48,16 +48,21 @@ pub async fn serve(
     health_reporter
         .set_serving::<GrackleApiServer<grackle::GrackleService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(conch_proto::FILE_DESCRIPTOR_SET)
-        .build_v1();
-    let reflection = match reflection {
-        Ok(service) => Some(service),
-        Err(e) => {
-            tracing::warn!(error = %e, "gRPC reflection unavailable");
-            None
-        }
+    // Reflection in both versions: older grpcurl, Postman, evans and many IDE plugins only
+    // speak v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(conch_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .inspect_err(|e| tracing::warn!(error = %e, "gRPC reflection v1 unavailable"))
+        .ok();
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .inspect_err(|e| tracing::warn!(error = %e, "gRPC reflection v1alpha unavailable"))
+        .ok();
     let grackle = GrackleApiServer::new(grackle::GrackleService::new(Arc::clone(&node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(&node)))
@@ -73,7 +78,8 @@ pub async fn serve(
     Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .add_service(health_service)
-        .add_optional_service(reflection)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .add_service(grackle)
         .add_service(conch_api)
         .add_service(admin)
