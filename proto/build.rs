@@ -12,5 +12,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(out_dir.join("conch_descriptor.bin"))
         .compile_protos(&["proto/grackle.proto", "proto/conch.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");
+    build_commit();
     Ok(())
+}
+
+/// Sets `CONCH_BUILD_COMMIT` for `conch_proto::BUILD_COMMIT`: `$CONCH_BUILD_COMMIT` if set (a
+/// build from a source tarball), else the checkout's commit, else `unknown`.
+fn build_commit() {
+    println!("cargo:rerun-if-env-changed=CONCH_BUILD_COMMIT");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let commit = std::env::var("CONCH_BUILD_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
+        .unwrap_or_else(|| "unknown".to_string());
+    println!("cargo:rustc-env=CONCH_BUILD_COMMIT={commit}");
+    // Build again when the checkout moves to another commit.
+    for path in ["HEAD", "packed-refs"] {
+        if let Some(p) = git(&["rev-parse", "--git-path", path]) {
+            println!("cargo:rerun-if-changed={p}");
+        }
+    }
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
+        && let Some(p) = git(&["rev-parse", "--git-path", &branch])
+    {
+        println!("cargo:rerun-if-changed={p}");
+    }
 }

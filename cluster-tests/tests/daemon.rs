@@ -300,3 +300,32 @@ async fn reflection_answers_v1_and_v1alpha() -> anyhow::Result<()> {
     daemon.wait_exit(Duration::from_secs(20)).await?;
     Ok(())
 }
+
+/// `conchd --version` and `conch --version` name the version and the commit they were built from.
+#[test]
+fn versions_name_the_commit() -> anyhow::Result<()> {
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    for program in ["conchd", "conch"] {
+        let out = std::process::Command::new(cluster_tests::binary(program))
+            .arg("--version")
+            .output()?;
+        assert!(out.status.success(), "{program} --version: {out:?}");
+        let line = String::from_utf8(out.stdout)?;
+        let expected_start = format!("{program} {} (commit ", env!("CARGO_PKG_VERSION"));
+        let commit = line
+            .trim()
+            .strip_prefix(&expected_start)
+            .and_then(|rest| rest.strip_suffix(')'))
+            .ok_or_else(|| anyhow::anyhow!("{program} --version printed {line:?}"))?;
+        match &head {
+            Some(head) => assert_eq!(commit, head, "{program} --version: {line:?}"),
+            None => assert!(!commit.is_empty(), "{program} --version: {line:?}"),
+        }
+    }
+    Ok(())
+}

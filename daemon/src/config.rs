@@ -22,7 +22,7 @@ pub const DEFAULT_LOG: &str = "info,openraft=warn";
 /// ./conch-data. To run three nodes, start each with its own --id, --listen and --data-dir and
 /// the same --initial-cluster.
 #[derive(Parser, Debug, Default)]
-#[command(name = "conchd", version, about, long_about, after_help = EXAMPLES)]
+#[command(name = "conchd", version = conch_proto::VERSION, about, long_about, after_help = EXAMPLES)]
 pub struct Flags {
     /// This node's id (a positive integer, unique in the cluster).
     #[arg(long, env = "CONCH_ID")]

@@ -30,3 +30,14 @@ pub use packages::conch::v1 as conch;
 
 /// Encoded file descriptor set of every service, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("conch_descriptor");
+
+/// The commit conch was built from (12 hex digits), or `unknown` outside a git checkout.
+pub const BUILD_COMMIT: &str = env!("CONCH_BUILD_COMMIT");
+
+/// `<version> (commit <commit>)`, what `conchd --version` and `conch --version` print.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("CONCH_BUILD_COMMIT"),
+    ")"
+);

@@ -52,7 +52,12 @@ while running; otherwise the command's own status (see `conch sema --help`).";
 
 /// conch: cluster-wide semaphores for shell scripts and cron jobs, served by conchd.
 #[derive(Debug, Parser)]
-#[command(name = "conch", version, after_help = TOP_EXAMPLES, propagate_version = true)]
+#[command(
+    name = "conch",
+    version = conch_client::proto::VERSION,
+    after_help = TOP_EXAMPLES,
+    propagate_version = true
+)]
 pub struct Cli {
     /// conchd endpoints, comma separated (host:port); any node will do.
     #[arg(
