@@ -51,14 +51,18 @@ mod data;
 mod invariants;
 mod lease_id;
 pub mod limits;
+mod once;
 mod paging;
 #[cfg(test)]
 mod proptests;
 mod queue;
 mod read;
+mod requests;
 mod snapshot;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_once;
 mod types;
 pub mod validate;
 
