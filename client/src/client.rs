@@ -10,11 +10,12 @@
 //!    over, until [`CallOptions::retry_for`] is spent. If two full rounds reached no server at all
 //!    it gives up early, so a stopped cluster is reported in well under a second.
 //!
-//! Every RPC wrapped here is safe to send again: reads, refresh, release, revoke, and acquire
-//! (a repeated acquire by the same lease re-attaches to its queue position or re-confirms the
-//! hold). Creates are retried too; a create whose reply was lost answers `AlreadyExists` the
-//! second time (which the `ensure_*` helpers accept), and a lost [`Client::create_lease`] reply
-//! leaves a lease nobody refreshes, which the server expires after its TTL.
+//! Every RPC wrapped here is safe to send again. Every write but refresh carries one request id
+//! (`conch-request-id`, see [`crate::request_id`]) for all its attempts, so a retry after a lost
+//! reply gets the first attempt's reply instead of running again: a retried create answers what
+//! the first one did (not `AlreadyExists`), a retried [`Client::create_lease`] returns the same
+//! lease (no second lease left to expire), a retried acquire the same grant and fencing token.
+//! Reads and refresh are safe to repeat as they are.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -41,6 +42,7 @@ use crate::backoff::Backoff;
 use crate::duration::format_duration;
 use crate::endpoint::{EndpointAddr, parse_endpoint};
 use crate::error::{Class, Error, Result, classify};
+use crate::request_id::{new_request_id, request_with_id};
 
 /// The response metadata key in which conchd names the leader's client address.
 pub const LEADER_METADATA_KEY: &str = "conch-leader";
@@ -496,8 +498,9 @@ impl Client {
 
     // ----- namespaces -------------------------------------------------------------------------
 
-    /// Creates a namespace. A retried create whose first reply was lost answers
-    /// [`Error::AlreadyExists`]; use [`Client::ensure_namespace`] when that is fine.
+    /// Creates a namespace. Its retries carry one request id, so a retry after a lost reply
+    /// answers the namespace created; a namespace created by someone else is
+    /// [`Error::AlreadyExists`] ([`Client::ensure_namespace`] accepts that).
     pub async fn create_namespace(&self, name: &str, description: &str) -> Result<Namespace> {
         const OP: &str = "create namespace";
         let req = CreateNamespaceRequest {
@@ -505,12 +508,13 @@ impl Client {
             description: description.to_string(),
             metadata: HashMap::new(),
         };
+        let id = new_request_id();
         let resp = self
             .call(OP, self.default_options(), |ch, t| {
-                let req = req.clone();
+                let (req, id) = (req.clone(), id.clone());
                 async move {
                     GrackleApiClient::new(ch)
-                        .create_namespace(request(req, t))
+                        .create_namespace(request_with_id(req, t, &id))
                         .await
                 }
             })
@@ -569,12 +573,13 @@ impl Client {
             permits,
             metadata: HashMap::new(),
         };
+        let id = new_request_id();
         let resp = self
             .call(OP, self.default_options(), |ch, t| {
-                let req = req.clone();
+                let (req, id) = (req.clone(), id.clone());
                 async move {
                     GrackleApiClient::new(ch)
-                        .create_semaphore(request(req, t))
+                        .create_semaphore(request_with_id(req, t, &id))
                         .await
                 }
             })
@@ -701,11 +706,12 @@ impl Client {
             semaphore_name: name.to_string(),
             lease_id: lease_id.to_string(),
         };
+        let id = new_request_id();
         self.call(OP, self.default_options(), |ch, t| {
-            let req = req.clone();
+            let (req, id) = (req.clone(), id.clone());
             async move {
                 GrackleApiClient::new(ch)
-                    .release_semaphore(request(req, t))
+                    .release_semaphore(request_with_id(req, t, &id))
                     .await
             }
         })
@@ -750,11 +756,12 @@ impl Client {
             namespace_name: namespace.to_string(),
             lease_id: lease_id.to_string(),
         };
+        let id = new_request_id();
         self.call(OP, self.default_options(), |ch, t| {
-            let req = req.clone();
+            let (req, id) = (req.clone(), id.clone());
             async move {
                 GrackleApiClient::new(ch)
-                    .revoke_semaphore_lease(request(req, t))
+                    .revoke_semaphore_lease(request_with_id(req, t, &id))
                     .await
             }
         })

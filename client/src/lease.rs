@@ -26,8 +26,9 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::backoff::Backoff;
-use crate::client::{CallOptions, Client, missing, request};
+use crate::client::{CallOptions, Client, missing};
 use crate::error::{Error, LeaseLoss, Result};
+use crate::request_id::{new_request_id, request_with_id};
 
 /// Longest TTL the server accepts.
 pub const MAX_TTL: Duration = Duration::from_secs(300);
@@ -149,9 +150,8 @@ impl Client {
     /// Creates a lease with `ttl` (whole seconds, 1–300) and starts keeping it alive.
     ///
     /// `process_id` (≤ 128 bytes) identifies the owner in `ListSemaphoreLeases`; `metadata` is
-    /// stored with the lease. The create is retried on failover like every other call; if a
-    /// reply is lost after the server created the lease, that lease is never refreshed and
-    /// expires after `ttl`.
+    /// stored with the lease. The create is retried on failover like every other call, with one
+    /// request id: a retry after a lost reply returns the lease the first attempt created.
     pub async fn create_lease(
         &self,
         namespace: &str,
@@ -170,12 +170,13 @@ impl Client {
         };
         // The lease cannot expire earlier than `ttl` after this instant.
         let sent = Instant::now();
+        let id = new_request_id();
         let resp = self
             .call(OP, self.default_options(), |ch, t| {
-                let req = req.clone();
+                let (req, id) = (req.clone(), id.clone());
                 async move {
                     GrackleApiClient::new(ch)
-                        .create_semaphore_lease(request(req, t))
+                        .create_semaphore_lease(request_with_id(req, t, &id))
                         .await
                 }
             })

@@ -24,9 +24,20 @@ use super::snapshot::{bincode_options, fnv1a64};
 use super::types::*;
 use bincode::Options;
 
-/// FNV-1a 64 of the command's canonical encoding.
+/// FNV-1a 64 of the command's canonical encoding. An acquire's wait is left out: a client's
+/// retries and re-attaches of one acquire ask for what is left of its wait.
 fn digest(cmd: &Cmd) -> u64 {
-    fnv1a64(&bincode_options().serialize(cmd).unwrap_or_default())
+    let bytes = match cmd {
+        Cmd::Acquire { .. } => {
+            let mut cmd = cmd.clone();
+            if let Cmd::Acquire { wait_ns, .. } = &mut cmd {
+                *wait_ns = 0;
+            }
+            bincode_options().serialize(&cmd)
+        }
+        cmd => bincode_options().serialize(cmd),
+    };
+    fnv1a64(&bytes.unwrap_or_default())
 }
 
 fn is_pending(reply: &Outcome) -> bool {

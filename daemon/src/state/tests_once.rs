@@ -388,3 +388,26 @@ fn snapshots_written_before_request_ids_still_decode() {
     let restored = State::decode_snapshot(old).expect("decode the older encoding");
     assert_eq!(restored.hash(), t.state.hash());
 }
+
+#[test]
+fn an_acquire_retried_with_what_is_left_of_its_wait_is_the_same_request() {
+    let mut t = with_sem(1);
+    let a = t.lease("la", 30);
+    let b = t.lease("lb", 30);
+    t.ok(once("a-acq", acquire(&a, 1, 0)));
+    assert!(matches!(
+        status(&t.ok(once("b-acq", acquire(&b, 1, 10 * S)))),
+        AcquireStatus::Queued { .. }
+    ));
+    t.now_ns = S;
+    t.ok(release(&a));
+    let granted = t.ok(once("b-acq", acquire(&b, 1, 9 * S)));
+    let token = t.state.data.last_token;
+    assert_eq!(status(&granted), AcquireStatus::Acquired { token });
+    t.repeat(once("b-acq", acquire(&b, 1, 3 * S)), &Ok(granted));
+    // A different weight is a different request.
+    let err = t
+        .run(once("b-acq", acquire(&b, 2, 3 * S)))
+        .expect_err("refused");
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+}
