@@ -13,6 +13,8 @@
 //! - `read`: lookups, views and the reads served at the reader's clock
 //! - `snapshot`: the canonical encoding, the state hash, snapshots
 //! - `invariants`: the check of every rule the state keeps (see there for the list)
+//! - `requests`: the remembered request ids and their replies, with their own indexes
+//! - `once`: running a write with a request id at most once, and settling queued acquires
 //!
 //! # Cost
 //!
