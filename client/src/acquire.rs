@@ -30,9 +30,10 @@ use tokio::task::JoinSet;
 use tracing::debug;
 
 use crate::backoff::Backoff;
-use crate::client::{Attempt, Client, request};
+use crate::client::{Attempt, Client};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
+use crate::request_id::{new_request_id, request_with_id};
 
 const OP: &str = "acquire semaphore";
 
@@ -224,6 +225,9 @@ impl Client {
             metadata,
             timeout_ms: 0,
         };
+        // One id for the whole acquire: every attempt and re-attach is the same operation, so a
+        // grant whose reply was lost is answered again (same token), never granted twice.
+        let id = new_request_id();
         let guard = |resp: &AcquireSemaphoreResponse| Guard {
             client: self.clone(),
             namespace: namespace.to_string(),
@@ -235,12 +239,14 @@ impl Client {
         };
 
         if wait == Some(Duration::ZERO) {
-            let call = self.unary(
-                OP,
-                self.default_options(),
-                base.clone(),
-                |ch, r| async move { GrackleApiClient::new(ch).acquire_semaphore(r).await },
-            );
+            let call = self.call(OP, self.default_options(), |ch, t| {
+                let (req, id) = (base.clone(), id.clone());
+                async move {
+                    GrackleApiClient::new(ch)
+                        .acquire_semaphore(request_with_id(req, t, &id))
+                        .await
+                }
+            });
             let resp = tokio::select! {
                 r = call => r?,
                 loss = lease.lost() => return Err(lease_lost(loss)),
@@ -297,6 +303,7 @@ impl Client {
                     self.clone(),
                     seq,
                     req,
+                    id.clone(),
                     plan.wait + config.acquire_slack,
                 ));
                 newest = Some(Issued {
@@ -366,6 +373,7 @@ async fn rpc(
     client: Client,
     seq: u64,
     req: AcquireSemaphoreRequest,
+    id: String,
     timeout: Duration,
 ) -> (
     u64,
@@ -375,7 +383,7 @@ async fn rpc(
         return (seq, Err(RpcFailure::Retry("no endpoints".to_string())));
     };
     let mut grackle = GrackleApiClient::new(channel);
-    let fut = grackle.acquire_semaphore(request(req, timeout));
+    let fut = grackle.acquire_semaphore(request_with_id(req, timeout, &id));
     let result = match client.attempt(idx, &addr, OP, timeout, fut).await {
         Attempt::Ok(resp) => Ok(resp),
         Attempt::Retry { error, .. } => Err(RpcFailure::Retry(format!("{addr}: {error}"))),

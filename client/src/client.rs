@@ -10,11 +10,12 @@
 //!    over, until [`CallOptions::retry_for`] is spent. If two full rounds reached no server at all
 //!    it gives up early, so a stopped cluster is reported in well under a second.
 //!
-//! Every RPC wrapped here is safe to send again: reads, refresh, release, revoke, and acquire
-//! (a repeated acquire by the same lease re-attaches to its queue position or re-confirms the
-//! hold). Creates are retried too; a create whose reply was lost answers `AlreadyExists` the
-//! second time (which the `ensure_*` helpers accept), and a lost [`Client::create_lease`] reply
-//! leaves a lease nobody refreshes, which the server expires after its TTL.
+//! Every RPC wrapped here is safe to send again. Every write but refresh carries one request id
+//! (`conch-request-id`, see [`crate::request_id`]) for all its attempts, so a retry after a lost
+//! reply gets the first attempt's reply instead of running again: a retried create answers what
+//! the first one did (not `AlreadyExists`), a retried [`Client::create_lease`] returns the same
+//! lease (no second lease left to expire), a retried acquire the same grant and fencing token.
+//! Reads and refresh are safe to repeat as they are.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -42,6 +43,7 @@ use crate::backoff::Backoff;
 use crate::duration::format_duration;
 use crate::endpoint::{EndpointAddr, parse_endpoint};
 use crate::error::{Class, Error, Result, classify};
+use crate::request_id::{new_request_id, request_with_id};
 
 /// The response metadata key in which conchd names the leader's client address.
 pub const LEADER_METADATA_KEY: &str = "conch-leader";
@@ -488,6 +490,27 @@ impl Client {
             .await
     }
 
+    /// [`Client::unary`] for a write that must take effect once: every attempt carries the same
+    /// new request id, so the cluster answers a retry with the first reply.
+    pub(crate) async fn unary_once<Req, T, F, Fut>(
+        &self,
+        op: &'static str,
+        opts: CallOptions,
+        req: Req,
+        rpc: F,
+    ) -> Result<T>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let id = new_request_id();
+        self.call(op, opts, |ch, t| {
+            rpc(ch, request_with_id(req.clone(), t, &id))
+        })
+        .await
+    }
+
     /// A Grackle API client on the node calls would go to now (leader hint first). No failover:
     /// for anything not wrapped here, prefer [`Client::call`].
     pub fn grackle(&self) -> GrackleApiClient<Channel> {
@@ -515,8 +538,9 @@ impl Client {
 
     // ----- namespaces -------------------------------------------------------------------------
 
-    /// Creates a namespace. A retried create whose first reply was lost answers
-    /// [`Error::AlreadyExists`]; use [`Client::ensure_namespace`] when that is fine.
+    /// Creates a namespace. Its retries carry one request id, so a retry after a lost reply
+    /// answers the namespace created; a namespace created by someone else is
+    /// [`Error::AlreadyExists`] ([`Client::ensure_namespace`] accepts that).
     pub async fn create_namespace(&self, name: &str, description: &str) -> Result<Namespace> {
         const OP: &str = "create namespace";
         let req = CreateNamespaceRequest {
@@ -525,7 +549,7 @@ impl Client {
             metadata: HashMap::new(),
         };
         let resp = self
-            .unary(OP, self.default_options(), req, |ch, r| async move {
+            .unary_once(OP, self.default_options(), req, |ch, r| async move {
                 GrackleApiClient::new(ch).create_namespace(r).await
             })
             .await?;
@@ -579,7 +603,7 @@ impl Client {
             metadata: HashMap::new(),
         };
         let resp = self
-            .unary(OP, self.default_options(), req, |ch, r| async move {
+            .unary_once(OP, self.default_options(), req, |ch, r| async move {
                 GrackleApiClient::new(ch).create_semaphore(r).await
             })
             .await?;
@@ -695,7 +719,7 @@ impl Client {
             semaphore_name: name.to_string(),
             lease_id: lease_id.to_string(),
         };
-        self.unary(OP, self.default_options(), req, |ch, r| async move {
+        self.unary_once(OP, self.default_options(), req, |ch, r| async move {
             GrackleApiClient::new(ch).release_semaphore(r).await
         })
         .await?;
@@ -734,7 +758,7 @@ impl Client {
             namespace_name: namespace.to_string(),
             lease_id: lease_id.to_string(),
         };
-        self.unary(OP, self.default_options(), req, |ch, r| async move {
+        self.unary_once(OP, self.default_options(), req, |ch, r| async move {
             GrackleApiClient::new(ch).revoke_semaphore_lease(r).await
         })
         .await?;

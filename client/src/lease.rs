@@ -149,9 +149,8 @@ impl Client {
     /// Creates a lease with `ttl` (whole seconds, 1–300) and starts keeping it alive.
     ///
     /// `process_id` (≤ 128 bytes) identifies the owner in `ListSemaphoreLeases`; `metadata` is
-    /// stored with the lease. The create is retried on failover like every other call; if a
-    /// reply is lost after the server created the lease, that lease is never refreshed and
-    /// expires after `ttl`.
+    /// stored with the lease. The create is retried on failover like every other call, with one
+    /// request id: a retry after a lost reply returns the lease the first attempt created.
     pub async fn create_lease(
         &self,
         namespace: &str,
@@ -171,7 +170,7 @@ impl Client {
         // The lease cannot expire earlier than `ttl` after this instant.
         let sent = Instant::now();
         let resp = self
-            .unary(OP, self.default_options(), req, |ch, r| async move {
+            .unary_once(OP, self.default_options(), req, |ch, r| async move {
                 GrackleApiClient::new(ch).create_semaphore_lease(r).await
             })
             .await?;

@@ -64,6 +64,7 @@ mod duration;
 mod endpoint;
 mod error;
 pub mod lease;
+pub mod request_id;
 pub mod sema;
 
 pub use acquire::Guard;
@@ -73,6 +74,7 @@ pub use duration::format_duration;
 pub use endpoint::{DEFAULT_ENDPOINT, DEFAULT_PORT, EndpointAddr, parse_endpoint, parse_endpoints};
 pub use error::{Error, LeaseLoss, Result};
 pub use lease::{Lease, LeaseState, loss_after, refresh_interval};
+pub use request_id::{REQUEST_ID_METADATA_KEY, new_request_id, request_with_id};
 
 /// The generated protobuf/gRPC code (`grackle` and `conch` packages), re-exported.
 pub use conch_proto as proto;

@@ -20,6 +20,10 @@
 //! - [`LinkMode::Stall`]: like a black hole, but when the link passes again everything held is
 //!   delivered and stalled connections carry on (a short partition that TCP retransmission
 //!   rides out: requests sent during the partition arrive after it).
+//! - [`LinkMode::SwallowReplies`]: a connection opened while it is set carries what the dialer
+//!   sends to the node, drops everything the node answers, and is closed `d` after it opened:
+//!   the request is served, the dialer never learns its outcome and sees a broken connection.
+//!   Open connections are closed when it is set, so the dialer's next request opens one.
 //!
 //! Every task belongs to the proxy: dropping [`LinkProxy`] stops the listener and every
 //! connection.
@@ -44,6 +48,7 @@ pub enum LinkMode {
     Refuse,
     Blackhole,
     Stall,
+    SwallowReplies(Duration),
 }
 
 pub struct LinkProxy {
@@ -153,6 +158,9 @@ async fn connection(
                     return;
                 }
             }
+            LinkMode::SwallowReplies(after) => {
+                return swallow_replies(client, upstream, after).await;
+            }
             LinkMode::Pass | LinkMode::Delay(_) => break,
         }
     }
@@ -179,10 +187,14 @@ async fn connection(
     // Dropping both halves of both sockets closes the connection on both sides.
 }
 
-/// Resolves when the link switches to `Refuse` (close open connections at once).
+/// Resolves when the link switches to `Refuse` or `SwallowReplies` (close open connections at
+/// once).
 async fn refused(mut mode: watch::Receiver<LinkMode>) {
     loop {
-        if *mode.borrow_and_update() == LinkMode::Refuse {
+        if matches!(
+            *mode.borrow_and_update(),
+            LinkMode::Refuse | LinkMode::SwallowReplies(_)
+        ) {
             return;
         }
         if mode.changed().await.is_err() {
@@ -197,7 +209,7 @@ async fn gate(mode: &mut watch::Receiver<LinkMode>) -> Option<Duration> {
     loop {
         let current = *mode.borrow_and_update();
         match current {
-            LinkMode::Pass => return Some(Duration::ZERO),
+            LinkMode::Pass | LinkMode::SwallowReplies(_) => return Some(Duration::ZERO),
             LinkMode::Delay(d) => return Some(d),
             LinkMode::Refuse => return None,
             LinkMode::Blackhole => {
@@ -271,6 +283,38 @@ async fn pump(
     };
     // The connection ends when either side is done; the caller's select drops the rest.
     tokio::join!(reader, writer);
+}
+
+/// Forwards what the dialer sends, drops every reply, and closes the connection `after` it
+/// opened.
+async fn swallow_replies(client: TcpStream, upstream: String, after: Duration) {
+    let Ok(Ok(server)) = tokio::time::timeout(
+        Duration::from_secs(1),
+        TcpStream::connect(upstream.as_str()),
+    )
+    .await
+    else {
+        return;
+    };
+    let _ = server.set_nodelay(true);
+    let (mut client_read, _client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let up = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = client_read.read(&mut buf).await {
+            if server_write.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let down = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(1..) = server_read.read(&mut buf).await {}
+    };
+    tokio::select! {
+        _ = async { tokio::join!(up, down) } => {}
+        _ = tokio::time::sleep(after) => {}
+    }
 }
 
 /// Counts the requests a client sends on an HTTP/2 connection: one HEADERS frame opens each

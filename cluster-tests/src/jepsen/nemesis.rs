@@ -130,6 +130,7 @@ fn mode_name(mode: LinkMode) -> String {
         LinkMode::Stall => "stalled".into(),
         LinkMode::Delay(d) => format!("delayed {} ms", d.as_millis()),
         LinkMode::Pass => "passing".into(),
+        LinkMode::SwallowReplies(_) => "swallowing replies".into(),
     }
 }
 

@@ -8,7 +8,7 @@ use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
 
 use super::status::ApiError;
-use super::{convert, respond};
+use super::{convert, request_id, respond};
 use crate::node::{Node, now_ns};
 use crate::state::{
     AcquireStatus, Cmd, Error, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
@@ -24,7 +24,8 @@ impl GrackleService {
         GrackleService { node }
     }
 
-    async fn write(&self, cmd: Cmd) -> Result<Outcome, ApiError> {
+    async fn write(&self, id: Option<String>, cmd: Cmd) -> Result<Outcome, ApiError> {
+        let cmd = request_id::wrap(id, cmd);
         cmd.validate()?;
         Ok(self.node.write_one(cmd).await??)
     }
@@ -120,13 +121,13 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateNamespaceRequest>,
     ) -> Result<Response<pb::CreateNamespaceResponse>, Status> {
-        let r = request.into_inner();
+        let (id, r) = request_id::split(request)?;
         let cmd = Cmd::CreateNamespace {
             name: r.name,
             description: r.description,
             metadata: convert::metadata(r.metadata),
         };
-        match self.write(cmd).await? {
+        match self.write(id, cmd).await? {
             Outcome::Namespace(ns) => self.reply(pb::CreateNamespaceResponse {
                 namespace: Some(convert::namespace(ns)),
             }),
@@ -164,14 +165,14 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateNamespaceRequest>,
     ) -> Result<Response<pb::UpdateNamespaceResponse>, Status> {
-        let r = request.into_inner();
+        let (id, r) = request_id::split(request)?;
         let cmd = Cmd::UpdateNamespace {
             name: r.namespace_name,
             description: r.description,
             metadata: convert::metadata(r.metadata),
             expected_version: r.expected_version,
         };
-        match self.write(cmd).await? {
+        match self.write(id, cmd).await? {
             Outcome::Namespace(ns) => self.reply(pb::UpdateNamespaceResponse {
                 namespace: Some(convert::namespace(ns)),
             }),
@@ -184,10 +185,13 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteNamespaceRequest>,
     ) -> Result<Response<pb::DeleteNamespaceResponse>, Status> {
-        let r = request.into_inner();
-        self.write(Cmd::DeleteNamespace {
-            name: r.namespace_name,
-        })
+        let (id, r) = request_id::split(request)?;
+        self.write(
+            id,
+            Cmd::DeleteNamespace {
+                name: r.namespace_name,
+            },
+        )
         .await?;
         self.reply(pb::DeleteNamespaceResponse {})
     }
@@ -197,7 +201,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreRequest>,
     ) -> Result<Response<pb::CreateSemaphoreResponse>, Status> {
-        let r = request.into_inner();
+        let (id, r) = request_id::split(request)?;
         let cmd = Cmd::CreateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -205,7 +209,7 @@ impl GrackleApi for GrackleService {
             permits: r.permits,
             metadata: convert::metadata(r.metadata),
         };
-        match self.write(cmd).await? {
+        match self.write(id, cmd).await? {
             Outcome::Semaphore(sem) => self.reply(pb::CreateSemaphoreResponse {
                 semaphore: Some(convert::semaphore(sem)),
             }),
@@ -247,7 +251,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
-        let r = request.into_inner();
+        let (id, r) = request_id::split(request)?;
         let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
         let key = WaitKey {
             ns: r.namespace_name,
@@ -262,6 +266,7 @@ impl GrackleApi for GrackleService {
             wait_ns,
             metadata: convert::metadata(r.metadata),
         };
+        let cmd = request_id::wrap(id, cmd);
         cmd.validate().map_err(ApiError::from)?;
         // Register before proposing, so the grant cannot slip past us.
         let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key.clone()));
@@ -290,13 +295,13 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ReleaseSemaphoreRequest>,
     ) -> Result<Response<pb::ReleaseSemaphoreResponse>, Status> {
-        let r = request.into_inner();
+        let (id, r) = request_id::split(request)?;
         let cmd = Cmd::Release {
             ns: r.namespace_name,
             sem: r.semaphore_name,
             lease: r.lease_id,
         };
-        match self.write(cmd).await? {
+        match self.write(id, cmd).await? {
             Outcome::Semaphore(sem) => self.reply(pb::ReleaseSemaphoreResponse {
                 semaphore: Some(convert::semaphore(sem)),
             }),
@@ -309,7 +314,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateSemaphoreRequest>,
     ) -> Result<Response<pb::UpdateSemaphoreResponse>, Status> {
-        let r = request.into_inner();
+        let (id, r) = request_id::split(request)?;
         let cmd = Cmd::UpdateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -318,7 +323,7 @@ impl GrackleApi for GrackleService {
             metadata: convert::metadata(r.metadata),
             expected_version: r.expected_version,
         };
-        match self.write(cmd).await? {
+        match self.write(id, cmd).await? {
             Outcome::Semaphore(sem) => self.reply(pb::UpdateSemaphoreResponse {
                 semaphore: Some(convert::semaphore(sem)),
             }),
@@ -331,11 +336,14 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteSemaphoreRequest>,
     ) -> Result<Response<pb::DeleteSemaphoreResponse>, Status> {
-        let r = request.into_inner();
-        self.write(Cmd::DeleteSemaphore {
-            ns: r.namespace_name,
-            name: r.semaphore_name,
-        })
+        let (id, r) = request_id::split(request)?;
+        self.write(
+            id,
+            Cmd::DeleteSemaphore {
+                ns: r.namespace_name,
+                name: r.semaphore_name,
+            },
+        )
         .await?;
         self.reply(pb::DeleteSemaphoreResponse {})
     }
@@ -361,14 +369,14 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::CreateSemaphoreLeaseResponse>, Status> {
-        let r = request.into_inner();
+        let (id, r) = request_id::split(request)?;
         let cmd = Cmd::CreateLease {
             ns: r.namespace_name,
             process_id: r.process_id,
             ttl_s: r.ttl_seconds,
             metadata: convert::metadata(r.metadata),
         };
-        match self.write(cmd).await? {
+        match self.write(id, cmd).await? {
             Outcome::Lease(lease) => self.reply(pb::CreateSemaphoreLeaseResponse {
                 lease: Some(convert::lease(lease)),
             }),
@@ -381,11 +389,14 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RevokeSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RevokeSemaphoreLeaseResponse>, Status> {
-        let r = request.into_inner();
-        self.write(Cmd::RevokeLease {
-            ns: r.namespace_name,
-            lease: r.lease_id,
-        })
+        let (id, r) = request_id::split(request)?;
+        self.write(
+            id,
+            Cmd::RevokeLease {
+                ns: r.namespace_name,
+                lease: r.lease_id,
+            },
+        )
         .await?;
         self.reply(pb::RevokeSemaphoreLeaseResponse {})
     }
@@ -394,13 +405,13 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RefreshSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RefreshSemaphoreLeaseResponse>, Status> {
-        let r = request.into_inner();
+        let (id, r) = request_id::split(request)?;
         let cmd = Cmd::RefreshLease {
             ns: r.namespace_name,
             lease: r.lease_id,
             ttl_s: r.ttl_seconds,
         };
-        match self.write(cmd).await? {
+        match self.write(id, cmd).await? {
             Outcome::Lease(lease) => self.reply(pb::RefreshSemaphoreLeaseResponse {
                 lease: Some(convert::lease(lease)),
             }),

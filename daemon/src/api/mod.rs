@@ -19,6 +19,7 @@ pub mod conch;
 pub mod convert;
 pub mod grackle;
 pub mod peer;
+pub mod request_id;
 pub mod status;
 
 /// Largest client request accepted; anything bigger is refused with ResourceExhausted.

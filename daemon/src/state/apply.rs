@@ -36,14 +36,15 @@ impl State {
     /// `events` in order.
     pub fn apply_batch(&mut self, batch: &Batch, events: &mut Vec<Event>) -> Vec<Reply> {
         self.data.clock_ns = self.data.clock_ns.max(batch.now_ns);
+        self.data.requests.expire(self.data.clock_ns);
         batch
             .cmds
             .iter()
-            .map(|cmd| self.apply(cmd, events))
+            .map(|cmd| self.apply_tracked(cmd, events))
             .collect()
     }
 
-    fn apply(&mut self, cmd: &Cmd, events: &mut Vec<Event>) -> Reply {
+    pub(super) fn apply(&mut self, cmd: &Cmd, events: &mut Vec<Event>) -> Reply {
         let Parts {
             namespaces,
             last_lease_seq,
@@ -178,6 +179,10 @@ impl State {
                 extend_leases(namespaces, ctx);
                 Ok(Outcome::Done)
             }
+            // Handled by `apply_tracked`; one nested in another is refused by validation.
+            Cmd::Once { .. } => Err(Error::invalid(
+                "conch-request-id applies to client writes only",
+            )),
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! The canonical data ([`Data`]) is what snapshots carry and [`State::hash`] covers: the clock,
 //! three counters (fencing tokens, lease ids, namespace ids) and the namespaces with their
-//! semaphores (holders and waiters keyed by lease) and leases. Everything else is derived:
+//! semaphores (holders and waiters keyed by lease) and leases, and the remembered request ids
+//! (`requests.rs`, which keeps that table's own indexes). Everything else is derived:
 //! - per semaphore: `held` (sum of holder weights), `holders_by_token` (grant order) and `queue`
 //!   (ticket -> lease, i.e. FIFO order)
 //! - per lease: the semaphores it holds and waits for
@@ -24,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::lease_id::lease_id;
+use super::requests::Requests;
 use super::snapshot::fnv1a64;
 use super::types::*;
 
@@ -46,6 +48,8 @@ pub(super) struct Data {
     /// The last namespace id handed out (0: none yet).
     pub(super) last_namespace_id: u64,
     pub(super) namespaces: Namespaces,
+    /// Remembered request ids and their replies (see `requests.rs`).
+    pub(super) requests: Requests,
 }
 
 /// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
@@ -181,6 +185,7 @@ impl State {
             last_lease_seq,
             last_namespace_id,
             namespaces,
+            ..
         } = &mut self.data;
         Parts {
             namespaces,
@@ -199,6 +204,7 @@ impl State {
     /// (whatever the bytes held for them). Fails only on references to missing things; the
     /// caller checks the invariants.
     pub(super) fn rebuild(mut data: Data) -> Result<State, String> {
+        data.requests.rebuild()?;
         let mut index = Index::default();
         for (name, ns) in data.namespaces.0.iter_mut() {
             if !index.add_namespace(ns.id, name) {

@@ -12,11 +12,13 @@
 //! - every timestamp written by a command is <= the clock; the clock never decreases
 //! - every derived index equals what the data implies (computed here independently of the
 //!   incremental upkeep in the data's methods)
+//! - the remembered request ids keep the rules of `requests.rs` (cap, retention, order, and
+//!   a link only from a queued acquire to a waiter that waits)
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::data::{Index, State, process_key};
-use super::lease_id::lease_id;
+use super::lease_id::{lease_id, lease_seq};
 use super::limits::*;
 
 impl State {
@@ -151,6 +153,14 @@ impl State {
         if expected != *self.index() {
             return Err("global indexes do not match the data".into());
         }
+        data.requests.check(clock, |(ns, sem, lease)| {
+            lease_seq(lease).is_some_and(|seq| {
+                data.namespaces
+                    .get(ns)
+                    .and_then(|ns| ns.semaphores().get(sem))
+                    .is_some_and(|sem| sem.waiters().contains_key(&seq))
+            })
+        })?;
         Ok(())
     }
 }

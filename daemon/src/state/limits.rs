@@ -18,3 +18,9 @@ pub const WAITERS_PER_SEMAPHORE_MAX: usize = 10_000;
 pub const SEMAPHORES_PER_NAMESPACE_MAX: usize = 1_000_000;
 pub const LEASES_PER_NAMESPACE_MAX: usize = 1_000_000;
 pub const NAMESPACES_MAX: usize = 100_000;
+/// A request id (`conch-request-id`): 1 to 64 ASCII letters, digits, `-` or `_`.
+pub const REQUEST_ID_MAX_BYTES: usize = 64;
+/// Most request ids the state remembers; the oldest is forgotten first.
+pub const REQUESTS_REMEMBERED_MAX: usize = 100_000;
+/// How long (state clock) a request id is remembered after its command ran.
+pub const REQUEST_RETENTION_NS: i64 = 120 * 1_000_000_000;

@@ -13,6 +13,8 @@
 //! - `read`: lookups, views and the reads served at the reader's clock
 //! - `snapshot`: the canonical encoding, the state hash, snapshots
 //! - `invariants`: the check of every rule the state keeps (see there for the list)
+//! - `requests`: the remembered request ids and their replies, with their own indexes
+//! - `once`: running a write with a request id at most once, and settling queued acquires
 //!
 //! # Cost
 //!
@@ -51,14 +53,18 @@ mod data;
 mod invariants;
 mod lease_id;
 pub mod limits;
+mod once;
 mod paging;
 #[cfg(test)]
 mod proptests;
 mod queue;
 mod read;
+mod requests;
 mod snapshot;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_once;
 mod types;
 pub mod validate;
 

@@ -1,6 +1,7 @@
 //! Property tests: random histories over 2 namespaces x 3 semaphores x 4 leases with small
 //! permits, random weights and waits, time moving forwards and sometimes backwards, invalid
-//! input mixed in, and snapshot -> restore as one of the operations.
+//! input mixed in, and snapshot -> restore as one of the operations. Some commands carry a
+//! fresh request id, and some repeat an earlier one (a client's retry).
 //!
 //! Each history runs on two states:
 //! - `whole`: every batch applied at once, never snapshotted;
@@ -11,13 +12,16 @@
 //! After every batch: both states' invariants hold, their replies, events and hashes agree, and
 //! no semaphore holds more than its permits. Grants come from the head of the queue in strict
 //! FIFO order, and fencing tokens strictly increase. At the end, replaying the recorded batches
-//! on a fresh state gives the same replies and hash (determinism).
+//! on a fresh state gives the same replies and hash (determinism). A repeat of a request id
+//! whose first reply was final, within its retention, answers that reply, emits nothing and
+//! leaves the state hash unchanged.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 
 use proptest::prelude::*;
 
-use super::limits::PERMITS_MAX;
+use super::limits::{PERMITS_MAX, REQUEST_RETENTION_NS};
 use super::*;
 
 const S: Nanos = NANOS_PER_SEC;
@@ -55,6 +59,10 @@ enum GenCmd {
     GiveUp(usize, usize, usize, GiveUpDeadline),
     Expire,
     ExtendLeases,
+    /// The command with a fresh request id.
+    WithId(Box<GenCmd>),
+    /// The k-th most recent command sent with a request id, sent again (a retry).
+    Repeat(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -163,7 +171,7 @@ fn contended_cmd() -> impl Strategy<Value = GenCmd> {
 
 fn contended_op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        30 => (prop_oneof![10 => 0..=S, 3 => 0..=8 * S, 1 => (-2 * S)..0], prop::collection::vec(contended_cmd(), 0..5))
+        30 => (prop_oneof![10 => 0..=S, 3 => 0..=8 * S, 1 => (-2 * S)..0], prop::collection::vec(with_ids(contended_cmd), 0..5))
             .prop_map(|(dt_ns, cmds)| Op::Batch { dt_ns, cmds }),
         1 => Just(Op::Snapshot),
     ]
@@ -180,9 +188,20 @@ fn dt_ns() -> impl Strategy<Value = Nanos> {
     ]
 }
 
+/// Some commands with a request id, some repeats of one.
+fn with_ids<S: Strategy<Value = GenCmd> + 'static>(
+    cmd: fn() -> S,
+) -> impl Strategy<Value = GenCmd> {
+    prop_oneof![
+        6 => cmd(),
+        3 => cmd().prop_map(|c| GenCmd::WithId(Box::new(c))),
+        2 => (0..4usize).prop_map(GenCmd::Repeat),
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        30 => (dt_ns(), prop::collection::vec(gen_cmd(), 0..6)).prop_map(|(dt_ns, cmds)| Op::Batch { dt_ns, cmds }),
+        30 => (dt_ns(), prop::collection::vec(with_ids(gen_cmd), 0..6)).prop_map(|(dt_ns, cmds)| Op::Batch { dt_ns, cmds }),
         1 => Just(Op::Snapshot),
         1 => (ns_index(), sem_index(), prop_oneof![Just(String::new()), Just("f.00".to_string()), Just("b.7a".to_string()), "[a-zA-Z.0-9]{0,12}"], -2..300i32, dt_ns())
             .prop_map(|(ns, sem, token, limit, dt_ns)| Op::Read { ns, sem, token, limit, dt_ns }),
@@ -195,6 +214,11 @@ struct Harness {
     /// Lease ids per namespace name, in creation order.
     leases: BTreeMap<String, Vec<String>>,
     now_ns: Nanos,
+    /// Every command sent with a request id, in order.
+    onces: RefCell<Vec<Cmd>>,
+    /// Per request id: its first final reply and the state clock then, or `None` when the id
+    /// is not checked (its first reply was a queued acquire, settled later by the state).
+    first_replies: BTreeMap<String, Option<(Outcome, Nanos)>>,
 }
 
 impl Harness {
@@ -319,7 +343,62 @@ impl Harness {
             }
             GenCmd::Expire => Cmd::Expire,
             GenCmd::ExtendLeases => Cmd::ExtendLeases,
+            GenCmd::WithId(inner) => {
+                let mut onces = self.onces.borrow_mut();
+                let cmd = Cmd::Once {
+                    request_id: format!("r{}", onces.len()),
+                    cmd: Box::new(self.concrete(state, &inner)),
+                };
+                onces.push(cmd.clone());
+                cmd
+            }
+            GenCmd::Repeat(k) => {
+                let onces = self.onces.borrow();
+                onces
+                    .len()
+                    .checked_sub(k + 1)
+                    .and_then(|i| onces.get(i))
+                    .cloned()
+                    .unwrap_or(Cmd::Expire)
+            }
         }
+    }
+
+    /// The reply a repeat of `cmd` must answer at `clock_ns`, if the model knows it.
+    fn expected_repeat(&self, cmd: &Cmd, clock_ns: Nanos) -> Option<&Outcome> {
+        let Cmd::Once { request_id, .. } = cmd else {
+            return None;
+        };
+        match self.first_replies.get(request_id) {
+            Some(Some((reply, at))) if clock_ns.saturating_sub(*at) < REQUEST_RETENTION_NS => {
+                Some(reply)
+            }
+            _ => None,
+        }
+    }
+
+    /// Records what a command with a request id answered (the state's clock is `clock_ns`).
+    fn record_once(&mut self, cmd: &Cmd, reply: &Reply, clock_ns: Nanos) {
+        let (Cmd::Once { request_id, .. }, Ok(outcome)) = (cmd, reply) else {
+            return;
+        };
+        let live = match self.first_replies.get(request_id) {
+            Some(Some((_, at))) => clock_ns.saturating_sub(*at) < REQUEST_RETENTION_NS,
+            Some(None) => true,
+            None => false,
+        };
+        if live {
+            return;
+        }
+        let queued = matches!(
+            outcome,
+            Outcome::Acquire(AcquireReply {
+                status: AcquireStatus::Queued { .. },
+                ..
+            })
+        );
+        let first = (!queued).then(|| (outcome.clone(), clock_ns));
+        self.first_replies.insert(request_id.clone(), first);
     }
 
     fn give_up(&self, state: &State, n: usize, s: usize, lease: String, d: GiveUpDeadline) -> Cmd {
@@ -342,12 +421,16 @@ impl Harness {
     }
 
     fn record(&mut self, cmd: &Cmd, reply: &Reply) {
+        let cmd = match cmd {
+            Cmd::Once { cmd, .. } => cmd.as_ref(),
+            cmd => cmd,
+        };
         match (cmd, reply) {
             (Cmd::CreateLease { ns, .. }, Ok(Outcome::Lease(view))) => {
-                self.leases
-                    .entry(ns.clone())
-                    .or_default()
-                    .push(view.lease_id.clone());
+                let ids = self.leases.entry(ns.clone()).or_default();
+                if !ids.contains(&view.lease_id) {
+                    ids.push(view.lease_id.clone());
+                }
             }
             (Cmd::DeleteNamespace { name }, _) => {
                 self.leases.remove(name);
@@ -396,6 +479,11 @@ fn check_command(
     events: &[Event],
     last_token: &mut u64,
 ) -> Result<(), TestCaseError> {
+    let once = matches!(cmd, Cmd::Once { .. });
+    let cmd = match cmd {
+        Cmd::Once { cmd, .. } => cmd.as_ref(),
+        cmd => cmd,
+    };
     let mut model = before.queues.clone();
     let mut holds = before.holds.clone();
     let mut event_tokens = Vec::new();
@@ -458,6 +546,8 @@ fn check_command(
         ..
     })) = reply
         && !event_tokens.contains(token)
+        // A remembered grant, answered again to a repeat.
+        && !(once && *token <= *last_token)
     {
         tokens.push(*token);
         // An immediate grant never jumps the queue, unless it re-acquires at most what the
@@ -535,6 +625,8 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
     let mut harness = Harness {
         leases: BTreeMap::new(),
         now_ns: 0,
+        onces: RefCell::new(Vec::new()),
+        first_replies: BTreeMap::new(),
     };
     let mut applied: Vec<(Batch, Vec<Reply>)> = Vec::new();
     let mut last_token = 0u64;
@@ -619,10 +711,21 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
                         now_ns: batch.now_ns,
                         cmds: vec![cmd.clone()],
                     };
+                    let hash_before = split.hash();
                     let mut replies = split.apply_batch(&one, &mut events);
                     prop_assert_eq!(replies.len(), 1);
                     let reply = replies.remove(0);
                     split.check_invariants().map_err(TestCaseError::fail)?;
+                    if let Some(first) = harness.expected_repeat(cmd, split.clock_ns()) {
+                        prop_assert_eq!(
+                            &reply,
+                            &Ok(first.clone()),
+                            "a repeat answers the first reply"
+                        );
+                        prop_assert!(events.is_empty(), "a repeat emits nothing");
+                        prop_assert_eq!(split.hash(), hash_before, "a repeat changes nothing");
+                    }
+                    harness.record_once(cmd, &reply, split.clock_ns());
                     check_command(&before, cmd, &reply, &events, &mut last_token)?;
                     split_events.extend(events);
                     split_replies.push(reply);

@@ -2016,7 +2016,9 @@ fn garbage_snapshots_are_errors_not_panics() {
         State::decode_snapshot(&framed).is_err(),
         "a framed snapshot"
     );
-    for len in 0..bytes.len() {
+    // Without its last two bytes (an empty table of request ids) it is the encoding of earlier
+    // builds, which still decodes.
+    for len in (0..bytes.len()).filter(|len| *len != bytes.len() - 2) {
         assert!(
             State::decode_snapshot(&bytes[..len]).is_err(),
             "truncated to {len}"
@@ -2295,12 +2297,13 @@ fn the_hash_and_the_encoded_bytes_are_pinned() {
         "fc00ca9a3b01036a6f620234320102010203fc00943577fd007841cb0200000000020102fc00ca9a3b",
         "fd00e40b54020000000002020108686f73742d612f310000fd005847f80d0000001e0208686f73742d",
         "622f320000fd00c817a8040000000a056f7468657202056f7468657200000000010000",
+        "0000",
     );
     let t = pinned_timeline();
     let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let data = bincode_options().serialize(&t.state.data).expect("encodes");
     assert_eq!(hex(&data), DATA);
-    assert_eq!(t.state.hash(), 0x60bb_104d_36df_d728);
+    assert_eq!(t.state.hash(), 0x3336_71c5_f3f1_ed68);
     assert_eq!(
         fnv1a64(&data),
         t.state.hash(),

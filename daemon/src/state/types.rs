@@ -112,6 +112,13 @@ pub enum Cmd {
     Expire,
     /// Proposed first by a new leader: every lease lives at least its TTL from now.
     ExtendLeases,
+    /// A client write carrying the caller's request id: the first time, `cmd` runs and its
+    /// reply is remembered under the id; a repeat of the id (a retry) gets that reply back and
+    /// changes nothing. See `state/once.rs`.
+    Once {
+        request_id: String,
+        cmd: Box<Cmd>,
+    },
 }
 
 /// What a command answers: a value, or an error that changed nothing.

@@ -269,7 +269,35 @@ impl Cmd {
                 wait_ns(*linger_ns)
             }
             Cmd::Expire | Cmd::ExtendLeases => Ok(()),
+            Cmd::Once {
+                request_id: id,
+                cmd,
+            } => {
+                request_id(id)?;
+                match **cmd {
+                    Cmd::Once { .. } | Cmd::GiveUp { .. } | Cmd::Expire | Cmd::ExtendLeases => Err(
+                        Error::invalid("conch-request-id applies to client writes only"),
+                    ),
+                    _ => cmd.validate(),
+                }
+            }
         }
+    }
+}
+
+/// A request id: 1 to 64 ASCII letters, digits, `-` or `_`.
+pub fn request_id(value: &str) -> Result<(), Error> {
+    let ok = !value.is_empty()
+        && value.len() <= REQUEST_ID_MAX_BYTES
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "conch-request-id must be 1-{REQUEST_ID_MAX_BYTES} characters of A-Z, a-z, 0-9, - and _"
+        )))
     }
 }
 

@@ -1,0 +1,144 @@
+//! Exactly-once writes: [`Cmd::Once`] and the grants that settle a remembered queued acquire.
+//!
+//! A client write carries a request id chosen by the caller for one logical operation (every
+//! retry of it reuses the id). The first time the id is seen, the command runs as usual; if it
+//! succeeds, its reply is remembered under the id (`requests.rs`). A repeat of the id with the
+//! same command gets the remembered reply and changes nothing else (no reaping either: the
+//! repeat is not a command that runs). A repeat with a different command is refused.
+//!
+//! Decisions:
+//! - Refused commands are not remembered: a refusal changed nothing, so running the command
+//!   again is safe, and the retry's answer is the answer of the only attempt that took effect.
+//! - A queued acquire's reply is not final. While its waiter waits, the entry is linked to the
+//!   waiter; the grant that later takes it from the queue replaces the remembered reply with
+//!   `Acquired` and that grant's token, so a retry sees the one grant, never a second one with
+//!   a new token. A repeat of a still-queued acquire runs it again (a re-attach that keeps the
+//!   place, as without an id), and so does a repeat after the wait ended without a grant.
+//! - Entries are forgotten oldest first beyond [`super::limits::REQUESTS_REMEMBERED_MAX`], and
+//!   once [`super::limits::REQUEST_RETENTION_NS`] of state clock passed since they were
+//!   remembered, checked when a batch moves the clock: never by a timer, so an idle cluster
+//!   writes nothing. A retry later than that runs again, as without an id.
+
+use super::data::State;
+use super::snapshot::{bincode_options, fnv1a64};
+use super::types::*;
+use bincode::Options;
+
+/// FNV-1a 64 of the command's canonical encoding. An acquire's wait is left out: a client's
+/// retries and re-attaches of one acquire ask for what is left of its wait.
+fn digest(cmd: &Cmd) -> u64 {
+    let bytes = match cmd {
+        Cmd::Acquire { .. } => {
+            let mut cmd = cmd.clone();
+            if let Cmd::Acquire { wait_ns, .. } = &mut cmd {
+                *wait_ns = 0;
+            }
+            bincode_options().serialize(&cmd)
+        }
+        cmd => bincode_options().serialize(cmd),
+    };
+    fnv1a64(&bytes.unwrap_or_default())
+}
+
+fn is_pending(reply: &Outcome) -> bool {
+    matches!(
+        reply,
+        Outcome::Acquire(AcquireReply {
+            status: AcquireStatus::Queued { .. },
+            ..
+        })
+    )
+}
+
+impl State {
+    /// Applies one command of a batch, recording in the request table what it settled.
+    pub(super) fn apply_tracked(&mut self, cmd: &Cmd, events: &mut Vec<Event>) -> Reply {
+        let start = events.len();
+        match cmd {
+            Cmd::Once { request_id, cmd } => self.apply_once(request_id, cmd, events, start),
+            cmd => {
+                let reply = self.apply(cmd, events);
+                self.settle_requests(&events[start..]);
+                reply
+            }
+        }
+    }
+
+    fn apply_once(&mut self, id: &str, cmd: &Cmd, events: &mut Vec<Event>, start: usize) -> Reply {
+        super::validate::request_id(id)?;
+        if matches!(
+            cmd,
+            Cmd::Once { .. } | Cmd::GiveUp { .. } | Cmd::Expire | Cmd::ExtendLeases
+        ) {
+            return Err(Error::invalid(
+                "conch-request-id applies to client writes only",
+            ));
+        }
+        let digest = digest(cmd);
+        if let Some(entry) = self.data.requests.get(id) {
+            if entry.digest != digest {
+                return Err(Error::invalid(format!(
+                    "conch-request-id {id} was already used for a different request"
+                )));
+            }
+            if !is_pending(&entry.reply) {
+                return Ok(entry.reply.clone());
+            }
+        }
+        let result = self.apply(cmd, events);
+        // Events first: the reaping before the command may end an older wait of this waiter.
+        self.settle_requests(&events[start..]);
+        let reply = result?;
+        let waiter = match (cmd, &reply) {
+            (Cmd::Acquire { ns, sem, lease, .. }, reply) if is_pending(reply) => {
+                Some((ns.clone(), sem.clone(), lease.clone()))
+            }
+            _ => None,
+        };
+        let clock_ns = self.data.clock_ns;
+        self.data
+            .requests
+            .remember(id, clock_ns, digest, reply.clone(), waiter);
+        Ok(reply)
+    }
+
+    /// Records grants and ended waits of remembered queued acquires.
+    fn settle_requests(&mut self, events: &[Event]) {
+        if !self.data.requests.has_waiting() {
+            return;
+        }
+        for event in events {
+            match event {
+                Event::Granted {
+                    ns,
+                    sem,
+                    lease,
+                    token,
+                    ..
+                } => {
+                    let waiter = (ns.clone(), sem.clone(), lease.clone());
+                    let view = self
+                        .data
+                        .namespaces
+                        .get(ns)
+                        .and_then(|n| n.semaphores().get(sem))
+                        .map(|s| s.view(sem));
+                    match view {
+                        Some(semaphore) => {
+                            let reply = Outcome::Acquire(AcquireReply {
+                                status: AcquireStatus::Acquired { token: *token },
+                                semaphore,
+                            });
+                            self.data.requests.settle_granted(&waiter, &reply);
+                        }
+                        None => self.data.requests.settle_ended(&waiter),
+                    }
+                }
+                Event::WaitEnded { ns, sem, lease, .. } => {
+                    let waiter = (ns.clone(), sem.clone(), lease.clone());
+                    self.data.requests.settle_ended(&waiter);
+                }
+            }
+        }
+    }
+}

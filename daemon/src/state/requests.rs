@@ -1,0 +1,241 @@
+//! The table of remembered request ids: what a repeated client write is answered with.
+//!
+//! Canonical data (in snapshots and the state hash): a counter and, per request id, the order
+//! it was remembered in (`seq`), the clock then (`at_ns`), a digest of the command, the reply,
+//! and, while that reply is a queued acquire whose waiter still waits, the waiter it waits as.
+//! Derived and rebuilt on decode: `order` (seq -> id, oldest first) and `waiting` (waiter ->
+//! the ids waiting as it).
+//!
+//! What always holds here: at most [`REQUESTS_REMEMBERED_MAX`] entries; none older than
+//! [`REQUEST_RETENTION_NS`] at the clock after a batch's clock moved; `seq` unique and at most
+//! the counter; `at_ns` at most the clock and never decreasing in `seq` order; a waiter link
+//! only on a queued acquire reply; both indexes equal what the entries imply. Every change goes
+//! through the methods below, which keep both indexes; which reply to remember is the caller's
+//! business (`once.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::limits::{REQUEST_RETENTION_NS, REQUESTS_REMEMBERED_MAX};
+use super::types::*;
+
+/// A waiter named the way events name it: (namespace, semaphore, lease id).
+pub(super) type WaiterRef = (String, String, String);
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(super) struct Requests {
+    /// The last `seq` handed out (0: none yet).
+    last_seq: u64,
+    entries: BTreeMap<String, Remembered>,
+    /// Derived: seq -> request id, oldest first.
+    #[serde(skip)]
+    order: BTreeMap<u64, String>,
+    /// Derived: waiter -> the request ids whose queued acquire waits as it.
+    #[serde(skip)]
+    waiting: BTreeMap<WaiterRef, BTreeSet<String>>,
+}
+
+/// Reached only through `&` outside this module.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Remembered {
+    pub(super) seq: u64,
+    pub(super) at_ns: Nanos,
+    /// FNV-1a 64 of the command's canonical encoding: a repeat must be the same command.
+    pub(super) digest: u64,
+    pub(super) reply: Outcome,
+    /// While `reply` is a queued acquire still waiting: the waiter it waits as.
+    pub(super) waiter: Option<WaiterRef>,
+}
+
+impl Requests {
+    pub(super) fn get(&self, id: &str) -> Option<&Remembered> {
+        self.entries.get(id)
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when some remembered acquire still waits (so grants may need recording).
+    pub(super) fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Remembers `reply` under `id` (replacing what was there) as the newest entry, forgetting
+    /// the oldest entries beyond the cap.
+    pub(super) fn remember(
+        &mut self,
+        id: &str,
+        at_ns: Nanos,
+        digest: u64,
+        reply: Outcome,
+        waiter: Option<WaiterRef>,
+    ) {
+        self.forget(id);
+        self.last_seq = self.last_seq.saturating_add(1);
+        let seq = self.last_seq;
+        if let Some(waiter) = &waiter {
+            self.waiting
+                .entry(waiter.clone())
+                .or_default()
+                .insert(id.to_string());
+        }
+        self.order.insert(seq, id.to_string());
+        self.entries.insert(
+            id.to_string(),
+            Remembered {
+                seq,
+                at_ns,
+                digest,
+                reply,
+                waiter,
+            },
+        );
+        while self.entries.len() > REQUESTS_REMEMBERED_MAX {
+            let Some((_, oldest)) = self.order.first_key_value() else {
+                break;
+            };
+            let oldest = oldest.clone();
+            self.forget(&oldest);
+        }
+    }
+
+    /// Forgets `id`, if remembered.
+    pub(super) fn forget(&mut self, id: &str) {
+        let Some(entry) = self.entries.remove(id) else {
+            return;
+        };
+        self.order.remove(&entry.seq);
+        if let Some(waiter) = &entry.waiter {
+            self.unlink(waiter, id);
+        }
+    }
+
+    fn unlink(&mut self, waiter: &WaiterRef, id: &str) {
+        if let Some(ids) = self.waiting.get_mut(waiter) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.waiting.remove(waiter);
+            }
+        }
+    }
+
+    /// Forgets every entry remembered at or before `clock_ns - REQUEST_RETENTION_NS`.
+    pub(super) fn expire(&mut self, clock_ns: Nanos) {
+        let horizon = clock_ns.saturating_sub(REQUEST_RETENTION_NS);
+        while let Some((_, oldest)) = self.order.first_key_value() {
+            let oldest = oldest.clone();
+            match self.entries.get(&oldest) {
+                Some(entry) if entry.at_ns > horizon => return,
+                _ => self.forget(&oldest),
+            }
+        }
+    }
+
+    /// The waiter `waiter` was granted: every remembered acquire waiting as it now answers
+    /// `reply` (the grant), and waits no more.
+    pub(super) fn settle_granted(&mut self, waiter: &WaiterRef, reply: &Outcome) {
+        let Some(ids) = self.waiting.remove(waiter) else {
+            return;
+        };
+        for id in ids {
+            if let Some(entry) = self.entries.get_mut(&id) {
+                entry.reply = reply.clone();
+                entry.waiter = None;
+            }
+        }
+    }
+
+    /// The waiter `waiter` left its queue without a grant: the remembered acquires waiting as
+    /// it keep their queued reply, which is not final (a repeat runs the acquire again).
+    pub(super) fn settle_ended(&mut self, waiter: &WaiterRef) {
+        let Some(ids) = self.waiting.remove(waiter) else {
+            return;
+        };
+        for id in ids {
+            if let Some(entry) = self.entries.get_mut(&id) {
+                entry.waiter = None;
+            }
+        }
+    }
+
+    /// Rebuilds both indexes from the entries (on decode).
+    pub(super) fn rebuild(&mut self) -> Result<(), String> {
+        self.order.clear();
+        self.waiting.clear();
+        for (id, entry) in &self.entries {
+            if self.order.insert(entry.seq, id.clone()).is_some() {
+                return Err(format!("request sequence {} is used twice", entry.seq));
+            }
+            if let Some(waiter) = &entry.waiter {
+                self.waiting
+                    .entry(waiter.clone())
+                    .or_default()
+                    .insert(id.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the table's rules against the clock; `waits(waiter)` says whether that waiter is
+    /// queued in the state.
+    pub(super) fn check(
+        &self,
+        clock_ns: Nanos,
+        waits: impl Fn(&WaiterRef) -> bool,
+    ) -> Result<(), String> {
+        if self.entries.len() > REQUESTS_REMEMBERED_MAX {
+            return Err("more request ids remembered than the cap".into());
+        }
+        let mut order = BTreeMap::new();
+        let mut waiting: BTreeMap<WaiterRef, BTreeSet<String>> = BTreeMap::new();
+        let horizon = clock_ns.saturating_sub(REQUEST_RETENTION_NS);
+        for (id, entry) in &self.entries {
+            let at = |what: &str| format!("request id {id}: {what}");
+            if super::validate::request_id(id).is_err() {
+                return Err(at("not a valid request id"));
+            }
+            if entry.seq == 0 || entry.seq > self.last_seq || order.insert(entry.seq, id).is_some()
+            {
+                return Err(at("sequence reused or not from the counter"));
+            }
+            if entry.at_ns > clock_ns || entry.at_ns <= horizon {
+                return Err(at("remembered in the future or past its retention"));
+            }
+            if let Some(waiter) = &entry.waiter {
+                let queued = matches!(
+                    entry.reply,
+                    Outcome::Acquire(AcquireReply {
+                        status: AcquireStatus::Queued { .. },
+                        ..
+                    })
+                );
+                if !queued || !waits(waiter) {
+                    return Err(at("linked to a waiter that does not wait"));
+                }
+                waiting
+                    .entry(waiter.clone())
+                    .or_default()
+                    .insert(id.clone());
+            }
+        }
+        let mut last_at = Nanos::MIN;
+        for id in order.values() {
+            let at_ns = self.entries.get(*id).map_or(Nanos::MIN, |e| e.at_ns);
+            if at_ns < last_at {
+                return Err(format!("request id {id}: remembered out of time order"));
+            }
+            last_at = at_ns;
+        }
+        let order: BTreeMap<u64, String> = order
+            .into_iter()
+            .map(|(seq, id)| (seq, id.clone()))
+            .collect();
+        if order != self.order || waiting != self.waiting {
+            return Err("request id indexes do not match the entries".into());
+        }
+        Ok(())
+    }
+}

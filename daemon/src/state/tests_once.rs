@@ -1,0 +1,413 @@
+//! Timelines of exactly-once writes: repeats of a request id, queued acquires settled by later
+//! grants, expiry, eviction and snapshots of the remembered ids. Every step checks the
+//! invariants.
+
+use super::data::State;
+use super::limits::*;
+use super::types::*;
+
+const S: Nanos = NANOS_PER_SEC;
+const NS: &str = "n";
+
+fn once(id: &str, cmd: Cmd) -> Cmd {
+    Cmd::Once {
+        request_id: id.to_string(),
+        cmd: Box::new(cmd),
+    }
+}
+
+struct Timeline {
+    state: State,
+    now_ns: Nanos,
+    events: Vec<Event>,
+}
+
+impl Timeline {
+    fn new() -> Self {
+        Timeline {
+            state: State::new(),
+            now_ns: 0,
+            events: Vec::new(),
+        }
+    }
+
+    fn run(&mut self, cmd: Cmd) -> Reply {
+        let batch = Batch {
+            now_ns: self.now_ns,
+            cmds: vec![cmd],
+        };
+        self.events.clear();
+        let mut replies = self.state.apply_batch(&batch, &mut self.events);
+        self.state.check_invariants().expect("invariants hold");
+        replies.remove(0)
+    }
+
+    fn ok(&mut self, cmd: Cmd) -> Outcome {
+        self.run(cmd).expect("command succeeds")
+    }
+
+    /// Runs `cmd` again at the same time: it must answer `first`, emit nothing and leave the
+    /// state exactly as it was.
+    fn repeat(&mut self, cmd: Cmd, first: &Reply) {
+        let before = self.state.hash();
+        let again = self.run(cmd);
+        assert_eq!(&again, first, "a repeat answers the first reply");
+        assert!(self.events.is_empty(), "a repeat emits nothing");
+        assert_eq!(self.state.hash(), before, "a repeat changes nothing");
+    }
+
+    fn lease(&mut self, id: &str, ttl_s: u64) -> String {
+        match self.ok(once(id, create_lease(ttl_s))) {
+            Outcome::Lease(view) => view.lease_id,
+            other => panic!("not a lease: {other:?}"),
+        }
+    }
+}
+
+fn create_ns(name: &str) -> Cmd {
+    Cmd::CreateNamespace {
+        name: name.into(),
+        description: String::new(),
+        metadata: Metadata::new(),
+    }
+}
+
+fn create_sem(name: &str, permits: u64) -> Cmd {
+    Cmd::CreateSemaphore {
+        ns: NS.into(),
+        name: name.into(),
+        description: String::new(),
+        permits,
+        metadata: Metadata::new(),
+    }
+}
+
+fn create_lease(ttl_s: u64) -> Cmd {
+    Cmd::CreateLease {
+        ns: NS.into(),
+        process_id: "p".into(),
+        ttl_s,
+        metadata: Metadata::new(),
+    }
+}
+
+fn acquire(lease: &str, weight: u64, wait_ns: Nanos) -> Cmd {
+    Cmd::Acquire {
+        ns: NS.into(),
+        sem: "s".into(),
+        lease: lease.into(),
+        weight,
+        wait_ns,
+        metadata: Metadata::new(),
+    }
+}
+
+fn release(lease: &str) -> Cmd {
+    Cmd::Release {
+        ns: NS.into(),
+        sem: "s".into(),
+        lease: lease.into(),
+    }
+}
+
+fn status(outcome: &Outcome) -> AcquireStatus {
+    match outcome {
+        Outcome::Acquire(reply) => reply.status,
+        other => panic!("not an acquire: {other:?}"),
+    }
+}
+
+/// A namespace "n" with semaphore "s" of `permits`, created with request ids.
+fn with_sem(permits: u64) -> Timeline {
+    let mut t = Timeline::new();
+    t.ok(once("ns", create_ns(NS)));
+    t.ok(once("sem", create_sem("s", permits)));
+    t
+}
+
+#[test]
+fn every_write_repeated_answers_its_first_reply_and_changes_nothing() {
+    let mut t = Timeline::new();
+    let step = |t: &mut Timeline, id: &str, cmd: Cmd| {
+        let cmd = once(id, cmd);
+        let first = t.run(cmd.clone());
+        assert!(first.is_ok(), "{id}: {first:?}");
+        t.repeat(cmd, &first);
+        first.unwrap_or_else(|e| panic!("{id}: {e}"))
+    };
+    step(&mut t, "c-ns", create_ns(NS));
+    step(
+        &mut t,
+        "u-ns",
+        Cmd::UpdateNamespace {
+            name: NS.into(),
+            description: "d".into(),
+            metadata: Metadata::new(),
+            expected_version: 1,
+        },
+    );
+    step(&mut t, "c-sem", create_sem("s", 1));
+    step(
+        &mut t,
+        "u-sem",
+        Cmd::UpdateSemaphore {
+            ns: NS.into(),
+            name: "s".into(),
+            description: "d".into(),
+            permits: 2,
+            metadata: Metadata::new(),
+            expected_version: 1,
+        },
+    );
+    let lease = match step(&mut t, "c-lease", create_lease(30)) {
+        Outcome::Lease(view) => view.lease_id,
+        other => panic!("{other:?}"),
+    };
+    t.now_ns = S;
+    step(
+        &mut t,
+        "refresh",
+        Cmd::RefreshLease {
+            ns: NS.into(),
+            lease: lease.clone(),
+            ttl_s: 0,
+        },
+    );
+    let acquired = step(&mut t, "acquire", acquire(&lease, 2, 0));
+    assert!(matches!(status(&acquired), AcquireStatus::Acquired { .. }));
+    step(&mut t, "release", release(&lease));
+    step(
+        &mut t,
+        "d-sem",
+        Cmd::DeleteSemaphore {
+            ns: NS.into(),
+            name: "s".into(),
+        },
+    );
+    step(
+        &mut t,
+        "revoke",
+        Cmd::RevokeLease {
+            ns: NS.into(),
+            lease,
+        },
+    );
+    step(&mut t, "d-ns", Cmd::DeleteNamespace { name: NS.into() });
+    // The repeats changed nothing: one namespace was created and deleted, and so on.
+    assert_eq!(t.state.stats(), Stats::default());
+    assert_eq!(t.state.data.last_namespace_id, 1);
+    assert_eq!(t.state.data.last_lease_seq, 1);
+    assert_eq!(t.state.data.last_token, 1);
+}
+
+#[test]
+fn a_repeat_later_still_answers_the_first_reply() {
+    let mut t = with_sem(1);
+    let cmd = once("lease", create_lease(30));
+    let first = t.run(cmd.clone());
+    t.now_ns = 10 * S;
+    let again = t.run(cmd);
+    assert_eq!(again, first);
+    assert_eq!(t.state.stats().leases, 1, "one lease, not two");
+}
+
+#[test]
+fn an_id_reused_for_another_command_is_refused_and_changes_nothing() {
+    let mut t = with_sem(1);
+    let before = t.state.hash();
+    let err = t
+        .run(once("sem", create_sem("other", 1)))
+        .expect_err("refused");
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+    assert!(err.message.contains("conch-request-id"), "{}", err.message);
+    assert_eq!(t.state.hash(), before);
+}
+
+#[test]
+fn bad_ids_and_wrapped_internal_commands_are_refused() {
+    let mut t = with_sem(1);
+    for id in ["", "has space", &"x".repeat(REQUEST_ID_MAX_BYTES + 1)] {
+        let cmd = once(id, create_ns("m"));
+        assert_eq!(
+            cmd.validate().map_err(|e| e.kind),
+            Err(ErrorKind::InvalidArgument)
+        );
+        let before = t.state.hash();
+        assert!(t.run(cmd).is_err());
+        assert_eq!(t.state.hash(), before);
+    }
+    for inner in [Cmd::Expire, Cmd::ExtendLeases, once("x", create_ns("m"))] {
+        let cmd = once("ok", inner);
+        assert!(cmd.validate().is_err());
+        assert!(t.run(cmd).is_err());
+    }
+    assert!(
+        once(&"a".repeat(REQUEST_ID_MAX_BYTES), create_ns("m"))
+            .validate()
+            .is_ok()
+    );
+}
+
+#[test]
+fn a_refused_command_is_not_remembered() {
+    let mut t = Timeline::new();
+    let cmd = once("sem", create_sem("s", 1));
+    let err = t.run(cmd.clone()).expect_err("no namespace yet");
+    assert_eq!(err.kind, ErrorKind::NotFound);
+    t.ok(create_ns(NS));
+    assert!(matches!(t.ok(cmd), Outcome::Semaphore(_)));
+}
+
+#[test]
+fn a_queued_acquire_repeated_after_its_grant_sees_that_grant() {
+    let mut t = with_sem(1);
+    let a = t.lease("la", 30);
+    let b = t.lease("lb", 30);
+    t.ok(once("a-acq", acquire(&a, 1, 0)));
+    let b_acquire = once("b-acq", acquire(&b, 1, 10 * S));
+    let queued = t.ok(b_acquire.clone());
+    assert!(matches!(status(&queued), AcquireStatus::Queued { .. }));
+    // A repeat while queued re-attaches: still queued, same place.
+    let again = t.ok(b_acquire.clone());
+    assert!(matches!(status(&again), AcquireStatus::Queued { .. }));
+    assert_eq!(t.state.stats().waiters, 1);
+    // The grant comes from someone else's release (without a request id).
+    t.now_ns = S;
+    t.ok(release(&a));
+    let granted = t
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::Granted { token, .. } => Some(*token),
+            _ => None,
+        })
+        .expect("b granted");
+    let Ok(reply) = t.run(b_acquire.clone()) else {
+        panic!("repeat refused")
+    };
+    assert_eq!(status(&reply), AcquireStatus::Acquired { token: granted });
+    t.repeat(b_acquire, &Ok(reply));
+    assert_eq!(t.state.data.last_token, granted, "no second grant");
+}
+
+#[test]
+fn a_queued_acquire_repeated_after_its_wait_ended_runs_again() {
+    let mut t = with_sem(1);
+    let a = t.lease("la", 30);
+    let b = t.lease("lb", 30);
+    t.ok(once("a-acq", acquire(&a, 1, 0)));
+    let b_acquire = once("b-acq", acquire(&b, 1, 2 * S));
+    assert!(matches!(
+        status(&t.ok(b_acquire.clone())),
+        AcquireStatus::Queued { .. }
+    ));
+    t.now_ns = 3 * S;
+    t.ok(Cmd::Expire);
+    assert_eq!(t.state.stats().waiters, 0, "timed out");
+    let again = t.ok(b_acquire.clone());
+    assert!(matches!(status(&again), AcquireStatus::Queued { .. }));
+    assert_eq!(t.state.stats().waiters, 1, "queued again");
+    // Granted this time, and the grant is what a repeat sees.
+    t.ok(release(&a));
+    assert!(matches!(
+        status(&t.ok(b_acquire)),
+        AcquireStatus::Acquired { .. }
+    ));
+}
+
+#[test]
+fn ids_expire_by_the_state_clock() {
+    let mut t = with_sem(1);
+    let cmd = once("lease", create_lease(300));
+    t.now_ns = S;
+    let first = t.run(cmd.clone());
+    t.now_ns = S + REQUEST_RETENTION_NS - 1;
+    assert_eq!(t.run(cmd.clone()), first);
+    assert_eq!(t.state.stats().leases, 1);
+    t.now_ns = S + REQUEST_RETENTION_NS;
+    let second = t.run(cmd);
+    assert_ne!(second, first, "forgotten: the command ran again");
+    assert_eq!(t.state.stats().leases, 2);
+}
+
+#[test]
+fn ids_beyond_the_cap_are_forgotten_oldest_first() {
+    let mut state = State::new();
+    let cmds: Vec<Cmd> = (0..=REQUESTS_REMEMBERED_MAX)
+        .map(|i| once(&format!("r{i}"), Cmd::DeleteNamespace { name: NS.into() }))
+        .collect();
+    let mut events = Vec::new();
+    state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+    state.check_invariants().expect("invariants hold");
+    assert_eq!(state.data.requests.len(), REQUESTS_REMEMBERED_MAX);
+    assert!(state.data.requests.get("r0").is_none());
+    assert!(state.data.requests.get("r1").is_some());
+    assert!(
+        state
+            .data
+            .requests
+            .get(&format!("r{REQUESTS_REMEMBERED_MAX}"))
+            .is_some()
+    );
+}
+
+#[test]
+fn snapshots_keep_the_remembered_ids() {
+    let mut t = with_sem(1);
+    let a = t.lease("la", 30);
+    let b = t.lease("lb", 30);
+    t.ok(once("a-acq", acquire(&a, 1, 0)));
+    let b_acquire = once("b-acq", acquire(&b, 1, 10 * S));
+    t.ok(b_acquire.clone());
+    let bytes = t.state.encode_snapshot().expect("encode");
+    let restored = State::decode_snapshot(&bytes).expect("decode");
+    assert_eq!(restored.hash(), t.state.hash());
+    t.state = restored;
+    // The link from the queued acquire to its waiter survived the round trip.
+    t.ok(release(&a));
+    let reply = t.ok(b_acquire);
+    assert!(matches!(status(&reply), AcquireStatus::Acquired { .. }));
+    let cmd = once("lease", create_lease(30));
+    let first = t.run(cmd.clone());
+    let restored =
+        State::decode_snapshot(&t.state.encode_snapshot().expect("encode")).expect("decode");
+    t.state = restored;
+    t.repeat(cmd, &first);
+}
+
+#[test]
+fn snapshots_written_before_request_ids_still_decode() {
+    let mut t = Timeline::new();
+    t.ok(create_ns(NS));
+    t.ok(create_sem("s", 2));
+    let bytes = t.state.encode_snapshot().expect("encode");
+    // An empty table is two trailing varints (counter 0, no entries); without them the bytes
+    // are what earlier builds wrote.
+    assert_eq!(&bytes[bytes.len() - 2..], &[0, 0]);
+    let old = &bytes[..bytes.len() - 2];
+    let restored = State::decode_snapshot(old).expect("decode the older encoding");
+    assert_eq!(restored.hash(), t.state.hash());
+}
+
+#[test]
+fn an_acquire_retried_with_what_is_left_of_its_wait_is_the_same_request() {
+    let mut t = with_sem(1);
+    let a = t.lease("la", 30);
+    let b = t.lease("lb", 30);
+    t.ok(once("a-acq", acquire(&a, 1, 0)));
+    assert!(matches!(
+        status(&t.ok(once("b-acq", acquire(&b, 1, 10 * S)))),
+        AcquireStatus::Queued { .. }
+    ));
+    t.now_ns = S;
+    t.ok(release(&a));
+    let granted = t.ok(once("b-acq", acquire(&b, 1, 9 * S)));
+    let token = t.state.data.last_token;
+    assert_eq!(status(&granted), AcquireStatus::Acquired { token });
+    t.repeat(once("b-acq", acquire(&b, 1, 3 * S)), &Ok(granted));
+    // A different weight is a different request.
+    let err = t
+        .run(once("b-acq", acquire(&b, 2, 3 * S)))
+        .expect_err("refused");
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+}
