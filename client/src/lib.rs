@@ -58,6 +58,8 @@
 #![warn(missing_docs)]
 
 pub mod acquire;
+#[cfg(feature = "certs")]
+pub mod certs;
 mod backoff;
 pub mod client;
 mod duration;
@@ -65,6 +67,7 @@ mod endpoint;
 mod error;
 pub mod lease;
 pub mod sema;
+mod tls;
 
 pub use acquire::Guard;
 pub use backoff::Backoff;
@@ -72,6 +75,7 @@ pub use client::{CallOptions, Client, ClientConfig, LEADER_METADATA_KEY, Waiters
 pub use duration::format_duration;
 pub use endpoint::{DEFAULT_ENDPOINT, DEFAULT_PORT, EndpointAddr, parse_endpoint, parse_endpoints};
 pub use error::{Error, LeaseLoss, Result};
+pub use tls::ClientTls;
 pub use lease::{Lease, LeaseState, loss_after, refresh_interval};
 
 /// The generated protobuf/gRPC code (`grackle` and `conch` packages), re-exported.

@@ -6,10 +6,13 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
+
+use crate::tls::{Tls, TlsFiles};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7001";
 pub const DEFAULT_DATA_DIR: &str = "conch-data";
@@ -74,6 +77,24 @@ pub struct Flags {
     /// Log filter [default: info,openraft=warn], e.g. debug, or conchd=debug,openraft=info.
     #[arg(long, env = "CONCH_LOG")]
     pub log: Option<String>,
+
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key. Re-read when the file
+    /// changes or on SIGHUP.
+    #[arg(long, env = "CONCH_TLS_CERT", help_heading = "TLS")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "CONCH_TLS_KEY", help_heading = "TLS")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require a client certificate signed by this CA (PEM) on every connection.
+    #[arg(long, env = "CONCH_CLIENT_CA", help_heading = "TLS")]
+    pub client_ca: Option<PathBuf>,
+
+    /// Mutual TLS between nodes: peers must present a node certificate signed by this CA (PEM),
+    /// and this node presents --tls-cert when it dials them. May be the same CA as --client-ca.
+    #[arg(long, env = "CONCH_PEER_CA", help_heading = "TLS")]
+    pub peer_ca: Option<PathBuf>,
 }
 
 const EXAMPLES: &str = "\
@@ -99,6 +120,10 @@ struct FileConfig {
     snapshot_every: Option<u64>,
     leader_wait_ms: Option<u64>,
     log: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    peer_ca: Option<PathBuf>,
 }
 
 /// Validated configuration; read-only once built.
@@ -117,6 +142,8 @@ pub struct Config {
     pub snapshot_every: u64,
     pub leader_wait: Duration,
     pub log: String,
+    /// TLS on the node's port and between nodes; `None` serves plaintext.
+    pub tls: Option<Arc<Tls>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +237,19 @@ impl Config {
             .leader_wait_ms
             .or(file.leader_wait_ms)
             .unwrap_or(3_000);
+        let tls = tls_settings(
+            flags.tls_cert.or(file.tls_cert),
+            flags.tls_key.or(file.tls_key),
+            flags.client_ca.or(file.client_ca),
+            flags.peer_ca.or(file.peer_ca),
+        )?;
+        if tls.as_ref().is_some_and(|t| !t.peer_mtls()) && initial_cluster.len() > 1 {
+            return Err(ConfigError::Invalid(
+                "--tls-cert on a cluster of several nodes needs --peer-ca: nodes dial each other \
+                 over TLS and check each other's certificates against it"
+                    .into(),
+            ));
+        }
         Ok(Config {
             id,
             listen,
@@ -225,8 +265,51 @@ impl Config {
                 .log
                 .or(file.log)
                 .unwrap_or_else(|| DEFAULT_LOG.to_string()),
+            tls,
         })
     }
+}
+
+/// Checks the TLS flags fit together and loads the files (every problem is one line naming the
+/// flag and the file).
+fn tls_settings(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    peer_ca: Option<PathBuf>,
+) -> Result<Option<Arc<Tls>>, ConfigError> {
+    let (cert, key) = match (cert, key) {
+        (Some(cert), Some(key)) => (cert, key),
+        (Some(_), None) => {
+            return Err(ConfigError::Invalid(
+                "--tls-cert needs --tls-key (the certificate's private key)".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::Invalid(
+                "--tls-key needs --tls-cert (the certificate it belongs to)".into(),
+            ));
+        }
+        (None, None) => {
+            for (flag, given) in [("--client-ca", &client_ca), ("--peer-ca", &peer_ca)] {
+                if given.is_some() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{flag} needs --tls-cert and --tls-key: certificates are checked only over TLS"
+                    )));
+                }
+            }
+            return Ok(None);
+        }
+    };
+    let files = TlsFiles {
+        cert,
+        key,
+        client_ca,
+        peer_ca,
+    };
+    Tls::load(files)
+        .map(|tls| Some(Arc::new(tls)))
+        .map_err(|e| ConfigError::Invalid(e.to_string()))
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
