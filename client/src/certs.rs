@@ -179,7 +179,11 @@ fn write(path: &Path, bytes: &str, private: bool) -> Result<(), CertError> {
 
 /// Writes a certificate and key as `<dir>/<stem>.crt` and `<dir>/<stem>.key` (key first, so a
 /// node polling the pair sees the new key no later than the new certificate).
-pub fn write_pair(dir: &Path, stem: &str, issued: &Issued) -> Result<(PathBuf, PathBuf), CertError> {
+pub fn write_pair(
+    dir: &Path,
+    stem: &str,
+    issued: &Issued,
+) -> Result<(PathBuf, PathBuf), CertError> {
     let cert = dir.join(format!("{stem}.crt"));
     let key = dir.join(format!("{stem}.key"));
     write(&key, &issued.key_pem, true)?;
@@ -204,7 +208,11 @@ fn read_ca_key(dir: &Path) -> Result<String, CertError> {
     let path = dir.join(CA_KEY);
     std::fs::read_to_string(&path).map_err(|e| {
         err(
-            &format!("read {} (make a CA first: conch certs init {})", path.display(), dir.display()),
+            &format!(
+                "read {} (make a CA first: conch certs init {})",
+                path.display(),
+                dir.display()
+            ),
             e,
         )
     })

@@ -40,8 +40,8 @@ use tracing::debug;
 use crate::backoff::Backoff;
 use crate::duration::format_duration;
 use crate::endpoint::{EndpointAddr, parse_endpoint};
-use crate::tls::ClientTls;
 use crate::error::{Class, Error, Result, classify};
+use crate::tls::ClientTls;
 
 /// The response metadata key in which conchd names the leader's client address.
 pub const LEADER_METADATA_KEY: &str = "conch-leader";

@@ -58,9 +58,9 @@
 #![warn(missing_docs)]
 
 pub mod acquire;
+mod backoff;
 #[cfg(feature = "certs")]
 pub mod certs;
-mod backoff;
 pub mod client;
 mod duration;
 mod endpoint;
@@ -75,8 +75,8 @@ pub use client::{CallOptions, Client, ClientConfig, LEADER_METADATA_KEY, Waiters
 pub use duration::format_duration;
 pub use endpoint::{DEFAULT_ENDPOINT, DEFAULT_PORT, EndpointAddr, parse_endpoint, parse_endpoints};
 pub use error::{Error, LeaseLoss, Result};
-pub use tls::ClientTls;
 pub use lease::{Lease, LeaseState, loss_after, refresh_interval};
+pub use tls::ClientTls;
 
 /// The generated protobuf/gRPC code (`grackle` and `conch` packages), re-exported.
 pub use conch_proto as proto;

@@ -118,10 +118,21 @@ pub(crate) fn mismatch_hint(message: &str, tls: bool) -> Option<&'static str> {
             || lower.contains("frame with invalid size")
             || lower.contains("connection closed"))
     {
-        return Some("if the node serves TLS, give --cacert (and --cert/--key if it asks for a client certificate)");
+        return Some(
+            "if the node serves TLS, give --cacert (and --cert/--key if it asks for a client certificate)",
+        );
     }
     if tls && (lower.contains("unknownissuer") || lower.contains("invalid peer certificate")) {
         return Some("the node's certificate is not signed by --cacert");
+    }
+    if tls
+        && (lower.contains("broken pipe")
+            || lower.contains("connection reset")
+            || lower.contains("connection closed"))
+    {
+        return Some(
+            "the node closed the connection after the handshake: it may require a client certificate (--cert/--key) signed by its client CA",
+        );
     }
     if tls && lower.contains("certificaterequired") {
         return Some("the node requires a client certificate: give --cert and --key");

@@ -483,4 +483,125 @@ mod tests {
         assert!(err.to_string().contains("line 2"), "{err}");
         assert!(!err.to_string().contains('\n'), "one line: {err}");
     }
+
+    /// A self-signed certificate and its key, written to `dir` as `<stem>.crt`/`<stem>.key`.
+    fn self_signed(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("sign");
+        let (cert_path, key_path) = (
+            dir.join(format!("{stem}.crt")),
+            dir.join(format!("{stem}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        (cert_path, key_path)
+    }
+
+    fn tls_flags(cert: Option<&Path>, key: Option<&Path>) -> Flags {
+        Flags {
+            tls_cert: cert.map(Path::to_path_buf),
+            tls_key: key.map(Path::to_path_buf),
+            ..Flags::default()
+        }
+    }
+
+    #[test]
+    fn tls_settings_are_checked_before_anything_starts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = self_signed(dir.path(), "node");
+        let (_, other_key) = self_signed(dir.path(), "other");
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "hello").expect("write");
+        let missing = dir.path().join("missing.pem");
+
+        let config = Config::from_flags(tls_flags(Some(&cert), Some(&key))).expect("valid");
+        let tls = config.tls.expect("TLS on");
+        assert!(!tls.peer_mtls() && !tls.client_certs_required());
+        assert!(
+            Config::from_flags(Flags::default())
+                .expect("valid")
+                .tls
+                .is_none()
+        );
+
+        let refused = |flags: Flags, expected: &str| {
+            let err = Config::from_flags(flags).expect_err(expected).to_string();
+            assert!(err.contains(expected), "{expected}: {err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        };
+        refused(tls_flags(Some(&cert), None), "--tls-cert needs --tls-key");
+        refused(tls_flags(None, Some(&key)), "--tls-key needs --tls-cert");
+        refused(
+            Flags {
+                client_ca: Some(cert.clone()),
+                ..Flags::default()
+            },
+            "--client-ca needs --tls-cert",
+        );
+        refused(tls_flags(Some(&missing), Some(&key)), "read --tls-cert");
+        refused(tls_flags(Some(&garbage), Some(&key)), "--tls-cert");
+        refused(tls_flags(Some(&cert), Some(&garbage)), "--tls-key");
+        refused(
+            tls_flags(Some(&cert), Some(&other_key)),
+            "does not fit --tls-cert",
+        );
+        refused(
+            Flags {
+                peer_ca: Some(garbage.clone()),
+                ..tls_flags(Some(&cert), Some(&key))
+            },
+            "--peer-ca",
+        );
+        refused(
+            Flags {
+                initial_cluster: Some("1=127.0.0.1:7001,2=127.0.0.1:7002".into()),
+                ..tls_flags(Some(&cert), Some(&key))
+            },
+            "needs --peer-ca",
+        );
+
+        // The same settings from the config file.
+        let file = dir.path().join("conchd.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "tls_cert = {:?}\ntls_key = {:?}\nclient_ca = {:?}\npeer_ca = {:?}\n",
+                cert.display().to_string(),
+                key.display().to_string(),
+                cert.display().to_string(),
+                cert.display().to_string()
+            ),
+        )
+        .expect("write config");
+        let config = Config::from_flags(Flags {
+            config: Some(file),
+            ..Flags::default()
+        })
+        .expect("valid");
+        let tls = config.tls.expect("TLS on");
+        assert!(tls.peer_mtls() && tls.client_certs_required());
+    }
+
+    #[test]
+    fn a_bad_new_certificate_keeps_the_old_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = self_signed(dir.path(), "node");
+        let tls = Tls::load(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: None,
+            peer_ca: None,
+        })
+        .expect("valid");
+        assert!(!tls.reload(false).expect("unchanged"), "nothing changed");
+        std::fs::write(&cert, "broken").expect("write");
+        assert!(tls.reload(true).is_err(), "a broken file is refused");
+        let (new_cert, new_key) = self_signed(dir.path(), "next");
+        std::fs::rename(new_key, &key).expect("rename");
+        std::fs::rename(new_cert, &cert).expect("rename");
+        assert!(tls.reload(true).expect("valid again"));
+    }
 }

@@ -180,7 +180,10 @@ impl ClusterId {
 
     /// Adopts the id a leader's message carries, if this node has none yet.
     pub fn adopt_from(&self, metadata: &MetadataMap) {
-        let Some(theirs) = metadata.get(CLUSTER_ID_HEADER).and_then(|v| v.to_str().ok()) else {
+        let Some(theirs) = metadata
+            .get(CLUSTER_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+        else {
             return;
         };
         match self.adopt(theirs) {

@@ -301,7 +301,13 @@ fn build(files: &TlsFiles) -> Result<Material, TlsError> {
     };
     let mut server = builder
         .with_single_cert(certs.clone(), key.clone_key())
-        .map_err(|e| invalid("--tls-key", &files.key, format!("does not fit --tls-cert: {e}")))?;
+        .map_err(|e| {
+            invalid(
+                "--tls-key",
+                &files.key,
+                format!("does not fit --tls-cert: {e}"),
+            )
+        })?;
     server.alpn_protocols = vec![b"h2".to_vec()];
 
     let peer_client = if files.peer_ca.is_some() {
@@ -310,7 +316,13 @@ fn build(files: &TlsFiles) -> Result<Material, TlsError> {
             .map_err(config_err)?
             .with_root_certificates(peer_roots)
             .with_client_auth_cert(certs, key)
-            .map_err(|e| invalid("--tls-key", &files.key, format!("does not fit --tls-cert: {e}")))?;
+            .map_err(|e| {
+                invalid(
+                    "--tls-key",
+                    &files.key,
+                    format!("does not fit --tls-cert: {e}"),
+                )
+            })?;
         client.alpn_protocols = vec![b"h2".to_vec()];
         Some(Arc::new(client))
     } else {
@@ -349,7 +361,9 @@ pub async fn watch(tls: Arc<Tls>) {
         match tls.reload(force) {
             Ok(true) => tracing::info!("TLS certificates reloaded"),
             Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "new TLS files refused; the previous certificates stay in use"),
+            Err(e) => {
+                tracing::warn!(error = %e, "new TLS files refused; the previous certificates stay in use")
+            }
         }
     }
 }
@@ -405,8 +419,12 @@ pub struct PeerConnector {
     tls: Arc<Tls>,
 }
 
-type Connecting =
-    Pin<Box<dyn Future<Output = std::io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>> + Send>>;
+type Connecting = Pin<
+    Box<
+        dyn Future<Output = std::io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>>
+            + Send,
+    >,
+>;
 
 impl tower::Service<Uri> for PeerConnector {
     type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;

@@ -95,10 +95,14 @@ pub async fn serve(
         .add_service(peer);
     if let Some(tls) = &node.config.tls {
         let incoming = crate::tls::incoming(listener, Arc::clone(tls));
-        return router.serve_with_incoming_shutdown(incoming, shutdown).await;
+        return router
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await;
     }
     // Accepted sockets get TCP_NODELAY here: with a custom listener tonic ignores
     // `Server::tcp_nodelay`, and Nagle's algorithm with delayed ACKs stalls replies by ~40 ms.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    router.serve_with_incoming_shutdown(incoming, shutdown).await
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
 }

@@ -75,15 +75,33 @@ pub struct Cli {
     pub verbose: u8,
 
     /// Speak TLS to every endpoint, checking the nodes' certificates against this CA (PEM).
-    #[arg(long, global = true, env = "CONCH_CACERT", value_name = "FILE", help_heading = "TLS")]
+    #[arg(
+        long,
+        global = true,
+        env = "CONCH_CACERT",
+        value_name = "FILE",
+        help_heading = "TLS"
+    )]
     pub cacert: Option<PathBuf>,
 
     /// Client certificate (PEM) for nodes that require one (--client-ca); needs --key.
-    #[arg(long, global = true, env = "CONCH_CERT", value_name = "FILE", help_heading = "TLS")]
+    #[arg(
+        long,
+        global = true,
+        env = "CONCH_CERT",
+        value_name = "FILE",
+        help_heading = "TLS"
+    )]
     pub cert: Option<PathBuf>,
 
     /// Private key (PEM) of --cert.
-    #[arg(long, global = true, env = "CONCH_KEY", value_name = "FILE", help_heading = "TLS")]
+    #[arg(
+        long,
+        global = true,
+        env = "CONCH_KEY",
+        value_name = "FILE",
+        help_heading = "TLS"
+    )]
     pub key: Option<PathBuf>,
 
     #[command(subcommand)]

@@ -452,10 +452,7 @@ mod tests {
                 "-     127.0.0.1:7003  unreachable: connection refused",
             ]
         );
-        assert_eq!(
-            cluster_id_line(&rows).as_deref(),
-            Some("cluster id: none")
-        );
+        assert_eq!(cluster_id_line(&rows).as_deref(), Some("cluster id: none"));
         assert_eq!(exit_code(&rows), ExitCode::from(1));
         assert_eq!(exit_code(&rows[..2]), ExitCode::SUCCESS);
         assert_eq!(exit_code(&rows[2..]), ExitCode::from(exit::UNAVAILABLE));
