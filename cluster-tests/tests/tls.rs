@@ -264,7 +264,7 @@ async fn certificate_rotation_under_load_loses_no_request() -> anyhow::Result<()
             let mut grackle = cluster.grackle(ids[0]).await?;
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) && i < 100_000 {
-                if i % 5 == 0 {
+                if i.is_multiple_of(5) {
                     grackle = cluster.grackle(ids[(i / 5) % ids.len()]).await?;
                 }
                 let r = ops::acquire(&mut grackle, "rot", "s", &lease, 1, 0).await?;
