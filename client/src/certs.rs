@@ -229,3 +229,46 @@ pub fn write_client(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf), CertEr
     let issued = client_cert(&read_ca_key(dir)?, name)?;
     write_pair(dir, &format!("client-{name}"), &issued)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_gets_one_ca_and_certificates_issued_by_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = dir.path().join("certs");
+        let missing = write_node(&ca, 1, &["127.0.0.1".into()]).expect_err("no CA yet");
+        assert!(
+            missing.to_string().contains("conch certs init"),
+            "{missing}"
+        );
+        init(&ca).expect("init");
+        let again = init(&ca).expect_err("a second CA");
+        assert!(again.to_string().contains("already holds a CA"), "{again}");
+
+        let (cert, key) = write_node(&ca, 1, &["127.0.0.1".into(), "node1".into()]).expect("node");
+        assert!(
+            std::fs::read_to_string(cert)
+                .expect("cert")
+                .contains("BEGIN CERTIFICATE")
+        );
+        assert!(
+            std::fs::read_to_string(&key)
+                .expect("key")
+                .contains("PRIVATE KEY")
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&key).expect("key").permissions().mode();
+            assert_eq!(mode & 0o077, 0, "the key is private: {mode:o}");
+        }
+        assert!(
+            write_node(&ca, 2, &[]).is_err(),
+            "a node certificate needs a host"
+        );
+        write_client(&ca, "ops").expect("client");
+        assert!(write_client(&ca, "a b").is_err(), "names are checked");
+    }
+}
