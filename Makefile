@@ -2,15 +2,17 @@
 CARGO ?= cargo
 CLUSTER_DIR ?= $(CURDIR)/.cluster
 
-.PHONY: help build release test test-unit run cluster cluster-stop fmt lint bench jepsen proptest clean
+.PHONY: help build release test test-unit run cluster cluster-secure cluster-stop fmt lint bench jepsen proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
 	@echo "make cluster       start a local 3-node cluster on 127.0.0.1:7001-7003 in the background"
-	@echo "make cluster-stop  stop the nodes started by make cluster"
+	@echo "make cluster-secure  the same with TLS, client certificates and peer mutual TLS"
+	@echo "make cluster-stop  stop the nodes started by make cluster(-secure)"
 	@echo "make test          build everything and run every test (unit, property, process-level)"
 	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
 	@echo "make jepsen DURATION=60 NODES=3   fault injection soak with the safety checker"
+	@echo "make bench TLS=1 / make jepsen TLS=1   the same with TLS + peer mutual TLS"
 	@echo "make proptest CASES=5000           longer property runs of the state machine"
 	@echo "make build|release|fmt|lint"
 
@@ -40,6 +42,9 @@ run:
 cluster: release
 	@scripts/cluster.sh start "$(CLUSTER_DIR)"
 
+cluster-secure: release
+	@scripts/cluster.sh start-secure "$(CLUSTER_DIR)"
+
 cluster-stop:
 	@scripts/cluster.sh stop "$(CLUSTER_DIR)"
 
@@ -52,11 +57,11 @@ lint:
 
 bench:
 	$(CARGO) build --release -p conchd -p cluster-tests --bins
-	target/release/conch-bench
+	target/release/conch-bench $(if $(TLS),--tls)
 
 jepsen:
 	$(CARGO) build -p conchd -p cluster-tests --bins
-	target/debug/conch-jepsen --duration $(or $(DURATION),60) --nodes $(or $(NODES),3)
+	target/debug/conch-jepsen --duration $(or $(DURATION),60) --nodes $(or $(NODES),3) $(if $(TLS),--tls)
 
 # Longer property runs of the state machine: random command histories, invalid input included.
 proptest:

@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
 # Starts or stops a local 3-node conch cluster on 127.0.0.1:7001-7003.
-#   scripts/cluster.sh start DIR   data, logs and pids under DIR
-#   scripts/cluster.sh stop DIR    stops exactly the processes recorded in DIR/pids
+#   scripts/cluster.sh start DIR          data, logs and pids under DIR
+#   scripts/cluster.sh start-secure DIR   the same with TLS, client certificates and peer mutual
+#                                         TLS; certificates made under DIR/certs if absent
+#   scripts/cluster.sh stop DIR           stops exactly the processes recorded in DIR/pids
 set -euo pipefail
 cmd=${1:-}
 dir=${2:-$(pwd)/.cluster}
 bin=${CONCHD_BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release/conchd}
+conch=${CONCH_BIN:-$(dirname "$bin")/conch}
 members="1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003"
 
+if [ "$cmd" = start-secure ]; then
+  certs="$dir/certs"
+  if [ ! -s "$certs/ca.crt" ]; then
+    "$conch" certs init "$certs" >/dev/null
+  fi
+  for id in 1 2 3; do
+    [ -s "$certs/node$id.crt" ] || "$conch" certs node "$certs" --id "$id" --host 127.0.0.1 --host localhost >/dev/null
+  done
+  [ -s "$certs/client-admin.crt" ] || "$conch" certs client "$certs" --name admin >/dev/null
+fi
+
 case "$cmd" in
-start)
+start | start-secure)
   mkdir -p "$dir"
   if [ -s "$dir/pids" ]; then
     echo "cluster: $dir/pids exists; run 'make cluster-stop' first" >&2
     exit 1
   fi
   for id in 1 2 3; do
+    extra=()
+    if [ "$cmd" = start-secure ]; then
+      extra=(--tls-cert "$certs/node$id.crt" --tls-key "$certs/node$id.key"
+        --client-ca "$certs/ca.crt" --peer-ca "$certs/ca.crt")
+    fi
     "$bin" --id "$id" --listen "127.0.0.1:700$id" --data-dir "$dir/node$id" \
-      --initial-cluster "$members" >>"$dir/node$id.log" 2>&1 &
+      --initial-cluster "$members" ${extra[@]+"${extra[@]}"} >>"$dir/node$id.log" 2>&1 &
     echo "$!" >>"$dir/pids"
   done
   sleep 0.3
@@ -30,7 +49,15 @@ start)
   done
   echo "cluster: 3 nodes on 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
   echo "cluster: data and logs in $dir"
-  echo "cluster: try  CONCH_ENDPOINTS=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 conch cluster status"
+  if [ "$cmd" = start-secure ]; then
+    echo "cluster: TLS with client certificates and peer mutual TLS; certificates in $certs"
+    echo "cluster: try  export CONCH_ENDPOINTS=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+    echo "              export CONCH_CACERT=$certs/ca.crt"
+    echo "              export CONCH_CERT=$certs/client-admin.crt CONCH_KEY=$certs/client-admin.key"
+    echo "              conch cluster status"
+  else
+    echo "cluster: try  CONCH_ENDPOINTS=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 conch cluster status"
+  fi
   ;;
 stop)
   if [ ! -s "$dir/pids" ]; then
@@ -53,7 +80,7 @@ stop)
   echo "cluster: stopped (data kept in $dir)"
   ;;
 *)
-  echo "usage: $0 start|stop [DIR]" >&2
+  echo "usage: $0 start|start-secure|stop [DIR]" >&2
   exit 64
   ;;
 esac

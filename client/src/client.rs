@@ -44,6 +44,7 @@ use crate::duration::format_duration;
 use crate::endpoint::{EndpointAddr, parse_endpoint};
 use crate::error::{Class, Error, Result, classify};
 use crate::request_id::{new_request_id, request_with_id};
+use crate::tls::ClientTls;
 
 /// The response metadata key in which conchd names the leader's client address.
 pub const LEADER_METADATA_KEY: &str = "conch-leader";
@@ -76,6 +77,8 @@ pub struct ClientConfig {
     /// Extra time an acquire RPC may take beyond its server-side wait before the client gives
     /// up on it (forwarding, commit).
     pub acquire_slack: Duration,
+    /// TLS to every endpoint; `None` dials in plaintext.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for ClientConfig {
@@ -89,6 +92,7 @@ impl Default for ClientConfig {
             acquire_rpc_wait: Duration::from_secs(30),
             reattach_margin: Duration::from_secs(5),
             acquire_slack: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -372,7 +376,7 @@ impl Client {
                     debug!(op, addr, error = %describe_status(&status), "transport failure");
                     self.mark_down(idx);
                     Attempt::Retry {
-                        error: describe_status(&status),
+                        error: transport_error(&status, self.inner.config.tls.is_some()),
                         reached: false,
                     }
                 }
@@ -828,7 +832,7 @@ impl Client {
                 Class::Transport | Class::NodeUnavailable => Err(Error::Unavailable {
                     op: OP,
                     endpoints: vec![ep.addr.clone()],
-                    last: describe_status(&status),
+                    last: transport_error(&status, self.inner.config.tls.is_some()),
                 }),
                 Class::Final => Err(Error::from_status(OP, status)),
             },
@@ -874,10 +878,17 @@ pub(crate) fn missing(op: &'static str, field: &str) -> Error {
 }
 
 fn make_channel(ep: &EndpointAddr, config: &ClientConfig) -> Result<Channel> {
-    let endpoint = Endpoint::from_shared(ep.uri.clone()).map_err(|e| Error::InvalidEndpoint {
+    let bad = |e: tonic::transport::Error| Error::InvalidEndpoint {
         endpoint: ep.addr.clone(),
         reason: e.to_string(),
-    })?;
+    };
+    let endpoint = match &config.tls {
+        Some(tls) => Endpoint::from_shared(format!("https://{}", ep.addr))
+            .map_err(bad)?
+            .tls_config(tls.tonic_config())
+            .map_err(bad)?,
+        None => Endpoint::from_shared(ep.uri.clone()).map_err(bad)?,
+    };
     Ok(endpoint
         .connect_timeout(config.connect_timeout)
         .tcp_nodelay(true)
@@ -890,6 +901,16 @@ fn make_channel(ep: &EndpointAddr, config: &ClientConfig) -> Result<Channel> {
 /// A channel to nowhere, for the impossible case of a client without nodes.
 fn unreachable_channel() -> Channel {
     Endpoint::from_static("http://127.0.0.1:1").connect_lazy()
+}
+
+/// A transport failure as one line, with a hint when it looks like a TLS/plaintext mismatch or
+/// a certificate problem.
+fn transport_error(status: &Status, tls: bool) -> String {
+    let text = describe_status(status);
+    match crate::tls::mismatch_hint(&text, tls) {
+        Some(hint) => format!("{text} ({hint})"),
+        None => text,
+    }
 }
 
 /// A status as one line, with the transport cause that tonic keeps in `source` (e.g.

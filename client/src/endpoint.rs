@@ -20,8 +20,8 @@ pub struct EndpointAddr {
 /// Parses one endpoint.
 ///
 /// Accepts `host:port`, `[::1]:port`, `http://host:port` (a trailing `/` is ignored) and a bare
-/// `host`, which gets port [`DEFAULT_PORT`]. `https://` is refused: this client does not speak
-/// TLS yet.
+/// `host`, which gets port [`DEFAULT_PORT`]. `https://` is refused: TLS is not chosen per
+/// endpoint but for all of them, with [`ClientConfig::tls`](crate::ClientConfig::tls).
 ///
 /// ```
 /// use conch_client::parse_endpoint;
@@ -41,7 +41,7 @@ pub fn parse_endpoint(input: &str) -> Result<EndpointAddr> {
         s = rest;
     } else if s.starts_with("https://") {
         return Err(bad(
-            "TLS endpoints are not supported by this client yet; use host:port",
+            "give host:port; TLS is chosen for every endpoint at once (--cacert, ClientConfig::tls)",
         ));
     } else if s.contains("://") {
         return Err(bad("only http:// or host:port endpoints are supported"));

@@ -141,6 +141,13 @@ pub enum Error {
         /// The status as received.
         status: Box<Status>,
     },
+    /// TLS settings that cannot be used (an unreadable or invalid file, a certificate without
+    /// its key); the message names the option and the file.
+    #[error("TLS settings: {what}")]
+    InvalidTls {
+        /// What is wrong.
+        what: String,
+    },
 }
 
 impl Error {
@@ -171,9 +178,10 @@ impl Error {
             Error::ResourceExhausted { .. } => Some(Code::ResourceExhausted),
             Error::Timeout { .. } => Some(Code::DeadlineExceeded),
             Error::Other { status, .. } => Some(status.code()),
-            Error::LeaseLost { .. } | Error::InvalidEndpoint { .. } | Error::Protocol { .. } => {
-                None
-            }
+            Error::LeaseLost { .. }
+            | Error::InvalidEndpoint { .. }
+            | Error::Protocol { .. }
+            | Error::InvalidTls { .. } => None,
         }
     }
 

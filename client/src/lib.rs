@@ -59,6 +59,8 @@
 
 pub mod acquire;
 mod backoff;
+#[cfg(feature = "certs")]
+pub mod certs;
 pub mod client;
 mod duration;
 mod endpoint;
@@ -66,6 +68,7 @@ mod error;
 pub mod lease;
 pub mod request_id;
 pub mod sema;
+mod tls;
 
 pub use acquire::Guard;
 pub use backoff::Backoff;
@@ -75,6 +78,7 @@ pub use endpoint::{DEFAULT_ENDPOINT, DEFAULT_PORT, EndpointAddr, parse_endpoint,
 pub use error::{Error, LeaseLoss, Result};
 pub use lease::{Lease, LeaseState, loss_after, refresh_interval};
 pub use request_id::{REQUEST_ID_METADATA_KEY, new_request_id, request_with_id};
+pub use tls::ClientTls;
 
 /// The generated protobuf/gRPC code (`grackle` and `conch` packages), re-exported.
 pub use conch_proto as proto;

@@ -22,6 +22,7 @@ use nix::sys::signal::Signal;
 use tonic::transport::Channel;
 
 use crate::net::{channel, lazy_channel};
+use crate::pki::{HARNESS_CLIENT, Pki};
 use crate::{conchd_command, free_port, send_signal, wait_for};
 
 pub struct NodeProc {
@@ -51,6 +52,8 @@ pub struct Cluster {
     channels: BTreeMap<u64, Channel>,
     dir: Option<tempfile::TempDir>,
     kept: Option<PathBuf>,
+    /// The certificates of a TLS cluster (TLS, client certificates, peer mutual TLS).
+    pub pki: Option<Pki>,
 }
 
 impl Cluster {
@@ -65,10 +68,15 @@ impl Cluster {
     /// take one in between; a node that exits at startup makes the whole start try again with
     /// new ports.
     pub async fn start_with(n: u64, extra_args: &[&str]) -> anyhow::Result<Cluster> {
+        Self::start_opts(n, extra_args, false).await
+    }
+
+    /// Like [`Cluster::start_with`]; with `tls`, a TLS cluster (see [`Cluster::launch_opts`]).
+    pub async fn start_opts(n: u64, extra_args: &[&str], tls: bool) -> anyhow::Result<Cluster> {
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         let mut attempt = 1;
         loop {
-            let mut cluster = Self::launch(n, &extra_args, false).await?;
+            let mut cluster = Self::launch_opts(n, &extra_args, false, tls).await?;
             let started = cluster.wait_for_leader(Duration::from_secs(20)).await;
             let exited = cluster.exited_nodes();
             match (started, exited.is_empty()) {
@@ -92,10 +100,31 @@ impl Cluster {
     /// dial each other directly (partitions then have no effect), e.g. to tell a proxy
     /// problem from a daemon problem.
     pub async fn launch(n: u64, extra_args: &[String], proxied: bool) -> anyhow::Result<Cluster> {
+        Self::launch_opts(n, extra_args, proxied, false).await
+    }
+
+    /// Like [`Cluster::launch`]; with `tls`, certificates are made in the cluster's directory
+    /// (`pki/`) and every node serves TLS, requires client certificates and speaks mutual TLS
+    /// to its peers; every harness channel to the nodes then uses TLS.
+    pub async fn launch_opts(
+        n: u64,
+        extra_args: &[String],
+        proxied: bool,
+        tls: bool,
+    ) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new()
             .prefix("conch-cluster-")
             .tempdir()
             .context("tempdir")?;
+        let pki = if tls {
+            let pki = Pki::create(&dir.path().join("pki"))?;
+            for id in 1..=n {
+                pki.node(id)?;
+            }
+            Some(pki)
+        } else {
+            None
+        };
         let ids: Vec<u64> = (1..=n).collect();
         let addrs: BTreeMap<u64, String> = ids
             .iter()
@@ -143,6 +172,10 @@ impl Cluster {
                 args.extend(["--peer-routes".into(), routes]);
             }
             args.extend(extra_args.iter().cloned());
+            if let Some(pki) = &pki {
+                args.extend(pki.node_args(id));
+                crate::pki::register(&addrs[&id], pki.client_tls(HARNESS_CLIENT)?);
+            }
             channels.insert(id, lazy_channel(&addrs[&id])?);
             nodes.insert(
                 id,
@@ -163,6 +196,7 @@ impl Cluster {
             channels,
             dir: Some(dir),
             kept: None,
+            pki,
         };
         for id in ids {
             cluster.spawn(id)?;
@@ -464,6 +498,9 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         for id in self.ids() {
             self.kill(id);
+            if self.pki.is_some() {
+                crate::pki::unregister(&self.addr(id));
+            }
         }
         // Proxies abort their tasks when dropped with the map.
     }

@@ -19,6 +19,7 @@ pub mod daemon;
 pub mod jepsen;
 pub mod net;
 pub mod ops;
+pub mod pki;
 pub mod rng;
 
 use std::future::Future;

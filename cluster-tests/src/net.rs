@@ -23,13 +23,19 @@ pub const LEADER_HEADER: &str = "conch-leader";
 
 pub type Grackle = GrackleApiClient<Channel>;
 
-/// The one endpoint builder: `addr` (host:port) over plain HTTP/2, no Nagle delay, connecting
-/// within `connect_timeout`.
+/// The one endpoint builder: `addr` (host:port) over plain HTTP/2 (or TLS, for a node of a TLS
+/// cluster: see [`crate::pki`]), no Nagle delay, connecting within `connect_timeout`.
 fn endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, Status> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| Status::invalid_argument(format!("bad endpoint {addr}: {e}")))?
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true))
+    let bad =
+        |e: tonic::transport::Error| Status::invalid_argument(format!("bad endpoint {addr}: {e}"));
+    let endpoint = match crate::pki::lookup(addr) {
+        Some(tls) => Endpoint::from_shared(format!("https://{addr}"))
+            .map_err(bad)?
+            .tls_config(tls)
+            .map_err(bad)?,
+        None => Endpoint::from_shared(format!("http://{addr}")).map_err(bad)?,
+    };
+    Ok(endpoint.connect_timeout(connect_timeout).tcp_nodelay(true))
 }
 
 /// Opens a channel to `addr`, failing within `connect_timeout` when nothing listens there.

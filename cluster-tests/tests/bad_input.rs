@@ -50,19 +50,24 @@ async fn oversized_and_malformed_messages_are_refused_and_the_node_keeps_serving
         "{status:?}"
     );
 
-    // A peer message that does not decode.
+    // A peer message that does not decode (from this cluster: a message without the cluster's
+    // id is refused before it is read).
+    let cluster_id = cluster.status(leader).await?.cluster_id;
+    let from_cluster = |payload: Vec<u8>| {
+        let mut request = tonic::Request::new(PeerMessage { payload });
+        if let Ok(id) = cluster_id.parse() {
+            request.metadata_mut().insert("conch-cluster-id", id);
+        }
+        request
+    };
     let mut peer = ConchPeerClient::new(channel(&cluster.addr(leader)).await?);
     let status = peer
-        .propose(PeerMessage {
-            payload: vec![0xde, 0xad, 0xbe, 0xef, 1, 2, 3],
-        })
+        .propose(from_cluster(vec![0xde, 0xad, 0xbe, 0xef, 1, 2, 3]))
         .await
         .expect_err("malformed peer message");
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     let status = peer
-        .append_entries(PeerMessage {
-            payload: vec![7; 64],
-        })
+        .append_entries(from_cluster(vec![7; 64]))
         .await
         .expect_err("malformed append");
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");

@@ -6,10 +6,13 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
+
+use crate::tls::{Tls, TlsFiles};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7001";
 pub const DEFAULT_DATA_DIR: &str = "conch-data";
@@ -74,6 +77,24 @@ pub struct Flags {
     /// Log filter [default: info,openraft=warn], e.g. debug, or conchd=debug,openraft=info.
     #[arg(long, env = "CONCH_LOG")]
     pub log: Option<String>,
+
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key. Re-read when the file
+    /// changes or on SIGHUP.
+    #[arg(long, env = "CONCH_TLS_CERT", help_heading = "TLS")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "CONCH_TLS_KEY", help_heading = "TLS")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require a client certificate signed by this CA (PEM) on every connection.
+    #[arg(long, env = "CONCH_CLIENT_CA", help_heading = "TLS")]
+    pub client_ca: Option<PathBuf>,
+
+    /// Mutual TLS between nodes: peers must present a node certificate signed by this CA (PEM),
+    /// and this node presents --tls-cert when it dials them. May be the same CA as --client-ca.
+    #[arg(long, env = "CONCH_PEER_CA", help_heading = "TLS")]
+    pub peer_ca: Option<PathBuf>,
 }
 
 const EXAMPLES: &str = "\
@@ -99,6 +120,10 @@ struct FileConfig {
     snapshot_every: Option<u64>,
     leader_wait_ms: Option<u64>,
     log: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    peer_ca: Option<PathBuf>,
 }
 
 /// Validated configuration; read-only once built.
@@ -117,6 +142,8 @@ pub struct Config {
     pub snapshot_every: u64,
     pub leader_wait: Duration,
     pub log: String,
+    /// TLS on the node's port and between nodes; `None` serves plaintext.
+    pub tls: Option<Arc<Tls>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +237,19 @@ impl Config {
             .leader_wait_ms
             .or(file.leader_wait_ms)
             .unwrap_or(3_000);
+        let tls = tls_settings(
+            flags.tls_cert.or(file.tls_cert),
+            flags.tls_key.or(file.tls_key),
+            flags.client_ca.or(file.client_ca),
+            flags.peer_ca.or(file.peer_ca),
+        )?;
+        if tls.as_ref().is_some_and(|t| !t.peer_mtls()) && initial_cluster.len() > 1 {
+            return Err(ConfigError::Invalid(
+                "--tls-cert on a cluster of several nodes needs --peer-ca: nodes dial each other \
+                 over TLS and check each other's certificates against it"
+                    .into(),
+            ));
+        }
         Ok(Config {
             id,
             listen,
@@ -225,8 +265,51 @@ impl Config {
                 .log
                 .or(file.log)
                 .unwrap_or_else(|| DEFAULT_LOG.to_string()),
+            tls,
         })
     }
+}
+
+/// Checks the TLS flags fit together and loads the files (every problem is one line naming the
+/// flag and the file).
+fn tls_settings(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    peer_ca: Option<PathBuf>,
+) -> Result<Option<Arc<Tls>>, ConfigError> {
+    let (cert, key) = match (cert, key) {
+        (Some(cert), Some(key)) => (cert, key),
+        (Some(_), None) => {
+            return Err(ConfigError::Invalid(
+                "--tls-cert needs --tls-key (the certificate's private key)".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::Invalid(
+                "--tls-key needs --tls-cert (the certificate it belongs to)".into(),
+            ));
+        }
+        (None, None) => {
+            for (flag, given) in [("--client-ca", &client_ca), ("--peer-ca", &peer_ca)] {
+                if given.is_some() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{flag} needs --tls-cert and --tls-key: certificates are checked only over TLS"
+                    )));
+                }
+            }
+            return Ok(None);
+        }
+    };
+    let files = TlsFiles {
+        cert,
+        key,
+        client_ca,
+        peer_ca,
+    };
+    Tls::load(files)
+        .map(|tls| Some(Arc::new(tls)))
+        .map_err(|e| ConfigError::Invalid(e.to_string()))
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -399,5 +482,126 @@ mod tests {
         .expect_err("a string for a number");
         assert!(err.to_string().contains("line 2"), "{err}");
         assert!(!err.to_string().contains('\n'), "one line: {err}");
+    }
+
+    /// A self-signed certificate and its key, written to `dir` as `<stem>.crt`/`<stem>.key`.
+    fn self_signed(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("sign");
+        let (cert_path, key_path) = (
+            dir.join(format!("{stem}.crt")),
+            dir.join(format!("{stem}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        (cert_path, key_path)
+    }
+
+    fn tls_flags(cert: Option<&Path>, key: Option<&Path>) -> Flags {
+        Flags {
+            tls_cert: cert.map(Path::to_path_buf),
+            tls_key: key.map(Path::to_path_buf),
+            ..Flags::default()
+        }
+    }
+
+    #[test]
+    fn tls_settings_are_checked_before_anything_starts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = self_signed(dir.path(), "node");
+        let (_, other_key) = self_signed(dir.path(), "other");
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "hello").expect("write");
+        let missing = dir.path().join("missing.pem");
+
+        let config = Config::from_flags(tls_flags(Some(&cert), Some(&key))).expect("valid");
+        let tls = config.tls.expect("TLS on");
+        assert!(!tls.peer_mtls() && !tls.client_certs_required());
+        assert!(
+            Config::from_flags(Flags::default())
+                .expect("valid")
+                .tls
+                .is_none()
+        );
+
+        let refused = |flags: Flags, expected: &str| {
+            let err = Config::from_flags(flags).expect_err(expected).to_string();
+            assert!(err.contains(expected), "{expected}: {err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        };
+        refused(tls_flags(Some(&cert), None), "--tls-cert needs --tls-key");
+        refused(tls_flags(None, Some(&key)), "--tls-key needs --tls-cert");
+        refused(
+            Flags {
+                client_ca: Some(cert.clone()),
+                ..Flags::default()
+            },
+            "--client-ca needs --tls-cert",
+        );
+        refused(tls_flags(Some(&missing), Some(&key)), "read --tls-cert");
+        refused(tls_flags(Some(&garbage), Some(&key)), "--tls-cert");
+        refused(tls_flags(Some(&cert), Some(&garbage)), "--tls-key");
+        refused(
+            tls_flags(Some(&cert), Some(&other_key)),
+            "does not fit --tls-cert",
+        );
+        refused(
+            Flags {
+                peer_ca: Some(garbage.clone()),
+                ..tls_flags(Some(&cert), Some(&key))
+            },
+            "--peer-ca",
+        );
+        refused(
+            Flags {
+                initial_cluster: Some("1=127.0.0.1:7001,2=127.0.0.1:7002".into()),
+                ..tls_flags(Some(&cert), Some(&key))
+            },
+            "needs --peer-ca",
+        );
+
+        // The same settings from the config file.
+        let file = dir.path().join("conchd.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "tls_cert = {:?}\ntls_key = {:?}\nclient_ca = {:?}\npeer_ca = {:?}\n",
+                cert.display().to_string(),
+                key.display().to_string(),
+                cert.display().to_string(),
+                cert.display().to_string()
+            ),
+        )
+        .expect("write config");
+        let config = Config::from_flags(Flags {
+            config: Some(file),
+            ..Flags::default()
+        })
+        .expect("valid");
+        let tls = config.tls.expect("TLS on");
+        assert!(tls.peer_mtls() && tls.client_certs_required());
+    }
+
+    #[test]
+    fn a_bad_new_certificate_keeps_the_old_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = self_signed(dir.path(), "node");
+        let tls = Tls::load(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: None,
+            peer_ca: None,
+        })
+        .expect("valid");
+        assert!(!tls.reload(false).expect("unchanged"), "nothing changed");
+        std::fs::write(&cert, "broken").expect("write");
+        assert!(tls.reload(true).is_err(), "a broken file is refused");
+        let (new_cert, new_key) = self_signed(dir.path(), "next");
+        std::fs::rename(new_key, &key).expect("rename");
+        std::fs::rename(new_cert, &cert).expect("rename");
+        assert!(tls.reload(true).expect("valid again"));
     }
 }

@@ -25,11 +25,11 @@ use conch_proto::conch::conch_peer_client::ConchPeerClient;
 use openraft::ServerState;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
-use tonic::transport::Channel;
 
 use crate::applied::AppliedState;
 use crate::config::Config;
-use crate::raft::network::{decode, encode, peer_channel, peer_client};
+use crate::identity::ClusterId;
+use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, peer_client};
 use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Cmd, Reply};
 
@@ -75,8 +75,11 @@ pub struct Node {
     proposals: mpsc::Sender<Proposal>,
     reads: mpsc::Sender<oneshot::Sender<Result<u64, NodeError>>>,
     /// Channels to other nodes, by the address dialed.
-    peers: Mutex<HashMap<String, Channel>>,
+    peers: Mutex<HashMap<String, PeerChannel>>,
     extension: TermExtension,
+    /// This node's cluster id (see `identity.rs`).
+    pub cluster_id: Arc<ClusterId>,
+    dialer: PeerDialer,
 }
 
 /// The one record of "a new term's first batch extends every lease": the term in which this
@@ -108,7 +111,13 @@ pub fn now_ns() -> i64 {
 
 impl Node {
     /// Starts the proposer and read-index tasks for `raft`.
-    pub fn start(config: Arc<Config>, raft: Raft, applied: Arc<AppliedState>) -> Arc<Node> {
+    pub fn start(
+        config: Arc<Config>,
+        raft: Raft,
+        applied: Arc<AppliedState>,
+        cluster_id: Arc<ClusterId>,
+    ) -> Arc<Node> {
+        let dialer = PeerDialer::new(config.tls.clone(), Arc::clone(&cluster_id));
         let (proposals, proposal_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (reads, read_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let node = Arc::new(Node {
@@ -120,6 +129,8 @@ impl Node {
             reads,
             peers: Mutex::new(HashMap::new()),
             extension: TermExtension::default(),
+            cluster_id,
+            dialer,
         });
         tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
         tokio::spawn(Arc::clone(&node).run_read_index(read_rx));
@@ -246,7 +257,7 @@ impl Node {
     /// The channel to node `id` (advertised at `addr`), dialed at its `--peer-routes` address
     /// if it has one. Channels are cached per address and shared by every call to that node:
     /// forwarded writes and reads, and forwarded admin calls.
-    fn channel_to(&self, id: NodeId, addr: &str) -> Result<Channel, NodeError> {
+    fn channel_to(&self, id: NodeId, addr: &str) -> Result<PeerChannel, NodeError> {
         let addr = self
             .config
             .peer_routes
@@ -256,24 +267,30 @@ impl Node {
         if let Some(channel) = channels.get(addr) {
             return Ok(channel.clone());
         }
-        let channel = peer_channel(addr, PEER_CONNECT_TIMEOUT)
+        let channel = self
+            .dialer
+            .channel(addr, PEER_CONNECT_TIMEOUT)
             .map_err(|e| NodeError::Unavailable(format!("connect to node {id} at {addr}: {e}")))?;
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
 
-    fn peer(&self, leader: &LeaderInfo) -> Result<ConchPeerClient<Channel>, NodeError> {
+    fn peer(&self, leader: &LeaderInfo) -> Result<ConchPeerClient<PeerChannel>, NodeError> {
         self.channel_to(leader.id, &leader.addr).map(peer_client)
     }
 
     /// The admin service of node `id` (advertised at `addr`), over the shared peer channel.
-    pub fn admin_of(&self, id: NodeId, addr: &str) -> Result<ConchAdminClient<Channel>, NodeError> {
+    pub fn admin_of(
+        &self,
+        id: NodeId,
+        addr: &str,
+    ) -> Result<ConchAdminClient<PeerChannel>, NodeError> {
         self.channel_to(id, addr).map(ConchAdminClient::new)
     }
 
     /// The leader's admin service when another node leads (membership changes must be made
     /// there), or `None` when this node does. Waits for a leader like a write does.
-    pub async fn leader_admin(&self) -> Result<Option<ConchAdminClient<Channel>>, NodeError> {
+    pub async fn leader_admin(&self) -> Result<Option<ConchAdminClient<PeerChannel>>, NodeError> {
         if self.is_leader() {
             return Ok(None);
         }

@@ -15,10 +15,11 @@ use openraft::{BasicNode, SnapshotPolicy};
 
 use crate::applied::AppliedState;
 use crate::config::Config;
+use crate::identity::ClusterId;
 use crate::node::Node;
 use crate::raft::Raft;
 use crate::raft::log_store::LogStore;
-use crate::raft::network::PeerNetwork;
+use crate::raft::network::{PeerDialer, PeerNetwork};
 use crate::raft::state_machine::StateMachine;
 use crate::state::State;
 use crate::{api, expiry};
@@ -43,6 +44,8 @@ pub enum StartError {
     Raft(String),
     #[error("serve: {0}")]
     Serve(String),
+    #[error("cluster id: {0}")]
+    Identity(#[from] crate::identity::IdentityError),
 }
 
 /// A node that has bound its port and opened its data directory.
@@ -129,6 +132,14 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
         })?;
     prepare_data_dir(&config.data_dir)?;
 
+    if config.tls.is_none() && !config.listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %config.listen,
+            "serving plaintext on a non-loopback address: anyone who can reach it can use the \
+             cluster; set --tls-cert/--tls-key (and --client-ca, --peer-ca)"
+        );
+    }
+    let cluster_id = Arc::new(ClusterId::open(&config.data_dir)?);
     let log_store = LogStore::open(&config.data_dir)?;
     let applied = AppliedState::new(State::new(), 0);
     let state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
@@ -139,6 +150,7 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
         PeerNetwork::new(
             Duration::from_millis(500),
             Arc::new(config.peer_routes.clone()),
+            PeerDialer::new(config.tls.clone(), Arc::clone(&cluster_id)),
         ),
         log_store,
         state_machine,
@@ -157,7 +169,8 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
             .iter()
             .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
             .collect();
-        tracing::info!(members = ?config.initial_cluster, "bootstrapping a new cluster");
+        let id = cluster_id.create()?;
+        tracing::info!(members = ?config.initial_cluster, cluster_id = %id, "bootstrapping a new cluster");
         if let Err(e) = raft.initialize(members).await {
             // Another start may have initialized it already; anything else is fatal.
             if !matches!(
@@ -171,7 +184,10 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
         }
     }
 
-    let node = Node::start(Arc::clone(&config), raft, applied);
+    let node = Node::start(Arc::clone(&config), raft, applied, cluster_id);
+    if let Some(tls) = &config.tls {
+        tokio::spawn(crate::tls::watch(Arc::clone(tls)));
+    }
     tokio::spawn(expiry::run(Arc::clone(&node)));
     tokio::spawn(log_leader_changes(Arc::clone(&node)));
     Ok(Running { node, listener })

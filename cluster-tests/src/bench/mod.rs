@@ -34,6 +34,8 @@ pub struct Opts {
     pub w5_leases: usize,
     pub w5_semaphores: usize,
     pub w5_waiters: usize,
+    /// Start the cluster with TLS, client certificates and peer mutual TLS.
+    pub tls: bool,
 }
 
 /// What a workload runs against: a cluster this process started, or given endpoints.
@@ -45,8 +47,13 @@ pub struct Target {
 }
 
 impl Target {
-    /// A fresh 3-node cluster with default conchd settings, or the external endpoints.
-    pub async fn new(endpoints: &Option<Vec<String>>, tag: &str) -> anyhow::Result<Target> {
+    /// A fresh 3-node cluster with default conchd settings (with `tls`, TLS + client
+    /// certificates + peer mutual TLS), or the external endpoints.
+    pub async fn new(
+        endpoints: &Option<Vec<String>>,
+        tag: &str,
+        tls: bool,
+    ) -> anyhow::Result<Target> {
         match endpoints {
             Some(endpoints) => {
                 let stamp = std::time::SystemTime::now()
@@ -69,7 +76,9 @@ impl Target {
                         conchd.display()
                     );
                 }
-                let cluster = Cluster::start(3).await.context("start a 3-node cluster")?;
+                let cluster = Cluster::start_opts(3, &[], tls)
+                    .await
+                    .context("start a 3-node cluster")?;
                 let endpoints = cluster.endpoints();
                 let target = Target {
                     cluster: Some(cluster),

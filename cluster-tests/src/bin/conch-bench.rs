@@ -57,6 +57,11 @@ struct Cli {
     /// Waiters (open blocking acquires, one per semaphore) in W5.
     #[arg(long, default_value_t = 10_000)]
     w5_waiters: usize,
+
+    /// Start the cluster with TLS, client certificates and peer mutual TLS (certificates made
+    /// for the run). Not with --endpoints.
+    #[arg(long, conflicts_with = "endpoints")]
+    tls: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -100,7 +105,11 @@ async fn main() -> ExitCode {
         w5_leases: cli.w5_leases,
         w5_semaphores: cli.w5_semaphores,
         w5_waiters: cli.w5_waiters,
+        tls: cli.tls,
     };
+    if cli.tls {
+        eprintln!("conch-bench: clusters run with TLS, client certificates and peer mutual TLS");
+    }
     let mut rows = Vec::new();
     let mut failed = false;
     for workload in selected {
@@ -156,7 +165,7 @@ async fn run(
     endpoints: &Option<Vec<String>>,
     opts: &Opts,
 ) -> anyhow::Result<Vec<Row>> {
-    let mut target = Target::new(endpoints, &workload.to_lowercase()).await?;
+    let mut target = Target::new(endpoints, &workload.to_lowercase(), opts.tls).await?;
     let mut rows = Vec::new();
     match workload {
         "W1" => {

@@ -58,6 +58,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// Fault names or cut modes left out of the nemesis menu (see `nemesis::MENU`).
     pub exclude: Vec<String>,
+    /// TLS, client certificates and peer mutual TLS on every node.
+    pub tls: bool,
 }
 
 /// The final revoke of every lease gives up after this long (the drain check then reports
@@ -81,6 +83,7 @@ impl RunOptions {
             keep: false,
             progress: true,
             exclude: Vec::new(),
+            tls: false,
         }
     }
 }
@@ -302,10 +305,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         ttl: opts.ttl,
         seed: opts.seed,
     };
-    let mut cluster = Cluster::launch(
+    let mut cluster = Cluster::launch_opts(
         opts.nodes,
         &["--snapshot-every".to_string(), snapshot_every.to_string()],
         true,
+        opts.tls,
     )
     .await?;
     say(

@@ -136,6 +136,7 @@ impl ConchAdmin for AdminService {
                 leases: stats.leases,
                 holders: stats.holders,
                 waiters: stats.waiters,
+                cluster_id: self.node.cluster_id.get().unwrap_or_default(),
             },
         ))
     }

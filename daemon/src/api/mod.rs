@@ -9,9 +9,11 @@ use conch_proto::conch::conch_peer_server::ConchPeerServer;
 use conch_proto::grackle::grackle_api_server::GrackleApiServer;
 use tonic::Response;
 use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+use crate::identity::CLUSTER_ID_HEADER;
 use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
@@ -70,13 +72,26 @@ pub async fn serve(
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let admin = ConchAdminServer::new(conch::AdminService::new(Arc::clone(&node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    // A forwarded admin call carries its sender's cluster id: another cluster's is refused.
+    let admin_node = Arc::clone(&node);
+    let admin = InterceptedService::new(admin, move |request: tonic::Request<()>| {
+        if request.metadata().contains_key(CLUSTER_ID_HEADER) {
+            admin_node
+                .cluster_id
+                .check(request.metadata())
+                .map_err(|e| status::ApiError::ClusterMismatch(e.to_string()))?;
+        }
+        Ok(request)
+    });
     let peer = ConchPeerServer::new(peer::PeerService::new(Arc::clone(&node)))
         .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
         .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES);
-    // Accepted sockets get TCP_NODELAY here: with a custom listener tonic ignores
-    // `Server::tcp_nodelay`, and Nagle's algorithm with delayed ACKs stalls replies by ~40 ms.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    Server::builder()
+    let peer_node = Arc::clone(&node);
+    let peer = InterceptedService::new(peer, move |request: tonic::Request<()>| {
+        peer::admit(&peer_node, &request)?;
+        Ok(request)
+    });
+    let router = Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .add_service(health_service)
         .add_optional_service(reflection_v1)
@@ -84,7 +99,17 @@ pub async fn serve(
         .add_service(grackle)
         .add_service(conch_api)
         .add_service(admin)
-        .add_service(peer)
+        .add_service(peer);
+    if let Some(tls) = &node.config.tls {
+        let incoming = crate::tls::incoming(listener, Arc::clone(tls));
+        return router
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await;
+    }
+    // Accepted sockets get TCP_NODELAY here: with a custom listener tonic ignores
+    // `Server::tcp_nodelay`, and Nagle's algorithm with delayed ACKs stalls replies by ~40 ms.
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    router
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

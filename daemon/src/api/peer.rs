@@ -24,6 +24,31 @@ impl PeerService {
     }
 }
 
+/// Admits a call to the peer service: with peer mutual TLS the connection must have presented a
+/// node certificate (see `tls.rs`), and the call must come from this node's cluster (see
+/// `identity.rs`).
+pub fn admit(node: &Node, request: &Request<()>) -> Result<(), ApiError> {
+    if let Some(tls) = &node.config.tls
+        && tls.peer_mtls()
+    {
+        let Some(chain) = request.peer_certs() else {
+            return Err(ApiError::PeerRefused(
+                "the peer service needs a node certificate; this connection presented none".into(),
+            ));
+        };
+        if !tls.is_node_certificate(&chain) {
+            return Err(ApiError::PeerRefused(
+                "the peer service needs a node certificate (signed by the peer CA, valid for \
+                 server authentication); this connection presented another"
+                    .into(),
+            ));
+        }
+    }
+    node.cluster_id
+        .check(request.metadata())
+        .map_err(|e| ApiError::ClusterMismatch(e.to_string()))
+}
+
 fn decode_request<T: DeserializeOwned>(request: Request<PeerMessage>) -> Result<T, ApiError> {
     decode(&request.into_inner().payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))
 }
@@ -40,6 +65,7 @@ impl ConchPeer for PeerService {
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
+        self.node.cluster_id.adopt_from(request.metadata());
         let rpc = decode_request(request)?;
         Ok(encode_reply(&self.node.raft.append_entries(rpc).await)?)
     }
@@ -53,6 +79,7 @@ impl ConchPeer for PeerService {
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
+        self.node.cluster_id.adopt_from(request.metadata());
         let rpc = decode_request(request)?;
         Ok(encode_reply(&self.node.raft.install_snapshot(rpc).await)?)
     }

@@ -13,6 +13,8 @@
 //! | a snapshot that did not complete in time | `DEADLINE_EXCEEDED` |
 //! | a peer message that does not decode | `INVALID_ARGUMENT` |
 //! | a bug (unexpected reply, encoding failure) | `INTERNAL` |
+//! | a peer call without a node certificate, with peer mutual TLS on | `PERMISSION_DENIED` |
+//! | a peer call from another cluster (another cluster id, or none) | `FAILED_PRECONDITION` |
 //!
 //! An admin call forwarded to another node (the leader, or a leadership transfer's target)
 //! answers with that node's status, unchanged.
@@ -51,6 +53,12 @@ pub enum ApiError {
     /// leadership transfer), passed on unchanged.
     #[error("{}", .0.message())]
     Forwarded(Status),
+    /// A peer call on a connection that did not present a node certificate.
+    #[error("{0}")]
+    PeerRefused(String),
+    /// A peer call from another cluster.
+    #[error("{0}")]
+    ClusterMismatch(String),
 }
 
 impl From<WaitError> for ApiError {
@@ -83,6 +91,8 @@ impl From<ApiError> for Status {
             }
             ApiError::Internal(message) => internal(message),
             ApiError::Forwarded(status) => status,
+            ApiError::PeerRefused(message) => Status::permission_denied(message),
+            ApiError::ClusterMismatch(message) => Status::failed_precondition(message),
         }
     }
 }
@@ -172,6 +182,14 @@ mod tests {
         assert_eq!(
             status(ApiError::Forwarded(leader)),
             (Code::FailedPrecondition, "from the leader".into())
+        );
+        assert_eq!(
+            status(ApiError::PeerRefused("no node certificate".into())).0,
+            Code::PermissionDenied
+        );
+        assert_eq!(
+            status(ApiError::ClusterMismatch("cluster a, not b".into())).0,
+            Code::FailedPrecondition
         );
     }
 }

@@ -24,24 +24,48 @@ use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{NodeId, TypeConfig};
+use crate::identity::{ClusterId, WithClusterId};
+use crate::tls::Tls;
 
 /// Largest peer message accepted or sent (snapshot chunks and entry batches stay below it).
 pub const PEER_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
-/// Builds a lazily connecting gRPC channel to `addr` (`host:port`).
-pub fn peer_channel(
-    addr: &str,
-    connect_timeout: Duration,
-) -> Result<Channel, tonic::transport::Error> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5));
-    Ok(endpoint.connect_lazy())
+/// A channel to a peer: every request carries this node's cluster id.
+pub type PeerChannel = WithClusterId<Channel>;
+
+/// How this node dials its peers: in plaintext, or with mutual TLS when the node serves TLS, and
+/// always stamping its cluster id.
+#[derive(Clone)]
+pub struct PeerDialer {
+    tls: Option<Arc<Tls>>,
+    cluster_id: Arc<ClusterId>,
 }
 
-pub fn peer_client(channel: Channel) -> ConchPeerClient<Channel> {
+impl PeerDialer {
+    pub fn new(tls: Option<Arc<Tls>>, cluster_id: Arc<ClusterId>) -> Self {
+        PeerDialer { tls, cluster_id }
+    }
+
+    /// Builds a lazily connecting gRPC channel to `addr` (`host:port`).
+    pub fn channel(
+        &self,
+        addr: &str,
+        connect_timeout: Duration,
+    ) -> Result<PeerChannel, tonic::transport::Error> {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let channel = match &self.tls {
+            Some(tls) => endpoint.connect_with_connector_lazy(tls.peer_connector()),
+            None => endpoint.connect_lazy(),
+        };
+        Ok(WithClusterId::new(channel, Arc::clone(&self.cluster_id)))
+    }
+}
+
+pub fn peer_client(channel: PeerChannel) -> ConchPeerClient<PeerChannel> {
     ConchPeerClient::new(channel)
         .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
         .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES)
@@ -60,14 +84,20 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
 pub struct PeerNetwork {
     connect_timeout: Duration,
     routes: Arc<BTreeMap<NodeId, String>>,
+    dialer: PeerDialer,
 }
 
 impl PeerNetwork {
     /// `routes` overrides the advertised address of some peers (see `--peer-routes`).
-    pub fn new(connect_timeout: Duration, routes: Arc<BTreeMap<NodeId, String>>) -> Self {
+    pub fn new(
+        connect_timeout: Duration,
+        routes: Arc<BTreeMap<NodeId, String>>,
+        dialer: PeerDialer,
+    ) -> Self {
         PeerNetwork {
             connect_timeout,
             routes,
+            dialer,
         }
     }
 }
@@ -77,7 +107,10 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
         let addr = self.routes.get(&target).unwrap_or(&node.addr);
-        let client = peer_channel(addr, self.connect_timeout).map(peer_client);
+        let client = self
+            .dialer
+            .channel(addr, self.connect_timeout)
+            .map(peer_client);
         PeerConnection {
             target,
             node: node.clone(),
@@ -90,7 +123,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 pub struct PeerConnection {
     target: NodeId,
     node: BasicNode,
-    client: Result<ConchPeerClient<Channel>, tonic::transport::Error>,
+    client: Result<ConchPeerClient<PeerChannel>, tonic::transport::Error>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;

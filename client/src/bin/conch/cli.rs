@@ -1,5 +1,6 @@
 //! Command-line definition (clap derive). Doc comments are the help text.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -78,6 +79,36 @@ pub struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
+    /// Speak TLS to every endpoint, checking the nodes' certificates against this CA (PEM).
+    #[arg(
+        long,
+        global = true,
+        env = "CONCH_CACERT",
+        value_name = "FILE",
+        help_heading = "TLS"
+    )]
+    pub cacert: Option<PathBuf>,
+
+    /// Client certificate (PEM) for nodes that require one (--client-ca); needs --key.
+    #[arg(
+        long,
+        global = true,
+        env = "CONCH_CERT",
+        value_name = "FILE",
+        help_heading = "TLS"
+    )]
+    pub cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --cert.
+    #[arg(
+        long,
+        global = true,
+        env = "CONCH_KEY",
+        value_name = "FILE",
+        help_heading = "TLS"
+    )]
+    pub key: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -92,10 +123,53 @@ pub enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
+    /// Make a CA and node/client certificates for a TLS cluster (PEM files in one directory).
+    #[command(after_help = CERTS_EXAMPLES)]
+    Certs {
+        #[command(subcommand)]
+        command: CertsCommand,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell to complete for.
         shell: clap_complete::Shell,
+    },
+}
+
+const CERTS_EXAMPLES: &str = "\
+Examples:
+  conch certs init certs
+  conch certs node certs --id 1 --host node1.example.com --host 10.0.0.1
+  conch certs client certs --name ops
+
+Files: certs/ca.crt, ca.key (keep it offline), node<ID>.crt/.key, client-<NAME>.crt/.key.";
+
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Create DIR (if needed) and a new CA in it: ca.crt and ca.key.
+    Init {
+        /// Directory for the CA and the certificates it issues.
+        dir: PathBuf,
+    },
+    /// Issue DIR/node<ID>.crt and .key: a node certificate (server and client authentication)
+    /// for the hosts and IP addresses that clients and peers dial. Replaces an existing one.
+    Node {
+        /// Directory holding the CA (see `conch certs init`).
+        dir: PathBuf,
+        /// The node's id.
+        #[arg(long)]
+        id: u64,
+        /// A DNS name or IP address the node is reached at (repeat for several).
+        #[arg(long = "host", value_name = "HOST", required = true)]
+        hosts: Vec<String>,
+    },
+    /// Issue DIR/client-<NAME>.crt and .key: a client certificate (client authentication only).
+    Client {
+        /// Directory holding the CA (see `conch certs init`).
+        dir: PathBuf,
+        /// The client's name (letters, digits, '-', '_', '.').
+        #[arg(long)]
+        name: String,
     },
 }
 

@@ -52,6 +52,8 @@ pub struct NodeStatus {
     pub snapshot_index: u64,
     pub members: Vec<MemberJson>,
     pub state_hash: String,
+    /// Empty on a node that has not joined a cluster yet.
+    pub cluster_id: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -84,6 +86,7 @@ impl From<ClusterStatusResponse> for NodeStatus {
                 })
                 .collect(),
             state_hash: format!("{:016x}", r.state_hash),
+            cluster_id: r.cluster_id,
         }
     }
 }
@@ -177,6 +180,40 @@ pub fn render_table(rows: &[Row]) -> Vec<String> {
         .collect()
 }
 
+/// The line under the table naming the cluster id, or every id seen when nodes disagree.
+pub fn cluster_id_line(rows: &[Row]) -> Option<String> {
+    let mut ids: Vec<(String, Vec<u64>)> = Vec::new();
+    for s in rows.iter().filter_map(|r| r.status.as_ref()) {
+        let id = if s.cluster_id.is_empty() {
+            "none".to_string()
+        } else {
+            s.cluster_id.clone()
+        };
+        match ids.iter_mut().find(|(known, _)| *known == id) {
+            Some((_, nodes)) => nodes.push(s.node_id),
+            None => ids.push((id, vec![s.node_id])),
+        }
+    }
+    match ids.as_slice() {
+        [] => None,
+        [(id, _)] => Some(format!("cluster id: {id}")),
+        many => Some(format!(
+            "cluster ids differ: {}",
+            many.iter()
+                .map(|(id, nodes)| format!(
+                    "{id} (node {})",
+                    nodes
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 /// 0 if every node answered, 1 if some did not, 69 if none did.
 pub fn exit_code(rows: &[Row]) -> ExitCode {
     let answered = rows.iter().filter(|r| r.status.is_some()).count();
@@ -262,7 +299,9 @@ pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         crate::print_lines([serde_json::to_string_pretty(&rows)?])?;
     } else {
-        crate::print_lines(render_table(&rows))?;
+        let mut lines = render_table(&rows);
+        lines.extend(cluster_id_line(&rows));
+        crate::print_lines(lines)?;
     }
     Ok(exit_code(&rows))
 }
@@ -413,6 +452,7 @@ mod tests {
                 "-     127.0.0.1:7003  unreachable: connection refused",
             ]
         );
+        assert_eq!(cluster_id_line(&rows).as_deref(), Some("cluster id: none"));
         assert_eq!(exit_code(&rows), ExitCode::from(1));
         assert_eq!(exit_code(&rows[..2]), ExitCode::SUCCESS);
         assert_eq!(exit_code(&rows[2..]), ExitCode::from(exit::UNAVAILABLE));

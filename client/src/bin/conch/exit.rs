@@ -56,7 +56,7 @@ pub fn code_for(err: &anyhow::Error) -> u8 {
 fn code_for_client_error(e: &conch_client::Error) -> u8 {
     use conch_client::Error as E;
     match e {
-        E::InvalidEndpoint { .. } | E::InvalidArgument { .. } => USAGE,
+        E::InvalidEndpoint { .. } | E::InvalidArgument { .. } | E::InvalidTls { .. } => USAGE,
         E::Unavailable { .. } | E::Timeout { .. } => UNAVAILABLE,
         // A full queue or namespace: no slot now, try later.
         E::ResourceExhausted { .. } => NO_SLOT,

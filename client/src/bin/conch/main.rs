@@ -4,6 +4,7 @@
 //! `conch: …`, and exits with the code [`exit`] documents (64 usage, 69 no node answered,
 //! 75 no slot, 79 slot lost while running; otherwise the command's own status).
 
+mod certs;
 mod child;
 mod cli;
 mod cluster;
@@ -18,7 +19,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
-use conch_client::{Client, ClientConfig, parse_endpoints};
+use conch_client::{Client, ClientConfig, ClientTls, parse_endpoints};
 
 use crate::cli::{Cli, ClusterCommand, Command};
 
@@ -112,14 +113,30 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         print_out(&script).context("write completions")?;
         return Ok(ExitCode::SUCCESS);
     }
+    if let Command::Certs { command } = cli.command {
+        return certs::run(command);
+    }
 
     let endpoints: Vec<String> = parse_endpoints(&cli.endpoints)
         .map_err(|e| exit::usage(format!("--endpoints / CONCH_ENDPOINTS: {e}")))?
         .into_iter()
         .map(|e| e.addr)
         .collect();
+    let tls = match &cli.cacert {
+        Some(ca) => Some(
+            ClientTls::from_files(ca, cli.cert.as_deref(), cli.key.as_deref())
+                .map_err(|e| exit::usage(e.to_string()))?,
+        ),
+        None if cli.cert.is_some() || cli.key.is_some() => {
+            return Err(exit::usage(
+                "--cert/--key need --cacert (the CA that signed the nodes' certificates)",
+            ));
+        }
+        None => None,
+    };
     let config = ClientConfig {
         request_timeout: cli.timeout,
+        tls,
         ..ClientConfig::default()
     };
     let client = Client::connect_with(endpoints, config).await?;
@@ -136,6 +153,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: ClusterCommand::Status { json },
         } => cluster::status(&client, json).await,
         Command::Cluster { command } => cluster::change(&client, command).await,
-        Command::Completions { .. } => Ok(ExitCode::SUCCESS),
+        Command::Completions { .. } | Command::Certs { .. } => Ok(ExitCode::SUCCESS),
     }
 }

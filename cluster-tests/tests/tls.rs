@@ -1,0 +1,470 @@
+//! Transport security and cluster identity, with real conchd processes and certificates made at
+//! test time: clients without TLS or with the wrong CA are refused, a node with another CA's
+//! certificate cannot join or disturb a cluster, certificates rotate under load without a lost
+//! request, and two clusters cannot exchange peer messages.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use cluster_tests::pki::{HARNESS_CLIENT, Pki};
+use cluster_tests::{Cluster, Daemon, free_port, ops, wait_for};
+use conch_proto::conch::conch_admin_client::ConchAdminClient;
+use conch_proto::conch::conch_peer_client::ConchPeerClient;
+use conch_proto::conch::{ClusterStatusRequest, PeerMessage};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// ClusterStatus of `addr` over a new connection built from `endpoint`.
+async fn status_with(endpoint: Endpoint) -> Result<(), String> {
+    let channel = endpoint
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e:?}"))?;
+    let mut admin = ConchAdminClient::new(channel);
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        admin.cluster_status(ClusterStatusRequest {}),
+    )
+    .await
+    .map_err(|_| "timed out".to_string())?
+    .map(|_| ())
+    .map_err(|s| format!("{s:?}"))
+}
+
+fn tls_endpoint(addr: &str, tls: ClientTlsConfig) -> Endpoint {
+    Endpoint::from_shared(format!("https://{addr}"))
+        .expect("valid uri")
+        .tls_config(tls)
+        .expect("valid tls config")
+}
+
+fn read(path: &std::path::Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_tls_or_with_another_ca_are_refused() -> anyhow::Result<()> {
+    let cluster = Cluster::start_opts(3, &[], true).await?;
+    let pki = cluster.pki.clone().expect("a TLS cluster has a PKI");
+    let addr = cluster.addr(1);
+
+    // The harness's own TLS client works, and every node reports the same cluster id.
+    let statuses = cluster.statuses().await;
+    assert_eq!(statuses.len(), 3, "{}", cluster.logs_tail());
+    let id = &statuses[&1].cluster_id;
+    assert_eq!(id.len(), 32, "cluster id {id:?}");
+    wait_for("every node to adopt the cluster id", LONG, || async {
+        let statuses = cluster.statuses().await;
+        (statuses.len() == 3 && statuses.values().all(|s| s.cluster_id == *id)).then_some(())
+    })
+    .await?;
+
+    // Plaintext against a TLS node.
+    let plain = Endpoint::from_shared(format!("http://{addr}"))?;
+    let err = status_with(plain)
+        .await
+        .expect_err("plaintext must be refused");
+    eprintln!("plaintext: {err}");
+
+    // TLS without a client certificate, while the node requires one.
+    let no_cert =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(&pki.ca_cert())));
+    let err = status_with(tls_endpoint(&addr, no_cert))
+        .await
+        .expect_err("no client certificate must be refused");
+    eprintln!("no client certificate: {err}");
+
+    // A client of another CA: its certificate is refused, and it does not trust the node.
+    let other_dir = tempfile::tempdir()?;
+    let other = Pki::create(&other_dir.path().join("other"))?;
+    let err = status_with(tls_endpoint(&addr, other.client_tls("intruder")?))
+        .await
+        .expect_err("another CA's client must be refused");
+    eprintln!("other CA: {err}");
+
+    // A client trusting the right CA but presenting another CA's certificate.
+    let (cert, key) = other.client("intruder2")?;
+    let mixed = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(&pki.ca_cert())))
+        .identity(Identity::from_pem(read(&cert), read(&key)));
+    let err = status_with(tls_endpoint(&addr, mixed))
+        .await
+        .expect_err("a certificate of another CA must be refused");
+    eprintln!("certificate of another CA: {err}");
+    let log = cluster.log(1);
+    assert!(log.contains("TLS handshake refused"), "{log}");
+
+    // A client certificate is not a node certificate: the peer service refuses it.
+    let channel = tls_endpoint(&addr, pki.client_tls("ops")?)
+        .connect()
+        .await?;
+    let mut peer = ConchPeerClient::new(channel);
+    let mut request = tonic::Request::new(PeerMessage { payload: vec![] });
+    request
+        .metadata_mut()
+        .insert("conch-cluster-id", id.parse()?);
+    let status = peer.vote(request).await.expect_err("not a node");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+
+    // The client library over TLS: writes through any node.
+    let config = conch_client::ClientConfig {
+        tls: Some(pki.conch_client_tls("ops")?),
+        ..Default::default()
+    };
+    let client = conch_client::Client::connect_with(cluster.endpoints(), config).await?;
+    client.ensure_namespace("tls").await?;
+    client.ensure_semaphore("tls", "s", 1).await?;
+
+    // The client library in plaintext against TLS nodes: a clear error.
+    let config = conch_client::ClientConfig {
+        retry_for: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let client = conch_client::Client::connect_with([addr.clone()], config).await?;
+    let err = client.get_namespace("tls").await.expect_err("plaintext");
+    assert!(err.to_string().contains("serves TLS"), "{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_cas_certificate_cannot_join_or_disturb() -> anyhow::Result<()> {
+    let cluster = Cluster::start_opts(3, &[], true).await?;
+    let pki = cluster.pki.clone().expect("PKI");
+    let leader = cluster.wait_for_leader(LONG).await?;
+    let mut grackle = cluster.grackle(leader).await?;
+    ops::namespace(&mut grackle, "before").await?;
+    let (index, hash) = cluster.wait_for_agreement(LONG).await?;
+    let term = cluster.status(leader).await?.term;
+
+    // An impostor with a certificate of another CA, trusting the cluster's CA, claiming to be
+    // node 1 of a cluster made of itself and nodes 2 and 3: it bootstraps and campaigns.
+    let dir = tempfile::tempdir()?;
+    let other = Pki::create(&dir.path().join("other"))?;
+    let (cert, key) = other.node(1)?;
+    let impostor_addr = format!("127.0.0.1:{}", free_port());
+    let initial = format!(
+        "1={impostor_addr},2={},3={}",
+        cluster.addr(2),
+        cluster.addr(3)
+    );
+    let ca = pki.ca_cert().display().to_string();
+    let data = dir.path().join("impostor");
+    let args = [
+        "--id",
+        "1",
+        "--listen",
+        &impostor_addr,
+        "--data-dir",
+        &data.display().to_string(),
+        "--initial-cluster",
+        &initial,
+        "--tls-cert",
+        &cert.display().to_string(),
+        "--tls-key",
+        &key.display().to_string(),
+        "--client-ca",
+        &ca,
+        "--peer-ca",
+        &ca,
+    ]
+    .map(String::from);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let impostor = Daemon::spawn(&args, dir.path())?;
+
+    // Wait until nodes 2 and 3 have refused it several times (it retries every election).
+    wait_for("the good nodes to refuse the impostor", LONG, || async {
+        let refused = |id| cluster.log(id).matches("TLS handshake refused").count();
+        (refused(2) >= 3 && refused(3) >= 3).then_some(())
+    })
+    .await?;
+
+    // The good nodes kept their leader, term and state.
+    let statuses = cluster.statuses().await;
+    assert_eq!(statuses.len(), 3, "{}", cluster.logs_tail());
+    for (id, s) in &statuses {
+        assert_eq!(s.leader_id, leader, "node {id}");
+        assert_eq!(s.term, term, "node {id}: the impostor moved the term");
+        assert_eq!(s.applied_index, index, "node {id}");
+        assert_eq!(s.state_hash, hash, "node {id}");
+        assert!(
+            s.members.iter().all(|m| m.addr != impostor_addr),
+            "node {id}: {:?}",
+            s.members
+        );
+    }
+    assert!(
+        impostor.stderr().contains("bootstrapping a new cluster"),
+        "{}",
+        impostor.stderr()
+    );
+    // And keep serving.
+    ops::namespace(&mut grackle, "after").await?;
+    cluster.wait_for_agreement(LONG).await?;
+    Ok(())
+}
+
+/// The leaf certificate node `addr` presents to a new connection.
+async fn served_certificate(pki: &Pki, addr: &str) -> anyhow::Result<CertificateDer<'static>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(pki.ca_cert())? {
+        roots.add(cert?)?;
+    }
+    let (cert, key) = (
+        pki.dir.join(format!("client-{HARNESS_CLIENT}.crt")),
+        pki.dir.join(format!("client-{HARNESS_CLIENT}.key")),
+    );
+    let chain = CertificateDer::pem_file_iter(&cert)?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(&key)?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)?;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1")?, tcp)
+        .await?;
+    let (_, session) = tls.get_ref();
+    let leaf = session
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no server certificate"))?;
+    Ok(leaf.into_owned())
+}
+
+fn file_certificate(path: &std::path::Path) -> anyhow::Result<CertificateDer<'static>> {
+    Ok(CertificateDer::from_pem_file(path)?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_rotation_under_load_loses_no_request() -> anyhow::Result<()> {
+    let cluster = Arc::new(Cluster::start_opts(3, &[], true).await?);
+    let pki = cluster.pki.clone().expect("PKI");
+    let leader = cluster.wait_for_leader(LONG).await?;
+    let mut grackle = cluster.grackle(leader).await?;
+    ops::namespace(&mut grackle, "rot").await?;
+    ops::semaphore(&mut grackle, "rot", "s", 1).await?;
+    let lease = ops::lease(&mut grackle, "rot", 60).await?;
+
+    // A client loops acquire/release, opening a new connection (to each node in turn) every
+    // few requests, until told to stop. Every request must succeed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let load = {
+        let (cluster, stop, done) = (Arc::clone(&cluster), Arc::clone(&stop), Arc::clone(&done));
+        tokio::spawn(async move {
+            let ids = cluster.ids();
+            let mut grackle = cluster.grackle(ids[0]).await?;
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) && i < 100_000 {
+                if i.is_multiple_of(5) {
+                    grackle = cluster.grackle(ids[(i / 5) % ids.len()]).await?;
+                }
+                let r = ops::acquire(&mut grackle, "rot", "s", &lease, 1, 0).await?;
+                anyhow::ensure!(ops::acquired(&r), "request {i}: not acquired: {r:?}");
+                ops::release(&mut grackle, "rot", "s", &lease).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            anyhow::Ok(())
+        })
+    };
+    wait_for("load to start", LONG, || async {
+        (done.load(Ordering::Relaxed) >= 20).then_some(())
+    })
+    .await?;
+
+    let mut before = Vec::new();
+    for id in cluster.ids() {
+        before.push(served_certificate(&pki, &cluster.addr(id)).await?);
+    }
+
+    // A broken certificate file is refused and the old certificate stays in use.
+    let node1_cert = pki.dir.join("node1.crt");
+    let good = std::fs::read(&node1_cert)?;
+    std::fs::write(&node1_cert, "not a certificate\n")?;
+    wait_for("node 1 to refuse the broken file", LONG, || async {
+        cluster
+            .log(1)
+            .contains("new TLS files refused")
+            .then_some(())
+    })
+    .await?;
+    assert_eq!(served_certificate(&pki, &cluster.addr(1)).await?, before[0]);
+    std::fs::write(&node1_cert, good)?;
+
+    // Re-issue every node's certificate and key (new keys), twice, under load; node 3 also
+    // gets a SIGHUP.
+    for round in 0..2 {
+        let at = done.load(Ordering::Relaxed);
+        for id in cluster.ids() {
+            pki.node(id)?;
+        }
+        cluster.signal(3, nix::sys::signal::Signal::SIGHUP);
+        for id in cluster.ids() {
+            let expected = file_certificate(&pki.dir.join(format!("node{id}.crt")))?;
+            wait_for(
+                &format!("node {id} to serve its new certificate"),
+                LONG,
+                || {
+                    let (pki, addr, expected) = (&pki, cluster.addr(id), expected.clone());
+                    async move {
+                        let served = served_certificate(pki, &addr).await.ok()?;
+                        (served == expected).then_some(())
+                    }
+                },
+            )
+            .await?;
+        }
+        wait_for("requests after the rotation", LONG, || async {
+            (done.load(Ordering::Relaxed) >= at + 20).then_some(())
+        })
+        .await
+        .map_err(|e| e.context(format!("round {round}")))?;
+    }
+    for (i, id) in cluster.ids().iter().enumerate() {
+        assert_ne!(
+            served_certificate(&pki, &cluster.addr(*id)).await?,
+            before[i]
+        );
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    load.await??;
+    eprintln!("{} requests, none failed", done.load(Ordering::Relaxed));
+    // Peers reconnect with the new certificates too: the cluster still commits.
+    let (_, _) = cluster.wait_for_agreement(LONG).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_messages_from_another_cluster_are_refused() -> anyhow::Result<()> {
+    let a = Cluster::start(3).await?;
+    let a_leader = a.wait_for_leader(LONG).await?;
+    let mut grackle = a.grackle(a_leader).await?;
+    ops::namespace(&mut grackle, "a").await?;
+    let (a_index, a_hash) = a.wait_for_agreement(LONG).await?;
+    let a_id = a.status(1).await?.cluster_id;
+    assert_eq!(a_id.len(), 32);
+
+    // Cluster B's nodes reach "node 2" at cluster A's node 2: same ids, crossing addresses.
+    let route = format!("2={}", a.addr(2));
+    let b = Cluster::launch(3, &["--peer-routes".into(), route], false).await?;
+    let b_id = wait_for("cluster B to elect a leader", LONG, || async {
+        let statuses = b.statuses().await;
+        statuses
+            .values()
+            .find(|s| s.leader_id != 0 && !s.cluster_id.is_empty())
+            .map(|s| s.cluster_id.clone())
+    })
+    .await?;
+    assert_ne!(a_id, b_id);
+    let expected =
+        format!("peer message from cluster {b_id}, but this node belongs to cluster {a_id}");
+    wait_for("A's node 2 to refuse B's messages", LONG, || async {
+        a.log(2).contains(&expected).then_some(())
+    })
+    .await?;
+
+    // A's state did not move; its nodes still agree.
+    for (id, s) in a.statuses().await {
+        assert_eq!(s.cluster_id, a_id, "node {id}");
+        assert_eq!(s.state_hash, a_hash, "node {id}");
+        assert_eq!(s.applied_index, a_index, "node {id}");
+    }
+
+    // A hand-made peer message: without an id, or with another one, it is refused before it is
+    // read; with the right id it is read (and this payload is malformed).
+    let channel = cluster_tests::channel(&a.addr(1)).await?;
+    let mut peer = ConchPeerClient::new(channel);
+    let message = |id: Option<&str>| {
+        let mut request = tonic::Request::new(PeerMessage {
+            payload: vec![0xff],
+        });
+        if let Some(id) = id {
+            request
+                .metadata_mut()
+                .insert("conch-cluster-id", id.parse().expect("ascii"));
+        }
+        request
+    };
+    let none = peer.vote(message(None)).await.expect_err("no id");
+    assert_eq!(none.code(), tonic::Code::FailedPrecondition, "{none:?}");
+    let other = peer.vote(message(Some(&b_id))).await.expect_err("other id");
+    assert_eq!(other.code(), tonic::Code::FailedPrecondition, "{other:?}");
+    assert!(other.message().contains(&b_id), "{other:?}");
+    let same = peer
+        .vote(message(Some(&a_id)))
+        .await
+        .expect_err("malformed");
+    assert_eq!(same.code(), tonic::Code::InvalidArgument, "{same:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tls_settings_exit_64_with_one_line() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let pki = Pki::create(&dir.path().join("pki"))?;
+    let (cert, key) = pki.node(1)?;
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let missing = dir.path().join("missing.pem").display().to_string();
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "hello\n")?;
+    let garbage = garbage.display().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--tls-cert", &cert], "--tls-cert needs --tls-key"),
+        (vec!["--tls-key", &key], "--tls-key needs --tls-cert"),
+        (vec!["--peer-ca", &cert], "--peer-ca needs --tls-cert"),
+        (
+            vec!["--tls-cert", &missing, "--tls-key", &key],
+            "read --tls-cert",
+        ),
+        (
+            vec!["--tls-cert", &garbage, "--tls-key", &key],
+            "--tls-cert",
+        ),
+        (vec!["--tls-cert", &cert, "--tls-key", &cert], "--tls-key"),
+        (
+            vec![
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--client-ca",
+                &garbage,
+            ],
+            "--client-ca",
+        ),
+        (
+            vec![
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--initial-cluster",
+                "1=127.0.0.1:7001,2=127.0.0.1:7002",
+            ],
+            "needs --peer-ca",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut daemon = Daemon::spawn(&args, dir.path())?;
+        assert_eq!(
+            daemon.wait_exit(Duration::from_secs(20)).await?,
+            Some(64),
+            "{args:?}: {}",
+            daemon.stderr()
+        );
+        let stderr = daemon.stderr();
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    }
+    Ok(())
+}
