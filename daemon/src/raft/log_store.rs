@@ -923,6 +923,7 @@ mod tests {
                 lease: format!("lease-{index}"),
                 ttl_s: 10,
             }],
+            wall_ns: 1_000 + index as i64,
         };
         Entry {
             log_id: log_id(term, index),

@@ -665,6 +665,7 @@ mod tests {
                     description: "from an older build".into(),
                     metadata: Default::default(),
                 }],
+                wall_ns: 1_000,
             },
         );
         anyhow::ensure!(
@@ -864,6 +865,7 @@ mod tests {
                     payload: EntryPayload::Normal(Batch {
                         now_ns: 5,
                         cmds: vec![],
+                        wall_ns: 5,
                     }),
                 },
                 Entry::<TypeConfig> {

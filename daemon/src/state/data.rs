@@ -1,7 +1,7 @@
 //! The data and its indexes.
 //!
-//! The canonical data ([`Data`]) is what snapshots carry and [`State::hash`] covers: the clock,
-//! three counters (fencing tokens, lease ids, namespace ids) and the namespaces with their
+//! The canonical data ([`Data`]) is what snapshots carry and [`State::hash`] covers: the lease
+//! clock, the newest wall-clock stamp, three counters (fencing tokens, lease ids, namespace ids) and the namespaces with their
 //! semaphores (holders and waiters keyed by lease) and leases. Everything else is derived:
 //! - per semaphore: `held` (sum of holder weights), `holders_by_token` (grant order) and `queue`
 //!   (ticket -> lease, i.e. FIFO order)
@@ -46,6 +46,8 @@ pub(super) struct Data {
     /// The last namespace id handed out (0: none yet).
     pub(super) last_namespace_id: u64,
     pub(super) namespaces: Namespaces,
+    /// The newest batch's wall-clock stamp: only for the times users read (it may go back).
+    pub(super) wall_ns: Nanos,
 }
 
 /// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
@@ -150,7 +152,10 @@ pub(super) struct Lease {
 /// What a command may change besides its namespace: the token counter, the global indexes
 /// (only through the methods of this module) and the event stream.
 pub(super) struct Ctx<'a> {
+    /// The lease clock: every expiry and deadline is measured on it.
     pub(super) clock_ns: Nanos,
+    /// The wall clock: every time stored for users to read (`created_at`, ...) takes it.
+    pub(super) wall_ns: Nanos,
     last_token: &'a mut u64,
     index: &'a mut Index,
     pub(super) events: &'a mut Vec<Event>,
@@ -181,6 +186,7 @@ impl State {
             last_lease_seq,
             last_namespace_id,
             namespaces,
+            wall_ns,
         } = &mut self.data;
         Parts {
             namespaces,
@@ -188,6 +194,7 @@ impl State {
             last_namespace_id,
             ctx: Ctx {
                 clock_ns: *clock_ns,
+                wall_ns: *wall_ns,
                 last_token,
                 index: &mut self.index,
                 events,
@@ -395,15 +402,15 @@ impl Namespace {
         name: &str,
         description: &str,
         metadata: &Metadata,
-        clock_ns: Nanos,
+        wall_ns: Nanos,
     ) -> Self {
         Namespace {
             id,
             name: name.to_string(),
             description: description.to_string(),
             metadata: metadata.clone(),
-            created_at: clock_ns,
-            updated_at: clock_ns,
+            created_at: wall_ns,
+            updated_at: wall_ns,
             version: 1,
             semaphores: BTreeMap::new(),
             leases: BTreeMap::new(),
@@ -659,16 +666,16 @@ impl Semaphore {
         description: &str,
         permits: u64,
         metadata: &Metadata,
-        clock_ns: Nanos,
+        wall_ns: Nanos,
     ) -> Self {
         Semaphore {
             description: description.to_string(),
             metadata: metadata.clone(),
             permits,
             version: 1,
-            created_at: clock_ns,
-            updated_at: clock_ns,
-            last_activity_at: clock_ns,
+            created_at: wall_ns,
+            updated_at: wall_ns,
+            last_activity_at: wall_ns,
             holders: BTreeMap::new(),
             waiters: BTreeMap::new(),
             last_ticket: 0,
@@ -724,13 +731,13 @@ impl Lease {
         process_id: &str,
         ttl_s: u64,
         metadata: &Metadata,
-        clock_ns: Nanos,
+        wall_ns: Nanos,
         expires_at: Nanos,
     ) -> Self {
         Lease {
             process_id: process_id.to_string(),
             metadata: metadata.clone(),
-            created_at: clock_ns,
+            created_at: wall_ns,
             expires_at,
             ttl_s,
             holds: BTreeSet::new(),
