@@ -69,7 +69,6 @@ enum Op {
         sem: usize,
         token: String,
         limit: i32,
-        dt_ns: Nanos,
     },
 }
 
@@ -184,8 +183,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         30 => (dt_ns(), prop::collection::vec(gen_cmd(), 0..6)).prop_map(|(dt_ns, cmds)| Op::Batch { dt_ns, cmds }),
         1 => Just(Op::Snapshot),
-        1 => (ns_index(), sem_index(), prop_oneof![Just(String::new()), Just("f.00".to_string()), Just("b.7a".to_string()), "[a-zA-Z.0-9]{0,12}"], -2..300i32, dt_ns())
-            .prop_map(|(ns, sem, token, limit, dt_ns)| Op::Read { ns, sem, token, limit, dt_ns }),
+        1 => (ns_index(), sem_index(), prop_oneof![Just(String::new()), Just("f.00".to_string()), Just("b.7a".to_string()), "[a-zA-Z.0-9]{0,12}"], -2..300i32)
+            .prop_map(|(ns, sem, token, limit)| Op::Read { ns, sem, token, limit }),
     ]
 }
 
@@ -607,7 +606,6 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
                 sem,
                 token,
                 limit,
-                dt_ns: _,
             } => {
                 let request = PageRequest {
                     token: token.clone(),
