@@ -250,7 +250,7 @@ async fn wall_clock_steps_never_expire_a_refreshed_lease() -> anyhow::Result<()>
 }
 
 async fn steps_never_expire(cluster: &Cluster) -> anyhow::Result<()> {
-    let first_leader = leader(&cluster).await?;
+    let first_leader = leader(cluster).await?;
     let mut c = cluster.grackle(first_leader).await?;
     ops::namespace(&mut c, NS).await?;
     ops::semaphore(&mut c, NS, SEM, 1).await?;
@@ -263,7 +263,7 @@ async fn steps_never_expire(cluster: &Cluster) -> anyhow::Result<()> {
     let waiter_node = follower(first_leader).context("a follower")?;
     let waiter = wait_in_queue(cluster, waiter_node, &waiter_lease).await?;
     hold_for(
-        &cluster,
+        cluster,
         &holder,
         &waiter,
         Duration::from_secs(2),
@@ -273,8 +273,8 @@ async fn steps_never_expire(cluster: &Cluster) -> anyhow::Result<()> {
     let both = [holder.as_str(), waiter_lease.as_str()];
 
     // The leader's wall clock one hour ahead, mid-term: display times follow it...
-    let l = leader(&cluster).await?;
-    step(&cluster, l, HOUR)?;
+    let l = leader(cluster).await?;
+    step(cluster, l, HOUR)?;
     let probe = ops::lease(&mut cluster.grackle(l).await?, NS, 1).await?;
     let probe = cluster
         .grackle(l)
@@ -293,32 +293,32 @@ async fn steps_never_expire(cluster: &Cluster) -> anyhow::Result<()> {
         probe.created_at
     );
     // ...and lease time does not.
-    hold_for(&cluster, &holder, &waiter, 2 * TTL, "leader +1h").await?;
-    reads_agree(&cluster, &both).await?;
+    hold_for(cluster, &holder, &waiter, 2 * TTL, "leader +1h").await?;
+    reads_agree(cluster, &both).await?;
 
     // Two hours back, mid-term.
-    step(&cluster, l, -HOUR)?;
-    hold_for(&cluster, &holder, &waiter, 2 * TTL, "leader -1h").await?;
-    reads_agree(&cluster, &both).await?;
-    step(&cluster, l, 0)?;
+    step(cluster, l, -HOUR)?;
+    hold_for(cluster, &holder, &waiter, 2 * TTL, "leader -1h").await?;
+    reads_agree(cluster, &both).await?;
+    step(cluster, l, 0)?;
 
     // A follower's wall clock, either way: its reads still show the live holder.
     let f = follower(l).context("a follower")?;
     for offset in [HOUR, -HOUR] {
-        step(&cluster, f, offset)?;
-        hold_for(&cluster, &holder, &waiter, TTL, "follower step").await?;
-        reads_agree(&cluster, &both).await?;
+        step(cluster, f, offset)?;
+        hold_for(cluster, &holder, &waiter, TTL, "follower step").await?;
+        reads_agree(cluster, &both).await?;
     }
-    step(&cluster, f, 0)?;
+    step(cluster, f, 0)?;
 
     // A node's wall clock stepped just before it becomes the leader.
     for offset in [HOUR, -HOUR] {
-        let l = leader(&cluster).await?;
+        let l = leader(cluster).await?;
         let next = follower(l).context("a follower")?;
-        step(&cluster, next, offset)?;
-        transfer_leader(&cluster, next).await?;
-        hold_for(&cluster, &holder, &waiter, 2 * TTL, "new leader stepped").await?;
-        reads_agree(&cluster, &both).await?;
+        step(cluster, next, offset)?;
+        transfer_leader(cluster, next).await?;
+        hold_for(cluster, &holder, &waiter, 2 * TTL, "new leader stepped").await?;
+        reads_agree(cluster, &both).await?;
     }
 
     waiter.abort();
@@ -336,13 +336,13 @@ async fn a_crashed_holders_slot_comes_back_in_time_after_clock_steps() -> anyhow
 }
 
 async fn crashed_slot_comes_back(cluster: &mut Cluster) -> anyhow::Result<()> {
-    let l = leader(&cluster).await?;
+    let l = leader(cluster).await?;
     let mut c = cluster.grackle(l).await?;
     ops::namespace(&mut c, NS).await?;
     ops::semaphore(&mut c, NS, SEM, 1).await?;
 
     // 1. The leader's wall clock an hour behind: expiry must not wait for it to catch up.
-    step(&cluster, l, -HOUR)?;
+    step(cluster, l, -HOUR)?;
     let crashed = ops::lease(&mut c, NS, TTL.as_secs()).await?;
     ensure!(acquired(
         &ops::acquire(&mut c, NS, SEM, &crashed, 1, 0).await?
@@ -354,7 +354,7 @@ async fn crashed_slot_comes_back(cluster: &mut Cluster) -> anyhow::Result<()> {
         .find(|id| *id != l)
         .context("a follower")?;
     let waiter = wait_in_queue(cluster, via, &next).await?;
-    refresh(&cluster, l, &crashed).await?;
+    refresh(cluster, l, &crashed).await?;
     let last_refresh = Instant::now();
     // The holder "crashes": no more refreshes.
     ensure!(
@@ -366,7 +366,7 @@ async fn crashed_slot_comes_back(cluster: &mut Cluster) -> anyhow::Result<()> {
         took <= 2 * TTL + Duration::from_secs(1),
         "the slot came back after {took:?} (TTL {TTL:?})"
     );
-    ensure!(holders(&cluster, l).await? == vec![next.clone()]);
+    ensure!(holders(cluster, l).await? == vec![next.clone()]);
     ops::release(&mut c, NS, SEM, &next).await?;
 
     // 2. The holder and the leader crash together; the other nodes' wall clocks are stepped
@@ -376,14 +376,14 @@ async fn crashed_slot_comes_back(cluster: &mut Cluster) -> anyhow::Result<()> {
         &ops::acquire(&mut c, NS, SEM, &crashed, 1, 0).await?
     ));
     let others: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != l).collect();
-    step(&cluster, others[0], HOUR)?;
-    step(&cluster, others[1], -HOUR)?;
+    step(cluster, others[0], HOUR)?;
+    step(cluster, others[1], -HOUR)?;
     let next = ops::lease(&mut c, NS, 300).await?;
     let waiter = wait_in_queue(cluster, others[0], &next).await?;
-    refresh(&cluster, l, &crashed).await?;
+    refresh(cluster, l, &crashed).await?;
     let last_refresh = Instant::now();
     cluster.kill(l);
-    let new_leader = leader(&cluster).await?;
+    let new_leader = leader(cluster).await?;
     let election = last_refresh.elapsed();
     ensure!(
         waiter.await??,
@@ -394,6 +394,6 @@ async fn crashed_slot_comes_back(cluster: &mut Cluster) -> anyhow::Result<()> {
         took <= election + 2 * TTL + Duration::from_secs(1),
         "the slot came back after {took:?} (election {election:?}, TTL {TTL:?})"
     );
-    ensure!(holders(&cluster, new_leader).await? == vec![next.clone()]);
+    ensure!(holders(cluster, new_leader).await? == vec![next.clone()]);
     Ok(())
 }
