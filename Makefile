@@ -2,7 +2,7 @@
 CARGO ?= cargo
 CLUSTER_DIR ?= $(CURDIR)/.cluster
 
-.PHONY: help build release test test-unit run cluster cluster-secure cluster-stop fmt lint bench jepsen proptest clean
+.PHONY: help build release test test-deps test-unit run cluster cluster-secure cluster-stop fmt lint bench jepsen proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
@@ -22,9 +22,10 @@ build:
 release:
 	$(CARGO) build --workspace --release --bins
 
-# Process-level tests start the conchd/conch binaries, so build them first.
+# Process-level tests start the conchd/conch binaries, so build them first, and the clock tests
+# preload libfaketime (test-deps installs it when missing).
 # Doc tests first, so the test runner's summary is the last thing printed.
-test:
+test: test-deps
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --doc
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
@@ -32,6 +33,9 @@ test:
 	else \
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
+
+test-deps:
+	@scripts/install-test-deps.sh
 
 test-unit:
 	$(CARGO) test --workspace --lib

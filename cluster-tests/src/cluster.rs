@@ -31,6 +31,8 @@ pub struct NodeProc {
     pub data_dir: PathBuf,
     pub log_path: PathBuf,
     args: Vec<String>,
+    /// Environment variables set for this node's process (e.g. a faked wall clock).
+    env: Vec<(String, String)>,
     child: Option<Child>,
     paused: bool,
 }
@@ -44,6 +46,9 @@ impl NodeProc {
         self.child.as_ref().map(Child::id)
     }
 }
+
+/// Environment variables for node `id` of a cluster whose directory is the path given.
+pub type NodeEnv<'a> = dyn Fn(u64, &Path) -> Vec<(String, String)> + 'a;
 
 pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProc>,
@@ -100,7 +105,7 @@ impl Cluster {
     /// dial each other directly (partitions then have no effect), e.g. to tell a proxy
     /// problem from a daemon problem.
     pub async fn launch(n: u64, extra_args: &[String], proxied: bool) -> anyhow::Result<Cluster> {
-        Self::launch_opts(n, extra_args, proxied, false).await
+        Self::launch_with(n, extra_args, proxied, false, &|_, _| Vec::new()).await
     }
 
     /// Like [`Cluster::launch`]; with `tls`, certificates are made in the cluster's directory
@@ -111,6 +116,44 @@ impl Cluster {
         extra_args: &[String],
         proxied: bool,
         tls: bool,
+    ) -> anyhow::Result<Cluster> {
+        Self::launch_with(n, extra_args, proxied, tls, &|_, _| Vec::new()).await
+    }
+
+    /// Starts `n` nodes with direct peer links, each with the environment variables
+    /// `env(id, cluster dir)` (kept across restarts), and waits until they agree on a leader.
+    pub async fn start_with_env(
+        n: u64,
+        extra_args: &[&str],
+        env: &NodeEnv<'_>,
+    ) -> anyhow::Result<Cluster> {
+        let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        let cluster = Self::launch_with_env(n, &extra_args, false, env).await?;
+        match cluster.wait_for_leader(Duration::from_secs(30)).await {
+            Ok(_) => Ok(cluster),
+            Err(e) => Err(e.context(format!("start {n} nodes: {}", cluster.logs_tail()))),
+        }
+    }
+
+    /// Like [`Cluster::launch`], with per-node environment variables (see
+    /// [`Cluster::start_with_env`]).
+    pub async fn launch_with_env(
+        n: u64,
+        extra_args: &[String],
+        proxied: bool,
+        env: &NodeEnv<'_>,
+    ) -> anyhow::Result<Cluster> {
+        Self::launch_with(n, extra_args, proxied, false, env).await
+    }
+
+    /// Starts `n` nodes without waiting for a leader: [`Cluster::launch_opts`] with per-node
+    /// environment variables.
+    async fn launch_with(
+        n: u64,
+        extra_args: &[String],
+        proxied: bool,
+        tls: bool,
+        env: &NodeEnv<'_>,
     ) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new()
             .prefix("conch-cluster-")
@@ -185,6 +228,7 @@ impl Cluster {
                     data_dir,
                     log_path: dir.path().join(format!("node{id}.log")),
                     args,
+                    env: env(id, dir.path()),
                     child: None,
                     paused: false,
                 },
@@ -229,6 +273,7 @@ impl Cluster {
             .context("open node log")?;
         let child = crate::spawn(
             conchd_command(&node.args)
+                .envs(node.env.iter().map(|(k, v)| (k, v)))
                 .stdout(log.try_clone().context("clone log handle")?)
                 .stderr(log),
         )?;

@@ -1,5 +1,6 @@
-//! The lease clock: the leader proposes `Expire` when its applied state has a lease or a
-//! waiter past due. An idle cluster writes nothing. A new leader's first batch extends every
+//! Expiry: the leader proposes `Expire` when its applied state has a lease or a waiter past due
+//! on the lease clock (`clock.rs`: monotonic, never the wall clock; sleeps are monotonic too).
+//! An idle cluster writes nothing. A new leader's first batch extends every
 //! lease; whether that is still due is decided in one place, [`Node::extension_due`], and this
 //! task proposes that batch right after an election when no client writes first. See
 //! `docs/design.md` (Time).
@@ -7,10 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::node::{Node, now_ns};
+use crate::node::Node;
 use crate::state::Cmd;
 
-/// Longest sleep between checks while leading (bounds the effect of a clock jump).
+/// Longest sleep between checks while leading.
 const RECHECK: Duration = Duration::from_secs(1);
 /// Pause after a failed proposal before trying again.
 const RETRY: Duration = Duration::from_millis(50);
@@ -26,7 +27,7 @@ pub async fn run(node: Arc<Node>) {
             continue;
         }
         let due = node.applied.read(|state| state.next_due_ns());
-        let now = now_ns();
+        let now = node.lease_clock_ns();
         let must_propose = node.extension_due() || due.is_some_and(|due| due <= now);
         if must_propose {
             // A new term's first batch also carries ExtendLeases.

@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod applied;
+pub mod clock;
 pub mod config;
 pub mod expiry;
 pub mod identity;

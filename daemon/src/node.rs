@@ -9,7 +9,8 @@
 //! arrived meanwhile, then waits until this node applied up to that index.
 //!
 //! A new leader's first batch starts with `ExtendLeases`, so a failover never expires a live
-//! client's lease early.
+//! client's lease early. Batches are stamped with the lease clock (`clock.rs`) for everything
+//! that expires and with the wall clock only for display times.
 //!
 //! Every call to another node (forwarded writes and reads, forwarded admin calls) goes over one
 //! cached, route-aware channel per peer. See `docs/design.md` (The write path, Time).
@@ -17,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use conch_proto::conch::PeerMessage;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
@@ -27,11 +28,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::applied::AppliedState;
+use crate::clock::{LeaseClock, wall_ns};
 use crate::config::Config;
 use crate::identity::ClusterId;
 use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, peer_client};
 use crate::raft::{NodeId, Raft};
-use crate::state::{Batch, Cmd, Reply};
+use crate::state::{Batch, Cmd, Nanos, Reply};
 
 /// Most commands put into one Raft entry.
 const BATCH_MAX_CMDS: usize = 4096;
@@ -80,6 +82,8 @@ pub struct Node {
     /// This node's cluster id (see `identity.rs`).
     pub cluster_id: Arc<ClusterId>,
     dialer: PeerDialer,
+    /// The lease clock this node stamps batches with while it leads.
+    lease_clock: LeaseClock,
 }
 
 /// The one record of "a new term's first batch extends every lease": the term in which this
@@ -99,14 +103,6 @@ impl TermExtension {
     fn committed(&self, term: u64) {
         self.extended_term.fetch_max(term, Ordering::AcqRel);
     }
-}
-
-/// Wall clock in nanoseconds since the Unix epoch (the leader's stamp on each batch).
-pub fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 impl Node {
@@ -131,6 +127,7 @@ impl Node {
             extension: TermExtension::default(),
             cluster_id,
             dialer,
+            lease_clock: LeaseClock::default(),
         });
         tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
         tokio::spawn(Arc::clone(&node).run_read_index(read_rx));
@@ -223,6 +220,18 @@ impl Node {
     pub fn extension_due(&self) -> bool {
         let term = self.raft.metrics().borrow().current_term;
         self.is_leader() && self.extension.due(term)
+    }
+
+    /// The lease clock as this node, leading `term`, reads it now (see `clock.rs`).
+    fn lease_clock_at(&self, term: u64) -> Nanos {
+        let applied_ns = self.applied.read(|state| state.clock_ns());
+        self.lease_clock.now(term, applied_ns)
+    }
+
+    /// The lease clock now, for the leader's expiry checks.
+    pub fn lease_clock_ns(&self) -> Nanos {
+        let term = self.raft.metrics().borrow().current_term;
+        self.lease_clock_at(term)
     }
 
     pub fn is_leader(&self) -> bool {
@@ -386,8 +395,9 @@ impl Node {
             cmds.insert(0, Cmd::ExtendLeases);
         }
         let batch = Batch {
-            now_ns: now_ns(),
+            now_ns: self.lease_clock_at(term),
             cmds,
+            wall_ns: wall_ns(),
         };
         match self.raft.client_write(batch).await {
             Ok(response) => {

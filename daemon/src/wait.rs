@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::node::{Node, NodeError, now_ns};
+use crate::node::{Node, NodeError};
 use crate::state::{Cmd, Error, Event, GiveUpReply, NANOS_PER_SEC, Nanos, Outcome, WaitEnd};
 
 /// How long after its deadline a waiting call gives up on its own if the leader's clock has not
@@ -204,8 +204,12 @@ pub async fn wait_for_grant(
         key: Some(key.clone()),
         deadline_ns,
     };
+    // The deadline is on the lease clock: what is left of it is measured from this node's
+    // applied state (at or after the acquire's entry once caught up) and waited out on the
+    // monotonic clock, never compared with a wall clock.
+    let clock_ns = node.applied.read(|state| state.clock_ns());
     let remaining =
-        Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(now_ns())).unwrap_or(0));
+        Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(clock_ns)).unwrap_or(0));
     let local_deadline = tokio::time::Instant::now() + remaining + WAIT_GRACE;
     let caught_up = tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index)).await;
     if caught_up.is_err() {

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::status::ApiError;
 use super::{convert, respond};
-use crate::node::{Node, now_ns};
+use crate::node::Node;
 use crate::state::Error;
 
 pub struct ConchApiService {
@@ -37,7 +37,7 @@ impl ConchApi for ConchApiService {
         let (semaphore, page) = self
             .node
             .applied
-            .read(|s| s.list_waiters(&r.namespace_name, &r.semaphore_name, &page, now_ns()))
+            .read(|s| s.list_waiters(&r.namespace_name, &r.semaphore_name, &page))
             .map_err(ApiError::from)?;
         Ok(respond(
             &self.node,

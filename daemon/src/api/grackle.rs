@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::status::ApiError;
 use super::{convert, request_id, respond};
-use crate::node::{Node, now_ns};
+use crate::node::Node;
 use crate::state::{
     AcquireStatus, Cmd, Error, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
 };
@@ -30,12 +30,9 @@ impl GrackleService {
         Ok(self.node.write_one(cmd).await??)
     }
 
-    async fn read<T>(
-        &self,
-        read: impl FnOnce(&State, Nanos) -> Result<T, Error>,
-    ) -> Result<T, ApiError> {
+    async fn read<T>(&self, read: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, ApiError> {
         self.node.linearizable().await?;
-        Ok(self.node.applied.read(|state| read(state, now_ns()))?)
+        Ok(self.node.applied.read(read)?)
     }
 
     fn reply<T>(&self, message: T) -> Result<Response<T>, Status> {
@@ -64,7 +61,7 @@ impl GrackleService {
         let semaphore = self
             .node
             .applied
-            .read(|s| s.get_semaphore(&key.ns, &key.sem, now_ns()))?;
+            .read(|s| s.get_semaphore(&key.ns, &key.sem))?;
         let outcome = if token.is_some() {
             pb::AcquireOutcome::Acquired
         } else {
@@ -141,7 +138,7 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::ListNamespacesResponse>, Status> {
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
-        let page = self.read(|s, _| s.list_namespaces(&page)).await?;
+        let page = self.read(|s| s.list_namespaces(&page)).await?;
         self.reply(pb::ListNamespacesResponse {
             namespaces: page.items.into_iter().map(convert::namespace).collect(),
             next_pagination_token: page.next_token,
@@ -154,7 +151,7 @@ impl GrackleApi for GrackleService {
         request: Request<pb::GetNamespaceRequest>,
     ) -> Result<Response<pb::GetNamespaceResponse>, Status> {
         let r = request.into_inner();
-        let ns = self.read(|s, _| s.get_namespace(&r.namespace_name)).await?;
+        let ns = self.read(|s| s.get_namespace(&r.namespace_name)).await?;
         self.reply(pb::GetNamespaceResponse {
             namespace: Some(convert::namespace(ns)),
         })
@@ -224,7 +221,7 @@ impl GrackleApi for GrackleService {
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
-            .read(|s, now| s.list_semaphores(&r.namespace_name, &page, now))
+            .read(|s| s.list_semaphores(&r.namespace_name, &page))
             .await?;
         self.reply(pb::ListSemaphoresResponse {
             semaphores: page.items.into_iter().map(convert::semaphore).collect(),
@@ -239,7 +236,7 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::GetSemaphoreResponse>, Status> {
         let r = request.into_inner();
         let sem = self
-            .read(|s, now| s.get_semaphore(&r.namespace_name, &r.semaphore_name, now))
+            .read(|s| s.get_semaphore(&r.namespace_name, &r.semaphore_name))
             .await?;
         self.reply(pb::GetSemaphoreResponse {
             semaphore: Some(convert::semaphore(sem)),
@@ -355,7 +352,7 @@ impl GrackleApi for GrackleService {
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
-            .read(|s, now| s.list_holders(&r.namespace_name, &r.semaphore_name, &page, now))
+            .read(|s| s.list_holders(&r.namespace_name, &r.semaphore_name, &page))
             .await?;
         self.reply(pb::ListSemaphoreHoldersResponse {
             holders: page.items.into_iter().map(convert::holder).collect(),
@@ -427,7 +424,7 @@ impl GrackleApi for GrackleService {
         let page = convert::page(r.pagination_token, r.limit);
         let process_id = (!r.process_id.is_empty()).then_some(r.process_id.as_str());
         let page = self
-            .read(|s, now| s.list_leases(&r.namespace_name, process_id, &page, now))
+            .read(|s| s.list_leases(&r.namespace_name, process_id, &page))
             .await?;
         self.reply(pb::ListSemaphoreLeasesResponse {
             leases: page.items.into_iter().map(convert::lease).collect(),
@@ -442,7 +439,7 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::GetSemaphoreLeaseResponse>, Status> {
         let r = request.into_inner();
         let lease = self
-            .read(|s, now| s.get_lease(&r.namespace_name, &r.lease_id, now))
+            .read(|s| s.get_lease(&r.namespace_name, &r.lease_id))
             .await?;
         self.reply(pb::GetSemaphoreLeaseResponse {
             lease: Some(convert::lease(lease)),

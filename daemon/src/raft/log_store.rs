@@ -3,6 +3,9 @@
 //! One sled `Db` under `<data_dir>/raft`, one tree, keys by prefix:
 //! - `e` + big-endian u64 index -> one log entry (so sled's key order is log order)
 //! - `m:vote`, `m:committed`, `m:purged` -> the vote, the last committed log id, the purge point
+//! - `m:format` -> the data format of the entries ([`DATA_FORMAT`]), written when the store is
+//!   created; `open` refuses a store with data and a missing or different format before it
+//!   decodes anything (a store without the key was written by format 1)
 //!
 //! Every value is `bincode(value) ++ fnv1a64(bincode(value))` (little-endian), so a damaged value
 //! is reported as a `StorageError` instead of decoding into something else.
@@ -78,6 +81,12 @@ const ENTRY_PREFIX: u8 = b'e';
 const KEY_VOTE: &[u8] = b"m:vote";
 const KEY_COMMITTED: &[u8] = b"m:committed";
 const KEY_PURGED: &[u8] = b"m:purged";
+const KEY_FORMAT: &[u8] = b"m:format";
+
+/// The layout of what the log and snapshots hold (log entries, the state's canonical data).
+/// Raised whenever either changes so that older data cannot be decoded: such data is refused
+/// at start, never converted. Format 1 stores predate the marker.
+pub const DATA_FORMAT: u32 = 2;
 
 /// How far an acknowledged write is made durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +111,18 @@ pub enum OpenError {
     DataFile { path: PathBuf, source: io::Error },
     #[error("raft log at {} is corrupt: {reason}", path.display())]
     Corrupt { path: PathBuf, reason: String },
+    #[error(
+        "{}: written by {} conch data format ({found}); this build reads {expected}: it does not \
+         convert data, so start this node with an empty data directory (in a cluster, remove the \
+         node and add it back empty) or run the build that wrote it",
+        path.display(),
+        if found < expected { "an earlier" } else { "a newer" }
+    )]
+    Format {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
 }
 
 /// Why a stored value could not be decoded.
@@ -387,6 +408,8 @@ impl LogStore {
             }
         };
 
+        check_data_format(&db, &path)?;
+
         let data_path = path.join("db");
         let data_file = File::open(&data_path).map_err(|source| OpenError::DataFile {
             path: data_path.clone(),
@@ -647,6 +670,39 @@ fn check_log(db: &sled::Db) -> Result<CheckSummary, String> {
     Ok(summary)
 }
 
+/// Writes the data format into a new store; refuses a store with data in another format (or
+/// none: format 1) before anything in it is decoded.
+fn check_data_format(db: &sled::Db, path: &Path) -> Result<(), OpenError> {
+    let corrupt = |reason: String| OpenError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let stored = db
+        .get(KEY_FORMAT)
+        .map_err(|e| corrupt(format!("read data format: {e}")))?;
+    let found = match stored {
+        Some(bytes) => {
+            decode_value::<u32>(&bytes).map_err(|e| corrupt(format!("data format: {e}")))?
+        }
+        None if db.is_empty() => {
+            let value = encode_value(&DATA_FORMAT).map_err(|e| corrupt(e.to_string()))?;
+            db.insert(KEY_FORMAT, value)
+                .and_then(|_| db.flush())
+                .map_err(|e| corrupt(format!("write data format: {e}")))?;
+            DATA_FORMAT
+        }
+        None => 1,
+    };
+    if found != DATA_FORMAT {
+        return Err(OpenError::Format {
+            path: path.to_path_buf(),
+            found,
+            expected: DATA_FORMAT,
+        });
+    }
+    Ok(())
+}
+
 #[derive(Default)]
 struct CheckSummary {
     entries: u64,
@@ -871,6 +927,47 @@ mod tests {
         assert!(err.to_string().contains("lost data"), "{err}");
     }
 
+    #[test]
+    fn a_store_of_another_data_format_is_refused_in_one_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = LogStore::open(dir.path()).expect("open");
+            // A new store records the format; reopening it works.
+            assert_eq!(store.read_meta::<u32>(KEY_FORMAT), Ok(Some(DATA_FORMAT)));
+        }
+        drop(LogStore::open(dir.path()).expect("reopen"));
+        let raft = dir.path().join("raft");
+        let rewrite = |format: Option<u32>| {
+            let db = sled::open(&raft).expect("open sled");
+            match format {
+                Some(format) => db.insert(KEY_FORMAT, encode_value(&format).expect("encode")),
+                None => db.remove(KEY_FORMAT),
+            }
+            .expect("write");
+            db.insert(KEY_VOTE, b"old vote".to_vec()).expect("write");
+            db.flush().expect("flush");
+        };
+        for (format, found, which) in [
+            (None, 1, "an earlier"),
+            (Some(DATA_FORMAT - 1), DATA_FORMAT - 1, "an earlier"),
+            (Some(DATA_FORMAT + 1), DATA_FORMAT + 1, "a newer"),
+        ] {
+            rewrite(format);
+            let Err(err) = LogStore::open(dir.path()) else {
+                panic!("a store of format {found} must not open")
+            };
+            let message = err.to_string();
+            assert!(
+                message.starts_with(&format!(
+                    "{}: written by {which} conch data format ({found}); this build reads {DATA_FORMAT}: ",
+                    raft.display()
+                )),
+                "{message}"
+            );
+            assert!(!message.contains('\n'), "one line: {message}");
+        }
+    }
+
     use std::collections::BTreeSet;
     use std::time::{Duration, Instant};
 
@@ -923,6 +1020,7 @@ mod tests {
                 lease: format!("lease-{index}"),
                 ttl_s: 10,
             }],
+            wall_ns: 1_000 + index as i64,
         };
         Entry {
             log_id: log_id(term, index),

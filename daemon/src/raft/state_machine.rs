@@ -8,14 +8,13 @@
 //! Snapshot file (also the bytes sent to followers), integers little-endian:
 //!
 //! ```text
-//! "CONCHSNP" | format version u32 (2) | meta_len u64 | bincode(SnapshotMeta) | state_len u64 |
+//! "CONCHSNP" | format version u32 (3) | meta_len u64 | bincode(SnapshotMeta) | state_len u64 |
 //! State::encode_snapshot() | fnv1a64 of everything before, u64
 //! ```
 //!
 //! This envelope is the file's only header: the state section is the state's bare encoding.
-//! Version 1 files (written by earlier builds) are still read: their state section starts with
-//! a header of its own, `"conch-sm"` and a u32 format 1, which is checked and stripped. New files
-//! are always written as version 2. See `docs/design.md` (Snapshots).
+//! Every other version is refused in one line: earlier versions hold an earlier layout of the
+//! state, which this build does not convert. See `docs/design.md` (Snapshot format).
 //!
 //! Invariants:
 //! - `last_applied` and `last_membership` describe exactly the entries applied to `applied`
@@ -44,12 +43,8 @@ pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, BasicNode>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 
 const MAGIC: &[u8; 8] = b"CONCHSNP";
-/// The version written.
-const FORMAT_VERSION: u32 = 2;
-/// The version before it, still read: its state section carries [`V1_STATE_HEADER`].
-const FORMAT_VERSION_1: u32 = 1;
-/// The state section's own header in version 1 files: `"conch-sm"`, then format 1 as a u32.
-const V1_STATE_HEADER: &[u8; 12] = b"conch-sm\x01\0\0\0";
+/// The version written, and the only one read (raised with the log's data format).
+const FORMAT_VERSION: u32 = 3;
 /// magic + version + meta_len + state_len + checksum.
 const FIXED_LEN: usize = 8 + 4 + 8 + 8 + 8;
 
@@ -64,6 +59,12 @@ pub enum OpenError {
     Read { path: PathBuf, source: io::Error },
     #[error("snapshot {} is corrupt: {reason}", path.display())]
     Corrupt { path: PathBuf, reason: String },
+    /// A snapshot of another data format: refused, never converted.
+    #[error("{}: {source}", path.display())]
+    Format {
+        path: PathBuf,
+        source: EnvelopeError,
+    },
 }
 
 /// Why snapshot bytes are not a valid snapshot envelope.
@@ -74,11 +75,13 @@ pub enum EnvelopeError {
     #[error("not a conch snapshot (bad magic)")]
     Magic,
     #[error(
-        "unsupported snapshot format version {found} (this build reads {FORMAT_VERSION_1} and {FORMAT_VERSION})"
+        "written by {} conch data format (snapshot version {found}); this build reads version \
+         {FORMAT_VERSION}: it does not convert data, so start this node with an empty data \
+         directory (in a cluster, remove the node and add it back empty) or run the build that \
+         wrote it",
+        if *found < FORMAT_VERSION { "an earlier" } else { "a newer" }
     )]
     Version { found: u32 },
-    #[error("version 1 state section lacks its \"conch-sm\" format 1 header")]
-    V1StateHeader,
     #[error("checksum mismatch (stored {stored:#018x}, computed {computed:#018x})")]
     Checksum { stored: u64, computed: u64 },
     #[error("section lengths do not add up: {0}")]
@@ -105,8 +108,7 @@ pub fn encode_envelope(meta: &SnapshotMeta, state: &[u8]) -> Result<Vec<u8>, Env
 }
 
 /// Checks the envelope (magic, version, checksum, lengths) and returns the meta and the encoded
-/// state, as [`State::decode_snapshot`] reads it whatever the file's version. The state itself
-/// is not decoded here.
+/// state, as [`State::decode_snapshot`] reads it. The state itself is not decoded here.
 pub fn decode_envelope(bytes: &[u8]) -> Result<(SnapshotMeta, &[u8]), EnvelopeError> {
     if bytes.len() < FIXED_LEN {
         return Err(EnvelopeError::TooShort { len: bytes.len() });
@@ -115,7 +117,7 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<(SnapshotMeta, &[u8]), EnvelopeEr
         return Err(EnvelopeError::Magic);
     }
     let version = u32::from_le_bytes(array(&bytes[8..12]));
-    if version != FORMAT_VERSION && version != FORMAT_VERSION_1 {
+    if version != FORMAT_VERSION {
         return Err(EnvelopeError::Version { found: version });
     }
     let (body, trailer) = bytes.split_at(bytes.len() - 8);
@@ -141,14 +143,7 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<(SnapshotMeta, &[u8]), EnvelopeEr
             body.len() - state_start
         )));
     }
-    let state = &body[state_start..];
-    if version == FORMAT_VERSION_1 {
-        let state = state
-            .strip_prefix(V1_STATE_HEADER.as_slice())
-            .ok_or(EnvelopeError::V1StateHeader)?;
-        return Ok((meta, state));
-    }
-    Ok((meta, state))
+    Ok((meta, &body[state_start..]))
 }
 
 /// Copies an exactly-sized slice into an array (callers slice exact lengths).
@@ -382,7 +377,13 @@ impl StateMachine {
             path: path.clone(),
             reason,
         };
-        let (meta, state_bytes) = decode_envelope(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let (meta, state_bytes) = decode_envelope(&bytes).map_err(|e| match e {
+            EnvelopeError::Version { .. } => OpenError::Format {
+                path: path.clone(),
+                source: e,
+            },
+            e => corrupt(e.to_string()),
+        })?;
         let state = State::decode_snapshot(state_bytes).map_err(|e| corrupt(e.to_string()))?;
 
         let index = meta.last_log_id.map_or(0, |id| id.index);
@@ -665,6 +666,7 @@ mod tests {
                     description: "from an older build".into(),
                     metadata: Default::default(),
                 }],
+                wall_ns: 1_000,
             },
         );
         anyhow::ensure!(
@@ -682,43 +684,37 @@ mod tests {
     }
 
     #[test]
-    fn version_2_is_written_and_carries_the_bare_state_encoding() -> anyhow::Result<()> {
+    fn version_3_is_written_and_carries_the_bare_state_encoding() -> anyhow::Result<()> {
         let (state, _) = sample_state()?;
         let bytes = encode_envelope(&meta(3, 40), &state)?;
-        assert_eq!(bytes, raw_envelope(2, &meta(3, 40), &state));
+        assert_eq!(bytes, raw_envelope(3, &meta(3, 40), &state));
         let (_, section) = decode_envelope(&bytes)?;
         assert_eq!(section, state.as_slice());
         Ok(())
     }
 
-    #[tokio::test]
-    async fn a_version_1_file_from_an_earlier_build_is_restored() -> anyhow::Result<()> {
-        // Version 1: the state section is "conch-sm", format 1 as u32, then the state's bytes.
-        let (state, hash) = sample_state()?;
-        let mut section = b"conch-sm".to_vec();
-        section.extend_from_slice(&1u32.to_le_bytes());
-        section.extend_from_slice(&state);
-        let bytes = raw_envelope(1, &meta(2, 1), &section);
-        let (decoded, stripped) = decode_envelope(&bytes)?;
-        assert_eq!(decoded, meta(2, 1));
-        assert_eq!(stripped, state.as_slice());
-
-        let dir = tempfile::tempdir()?;
-        write_snapshot_file(dir.path(), 5, &bytes)?;
-        let applied = AppliedState::new(State::new(), 0);
-        let mut sm = StateMachine::open(dir.path(), Arc::clone(&applied))?;
-        assert_eq!(applied.applied_index(), 1);
-        assert_eq!(applied.read(State::hash), hash);
-        assert_eq!(sm.applied_state().await?.0, Some(log_id(2, 1)));
-
-        // Without its inner header a version 1 file is refused, as is an unknown version.
-        let dir = tempfile::tempdir()?;
-        write_snapshot_file(dir.path(), 5, &raw_envelope(1, &meta(2, 1), &state))?;
-        assert!(matches!(open(dir.path()), Err(OpenError::Corrupt { .. })));
-        assert!(matches!(
-            decode_envelope(&raw_envelope(3, &meta(2, 1), &state)),
-            Err(EnvelopeError::Version { found: 3 })
-        ));
+    #[test]
+    fn every_other_version_is_refused_in_one_line() -> anyhow::Result<()> {
+        let (state, _) = sample_state()?;
+        for (version, which) in [(1, "an earlier"), (2, "an earlier"), (4, "a newer")] {
+            let dir = tempfile::tempdir()?;
+            write_snapshot_file(dir.path(), 5, &raw_envelope(version, &meta(2, 1), &state))?;
+            let Err(err) = open(dir.path()) else {
+                anyhow::bail!("a version {version} snapshot was restored");
+            };
+            let message = err.to_string();
+            anyhow::ensure!(
+                message.starts_with(&format!(
+                    "{}: written by {which} conch data format (snapshot version {version}); this \
+                     build reads version 3: ",
+                    dir.path()
+                        .join("snapshots")
+                        .join("snap-00000000000000000005.snap")
+                        .display()
+                )) && !message.contains('\n'),
+                "{message}"
+            );
+        }
         Ok(())
     }
 
@@ -864,6 +860,7 @@ mod tests {
                     payload: EntryPayload::Normal(Batch {
                         now_ns: 5,
                         cmds: vec![],
+                        wall_ns: 5,
                     }),
                 },
                 Entry::<TypeConfig> {

@@ -30,12 +30,14 @@ impl State {
         Self::default()
     }
 
-    /// Applies one Raft entry: advances the clock to `max(clock, batch.now_ns)`, then applies
+    /// Applies one Raft entry: advances the lease clock to `max(clock, batch.now_ns)` and takes
+    /// the batch's wall stamp for display times, then applies
     /// each command in order (reaping due leases and waiters before each command except
     /// `ExtendLeases`). Returns one reply per command; grants and ended waits are pushed to
     /// `events` in order.
     pub fn apply_batch(&mut self, batch: &Batch, events: &mut Vec<Event>) -> Vec<Reply> {
         self.data.clock_ns = self.data.clock_ns.max(batch.now_ns);
+        self.data.wall_ns = batch.wall_ns;
         self.data.requests.expire(self.data.clock_ns);
         batch
             .cmds
@@ -76,7 +78,7 @@ impl State {
                     return Err(Error::exhausted("namespace ids exhausted"));
                 };
                 *last_namespace_id = id;
-                let ns = Namespace::new(id, name, description, metadata, ctx.clock_ns);
+                let ns = Namespace::new(id, name, description, metadata, ctx.wall_ns);
                 let view = ns.view();
                 namespaces.add(ns, ctx);
                 Ok(Outcome::Namespace(view))
@@ -94,7 +96,7 @@ impl State {
                 ns.description = description.clone();
                 ns.metadata = metadata.clone();
                 ns.version = ns.version.saturating_add(1);
-                ns.updated_at = ctx.clock_ns;
+                ns.updated_at = ctx.wall_ns;
                 Ok(Outcome::Namespace(ns.view()))
             }
             Cmd::DeleteNamespace { name } => {
@@ -250,7 +252,7 @@ impl Namespace {
                 "semaphore quota reached: at most {SEMAPHORES_PER_NAMESPACE_MAX} semaphores per namespace"
             )));
         }
-        let sem = Semaphore::new(description, permits, metadata, ctx.clock_ns);
+        let sem = Semaphore::new(description, permits, metadata, ctx.wall_ns);
         let view = sem.view(name);
         self.add_semaphore(name, sem);
         Ok(Outcome::Semaphore(view))
@@ -286,7 +288,7 @@ impl Namespace {
         sem.metadata = metadata.clone();
         sem.permits = permits;
         sem.version = sem.version.saturating_add(1);
-        sem.updated_at = ctx.clock_ns;
+        sem.updated_at = ctx.wall_ns;
         self.grant_from_head(name, ctx);
         self.reply_semaphore(name)
     }
@@ -309,8 +311,8 @@ impl Namespace {
         };
         *last_lease_seq = seq;
         let expires_at = ctx.clock_ns.saturating_add(ttl_ns(ttl_s));
-        let lease = Lease::new(process_id, ttl_s, metadata, ctx.clock_ns, expires_at);
-        let view = lease.view(seq);
+        let lease = Lease::new(process_id, ttl_s, metadata, ctx.wall_ns, expires_at);
+        let view = lease.view(seq, ctx.times());
         self.add_lease(seq, lease, ctx);
         Ok(Outcome::Lease(view))
     }
@@ -323,6 +325,6 @@ impl Namespace {
         let ttl_s = self.leases().get(&seq).map_or(ttl_s, |lease| lease.ttl_s);
         self.set_lease_expiry(seq, ctx.clock_ns.saturating_add(ttl_ns(ttl_s)), ctx);
         let lease = self.leases().get(&seq).ok_or_else(|| lease_not_found(id))?;
-        Ok(Outcome::Lease(lease.view(seq)))
+        Ok(Outcome::Lease(lease.view(seq, ctx.times())))
     }
 }

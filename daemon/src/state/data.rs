@@ -1,9 +1,10 @@
 //! The data and its indexes.
 //!
-//! The canonical data ([`Data`]) is what snapshots carry and [`State::hash`] covers: the clock,
-//! three counters (fencing tokens, lease ids, namespace ids) and the namespaces with their
-//! semaphores (holders and waiters keyed by lease) and leases, and the remembered request ids
-//! (`requests.rs`, which keeps that table's own indexes). Everything else is derived:
+//! The canonical data ([`Data`]) is what snapshots carry and [`State::hash`] covers: the lease
+//! clock, the newest wall-clock stamp, three counters (fencing tokens, lease ids, namespace ids),
+//! the namespaces with their semaphores (holders and waiters keyed by lease) and leases, and the
+//! remembered request ids (`requests.rs`, which keeps that table's own indexes). Everything else
+//! is derived:
 //! - per semaphore: `held` (sum of holder weights), `holders_by_token` (grant order) and `queue`
 //!   (ticket -> lease, i.e. FIFO order)
 //! - per lease: the semaphores it holds and waits for
@@ -50,6 +51,8 @@ pub(super) struct Data {
     pub(super) namespaces: Namespaces,
     /// Remembered request ids and their replies (see `requests.rs`).
     pub(super) requests: Requests,
+    /// The newest batch's wall-clock stamp: only for the times users read (it may go back).
+    pub(super) wall_ns: Nanos,
 }
 
 /// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
@@ -154,7 +157,10 @@ pub(super) struct Lease {
 /// What a command may change besides its namespace: the token counter, the global indexes
 /// (only through the methods of this module) and the event stream.
 pub(super) struct Ctx<'a> {
+    /// The lease clock: every expiry and deadline is measured on it.
     pub(super) clock_ns: Nanos,
+    /// The wall clock: every time stored for users to read (`created_at`, ...) takes it.
+    pub(super) wall_ns: Nanos,
     last_token: &'a mut u64,
     index: &'a mut Index,
     pub(super) events: &'a mut Vec<Event>,
@@ -185,6 +191,7 @@ impl State {
             last_lease_seq,
             last_namespace_id,
             namespaces,
+            wall_ns,
             ..
         } = &mut self.data;
         Parts {
@@ -193,6 +200,7 @@ impl State {
             last_namespace_id,
             ctx: Ctx {
                 clock_ns: *clock_ns,
+                wall_ns: *wall_ns,
                 last_token,
                 index: &mut self.index,
                 events,
@@ -401,15 +409,15 @@ impl Namespace {
         name: &str,
         description: &str,
         metadata: &Metadata,
-        clock_ns: Nanos,
+        wall_ns: Nanos,
     ) -> Self {
         Namespace {
             id,
             name: name.to_string(),
             description: description.to_string(),
             metadata: metadata.clone(),
-            created_at: clock_ns,
-            updated_at: clock_ns,
+            created_at: wall_ns,
+            updated_at: wall_ns,
             version: 1,
             semaphores: BTreeMap::new(),
             leases: BTreeMap::new(),
@@ -665,16 +673,16 @@ impl Semaphore {
         description: &str,
         permits: u64,
         metadata: &Metadata,
-        clock_ns: Nanos,
+        wall_ns: Nanos,
     ) -> Self {
         Semaphore {
             description: description.to_string(),
             metadata: metadata.clone(),
             permits,
             version: 1,
-            created_at: clock_ns,
-            updated_at: clock_ns,
-            last_activity_at: clock_ns,
+            created_at: wall_ns,
+            updated_at: wall_ns,
+            last_activity_at: wall_ns,
             holders: BTreeMap::new(),
             waiters: BTreeMap::new(),
             last_ticket: 0,
@@ -730,13 +738,13 @@ impl Lease {
         process_id: &str,
         ttl_s: u64,
         metadata: &Metadata,
-        clock_ns: Nanos,
+        wall_ns: Nanos,
         expires_at: Nanos,
     ) -> Self {
         Lease {
             process_id: process_id.to_string(),
             metadata: metadata.clone(),
-            created_at: clock_ns,
+            created_at: wall_ns,
             expires_at,
             ttl_s,
             holds: BTreeSet::new(),

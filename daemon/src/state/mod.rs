@@ -2,7 +2,9 @@
 //! Raft log.
 //!
 //! No clock reads, no I/O, no randomness: ids and tokens derive from counters in the state,
-//! and time comes from the leader's stamp on each [`Batch`].
+//! and time comes from the leader's two stamps on each [`Batch`]: the lease clock (`now_ns`),
+//! on which every expiry and deadline is measured, and the wall clock (`wall_ns`), which only
+//! the times users read take.
 //!
 //! The modules, by concept:
 //! - `data`: the canonical data and its derived indexes, changed only through methods that keep
@@ -10,7 +12,7 @@
 //! - `lease_id`: lease ids and the sequence numbers behind them
 //! - `queue`: acquire, release, give up, and the one grant path
 //! - `apply`: command dispatch, reaping, extending leases, the other commands
-//! - `read`: lookups, views and the reads served at the reader's clock
+//! - `read`: lookups, views and the reads served from the state
 //! - `snapshot`: the canonical encoding, the state hash, snapshots
 //! - `invariants`: the check of every rule the state keeps (see there for the list)
 //! - `requests`: the remembered request ids and their replies, with their own indexes
@@ -45,8 +47,10 @@
 //! - `RefreshLease` sets `expires_at = clock + ttl` (it may shorten a lease if given a shorter
 //!   TTL); `ttl_s` 0 keeps the lease's TTL, any other value becomes the lease's TTL.
 //! - A lease id this state could not have made is `NotFound` (not `InvalidArgument`).
-//! - Reads take the reader's `now_ns` and hide leases with `expires_at <= now_ns`, their holders
-//!   and waiters, and waiters whose deadline has passed; counts in semaphore views match.
+//! - Reads decide by the state's own lease clock (never the reading node's clock) and hide
+//!   leases with `expires_at <= clock`, their holders and waiters, and waiters whose deadline
+//!   has passed; counts in semaphore views match. A lease view's `expires_at` is for display,
+//!   on the wall clock.
 
 mod apply;
 mod data;

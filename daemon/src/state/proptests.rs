@@ -77,7 +77,6 @@ enum Op {
         sem: usize,
         token: String,
         limit: i32,
-        dt_ns: Nanos,
     },
 }
 
@@ -203,8 +202,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         30 => (dt_ns(), prop::collection::vec(with_ids(gen_cmd), 0..6)).prop_map(|(dt_ns, cmds)| Op::Batch { dt_ns, cmds }),
         1 => Just(Op::Snapshot),
-        1 => (ns_index(), sem_index(), prop_oneof![Just(String::new()), Just("f.00".to_string()), Just("b.7a".to_string()), "[a-zA-Z.0-9]{0,12}"], -2..300i32, dt_ns())
-            .prop_map(|(ns, sem, token, limit, dt_ns)| Op::Read { ns, sem, token, limit, dt_ns }),
+        1 => (ns_index(), sem_index(), prop_oneof![Just(String::new()), Just("f.00".to_string()), Just("b.7a".to_string()), "[a-zA-Z.0-9]{0,12}"], -2..300i32)
+            .prop_map(|(ns, sem, token, limit)| Op::Read { ns, sem, token, limit }),
     ]
 }
 
@@ -270,8 +269,8 @@ impl Harness {
                 description: String::new(),
                 permits: p,
                 metadata: Metadata::new(),
-                expected_version: state
-                    .get_semaphore(&ns(n), &sem(s), i64::MIN)
+                expected_version: unfiltered(state)
+                    .get_semaphore(&ns(n), &sem(s))
                     .map_or(1, |v| v.version),
             },
             GenCmd::DeleteSemaphore(n, s) => Cmd::DeleteSemaphore {
@@ -311,8 +310,8 @@ impl Harness {
                     token: String::new(),
                     limit: 250,
                 };
-                let holders = state
-                    .list_holders(&ns(n), &sem(s), &request, i64::MIN)
+                let holders = unfiltered(state)
+                    .list_holders(&ns(n), &sem(s), &request)
                     .map(|p| p.items)
                     .unwrap_or_default();
                 let lease = match holders.len() {
@@ -331,8 +330,8 @@ impl Harness {
                     token: String::new(),
                     limit: 250,
                 };
-                let waiters = state
-                    .list_waiters(&ns(n), &sem(s), &request, i64::MIN)
+                let waiters = unfiltered(state)
+                    .list_waiters(&ns(n), &sem(s), &request)
                     .map(|(_, p)| p.items)
                     .unwrap_or_default();
                 let lease = match waiters.len() {
@@ -456,11 +455,11 @@ fn world(state: &State) -> World {
     };
     for ns in &NAMESPACES[..2] {
         for sem in &SEMAPHORES {
-            if let Ok((_, page)) = state.list_waiters(ns, sem, &request, i64::MIN) {
+            if let Ok((_, page)) = unfiltered(state).list_waiters(ns, sem, &request) {
                 let queue = page.items.into_iter().map(|w| w.lease_id).collect();
                 out.queues.insert((ns.to_string(), sem.to_string()), queue);
             }
-            if let Ok(page) = state.list_holders(ns, sem, &request, i64::MIN) {
+            if let Ok(page) = unfiltered(state).list_holders(ns, sem, &request) {
                 for h in page.items {
                     out.holds
                         .insert((ns.to_string(), sem.to_string(), h.lease_id), h.weight);
@@ -593,10 +592,10 @@ fn check_command(
 fn check_capacity(state: &State) -> Result<(), TestCaseError> {
     for ns in &NAMESPACES[..2] {
         for sem in &SEMAPHORES {
-            let Ok(view) = state.get_semaphore(ns, sem, i64::MIN) else {
+            let Ok(view) = unfiltered(state).get_semaphore(ns, sem) else {
                 continue;
             };
-            let holders = state
+            let holders = unfiltered(state)
                 .list_holders(
                     ns,
                     sem,
@@ -604,7 +603,6 @@ fn check_capacity(state: &State) -> Result<(), TestCaseError> {
                         token: String::new(),
                         limit: 250,
                     },
-                    i64::MIN,
                 )
                 .map_err(|e| TestCaseError::fail(e.message))?;
             let held: u64 = holders.items.iter().map(|h| h.weight).sum();
@@ -619,8 +617,42 @@ fn check_capacity(state: &State) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// The state with its clock moved before everything, so reads show every lease, holder and
+/// waiter the data has, due or not.
+fn unfiltered(state: &State) -> State {
+    let mut state = state.clone();
+    state.data.clock_ns = Nanos::MIN;
+    state
+}
+
+/// A wall clock that has nothing to do with the lease clock: it jumps hours either way from
+/// batch to batch (`variant` picks one of two such clocks).
+fn wall_ns(now_ns: Nanos, variant: i64) -> Nanos {
+    const HOUR: Nanos = 3_600 * S;
+    let jump = (now_ns / S).wrapping_mul(7 + 4 * variant).rem_euclid(5) - 2;
+    1_700_000_000 * S + jump * HOUR + variant * 13 * HOUR
+}
+
+/// What a reply decided, without the display times in it.
+fn decision(reply: &Reply) -> String {
+    match reply {
+        Ok(Outcome::Lease(v)) => format!("lease {} ttl {}", v.lease_id, v.ttl_s),
+        Ok(Outcome::Namespace(v)) => format!("namespace {} v{}", v.name, v.version),
+        Ok(Outcome::Semaphore(v)) => format!(
+            "semaphore {} v{} {}/{} {} {}",
+            v.name, v.version, v.active_holds, v.permits, v.active_holders_count, v.waiters_count
+        ),
+        Ok(Outcome::Acquire(a)) => format!(
+            "{:?} {}/{} {}",
+            a.status, a.semaphore.active_holds, a.semaphore.permits, a.semaphore.waiters_count
+        ),
+        other => format!("{other:?}"),
+    }
+}
+
 fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
     let mut whole = State::new();
+    let mut skewed = State::new();
     let mut split = State::new();
     let mut harness = Harness {
         leases: BTreeMap::new(),
@@ -666,22 +698,20 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
                 sem,
                 token,
                 limit,
-                dt_ns,
             } => {
-                let now_ns = harness.now_ns.saturating_add(*dt_ns);
                 let request = PageRequest {
                     token: token.clone(),
                     limit: *limit,
                 };
                 let (ns, sem) = (NAMESPACES[*ns], SEMAPHORES[*sem]);
                 let _ = whole.list_namespaces(&request);
-                let _ = whole.list_semaphores(ns, &request, now_ns);
-                let _ = whole.list_holders(ns, sem, &request, now_ns);
-                let _ = whole.list_waiters(ns, sem, &request, now_ns);
-                let _ = whole.list_leases(ns, Some("p1"), &request, now_ns);
-                let _ = whole.list_leases(ns, None, &request, now_ns);
-                let _ = whole.get_semaphore(ns, sem, now_ns);
-                let _ = whole.get_lease(ns, &harness.lease(ns, 0), now_ns);
+                let _ = whole.list_semaphores(ns, &request);
+                let _ = whole.list_holders(ns, sem, &request);
+                let _ = whole.list_waiters(ns, sem, &request);
+                let _ = whole.list_leases(ns, Some("p1"), &request);
+                let _ = whole.list_leases(ns, None, &request);
+                let _ = whole.get_semaphore(ns, sem);
+                let _ = whole.get_lease(ns, &harness.lease(ns, 0));
             }
             Op::Batch { dt_ns, cmds } => {
                 harness.now_ns = harness.now_ns.saturating_add(*dt_ns);
@@ -689,10 +719,28 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
                 let batch = Batch {
                     now_ns: harness.now_ns,
                     cmds: cmds.clone(),
+                    wall_ns: wall_ns(harness.now_ns, 0),
                 };
                 let mut whole_events = Vec::new();
                 let whole_replies = whole.apply_batch(&batch, &mut whole_events);
                 whole.check_invariants().map_err(TestCaseError::fail)?;
+
+                // The same history under another wall clock decides exactly the same.
+                let mut skewed_events = Vec::new();
+                let skewed_replies = skewed.apply_batch(
+                    &Batch {
+                        wall_ns: wall_ns(harness.now_ns, 1),
+                        ..batch.clone()
+                    },
+                    &mut skewed_events,
+                );
+                prop_assert_eq!(&whole_events, &skewed_events);
+                prop_assert_eq!(whole.stats(), skewed.stats());
+                prop_assert_eq!(whole.next_due_ns(), skewed.next_due_ns());
+                prop_assert_eq!(whole_replies.len(), skewed_replies.len());
+                for (a, b) in whole_replies.iter().zip(&skewed_replies) {
+                    prop_assert_eq!(decision(a), decision(b));
+                }
 
                 let mut split_events = Vec::new();
                 let mut split_replies = Vec::new();
@@ -701,6 +749,7 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
                     &Batch {
                         now_ns: batch.now_ns,
                         cmds: Vec::new(),
+                        wall_ns: batch.wall_ns,
                     },
                     &mut split_events,
                 );
@@ -710,6 +759,7 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
                     let one = Batch {
                         now_ns: batch.now_ns,
                         cmds: vec![cmd.clone()],
+                        wall_ns: batch.wall_ns,
                     };
                     let hash_before = split.hash();
                     let mut replies = split.apply_batch(&one, &mut events);

@@ -42,7 +42,7 @@ impl Namespace {
         let token = ctx.next_token();
         let holder = Holder {
             weight,
-            locked_at: ctx.clock_ns,
+            locked_at: ctx.wall_ns,
             metadata,
             token,
         };
@@ -157,7 +157,7 @@ impl Namespace {
         if weight > permits {
             return Err(validate::weight_exceeds_permits());
         }
-        let clock = ctx.clock_ns;
+        let (clock, wall) = (ctx.clock_ns, ctx.wall_ns);
         let sem = self.find_semaphore(sem_name)?;
         let held_weight = sem.holders().get(&seq).map(|h| h.weight);
         let queued = sem.waiters().contains_key(&seq);
@@ -166,7 +166,7 @@ impl Namespace {
         // upgrade of this lease is settled by it.
         if held_weight.is_some_and(|held| weight <= held) {
             let token = self.grant(sem_name, seq, weight, metadata.clone(), ctx);
-            self.touch(sem_name, clock);
+            self.touch(sem_name, wall);
             self.grant_from_head(sem_name, ctx);
             return self.acquired(sem_name, token);
         }
@@ -174,7 +174,7 @@ impl Namespace {
         // Re-attach: keep the place in the queue, take the new weight and the later deadline.
         if queued {
             let deadline_ns = sem.waiters().get(&seq).map(|w| w.deadline_ns);
-            self.touch(sem_name, clock);
+            self.touch(sem_name, wall);
             if let Some(deadline_ns) = deadline_ns {
                 let deadline_ns = deadline_ns.max(clock.saturating_add(wait_ns));
                 self.set_waiter_deadline(sem_name, seq, deadline_ns, ctx);
@@ -212,11 +212,11 @@ impl Namespace {
                 )));
             }
             let token = self.grant(sem_name, seq, weight, metadata.clone(), ctx);
-            self.touch(sem_name, clock);
+            self.touch(sem_name, wall);
             return self.acquired(sem_name, token);
         }
         if wait_ns <= 0 {
-            self.touch(sem_name, clock);
+            self.touch(sem_name, wall);
             return Ok(Outcome::Acquire(AcquireReply {
                 status: AcquireStatus::Unavailable,
                 semaphore: self.find_semaphore(sem_name)?.view(sem_name),
@@ -231,22 +231,22 @@ impl Namespace {
         let waiter = Waiter {
             ticket: 0,
             weight,
-            queued_at: clock,
+            queued_at: wall,
             deadline_ns,
             metadata: metadata.clone(),
         };
         self.add_waiter(sem_name, seq, waiter, ctx);
-        self.touch(sem_name, clock);
+        self.touch(sem_name, wall);
         Ok(Outcome::Acquire(AcquireReply {
             status: AcquireStatus::Queued { deadline_ns },
             semaphore: self.find_semaphore(sem_name)?.view(sem_name),
         }))
     }
 
-    /// Records activity on a semaphore.
-    fn touch(&mut self, sem_name: &str, clock_ns: Nanos) {
+    /// Records activity on a semaphore (a display time, on the wall clock).
+    fn touch(&mut self, sem_name: &str, wall_ns: Nanos) {
         if let Some(sem) = self.semaphore_mut(sem_name) {
-            sem.last_activity_at = clock_ns;
+            sem.last_activity_at = wall_ns;
         }
     }
 
@@ -263,7 +263,7 @@ impl Namespace {
         let seq = self.find_lease(id)?;
         let released = self.remove_holder(sem_name, seq, ctx).is_some();
         let dequeued = self.end_wait(sem_name, seq, WaitEnd::GaveUp, ctx);
-        self.touch(sem_name, ctx.clock_ns);
+        self.touch(sem_name, ctx.wall_ns);
         if released || dequeued {
             self.grant_from_head(sem_name, ctx);
         }

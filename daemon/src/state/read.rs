@@ -1,19 +1,46 @@
 //! Reads and views: lookups, the views replies carry, and the reads a node serves from its
-//! applied state at the reader's clock.
+//! applied state.
 //!
-//! What always holds here: nothing changes the state. Reads take the reader's `now_ns` and hide
-//! leases with `expires_at <= now_ns`, their holders and waiters, and waiters whose deadline has
-//! passed; counts in semaphore views match what is shown.
+//! What always holds here: nothing changes the state, and what a read shows depends on the
+//! replicated state only (never on the reading node's clock), so every node that applied the
+//! same entries answers the same. Reads hide leases with `expires_at <= clock` (the state's lease
+//! clock), their holders and waiters, and waiters whose deadline has passed; counts in semaphore
+//! views match what is shown. A lease's displayed `expires_at` is on the wall clock: the newest
+//! batch's wall stamp plus the time the lease has left on the lease clock.
 
 use std::ops::Bound;
 
-use super::data::{Lease, Namespace, Semaphore, State, Waiter, process_key};
+use super::data::{Ctx, Lease, Namespace, Semaphore, State, Waiter, process_key};
 use super::lease_id::{lease_id, lease_seq};
 use super::paging::paginate;
 use super::types::*;
 use super::validate;
 
-/// Which leases, holders and waiters a read shows: those still alive at the reader's clock.
+/// The state's two clocks, for views: the lease clock decides, the wall clock is displayed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Times {
+    pub(super) clock_ns: Nanos,
+    pub(super) wall_ns: Nanos,
+}
+
+impl Times {
+    /// A lease-clock instant shown on the wall clock.
+    fn display(self, lease_clock_ns: Nanos) -> Nanos {
+        self.wall_ns
+            .saturating_add(lease_clock_ns.saturating_sub(self.clock_ns))
+    }
+}
+
+impl Ctx<'_> {
+    pub(super) fn times(&self) -> Times {
+        Times {
+            clock_ns: self.clock_ns,
+            wall_ns: self.wall_ns,
+        }
+    }
+}
+
+/// Which leases, holders and waiters a read shows: those still alive at the state's clock.
 #[derive(Clone, Copy)]
 struct Visibility {
     now_ns: Nanos,
@@ -81,13 +108,13 @@ fn waiter_view(seq: u64, w: &Waiter, position: u64) -> WaiterView {
 }
 
 impl Lease {
-    pub(super) fn view(&self, seq: u64) -> LeaseView {
+    pub(super) fn view(&self, seq: u64, times: Times) -> LeaseView {
         LeaseView {
             lease_id: lease_id(seq),
             process_id: self.process_id.clone(),
             metadata: self.metadata.clone(),
             created_at: self.created_at,
-            expires_at: self.expires_at,
+            expires_at: times.display(self.expires_at),
             ttl_s: self.ttl_s,
         }
     }
@@ -136,7 +163,7 @@ impl Namespace {
         vis.everything || (waiter.deadline_ns > vis.now_ns && self.lease_visible(seq, vis))
     }
 
-    /// The semaphore as a reader at `vis.now_ns` sees it.
+    /// The semaphore as a read at `vis.now_ns` shows it.
     fn semaphore_view(&self, name: &str, sem: &Semaphore, vis: Visibility) -> SemaphoreView {
         let mut view = sem.view(name);
         if !vis.everything {
@@ -159,9 +186,21 @@ impl Namespace {
 }
 
 impl State {
-    /// The state machine's clock (ns): the largest batch time applied so far.
+    /// The state machine's lease clock (ns): the largest batch stamp applied so far.
     pub fn clock_ns(&self) -> Nanos {
         self.data.clock_ns
+    }
+
+    /// The newest batch's wall-clock stamp (ns since the Unix epoch), for display.
+    pub fn wall_ns(&self) -> Nanos {
+        self.data.wall_ns
+    }
+
+    fn times(&self) -> Times {
+        Times {
+            clock_ns: self.data.clock_ns,
+            wall_ns: self.data.wall_ns,
+        }
     }
 
     /// The earliest time at which a lease expires or a waiter's deadline passes, if any.
@@ -169,7 +208,8 @@ impl State {
         self.index().next_due_ns()
     }
 
-    fn visibility(&self, now_ns: Nanos) -> Visibility {
+    fn visibility(&self) -> Visibility {
+        let now_ns = self.data.clock_ns;
         let everything = self.next_due_ns().is_none_or(|due| due > now_ns);
         Visibility { now_ns, everything }
     }
@@ -196,28 +236,22 @@ impl State {
         })
     }
 
-    pub fn get_semaphore(
-        &self,
-        ns: &str,
-        name: &str,
-        now_ns: Nanos,
-    ) -> Result<SemaphoreView, Error> {
+    pub fn get_semaphore(&self, ns: &str, name: &str) -> Result<SemaphoreView, Error> {
         validate::name("namespace_name", ns)?;
         validate::name("semaphore_name", name)?;
         let namespace = self.namespace(ns)?;
         let sem = namespace.find_semaphore(name)?;
-        Ok(namespace.semaphore_view(name, sem, self.visibility(now_ns)))
+        Ok(namespace.semaphore_view(name, sem, self.visibility()))
     }
 
     pub fn list_semaphores(
         &self,
         ns: &str,
         page: &PageRequest,
-        now_ns: Nanos,
     ) -> Result<Page<SemaphoreView>, Error> {
         validate::name("namespace_name", ns)?;
         let namespace = self.namespace(ns)?;
-        let vis = self.visibility(now_ns);
+        let vis = self.visibility();
         paginate(page, |lo, hi| {
             namespace
                 .semaphores()
@@ -232,13 +266,12 @@ impl State {
         ns: &str,
         sem: &str,
         page: &PageRequest,
-        now_ns: Nanos,
     ) -> Result<Page<HolderView>, Error> {
         validate::name("namespace_name", ns)?;
         validate::name("semaphore_name", sem)?;
         let namespace = self.namespace(ns)?;
         let semaphore = namespace.find_semaphore(sem)?;
-        let vis = self.visibility(now_ns);
+        let vis = self.visibility();
         paginate(page, |lo, hi| {
             semaphore
                 .holders_by_token()
@@ -254,13 +287,12 @@ impl State {
         ns: &str,
         sem: &str,
         page: &PageRequest,
-        now_ns: Nanos,
     ) -> Result<(SemaphoreView, Page<WaiterView>), Error> {
         validate::name("namespace_name", ns)?;
         validate::name("semaphore_name", sem)?;
         let namespace = self.namespace(ns)?;
         let semaphore = namespace.find_semaphore(sem)?;
-        let vis = self.visibility(now_ns);
+        let vis = self.visibility();
         let visible = move |seq: &u64| {
             semaphore
                 .waiters()
@@ -299,14 +331,15 @@ impl State {
         Ok((namespace.semaphore_view(sem, semaphore, vis), waiters))
     }
 
-    pub fn get_lease(&self, ns: &str, lease: &str, now_ns: Nanos) -> Result<LeaseView, Error> {
+    pub fn get_lease(&self, ns: &str, lease: &str) -> Result<LeaseView, Error> {
         validate::name("namespace_name", ns)?;
         validate::lease_id(lease)?;
         let namespace = self.namespace(ns)?;
+        let (now_ns, times) = (self.data.clock_ns, self.times());
         lease_seq(lease)
             .and_then(|seq| Some((seq, namespace.leases().get(&seq)?)))
             .filter(|(_, l)| l.expires_at > now_ns)
-            .map(|(seq, l)| l.view(seq))
+            .map(|(seq, l)| l.view(seq, times))
             .ok_or_else(|| lease_not_found(lease))
     }
 
@@ -316,13 +349,13 @@ impl State {
         ns: &str,
         process_id: Option<&str>,
         page: &PageRequest,
-        now_ns: Nanos,
     ) -> Result<Page<LeaseView>, Error> {
         validate::name("namespace_name", ns)?;
         if let Some(process_id) = process_id {
             validate::process_id(process_id)?;
         }
         let namespace = self.namespace(ns)?;
+        let (now_ns, times) = (self.data.clock_ns, self.times());
         let alive = move |lease: &Lease| lease.expires_at > now_ns;
         match process_id {
             None => paginate(page, |lo, hi| {
@@ -330,7 +363,7 @@ impl State {
                     .leases()
                     .range((lo, hi))
                     .filter(move |(_, l)| alive(l))
-                    .map(|(seq, l)| (*seq, l.view(*seq)))
+                    .map(move |(seq, l)| (*seq, l.view(*seq, times)))
             }),
             Some(process_id) => paginate(page, |lo: Bound<u64>, hi: Bound<u64>| {
                 // Only one bound is ever given, so the range below is never inverted.
@@ -350,7 +383,7 @@ impl State {
                     .range((lo, hi))
                     .filter_map(|(_, seq)| Some((*seq, &**namespace.leases().get(seq)?)))
                     .filter(move |(_, l)| l.process_id == process_id && alive(l))
-                    .map(|(seq, l)| (seq, l.view(seq)))
+                    .map(move |(seq, l)| (seq, l.view(seq, times)))
             }),
         }
     }

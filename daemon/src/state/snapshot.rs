@@ -9,7 +9,7 @@
 use bincode::Options;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::data::{Data, Namespaces, State};
+use super::data::{Data, State};
 use super::types::*;
 
 pub(super) fn bincode_options() -> impl Options {
@@ -84,20 +84,10 @@ impl State {
     /// Decodes and checks exactly what [`State::encode_snapshot`] returns (no header); indexes
     /// are rebuilt, never trusted from the bytes.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
-        let data: Data = match bincode_options()
+        let data: Data = bincode_options()
             .with_limit(bytes.len() as u64)
             .deserialize(bytes)
-        {
-            Ok(data) => data,
-            // Written before request ids were remembered: the same data without the table.
-            Err(e) => match bincode_options()
-                .with_limit(bytes.len() as u64)
-                .deserialize::<DataBeforeRequests>(bytes)
-            {
-                Ok(old) => old.into(),
-                Err(_) => return Err(SnapshotError::Decode(e.to_string())),
-            },
-        };
+            .map_err(|e| SnapshotError::Decode(e.to_string()))?;
         State::from_data(data).map_err(SnapshotError::Inconsistent)
     }
 
@@ -107,28 +97,5 @@ impl State {
         let state = State::rebuild(data)?;
         state.check_invariants()?;
         Ok(state)
-    }
-}
-
-/// The canonical data as encoded before it carried remembered request ids (read, never written).
-#[derive(Deserialize)]
-struct DataBeforeRequests {
-    clock_ns: Nanos,
-    last_token: u64,
-    last_lease_seq: u64,
-    last_namespace_id: u64,
-    namespaces: Namespaces,
-}
-
-impl From<DataBeforeRequests> for Data {
-    fn from(old: DataBeforeRequests) -> Data {
-        Data {
-            clock_ns: old.clock_ns,
-            last_token: old.last_token,
-            last_lease_seq: old.last_lease_seq,
-            last_namespace_id: old.last_namespace_id,
-            namespaces: old.namespaces,
-            requests: Default::default(),
-        }
     }
 }

@@ -23,6 +23,8 @@ fn meta(k: &str, v: &str) -> Metadata {
 struct Timeline {
     state: State,
     now_ns: Nanos,
+    /// The wall clock minus the lease clock: what the leader's wall clock stamps read.
+    wall_offset_ns: Nanos,
     events: Vec<Event>,
 }
 
@@ -31,6 +33,7 @@ impl Timeline {
         Timeline {
             state: State::new(),
             now_ns: 0,
+            wall_offset_ns: 0,
             events: Vec::new(),
         }
     }
@@ -47,10 +50,36 @@ impl Timeline {
         self
     }
 
+    /// Steps the wall clock the next batches carry to `offset` from the lease clock.
+    fn wall_offset(&mut self, offset_ns: Nanos) -> &mut Self {
+        self.wall_offset_ns = offset_ns;
+        self
+    }
+
+    fn wall_ns(&self) -> Nanos {
+        self.now_ns.saturating_add(self.wall_offset_ns)
+    }
+
+    /// The state as a read sees it once an (empty) batch stamped `now_ns` is applied: the clock
+    /// moves, nothing is reaped. The timeline itself is left as it was.
+    fn read_at(&self, now_ns: Nanos) -> State {
+        let mut state = self.state.clone();
+        state.apply_batch(
+            &Batch {
+                now_ns,
+                cmds: Vec::new(),
+                wall_ns: now_ns.saturating_add(self.wall_offset_ns),
+            },
+            &mut Vec::new(),
+        );
+        state
+    }
+
     fn run(&mut self, cmd: Cmd) -> Reply {
         let batch = Batch {
             now_ns: self.now_ns,
             cmds: vec![cmd],
+            wall_ns: self.wall_ns(),
         };
         let mut replies = self.state.apply_batch(&batch, &mut self.events);
         assert_eq!(replies.len(), 1);
@@ -68,6 +97,7 @@ impl Timeline {
             &Batch {
                 now_ns: self.now_ns,
                 cmds: Vec::new(),
+                wall_ns: self.wall_ns(),
             },
             &mut self.events,
         );
@@ -179,15 +209,15 @@ impl Timeline {
     }
 
     fn sem(&self, name: &str) -> SemaphoreView {
-        self.state
-            .get_semaphore(NS, name, self.now_ns)
+        self.read_at(self.now_ns)
+            .get_semaphore(NS, name)
             .expect("semaphore exists")
     }
 
     fn holders(&self, sem: &str) -> Vec<(String, u64)> {
         let page = self
-            .state
-            .list_holders(NS, sem, &PageRequest::default(), self.now_ns)
+            .read_at(self.now_ns)
+            .list_holders(NS, sem, &PageRequest::default())
             .expect("semaphore exists");
         page.items
             .into_iter()
@@ -197,8 +227,8 @@ impl Timeline {
 
     fn waiters(&self, sem: &str) -> Vec<(String, u64)> {
         let (_, page) = self
-            .state
-            .list_waiters(NS, sem, &PageRequest::default(), self.now_ns)
+            .read_at(self.now_ns)
+            .list_waiters(NS, sem, &PageRequest::default())
             .expect("exists");
         page.items
             .into_iter()
@@ -423,7 +453,14 @@ fn namespace_quota_is_resource_exhausted() {
                 metadata: none(),
             })
             .collect();
-        let replies = state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+        let replies = state.apply_batch(
+            &Batch {
+                now_ns: 0,
+                cmds,
+                wall_ns: 0,
+            },
+            &mut events,
+        );
         assert!(replies.iter().all(Result::is_ok));
     }
     let cmd = Cmd::CreateNamespace {
@@ -435,6 +472,7 @@ fn namespace_quota_is_resource_exhausted() {
         &Batch {
             now_ns: 0,
             cmds: vec![cmd],
+            wall_ns: 0,
         },
         &mut events,
     );
@@ -495,7 +533,7 @@ fn semaphore_create_and_its_errors() {
             .message
             .starts_with("namespace_name ")
     );
-    let e = t.state.get_semaphore(NS, "nope", 0).expect_err("absent");
+    let e = t.read_at(0).get_semaphore(NS, "nope").expect_err("absent");
     assert_eq!(
         (e.kind, e.message.as_str()),
         (ErrorKind::NotFound, "semaphore nope not found")
@@ -670,14 +708,13 @@ fn semaphore_list_is_ordered_and_paged() {
         t.create_sem(name, 1);
     }
     let list = |token: &str| {
-        t.state
+        t.read_at(0)
             .list_semaphores(
                 NS,
                 &PageRequest {
                     token: token.into(),
                     limit: 2,
                 },
-                0,
             )
             .expect("ok")
     };
@@ -693,8 +730,8 @@ fn semaphore_list_is_ordered_and_paged() {
     );
     assert_eq!(p2.next_token, "");
     assert_eq!(
-        t.state
-            .list_semaphores("x", &PageRequest::default(), 0)
+        t.read_at(0)
+            .list_semaphores("x", &PageRequest::default())
             .map_err(|e| e.kind),
         Err(ErrorKind::NotFound)
     );
@@ -715,6 +752,7 @@ fn semaphore_quota_is_resource_exhausted() {
         &Batch {
             now_ns: 0,
             cmds: vec![create_ns],
+            wall_ns: 0,
         },
         &mut events,
     );
@@ -728,13 +766,21 @@ fn semaphore_quota_is_resource_exhausted() {
     };
     for chunk in 0..(SEMAPHORES_PER_NAMESPACE_MAX / 10_000) {
         let cmds = (0..10_000).map(|i| sem(chunk * 10_000 + i)).collect();
-        let replies = state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+        let replies = state.apply_batch(
+            &Batch {
+                now_ns: 0,
+                cmds,
+                wall_ns: 0,
+            },
+            &mut events,
+        );
         assert!(replies.iter().all(Result::is_ok));
     }
     let replies = state.apply_batch(
         &Batch {
             now_ns: 0,
             cmds: vec![sem(usize::MAX)],
+            wall_ns: 0,
         },
         &mut events,
     );
@@ -821,7 +867,7 @@ fn refresh_extends_and_may_change_the_ttl() {
         panic!()
     };
     assert_eq!(v.expires_at, 36 * S);
-    assert_eq!(t.state.get_lease(NS, &l, 6 * S), Ok(v));
+    assert_eq!(t.read_at(6 * S).get_lease(NS, &l), Ok(v));
     assert_eq!(t.state.next_due_ns(), Some(36 * S));
     assert!(t.err(refresh(301)).message.starts_with("ttl_seconds "));
     assert_eq!(
@@ -846,15 +892,15 @@ fn refreshing_an_expired_lease_revokes_it_and_is_not_found() {
     t.acquire("db", &w, 1, 60 * S);
     t.take_events();
     // t=9s  reads still show L
-    assert!(t.state.get_lease(NS, &l, 9 * S).is_ok());
+    assert!(t.read_at(9 * S).get_lease(NS, &l).is_ok());
     // t=10s a read hides L and its hold even before anything is reaped
     assert_eq!(
-        t.state.get_lease(NS, &l, 10 * S).map_err(|e| e.kind),
+        t.read_at(10 * S).get_lease(NS, &l).map_err(|e| e.kind),
         Err(ErrorKind::NotFound)
     );
     assert_eq!(
-        t.state
-            .get_semaphore(NS, "db", 10 * S)
+        t.read_at(10 * S)
+            .get_semaphore(NS, "db")
             .map(|s| s.active_holds),
         Ok(0)
     );
@@ -947,7 +993,7 @@ fn lease_list_filters_by_process_and_hides_expired() {
             .collect::<Vec<_>>()
     };
     let list = |pid: Option<&str>, token: &str, limit, now_ns| {
-        t.state
+        t.read_at(now_ns)
             .list_leases(
                 NS,
                 pid,
@@ -955,7 +1001,6 @@ fn lease_list_filters_by_process_and_hides_expired() {
                     token: token.into(),
                     limit,
                 },
-                now_ns,
             )
             .expect("ok")
     };
@@ -996,8 +1041,8 @@ fn lease_list_filters_by_process_and_hides_expired() {
     let start = list(Some("p1"), &format!("b.{}", "00".repeat(8)), 1, 0);
     assert!(start.items.is_empty());
     assert!(
-        t.state
-            .list_leases(NS, Some(&"p".repeat(129)), &PageRequest::default(), 0)
+        t.read_at(0)
+            .list_leases(NS, Some(&"p".repeat(129)), &PageRequest::default())
             .is_err()
     );
 }
@@ -1127,8 +1172,8 @@ fn waiters_are_granted_in_strict_fifo_order() {
     assert_eq!(t.acquire("db", &c, 1, 0).status, AcquireStatus::Unavailable);
     assert_eq!(t.waiters("db"), vec![hold(&a, 3), hold(&b, 1)]);
     let (view, page) = t
-        .state
-        .list_waiters(NS, "db", &PageRequest::default(), 0)
+        .read_at(0)
+        .list_waiters(NS, "db", &PageRequest::default())
         .expect("ok");
     assert_eq!(view.waiters_count, 2);
     assert_eq!(
@@ -1356,6 +1401,7 @@ fn holder_and_waiter_quotas_are_resource_exhausted() {
                 metadata: none(),
             })
             .collect(),
+        wall_ns: 0,
     };
     let leases: Vec<String> = t
         .state
@@ -1370,7 +1416,14 @@ fn holder_and_waiter_quotas_are_resource_exhausted() {
         .iter()
         .map(|l| Tim::acquire_cmd("db", l, 1, 0))
         .collect();
-    let replies = t.state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+    let replies = t.state.apply_batch(
+        &Batch {
+            now_ns: 0,
+            cmds,
+            wall_ns: 0,
+        },
+        &mut events,
+    );
     assert!(replies.iter().all(|r| matches!(
         r,
         Ok(Outcome::Acquire(AcquireReply {
@@ -1393,7 +1446,14 @@ fn holder_and_waiter_quotas_are_resource_exhausted() {
         .iter()
         .map(|l| Tim::acquire_cmd("one", l, 1, 300 * S))
         .collect();
-    let replies = t.state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+    let replies = t.state.apply_batch(
+        &Batch {
+            now_ns: 0,
+            cmds,
+            wall_ns: 0,
+        },
+        &mut events,
+    );
     assert!(replies.iter().all(|r| matches!(
         r,
         Ok(Outcome::Acquire(AcquireReply {
@@ -1433,7 +1493,14 @@ fn a_head_without_a_holder_slot_waits_for_one() {
         .collect();
     let leases: Vec<String> = t
         .state
-        .apply_batch(&Batch { now_ns: 0, cmds }, &mut events)
+        .apply_batch(
+            &Batch {
+                now_ns: 0,
+                cmds,
+                wall_ns: 0,
+            },
+            &mut events,
+        )
         .into_iter()
         .filter_map(|r| match r {
             Ok(Outcome::Lease(l)) => Some(l.lease_id),
@@ -1444,7 +1511,14 @@ fn a_head_without_a_holder_slot_waits_for_one() {
         .iter()
         .map(|l| Tim::acquire_cmd("db", l, 1, 0))
         .collect();
-    t.state.apply_batch(&Batch { now_ns: 0, cmds }, &mut events);
+    t.state.apply_batch(
+        &Batch {
+            now_ns: 0,
+            cmds,
+            wall_ns: 0,
+        },
+        &mut events,
+    );
     // make the queue non-empty first so W queues instead of being refused: H upgrades to 2000
     let w = &leases[HOLDERS_PER_SEMAPHORE_MAX];
     assert!(matches!(
@@ -1633,8 +1707,8 @@ fn an_expiring_lease_ends_its_waits() {
     assert_eq!(t.state.next_due_ns(), Some(5 * S));
     // a reader at 5s no longer sees the waiter
     let (view, page) = t
-        .state
-        .list_waiters(NS, "db", &PageRequest::default(), 5 * S)
+        .read_at(5 * S)
+        .list_waiters(NS, "db", &PageRequest::default())
         .expect("ok");
     assert_eq!((view.waiters_count, page.items.len()), (0, 0));
     assert!(
@@ -1658,7 +1732,9 @@ fn the_clock_never_runs_backwards() {
     t.at(3 * S);
     let l = t.create_lease_for("", 5);
     assert_eq!(t.state.clock_ns(), 10 * S);
-    assert_eq!((l.created_at, l.expires_at), (10 * S, 15 * S));
+    assert_eq!(t.state.next_due_ns(), Some(15 * S));
+    // Display times take the batch's wall stamp, whatever the lease clock says.
+    assert_eq!((l.created_at, l.expires_at), (3 * S, 8 * S));
 }
 
 #[test]
@@ -1675,17 +1751,18 @@ fn extend_leases_gives_every_lease_its_ttl_from_now_and_leaves_waiters_alone() {
     let batch = Batch {
         now_ns: 30 * S,
         cmds: vec![Cmd::ExtendLeases, Cmd::Expire],
+        wall_ns: 30 * S,
     };
     let replies = t.state.apply_batch(&batch, &mut events);
     assert_eq!(replies, vec![Ok(Outcome::Done), Ok(Outcome::Done)]);
     t.state.check_invariants().expect("invariants hold");
     // A lives until 40s (it was due at 10s but survived), B until 130s; B's wait timed out
     assert_eq!(
-        t.state.get_lease(NS, &a, 30 * S).map(|l| l.expires_at),
+        t.read_at(30 * S).get_lease(NS, &a).map(|l| l.expires_at),
         Ok(40 * S)
     );
     assert_eq!(
-        t.state.get_lease(NS, &b, 30 * S).map(|l| l.expires_at),
+        t.read_at(30 * S).get_lease(NS, &b).map(|l| l.expires_at),
         Ok(130 * S)
     );
     assert_eq!(events, vec![wait_ended("db", &b, WaitEnd::TimedOut)]);
@@ -1724,7 +1801,7 @@ fn extreme_times_and_inputs_do_not_panic() {
     assert_eq!(t.state.stats().leases, 0);
     for limit in [i32::MIN, -1, 251, i32::MAX] {
         assert!(
-            t.state
+            t.read_at(0)
                 .list_leases(
                     NS,
                     None,
@@ -1732,7 +1809,6 @@ fn extreme_times_and_inputs_do_not_panic() {
                         token: String::new(),
                         limit
                     },
-                    0
                 )
                 .is_err()
         );
@@ -1753,15 +1829,15 @@ fn reads_hide_expired_holders_before_they_are_reaped() {
     t.acquired("db", &b, 2, 0);
     t.acquire("db", &w, 1, 8 * S);
     let seen = |now| {
-        let v = t.state.get_semaphore(NS, "db", now).expect("ok");
+        let v = t.read_at(now).get_semaphore(NS, "db").expect("ok");
         (v.active_holds, v.active_holders_count, v.waiters_count)
     };
     assert_eq!(seen(0), (3, 2, 1));
     assert_eq!(seen(5 * S), (2, 1, 1));
     assert_eq!(seen(8 * S), (2, 1, 0));
     let list = t
-        .state
-        .list_semaphores(NS, &PageRequest::default(), 5 * S)
+        .read_at(5 * S)
+        .list_semaphores(NS, &PageRequest::default())
         .expect("ok");
     assert_eq!(list.items[0].active_holds, 2);
     t.at(5 * S);
@@ -1770,14 +1846,14 @@ fn reads_hide_expired_holders_before_they_are_reaped() {
     t.at(0);
     assert_eq!(t.holders("db"), vec![hold(&a, 1), hold(&b, 2)]);
     assert_eq!(
-        t.state
-            .list_leases(NS, None, &PageRequest::default(), 5 * S)
+        t.read_at(5 * S)
+            .list_leases(NS, None, &PageRequest::default())
             .map(|p| p.items.len()),
         Ok(2)
     );
     assert_eq!(
-        t.state
-            .list_holders(NS, "x", &PageRequest::default(), 0)
+        t.read_at(0)
+            .list_holders(NS, "x", &PageRequest::default())
             .map_err(|e| e.kind),
         Err(ErrorKind::NotFound)
     );
@@ -1795,7 +1871,7 @@ fn holders_are_listed_in_grant_order_and_paged() {
     t.acquired("db", &ls[4], 1, 0);
     let order = [&ls[3], &ls[2], &ls[1], &ls[0], &ls[4]];
     let page = |token: &str| {
-        t.state
+        t.read_at(0)
             .list_holders(
                 NS,
                 "db",
@@ -1803,7 +1879,6 @@ fn holders_are_listed_in_grant_order_and_paged() {
                     token: token.into(),
                     limit: 2,
                 },
-                0,
             )
             .expect("ok")
     };
@@ -1819,8 +1894,8 @@ fn holders_are_listed_in_grant_order_and_paged() {
     }
     assert_eq!(seen.iter().collect::<Vec<_>>(), order);
     let (_, waiters) = t
-        .state
-        .list_waiters(NS, "db", &PageRequest::default(), 0)
+        .read_at(0)
+        .list_waiters(NS, "db", &PageRequest::default())
         .expect("ok");
     assert!(waiters.items.is_empty());
 }
@@ -1839,9 +1914,9 @@ fn waiter_positions_survive_paging() {
         token: String::new(),
         limit: 2,
     };
-    let (_, p1) = t.state.list_waiters(NS, "db", &request, 0).expect("ok");
+    let (_, p1) = t.read_at(0).list_waiters(NS, "db", &request).expect("ok");
     let (_, p2) = t
-        .state
+        .read_at(0)
         .list_waiters(
             NS,
             "db",
@@ -1849,7 +1924,6 @@ fn waiter_positions_survive_paging() {
                 token: p1.next_token.clone(),
                 limit: 2,
             },
-            0,
         )
         .expect("ok");
     assert_eq!(
@@ -1860,7 +1934,7 @@ fn waiter_positions_survive_paging() {
         vec![(ls[2].clone(), 2), (ls[3].clone(), 3)]
     );
     let (_, back) = t
-        .state
+        .read_at(0)
         .list_waiters(
             NS,
             "db",
@@ -1868,7 +1942,6 @@ fn waiter_positions_survive_paging() {
                 token: p2.previous_token,
                 limit: 2,
             },
-            0,
         )
         .expect("ok");
     assert_eq!(back.items, p1.items);
@@ -1907,6 +1980,7 @@ fn a_batch_is_the_same_as_its_commands_one_by_one() {
                 description: String::new(),
                 metadata: none(),
             }],
+            wall_ns: 0,
         },
         &mut events,
     );
@@ -1940,6 +2014,7 @@ fn a_batch_is_the_same_as_its_commands_one_by_one() {
         &Batch {
             now_ns: S,
             cmds: cmds.clone(),
+            wall_ns: S,
         },
         &mut events,
     );
@@ -1977,6 +2052,7 @@ fn snapshot_round_trip_keeps_hash_and_behaviour() {
     let mut r = Timeline {
         state: restored,
         now_ns: t.now_ns,
+        wall_offset_ns: t.wall_offset_ns,
         events: Vec::new(),
     };
     // drive both through the same future: expiry, releases, new acquires
@@ -2126,6 +2202,7 @@ fn one_million_leases_fit_in_memory() {
         &Batch {
             now_ns: 0,
             cmds: vec![ns],
+            wall_ns: 0,
         },
         &mut events,
     );
@@ -2143,6 +2220,7 @@ fn one_million_leases_fit_in_memory() {
             &Batch {
                 now_ns: chunk * NANOS_PER_MS,
                 cmds,
+                wall_ns: chunk * NANOS_PER_MS,
             },
             &mut events,
         );
@@ -2244,6 +2322,7 @@ fn an_abandoned_wait_that_nobody_reattaches_leaves_after_the_linger() {
 /// holders, an upgrade queued behind a waiter, a lingered deadline, a deleted semaphore.
 fn pinned_timeline() -> Timeline {
     let mut t = Timeline::new();
+    t.wall_offset(1_000 * S);
     t.ok(Cmd::CreateNamespace {
         name: NS.into(),
         description: "the namespace".into(),
@@ -2292,18 +2371,20 @@ fn pinned_timeline() -> Timeline {
 #[test]
 fn the_hash_and_the_encoded_bytes_are_pinned() {
     const DATA: &str = concat!(
-        "fc0094357702020202016e01016e0d746865206e616d65737061636501047465616d05696e66726100",
-        "0001010264620e646174616261736520736c6f7473010474696572013103010000fc00943577010102",
-        "fc00ca9a3b01036a6f620234320102010203fc00943577fd007841cb0200000000020102fc00ca9a3b",
-        "fd00e40b54020000000002020108686f73742d612f310000fd005847f80d0000001e0208686f73742d",
-        "622f320000fd00c817a8040000000a056f7468657202056f7468657200000000010000",
-        "0000",
+        "fc0094357702020202016e01016e0d746865206e616d65737061636501047465616d05696e667261",
+        "fd00204aa9d1010000fd00204aa9d101000001010264620e646174616261736520736c6f74730104",
+        "7469657201310301fd00204aa9d1010000fd00204aa9d1010000fd00b47f20d2010000010102fd00",
+        "eae4e4d101000001036a6f620234320102010203fd00b47f20d2010000fd007841cb020000000002",
+        "0102fd00eae4e4d1010000fd00e40b54020000000002020108686f73742d612f3100fd00204aa9d1",
+        "010000fd005847f80d0000001e0208686f73742d622f3200fd00204aa9d1010000fd00c817a80400",
+        "00000a056f7468657202056f746865720000fd00204aa9d1010000fd00204aa9d101000001000000",
+        "00fd00b47f20d2010000",
     );
     let t = pinned_timeline();
     let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let data = bincode_options().serialize(&t.state.data).expect("encodes");
     assert_eq!(hex(&data), DATA);
-    assert_eq!(t.state.hash(), 0x3336_71c5_f3f1_ed68);
+    assert_eq!(t.state.hash(), 0x141b_913a_82f7_0d81);
     assert_eq!(
         fnv1a64(&data),
         t.state.hash(),
@@ -2317,4 +2398,131 @@ fn the_hash_and_the_encoded_bytes_are_pinned() {
     );
     let restored = State::decode_snapshot(&snapshot).expect("decodes");
     assert_eq!(restored.hash(), t.state.hash());
+}
+
+// ---- the two clocks: lease clock for expiry, wall clock for display ----
+
+const HOUR: Nanos = 3_600 * S;
+const WALL: Nanos = 1_700_000_000 * S;
+
+#[test]
+fn display_times_follow_the_wall_stamp_and_expiry_the_lease_clock() {
+    // lease clock 0, wall clock WALL: everything created shows wall times
+    let mut t = Timeline::new();
+    t.wall_offset(WALL);
+    let ns = t.create_ns(NS);
+    assert_eq!((ns.created_at, ns.updated_at), (WALL, WALL));
+    let sem = t.create_sem("db", 1);
+    assert_eq!((sem.created_at, sem.last_activity_at), (WALL, WALL));
+    let l = t.create_lease_for("", 10);
+    assert_eq!((l.created_at, l.expires_at), (WALL, WALL + 10 * S));
+    t.acquired("db", &l.lease_id, 1, 0);
+    // lease clock 4s, wall clock one hour ahead: a waiter queues at the wall time
+    t.at(4 * S).wall_offset(WALL + HOUR);
+    let w = t.create_lease(100);
+    t.acquire("db", &w, 1, 60 * S);
+    let (_, waiters) = t
+        .read_at(4 * S)
+        .list_waiters(NS, "db", &PageRequest::default())
+        .expect("ok");
+    assert_eq!(waiters.items[0].queued_at, WALL + HOUR + 4 * S);
+    assert_eq!(
+        waiters.items[0].deadline_ns,
+        64 * S,
+        "deadlines are lease-clock times"
+    );
+    // The displayed expiry is the newest wall stamp plus the lease clock time left: 6 s.
+    assert_eq!(
+        t.read_at(4 * S)
+            .get_lease(NS, &l.lease_id)
+            .map(|v| v.expires_at),
+        Ok(WALL + HOUR + 10 * S)
+    );
+    let holders = t
+        .read_at(4 * S)
+        .list_holders(NS, "db", &PageRequest::default())
+        .expect("ok");
+    assert_eq!(holders.items[0].locked_at, WALL);
+    assert_eq!(t.sem("db").last_activity_at, WALL + HOUR + 4 * S);
+}
+
+#[test]
+fn wall_clock_steps_neither_expire_leases_nor_freeze_expiry() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let holder = t.create_lease(10);
+    let waiter = t.create_lease(300);
+    t.acquired("db", &holder, 1, 0);
+    t.acquire("db", &waiter, 1, 200 * S);
+    t.take_events();
+    // The wall clock jumps an hour ahead, then two hours back, while the holder refreshes
+    // every 3 s of lease-clock time: the lease never expires and the waiter is never granted.
+    let refresh = |lease: &str| Cmd::RefreshLease {
+        ns: NS.into(),
+        lease: lease.into(),
+        ttl_s: 0,
+    };
+    for (step, offset) in [(3, HOUR), (6, -HOUR), (9, 3 * HOUR), (12, -5 * HOUR)] {
+        t.at(step * S).wall_offset(offset);
+        t.ok(refresh(&holder));
+        t.ok(Cmd::Expire);
+        assert_eq!(t.holders("db"), vec![hold(&holder, 1)]);
+        assert_eq!(t.waiters("db"), vec![hold(&waiter, 1)]);
+        assert!(t.read_at(step * S).get_lease(NS, &holder).is_ok());
+    }
+    assert!(t.take_events().is_empty(), "nothing was granted or ended");
+    // The holder stops refreshing (crashed): with the wall clock far behind, the lease still
+    // ends 10 s of lease-clock time after its last refresh, and the waiter gets the slot.
+    t.at(21 * S).wall_offset(-30 * HOUR);
+    t.ok(Cmd::Expire);
+    assert_eq!(
+        t.holders("db"),
+        vec![hold(&holder, 1)],
+        "not due before 22 s"
+    );
+    t.at(22 * S);
+    t.ok(Cmd::Expire);
+    assert_eq!(t.holders("db"), vec![hold(&waiter, 1)]);
+    assert_eq!(
+        t.read_at(22 * S).get_lease(NS, &holder).map_err(|e| e.kind),
+        Err(ErrorKind::NotFound)
+    );
+}
+
+#[test]
+fn reads_decide_by_the_state_clock_alone() {
+    // Two states with the same lease-clock history but wall stamps hours apart answer every
+    // read about what is alive the same; only display times differ.
+    let run = |offset: Nanos| {
+        let mut t = Timeline::with_ns();
+        t.wall_offset(offset);
+        t.create_sem("db", 2);
+        let a = t.create_lease(5);
+        let b = t.create_lease(50);
+        t.acquired("db", &a, 1, 0);
+        t.acquired("db", &b, 1, 0);
+        // an empty batch at 6 s: a is past due but not reaped yet
+        let state = t.read_at(6 * S);
+        let sem = state.get_semaphore(NS, "db").expect("ok");
+        let leases = state
+            .list_leases(NS, None, &PageRequest::default())
+            .expect("ok");
+        (
+            (sem.active_holds, sem.active_holders_count),
+            leases
+                .items
+                .iter()
+                .map(|l| l.lease_id.clone())
+                .collect::<Vec<_>>(),
+            state.get_lease(NS, &a).is_err(),
+        )
+    };
+    let ahead = run(WALL + HOUR);
+    let behind = run(WALL - HOUR);
+    assert_eq!(ahead, behind);
+    assert_eq!(ahead.0, (1, 1));
+    assert!(
+        ahead.2,
+        "a's lease is hidden once the state's clock passed it"
+    );
 }

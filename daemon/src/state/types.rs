@@ -11,20 +11,25 @@ use serde::{Deserialize, Serialize};
 /// Free-form string map carried by namespaces, semaphores, leases, holders and waiters.
 pub type Metadata = BTreeMap<String, String>;
 
-/// Nanoseconds since the Unix epoch.
+/// Nanoseconds: on the lease clock (expiry, deadlines) or since the Unix epoch (display times).
 pub type Nanos = i64;
 
 pub const NANOS_PER_SEC: i64 = 1_000_000_000;
 pub const NANOS_PER_MS: i64 = 1_000_000;
 
-/// One Raft entry: the commands a leader proposed together, stamped with its wall clock.
+/// One Raft entry: the commands a leader proposed together, with the leader's two stamps.
 ///
-/// The state machine's clock is `max(previous clock, now_ns)`, so it never runs backwards when
-/// leaders' clocks disagree.
+/// `now_ns` is the lease clock: it advances by the leaders' monotonic elapsed time and is what
+/// lease expiry, wait deadlines and lingers are measured on. The state machine's clock is
+/// `max(previous clock, now_ns)`, so it never runs backwards. `wall_ns` is the leader's wall
+/// clock, used only for the times users read (`created_at`, `locked_at`, the displayed
+/// `expires_at`); it may jump either way and no decision depends on it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Batch {
     pub now_ns: Nanos,
     pub cmds: Vec<Cmd>,
+    /// Nanoseconds since the Unix epoch on the leader's wall clock.
+    pub wall_ns: Nanos,
 }
 
 /// A state-changing command. Reads never go through the log.
@@ -146,7 +151,8 @@ pub struct AcquireReply {
 pub enum AcquireStatus {
     /// The lease holds the permits; `token` is the grant's fencing token.
     Acquired { token: u64 },
-    /// The lease waits in the queue until `deadline_ns` (possibly extended by a re-attach).
+    /// The lease waits in the queue until `deadline_ns` on the lease clock (possibly extended
+    /// by a re-attach).
     Queued { deadline_ns: Nanos },
     /// Non-blocking and not grantable now.
     Unavailable,
@@ -268,6 +274,8 @@ pub struct LeaseView {
     pub process_id: String,
     pub metadata: Metadata,
     pub created_at: Nanos,
+    /// For display, on the wall clock: the newest batch's wall stamp plus the time the lease
+    /// has left on the lease clock.
     pub expires_at: Nanos,
     pub ttl_s: u64,
 }
@@ -286,6 +294,7 @@ pub struct WaiterView {
     pub lease_id: String,
     pub weight: u64,
     pub queued_at: Nanos,
+    /// On the lease clock (compare with [`State::clock_ns`](super::State::clock_ns)).
     pub deadline_ns: Nanos,
     pub metadata: Metadata,
     /// 0 = head of the queue.
