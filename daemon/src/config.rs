@@ -74,6 +74,12 @@ pub struct Flags {
     /// Log filter [default: info,openraft=warn], e.g. debug, or conchd=debug,openraft=info.
     #[arg(long, env = "CONCH_LOG")]
     pub log: Option<String>,
+
+    /// File holding the first cluster-admin token (at least 32 characters). When this node
+    /// bootstraps a new cluster, it installs the token's hash with a cluster-admin role and turns
+    /// access control on, exactly once.
+    #[arg(long, env = "CONCH_BOOTSTRAP_ADMIN_TOKEN_FILE")]
+    pub bootstrap_admin_token_file: Option<PathBuf>,
 }
 
 const EXAMPLES: &str = "\
@@ -99,6 +105,7 @@ struct FileConfig {
     snapshot_every: Option<u64>,
     leader_wait_ms: Option<u64>,
     log: Option<String>,
+    bootstrap_admin_token_file: Option<PathBuf>,
 }
 
 /// Validated configuration; read-only once built.
@@ -117,6 +124,8 @@ pub struct Config {
     pub snapshot_every: u64,
     pub leader_wait: Duration,
     pub log: String,
+    /// SHA-256 of the bootstrap admin token (`--bootstrap-admin-token-file`).
+    pub bootstrap_admin_token: Option<crate::state::auth::TokenHash>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +219,13 @@ impl Config {
             .leader_wait_ms
             .or(file.leader_wait_ms)
             .unwrap_or(3_000);
+        let bootstrap_admin_token = match flags
+            .bootstrap_admin_token_file
+            .or(file.bootstrap_admin_token_file)
+        {
+            Some(path) => Some(read_token_file(&path)?),
+            None => None,
+        };
         Ok(Config {
             id,
             listen,
@@ -225,8 +241,25 @@ impl Config {
                 .log
                 .or(file.log)
                 .unwrap_or_else(|| DEFAULT_LOG.to_string()),
+            bootstrap_admin_token,
         })
     }
+}
+
+/// Reads a token file (surrounding whitespace ignored) and returns the token's hash.
+fn read_token_file(path: &Path) -> Result<crate::state::auth::TokenHash, ConfigError> {
+    use crate::api::auth::{TOKEN_MIN_CHARS, hash_token};
+    let flag = "--bootstrap-admin-token-file";
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::Invalid(format!("{flag} {}: {e}", path.display())))?;
+    let token = text.trim();
+    if token.chars().count() < TOKEN_MIN_CHARS || token.chars().any(char::is_whitespace) {
+        return Err(ConfigError::Invalid(format!(
+            "{flag} {}: the token must be one word of at least {TOKEN_MIN_CHARS} characters              (e.g. the output of `openssl rand -hex 32`)",
+            path.display()
+        )));
+    }
+    Ok(hash_token(token))
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {

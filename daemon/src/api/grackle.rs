@@ -7,9 +7,11 @@ use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
 
+use super::auth::Caller;
 use super::status::ApiError;
 use super::{convert, respond};
 use crate::node::{Node, now_ns};
+use crate::state::auth::{Access, Permission};
 use crate::state::{
     AcquireStatus, Cmd, Error, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
 };
@@ -120,7 +122,9 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateNamespaceRequest>,
     ) -> Result<Response<pb::CreateNamespaceResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(&self.node, Access::Namespace(&r.name, Permission::Admin))?;
         let cmd = Cmd::CreateNamespace {
             name: r.name,
             description: r.description,
@@ -138,11 +142,18 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListNamespacesRequest>,
     ) -> Result<Response<pb::ListNamespacesResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
         let page = self.read(|s, _| s.list_namespaces(&page)).await?;
         self.reply(pb::ListNamespacesResponse {
-            namespaces: page.items.into_iter().map(convert::namespace).collect(),
+            // With access control on, only the namespaces the caller may read.
+            namespaces: page
+                .items
+                .into_iter()
+                .filter(|ns| caller.may_read(&self.node, &ns.name))
+                .map(convert::namespace)
+                .collect(),
             next_pagination_token: page.next_token,
             previous_pagination_token: page.previous_token,
         })
@@ -152,7 +163,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetNamespaceRequest>,
     ) -> Result<Response<pb::GetNamespaceResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let ns = self.read(|s, _| s.get_namespace(&r.namespace_name)).await?;
         self.reply(pb::GetNamespaceResponse {
             namespace: Some(convert::namespace(ns)),
@@ -164,7 +180,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateNamespaceRequest>,
     ) -> Result<Response<pb::UpdateNamespaceResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Admin),
+        )?;
         let cmd = Cmd::UpdateNamespace {
             name: r.namespace_name,
             description: r.description,
@@ -184,7 +205,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteNamespaceRequest>,
     ) -> Result<Response<pb::DeleteNamespaceResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Admin),
+        )?;
         self.write(Cmd::DeleteNamespace {
             name: r.namespace_name,
         })
@@ -197,7 +223,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreRequest>,
     ) -> Result<Response<pb::CreateSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::CreateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -217,7 +248,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoresRequest>,
     ) -> Result<Response<pb::ListSemaphoresResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
             .read(|s, now| s.list_semaphores(&r.namespace_name, &page, now))
@@ -233,7 +269,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetSemaphoreRequest>,
     ) -> Result<Response<pb::GetSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let sem = self
             .read(|s, now| s.get_semaphore(&r.namespace_name, &r.semaphore_name, now))
             .await?;
@@ -247,7 +288,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
         let key = WaitKey {
             ns: r.namespace_name,
@@ -290,7 +336,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ReleaseSemaphoreRequest>,
     ) -> Result<Response<pb::ReleaseSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::Release {
             ns: r.namespace_name,
             sem: r.semaphore_name,
@@ -309,7 +360,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateSemaphoreRequest>,
     ) -> Result<Response<pb::UpdateSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::UpdateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -331,7 +387,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteSemaphoreRequest>,
     ) -> Result<Response<pb::DeleteSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         self.write(Cmd::DeleteSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -344,7 +405,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoreHoldersRequest>,
     ) -> Result<Response<pb::ListSemaphoreHoldersResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
             .read(|s, now| s.list_holders(&r.namespace_name, &r.semaphore_name, &page, now))
@@ -361,7 +427,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::CreateSemaphoreLeaseResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::CreateLease {
             ns: r.namespace_name,
             process_id: r.process_id,
@@ -381,7 +452,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RevokeSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RevokeSemaphoreLeaseResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         self.write(Cmd::RevokeLease {
             ns: r.namespace_name,
             lease: r.lease_id,
@@ -394,7 +470,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RefreshSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RefreshSemaphoreLeaseResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::RefreshLease {
             ns: r.namespace_name,
             lease: r.lease_id,
@@ -412,7 +493,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoreLeasesRequest>,
     ) -> Result<Response<pb::ListSemaphoreLeasesResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let page = convert::page(r.pagination_token, r.limit);
         let process_id = (!r.process_id.is_empty()).then_some(r.process_id.as_str());
         let page = self
@@ -429,7 +515,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::GetSemaphoreLeaseResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let lease = self
             .read(|s, now| s.get_lease(&r.namespace_name, &r.lease_id, now))
             .await?;

@@ -1,10 +1,11 @@
-//! gRPC services: the Grackle API, conch's extensions and admin, the peer service, health and
-//! reflection, all on one port.
+//! gRPC services: the Grackle API, conch's extensions, admin and access control, the peer
+//! service, health and reflection, all on one port.
 
 use std::sync::Arc;
 
 use conch_proto::conch::conch_admin_server::ConchAdminServer;
 use conch_proto::conch::conch_api_server::ConchApiServer;
+use conch_proto::conch::conch_auth_server::ConchAuthServer;
 use conch_proto::conch::conch_peer_server::ConchPeerServer;
 use conch_proto::grackle::grackle_api_server::GrackleApiServer;
 use tonic::Response;
@@ -15,6 +16,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
+pub mod auth;
 pub mod conch;
 pub mod convert;
 pub mod grackle;
@@ -64,6 +66,8 @@ pub async fn serve(
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let admin = ConchAdminServer::new(conch::AdminService::new(Arc::clone(&node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(&node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let peer = ConchPeerServer::new(peer::PeerService::new(Arc::clone(&node)))
         .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
         .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES);
@@ -78,6 +82,7 @@ pub async fn serve(
         .add_service(conch_api)
         .add_service(admin)
         .add_service(peer)
+        .add_service(auth)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

@@ -49,6 +49,7 @@ impl State {
             last_lease_seq,
             last_namespace_id,
             mut ctx,
+            auth,
         } = self.parts(events);
         if !matches!(cmd, Cmd::ExtendLeases) {
             reap(namespaces, &mut ctx);
@@ -178,6 +179,17 @@ impl State {
                 extend_leases(namespaces, ctx);
                 Ok(Outcome::Done)
             }
+            Cmd::AuthEnable
+            | Cmd::AuthDisable
+            | Cmd::RoleCreate { .. }
+            | Cmd::RoleGrant { .. }
+            | Cmd::RoleRevoke { .. }
+            | Cmd::RoleDelete { .. }
+            | Cmd::TokenCreate { .. }
+            | Cmd::TokenRevoke { .. }
+            | Cmd::AuthBootstrap { .. } => auth
+                .apply(cmd, ctx.clock_ns)
+                .unwrap_or_else(|| Err(Error::invalid("not an access control command"))),
         }
     }
 }

@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::auth::Auth;
 use super::lease_id::lease_id;
 use super::snapshot::fnv1a64;
 use super::types::*;
@@ -46,6 +47,11 @@ pub(super) struct Data {
     /// The last namespace id handed out (0: none yet).
     pub(super) last_namespace_id: u64,
     pub(super) namespaces: Namespaces,
+    /// Access control: roles, token hashes, the enabled flag. Not encoded while it is empty
+    /// (never used), so such a state encodes and hashes exactly as before the store existed;
+    /// decoding reads both forms.
+    #[serde(skip_serializing_if = "Auth::is_empty")]
+    pub(super) auth: Auth,
 }
 
 /// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
@@ -162,6 +168,7 @@ pub(super) struct Parts<'a> {
     pub(super) last_lease_seq: &'a mut u64,
     pub(super) last_namespace_id: &'a mut u64,
     pub(super) ctx: Ctx<'a>,
+    pub(super) auth: &'a mut Auth,
 }
 
 /// The key of a process id in `leases_by_process`.
@@ -181,6 +188,7 @@ impl State {
             last_lease_seq,
             last_namespace_id,
             namespaces,
+            auth,
         } = &mut self.data;
         Parts {
             namespaces,
@@ -192,6 +200,7 @@ impl State {
                 index: &mut self.index,
                 events,
             },
+            auth,
         }
     }
 
@@ -200,6 +209,7 @@ impl State {
     /// caller checks the invariants.
     pub(super) fn rebuild(mut data: Data) -> Result<State, String> {
         let mut index = Index::default();
+        data.auth.rebuild()?;
         for (name, ns) in data.namespaces.0.iter_mut() {
             if !index.add_namespace(ns.id, name) {
                 return Err(format!("namespace id {} is used twice", ns.id));

@@ -12,6 +12,8 @@
 //! - every timestamp written by a command is <= the clock; the clock never decreases
 //! - every derived index equals what the data implies (computed here independently of the
 //!   incremental upkeep in the data's methods)
+//! - access control keeps its own rules (see `auth`): tokens name existing roles, hashes are
+//!   unique, and while it is on a cluster-admin token exists
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -151,6 +153,6 @@ impl State {
         if expected != *self.index() {
             return Err("global indexes do not match the data".into());
         }
-        Ok(())
+        data.auth.check_invariants(clock)
     }
 }

@@ -13,6 +13,7 @@
 //! - `read`: lookups, views and the reads served at the reader's clock
 //! - `snapshot`: the canonical encoding, the state hash, snapshots
 //! - `invariants`: the check of every rule the state keeps (see there for the list)
+//! - `auth`: access control: roles, token hashes, the enabled flag, and the permission check
 //!
 //! # Cost
 //!
@@ -47,6 +48,9 @@
 //!   and waiters, and waiters whose deadline has passed; counts in semaphore views match.
 
 mod apply;
+pub mod auth;
+#[cfg(test)]
+mod auth_tests;
 mod data;
 mod invariants;
 mod lease_id;

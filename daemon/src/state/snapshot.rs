@@ -9,7 +9,7 @@
 use bincode::Options;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::data::{Data, State};
+use super::data::{Data, Namespaces, State};
 use super::types::*;
 
 pub(super) fn bincode_options() -> impl Options {
@@ -50,21 +50,48 @@ impl std::io::Write for Fnv1a {
     }
 }
 
+/// A state serializes as its canonical encoding's bytes ([`State::encode_snapshot`]), whatever
+/// the format around it, because that encoding leaves out an empty access control store.
 impl Serialize for State {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.data.serialize(serializer)
+        let bytes = self.encode_snapshot().map_err(serde::ser::Error::custom)?;
+        serializer.serialize_bytes(&bytes)
     }
 }
 
 impl<'de> Deserialize<'de> for State {
-    /// Deserializes the canonical data and rebuilds (and checks) every index.
+    /// Decodes the canonical encoding and rebuilds (and checks) every index.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let data = Data::deserialize(deserializer)?;
-        State::from_data(data).map_err(serde::de::Error::custom)
+        let bytes = Vec::<u8>::deserialize(deserializer)?;
+        State::decode_snapshot(&bytes).map_err(serde::de::Error::custom)
     }
 }
 
+/// The data without its last field, the access control store: how a state whose store is empty
+/// is encoded (and how every state was before the store existed). Decodes with an empty store.
+fn decode_without_auth(bytes: &[u8]) -> Option<Data> {
+    type WithoutAuth = (Nanos, u64, u64, u64, Namespaces);
+    let (clock_ns, last_token, last_lease_seq, last_namespace_id, namespaces): WithoutAuth =
+        bincode_options()
+            .with_limit(bytes.len() as u64)
+            .deserialize(bytes)
+            .ok()?;
+    Some(Data {
+        clock_ns,
+        last_token,
+        last_lease_seq,
+        last_namespace_id,
+        namespaces,
+        auth: Default::default(),
+    })
+}
+
 impl State {
+    /// Read access to the access control store.
+    pub fn auth(&self) -> &super::auth::Auth {
+        &self.data.auth
+    }
+
     /// A 64-bit hash of the whole state; equal states hash equal on every node and build.
     pub fn hash(&self) -> u64 {
         let mut hasher = Fnv1a(Fnv1a::OFFSET_BASIS);
@@ -84,10 +111,14 @@ impl State {
     /// Decodes and checks exactly what [`State::encode_snapshot`] returns (no header); indexes
     /// are rebuilt, never trusted from the bytes.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
-        let data: Data = bincode_options()
+        let data: Data = match bincode_options()
             .with_limit(bytes.len() as u64)
             .deserialize(bytes)
-            .map_err(|e| SnapshotError::Decode(e.to_string()))?;
+        {
+            Ok(data) => data,
+            // An empty access control store is not encoded: the same fields without it.
+            Err(e) => decode_without_auth(bytes).ok_or(SnapshotError::Decode(e.to_string()))?,
+        };
         State::from_data(data).map_err(SnapshotError::Inconsistent)
     }
 

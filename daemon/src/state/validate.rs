@@ -269,6 +269,15 @@ impl Cmd {
                 wait_ns(*linger_ns)
             }
             Cmd::Expire | Cmd::ExtendLeases => Ok(()),
+            Cmd::AuthEnable
+            | Cmd::AuthDisable
+            | Cmd::RoleCreate { .. }
+            | Cmd::RoleGrant { .. }
+            | Cmd::RoleRevoke { .. }
+            | Cmd::RoleDelete { .. }
+            | Cmd::TokenCreate { .. }
+            | Cmd::TokenRevoke { .. }
+            | Cmd::AuthBootstrap { .. } => super::auth::validate(self).unwrap_or(Ok(())),
         }
     }
 }
