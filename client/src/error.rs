@@ -141,6 +141,12 @@ pub enum Error {
         /// The status as received.
         status: Box<Status>,
     },
+    /// A token (`--token`, `CONCH_TOKEN`, `CONCH_TOKEN_FILE`) that cannot be sent.
+    #[error("invalid token: {reason}")]
+    InvalidToken {
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -171,6 +177,7 @@ impl Error {
             Error::ResourceExhausted { .. } => Some(Code::ResourceExhausted),
             Error::Timeout { .. } => Some(Code::DeadlineExceeded),
             Error::Other { status, .. } => Some(status.code()),
+            Error::InvalidToken { .. } => None,
             Error::LeaseLost { .. } | Error::InvalidEndpoint { .. } | Error::Protocol { .. } => {
                 None
             }

@@ -65,6 +65,7 @@ mod endpoint;
 mod error;
 pub mod lease;
 pub mod sema;
+mod token;
 
 pub use acquire::Guard;
 pub use backoff::Backoff;
@@ -73,6 +74,7 @@ pub use duration::format_duration;
 pub use endpoint::{DEFAULT_ENDPOINT, DEFAULT_PORT, EndpointAddr, parse_endpoint, parse_endpoints};
 pub use error::{Error, LeaseLoss, Result};
 pub use lease::{Lease, LeaseState, loss_after, refresh_interval};
+pub use token::{AUTHORIZATION, BearerToken, NodeChannel, TokenInterceptor};
 
 /// The generated protobuf/gRPC code (`grackle` and `conch` packages), re-exported.
 pub use conch_proto as proto;

@@ -22,6 +22,7 @@ async fn client(cluster: &Cluster) -> Client {
         acquire_rpc_wait: Duration::from_millis(600),
         reattach_margin: Duration::from_millis(250),
         acquire_slack: Duration::from_secs(2),
+        ..ClientConfig::default()
     };
     Client::connect_with(cluster.endpoints(), config)
         .await
