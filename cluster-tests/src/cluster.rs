@@ -51,6 +51,8 @@ pub struct Cluster {
     channels: BTreeMap<u64, Channel>,
     dir: Option<tempfile::TempDir>,
     kept: Option<PathBuf>,
+    /// Sent with the harness's own status calls (needed once access control is on).
+    admin_token: Option<String>,
 }
 
 impl Cluster {
@@ -163,6 +165,7 @@ impl Cluster {
             channels,
             dir: Some(dir),
             kept: None,
+            admin_token: None,
         };
         for id in ids {
             cluster.spawn(id)?;
@@ -368,16 +371,25 @@ impl Cluster {
         Ok(())
     }
 
+    /// A cluster-admin token the harness sends with its status calls (for a cluster with access
+    /// control on).
+    pub fn set_admin_token(&mut self, token: &str) {
+        self.admin_token = Some(token.to_string());
+    }
+
     /// The node's own status (a local read; fails fast on a down or paused node).
     pub async fn status(&self, id: u64) -> anyhow::Result<ClusterStatusResponse> {
         let channel = self.channel(id).context("no such node")?;
         let mut admin = ConchAdminClient::new(channel);
-        let reply = tokio::time::timeout(
-            Duration::from_secs(2),
-            admin.cluster_status(ClusterStatusRequest {}),
-        )
-        .await
-        .context("status timed out")??;
+        let mut request = tonic::Request::new(ClusterStatusRequest {});
+        if let Some(token) = &self.admin_token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse()?);
+        }
+        let reply = tokio::time::timeout(Duration::from_secs(2), admin.cluster_status(request))
+            .await
+            .context("status timed out")??;
         Ok(reply.into_inner())
     }
 

@@ -29,6 +29,9 @@ use crate::state::{Cmd, Error, Outcome};
 pub const AUTHORIZATION: &str = "authorization";
 /// Generated tokens start with this.
 pub const TOKEN_PREFIX: &str = "conch_";
+/// The namespace `conch sema` keeps its semaphores in: creating it needs only `write` on it, so
+/// `write` on it is all the CLI needs.
+pub const CLI_NAMESPACE: &str = "conch";
 /// A token (generated or from the bootstrap file) has at least this many characters.
 pub const TOKEN_MIN_CHARS: usize = 32;
 

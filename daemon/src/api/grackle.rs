@@ -7,7 +7,7 @@ use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
 
-use super::auth::Caller;
+use super::auth::{CLI_NAMESPACE, Caller};
 use super::status::ApiError;
 use super::{convert, respond};
 use crate::node::{Node, now_ns};
@@ -124,7 +124,13 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::CreateNamespaceResponse>, Status> {
         let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
-        caller.allow(&self.node, Access::Namespace(&r.name, Permission::Admin))?;
+        // The CLI's own namespace may be created by whoever may write in it.
+        let need = if r.name == CLI_NAMESPACE {
+            Permission::Write
+        } else {
+            Permission::Admin
+        };
+        caller.allow(&self.node, Access::Namespace(&r.name, need))?;
         let cmd = Cmd::CreateNamespace {
             name: r.name,
             description: r.description,
