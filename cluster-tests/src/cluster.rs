@@ -13,12 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::Duration;
 
+use crate::net::NodeChannel as Channel;
 use anyhow::Context;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::{ClusterStatusRequest, ClusterStatusResponse};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use nix::sys::signal::Signal;
-use tonic::transport::Channel;
 
 use crate::net::{channel, lazy_channel};
 use crate::proxy::{LinkMode, LinkProxy};

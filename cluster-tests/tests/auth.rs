@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use cluster_tests::net::NodeChannel as Channel;
 use cluster_tests::{Cluster, Daemon, binary, free_port, wait_for};
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_auth_client::ConchAuthClient;
@@ -17,7 +18,6 @@ use conch_proto::conch::{
 };
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
-use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 const SHOW_UP: Duration = Duration::from_secs(20);

@@ -57,6 +57,11 @@ struct Cli {
     /// Waiters (open blocking acquires, one per semaphore) in W5.
     #[arg(long, default_value_t = 10_000)]
     w5_waiters: usize,
+
+    /// Run with access control on: the cluster starts with an admin token that every client
+    /// sends (with --endpoints: the token in CONCH_TOKEN).
+    #[arg(long)]
+    auth: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -100,6 +105,7 @@ async fn main() -> ExitCode {
         w5_leases: cli.w5_leases,
         w5_semaphores: cli.w5_semaphores,
         w5_waiters: cli.w5_waiters,
+        auth: cli.auth,
     };
     let mut rows = Vec::new();
     let mut failed = false;
@@ -156,7 +162,7 @@ async fn run(
     endpoints: &Option<Vec<String>>,
     opts: &Opts,
 ) -> anyhow::Result<Vec<Row>> {
-    let mut target = Target::new(endpoints, &workload.to_lowercase()).await?;
+    let mut target = Target::new(endpoints, &workload.to_lowercase(), opts.auth).await?;
     let mut rows = Vec::new();
     match workload {
         "W1" => {

@@ -50,6 +50,10 @@ struct Cli {
     /// Print only the seed, the result and the summary line.
     #[arg(long, short)]
     quiet: bool,
+
+    /// Turn access control on first; every client then sends a cluster-admin token.
+    #[arg(long)]
+    auth: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -97,6 +101,7 @@ async fn main() -> ExitCode {
     }
     opts.exclude = cli.exclude;
     opts.progress = !cli.quiet;
+    opts.auth = cli.auth;
     let result = tokio::select! {
         result = run(opts) => result,
         _ = tokio::signal::ctrl_c() => {

@@ -58,6 +58,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// Fault names or cut modes left out of the nemesis menu (see `nemesis::MENU`).
     pub exclude: Vec<String>,
+    /// Turn access control on before the workload; every client then sends a token.
+    pub auth: bool,
 }
 
 /// The final revoke of every lease gives up after this long (the drain check then reports
@@ -81,6 +83,7 @@ impl RunOptions {
             keep: false,
             progress: true,
             exclude: Vec::new(),
+            auth: false,
         }
     }
 }
@@ -302,12 +305,16 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         ttl: opts.ttl,
         seed: opts.seed,
     };
-    let mut cluster = Cluster::launch(
-        opts.nodes,
-        &["--snapshot-every".to_string(), snapshot_every.to_string()],
-        true,
-    )
-    .await?;
+    let mut args = vec!["--snapshot-every".to_string(), snapshot_every.to_string()];
+    // Kept until the run ends: restarted nodes read the token file again.
+    let _token_dir = if opts.auth {
+        let (dir, auth_args) = crate::auth::bootstrap_args()?;
+        args.extend(auth_args);
+        Some(dir)
+    } else {
+        None
+    };
+    let mut cluster = Cluster::launch(opts.nodes, &args, true).await?;
     say(
         progress,
         start,
@@ -321,6 +328,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         cluster.leader().await
     })
     .await?;
+    if opts.auth {
+        crate::auth::wait_until_on(&cluster, Duration::from_secs(30)).await?;
+        say(progress, start, "access control on");
+    }
     setup(&cluster, &namespace, &semaphores).await?;
 
     let history = Arc::new(History::new(start));
