@@ -88,6 +88,7 @@ Examples:
   conchd --id 1 --listen 127.0.0.1:7001 --data-dir /var/lib/conch/1 \\
          --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
   CONCH_CONFIG=/etc/conch/conchd.toml conchd
+  conchd --bootstrap-admin-token-file /etc/conch/admin.token   # new cluster, access control on
 ";
 
 /// The same settings, read from a TOML file.
@@ -432,5 +433,43 @@ mod tests {
         .expect_err("a string for a number");
         assert!(err.to_string().contains("line 2"), "{err}");
         assert!(!err.to_string().contains('\n'), "one line: {err}");
+    }
+
+    #[test]
+    fn the_bootstrap_token_file_is_read_hashed_and_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("admin.token");
+        std::fs::write(&token, "  0123456789abcdef0123456789abcdef\n").expect("write token");
+        let toml = dir.path().join("conchd.toml");
+        let key = format!(
+            "bootstrap_admin_token_file = {:?}\n",
+            token.display().to_string()
+        );
+        std::fs::write(&toml, key).expect("write config");
+        let config = Config::from_flags(Flags {
+            config: Some(toml),
+            ..Flags::default()
+        })
+        .expect("valid");
+        assert_eq!(
+            config.bootstrap_admin_token,
+            Some(crate::api::auth::hash_token(
+                "0123456789abcdef0123456789abcdef"
+            ))
+        );
+        std::fs::write(&token, "short\n").expect("write token");
+        let missing = dir.path().join("missing.token");
+        for (path, says) in [(&token, "at least 32"), (&missing, "missing.token")] {
+            let err = Config::from_flags(Flags {
+                bootstrap_admin_token_file: Some(path.clone()),
+                ..Flags::default()
+            })
+            .expect_err("refused");
+            assert!(err.to_string().contains(says), "{err}");
+            assert!(
+                err.to_string().contains("--bootstrap-admin-token-file"),
+                "{err}"
+            );
+        }
     }
 }
