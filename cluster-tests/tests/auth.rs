@@ -248,6 +248,14 @@ async fn tokens_and_namespace_permissions_are_enforced_on_every_node() -> anyhow
         .into_inner();
     let names: Vec<String> = listed.namespaces.into_iter().map(|n| n.name).collect();
     ensure!(names == ["a"], "the viewer lists only a, got {names:?}");
+    expect_code(
+        "listing namespaces without a token",
+        GrackleApiClient::new(channel(&cluster, 3)?)
+            .list_namespaces(with_token(pb::ListNamespacesRequest::default(), None))
+            .await,
+        Code::Unauthenticated,
+        &[],
+    )?;
 
     // A new token works on every node soon after it is created, and stops working everywhere
     // once revoked.

@@ -97,6 +97,16 @@ impl Caller {
             .map_err(ApiError::from)
     }
 
+    /// Refuses the call unless its token is known (always allowed while off).
+    pub fn authenticated(&self, node: &Node) -> Result<(), ApiError> {
+        if !self.checked {
+            return Ok(());
+        }
+        node.applied
+            .read(|s| s.auth().authenticate(self.token.as_ref()))
+            .map_err(ApiError::from)
+    }
+
     /// Whether the call may read `ns` (for listings that show only what the caller may see).
     pub fn may_read(&self, node: &Node, ns: &str) -> bool {
         self.allow(node, Access::Namespace(ns, Permission::Read))

@@ -149,6 +149,7 @@ impl GrackleApi for GrackleService {
         request: Request<pb::ListNamespacesRequest>,
     ) -> Result<Response<pb::ListNamespacesResponse>, Status> {
         let caller = Caller::of(&self.node, &request);
+        caller.authenticated(&self.node)?;
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
         let page = self.read(|s, _| s.list_namespaces(&page)).await?;

@@ -171,6 +171,12 @@ fn permissions_by_namespace_and_level() {
     t.grant("viewer", "a", Permission::Admin);
     assert_eq!(t.check(Some(3), ns("a", Permission::Write)), Ok(()));
     assert!(t.check(Some(3), ns("b", Permission::Write)).is_err());
+    // Authentication alone: any known token.
+    assert_eq!(t.state.auth().authenticate(Some(&[3; 32])), Ok(()));
+    assert!(matches!(
+        t.state.auth().authenticate(None),
+        Err(Denied::Unauthenticated(_))
+    ));
     // Revoking a grant takes effect at once.
     t.ok(Cmd::RoleRevoke {
         role: "app".into(),
