@@ -10,7 +10,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("conch_descriptor.bin"))
-        .compile_protos(&["proto/grackle.proto", "proto/conch.proto"], &["proto"])?;
+        .compile_protos(
+            &[
+                "proto/grackle.proto",
+                "proto/conch.proto",
+                "proto/auth.proto",
+            ],
+            &["proto"],
+        )?;
     println!("cargo:rerun-if-changed=proto");
     build_commit();
     Ok(())

@@ -36,6 +36,8 @@ use conch_proto::grackle::{
 };
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::token::{NodeChannel, TokenInterceptor};
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
@@ -79,6 +81,9 @@ pub struct ClientConfig {
     pub acquire_slack: Duration,
     /// TLS to every endpoint; `None` dials in plaintext.
     pub tls: Option<ClientTls>,
+    /// Sent as `authorization: Bearer <token>` on every call (needed when the cluster has
+    /// access control on).
+    pub token: Option<crate::BearerToken>,
 }
 
 impl Default for ClientConfig {
@@ -93,6 +98,7 @@ impl Default for ClientConfig {
             reattach_margin: Duration::from_secs(5),
             acquire_slack: Duration::from_secs(10),
             tls: None,
+            token: None,
         }
     }
 }
@@ -259,7 +265,7 @@ impl Client {
 
     /// The node to try next, skipping `tried`: leader hint, then the last good endpoint, then
     /// the rest; endpoints that failed a moment ago come last.
-    pub(crate) fn pick(&self, tried: &[usize]) -> Option<(usize, String, Channel)> {
+    pub(crate) fn pick(&self, tried: &[usize]) -> Option<(usize, String, NodeChannel)> {
         let nodes = self.nodes();
         let n = nodes.list.len();
         let now = Instant::now();
@@ -281,7 +287,11 @@ impl Client {
             .or_else(|| order.first())
             .copied()?;
         let node = &nodes.list[pick];
-        Some((pick, node.addr.clone(), node.channel.clone()))
+        Some((
+            pick,
+            node.addr.clone(),
+            self.intercepted(node.channel.clone()),
+        ))
     }
 
     /// Records a leader hint from response (or status) metadata.
@@ -428,7 +438,7 @@ impl Client {
     /// ```
     pub async fn call<T, F, Fut>(&self, op: &'static str, opts: CallOptions, f: F) -> Result<T>
     where
-        F: Fn(Channel, Duration) -> Fut,
+        F: Fn(NodeChannel, Duration) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let start = Instant::now();
@@ -487,7 +497,7 @@ impl Client {
     ) -> Result<T>
     where
         Req: Clone,
-        F: Fn(Channel, Request<Req>) -> Fut,
+        F: Fn(NodeChannel, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         self.call(op, opts, |ch, t| rpc(ch, request(req.clone(), t)))
@@ -505,7 +515,7 @@ impl Client {
     ) -> Result<T>
     where
         Req: Clone,
-        F: Fn(Channel, Request<Req>) -> Fut,
+        F: Fn(NodeChannel, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let id = new_request_id();
@@ -517,27 +527,35 @@ impl Client {
 
     /// A Grackle API client on the node calls would go to now (leader hint first). No failover:
     /// for anything not wrapped here, prefer [`Client::call`].
-    pub fn grackle(&self) -> GrackleApiClient<Channel> {
+    pub fn grackle(&self) -> GrackleApiClient<NodeChannel> {
         GrackleApiClient::new(self.channel())
     }
 
     /// A `ConchApi` client (waiter listing) on the node calls would go to now.
-    pub fn conch_api(&self) -> ConchApiClient<Channel> {
+    pub fn conch_api(&self) -> ConchApiClient<NodeChannel> {
         ConchApiClient::new(self.channel())
     }
 
     /// A `ConchAdmin` client (cluster status, membership) on the node calls would go to now.
-    pub fn admin(&self) -> ConchAdminClient<Channel> {
+    pub fn admin(&self) -> ConchAdminClient<NodeChannel> {
         ConchAdminClient::new(self.channel())
     }
 
     /// The channel of the node calls would go to now.
-    pub fn channel(&self) -> Channel {
+    pub fn channel(&self) -> NodeChannel {
         match self.pick(&[]) {
             Some((_, _, channel)) => channel,
             // `connect` refuses an empty endpoint list, so there is always a node.
-            None => unreachable_channel(),
+            None => self.intercepted(unreachable_channel()),
         }
+    }
+
+    /// `channel` sending this client's token on every call.
+    fn intercepted(&self, channel: Channel) -> NodeChannel {
+        NodeChannel::new(
+            channel,
+            TokenInterceptor::new(self.inner.config.token.clone()),
+        )
     }
 
     // ----- namespaces -------------------------------------------------------------------------
@@ -819,7 +837,7 @@ impl Client {
             None => make_channel(&ep, &self.inner.config)?,
         };
         let timeout = self.inner.config.request_timeout;
-        let mut admin = ConchAdminClient::new(channel);
+        let mut admin = ConchAdminClient::new(self.intercepted(channel));
         let fut = admin.cluster_status(request(ClusterStatusRequest {}, timeout));
         match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(resp)) => {

@@ -148,6 +148,12 @@ pub enum Error {
         /// What is wrong.
         what: String,
     },
+    /// A token (`--token`, `CONCH_TOKEN`, `CONCH_TOKEN_FILE`) that cannot be sent.
+    #[error("invalid token: {reason}")]
+    InvalidToken {
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -178,6 +184,7 @@ impl Error {
             Error::ResourceExhausted { .. } => Some(Code::ResourceExhausted),
             Error::Timeout { .. } => Some(Code::DeadlineExceeded),
             Error::Other { status, .. } => Some(status.code()),
+            Error::InvalidToken { .. } => None,
             Error::LeaseLost { .. }
             | Error::InvalidEndpoint { .. }
             | Error::Protocol { .. }

@@ -11,7 +11,9 @@
 //!   at once when it is lost — *before* the server could give its permits to someone else;
 //! - [`Client::acquire`]: waits in the server's FIFO queue for permits, keeping its place
 //!   across RPC timeouts and node failover, and returns a [`Guard`] with the fencing token;
-//! - [`sema`]: the naming scheme of `conch sema` (namespace `conch`, semaphore `<name>.<max>`).
+//! - [`sema`]: the naming scheme of `conch sema` (namespace `conch`, semaphore `<name>.<max>`);
+//! - [`BearerToken`]: for a cluster with access control on, set [`ClientConfig::token`] and every
+//!   call carries `authorization: Bearer <token>` (added by a tonic interceptor).
 //!
 //! Invariants this crate keeps:
 //! - a lease is reported lost no later than `ttl − max(1s, ttl/5)` after the send time of its
@@ -69,6 +71,7 @@ pub mod lease;
 pub mod request_id;
 pub mod sema;
 mod tls;
+mod token;
 
 pub use acquire::Guard;
 pub use backoff::Backoff;
@@ -79,6 +82,7 @@ pub use error::{Error, LeaseLoss, Result};
 pub use lease::{Lease, LeaseState, loss_after, refresh_interval};
 pub use request_id::{REQUEST_ID_METADATA_KEY, new_request_id, request_with_id};
 pub use tls::ClientTls;
+pub use token::{AUTHORIZATION, BearerToken, NodeChannel, TokenInterceptor};
 
 /// The generated protobuf/gRPC code (`grackle` and `conch` packages), re-exported.
 pub use conch_proto as proto;

@@ -34,7 +34,7 @@ async fn client_with(cluster: &Cluster, rpc_wait: Duration, margin: Duration) ->
         acquire_rpc_wait: rpc_wait,
         reattach_margin: margin,
         acquire_slack: Duration::from_secs(2),
-        tls: None,
+        ..ClientConfig::default()
     };
     Client::connect_with(cluster.endpoints(), config)
         .await

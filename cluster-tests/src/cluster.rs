@@ -13,13 +13,13 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::Duration;
 
+use crate::net::NodeChannel as Channel;
 use anyhow::Context;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::{ClusterStatusRequest, ClusterStatusResponse};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_testkit::{LinkMode, LinkProxy};
 use nix::sys::signal::Signal;
-use tonic::transport::Channel;
 
 use crate::net::{channel, lazy_channel};
 use crate::pki::{HARNESS_CLIENT, Pki};
@@ -59,6 +59,8 @@ pub struct Cluster {
     kept: Option<PathBuf>,
     /// The certificates of a TLS cluster (TLS, client certificates, peer mutual TLS).
     pub pki: Option<Pki>,
+    /// Sent with the harness's own status calls (needed once access control is on).
+    admin_token: Option<String>,
 }
 
 impl Cluster {
@@ -241,6 +243,7 @@ impl Cluster {
             dir: Some(dir),
             kept: None,
             pki,
+            admin_token: None,
         };
         for id in ids {
             cluster.spawn(id)?;
@@ -447,16 +450,25 @@ impl Cluster {
         Ok(())
     }
 
+    /// A cluster-admin token the harness sends with its status calls (for a cluster with access
+    /// control on).
+    pub fn set_admin_token(&mut self, token: &str) {
+        self.admin_token = Some(token.to_string());
+    }
+
     /// The node's own status (a local read; fails fast on a down or paused node).
     pub async fn status(&self, id: u64) -> anyhow::Result<ClusterStatusResponse> {
         let channel = self.channel(id).context("no such node")?;
         let mut admin = ConchAdminClient::new(channel);
-        let reply = tokio::time::timeout(
-            Duration::from_secs(2),
-            admin.cluster_status(ClusterStatusRequest {}),
-        )
-        .await
-        .context("status timed out")??;
+        let mut request = tonic::Request::new(ClusterStatusRequest {});
+        if let Some(token) = &self.admin_token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse()?);
+        }
+        let reply = tokio::time::timeout(Duration::from_secs(2), admin.cluster_status(request))
+            .await
+            .context("status timed out")??;
         Ok(reply.into_inner())
     }
 

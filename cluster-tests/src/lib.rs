@@ -13,6 +13,7 @@
 //! and dies with the thread that started it if this process is killed before its destructors
 //! run. Waits are conditions with deadlines, never fixed sleeps.
 
+pub mod auth;
 pub mod bench;
 pub mod cluster;
 pub mod daemon;

@@ -9,19 +9,59 @@
 //! - on `Unavailable`, a transport error or a deadline, the next call goes to the next endpoint.
 
 use std::future::Future;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use conch_client::BearerToken;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::{ClusterStatusRequest, ClusterStatusResponse};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Response, Status};
 
 /// Response metadata naming the leader's address.
 pub const LEADER_HEADER: &str = "conch-leader";
 
-pub type Grackle = GrackleApiClient<Channel>;
+pub type Grackle = GrackleApiClient<NodeChannel>;
+
+/// A channel to one node that sends the process's token ([`use_token`]), if any, on every call.
+pub type NodeChannel = InterceptedService<Channel, ProcessToken>;
+
+/// The token every channel made here sends (for runs against a cluster with access control on:
+/// `conch-bench --auth`, `conch-jepsen --auth`). Set at most once per process; tests never set
+/// it.
+static TOKEN: OnceLock<String> = OnceLock::new();
+
+/// Makes every channel made here, also those made before, send `token` from now on; fails if a
+/// token was set already.
+pub fn use_token(token: &str) -> anyhow::Result<()> {
+    BearerToken::new(token)?;
+    TOKEN
+        .set(format!("Bearer {}", token.trim()))
+        .map_err(|_| anyhow::anyhow!("a token is already in use"))
+}
+
+/// Adds the process's token, read at each call, to every request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessToken;
+
+impl Interceptor for ProcessToken {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(value) = TOKEN.get().and_then(|t| t.parse().ok()) {
+            request
+                .metadata_mut()
+                .insert(conch_client::AUTHORIZATION, value);
+        }
+        Ok(request)
+    }
+}
+
+fn with_token(channel: Channel) -> NodeChannel {
+    NodeChannel::new(channel, ProcessToken)
+}
 
 /// The one endpoint builder: `addr` (host:port) over plain HTTP/2 (or TLS, for a node of a TLS
 /// cluster: see [`crate::pki`]), no Nagle delay, connecting within `connect_timeout`.
@@ -39,27 +79,31 @@ fn endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, Status> {
 }
 
 /// Opens a channel to `addr`, failing within `connect_timeout` when nothing listens there.
-pub async fn connect(addr: &str, connect_timeout: Duration) -> Result<Channel, Status> {
+pub async fn connect(addr: &str, connect_timeout: Duration) -> Result<NodeChannel, Status> {
     endpoint(addr, connect_timeout)?
         .connect()
         .await
+        .map(with_token)
         .map_err(|e| Status::unavailable(format!("connect to {addr}: {e}")))
 }
 
 /// A channel to `addr` that is connected (fails fast if the node is down); every call on it
 /// has a 10 s deadline.
-pub async fn channel(addr: &str) -> anyhow::Result<Channel> {
+pub async fn channel(addr: &str) -> anyhow::Result<NodeChannel> {
     endpoint(addr, Duration::from_secs(1))?
         .timeout(Duration::from_secs(10))
         .connect()
         .await
+        .map(with_token)
         .with_context(|| format!("connect to {addr}"))
 }
 
 /// A lazily connecting channel to `addr`: a down node fails calls quickly, a restarted one is
 /// reconnected to.
-pub fn lazy_channel(addr: &str) -> anyhow::Result<Channel> {
-    Ok(endpoint(addr, Duration::from_millis(500))?.connect_lazy())
+pub fn lazy_channel(addr: &str) -> anyhow::Result<NodeChannel> {
+    Ok(with_token(
+        endpoint(addr, Duration::from_millis(500))?.connect_lazy(),
+    ))
 }
 
 /// `ClusterStatus` of the node at `addr`.

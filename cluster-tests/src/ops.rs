@@ -1,8 +1,8 @@
 //! Small helpers over the Grackle API for tests.
 
+use crate::net::NodeChannel as Channel;
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
-use tonic::transport::Channel;
 
 pub type Grackle = GrackleApiClient<Channel>;
 

@@ -8,7 +8,7 @@ use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use nix::sys::signal::Signal;
 
-async fn serving(addr: &str) -> anyhow::Result<GrackleApiClient<tonic::transport::Channel>> {
+async fn serving(addr: &str) -> anyhow::Result<GrackleApiClient<cluster_tests::net::NodeChannel>> {
     let channel = wait_for(
         "conchd to accept connections",
         Duration::from_secs(20),
@@ -20,7 +20,7 @@ async fn serving(addr: &str) -> anyhow::Result<GrackleApiClient<tonic::transport
 
 /// Writes until the single node has elected itself and accepts the write.
 async fn create_namespace_when_ready(
-    client: &mut GrackleApiClient<tonic::transport::Channel>,
+    client: &mut GrackleApiClient<cluster_tests::net::NodeChannel>,
     name: &str,
 ) -> anyhow::Result<()> {
     wait_for("the node to accept writes", Duration::from_secs(20), || {

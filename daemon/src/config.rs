@@ -95,6 +95,11 @@ pub struct Flags {
     /// and this node presents --tls-cert when it dials them. May be the same CA as --client-ca.
     #[arg(long, env = "CONCH_PEER_CA", help_heading = "TLS")]
     pub peer_ca: Option<PathBuf>,
+    /// File holding the first cluster-admin token (at least 32 characters). When this node
+    /// bootstraps a new cluster, it installs the token's hash with a cluster-admin role and turns
+    /// access control on, exactly once.
+    #[arg(long, env = "CONCH_BOOTSTRAP_ADMIN_TOKEN_FILE")]
+    pub bootstrap_admin_token_file: Option<PathBuf>,
 }
 
 const EXAMPLES: &str = "\
@@ -103,6 +108,7 @@ Examples:
   conchd --id 1 --listen 127.0.0.1:7001 --data-dir /var/lib/conch/1 \\
          --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
   CONCH_CONFIG=/etc/conch/conchd.toml conchd
+  conchd --bootstrap-admin-token-file /etc/conch/admin.token   # new cluster, access control on
 ";
 
 /// The same settings, read from a TOML file.
@@ -124,6 +130,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
     peer_ca: Option<PathBuf>,
+    bootstrap_admin_token_file: Option<PathBuf>,
 }
 
 /// Validated configuration; read-only once built.
@@ -144,6 +151,8 @@ pub struct Config {
     pub log: String,
     /// TLS on the node's port and between nodes; `None` serves plaintext.
     pub tls: Option<Arc<Tls>>,
+    /// SHA-256 of the bootstrap admin token (`--bootstrap-admin-token-file`).
+    pub bootstrap_admin_token: Option<crate::state::auth::TokenHash>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -250,6 +259,13 @@ impl Config {
                     .into(),
             ));
         }
+        let bootstrap_admin_token = match flags
+            .bootstrap_admin_token_file
+            .or(file.bootstrap_admin_token_file)
+        {
+            Some(path) => Some(read_token_file(&path)?),
+            None => None,
+        };
         Ok(Config {
             id,
             listen,
@@ -266,6 +282,7 @@ impl Config {
                 .or(file.log)
                 .unwrap_or_else(|| DEFAULT_LOG.to_string()),
             tls,
+            bootstrap_admin_token,
         })
     }
 }
@@ -310,6 +327,22 @@ fn tls_settings(
     Tls::load(files)
         .map(|tls| Some(Arc::new(tls)))
         .map_err(|e| ConfigError::Invalid(e.to_string()))
+}
+
+/// Reads a token file (surrounding whitespace ignored) and returns the token's hash.
+fn read_token_file(path: &Path) -> Result<crate::state::auth::TokenHash, ConfigError> {
+    use crate::api::auth::{TOKEN_MIN_CHARS, hash_token};
+    let flag = "--bootstrap-admin-token-file";
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::Invalid(format!("{flag} {}: {e}", path.display())))?;
+    let token = text.trim();
+    if token.chars().count() < TOKEN_MIN_CHARS || token.chars().any(char::is_whitespace) {
+        return Err(ConfigError::Invalid(format!(
+            "{flag} {}: the token must be one word of at least {TOKEN_MIN_CHARS} characters              (e.g. the output of `openssl rand -hex 32`)",
+            path.display()
+        )));
+    }
+    Ok(hash_token(token))
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -603,5 +636,43 @@ mod tests {
         std::fs::rename(new_key, &key).expect("rename");
         std::fs::rename(new_cert, &cert).expect("rename");
         assert!(tls.reload(true).expect("valid again"));
+    }
+
+    #[test]
+    fn the_bootstrap_token_file_is_read_hashed_and_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("admin.token");
+        std::fs::write(&token, "  0123456789abcdef0123456789abcdef\n").expect("write token");
+        let toml = dir.path().join("conchd.toml");
+        let key = format!(
+            "bootstrap_admin_token_file = {:?}\n",
+            token.display().to_string()
+        );
+        std::fs::write(&toml, key).expect("write config");
+        let config = Config::from_flags(Flags {
+            config: Some(toml),
+            ..Flags::default()
+        })
+        .expect("valid");
+        assert_eq!(
+            config.bootstrap_admin_token,
+            Some(crate::api::auth::hash_token(
+                "0123456789abcdef0123456789abcdef"
+            ))
+        );
+        std::fs::write(&token, "short\n").expect("write token");
+        let missing = dir.path().join("missing.token");
+        for (path, says) in [(&token, "at least 32"), (&missing, "missing.token")] {
+            let err = Config::from_flags(Flags {
+                bootstrap_admin_token_file: Some(path.clone()),
+                ..Flags::default()
+            })
+            .expect_err("refused");
+            assert!(err.to_string().contains(says), "{err}");
+            assert!(
+                err.to_string().contains("--bootstrap-admin-token-file"),
+                "{err}"
+            );
+        }
     }
 }

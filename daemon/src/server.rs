@@ -4,7 +4,8 @@
 //! 1. bind the listener first, so a taken port fails before anything touches the disk;
 //! 2. open the log store, then restore the newest snapshot into the applied state;
 //! 3. start Raft (it replays committed entries after the snapshot);
-//! 4. bootstrap only an empty node, and only the lowest id of `--initial-cluster`;
+//! 4. bootstrap only an empty node, and only the lowest id of `--initial-cluster`; with
+//!    `--bootstrap-admin-token-file`, that node then installs the admin token (once elected);
 //! 5. serve until shutdown, then stop Raft and flush.
 
 use std::collections::BTreeMap;
@@ -163,7 +164,8 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
     let bootstrapper = config.initial_cluster.keys().next() == Some(&config.id);
-    if !initialized && bootstrapper {
+    let bootstraps = !initialized && bootstrapper;
+    if bootstraps {
         let members: BTreeMap<u64, BasicNode> = config
             .initial_cluster
             .iter()
@@ -190,6 +192,9 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
     }
     tokio::spawn(expiry::run(Arc::clone(&node)));
     tokio::spawn(log_leader_changes(Arc::clone(&node)));
+    if let (true, Some(hash)) = (bootstraps, config.bootstrap_admin_token) {
+        tokio::spawn(api::auth::bootstrap(Arc::clone(&node), hash));
+    }
     Ok(Running { node, listener })
 }
 

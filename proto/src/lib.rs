@@ -3,7 +3,8 @@
 //! - [`grackle`]: the Grackle semaphore API (`com.evrblk.grackle.v1beta.GrackleApi`), with
 //!   conch's extension fields numbered from 100.
 //! - [`conch`]: conch's own services: `ConchApi` (waiter listing), `ConchAdmin` (cluster
-//!   status and membership) and `ConchPeer` (node-to-node Raft traffic).
+//!   status and membership), `ConchPeer` (node-to-node Raft traffic) and `ConchAuth` (access
+//!   control: roles and tokens).
 
 #![allow(clippy::all, missing_docs)]
 

@@ -36,6 +36,8 @@ pub struct Opts {
     pub w5_waiters: usize,
     /// Start the cluster with TLS, client certificates and peer mutual TLS.
     pub tls: bool,
+    /// Access control on, every client sending a token (`--auth`).
+    pub auth: bool,
 }
 
 /// What a workload runs against: a cluster this process started, or given endpoints.
@@ -44,18 +46,27 @@ pub struct Target {
     pub endpoints: Vec<String>,
     /// Namespace for this workload (unique per run against external endpoints).
     pub ns: String,
+    /// With `--auth`: the bootstrap token file, which restarted nodes read again.
+    _token_dir: Option<tempfile::TempDir>,
 }
 
 impl Target {
-    /// A fresh 3-node cluster with default conchd settings (with `tls`, TLS + client
-    /// certificates + peer mutual TLS), or the external endpoints.
+    /// A fresh 3-node cluster with default conchd settings, or the external endpoints. With
+    /// `tls`, TLS + client certificates + peer mutual TLS; with `auth`, the fresh cluster has
+    /// access control on and every client sends a token (external endpoints get the token of
+    /// `CONCH_TOKEN`, if set).
     pub async fn new(
         endpoints: &Option<Vec<String>>,
         tag: &str,
         tls: bool,
+        auth: bool,
     ) -> anyhow::Result<Target> {
         match endpoints {
             Some(endpoints) => {
+                if let (true, Ok(token)) = (auth, std::env::var("CONCH_TOKEN")) {
+                    // Set once per process; a second workload keeps the first.
+                    let _ = crate::net::use_token(&token);
+                }
                 let stamp = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_millis())
@@ -64,6 +75,7 @@ impl Target {
                     cluster: None,
                     endpoints: endpoints.clone(),
                     ns: format!("bench-{tag}-{stamp}"),
+                    _token_dir: None,
                 };
                 target.create_namespace().await?;
                 Ok(target)
@@ -76,14 +88,26 @@ impl Target {
                         conchd.display()
                     );
                 }
-                let cluster = Cluster::start_opts(3, &[], tls)
+                let (token_dir, args) = match auth {
+                    true => {
+                        let (dir, args) = crate::auth::bootstrap_args()?;
+                        (Some(dir), args)
+                    }
+                    false => (None, Vec::new()),
+                };
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let cluster = Cluster::start_opts(3, &args, tls)
                     .await
                     .context("start a 3-node cluster")?;
+                if auth {
+                    crate::auth::wait_until_on(&cluster, Duration::from_secs(30)).await?;
+                }
                 let endpoints = cluster.endpoints();
                 let target = Target {
                     cluster: Some(cluster),
                     endpoints,
                     ns: format!("bench-{tag}"),
+                    _token_dir: token_dir,
                 };
                 target.create_namespace().await?;
                 Ok(target)

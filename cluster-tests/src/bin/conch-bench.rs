@@ -62,6 +62,10 @@ struct Cli {
     /// for the run). Not with --endpoints.
     #[arg(long, conflicts_with = "endpoints")]
     tls: bool,
+    /// Run with access control on: the cluster starts with an admin token that every client
+    /// sends (with --endpoints: the token in CONCH_TOKEN).
+    #[arg(long)]
+    auth: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -106,6 +110,7 @@ async fn main() -> ExitCode {
         w5_semaphores: cli.w5_semaphores,
         w5_waiters: cli.w5_waiters,
         tls: cli.tls,
+        auth: cli.auth,
     };
     if cli.tls {
         eprintln!("conch-bench: clusters run with TLS, client certificates and peer mutual TLS");
@@ -165,7 +170,7 @@ async fn run(
     endpoints: &Option<Vec<String>>,
     opts: &Opts,
 ) -> anyhow::Result<Vec<Row>> {
-    let mut target = Target::new(endpoints, &workload.to_lowercase(), opts.tls).await?;
+    let mut target = Target::new(endpoints, &workload.to_lowercase(), opts.tls, opts.auth).await?;
     let mut rows = Vec::new();
     match workload {
         "W1" => {

@@ -54,6 +54,9 @@ struct Cli {
     /// Run the nodes with TLS, client certificates and peer mutual TLS.
     #[arg(long)]
     tls: bool,
+    /// Turn access control on first; every client then sends a cluster-admin token.
+    #[arg(long)]
+    auth: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -102,6 +105,7 @@ async fn main() -> ExitCode {
     opts.exclude = cli.exclude;
     opts.progress = !cli.quiet;
     opts.tls = cli.tls;
+    opts.auth = cli.auth;
     let result = tokio::select! {
         result = run(opts) => result,
         _ = tokio::signal::ctrl_c() => {

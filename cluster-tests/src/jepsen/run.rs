@@ -60,6 +60,8 @@ pub struct RunOptions {
     pub exclude: Vec<String>,
     /// TLS, client certificates and peer mutual TLS on every node.
     pub tls: bool,
+    /// Turn access control on before the workload; every client then sends a token.
+    pub auth: bool,
 }
 
 /// The final revoke of every lease gives up after this long (the drain check then reports
@@ -84,6 +86,7 @@ impl RunOptions {
             progress: true,
             exclude: Vec::new(),
             tls: false,
+            auth: false,
         }
     }
 }
@@ -305,13 +308,16 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         ttl: opts.ttl,
         seed: opts.seed,
     };
-    let mut cluster = Cluster::launch_opts(
-        opts.nodes,
-        &["--snapshot-every".to_string(), snapshot_every.to_string()],
-        true,
-        opts.tls,
-    )
-    .await?;
+    let mut args = vec!["--snapshot-every".to_string(), snapshot_every.to_string()];
+    // Kept until the run ends: restarted nodes read the token file again.
+    let _token_dir = if opts.auth {
+        let (dir, auth_args) = crate::auth::bootstrap_args()?;
+        args.extend(auth_args);
+        Some(dir)
+    } else {
+        None
+    };
+    let mut cluster = Cluster::launch_opts(opts.nodes, &args, true, opts.tls).await?;
     say(
         progress,
         start,
@@ -325,6 +331,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         cluster.leader().await
     })
     .await?;
+    if opts.auth {
+        crate::auth::wait_until_on(&cluster, Duration::from_secs(30)).await?;
+        say(progress, start, "access control on");
+    }
     setup(&cluster, &namespace, &semaphores).await?;
 
     let history = Arc::new(History::new(start));

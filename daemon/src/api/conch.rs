@@ -1,5 +1,6 @@
 //! conch's own services: `ConchApi` (waiters in queue order) and `ConchAdmin` (cluster status,
-//! membership, leadership, snapshots).
+//! membership, leadership, snapshots). Admin calls need cluster-admin while access control is
+//! on; a call forwarded to another node carries the caller's token, and that node checks it too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -10,10 +11,12 @@ use conch_proto::conch::conch_api_server::ConchApi;
 use openraft::BasicNode;
 use tonic::{Request, Response, Status};
 
+use super::auth::{Caller, forward};
 use super::status::ApiError;
 use super::{convert, respond};
 use crate::node::Node;
 use crate::state::Error;
+use crate::state::auth::{Access, Permission};
 
 pub struct ConchApiService {
     node: Arc<Node>,
@@ -31,7 +34,12 @@ impl ConchApi for ConchApiService {
         &self,
         request: Request<cpb::ListSemaphoreWaitersRequest>,
     ) -> Result<Response<cpb::ListSemaphoreWaitersResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         self.node.linearizable().await.map_err(ApiError::from)?;
         let page = convert::page(r.pagination_token, r.limit);
         let (semaphore, page) = self
@@ -93,8 +101,9 @@ fn forwarded<T>(reply: Result<Response<T>, Status>) -> Result<Response<T>, Statu
 impl ConchAdmin for AdminService {
     async fn cluster_status(
         &self,
-        _request: Request<cpb::ClusterStatusRequest>,
+        request: Request<cpb::ClusterStatusRequest>,
     ) -> Result<Response<cpb::ClusterStatusResponse>, Status> {
+        Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
         let (term, state, last_log_index, applied_index, snapshot_index, leader_id) = {
             let metrics = self.node.raft.metrics();
             let m = metrics.borrow();
@@ -145,13 +154,15 @@ impl ConchAdmin for AdminService {
         &self,
         request: Request<cpb::AddLearnerRequest>,
     ) -> Result<Response<cpb::MembershipResponse>, Status> {
+        Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
+        let metadata = request.metadata().clone();
         let r = request.into_inner();
         if r.node_id == 0 || r.addr.is_empty() {
             let invalid = Error::invalid("node_id must be positive and addr non-empty");
             return Err(ApiError::from(invalid).into());
         }
         if let Some(mut leader) = self.node.leader_admin().await.map_err(ApiError::from)? {
-            return forwarded(leader.add_learner(r).await);
+            return forwarded(leader.add_learner(forward(&metadata, r)).await);
         }
         let response = self
             .node
@@ -169,13 +180,15 @@ impl ConchAdmin for AdminService {
         &self,
         request: Request<cpb::ChangeMembershipRequest>,
     ) -> Result<Response<cpb::MembershipResponse>, Status> {
+        Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
+        let metadata = request.metadata().clone();
         let r = request.into_inner();
         if r.voters.is_empty() {
             let invalid = Error::invalid("voters must name at least one node");
             return Err(ApiError::from(invalid).into());
         }
         if let Some(mut leader) = self.node.leader_admin().await.map_err(ApiError::from)? {
-            return forwarded(leader.change_membership(r).await);
+            return forwarded(leader.change_membership(forward(&metadata, r)).await);
         }
         let voters: BTreeSet<u64> = r.voters.into_iter().collect();
         let response = self
@@ -194,6 +207,8 @@ impl ConchAdmin for AdminService {
         &self,
         request: Request<cpb::TransferLeaderRequest>,
     ) -> Result<Response<cpb::TransferLeaderResponse>, Status> {
+        Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
+        let metadata = request.metadata().clone();
         let to = request.into_inner().to_node_id;
         if to == self.node.id {
             // The target campaigns; with an up-to-date log it wins the election.
@@ -214,7 +229,10 @@ impl ConchAdmin for AdminService {
         let mut target = self.node.admin_of(to, addr).map_err(ApiError::from)?;
         forwarded(
             target
-                .transfer_leader(cpb::TransferLeaderRequest { to_node_id: to })
+                .transfer_leader(forward(
+                    &metadata,
+                    cpb::TransferLeaderRequest { to_node_id: to },
+                ))
                 .await,
         )?;
         Ok(respond(&self.node, cpb::TransferLeaderResponse {}))
@@ -222,8 +240,9 @@ impl ConchAdmin for AdminService {
 
     async fn trigger_snapshot(
         &self,
-        _request: Request<cpb::TriggerSnapshotRequest>,
+        request: Request<cpb::TriggerSnapshotRequest>,
     ) -> Result<Response<cpb::TriggerSnapshotResponse>, Status> {
+        Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
         let before = self
             .node
             .raft

@@ -7,9 +7,11 @@ use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
 
+use super::auth::{CLI_NAMESPACE, Caller};
 use super::status::ApiError;
 use super::{convert, request_id, respond};
 use crate::node::Node;
+use crate::state::auth::{Access, Permission};
 use crate::state::{
     AcquireStatus, Cmd, Error, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
 };
@@ -118,7 +120,15 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateNamespaceRequest>,
     ) -> Result<Response<pb::CreateNamespaceResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        // The CLI's own namespace may be created by whoever may write in it.
+        let need = if r.name == CLI_NAMESPACE {
+            Permission::Write
+        } else {
+            Permission::Admin
+        };
+        caller.allow(&self.node, Access::Namespace(&r.name, need))?;
         let cmd = Cmd::CreateNamespace {
             name: r.name,
             description: r.description,
@@ -136,11 +146,19 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListNamespacesRequest>,
     ) -> Result<Response<pb::ListNamespacesResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
+        caller.authenticated(&self.node)?;
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
         let page = self.read(|s| s.list_namespaces(&page)).await?;
         self.reply(pb::ListNamespacesResponse {
-            namespaces: page.items.into_iter().map(convert::namespace).collect(),
+            // With access control on, only the namespaces the caller may read.
+            namespaces: page
+                .items
+                .into_iter()
+                .filter(|ns| caller.may_read(&self.node, &ns.name))
+                .map(convert::namespace)
+                .collect(),
             next_pagination_token: page.next_token,
             previous_pagination_token: page.previous_token,
         })
@@ -150,7 +168,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetNamespaceRequest>,
     ) -> Result<Response<pb::GetNamespaceResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let ns = self.read(|s| s.get_namespace(&r.namespace_name)).await?;
         self.reply(pb::GetNamespaceResponse {
             namespace: Some(convert::namespace(ns)),
@@ -162,7 +185,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateNamespaceRequest>,
     ) -> Result<Response<pb::UpdateNamespaceResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Admin),
+        )?;
         let cmd = Cmd::UpdateNamespace {
             name: r.namespace_name,
             description: r.description,
@@ -182,7 +210,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteNamespaceRequest>,
     ) -> Result<Response<pb::DeleteNamespaceResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Admin),
+        )?;
         self.write(
             id,
             Cmd::DeleteNamespace {
@@ -198,7 +231,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreRequest>,
     ) -> Result<Response<pb::CreateSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::CreateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -218,7 +256,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoresRequest>,
     ) -> Result<Response<pb::ListSemaphoresResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
             .read(|s| s.list_semaphores(&r.namespace_name, &page))
@@ -234,7 +277,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetSemaphoreRequest>,
     ) -> Result<Response<pb::GetSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let sem = self
             .read(|s| s.get_semaphore(&r.namespace_name, &r.semaphore_name))
             .await?;
@@ -248,7 +296,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
         let key = WaitKey {
             ns: r.namespace_name,
@@ -292,7 +345,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ReleaseSemaphoreRequest>,
     ) -> Result<Response<pb::ReleaseSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::Release {
             ns: r.namespace_name,
             sem: r.semaphore_name,
@@ -311,7 +369,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateSemaphoreRequest>,
     ) -> Result<Response<pb::UpdateSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::UpdateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -333,7 +396,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteSemaphoreRequest>,
     ) -> Result<Response<pb::DeleteSemaphoreResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         self.write(
             id,
             Cmd::DeleteSemaphore {
@@ -349,7 +417,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoreHoldersRequest>,
     ) -> Result<Response<pb::ListSemaphoreHoldersResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
             .read(|s| s.list_holders(&r.namespace_name, &r.semaphore_name, &page))
@@ -366,7 +439,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::CreateSemaphoreLeaseResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::CreateLease {
             ns: r.namespace_name,
             process_id: r.process_id,
@@ -386,7 +464,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RevokeSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RevokeSemaphoreLeaseResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         self.write(
             id,
             Cmd::RevokeLease {
@@ -402,7 +485,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RefreshSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RefreshSemaphoreLeaseResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Write),
+        )?;
         let cmd = Cmd::RefreshLease {
             ns: r.namespace_name,
             lease: r.lease_id,
@@ -420,7 +508,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoreLeasesRequest>,
     ) -> Result<Response<pb::ListSemaphoreLeasesResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let page = convert::page(r.pagination_token, r.limit);
         let process_id = (!r.process_id.is_empty()).then_some(r.process_id.as_str());
         let page = self
@@ -437,7 +530,12 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::GetSemaphoreLeaseResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
         let lease = self
             .read(|s| s.get_lease(&r.namespace_name, &r.lease_id))
             .await?;

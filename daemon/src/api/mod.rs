@@ -1,10 +1,11 @@
-//! gRPC services: the Grackle API, conch's extensions and admin, the peer service, health and
-//! reflection, all on one port.
+//! gRPC services: the Grackle API, conch's extensions, admin and access control, the peer
+//! service, health and reflection, all on one port.
 
 use std::sync::Arc;
 
 use conch_proto::conch::conch_admin_server::ConchAdminServer;
 use conch_proto::conch::conch_api_server::ConchApiServer;
+use conch_proto::conch::conch_auth_server::ConchAuthServer;
 use conch_proto::conch::conch_peer_server::ConchPeerServer;
 use conch_proto::grackle::grackle_api_server::GrackleApiServer;
 use tonic::Response;
@@ -17,6 +18,7 @@ use crate::identity::CLUSTER_ID_HEADER;
 use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
+pub mod auth;
 pub mod conch;
 pub mod convert;
 pub mod grackle;
@@ -83,6 +85,8 @@ pub async fn serve(
         }
         Ok(request)
     });
+    let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(&node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let peer = ConchPeerServer::new(peer::PeerService::new(Arc::clone(&node)))
         .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
         .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES);
@@ -99,7 +103,8 @@ pub async fn serve(
         .add_service(grackle)
         .add_service(conch_api)
         .add_service(admin)
-        .add_service(peer);
+        .add_service(peer)
+        .add_service(auth);
     if let Some(tls) = &node.config.tls {
         let incoming = crate::tls::incoming(listener, Arc::clone(tls));
         return router

@@ -15,6 +15,9 @@
 //! | a bug (unexpected reply, encoding failure) | `INTERNAL` |
 //! | a peer call without a node certificate, with peer mutual TLS on | `PERMISSION_DENIED` |
 //! | a peer call from another cluster (another cluster id, or none) | `FAILED_PRECONDITION` |
+//! | access control is on and the call has no token, or an unknown or revoked one | `UNAUTHENTICATED` |
+//! | the token's role lacks the permission (the message names namespace and permission) | `PERMISSION_DENIED` |
+//! | an access control change the state refuses (enable without an admin token, …) | `FAILED_PRECONDITION` |
 //!
 //! An admin call forwarded to another node (the leader, or a leadership transfer's target)
 //! answers with that node's status, unchanged.
@@ -59,6 +62,23 @@ pub enum ApiError {
     /// A peer call from another cluster.
     #[error("{0}")]
     ClusterMismatch(String),
+    /// Access control: no token, or an unknown or revoked one.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// Access control: a known token whose role lacks the permission (the message names the
+    /// namespace and the permission).
+    #[error("{0}")]
+    PermissionDenied(String),
+}
+
+impl From<crate::state::auth::Denied> for ApiError {
+    fn from(denied: crate::state::auth::Denied) -> Self {
+        use crate::state::auth::Denied;
+        match denied {
+            Denied::Unauthenticated(message) => ApiError::Unauthenticated(message),
+            Denied::PermissionDenied(message) => ApiError::PermissionDenied(message),
+        }
+    }
 }
 
 impl From<WaitError> for ApiError {
@@ -93,6 +113,8 @@ impl From<ApiError> for Status {
             ApiError::Forwarded(status) => status,
             ApiError::PeerRefused(message) => Status::permission_denied(message),
             ApiError::ClusterMismatch(message) => Status::failed_precondition(message),
+            ApiError::Unauthenticated(message) => Status::unauthenticated(message),
+            ApiError::PermissionDenied(message) => Status::permission_denied(message),
         }
     }
 }
@@ -103,6 +125,7 @@ fn from_state(error: Error) -> Status {
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+        ErrorKind::FailedPrecondition => Code::FailedPrecondition,
     };
     Status::new(code, error.message)
 }
@@ -178,6 +201,17 @@ mod tests {
             (Code::InvalidArgument, "malformed peer message: eof".into())
         );
         assert_eq!(status(ApiError::Internal("bug".into())).0, Code::Internal);
+        assert_eq!(
+            status(ApiError::Unauthenticated("unknown or revoked token".into())).0,
+            Code::Unauthenticated
+        );
+        assert_eq!(
+            status(ApiError::PermissionDenied(
+                "lacks write on namespace a".into()
+            ))
+            .0,
+            Code::PermissionDenied
+        );
         let leader = Status::failed_precondition("from the leader");
         assert_eq!(
             status(ApiError::Forwarded(leader)),

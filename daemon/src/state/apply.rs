@@ -52,6 +52,7 @@ impl State {
             last_lease_seq,
             last_namespace_id,
             mut ctx,
+            auth,
         } = self.parts(events);
         if !matches!(cmd, Cmd::ExtendLeases) {
             reap(namespaces, &mut ctx);
@@ -185,6 +186,17 @@ impl State {
             Cmd::Once { .. } => Err(Error::invalid(
                 "conch-request-id applies to client writes only",
             )),
+            Cmd::AuthEnable
+            | Cmd::AuthDisable
+            | Cmd::RoleCreate { .. }
+            | Cmd::RoleGrant { .. }
+            | Cmd::RoleRevoke { .. }
+            | Cmd::RoleDelete { .. }
+            | Cmd::TokenCreate { .. }
+            | Cmd::TokenRevoke { .. }
+            | Cmd::AuthBootstrap { .. } => auth
+                .apply(cmd, ctx.wall_ns)
+                .unwrap_or_else(|| Err(Error::invalid("not an access control command"))),
         }
     }
 }

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::auth::Auth;
 use super::lease_id::lease_id;
 use super::requests::Requests;
 use super::snapshot::fnv1a64;
@@ -53,6 +54,8 @@ pub(super) struct Data {
     pub(super) requests: Requests,
     /// The newest batch's wall-clock stamp: only for the times users read (it may go back).
     pub(super) wall_ns: Nanos,
+    /// Access control: roles, token hashes, the enabled flag.
+    pub(super) auth: Auth,
 }
 
 /// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
@@ -172,6 +175,7 @@ pub(super) struct Parts<'a> {
     pub(super) last_lease_seq: &'a mut u64,
     pub(super) last_namespace_id: &'a mut u64,
     pub(super) ctx: Ctx<'a>,
+    pub(super) auth: &'a mut Auth,
 }
 
 /// The key of a process id in `leases_by_process`.
@@ -192,6 +196,7 @@ impl State {
             last_namespace_id,
             namespaces,
             wall_ns,
+            auth,
             ..
         } = &mut self.data;
         Parts {
@@ -205,6 +210,7 @@ impl State {
                 index: &mut self.index,
                 events,
             },
+            auth,
         }
     }
 
@@ -214,6 +220,7 @@ impl State {
     pub(super) fn rebuild(mut data: Data) -> Result<State, String> {
         data.requests.rebuild()?;
         let mut index = Index::default();
+        data.auth.rebuild()?;
         for (name, ns) in data.namespaces.0.iter_mut() {
             if !index.add_namespace(ns.id, name) {
                 return Err(format!("namespace id {} is used twice", ns.id));

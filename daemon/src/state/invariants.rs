@@ -15,6 +15,8 @@
 //!   incremental upkeep in the data's methods)
 //! - the remembered request ids keep the rules of `requests.rs` (cap, retention, order, and
 //!   a link only from a queued acquire to a waiter that waits)
+//! - access control keeps its own rules (see `auth`): tokens name existing roles, hashes are
+//!   unique, and while it is on a cluster-admin token exists
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -151,6 +153,6 @@ impl State {
                     .is_some_and(|sem| sem.waiters().contains_key(&seq))
             })
         })?;
-        Ok(())
+        data.auth.check_invariants()
     }
 }

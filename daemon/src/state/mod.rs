@@ -17,6 +17,7 @@
 //! - `invariants`: the check of every rule the state keeps (see there for the list)
 //! - `requests`: the remembered request ids and their replies, with their own indexes
 //! - `once`: running a write with a request id at most once, and settling queued acquires
+//! - `auth`: access control: roles, token hashes, the enabled flag, and the permission check
 //!
 //! # Cost
 //!
@@ -53,6 +54,9 @@
 //!   on the wall clock.
 
 mod apply;
+pub mod auth;
+#[cfg(test)]
+mod auth_tests;
 mod data;
 mod invariants;
 mod lease_id;

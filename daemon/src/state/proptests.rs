@@ -63,6 +63,8 @@ enum GenCmd {
     WithId(Box<GenCmd>),
     /// The k-th most recent command sent with a request id, sent again (a retry).
     Repeat(usize),
+    /// An access control command, used as is.
+    Auth(Cmd),
 }
 
 #[derive(Clone, Debug)]
@@ -146,6 +148,33 @@ fn gen_cmd() -> impl Strategy<Value = GenCmd> {
             .prop_map(|(n, s, l, d)| GenCmd::GiveUp(n, s, l, d)),
         4 => Just(GenCmd::Expire),
         2 => Just(GenCmd::ExtendLeases),
+        6 => auth_cmd().prop_map(GenCmd::Auth),
+    ]
+}
+
+/// Access control commands over 3 role names (one invalid), a few namespaces and 4 hashes.
+fn auth_cmd() -> impl Strategy<Value = Cmd> {
+    use super::auth::Permission;
+    let role = || prop_oneof![Just("r0"), Just("r1"), Just("bad role!")].prop_map(String::from);
+    let grant_ns = || prop_oneof![Just("a"), Just("b"), Just("*"), Just("")].prop_map(String::from);
+    let perm = || {
+        prop_oneof![
+            Just(Permission::Read),
+            Just(Permission::Write),
+            Just(Permission::Admin)
+        ]
+    };
+    let hash = || (0..4u8).prop_map(|b| [b; 32]);
+    prop_oneof![
+        2 => Just(Cmd::AuthEnable),
+        1 => Just(Cmd::AuthDisable),
+        3 => (role(), any::<bool>()).prop_map(|(name, cluster_admin)| Cmd::RoleCreate { name, cluster_admin }),
+        3 => (role(), grant_ns(), perm()).prop_map(|(role, ns, perm)| Cmd::RoleGrant { role, ns, perm }),
+        1 => (role(), grant_ns()).prop_map(|(role, ns)| Cmd::RoleRevoke { role, ns }),
+        1 => role().prop_map(|name| Cmd::RoleDelete { name }),
+        3 => (role(), hash()).prop_map(|(role, hash)| Cmd::TokenCreate { name: "t".into(), role, hash }),
+        2 => (0..5u64).prop_map(|n| Cmd::TokenRevoke { id: format!("tk_{n}") }),
+        1 => hash().prop_map(|hash| Cmd::AuthBootstrap { hash }),
     ]
 }
 
@@ -360,6 +389,7 @@ impl Harness {
                     .cloned()
                     .unwrap_or(Cmd::Expire)
             }
+            GenCmd::Auth(cmd) => cmd,
         }
     }
 

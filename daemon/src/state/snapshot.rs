@@ -65,6 +65,11 @@ impl<'de> Deserialize<'de> for State {
 }
 
 impl State {
+    /// Read access to the access control store.
+    pub fn auth(&self) -> &super::auth::Auth {
+        &self.data.auth
+    }
+
     /// A 64-bit hash of the whole state; equal states hash equal on every node and build.
     pub fn hash(&self) -> u64 {
         let mut hasher = Fnv1a(Fnv1a::OFFSET_BASIS);

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::auth::{AuthStatusView, Permission, RoleView, TokenHash, TokenView};
+
 /// Free-form string map carried by namespaces, semaphores, leases, holders and waiters.
 pub type Metadata = BTreeMap<String, String>;
 
@@ -124,6 +126,40 @@ pub enum Cmd {
         request_id: String,
         cmd: Box<Cmd>,
     },
+    /// Access control (see `auth`): turn checks on (needs a cluster-admin token) or off.
+    AuthEnable,
+    AuthDisable,
+    RoleCreate {
+        name: String,
+        cluster_admin: bool,
+    },
+    /// Sets the role's permission on a namespace (`*`: every namespace).
+    RoleGrant {
+        role: String,
+        ns: String,
+        perm: Permission,
+    },
+    /// Removes the role's permission on a namespace (a no-op when it has none).
+    RoleRevoke {
+        role: String,
+        ns: String,
+    },
+    RoleDelete {
+        name: String,
+    },
+    /// A token for `role`; only its SHA-256 is replicated.
+    TokenCreate {
+        name: String,
+        role: String,
+        hash: TokenHash,
+    },
+    TokenRevoke {
+        id: String,
+    },
+    /// Installs the bootstrap admin token and turns access control on, at most once.
+    AuthBootstrap {
+        hash: TokenHash,
+    },
 }
 
 /// What a command answers: a value, or an error that changed nothing.
@@ -138,6 +174,9 @@ pub enum Outcome {
     GiveUp(GiveUpReply),
     /// Deletes, revokes, expiry and lease extension.
     Done,
+    Role(RoleView),
+    Token(TokenView),
+    AuthStatus(AuthStatusView),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,6 +215,8 @@ pub enum ErrorKind {
     NotFound,
     AlreadyExists,
     ResourceExhausted,
+    /// The state does not allow it now (e.g. enabling access control without an admin token).
+    FailedPrecondition,
 }
 
 /// A refused command or read. Messages are lowercase and name the field or thing at fault.

@@ -281,6 +281,15 @@ impl Cmd {
                     _ => cmd.validate(),
                 }
             }
+            Cmd::AuthEnable
+            | Cmd::AuthDisable
+            | Cmd::RoleCreate { .. }
+            | Cmd::RoleGrant { .. }
+            | Cmd::RoleRevoke { .. }
+            | Cmd::RoleDelete { .. }
+            | Cmd::TokenCreate { .. }
+            | Cmd::TokenRevoke { .. }
+            | Cmd::AuthBootstrap { .. } => super::auth::validate(self).unwrap_or(Ok(())),
         }
     }
 }

@@ -37,6 +37,8 @@ Exit status:
   69                no conch node answered
   70                internal error (unexpected answer from the cluster)
   75                no slot within --wait (at once with --nonblock)
+  77                access control: no token, an unknown or revoked one, or no write
+                    permission on the namespace conch
   79                slot lost while running (see above)
   126 / 127         the command could not be executed / was not found";
 
@@ -46,10 +48,12 @@ Examples:
   conch sema heavy-jobs --max 2 -- /usr/local/bin/run-job.sh
   conch sema heavy-jobs --max 2 --who
   conch --endpoints node1:7001,node2:7001,node3:7001 cluster status
+  CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh   # access control on
   conch completions bash > /etc/bash_completion.d/conch
 
-Exit status: 64 usage error, 69 no conch node answered, 75 no slot in time, 79 slot lost
-while running; otherwise the command's own status (see `conch sema --help`).";
+Exit status: 64 usage error, 69 no conch node answered, 75 no slot in time, 77 no token or
+no permission, 79 slot lost while running; otherwise the command's own status (see `conch
+sema --help`).";
 
 /// conch: cluster-wide semaphores for shell scripts and cron jobs, served by conchd.
 #[derive(Debug, Parser)]
@@ -109,6 +113,20 @@ pub struct Cli {
     )]
     pub key: Option<PathBuf>,
 
+    /// Bearer token for a cluster with access control on (see `conch auth --help`).
+    #[arg(
+        long,
+        global = true,
+        env = "CONCH_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+
+    /// File holding the bearer token (used when --token is not given).
+    #[arg(long, global = true, env = "CONCH_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -128,6 +146,13 @@ pub enum Command {
     Certs {
         #[command(subcommand)]
         command: CertsCommand,
+    },
+
+    /// Manage access control: turn it on or off, roles and their permissions, tokens.
+    #[command(after_help = AUTH_EXAMPLES)]
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
     },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
@@ -210,6 +235,105 @@ pub enum ClusterCommand {
     },
     /// Take a snapshot on the node answering now, and compact its log.
     Snapshot,
+}
+
+const AUTH_EXAMPLES: &str = "\
+Examples:
+  # a role that may run `conch sema` (write on the namespace conch), and a token for it
+  conch auth role create ci
+  conch auth role grant ci conch write
+  conch auth token create ci-runner --role ci > ci.token
+  CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh
+
+  # an administrator, then turn access control on
+  conch auth role create root --cluster-admin
+  conch auth token create admin --role root > admin.token
+  conch --token-file admin.token auth enable
+
+  conch --token-file admin.token auth token list
+  conch --token-file admin.token auth token revoke tk_2
+
+Permissions, per namespace (or * for every namespace): read (get, list), write (acquire,
+release, leases, semaphores; includes read), admin (create, update, delete the namespace;
+includes write). A cluster-admin role may do everything, including membership changes and
+these commands. While access control is on, every command needs a token that allows it.
+
+Exit status: 0 done, 64 refused request (e.g. enable without a cluster-admin token), 69 no
+conch node answered, 77 no token, an unknown or revoked one, or one without the permission.";
+
+#[derive(Debug, Subcommand)]
+pub enum AuthCommand {
+    /// Turn access control on (refused unless a token with a cluster-admin role exists).
+    Enable,
+    /// Turn access control off: every call is allowed again.
+    Disable,
+    /// Whether access control is on, with the number of roles and tokens.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Roles: what a token may do.
+    Role {
+        #[command(subcommand)]
+        command: RoleCommand,
+    },
+    /// Tokens: who may call.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RoleCommand {
+    /// Create a role (with no permissions, unless --cluster-admin).
+    Create {
+        /// Role name: letters, digits, '-', '_' and '.'.
+        name: String,
+        /// May do everything: membership, snapshots, access control, every namespace.
+        #[arg(long)]
+        cluster_admin: bool,
+    },
+    /// Give a role a permission on a namespace (replacing the one it had there).
+    Grant {
+        role: String,
+        /// A namespace name, or * for every namespace (`conch sema` uses the namespace conch).
+        namespace: String,
+        /// read, write or admin.
+        #[arg(value_parser = ["read", "write", "admin"])]
+        permission: String,
+    },
+    /// Take away a role's permission on a namespace.
+    Revoke { role: String, namespace: String },
+    /// List roles with their permissions.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a role (refused while a token uses it).
+    Delete { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token for a role; prints the token on stdout, once.
+    Create {
+        /// A name to recognize the token by (letters, digits, '-', '_' and '.').
+        name: String,
+        /// The role it gets.
+        #[arg(long)]
+        role: String,
+    },
+    /// Revoke a token by id (tk_…): calls with it are refused from then on, on every node.
+    Revoke { id: String },
+    /// List tokens (ids, names, roles; never the tokens themselves).
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]

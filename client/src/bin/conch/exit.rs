@@ -8,6 +8,7 @@
 //! | 69 | no conch node answered (EX_UNAVAILABLE) |
 //! | 70 | internal error: an answer conch cannot use (EX_SOFTWARE) |
 //! | 75 | no slot within `--wait` (EX_TEMPFAIL) |
+//! | 77 | access control refused the call: no token, an unknown or revoked one, or no permission (EX_NOPERM) |
 //! | 79 | slot lost while the command ran |
 //! | 126 / 127 | the command could not be executed / was not found (as in shells) |
 
@@ -19,6 +20,9 @@ pub const USAGE: u8 = 64;
 pub const UNAVAILABLE: u8 = 69;
 pub const SOFTWARE: u8 = 70;
 pub const NO_SLOT: u8 = 75;
+/// Access control refused the call: no token, an unknown or revoked one, or one without the
+/// permission (EX_NOPERM).
+pub const NO_PERMISSION: u8 = 77;
 pub const SLOT_LOST: u8 = 79;
 pub const CANNOT_EXECUTE: u8 = 126;
 pub const COMMAND_NOT_FOUND: u8 = 127;
@@ -62,7 +66,29 @@ fn code_for_client_error(e: &conch_client::Error) -> u8 {
         E::ResourceExhausted { .. } => NO_SLOT,
         E::LeaseLost { .. } => NO_SLOT,
         E::Other { status, .. } if status.code() == Code::DeadlineExceeded => UNAVAILABLE,
+        E::Other { status, .. }
+            if matches!(
+                status.code(),
+                Code::Unauthenticated | Code::PermissionDenied
+            ) =>
+        {
+            NO_PERMISSION
+        }
+        E::InvalidToken { .. } => USAGE,
         _ => SOFTWARE,
+    }
+}
+
+/// A hint appended to the error line: how to send a token, when the cluster wanted one.
+pub fn hint(err: &anyhow::Error) -> &'static str {
+    let unauthenticated = err
+        .chain()
+        .filter_map(|e| e.downcast_ref::<conch_client::Error>())
+        .any(|e| e.code() == Some(Code::Unauthenticated));
+    if unauthenticated {
+        " (pass a token with --token, CONCH_TOKEN or CONCH_TOKEN_FILE)"
+    } else {
+        ""
     }
 }
 

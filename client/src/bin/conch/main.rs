@@ -2,8 +2,10 @@
 //!
 //! `Cli::try_parse()` → `run() -> anyhow::Result<ExitCode>`. Every failure prints one line,
 //! `conch: …`, and exits with the code [`exit`] documents (64 usage, 69 no node answered,
-//! 75 no slot, 79 slot lost while running; otherwise the command's own status).
+//! 75 no slot, 77 no token or no permission, 79 slot lost while running; otherwise the command's
+//! own status).
 
+mod auth;
 mod certs;
 mod child;
 mod cli;
@@ -42,7 +44,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("conch: {e:#}");
+            eprintln!("conch: {e:#}{}", exit::hint(&e));
             ExitCode::from(exit::code_for(&e))
         }
     }
@@ -134,9 +136,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
+    let token = match (&cli.token, &cli.token_file) {
+        (Some(token), _) => Some(
+            conch_client::BearerToken::new(token)
+                .map_err(|e| exit::usage(format!("--token / CONCH_TOKEN: {e}")))?,
+        ),
+        (None, Some(path)) => Some(
+            conch_client::BearerToken::from_file(path)
+                .map_err(|e| exit::usage(format!("--token-file / CONCH_TOKEN_FILE: {e}")))?,
+        ),
+        (None, None) => None,
+    };
     let config = ClientConfig {
         request_timeout: cli.timeout,
         tls,
+        token,
         ..ClientConfig::default()
     };
     let client = Client::connect_with(endpoints, config).await?;
@@ -153,6 +167,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: ClusterCommand::Status { json },
         } => cluster::status(&client, json).await,
         Command::Cluster { command } => cluster::change(&client, command).await,
+        Command::Auth { command } => auth::run(&client, command).await,
         Command::Completions { .. } | Command::Certs { .. } => Ok(ExitCode::SUCCESS),
     }
 }

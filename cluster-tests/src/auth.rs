@@ -1,0 +1,59 @@
+//! Access control for harness runs (`conch-bench --auth`, `conch-jepsen --auth`): the cluster
+//! starts with a bootstrap admin token, and every channel of this process sends that token.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::Context;
+use conch_proto::conch::AuthStatusRequest;
+use conch_proto::conch::conch_auth_client::ConchAuthClient;
+
+use crate::net::{channel, use_token};
+use crate::{Cluster, wait_for};
+
+/// This process's admin token (one per process: every channel sends it).
+fn token() -> anyhow::Result<&'static str> {
+    static TOKEN: OnceLock<String> = OnceLock::new();
+    if let Some(token) = TOKEN.get() {
+        return Ok(token);
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let token = format!("harness-{:010}-{nanos:032}", std::process::id());
+    use_token(&token)?;
+    Ok(TOKEN.get_or_init(|| token))
+}
+
+/// The conchd flags that start a new cluster with access control on and this process's token as
+/// its admin, and the directory holding the token file (keep it until the nodes have started).
+pub fn bootstrap_args() -> anyhow::Result<(tempfile::TempDir, Vec<String>)> {
+    let dir = tempfile::Builder::new()
+        .prefix("conch-token-")
+        .tempdir()
+        .context("tempdir")?;
+    let path = dir.path().join("admin.token");
+    std::fs::write(&path, token()?).context("write the token file")?;
+    let args = vec![
+        "--bootstrap-admin-token-file".to_string(),
+        path.display().to_string(),
+    ];
+    Ok((dir, args))
+}
+
+/// Waits until the cluster reports access control on (the bootstrap is applied).
+pub async fn wait_until_on(cluster: &Cluster, timeout: Duration) -> anyhow::Result<()> {
+    let ids = cluster.ids();
+    let first = ids.first().context("a cluster without nodes")?;
+    let addr = cluster.addr(*first);
+    wait_for("access control to be on", timeout, || {
+        let addr = addr.clone();
+        async move {
+            let mut auth = ConchAuthClient::new(channel(&addr).await.ok()?);
+            let status = auth.auth_status(AuthStatusRequest {}).await.ok()?;
+            status.into_inner().enabled.then_some(())
+        }
+    })
+    .await
+}

@@ -1,0 +1,438 @@
+//! Access control end to end: tokens, roles and namespace permissions on a real cluster, the
+//! bootstrap token file, and the `conch` CLI with and without a token.
+//!
+//! Every refusal is checked for its code and message, and for leaving the state alone: the
+//! applied index and state hash of every node are the same before and after.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use cluster_tests::net::NodeChannel as Channel;
+use cluster_tests::{Cluster, Daemon, binary, free_port, wait_for};
+use conch_proto::conch::conch_admin_client::ConchAdminClient;
+use conch_proto::conch::conch_auth_client::ConchAuthClient;
+use conch_proto::conch::{
+    AuthEnableRequest, AuthStatusRequest, ChangeMembershipRequest, RoleCreateRequest,
+    RoleGrantRequest, TokenCreateRequest, TokenRevokeRequest,
+};
+use conch_proto::grackle as pb;
+use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use tonic::{Code, Request, Status};
+
+const SHOW_UP: Duration = Duration::from_secs(20);
+const EX_USAGE: i32 = 64;
+const EX_NO_PERMISSION: i32 = 77;
+
+/// `message` with `authorization: Bearer <token>` when a token is given.
+fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().expect("ascii token");
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
+fn channel(cluster: &Cluster, id: u64) -> anyhow::Result<Channel> {
+    cluster.channel(id).context("no such node")
+}
+
+async fn create_role(
+    auth: &mut ConchAuthClient<Channel>,
+    token: Option<&str>,
+    name: &str,
+    cluster_admin: bool,
+    grants: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let create = RoleCreateRequest {
+        name: name.into(),
+        cluster_admin,
+    };
+    auth.role_create(with_token(create, token)).await?;
+    for (namespace, permission) in grants {
+        let grant = RoleGrantRequest {
+            role: name.into(),
+            namespace: namespace.to_string(),
+            permission: permission.to_string(),
+        };
+        auth.role_grant(with_token(grant, token)).await?;
+    }
+    Ok(())
+}
+
+/// Creates a token for `role`; returns (id, token).
+async fn create_token(
+    auth: &mut ConchAuthClient<Channel>,
+    admin: Option<&str>,
+    name: &str,
+    role: &str,
+) -> anyhow::Result<(String, String)> {
+    let request = TokenCreateRequest {
+        name: name.into(),
+        role: role.into(),
+    };
+    let reply = auth
+        .token_create(with_token(request, admin))
+        .await?
+        .into_inner();
+    let id = reply.token.context("token in the reply")?.id;
+    Ok((id, reply.secret))
+}
+
+async fn create_lease(
+    channel: Channel,
+    token: Option<&str>,
+    ns: &str,
+) -> Result<pb::CreateSemaphoreLeaseResponse, Status> {
+    let request = pb::CreateSemaphoreLeaseRequest {
+        namespace_name: ns.into(),
+        process_id: "auth-test".into(),
+        ttl_seconds: 30,
+        ..Default::default()
+    };
+    GrackleApiClient::new(channel)
+        .create_semaphore_lease(with_token(request, token))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+async fn get_namespace(channel: Channel, token: Option<&str>, ns: &str) -> Result<(), Status> {
+    let request = pb::GetNamespaceRequest {
+        namespace_name: ns.into(),
+    };
+    GrackleApiClient::new(channel)
+        .get_namespace(with_token(request, token))
+        .await
+        .map(|_| ())
+}
+
+fn expect_code<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<T, Status>,
+    code: Code,
+    says: &[&str],
+) -> anyhow::Result<()> {
+    match result {
+        Ok(value) => bail!("{what}: expected {code:?}, got {value:?}"),
+        Err(status) => {
+            ensure!(
+                status.code() == code,
+                "{what}: expected {code:?}, got {status:?}"
+            );
+            for part in says {
+                ensure!(
+                    status.message().contains(part),
+                    "{what}: message {:?} does not say {part:?}",
+                    status.message()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_namespace_permissions_are_enforced_on_every_node() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
+
+    // Set up while access control is off: an administrator, then turn it on.
+    create_role(&mut auth, None, "root", true, &[]).await?;
+    let (_, admin) = create_token(&mut auth, None, "admin", "root").await?;
+    let admin = admin.as_str();
+    auth.auth_enable(with_token(AuthEnableRequest {}, Some(admin)))
+        .await?;
+    cluster.set_admin_token(admin);
+    let mut grackle = GrackleApiClient::new(channel(&cluster, 1)?);
+    for ns in ["a", "b"] {
+        let request = pb::CreateNamespaceRequest {
+            name: ns.into(),
+            ..Default::default()
+        };
+        grackle
+            .create_namespace(with_token(request, Some(admin)))
+            .await?;
+    }
+    create_role(&mut auth, Some(admin), "app", false, &[("a", "write")]).await?;
+    create_role(&mut auth, Some(admin), "viewer", false, &[("a", "read")]).await?;
+    let (_, app) = create_token(&mut auth, Some(admin), "app", "app").await?;
+    let (_, viewer) = create_token(&mut auth, Some(admin), "viewer", "viewer").await?;
+    let (app, viewer) = (app.as_str(), viewer.as_str());
+
+    let before = cluster.wait_for_agreement(SHOW_UP).await?;
+    for id in cluster.ids() {
+        let ch = channel(&cluster, id)?;
+        let at = |what: &str| format!("node {id}: {what}");
+        expect_code(
+            &at("no token"),
+            create_lease(ch.clone(), None, "a").await,
+            Code::Unauthenticated,
+            &["authorization"],
+        )?;
+        expect_code(
+            &at("unknown token"),
+            create_lease(ch.clone(), Some("conch_not-a-token-anyone-was-given"), "a").await,
+            Code::Unauthenticated,
+            &["unknown or revoked"],
+        )?;
+        expect_code(
+            &at("read-only token acquiring"),
+            create_lease(ch.clone(), Some(viewer), "a").await,
+            Code::PermissionDenied,
+            &["write permission on namespace a"],
+        )?;
+        expect_code(
+            &at("token for a used on b"),
+            create_lease(ch.clone(), Some(app), "b").await,
+            Code::PermissionDenied,
+            &["write permission on namespace b"],
+        )?;
+        let change = ChangeMembershipRequest { voters: vec![1] };
+        expect_code(
+            &at("non-admin changing membership"),
+            ConchAdminClient::new(ch.clone())
+                .change_membership(with_token(change, Some(app)))
+                .await,
+            Code::PermissionDenied,
+            &["cluster-admin"],
+        )?;
+        expect_code(
+            &at("non-admin managing tokens"),
+            ConchAuthClient::new(ch.clone())
+                .auth_status(with_token(AuthStatusRequest {}, Some(viewer)))
+                .await,
+            Code::PermissionDenied,
+            &["cluster-admin"],
+        )?;
+    }
+    let after = cluster.wait_for_agreement(SHOW_UP).await?;
+    ensure!(
+        before == after,
+        "refused calls changed the state: {before:?} -> {after:?}"
+    );
+
+    // An admin call on a follower is forwarded to the leader with the caller's token, which the
+    // leader checks again: the admin's goes through, none is refused there too.
+    let leader = cluster.leader().await.context("a leader")?;
+    let follower = *cluster
+        .ids()
+        .iter()
+        .find(|id| **id != leader)
+        .context("a follower")?;
+    let mut admin_client = ConchAdminClient::new(channel(&cluster, follower)?);
+    let same = ChangeMembershipRequest {
+        voters: cluster.ids(),
+    };
+    admin_client
+        .change_membership(with_token(same.clone(), Some(admin)))
+        .await
+        .context("membership change by the admin through a follower")?;
+    expect_code(
+        "membership change without a token through a follower",
+        admin_client.change_membership(with_token(same, None)).await,
+        Code::Unauthenticated,
+        &[],
+    )?;
+
+    // What the tokens allow works through any node; listings show only what a token can read.
+    let lease = create_lease(channel(&cluster, 2)?, Some(app), "a").await?;
+    ensure!(lease.lease.is_some(), "a lease");
+    get_namespace(channel(&cluster, 3)?, Some(viewer), "a").await?;
+    let listed = GrackleApiClient::new(channel(&cluster, 3)?)
+        .list_namespaces(with_token(
+            pb::ListNamespacesRequest::default(),
+            Some(viewer),
+        ))
+        .await?
+        .into_inner();
+    let names: Vec<String> = listed.namespaces.into_iter().map(|n| n.name).collect();
+    ensure!(names == ["a"], "the viewer lists only a, got {names:?}");
+    expect_code(
+        "listing namespaces without a token",
+        GrackleApiClient::new(channel(&cluster, 3)?)
+            .list_namespaces(with_token(pb::ListNamespacesRequest::default(), None))
+            .await,
+        Code::Unauthenticated,
+        &[],
+    )?;
+
+    // A new token works on every node soon after it is created, and stops working everywhere
+    // once revoked.
+    let (id, fresh) = create_token(&mut auth, Some(admin), "fresh", "viewer").await?;
+    let fresh = fresh.as_str();
+    for id in cluster.ids() {
+        let ch = channel(&cluster, id)?;
+        wait_for(
+            &format!("node {id} to accept the new token"),
+            SHOW_UP,
+            || {
+                let ch = ch.clone();
+                async move { get_namespace(ch, Some(fresh), "a").await.ok() }
+            },
+        )
+        .await?;
+    }
+    let mut auth3 = ConchAuthClient::new(channel(&cluster, 3)?);
+    auth3
+        .token_revoke(with_token(TokenRevokeRequest { id }, Some(admin)))
+        .await?;
+    for id in cluster.ids() {
+        let ch = channel(&cluster, id)?;
+        wait_for(
+            &format!("node {id} to refuse the revoked token"),
+            SHOW_UP,
+            || {
+                let ch = ch.clone();
+                async move {
+                    match get_namespace(ch, Some(fresh), "a").await {
+                        Err(status) if status.code() == Code::Unauthenticated => Some(()),
+                        _ => None,
+                    }
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Runs `conch` with `args` and `env`, killed if it takes too long; returns (code, stdout,
+/// stderr).
+async fn conch(
+    endpoint: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<(i32, String, String)> {
+    let mut command = tokio::process::Command::new(binary("conch"));
+    command
+        .args(args)
+        .env("CONCH_ENDPOINTS", endpoint)
+        .env_remove("CONCH_TOKEN")
+        .env_remove("CONCH_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .context("conch timed out")??;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_token_file_turns_access_control_on_and_the_cli_uses_tokens()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let token_file = dir.path().join("admin.token");
+    std::fs::write(&token_file, "bootstrap-token-0123456789-abcdefghijklmnop\n")?;
+    let token_path = token_file.display().to_string();
+    let args = vec![
+        "--bootstrap-admin-token-file".to_string(),
+        token_path.clone(),
+    ];
+    let mut cluster = Cluster::launch(1, &args, false).await?;
+    cluster.set_admin_token("bootstrap-token-0123456789-abcdefghijklmnop");
+    cluster.wait_for_leader(SHOW_UP).await?;
+    let endpoint = cluster.addr(1);
+
+    // Access control comes on by itself, and the file's token is a cluster admin.
+    let ch = channel(&cluster, 1)?;
+    wait_for("access control to be on", SHOW_UP, || {
+        let ch = ch.clone();
+        async move {
+            match get_namespace(ch, None, "conch").await {
+                Err(status) if status.code() == Code::Unauthenticated => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await?;
+    let admin_env = [("CONCH_TOKEN_FILE", token_path.as_str())];
+    let (code, out, err) = conch(&endpoint, &["auth", "status"], &admin_env).await?;
+    ensure!(
+        code == 0 && out.contains("access control is on"),
+        "auth status: {code} {out} {err}"
+    );
+
+    // A role with write on the CLI's namespace, and a token for it, through the CLI.
+    for args in [
+        &["auth", "role", "create", "ci"][..],
+        &["auth", "role", "grant", "ci", "conch", "write"][..],
+    ] {
+        let (code, out, err) = conch(&endpoint, args, &admin_env).await?;
+        ensure!(code == 0, "{args:?}: {code} {out} {err}");
+    }
+    let (code, ci_token, err) = conch(
+        &endpoint,
+        &["auth", "token", "create", "runner", "--role", "ci"],
+        &admin_env,
+    )
+    .await?;
+    ensure!(code == 0, "token create: {code} {err}");
+    let ci_token = ci_token.trim().to_string();
+    ensure!(
+        ci_token.starts_with("conch_"),
+        "a token on stdout: {ci_token:?}"
+    );
+    let (code, out, _) = conch(&endpoint, &["auth", "token", "list"], &admin_env).await?;
+    ensure!(code == 0 && out.contains("runner") && !out.contains(&ci_token));
+
+    // `conch sema` with the token runs the command; without one it fails with 77 and says why.
+    let sema = ["sema", "deploy", "--max", "1", "--nonblock", "--", "true"];
+    let (code, out, err) = conch(&endpoint, &sema, &[("CONCH_TOKEN", &ci_token)]).await?;
+    ensure!(code == 0, "sema with a token: {code} {out} {err}");
+    let (code, _, err) = conch(&endpoint, &sema, &[]).await?;
+    ensure!(
+        code == EX_NO_PERMISSION && err.contains("--token"),
+        "sema without a token: {code} {err}"
+    );
+    // The ci token may not manage access control.
+    let (code, _, err) = conch(
+        &endpoint,
+        &["auth", "token", "list"],
+        &[("CONCH_TOKEN", &ci_token)],
+    )
+    .await?;
+    ensure!(
+        code == EX_NO_PERMISSION && err.contains("cluster-admin"),
+        "token list as ci: {code} {err}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_short_bootstrap_token_file_is_a_usage_error() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let short = dir.path().join("short.token");
+    std::fs::write(&short, "too-short\n")?;
+    let missing = dir.path().join("missing.token");
+    for (file, says) in [(&missing, "missing.token"), (&short, "at least 32")] {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let path = file.display().to_string();
+        let mut daemon = Daemon::spawn(
+            &[
+                "--listen",
+                &listen,
+                "--data-dir",
+                "data",
+                "--bootstrap-admin-token-file",
+                &path,
+            ],
+            dir.path(),
+        )?;
+        let code = daemon.wait_exit(SHOW_UP).await?;
+        ensure!(code == Some(EX_USAGE), "exit {code:?}: {}", daemon.stderr());
+        ensure!(
+            daemon.stderr().contains(says),
+            "stderr names the problem: {}",
+            daemon.stderr()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,400 @@
+//! Access control at the API: who is calling ([`Caller`]), whether they may
+//! ([`Caller::allow`]), and the `ConchAuth` management service.
+//!
+//! Every client call (Grackle API, `ConchApi`, `ConchAdmin`, `ConchAuth`) names the access it
+//! needs and is checked against this node's applied auth store before anything is read or
+//! proposed; health, reflection and the peer service are not checked. A token arrives as the
+//! metadata `authorization: Bearer <token>`; the store holds only its SHA-256. While access
+//! control is off, nothing is checked and no token is hashed.
+//!
+//! Tokens are generated here, outside the state machine: 256 random bits from the operating
+//! system, shown as `conch_` and 64 hex digits. Only the hash is proposed; the token itself is
+//! returned once, in the create reply.
+
+use std::sync::Arc;
+
+use conch_proto::conch as cpb;
+use conch_proto::conch::conch_auth_server::ConchAuth;
+use sha2::{Digest, Sha256};
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use super::respond;
+use super::status::ApiError;
+use crate::node::Node;
+use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView};
+use crate::state::{Cmd, Error, Outcome};
+
+/// The metadata key carrying the token.
+pub const AUTHORIZATION: &str = "authorization";
+/// Generated tokens start with this.
+pub const TOKEN_PREFIX: &str = "conch_";
+/// The namespace `conch sema` keeps its semaphores in: creating it needs only `write` on it, so
+/// `write` on it is all the CLI needs.
+pub const CLI_NAMESPACE: &str = "conch";
+/// A token (generated or from the bootstrap file) has at least this many characters.
+pub const TOKEN_MIN_CHARS: usize = 32;
+
+/// SHA-256 of a token as presented (surrounding whitespace removed).
+pub fn hash_token(token: &str) -> TokenHash {
+    Sha256::digest(token.trim().as_bytes()).into()
+}
+
+/// A new random token: `conch_` and 64 hex digits (256 bits).
+pub fn generate_token() -> Result<String, ApiError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| ApiError::Internal(format!("no randomness for a token: {e}")))?;
+    let mut token = String::with_capacity(TOKEN_PREFIX.len() + 64);
+    token.push_str(TOKEN_PREFIX);
+    for b in bytes {
+        token.push_str(&format!("{b:02x}"));
+    }
+    Ok(token)
+}
+
+/// The token of a call, hashed, when access control is on.
+pub struct Caller {
+    checked: bool,
+    token: Option<TokenHash>,
+}
+
+impl Caller {
+    /// Reads the call's token (only while access control is on).
+    pub fn of<T>(node: &Node, request: &Request<T>) -> Caller {
+        Caller::from_metadata(node, request.metadata())
+    }
+
+    pub fn from_metadata(node: &Node, metadata: &MetadataMap) -> Caller {
+        if !node.applied.read(|s| s.auth().enabled()) {
+            return Caller {
+                checked: false,
+                token: None,
+            };
+        }
+        let token = metadata
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                let (scheme, token) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(token)
+            })
+            .filter(|t| !t.trim().is_empty())
+            .map(hash_token);
+        Caller {
+            checked: true,
+            token,
+        }
+    }
+
+    /// Refuses the call unless its token grants `access` (always allowed while off).
+    pub fn allow(&self, node: &Node, access: Access) -> Result<(), ApiError> {
+        if !self.checked {
+            return Ok(());
+        }
+        node.applied
+            .read(|s| s.auth().authorize(self.token.as_ref(), access))
+            .map_err(ApiError::from)
+    }
+
+    /// Refuses the call unless its token is known (always allowed while off).
+    pub fn authenticated(&self, node: &Node) -> Result<(), ApiError> {
+        if !self.checked {
+            return Ok(());
+        }
+        node.applied
+            .read(|s| s.auth().authenticate(self.token.as_ref()))
+            .map_err(ApiError::from)
+    }
+
+    /// Whether the call may read `ns` (for listings that show only what the caller may see).
+    pub fn may_read(&self, node: &Node, ns: &str) -> bool {
+        self.allow(node, Access::Namespace(ns, Permission::Read))
+            .is_ok()
+    }
+}
+
+/// A request to another node carrying the caller's token, so that node checks it too.
+pub fn forward<T>(metadata: &MetadataMap, message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(value) = metadata.get(AUTHORIZATION) {
+        request.metadata_mut().insert(AUTHORIZATION, value.clone());
+    }
+    request
+}
+
+/// Installs the bootstrap admin token through the write path, retrying until a leader applies
+/// it (the state makes it happen at most once, whoever proposes it again).
+pub async fn bootstrap(node: Arc<Node>, hash: TokenHash) {
+    loop {
+        match node.write_one(Cmd::AuthBootstrap { hash }).await {
+            Ok(Ok(_)) => {
+                tracing::info!("bootstrap admin token installed; access control is on");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "bootstrap admin token refused");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "bootstrap admin token: retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+pub struct AuthService {
+    node: Arc<Node>,
+}
+
+impl AuthService {
+    pub fn new(node: Arc<Node>) -> Self {
+        AuthService { node }
+    }
+
+    fn admin<T>(&self, request: &Request<T>) -> Result<(), ApiError> {
+        Caller::of(&self.node, request).allow(&self.node, Access::ClusterAdmin)
+    }
+
+    async fn write(&self, cmd: Cmd) -> Result<Outcome, ApiError> {
+        cmd.validate()?;
+        Ok(self.node.write_one(cmd).await??)
+    }
+
+    async fn read<T>(
+        &self,
+        read: impl FnOnce(&crate::state::auth::Auth) -> Result<T, Error>,
+    ) -> Result<T, ApiError> {
+        self.node.linearizable().await?;
+        Ok(self.node.applied.read(|s| read(s.auth()))?)
+    }
+
+    fn status(&self, outcome: Outcome) -> Result<Response<cpb::AuthStatusResponse>, Status> {
+        match outcome {
+            Outcome::AuthStatus(s) => Ok(respond(
+                &self.node,
+                cpb::AuthStatusResponse {
+                    enabled: s.enabled,
+                    roles: s.roles,
+                    tokens: s.tokens,
+                },
+            )),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn role(&self, outcome: Outcome) -> Result<Response<cpb::RoleResponse>, Status> {
+        match outcome {
+            Outcome::Role(role) => Ok(respond(
+                &self.node,
+                cpb::RoleResponse {
+                    role: Some(role_message(role)),
+                },
+            )),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn unexpected(outcome: Outcome) -> Status {
+    ApiError::Internal(format!("unexpected state machine reply: {outcome:?}")).into()
+}
+
+fn role_message(role: RoleView) -> cpb::Role {
+    cpb::Role {
+        name: role.name,
+        cluster_admin: role.cluster_admin,
+        grants: role
+            .grants
+            .into_iter()
+            .map(|(namespace, perm)| cpb::Grant {
+                namespace,
+                permission: perm.as_str().to_string(),
+            })
+            .collect(),
+        created_at: role.created_at,
+        updated_at: role.updated_at,
+    }
+}
+
+fn token_message(token: TokenView) -> cpb::Token {
+    cpb::Token {
+        id: token.id,
+        name: token.name,
+        role: token.role,
+        created_at: token.created_at,
+    }
+}
+
+#[tonic::async_trait]
+impl ConchAuth for AuthService {
+    async fn auth_enable(
+        &self,
+        request: Request<cpb::AuthEnableRequest>,
+    ) -> Result<Response<cpb::AuthStatusResponse>, Status> {
+        self.admin(&request)?;
+        let outcome = self.write(Cmd::AuthEnable).await?;
+        self.status(outcome)
+    }
+
+    async fn auth_disable(
+        &self,
+        request: Request<cpb::AuthDisableRequest>,
+    ) -> Result<Response<cpb::AuthStatusResponse>, Status> {
+        self.admin(&request)?;
+        let outcome = self.write(Cmd::AuthDisable).await?;
+        self.status(outcome)
+    }
+
+    async fn auth_status(
+        &self,
+        request: Request<cpb::AuthStatusRequest>,
+    ) -> Result<Response<cpb::AuthStatusResponse>, Status> {
+        self.admin(&request)?;
+        let status = self.read(|auth| Ok(auth.status())).await?;
+        self.status(Outcome::AuthStatus(status))
+    }
+
+    async fn role_create(
+        &self,
+        request: Request<cpb::RoleCreateRequest>,
+    ) -> Result<Response<cpb::RoleResponse>, Status> {
+        self.admin(&request)?;
+        let r = request.into_inner();
+        let cmd = Cmd::RoleCreate {
+            name: r.name,
+            cluster_admin: r.cluster_admin,
+        };
+        let outcome = self.write(cmd).await?;
+        self.role(outcome)
+    }
+
+    async fn role_grant(
+        &self,
+        request: Request<cpb::RoleGrantRequest>,
+    ) -> Result<Response<cpb::RoleResponse>, Status> {
+        self.admin(&request)?;
+        let r = request.into_inner();
+        let perm = Permission::parse(&r.permission).map_err(ApiError::from)?;
+        let cmd = Cmd::RoleGrant {
+            role: r.role,
+            ns: r.namespace,
+            perm,
+        };
+        let outcome = self.write(cmd).await?;
+        self.role(outcome)
+    }
+
+    async fn role_revoke(
+        &self,
+        request: Request<cpb::RoleRevokeRequest>,
+    ) -> Result<Response<cpb::RoleResponse>, Status> {
+        self.admin(&request)?;
+        let r = request.into_inner();
+        let cmd = Cmd::RoleRevoke {
+            role: r.role,
+            ns: r.namespace,
+        };
+        let outcome = self.write(cmd).await?;
+        self.role(outcome)
+    }
+
+    async fn role_get(
+        &self,
+        request: Request<cpb::RoleGetRequest>,
+    ) -> Result<Response<cpb::RoleResponse>, Status> {
+        self.admin(&request)?;
+        let name = request.into_inner().name;
+        let role = self.read(|auth| auth.get_role(&name)).await?;
+        self.role(Outcome::Role(role))
+    }
+
+    async fn role_list(
+        &self,
+        request: Request<cpb::RoleListRequest>,
+    ) -> Result<Response<cpb::RoleListResponse>, Status> {
+        self.admin(&request)?;
+        let roles = self.read(|auth| Ok(auth.roles())).await?;
+        Ok(respond(
+            &self.node,
+            cpb::RoleListResponse {
+                roles: roles.into_iter().map(role_message).collect(),
+            },
+        ))
+    }
+
+    async fn role_delete(
+        &self,
+        request: Request<cpb::RoleDeleteRequest>,
+    ) -> Result<Response<cpb::RoleDeleteResponse>, Status> {
+        self.admin(&request)?;
+        let name = request.into_inner().name;
+        self.write(Cmd::RoleDelete { name }).await?;
+        Ok(respond(&self.node, cpb::RoleDeleteResponse {}))
+    }
+
+    async fn token_create(
+        &self,
+        request: Request<cpb::TokenCreateRequest>,
+    ) -> Result<Response<cpb::TokenCreateResponse>, Status> {
+        self.admin(&request)?;
+        let r = request.into_inner();
+        let secret = generate_token()?;
+        let cmd = Cmd::TokenCreate {
+            name: r.name,
+            role: r.role,
+            hash: hash_token(&secret),
+        };
+        match self.write(cmd).await? {
+            Outcome::Token(token) => Ok(respond(
+                &self.node,
+                cpb::TokenCreateResponse {
+                    token: Some(token_message(token)),
+                    secret,
+                },
+            )),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn token_revoke(
+        &self,
+        request: Request<cpb::TokenRevokeRequest>,
+    ) -> Result<Response<cpb::TokenRevokeResponse>, Status> {
+        self.admin(&request)?;
+        let id = request.into_inner().id;
+        self.write(Cmd::TokenRevoke { id }).await?;
+        Ok(respond(&self.node, cpb::TokenRevokeResponse {}))
+    }
+
+    async fn token_list(
+        &self,
+        request: Request<cpb::TokenListRequest>,
+    ) -> Result<Response<cpb::TokenListResponse>, Status> {
+        self.admin(&request)?;
+        let tokens = self.read(|auth| Ok(auth.tokens())).await?;
+        Ok(respond(
+            &self.node,
+            cpb::TokenListResponse {
+                tokens: tokens.into_iter().map(token_message).collect(),
+            },
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_tokens_are_long_random_and_hash_trimmed() {
+        let a = generate_token().expect("token");
+        let b = generate_token().expect("token");
+        assert_ne!(a, b);
+        assert!(a.starts_with(TOKEN_PREFIX) && a.len() == TOKEN_PREFIX.len() + 64);
+        assert!(a.len() >= TOKEN_MIN_CHARS);
+        assert_eq!(hash_token(&a), hash_token(&format!(" {a}\n")));
+        assert_ne!(hash_token(&a), hash_token(&b));
+    }
+}

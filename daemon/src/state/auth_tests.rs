@@ -1,0 +1,334 @@
+//! Timelines of access control through the state machine. Every step checks the invariants, and
+//! every refusal leaves the state hash unchanged.
+
+use super::State;
+use super::auth::{Access, Denied, Permission};
+use super::types::*;
+
+const S: Nanos = NANOS_PER_SEC;
+
+struct Timeline {
+    state: State,
+    now_ns: Nanos,
+}
+
+impl Timeline {
+    fn new() -> Self {
+        Timeline {
+            state: State::new(),
+            now_ns: S,
+        }
+    }
+
+    fn run(&mut self, cmd: Cmd) -> Reply {
+        self.now_ns += S;
+        self.run_now(cmd)
+    }
+
+    /// Runs at the current time (the clock does not move).
+    fn run_now(&mut self, cmd: Cmd) -> Reply {
+        let batch = Batch {
+            now_ns: self.now_ns,
+            wall_ns: self.now_ns,
+            cmds: vec![cmd],
+        };
+        let mut replies = self.state.apply_batch(&batch, &mut Vec::new());
+        self.state.check_invariants().expect("invariants hold");
+        replies.remove(0)
+    }
+
+    fn ok(&mut self, cmd: Cmd) -> Outcome {
+        self.run(cmd).expect("command succeeds")
+    }
+
+    fn err(&mut self, cmd: Cmd) -> Error {
+        self.now_ns += S;
+        let tick = Batch {
+            now_ns: self.now_ns,
+            wall_ns: self.now_ns,
+            cmds: Vec::new(),
+        };
+        self.state.apply_batch(&tick, &mut Vec::new());
+        let before = self.state.hash();
+        let e = self.run_now(cmd).expect_err("command is refused");
+        assert_eq!(
+            self.state.hash(),
+            before,
+            "a refused command changes nothing"
+        );
+        e
+    }
+
+    fn role(&mut self, name: &str, cluster_admin: bool) {
+        self.ok(Cmd::RoleCreate {
+            name: name.into(),
+            cluster_admin,
+        });
+    }
+
+    fn grant(&mut self, role: &str, ns: &str, perm: Permission) {
+        self.ok(Cmd::RoleGrant {
+            role: role.into(),
+            ns: ns.into(),
+            perm,
+        });
+    }
+
+    fn token(&mut self, role: &str, byte: u8) -> String {
+        match self.ok(Cmd::TokenCreate {
+            name: format!("t{byte}"),
+            role: role.into(),
+            hash: [byte; 32],
+        }) {
+            Outcome::Token(view) => view.id,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn check(&self, byte: Option<u8>, access: Access) -> Result<(), Denied> {
+        let hash = byte.map(|b| [b; 32]);
+        self.state.auth().authorize(hash.as_ref(), access)
+    }
+}
+
+#[test]
+fn off_by_default_allows_everything() {
+    let t = Timeline::new();
+    assert!(!t.state.auth().enabled());
+    assert_eq!(t.check(None, Access::ClusterAdmin), Ok(()));
+    assert_eq!(
+        t.check(Some(9), Access::Namespace("a", Permission::Admin)),
+        Ok(())
+    );
+}
+
+#[test]
+fn enable_needs_a_cluster_admin_token() {
+    let mut t = Timeline::new();
+    let e = t.err(Cmd::AuthEnable);
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    assert!(e.message.contains("cluster-admin"), "{}", e.message);
+    t.role("reader", false);
+    t.token("reader", 1);
+    assert_eq!(t.err(Cmd::AuthEnable).kind, ErrorKind::FailedPrecondition);
+    t.role("root", true);
+    t.token("root", 2);
+    t.ok(Cmd::AuthEnable);
+    assert!(t.state.auth().enabled());
+    t.ok(Cmd::AuthDisable);
+    assert!(!t.state.auth().enabled());
+}
+
+#[test]
+fn permissions_by_namespace_and_level() {
+    let mut t = Timeline::new();
+    t.role("root", true);
+    t.token("root", 1);
+    t.role("app", false);
+    t.grant("app", "a", Permission::Write);
+    t.role("viewer", false);
+    t.grant("viewer", "*", Permission::Read);
+    t.token("app", 2);
+    t.token("viewer", 3);
+    t.ok(Cmd::AuthEnable);
+
+    let ns = |n, p| Access::Namespace(n, p);
+    // No token and unknown tokens are unauthenticated.
+    assert!(matches!(
+        t.check(None, ns("a", Permission::Read)),
+        Err(Denied::Unauthenticated(_))
+    ));
+    assert!(matches!(
+        t.check(Some(7), ns("a", Permission::Read)),
+        Err(Denied::Unauthenticated(_))
+    ));
+    // The cluster admin may do anything.
+    assert_eq!(t.check(Some(1), Access::ClusterAdmin), Ok(()));
+    assert_eq!(t.check(Some(1), ns("z", Permission::Admin)), Ok(()));
+    // write includes read, not admin; only on its namespace.
+    assert_eq!(t.check(Some(2), ns("a", Permission::Read)), Ok(()));
+    assert_eq!(t.check(Some(2), ns("a", Permission::Write)), Ok(()));
+    let Err(Denied::PermissionDenied(message)) = t.check(Some(2), ns("a", Permission::Admin))
+    else {
+        panic!("admin on a is denied");
+    };
+    assert!(
+        message.contains("admin permission on namespace a"),
+        "{message}"
+    );
+    let Err(Denied::PermissionDenied(message)) = t.check(Some(2), ns("b", Permission::Read)) else {
+        panic!("b is denied");
+    };
+    assert!(
+        message.contains("read permission on namespace b"),
+        "{message}"
+    );
+    assert!(matches!(
+        t.check(Some(2), Access::ClusterAdmin),
+        Err(Denied::PermissionDenied(_))
+    ));
+    // `*` covers every namespace; the higher of `*` and the namespace's own grant counts.
+    assert_eq!(t.check(Some(3), ns("anything", Permission::Read)), Ok(()));
+    assert!(t.check(Some(3), ns("a", Permission::Write)).is_err());
+    t.grant("viewer", "a", Permission::Admin);
+    assert_eq!(t.check(Some(3), ns("a", Permission::Write)), Ok(()));
+    assert!(t.check(Some(3), ns("b", Permission::Write)).is_err());
+    // Authentication alone: any known token.
+    assert_eq!(t.state.auth().authenticate(Some(&[3; 32])), Ok(()));
+    assert!(matches!(
+        t.state.auth().authenticate(None),
+        Err(Denied::Unauthenticated(_))
+    ));
+    // Revoking a grant takes effect at once.
+    t.ok(Cmd::RoleRevoke {
+        role: "app".into(),
+        ns: "a".into(),
+    });
+    assert!(matches!(
+        t.check(Some(2), ns("a", Permission::Read)),
+        Err(Denied::PermissionDenied(_))
+    ));
+}
+
+#[test]
+fn revoked_tokens_are_unknown_and_the_last_admin_token_stays() {
+    let mut t = Timeline::new();
+    t.role("root", true);
+    let root = t.token("root", 1);
+    t.role("app", false);
+    let app = t.token("app", 2);
+    t.ok(Cmd::AuthEnable);
+    t.ok(Cmd::TokenRevoke { id: app.clone() });
+    assert!(matches!(
+        t.check(Some(2), Access::Namespace("a", Permission::Read)),
+        Err(Denied::Unauthenticated(_))
+    ));
+    assert_eq!(
+        t.err(Cmd::TokenRevoke { id: app }).kind,
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        t.err(Cmd::TokenRevoke { id: "tk_x".into() }).kind,
+        ErrorKind::NotFound
+    );
+    let e = t.err(Cmd::TokenRevoke { id: root.clone() });
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    // With access control off, the last admin token may go.
+    t.ok(Cmd::AuthDisable);
+    t.ok(Cmd::TokenRevoke { id: root });
+    assert!(t.state.auth().tokens().is_empty());
+}
+
+#[test]
+fn roles_in_use_cannot_be_deleted_and_names_are_checked() {
+    let mut t = Timeline::new();
+    t.role("app", false);
+    assert_eq!(
+        t.err(Cmd::RoleCreate {
+            name: "app".into(),
+            cluster_admin: true
+        })
+        .kind,
+        ErrorKind::AlreadyExists
+    );
+    let id = t.token("app", 1);
+    let e = t.err(Cmd::RoleDelete { name: "app".into() });
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    assert!(e.message.contains(&id), "{}", e.message);
+    t.ok(Cmd::TokenRevoke { id });
+    t.ok(Cmd::RoleDelete { name: "app".into() });
+    assert_eq!(
+        t.err(Cmd::RoleDelete { name: "app".into() }).kind,
+        ErrorKind::NotFound
+    );
+    let bad = t.err(Cmd::RoleCreate {
+        name: "no spaces".into(),
+        cluster_admin: false,
+    });
+    assert_eq!(bad.kind, ErrorKind::InvalidArgument);
+    t.role("app", false);
+    let bad = t.err(Cmd::RoleGrant {
+        role: "app".into(),
+        ns: "a b".into(),
+        perm: Permission::Read,
+    });
+    assert!(bad.message.contains("namespace_name"), "{}", bad.message);
+    let missing = t.err(Cmd::TokenCreate {
+        name: "t".into(),
+        role: "nobody".into(),
+        hash: [5; 32],
+    });
+    assert_eq!(missing.kind, ErrorKind::NotFound);
+    t.token("app", 6);
+    let dup = t.err(Cmd::TokenCreate {
+        name: "again".into(),
+        role: "app".into(),
+        hash: [6; 32],
+    });
+    assert_eq!(dup.kind, ErrorKind::AlreadyExists);
+}
+
+#[test]
+fn bootstrap_happens_once_and_turns_access_control_on() {
+    let mut t = Timeline::new();
+    t.ok(Cmd::AuthBootstrap { hash: [1; 32] });
+    assert!(t.state.auth().enabled() && t.state.auth().bootstrapped());
+    assert_eq!(t.check(Some(1), Access::ClusterAdmin), Ok(()));
+    let roles = t.state.auth().roles();
+    assert_eq!(roles.len(), 1);
+    assert!(roles[0].cluster_admin && roles[0].name == "cluster-admin");
+    // A second bootstrap (another hash) changes nothing.
+    let before = t.state.hash();
+    t.run_now(Cmd::AuthBootstrap { hash: [2; 32] })
+        .expect("a no-op");
+    assert_eq!(t.state.hash(), before);
+    assert!(t.check(Some(2), Access::ClusterAdmin).is_err());
+}
+
+#[test]
+fn the_store_survives_a_snapshot_and_changes_the_hash() {
+    let mut t = Timeline::new();
+    let empty = t.state.hash();
+    t.role("app", false);
+    t.grant("app", "a", Permission::Write);
+    t.token("app", 2);
+    t.ok(Cmd::AuthBootstrap { hash: [1; 32] });
+    assert_ne!(t.state.hash(), empty);
+    let bytes = t.state.encode_snapshot().expect("encodes");
+    let restored = State::decode_snapshot(&bytes).expect("decodes");
+    assert_eq!(restored.hash(), t.state.hash());
+    assert_eq!(
+        restored
+            .auth()
+            .authorize(Some(&[2; 32]), Access::Namespace("a", Permission::Write)),
+        Ok(())
+    );
+    assert_eq!(restored.auth().tokens(), t.state.auth().tokens());
+}
+
+#[test]
+fn an_empty_store_is_not_encoded_and_a_used_one_is() {
+    let mut t = Timeline::new();
+    t.ok(Cmd::CreateNamespace {
+        name: "a".into(),
+        description: String::new(),
+        metadata: Metadata::new(),
+    });
+    let without = t.state.encode_snapshot().expect("encodes");
+    let restored = State::decode_snapshot(&without).expect("decodes");
+    assert_eq!(restored.hash(), t.state.hash());
+    assert!(restored.auth().is_empty());
+    t.role("app", false);
+    let with = t.state.encode_snapshot().expect("encodes");
+    assert!(with.len() > without.len());
+    let restored = State::decode_snapshot(&with).expect("decodes");
+    assert_eq!(restored.hash(), t.state.hash());
+    assert_eq!(restored.auth().roles(), t.state.auth().roles());
+    // Every truncation of the longer form is an error (a cut exactly after the namespaces reads
+    // as the shorter form: the snapshot envelope's length and checksum catch that).
+    let decoded: Vec<State> = (0..with.len())
+        .filter_map(|len| State::decode_snapshot(&with[..len]).ok())
+        .collect();
+    assert_eq!(decoded.len(), 1);
+    assert!(decoded[0].auth().is_empty());
+}
