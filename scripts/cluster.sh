@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Starts or stops a local 3-node conch cluster on 127.0.0.1:7001-7003.
 #   scripts/cluster.sh start DIR          data, logs and pids under DIR
-#   scripts/cluster.sh start-secure DIR   the same with TLS, client certificates and peer mutual
-#                                         TLS; certificates made under DIR/certs if absent
+#   scripts/cluster.sh start-secure DIR   the same with TLS, client certificates, peer mutual
+#                                         TLS and access control; certificates and the admin
+#                                         token made under DIR/certs if absent
 #   scripts/cluster.sh stop DIR           stops exactly the processes recorded in DIR/pids
+# CONCH_CLUSTER_PORT sets the first port (default 7001; the nodes take it and the next two).
 set -euo pipefail
 cmd=${1:-}
 dir=${2:-$(pwd)/.cluster}
 bin=${CONCHD_BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release/conchd}
 conch=${CONCH_BIN:-$(dirname "$bin")/conch}
-members="1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003"
+base=${CONCH_CLUSTER_PORT:-7001}
+case "$base" in
+'' | *[!0-9]*) echo "cluster: CONCH_CLUSTER_PORT must be a port number, not '$base'" >&2; exit 64 ;;
+esac
+port() { echo $((base + $1 - 1)); }
+members="1=127.0.0.1:$(port 1),2=127.0.0.1:$(port 2),3=127.0.0.1:$(port 3)"
+endpoints="127.0.0.1:$(port 1),127.0.0.1:$(port 2),127.0.0.1:$(port 3)"
 
 if [ "$cmd" = start-secure ]; then
   certs="$dir/certs"
@@ -20,6 +28,9 @@ if [ "$cmd" = start-secure ]; then
     [ -s "$certs/node$id.crt" ] || "$conch" certs node "$certs" --id "$id" --host 127.0.0.1 --host localhost >/dev/null
   done
   [ -s "$certs/client-admin.crt" ] || "$conch" certs client "$certs" --name admin >/dev/null
+  if [ ! -s "$certs/admin.token" ]; then
+    (umask 077 && od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$certs/admin.token")
+  fi
 fi
 
 case "$cmd" in
@@ -34,8 +45,9 @@ start | start-secure)
     if [ "$cmd" = start-secure ]; then
       extra=(--tls-cert "$certs/node$id.crt" --tls-key "$certs/node$id.key"
         --client-ca "$certs/ca.crt" --peer-ca "$certs/ca.crt")
+      [ "$id" = 1 ] && extra+=(--bootstrap-admin-token-file "$certs/admin.token")
     fi
-    "$bin" --id "$id" --listen "127.0.0.1:700$id" --data-dir "$dir/node$id" \
+    "$bin" --id "$id" --listen "127.0.0.1:$(port "$id")" --data-dir "$dir/node$id" \
       --initial-cluster "$members" ${extra[@]+"${extra[@]}"} >>"$dir/node$id.log" 2>&1 &
     echo "$!" >>"$dir/pids"
   done
@@ -47,16 +59,17 @@ start | start-secure)
       exit 1
     fi
   done
-  echo "cluster: 3 nodes on 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+  echo "cluster: 3 nodes on $endpoints"
   echo "cluster: data and logs in $dir"
   if [ "$cmd" = start-secure ]; then
-    echo "cluster: TLS with client certificates and peer mutual TLS; certificates in $certs"
-    echo "cluster: try  export CONCH_ENDPOINTS=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+    echo "cluster: TLS with client certificates, peer mutual TLS and access control; certificates and admin token in $certs"
+    echo "cluster: try  export CONCH_ENDPOINTS=$endpoints"
     echo "              export CONCH_CACERT=$certs/ca.crt"
     echo "              export CONCH_CERT=$certs/client-admin.crt CONCH_KEY=$certs/client-admin.key"
-    echo "              conch cluster status"
+    echo "              export CONCH_TOKEN_FILE=$certs/admin.token"
+    echo "              $conch cluster status"
   else
-    echo "cluster: try  CONCH_ENDPOINTS=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 conch cluster status"
+    echo "cluster: try  CONCH_ENDPOINTS=$endpoints $conch cluster status"
   fi
   ;;
 stop)

@@ -676,6 +676,8 @@ fn decision(reply: &Reply) -> String {
             "{:?} {}/{} {}",
             a.status, a.semaphore.active_holds, a.semaphore.permits, a.semaphore.waiters_count
         ),
+        Ok(Outcome::Role(v)) => format!("role {} admin {} {:?}", v.name, v.cluster_admin, v.grants),
+        Ok(Outcome::Token(v)) => format!("token {} {} {}", v.id, v.name, v.role),
         other => format!("{other:?}"),
     }
 }
