@@ -7,7 +7,7 @@ CLUSTER_DIR ?= $(CURDIR)/.cluster
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
 	@echo "make cluster       start a local 3-node cluster on 127.0.0.1:7001-7003 in the background"
-	@echo "make cluster-secure  the same with TLS, client certificates and peer mutual TLS"
+	@echo "make cluster-secure  the same with TLS, client certificates, peer mutual TLS and access control"
 	@echo "make cluster-stop  stop the nodes started by make cluster(-secure)"
 	@echo "make test          build everything and run every test (unit, property, process-level)"
 	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
