@@ -61,11 +61,11 @@ lint:
 
 bench:
 	$(CARGO) build --release -p conchd -p cluster-tests --bins
-	target/release/conch-bench $(if $(TLS),--tls)
+	target/release/conch-bench $(if $(TLS),--tls) $(if $(AUTH),--auth)
 
 jepsen:
 	$(CARGO) build -p conchd -p cluster-tests --bins
-	target/debug/conch-jepsen --duration $(or $(DURATION),60) --nodes $(or $(NODES),3) $(if $(TLS),--tls)
+	target/debug/conch-jepsen --duration $(or $(DURATION),60) --nodes $(or $(NODES),3) $(if $(TLS),--tls) $(if $(AUTH),--auth)
 
 # Longer property runs of the state machine: random command histories, invalid input included.
 proptest:
