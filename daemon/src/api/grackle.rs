@@ -26,6 +26,30 @@ impl GrackleService {
         GrackleService { node }
     }
 
+    /// The request's message, once its caller may `need` on the namespace it names.
+    fn permitted<T: InNamespace>(
+        &self,
+        request: Request<T>,
+        need: Permission,
+    ) -> Result<T, Status> {
+        let caller = Caller::of(&self.node, &request);
+        let r = request.into_inner();
+        caller.allow(&self.node, Access::Namespace(r.namespace(), need))?;
+        Ok(r)
+    }
+
+    /// [`GrackleService::permitted`] for a write: also its request id, if it carries one.
+    fn permitted_write<T: InNamespace>(
+        &self,
+        request: Request<T>,
+        need: Permission,
+    ) -> Result<(Option<String>, T), Status> {
+        let caller = Caller::of(&self.node, &request);
+        let (id, r) = request_id::split(request)?;
+        caller.allow(&self.node, Access::Namespace(r.namespace(), need))?;
+        Ok((id, r))
+    }
+
     async fn write(&self, id: Option<String>, cmd: Cmd) -> Result<Outcome, ApiError> {
         let cmd = request_id::wrap(id, cmd);
         cmd.validate()?;
@@ -168,12 +192,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetNamespaceRequest>,
     ) -> Result<Response<pb::GetNamespaceResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let r = request.into_inner();
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Read),
-        )?;
+        let r = self.permitted(request, Permission::Read)?;
         let ns = self.read(|s| s.get_namespace(&r.namespace_name)).await?;
         self.reply(pb::GetNamespaceResponse {
             namespace: Some(convert::namespace(ns)),
@@ -185,12 +204,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateNamespaceRequest>,
     ) -> Result<Response<pb::UpdateNamespaceResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Admin),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Admin)?;
         let cmd = Cmd::UpdateNamespace {
             name: r.namespace_name,
             description: r.description,
@@ -210,12 +224,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteNamespaceRequest>,
     ) -> Result<Response<pb::DeleteNamespaceResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Admin),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Admin)?;
         self.write(
             id,
             Cmd::DeleteNamespace {
@@ -231,12 +240,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreRequest>,
     ) -> Result<Response<pb::CreateSemaphoreResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Write),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::CreateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -256,12 +260,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoresRequest>,
     ) -> Result<Response<pb::ListSemaphoresResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let r = request.into_inner();
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Read),
-        )?;
+        let r = self.permitted(request, Permission::Read)?;
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
             .read(|s| s.list_semaphores(&r.namespace_name, &page))
@@ -277,12 +276,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetSemaphoreRequest>,
     ) -> Result<Response<pb::GetSemaphoreResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let r = request.into_inner();
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Read),
-        )?;
+        let r = self.permitted(request, Permission::Read)?;
         let sem = self
             .read(|s| s.get_semaphore(&r.namespace_name, &r.semaphore_name))
             .await?;
@@ -296,12 +290,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Write),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Write)?;
         let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
         let key = WaitKey {
             ns: r.namespace_name,
@@ -345,12 +334,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ReleaseSemaphoreRequest>,
     ) -> Result<Response<pb::ReleaseSemaphoreResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Write),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::Release {
             ns: r.namespace_name,
             sem: r.semaphore_name,
@@ -369,12 +353,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateSemaphoreRequest>,
     ) -> Result<Response<pb::UpdateSemaphoreResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Write),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::UpdateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -396,12 +375,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteSemaphoreRequest>,
     ) -> Result<Response<pb::DeleteSemaphoreResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Write),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Write)?;
         self.write(
             id,
             Cmd::DeleteSemaphore {
@@ -417,12 +391,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoreHoldersRequest>,
     ) -> Result<Response<pb::ListSemaphoreHoldersResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let r = request.into_inner();
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Read),
-        )?;
+        let r = self.permitted(request, Permission::Read)?;
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
             .read(|s| s.list_holders(&r.namespace_name, &r.semaphore_name, &page))
@@ -439,12 +408,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::CreateSemaphoreLeaseResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Write),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::CreateLease {
             ns: r.namespace_name,
             process_id: r.process_id,
@@ -464,12 +428,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RevokeSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RevokeSemaphoreLeaseResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Write),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Write)?;
         self.write(
             id,
             Cmd::RevokeLease {
@@ -485,12 +444,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RefreshSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RefreshSemaphoreLeaseResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Write),
-        )?;
+        let (id, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::RefreshLease {
             ns: r.namespace_name,
             lease: r.lease_id,
@@ -508,12 +462,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoreLeasesRequest>,
     ) -> Result<Response<pb::ListSemaphoreLeasesResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let r = request.into_inner();
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Read),
-        )?;
+        let r = self.permitted(request, Permission::Read)?;
         let page = convert::page(r.pagination_token, r.limit);
         let process_id = (!r.process_id.is_empty()).then_some(r.process_id.as_str());
         let page = self
@@ -530,12 +479,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::GetSemaphoreLeaseResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let r = request.into_inner();
-        caller.allow(
-            &self.node,
-            Access::Namespace(&r.namespace_name, Permission::Read),
-        )?;
+        let r = self.permitted(request, Permission::Read)?;
         let lease = self
             .read(|s| s.get_lease(&r.namespace_name, &r.lease_id))
             .await?;
@@ -544,3 +488,37 @@ impl GrackleApi for GrackleService {
         })
     }
 }
+
+/// A request about one namespace, whose permission the caller needs.
+trait InNamespace {
+    fn namespace(&self) -> &str;
+}
+
+macro_rules! in_namespace {
+    ($($request:ty),* $(,)?) => {
+        $(impl InNamespace for $request {
+            fn namespace(&self) -> &str {
+                &self.namespace_name
+            }
+        })*
+    };
+}
+
+in_namespace!(
+    pb::GetNamespaceRequest,
+    pb::UpdateNamespaceRequest,
+    pb::DeleteNamespaceRequest,
+    pb::CreateSemaphoreRequest,
+    pb::ListSemaphoresRequest,
+    pb::GetSemaphoreRequest,
+    pb::AcquireSemaphoreRequest,
+    pb::ReleaseSemaphoreRequest,
+    pb::UpdateSemaphoreRequest,
+    pb::DeleteSemaphoreRequest,
+    pb::ListSemaphoreHoldersRequest,
+    pb::CreateSemaphoreLeaseRequest,
+    pb::RevokeSemaphoreLeaseRequest,
+    pb::RefreshSemaphoreLeaseRequest,
+    pb::ListSemaphoreLeasesRequest,
+    pb::GetSemaphoreLeaseRequest,
+);
