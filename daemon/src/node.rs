@@ -430,17 +430,12 @@ impl Node {
         let mut request = tonic::Request::new(PeerMessage { payload });
         request.set_timeout(self.config.leader_wait);
         let response = client.propose(request).await.map_err(|status| {
-            if status.code() == tonic::Code::Unavailable {
-                // Not delivered: the leader is unreachable. Let the caller retry elsewhere.
-                NodeError::NotLeader { node: leader.id }
-            } else {
-                NodeError::Unavailable(format!(
-                    "forward to leader {} at {}: {}; the outcome is unknown",
-                    leader.id,
-                    leader.addr,
-                    status.message()
-                ))
-            }
+            peer_failure(
+                &status,
+                leader,
+                format!("forward to leader {} at {}", leader.id, leader.addr),
+                "; the outcome is unknown",
+            )
         })?;
         let result: Result<(Vec<Reply>, u64), NodeError> =
             decode(&response.into_inner().payload)
@@ -504,15 +499,12 @@ impl Node {
         });
         request.set_timeout(self.config.leader_wait);
         let response = client.read_index(request).await.map_err(|status| {
-            if status.code() == tonic::Code::Unavailable {
-                NodeError::NotLeader { node: leader.id }
-            } else {
-                NodeError::Unavailable(format!(
-                    "read index from leader {}: {}",
-                    leader.id,
-                    status.message()
-                ))
-            }
+            peer_failure(
+                &status,
+                leader,
+                format!("read index from leader {}", leader.id),
+                "",
+            )
         })?;
         let result: Result<u64, NodeError> = decode(&response.into_inner().payload)
             .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
@@ -567,5 +559,21 @@ pub fn known_leader(
             None
         }
         other => other,
+    }
+}
+
+/// A failed call to the leader: `UNAVAILABLE` means it was not delivered (the leader is
+/// unreachable), so the caller may retry elsewhere; anything else is reported as `what` failed,
+/// with `note` after the leader's message.
+fn peer_failure(
+    status: &tonic::Status,
+    leader: &LeaderInfo,
+    what: String,
+    note: &str,
+) -> NodeError {
+    if status.code() == tonic::Code::Unavailable {
+        NodeError::NotLeader { node: leader.id }
+    } else {
+        NodeError::Unavailable(format!("{what}: {}{note}", status.message()))
     }
 }
