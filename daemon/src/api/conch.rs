@@ -204,6 +204,7 @@ impl ConchAdmin for AdminService {
         if let Some(mut leader) = self.node.leader_admin().await.map_err(ApiError::from)? {
             return forwarded(leader.add_learner(forward(&metadata, r)).await);
         }
+        membership::probe_new_member(&self.node, r.node_id, &r.addr, &metadata).await?;
         let response = self
             .node
             .raft
