@@ -188,7 +188,10 @@ async fn tokens_and_namespace_permissions_are_enforced_on_every_node() -> anyhow
             Code::PermissionDenied,
             &["write permission on namespace b"],
         )?;
-        let change = ChangeMembershipRequest { voters: vec![1] };
+        let change = ChangeMembershipRequest {
+            voters: vec![1],
+            ..Default::default()
+        };
         expect_code(
             &at("non-admin changing membership"),
             ConchAdminClient::new(ch.clone())
@@ -223,6 +226,7 @@ async fn tokens_and_namespace_permissions_are_enforced_on_every_node() -> anyhow
     let mut admin_client = ConchAdminClient::new(channel(&cluster, follower)?);
     let same = ChangeMembershipRequest {
         voters: cluster.ids(),
+        ..Default::default()
     };
     admin_client
         .change_membership(with_token(same.clone(), Some(admin)))

@@ -476,6 +476,7 @@ async fn a_fourth_node_joins_as_a_learner_then_votes() -> anyhow::Result<()> {
     let changed = admin
         .change_membership(ChangeMembershipRequest {
             voters: vec![1, 2, 3, 4],
+            ..Default::default()
         })
         .await?
         .into_inner();

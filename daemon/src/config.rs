@@ -100,6 +100,11 @@ pub struct Flags {
     /// access control on, exactly once.
     #[arg(long, env = "CONCH_BOOTSTRAP_ADMIN_TOKEN_FILE")]
     pub bootstrap_admin_token_file: Option<PathBuf>,
+
+    /// This node joins a running cluster: with an empty data directory it never bootstraps one
+    /// (whatever --initial-cluster says) and waits to be added with `conch cluster add-learner`.
+    #[arg(long, env = "CONCH_JOIN")]
+    pub join: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -131,6 +136,7 @@ struct FileConfig {
     client_ca: Option<PathBuf>,
     peer_ca: Option<PathBuf>,
     bootstrap_admin_token_file: Option<PathBuf>,
+    join: Option<bool>,
 }
 
 /// Validated configuration; read-only once built.
@@ -153,6 +159,8 @@ pub struct Config {
     pub tls: Option<Arc<Tls>>,
     /// SHA-256 of the bootstrap admin token (`--bootstrap-admin-token-file`).
     pub bootstrap_admin_token: Option<crate::state::auth::TokenHash>,
+    /// Never bootstrap: an empty node waits to be added to a running cluster (`--join`).
+    pub join: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -252,7 +260,8 @@ impl Config {
             flags.client_ca.or(file.client_ca),
             flags.peer_ca.or(file.peer_ca),
         )?;
-        if tls.as_ref().is_some_and(|t| !t.peer_mtls()) && initial_cluster.len() > 1 {
+        let join = flags.join || file.join.unwrap_or(false);
+        if tls.as_ref().is_some_and(|t| !t.peer_mtls()) && (initial_cluster.len() > 1 || join) {
             return Err(ConfigError::Invalid(
                 "--tls-cert on a cluster of several nodes needs --peer-ca: nodes dial each other \
                  over TLS and check each other's certificates against it"
@@ -283,6 +292,7 @@ impl Config {
                 .unwrap_or_else(|| DEFAULT_LOG.to_string()),
             tls,
             bootstrap_admin_token,
+            join,
         })
     }
 }
@@ -464,6 +474,27 @@ mod tests {
                 "{bad:?} must be refused"
             );
         }
+    }
+
+    #[test]
+    fn join_comes_from_the_flag_or_the_config_file() {
+        let plain = Config::from_flags(Flags::default()).expect("valid");
+        assert!(!plain.join, "a node bootstraps unless told to join");
+        let flag = Config::from_flags(Flags {
+            join: true,
+            ..Flags::default()
+        })
+        .expect("valid");
+        assert!(flag.join);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("conchd.toml");
+        std::fs::write(&file, "join = true\n").expect("write config");
+        let from_file = Config::from_flags(Flags {
+            config: Some(file),
+            ..Flags::default()
+        })
+        .expect("valid");
+        assert!(from_file.join);
     }
 
     #[test]

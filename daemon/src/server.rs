@@ -4,7 +4,8 @@
 //! 1. bind the listener first, so a taken port fails before anything touches the disk;
 //! 2. open the log store, then restore the newest snapshot into the applied state;
 //! 3. start Raft (it replays committed entries after the snapshot);
-//! 4. bootstrap only an empty node, and only the lowest id of `--initial-cluster`; with
+//! 4. bootstrap only an empty node, only the lowest id of `--initial-cluster`, never with
+//!    `--join` (that node waits to be added); with
 //!    `--bootstrap-admin-token-file`, that node then installs the admin token (once elected);
 //! 5. serve until shutdown, then stop Raft and flush.
 
@@ -164,7 +165,15 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
     let bootstrapper = config.initial_cluster.keys().next() == Some(&config.id);
-    let bootstraps = !initialized && bootstrapper;
+    let bootstraps = !initialized && bootstrapper && !config.join;
+    if !initialized && config.join {
+        tracing::info!(
+            "empty data directory and --join: not bootstrapping; waiting to be added with \
+             `conch cluster add-learner {} {}`",
+            config.id,
+            config.advertise
+        );
+    }
     if bootstraps {
         let members: BTreeMap<u64, BasicNode> = config
             .initial_cluster

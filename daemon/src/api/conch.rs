@@ -8,10 +8,11 @@ use std::sync::Arc;
 use conch_proto::conch as cpb;
 use conch_proto::conch::conch_admin_server::ConchAdmin;
 use conch_proto::conch::conch_api_server::ConchApi;
-use openraft::BasicNode;
+use openraft::{BasicNode, ChangeMembers};
 use tonic::{Request, Response, Status};
 
 use super::auth::{Caller, forward};
+use super::membership;
 use super::status::ApiError;
 use super::{convert, respond};
 use crate::node::Node;
@@ -89,6 +90,45 @@ impl AdminService {
             members: self.members(),
         }
     }
+
+    /// Takes members out, voters and learners alike (on the leader): voters first, then
+    /// learners, each change committed before the next.
+    async fn remove_members(
+        &self,
+        remove: &[u64],
+    ) -> Result<Response<cpb::MembershipResponse>, Status> {
+        let (voters, learners): (BTreeSet<u64>, BTreeSet<u64>) = {
+            let members = self.members();
+            (
+                members.iter().filter(|m| m.voter).map(|m| m.id).collect(),
+                members.iter().filter(|m| !m.voter).map(|m| m.id).collect(),
+            )
+        };
+        let removal =
+            membership::plan_removal(&voters, &learners, remove).map_err(ApiError::from)?;
+        let mut log_index = 0;
+        if !removal.voters.is_empty() {
+            let change = ChangeMembers::RemoveVoters(removal.voters);
+            let response = self
+                .node
+                .raft
+                .change_membership(change, false)
+                .await
+                .map_err(|e| ApiError::raft("remove voters", e))?;
+            log_index = response.log_id.index;
+        }
+        if !removal.learners.is_empty() {
+            let change = ChangeMembers::RemoveNodes(removal.learners);
+            let response = self
+                .node
+                .raft
+                .change_membership(change, false)
+                .await
+                .map_err(|e| ApiError::raft("remove learners", e))?;
+            log_index = response.log_id.index;
+        }
+        Ok(respond(&self.node, self.membership_response(log_index)))
+    }
 }
 
 /// Answers a call forwarded to another node (the leader, or a leadership target) with that
@@ -164,6 +204,7 @@ impl ConchAdmin for AdminService {
         if let Some(mut leader) = self.node.leader_admin().await.map_err(ApiError::from)? {
             return forwarded(leader.add_learner(forward(&metadata, r)).await);
         }
+        membership::probe_new_member(&self.node, r.node_id, &r.addr, &metadata).await?;
         let response = self
             .node
             .raft
@@ -183,12 +224,15 @@ impl ConchAdmin for AdminService {
         Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
         let metadata = request.metadata().clone();
         let r = request.into_inner();
-        if r.voters.is_empty() {
-            let invalid = Error::invalid("voters must name at least one node");
+        if r.voters.is_empty() == r.remove.is_empty() {
+            let invalid = Error::invalid("name either the new voters or the nodes to remove");
             return Err(ApiError::from(invalid).into());
         }
         if let Some(mut leader) = self.node.leader_admin().await.map_err(ApiError::from)? {
             return forwarded(leader.change_membership(forward(&metadata, r)).await);
+        }
+        if !r.remove.is_empty() {
+            return self.remove_members(&r.remove).await;
         }
         let voters: BTreeSet<u64> = r.voters.into_iter().collect();
         let response = self

@@ -22,6 +22,7 @@ pub mod auth;
 pub mod conch;
 pub mod convert;
 pub mod grackle;
+pub mod membership;
 pub mod peer;
 pub mod request_id;
 pub mod status;

@@ -18,6 +18,7 @@
 //! | access control is on and the call has no token, or an unknown or revoked one | `UNAUTHENTICATED` |
 //! | the token's role lacks the permission (the message names namespace and permission) | `PERMISSION_DENIED` |
 //! | an access control change the state refuses (enable without an admin token, …) | `FAILED_PRECONDITION` |
+//! | a new learner's address that does not answer as an empty node or one of this cluster | `FAILED_PRECONDITION` |
 //!
 //! An admin call forwarded to another node (the leader, or a leadership transfer's target)
 //! answers with that node's status, unchanged.
@@ -69,6 +70,10 @@ pub enum ApiError {
     /// namespace and the permission).
     #[error("{0}")]
     PermissionDenied(String),
+    /// A new learner's address did not answer as a conch node that is empty or of this cluster
+    /// (the message says what answered, if anything).
+    #[error("{0}")]
+    NotJoinable(String),
 }
 
 impl From<crate::state::auth::Denied> for ApiError {
@@ -115,6 +120,7 @@ impl From<ApiError> for Status {
             ApiError::ClusterMismatch(message) => Status::failed_precondition(message),
             ApiError::Unauthenticated(message) => Status::unauthenticated(message),
             ApiError::PermissionDenied(message) => Status::permission_denied(message),
+            ApiError::NotJoinable(message) => Status::failed_precondition(message),
         }
     }
 }
@@ -223,6 +229,10 @@ mod tests {
         );
         assert_eq!(
             status(ApiError::ClusterMismatch("cluster a, not b".into())).0,
+            Code::FailedPrecondition
+        );
+        assert_eq!(
+            status(ApiError::NotJoinable("nothing answered".into())).0,
             Code::FailedPrecondition
         );
     }

@@ -328,7 +328,21 @@ pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<
             change_voters(client, |voters| voters.extend(&ids)).await
         }
         ClusterCommand::Remove { ids } => {
-            change_voters(client, |voters| voters.retain(|v| !ids.contains(v))).await
+            // The server checks every id is a member (voter or learner) and a voter remains.
+            let r = client
+                .call("remove members", opts, |ch, t| {
+                    let req = ChangeMembershipRequest {
+                        voters: vec![],
+                        remove: ids.clone(),
+                    };
+                    async move {
+                        ConchAdminClient::new(ch)
+                            .change_membership(request(req, t))
+                            .await
+                    }
+                })
+                .await?;
+            print_members(&r)
         }
         ClusterCommand::TransferLeader { id } => {
             client
@@ -376,6 +390,7 @@ async fn change_voters(
         .call("change membership", client.default_options(), |ch, t| {
             let req = ChangeMembershipRequest {
                 voters: voters.clone(),
+                remove: vec![],
             };
             async move {
                 ConchAdminClient::new(ch)

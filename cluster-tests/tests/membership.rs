@@ -1,0 +1,276 @@
+//! Membership changes that cannot hurt the cluster: a `--join` node waits to be added and catches
+//! up without disturbing the leader; removal takes learners too and names a stranger; a new
+//! learner's address must answer as an empty node or one of this cluster.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use cluster_tests::{Cluster, Daemon, ops, wait_for};
+use conch_proto::conch::conch_admin_client::ConchAdminClient;
+use conch_proto::conch::{AddLearnerRequest, ClusterStatusRequest, ClusterStatusResponse};
+use conch_proto::grackle as pb;
+
+/// Starts node `id` on a free port with its own data directory under `dir`.
+fn spawn_node(dir: &Path, id: u64, extra: &[&str]) -> anyhow::Result<(Daemon, String)> {
+    let addr = format!("127.0.0.1:{}", cluster_tests::free_port());
+    let data_dir = dir.join(format!("node{id}"));
+    let data_dir = data_dir.to_string_lossy();
+    let id = id.to_string();
+    let mut args = vec!["--id", &id, "--listen", &addr, "--data-dir", &data_dir];
+    args.extend_from_slice(extra);
+    let daemon = Daemon::spawn(&args, dir)?;
+    Ok((daemon, addr))
+}
+
+/// The status of the node at `addr`, once it answers.
+async fn status_of(addr: &str) -> Option<ClusterStatusResponse> {
+    let channel = cluster_tests::channel(addr).await.ok()?;
+    let reply = tokio::time::timeout(
+        Duration::from_secs(2),
+        ConchAdminClient::new(channel).cluster_status(ClusterStatusRequest {}),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    Some(reply.into_inner())
+}
+
+async fn conch(endpoint: &str, args: &[&str]) -> anyhow::Result<Output> {
+    let output = tokio::process::Command::new(cluster_tests::binary("conch"))
+        .arg("--endpoints")
+        .arg(endpoint)
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    Ok(output)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn member_ids(status: &ClusterStatusResponse) -> Vec<(u64, bool)> {
+    status.members.iter().map(|m| (m.id, m.voter)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_node_waits_is_added_and_catches_up_without_disturbing_the_leader()
+-> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    let follower = cluster
+        .running_ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .unwrap_or(1);
+    let endpoint = cluster.addr(follower);
+    let mut c = cluster.grackle(leader).await?;
+    ops::namespace(&mut c, "before-join").await?;
+    let before = cluster.status(leader).await?;
+
+    // Alone, with an empty data directory and no --initial-cluster: it would be the lowest id of
+    // its own one-node cluster, but --join keeps it from bootstrapping.
+    let dir = tempfile::tempdir()?;
+    let (node4, addr4) = spawn_node(dir.path(), 4, &["--join"])?;
+    let waiting = wait_for("node 4 to answer", Duration::from_secs(20), || {
+        status_of(&addr4)
+    })
+    .await?;
+    assert_eq!(waiting.cluster_id, "", "a --join node has no cluster id");
+    assert_eq!(waiting.leader_id, 0, "{waiting:?}");
+    wait_for(
+        "node 4 to log that it waits to be added",
+        Duration::from_secs(20),
+        || {
+            let logs = format!("{}{}", node4.stdout(), node4.stderr());
+            async move { logs.contains("not bootstrapping").then_some(()) }
+        },
+    )
+    .await?;
+
+    let added = conch(&endpoint, &["cluster", "add-learner", "4", &addr4]).await?;
+    assert!(
+        added.status.success(),
+        "{} {}",
+        text(&added.stdout),
+        text(&added.stderr)
+    );
+    assert!(
+        text(&added.stdout).contains(&format!("  4  {addr4}  learner")),
+        "{}",
+        text(&added.stdout)
+    );
+    let promoted = conch(&endpoint, &["cluster", "promote", "4"]).await?;
+    assert!(promoted.status.success(), "{}", text(&promoted.stderr));
+    assert_eq!(
+        text(&promoted.stdout)
+            .lines()
+            .filter(|l| l.ends_with("voter"))
+            .count(),
+        4,
+        "{}",
+        text(&promoted.stdout)
+    );
+
+    // Node 4 has the old data, and the cluster's id.
+    let mut c4 =
+        pb::grackle_api_client::GrackleApiClient::new(cluster_tests::channel(&addr4).await?);
+    let names: Vec<String> = c4
+        .list_namespaces(pb::ListNamespacesRequest::default())
+        .await?
+        .into_inner()
+        .namespaces
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, vec!["before-join".to_string()]);
+    let joined = status_of(&addr4).await.unwrap_or_default();
+    assert_eq!(joined.cluster_id, before.cluster_id);
+
+    // A learner is removed; node 4 stays.
+    let (_node5, addr5) = spawn_node(dir.path(), 5, &["--join"])?;
+    wait_for("node 5 to answer", Duration::from_secs(20), || {
+        status_of(&addr5)
+    })
+    .await?;
+    let added = conch(&endpoint, &["cluster", "add-learner", "5", &addr5]).await?;
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    let removed = conch(&endpoint, &["cluster", "remove", "5"]).await?;
+    assert!(removed.status.success(), "{}", text(&removed.stderr));
+    assert!(
+        !text(&removed.stdout).contains("  5  "),
+        "{}",
+        text(&removed.stdout)
+    );
+    let after = cluster.status(leader).await?;
+    assert_eq!(
+        member_ids(&after),
+        vec![(1, true), (2, true), (3, true), (4, true)]
+    );
+
+    // A node that is not a member: one line naming it, exit 64, nothing changed.
+    let stranger = conch(&endpoint, &["cluster", "remove", "42"]).await?;
+    assert_eq!(
+        stranger.status.code(),
+        Some(64),
+        "{}",
+        text(&stranger.stderr)
+    );
+    let stderr = text(&stranger.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("node 42 is not a member"), "{stderr}");
+    assert_eq!(
+        member_ids(&cluster.status(leader).await?),
+        member_ids(&after)
+    );
+
+    // Nothing of this disturbed the leader.
+    let now = cluster.status(leader).await?;
+    assert_eq!(
+        (now.leader_id, now.term),
+        (before.leader_id, before.term),
+        "the leader or its term changed"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -> anyhow::Result<()>
+{
+    let cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    let before = cluster.status(leader).await?;
+    let mut admin = cluster.admin(leader).await?;
+    let dir = tempfile::tempdir()?;
+
+    // Started without --join and without --initial-cluster: it bootstraps its own cluster.
+    let (_other, other_addr) = spawn_node(dir.path(), 6, &[])?;
+    let other = wait_for(
+        "node 6 to lead its own cluster",
+        Duration::from_secs(20),
+        || async {
+            status_of(&other_addr)
+                .await
+                .filter(|s| s.leader_id == 6 && !s.cluster_id.is_empty())
+        },
+    )
+    .await?;
+    assert_ne!(other.cluster_id, before.cluster_id);
+    let refused = admin
+        .add_learner(AddLearnerRequest {
+            node_id: 6,
+            addr: other_addr.clone(),
+        })
+        .await
+        .expect_err("a node of another cluster");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("another cluster"), "{refused:?}");
+    let cli = conch(
+        &cluster.addr(leader),
+        &["cluster", "add-learner", "6", &other_addr],
+    )
+    .await?;
+    assert_eq!(cli.status.code(), Some(64), "{}", text(&cli.stderr));
+    assert_eq!(
+        text(&cli.stderr).lines().count(),
+        1,
+        "{}",
+        text(&cli.stderr)
+    );
+    assert!(
+        text(&cli.stderr).contains("another cluster"),
+        "{}",
+        text(&cli.stderr)
+    );
+
+    // Nothing listening.
+    let nowhere = format!("127.0.0.1:{}", cluster_tests::free_port());
+    let refused = admin
+        .add_learner(AddLearnerRequest {
+            node_id: 7,
+            addr: nowhere,
+        })
+        .await
+        .expect_err("nothing listening");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("nothing answer"), "{refused:?}");
+
+    // An empty node, but not the one named.
+    let (_node8, addr8) = spawn_node(dir.path(), 8, &["--join"])?;
+    wait_for("node 8 to answer", Duration::from_secs(20), || {
+        status_of(&addr8)
+    })
+    .await?;
+    let refused = admin
+        .add_learner(AddLearnerRequest {
+            node_id: 9,
+            addr: addr8,
+        })
+        .await
+        .expect_err("another node id");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("node 8, not node 9"),
+        "{refused:?}"
+    );
+
+    // Nothing changed, and the leader was not disturbed.
+    let now = cluster.status(leader).await?;
+    assert_eq!(member_ids(&now), member_ids(&before));
+    assert_eq!((now.leader_id, now.term), (before.leader_id, before.term));
+    Ok(())
+}
