@@ -1,0 +1,72 @@
+//! Operating a cluster: leader hints on every response, `conch cluster status` exit codes,
+//! `conch cluster snapshot` per node, and how fast a dead cluster is reported.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use cluster_tests::{Cluster, binary};
+use conch_proto::grackle as pb;
+
+
+/// Runs `conch` against `endpoints`, killed if it takes more than a minute; returns (code,
+/// stdout, stderr).
+async fn conch(endpoints: &str, args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let mut command = tokio::process::Command::new(binary("conch"));
+    command
+        .arg("--endpoints")
+        .arg(endpoints)
+        .args(args)
+        .env_remove("CONCH_ENDPOINTS")
+        .env_remove("CONCH_TOKEN")
+        .env_remove("CONCH_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .context("conch timed out")??;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_responses_name_the_leader_too() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let leader_addr = cluster.addr(leader);
+    for id in cluster.ids() {
+        let mut c = cluster.grackle(id).await?;
+        let missing = c
+            .get_namespace(pb::GetNamespaceRequest {
+                namespace_name: "no-such-namespace".into(),
+            })
+            .await
+            .expect_err("missing namespace");
+        assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
+        let hint = missing
+            .metadata()
+            .get("conch-leader")
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(hint, Some(leader_addr.as_str()), "node {id}: {missing:?}");
+
+        let invalid = c
+            .create_namespace(pb::CreateNamespaceRequest {
+                name: "no spaces allowed!".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("invalid name");
+        assert_eq!(invalid.code(), tonic::Code::InvalidArgument, "{invalid:?}");
+        let hint = invalid
+            .metadata()
+            .get("conch-leader")
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(hint, Some(leader_addr.as_str()), "node {id}: {invalid:?}");
+    }
+    Ok(())
+}
+
