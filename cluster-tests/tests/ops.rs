@@ -70,3 +70,31 @@ async fn error_responses_name_the_leader_too() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_status_exits_like_a_health_check() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let endpoints = cluster.endpoints().join(",");
+    let (code, out, err) = conch(&endpoints, &["cluster", "status"]).await?;
+    assert_eq!(code, 0, "{out}{err}");
+
+    // One follower down, the leader answers: degraded.
+    let followers: Vec<u64> = cluster.ids().into_iter().filter(|&i| i != leader).collect();
+    cluster.kill(followers[0]);
+    let (code, out, err) = conch(&endpoints, &["cluster", "status"]).await?;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("unreachable"), "{out}");
+
+    // The leader down too: the last node answers, but it is not the leader.
+    cluster.kill(leader);
+    let (code, out, err) = conch(&endpoints, &["cluster", "status"]).await?;
+    assert_eq!(code, 2, "{out}{err}");
+
+    // Nobody answers.
+    cluster.kill(followers[1]);
+    let (code, out, err) = conch(&endpoints, &["cluster", "status"]).await?;
+    assert_eq!(code, 2, "{out}{err}");
+    Ok(())
+}
+

@@ -202,7 +202,9 @@ pub enum CertsCommand {
 pub enum ClusterCommand {
     /// Ask every node (the endpoints, then the members they report) for its Raft status.
     ///
-    /// Exit status: 0 if every node answered, 1 if some did not, 69 if none did.
+    /// Exit status, as a health check uses it: 0 if every node answered and one of them is the
+    /// leader; 1 if some node did not answer but the leader did (degraded); 2 if no node
+    /// answered or none that did is the leader.
     Status {
         /// Print JSON instead of a table.
         #[arg(long)]
