@@ -98,3 +98,57 @@ async fn cluster_status_exits_like_a_health_check() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_snapshot_names_the_node_and_reaches_any_member() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let followers: Vec<u64> = cluster.ids().into_iter().filter(|&i| i != leader).collect();
+    let via = cluster.addr(followers[0]);
+
+    // Default: the leader, named, although a follower answered.
+    let (code, out, err) = conch(&via, &["cluster", "snapshot"]).await?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with(&format!("node {leader}: snapshot at log index ")),
+        "{out}"
+    );
+    assert_eq!(out.lines().count(), 1, "{out}");
+
+    // Another follower, through the first one.
+    let target = followers[1];
+    let (code, out, err) = conch(
+        &via,
+        &["cluster", "snapshot", "--node", &target.to_string()],
+    )
+    .await?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with(&format!("node {target}: snapshot at log index ")),
+        "{out}"
+    );
+    assert!(cluster.status(target).await?.snapshot_index > 0);
+
+    // Every member, one line each.
+    let (code, out, err) = conch(&via, &["cluster", "snapshot", "--all"]).await?;
+    assert_eq!(code, 0, "{out}{err}");
+    let mut named: Vec<u64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("node ")?.split(':').next()?.parse().ok())
+        .collect();
+    named.sort();
+    assert_eq!(named, cluster.ids(), "{out}");
+    for id in cluster.ids() {
+        assert!(cluster.status(id).await?.snapshot_index > 0, "node {id}");
+    }
+
+    // Not a member: an error naming it.
+    let (code, out, err) = conch(&via, &["cluster", "snapshot", "--node", "42"]).await?;
+    assert_eq!(code, 64, "{out}{err}");
+    assert!(
+        format!("{out}{err}").contains("node 42 is not a member"),
+        "{out}{err}"
+    );
+    Ok(())
+}
+

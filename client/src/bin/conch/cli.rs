@@ -235,8 +235,16 @@ pub enum ClusterCommand {
         /// Id of the node that should lead.
         id: u64,
     },
-    /// Take a snapshot on the node answering now, and compact its log.
-    Snapshot,
+    /// Take a snapshot and compact the log: on the leader, on node N (--node; any endpoint
+    /// forwards the call), or on every member (--all, one line each). The output names the node.
+    Snapshot {
+        /// The node to snapshot (default: the leader).
+        #[arg(long, value_name = "N", conflicts_with = "all")]
+        node: Option<u64>,
+        /// Snapshot every member, one after the other.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 const AUTH_EXAMPLES: &str = "\

@@ -350,17 +350,58 @@ pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<
             crate::print_lines([format!("node {id} is campaigning for leadership")])?;
             Ok(ExitCode::SUCCESS)
         }
-        ClusterCommand::Snapshot => {
-            let r = client
-                .call("trigger snapshot", opts, |ch, t| async move {
-                    ConchAdminClient::new(ch)
-                        .trigger_snapshot(request(TriggerSnapshotRequest {}, t))
-                        .await
-                })
-                .await?;
-            crate::print_lines([format!("snapshot at log index {}", r.snapshot_index)])?;
-            Ok(ExitCode::SUCCESS)
+        ClusterCommand::Snapshot { node, all } => snapshot(client, node, all).await,
+    }
+}
+
+/// `conch cluster snapshot [--node N | --all]`: one line per node snapshotted, naming it.
+async fn snapshot(client: &Client, node: Option<u64>, all: bool) -> anyhow::Result<ExitCode> {
+    let targets: Vec<u64> = match node {
+        Some(id) => vec![id],
+        None => {
+            let status = client.cluster_status().await?;
+            if all {
+                status.members.iter().map(|m| m.id).collect()
+            } else if status.leader_id != 0 {
+                vec![status.leader_id]
+            } else {
+                return Err(exit::Exit {
+                    code: exit::UNAVAILABLE,
+                    message: format!(
+                        "node {} knows no leader; name a node with --node",
+                        status.node_id
+                    ),
+                }
+                .into());
+            }
         }
+    };
+    let mut first_error: Option<anyhow::Error> = None;
+    for id in targets {
+        let r = client
+            .call("trigger snapshot", client.default_options(), |ch, t| {
+                let req = TriggerSnapshotRequest { node_id: id };
+                async move {
+                    ConchAdminClient::new(ch)
+                        .trigger_snapshot(request(req, t))
+                        .await
+                }
+            })
+            .await;
+        match r {
+            Ok(r) => crate::print_lines([format!(
+                "node {}: snapshot at log index {}",
+                r.node_id, r.snapshot_index
+            )])?,
+            Err(e) => {
+                crate::print_lines([format!("node {id}: failed: {e}")])?;
+                first_error.get_or_insert(e.into());
+            }
+        }
+    }
+    match first_error {
+        None => Ok(ExitCode::SUCCESS),
+        Some(e) => Ok(ExitCode::from(exit::code_for(&e))),
     }
 }
 
