@@ -5,10 +5,15 @@
 //!    write does not take the follower → leader hop;
 //! 2. otherwise the endpoint that answered last, then the others in order;
 //! 3. an endpoint with a transport failure is avoided for a couple of seconds;
-//! 4. a node answering `Unavailable` (no leader yet, shutting down) or a transport failure moves
-//!    the call to the next endpoint; after a full round it sleeps (exponential backoff) and starts
-//!    over, until [`CallOptions::retry_for`] is spent. If two full rounds reached no server at all
-//!    it gives up early, so a stopped cluster is reported in well under a second.
+//! 4. with no leader known, or once the leader failed, the call goes to every endpoint not tried
+//!    yet in this round at once, and the first answer wins (the others are abandoned; every call
+//!    is safe to send again, see below);
+//! 5. a node answering `Unavailable` (no leader yet, shutting down) or a transport failure moves
+//!    the call on; after a full round it sleeps (exponential backoff) and starts over, until
+//!    [`CallOptions::retry_for`] is spent. If no node answered at all in a round that waited out
+//!    a deadline (stopped or hung nodes), or in two rounds of refused connections, it gives up
+//!    early: a dead cluster is reported within about one request timeout, a stopped one in well
+//!    under a second.
 //!
 //! Every RPC wrapped here is safe to send again. Every write but refresh carries one request id
 //! (`conch-request-id`, see [`crate::request_id`]) for all its attempts, so a retry after a lost
@@ -163,8 +168,25 @@ pub(crate) enum Attempt<T> {
     Retry {
         error: String,
         reached: bool,
+        /// The node answered (as opposed to a transport failure or no answer in time).
+        answered: bool,
     },
     Fail(Error),
+}
+
+/// Waits for the first of `racing` to finish, removes it and returns its output. The others keep
+/// their progress for the next call; dropping them abandons them.
+async fn first_done<F: Future + Unpin>(racing: &mut Vec<F>) -> F::Output {
+    std::future::poll_fn(|cx| {
+        for i in 0..racing.len() {
+            if let std::task::Poll::Ready(out) = std::pin::Pin::new(&mut racing[i]).poll(cx) {
+                racing.swap_remove(i);
+                return std::task::Poll::Ready(out);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Builds a request with a `grpc-timeout`.
@@ -294,6 +316,28 @@ impl Client {
         ))
     }
 
+    /// The known leader, when it was not tried yet this round and did not fail a moment ago.
+    fn leader_to_try(&self, tried: &[usize]) -> Option<(usize, String, NodeChannel)> {
+        let nodes = self.nodes();
+        let l = nodes.leader?;
+        let node = nodes.list.get(l)?;
+        if tried.contains(&l) || node.down_until.is_some_and(|t| t > Instant::now()) {
+            return None;
+        }
+        Some((l, node.addr.clone(), self.intercepted(node.channel.clone())))
+    }
+
+    /// Every node [`Client::pick`] would offer, in its order.
+    fn pick_all(&self, tried: &[usize]) -> Vec<(usize, String, NodeChannel)> {
+        let mut tried = tried.to_vec();
+        let mut all = Vec::new();
+        while let Some(next) = self.pick(&tried) {
+            tried.push(next.0);
+            all.push(next);
+        }
+        all
+    }
+
     /// Records a leader hint from response (or status) metadata.
     fn observe_hint(&self, metadata: &MetadataMap) {
         let Some(hint) = metadata
@@ -388,6 +432,7 @@ impl Client {
                     Attempt::Retry {
                         error: transport_error(&status, self.inner.config.tls.is_some()),
                         reached: false,
+                        answered: false,
                     }
                 }
                 Class::NodeUnavailable => {
@@ -396,6 +441,7 @@ impl Client {
                     Attempt::Retry {
                         error: status.message().to_string(),
                         reached: true,
+                        answered: true,
                     }
                 }
                 Class::Final => {
@@ -409,6 +455,7 @@ impl Client {
                 Attempt::Retry {
                     error: format!("no answer within {}", format_duration(timeout)),
                     reached: true,
+                    answered: false,
                 }
             }
         }
@@ -447,12 +494,26 @@ impl Client {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         let mut rounds = 0u32;
         let mut reached = false;
+        // Some node gave an answer (even "cannot serve now") this round.
+        let mut answered = false;
+        // Some attempt this round waited out its whole deadline.
+        let mut timed_out = false;
         let mut last = (String::new(), String::from("no attempt made"));
         loop {
-            let Some((idx, addr, channel)) = self.pick(&tried) else {
+            // The known leader alone; without one (or once it failed), every endpoint not
+            // tried this round at once, the first answer winning.
+            let targets = match self.leader_to_try(&tried) {
+                Some(leader) => vec![leader],
+                None => self.pick_all(&tried),
+            };
+            if targets.is_empty() {
                 rounds += 1;
                 let spent = start.elapsed();
-                if spent >= opts.retry_for || (!reached && rounds >= 2) {
+                // Nobody answered at all: after a round that waited out a deadline (the nodes
+                // are stopped or hung), or two rounds of refused connections, the cluster is
+                // reported down instead of waiting out the retry budget.
+                let silent = !answered && (timed_out || rounds >= 2);
+                if spent >= opts.retry_for || (!reached && rounds >= 2) || silent {
                     // Name the endpoint of the last error only when there were several.
                     let last = if tried_addrs.len() > 1 {
                         format!("{}: {}", last.0, last.1)
@@ -468,19 +529,37 @@ impl Client {
                 let pause = backoff.next_delay().min(opts.retry_for - spent);
                 tokio::time::sleep(pause).await;
                 tried.clear();
+                answered = false;
+                timed_out = false;
                 continue;
-            };
-            tried.push(idx);
-            if !tried_addrs.contains(&addr) {
-                tried_addrs.push(addr.clone());
             }
-            let fut = f(channel, opts.timeout);
-            match self.attempt(idx, &addr, op, opts.timeout, fut).await {
-                Attempt::Ok(v) => return Ok(v),
-                Attempt::Fail(e) => return Err(e),
-                Attempt::Retry { error, reached: r } => {
-                    reached |= r;
-                    last = (addr, error);
+            let mut racing = Vec::with_capacity(targets.len());
+            for (idx, addr, channel) in targets {
+                tried.push(idx);
+                if !tried_addrs.contains(&addr) {
+                    tried_addrs.push(addr.clone());
+                }
+                let fut = f(channel, opts.timeout);
+                racing.push(Box::pin(async move {
+                    let result = self.attempt(idx, &addr, op, opts.timeout, fut).await;
+                    (addr, result)
+                }));
+            }
+            while !racing.is_empty() {
+                let (addr, result) = first_done(&mut racing).await;
+                match result {
+                    Attempt::Ok(v) => return Ok(v),
+                    Attempt::Fail(e) => return Err(e),
+                    Attempt::Retry {
+                        error,
+                        reached: r,
+                        answered: a,
+                    } => {
+                        reached |= r;
+                        answered |= a;
+                        timed_out |= r && !a;
+                        last = (addr, error);
+                    }
                 }
             }
         }

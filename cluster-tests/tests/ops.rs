@@ -2,12 +2,13 @@
 //! `conch cluster snapshot` per node, and how fast a dead cluster is reported.
 
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use cluster_tests::{Cluster, binary};
 use conch_proto::grackle as pb;
 
+const EX_UNAVAILABLE: i32 = 69;
 
 /// Runs `conch` against `endpoints`, killed if it takes more than a minute; returns (code,
 /// stdout, stderr).
@@ -152,3 +153,21 @@ async fn cluster_snapshot_names_the_node_and_reaches_any_member() -> anyhow::Res
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_cluster_is_reported_within_about_one_timeout() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let endpoints = cluster.endpoints().join(",");
+    for id in cluster.ids() {
+        cluster.pause(id);
+    }
+    // The default timeout is 5 s per attempt: one after the other, three endpoints would take
+    // 15 s; tried at once, about 5 s.
+    let t0 = Instant::now();
+    let (code, out, err) =
+        conch(&endpoints, &["sema", "stopped", "--max", "1", "--", "true"]).await?;
+    let took = t0.elapsed();
+    assert_eq!(code, EX_UNAVAILABLE, "{out}{err}");
+    assert!(took < Duration::from_secs(12), "took {took:?}: {err}");
+    Ok(())
+}
