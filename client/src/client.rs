@@ -5,9 +5,10 @@
 //!    write does not take the follower → leader hop;
 //! 2. otherwise the endpoint that answered last, then the others in order;
 //! 3. an endpoint with a transport failure is avoided for a couple of seconds;
-//! 4. with no leader known, or once the leader failed, the call goes to every endpoint not tried
-//!    yet in this round at once, and the first answer wins (the others are abandoned; every call
-//!    is safe to send again, see below);
+//! 4. with no leader known, or once the leader failed, the call goes to the endpoints not tried
+//!    yet in this round with overlap: the next one is started when the previous failed or has
+//!    not answered within 250 ms, and the first answer wins (the others are abandoned; every
+//!    call is safe to send again, see below);
 //! 5. a node answering `Unavailable` (no leader yet, shutting down) or a transport failure moves
 //!    the call on; after a full round it sleeps (exponential backoff) and starts over, until
 //!    [`CallOptions::retry_for`] is spent. If no node answered at all in a round that waited out
@@ -62,6 +63,9 @@ const PAGE_LIMIT: i32 = 250;
 const MAX_NODES: usize = 64;
 /// How long an endpoint with a transport failure is tried last.
 const DOWN_FOR: Duration = Duration::from_secs(2);
+/// Without a leader, how long an attempt may go unanswered before the next endpoint is tried
+/// alongside it.
+const HEDGE_AFTER: Duration = Duration::from_millis(250);
 
 /// Tunables of a [`Client`]. The defaults suit the CLI.
 #[derive(Debug, Clone)]
@@ -501,7 +505,7 @@ impl Client {
         let mut last = (String::new(), String::from("no attempt made"));
         loop {
             // The known leader alone; without one (or once it failed), every endpoint not
-            // tried this round at once, the first answer winning.
+            // tried this round, overlapping, the first answer winning.
             let targets = match self.leader_to_try(&tried) {
                 Some(leader) => vec![leader],
                 None => self.pick_all(&tried),
@@ -533,20 +537,43 @@ impl Client {
                 timed_out = false;
                 continue;
             }
-            let mut racing = Vec::with_capacity(targets.len());
-            for (idx, addr, channel) in targets {
-                tried.push(idx);
-                if !tried_addrs.contains(&addr) {
+            for (idx, addr, _) in &targets {
+                tried.push(*idx);
+                if !tried_addrs.contains(addr) {
                     tried_addrs.push(addr.clone());
                 }
+            }
+            let launch = |(idx, addr, channel): (usize, String, NodeChannel)| {
                 let fut = f(channel, opts.timeout);
-                racing.push(Box::pin(async move {
+                Box::pin(async move {
                     let result = self.attempt(idx, &addr, op, opts.timeout, fut).await;
                     (addr, result)
-                }));
-            }
-            while !racing.is_empty() {
-                let (addr, result) = first_done(&mut racing).await;
+                })
+            };
+            // One endpoint after the other, the next one started when the previous failed or
+            // did not answer within HEDGE_AFTER: a healthy node answers alone, and stopped
+            // ones cost about one timeout together.
+            let mut waiting = targets.into_iter();
+            let mut racing = Vec::new();
+            loop {
+                if racing.is_empty() {
+                    match waiting.next() {
+                        Some(target) => racing.push(launch(target)),
+                        None => break,
+                    }
+                }
+                let done = if waiting.len() > 0 {
+                    tokio::select! {
+                        done = first_done(&mut racing) => Some(done),
+                        () = tokio::time::sleep(HEDGE_AFTER.min(opts.timeout)) => None,
+                    }
+                } else {
+                    Some(first_done(&mut racing).await)
+                };
+                let Some((addr, result)) = done else {
+                    racing.extend(waiting.next().map(launch));
+                    continue;
+                };
                 match result {
                     Attempt::Ok(v) => return Ok(v),
                     Attempt::Fail(e) => return Err(e),
