@@ -193,6 +193,18 @@ async fn first_done<F: Future + Unpin>(racing: &mut Vec<F>) -> F::Output {
     .await
 }
 
+/// Whether `status` is the channel's own report that the request's deadline passed.
+fn deadline_passed(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// Builds a request with a `grpc-timeout`.
 pub fn request<T>(message: T, timeout: Duration) -> Request<T> {
     let mut r = Request::new(message);
@@ -429,6 +441,8 @@ impl Client {
                 self.observe_answer(idx, resp.metadata());
                 Attempt::Ok(resp.into_inner())
             }
+            // The channel enforces the request's deadline itself: the same as no answer.
+            Ok(Err(status)) if deadline_passed(&status) => self.no_answer(idx, addr, op, timeout),
             Ok(Err(status)) => match classify(&status) {
                 Class::Transport => {
                     debug!(op, addr, error = %describe_status(&status), "transport failure");
@@ -453,15 +467,24 @@ impl Client {
                     Attempt::Fail(Error::from_status(op, status))
                 }
             },
-            Err(_) => {
-                debug!(op, addr, ?timeout, "attempt timed out");
-                self.mark_down(idx);
-                Attempt::Retry {
-                    error: format!("no answer within {}", format_duration(timeout)),
-                    reached: true,
-                    answered: false,
-                }
-            }
+            Err(_) => self.no_answer(idx, addr, op, timeout),
+        }
+    }
+
+    /// An attempt that got no answer within its deadline.
+    fn no_answer<T>(
+        &self,
+        idx: usize,
+        addr: &str,
+        op: &'static str,
+        timeout: Duration,
+    ) -> Attempt<T> {
+        debug!(op, addr, ?timeout, "attempt timed out");
+        self.mark_down(idx);
+        Attempt::Retry {
+            error: format!("no answer within {}", format_duration(timeout)),
+            reached: true,
+            answered: false,
         }
     }
 
@@ -513,10 +536,9 @@ impl Client {
             if targets.is_empty() {
                 rounds += 1;
                 let spent = start.elapsed();
-                // Nobody answered at all: after a round that waited out a deadline (the nodes
-                // are stopped or hung), or two rounds of refused connections, the cluster is
-                // reported down instead of waiting out the retry budget.
-                let silent = !answered && (timed_out || rounds >= 2);
+                // Nobody answered in a round that waited out a deadline: the nodes are stopped
+                // or hung, reported now instead of after the retry budget.
+                let silent = !answered && timed_out;
                 if spent >= opts.retry_for || (!reached && rounds >= 2) || silent {
                     // Name the endpoint of the last error only when there were several.
                     let last = if tried_addrs.len() > 1 {
@@ -1131,6 +1153,34 @@ mod tests {
             other => panic!("expected Unavailable, got {other:?}"),
         }
         assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn silent_endpoints_are_tried_together_and_reported_within_about_one_timeout() {
+        // Listening sockets that never accept: connections are made, nothing ever answers,
+        // like nodes stopped with SIGSTOP.
+        let mut silent = Vec::new();
+        for _ in 0..3 {
+            silent.push(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+        }
+        let addrs: Vec<String> = silent
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        let c = Client::connect_with(&addrs, config).await.unwrap();
+        let t0 = Instant::now();
+        let err = c.get_semaphore("conch", "x.1").await.unwrap_err();
+        let took = t0.elapsed();
+        // One after the other: 3 s; with the retry budget: 15 s.
+        assert!(took < Duration::from_millis(2500), "{took:?}: {err}");
+        match &err {
+            Error::Unavailable { endpoints, .. } => assert_eq!(endpoints.len(), 3, "{err}"),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
     }
 
     #[tokio::test]
