@@ -5,10 +5,16 @@
 //!    write does not take the follower → leader hop;
 //! 2. otherwise the endpoint that answered last, then the others in order;
 //! 3. an endpoint with a transport failure is avoided for a couple of seconds;
-//! 4. a node answering `Unavailable` (no leader yet, shutting down) or a transport failure moves
-//!    the call to the next endpoint; after a full round it sleeps (exponential backoff) and starts
-//!    over, until [`CallOptions::retry_for`] is spent. If two full rounds reached no server at all
-//!    it gives up early, so a stopped cluster is reported in well under a second.
+//! 4. with no leader known, or once the leader failed, the call goes to the endpoints not tried
+//!    yet in this round with overlap: the next one is started when the previous failed or has
+//!    not answered within 250 ms, and the first answer wins (the others are abandoned; every
+//!    call is safe to send again, see below);
+//! 5. a node answering `Unavailable` (no leader yet, shutting down) or a transport failure moves
+//!    the call on; after a full round it sleeps (exponential backoff) and starts over, until
+//!    [`CallOptions::retry_for`] is spent. If no node answered at all in a round that waited out
+//!    a deadline (stopped or hung nodes), or in two rounds of refused connections, it gives up
+//!    early: a dead cluster is reported within about one request timeout, a stopped one in well
+//!    under a second.
 //!
 //! Every RPC wrapped here is safe to send again. Every write but refresh carries one request id
 //! (`conch-request-id`, see [`crate::request_id`]) for all its attempts, so a retry after a lost
@@ -57,6 +63,9 @@ const PAGE_LIMIT: i32 = 250;
 const MAX_NODES: usize = 64;
 /// How long an endpoint with a transport failure is tried last.
 const DOWN_FOR: Duration = Duration::from_secs(2);
+/// Without a leader, how long an attempt may go unanswered before the next endpoint is tried
+/// alongside it.
+const HEDGE_AFTER: Duration = Duration::from_millis(250);
 
 /// Tunables of a [`Client`]. The defaults suit the CLI.
 #[derive(Debug, Clone)]
@@ -163,8 +172,37 @@ pub(crate) enum Attempt<T> {
     Retry {
         error: String,
         reached: bool,
+        /// The node answered (as opposed to a transport failure or no answer in time).
+        answered: bool,
     },
     Fail(Error),
+}
+
+/// Waits for the first of `racing` to finish, removes it and returns its output. The others keep
+/// their progress for the next call; dropping them abandons them.
+async fn first_done<F: Future + Unpin>(racing: &mut Vec<F>) -> F::Output {
+    std::future::poll_fn(|cx| {
+        for i in 0..racing.len() {
+            if let std::task::Poll::Ready(out) = std::pin::Pin::new(&mut racing[i]).poll(cx) {
+                racing.swap_remove(i);
+                return std::task::Poll::Ready(out);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// Whether `status` is the channel's own report that the request's deadline passed.
+fn deadline_passed(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Builds a request with a `grpc-timeout`.
@@ -294,6 +332,28 @@ impl Client {
         ))
     }
 
+    /// The known leader, when it was not tried yet this round and did not fail a moment ago.
+    fn leader_to_try(&self, tried: &[usize]) -> Option<(usize, String, NodeChannel)> {
+        let nodes = self.nodes();
+        let l = nodes.leader?;
+        let node = nodes.list.get(l)?;
+        if tried.contains(&l) || node.down_until.is_some_and(|t| t > Instant::now()) {
+            return None;
+        }
+        Some((l, node.addr.clone(), self.intercepted(node.channel.clone())))
+    }
+
+    /// Every node [`Client::pick`] would offer, in its order.
+    fn pick_all(&self, tried: &[usize]) -> Vec<(usize, String, NodeChannel)> {
+        let mut tried = tried.to_vec();
+        let mut all = Vec::new();
+        while let Some(next) = self.pick(&tried) {
+            tried.push(next.0);
+            all.push(next);
+        }
+        all
+    }
+
     /// Records a leader hint from response (or status) metadata.
     fn observe_hint(&self, metadata: &MetadataMap) {
         let Some(hint) = metadata
@@ -381,6 +441,8 @@ impl Client {
                 self.observe_answer(idx, resp.metadata());
                 Attempt::Ok(resp.into_inner())
             }
+            // The channel enforces the request's deadline itself: the same as no answer.
+            Ok(Err(status)) if deadline_passed(&status) => self.no_answer(idx, addr, op, timeout),
             Ok(Err(status)) => match classify(&status) {
                 Class::Transport => {
                     debug!(op, addr, error = %describe_status(&status), "transport failure");
@@ -388,6 +450,7 @@ impl Client {
                     Attempt::Retry {
                         error: transport_error(&status, self.inner.config.tls.is_some()),
                         reached: false,
+                        answered: false,
                     }
                 }
                 Class::NodeUnavailable => {
@@ -396,6 +459,7 @@ impl Client {
                     Attempt::Retry {
                         error: status.message().to_string(),
                         reached: true,
+                        answered: true,
                     }
                 }
                 Class::Final => {
@@ -403,14 +467,24 @@ impl Client {
                     Attempt::Fail(Error::from_status(op, status))
                 }
             },
-            Err(_) => {
-                debug!(op, addr, ?timeout, "attempt timed out");
-                self.mark_down(idx);
-                Attempt::Retry {
-                    error: format!("no answer within {}", format_duration(timeout)),
-                    reached: true,
-                }
-            }
+            Err(_) => self.no_answer(idx, addr, op, timeout),
+        }
+    }
+
+    /// An attempt that got no answer within its deadline.
+    fn no_answer<T>(
+        &self,
+        idx: usize,
+        addr: &str,
+        op: &'static str,
+        timeout: Duration,
+    ) -> Attempt<T> {
+        debug!(op, addr, ?timeout, "attempt timed out");
+        self.mark_down(idx);
+        Attempt::Retry {
+            error: format!("no answer within {}", format_duration(timeout)),
+            reached: true,
+            answered: false,
         }
     }
 
@@ -447,12 +521,25 @@ impl Client {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         let mut rounds = 0u32;
         let mut reached = false;
+        // Some node gave an answer (even "cannot serve now") this round.
+        let mut answered = false;
+        // Some attempt this round waited out its whole deadline.
+        let mut timed_out = false;
         let mut last = (String::new(), String::from("no attempt made"));
         loop {
-            let Some((idx, addr, channel)) = self.pick(&tried) else {
+            // The known leader alone; without one (or once it failed), every endpoint not
+            // tried this round, overlapping, the first answer winning.
+            let targets = match self.leader_to_try(&tried) {
+                Some(leader) => vec![leader],
+                None => self.pick_all(&tried),
+            };
+            if targets.is_empty() {
                 rounds += 1;
                 let spent = start.elapsed();
-                if spent >= opts.retry_for || (!reached && rounds >= 2) {
+                // Nobody answered in a round that waited out a deadline: the nodes are stopped
+                // or hung, reported now instead of after the retry budget.
+                let silent = !answered && timed_out;
+                if spent >= opts.retry_for || (!reached && rounds >= 2) || silent {
                     // Name the endpoint of the last error only when there were several.
                     let last = if tried_addrs.len() > 1 {
                         format!("{}: {}", last.0, last.1)
@@ -468,19 +555,60 @@ impl Client {
                 let pause = backoff.next_delay().min(opts.retry_for - spent);
                 tokio::time::sleep(pause).await;
                 tried.clear();
+                answered = false;
+                timed_out = false;
                 continue;
-            };
-            tried.push(idx);
-            if !tried_addrs.contains(&addr) {
-                tried_addrs.push(addr.clone());
             }
-            let fut = f(channel, opts.timeout);
-            match self.attempt(idx, &addr, op, opts.timeout, fut).await {
-                Attempt::Ok(v) => return Ok(v),
-                Attempt::Fail(e) => return Err(e),
-                Attempt::Retry { error, reached: r } => {
-                    reached |= r;
-                    last = (addr, error);
+            for (idx, addr, _) in &targets {
+                tried.push(*idx);
+                if !tried_addrs.contains(addr) {
+                    tried_addrs.push(addr.clone());
+                }
+            }
+            let launch = |(idx, addr, channel): (usize, String, NodeChannel)| {
+                let fut = f(channel, opts.timeout);
+                Box::pin(async move {
+                    let result = self.attempt(idx, &addr, op, opts.timeout, fut).await;
+                    (addr, result)
+                })
+            };
+            // One endpoint after the other, the next one started when the previous failed or
+            // did not answer within HEDGE_AFTER: a healthy node answers alone, and stopped
+            // ones cost about one timeout together.
+            let mut waiting = targets.into_iter();
+            let mut racing = Vec::new();
+            loop {
+                if racing.is_empty() {
+                    match waiting.next() {
+                        Some(target) => racing.push(launch(target)),
+                        None => break,
+                    }
+                }
+                let done = if waiting.len() > 0 {
+                    tokio::select! {
+                        done = first_done(&mut racing) => Some(done),
+                        () = tokio::time::sleep(HEDGE_AFTER.min(opts.timeout)) => None,
+                    }
+                } else {
+                    Some(first_done(&mut racing).await)
+                };
+                let Some((addr, result)) = done else {
+                    racing.extend(waiting.next().map(launch));
+                    continue;
+                };
+                match result {
+                    Attempt::Ok(v) => return Ok(v),
+                    Attempt::Fail(e) => return Err(e),
+                    Attempt::Retry {
+                        error,
+                        reached: r,
+                        answered: a,
+                    } => {
+                        reached |= r;
+                        answered |= a;
+                        timed_out |= r && !a;
+                        last = (addr, error);
+                    }
                 }
             }
         }
@@ -1025,6 +1153,34 @@ mod tests {
             other => panic!("expected Unavailable, got {other:?}"),
         }
         assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn silent_endpoints_are_tried_together_and_reported_within_about_one_timeout() {
+        // Listening sockets that never accept: connections are made, nothing ever answers,
+        // like nodes stopped with SIGSTOP.
+        let mut silent = Vec::new();
+        for _ in 0..3 {
+            silent.push(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+        }
+        let addrs: Vec<String> = silent
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        let c = Client::connect_with(&addrs, config).await.unwrap();
+        let t0 = Instant::now();
+        let err = c.get_semaphore("conch", "x.1").await.unwrap_err();
+        let took = t0.elapsed();
+        // One after the other: 3 s; with the retry budget: 15 s.
+        assert!(took < Duration::from_millis(2500), "{took:?}: {err}");
+        match &err {
+            Error::Unavailable { endpoints, .. } => assert_eq!(endpoints.len(), 3, "{err}"),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
     }
 
     #[tokio::test]

@@ -263,7 +263,7 @@ async fn leader_kill_loses_no_acknowledged_write_and_the_node_catches_up() -> an
     }
     let mut admin = cluster.admin(new_leader).await?;
     let snapshot = admin
-        .trigger_snapshot(TriggerSnapshotRequest {})
+        .trigger_snapshot(TriggerSnapshotRequest::default())
         .await?
         .into_inner();
     assert!(snapshot.snapshot_index > 0);

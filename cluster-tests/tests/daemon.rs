@@ -165,7 +165,9 @@ async fn a_corrupt_snapshot_refuses_to_start() -> anyhow::Result<()> {
     let mut client = serving(&addr).await?;
     create_namespace_when_ready(&mut client, "snap").await?;
     let mut admin = ConchAdminClient::new(channel(&addr).await?);
-    admin.trigger_snapshot(TriggerSnapshotRequest {}).await?;
+    admin
+        .trigger_snapshot(TriggerSnapshotRequest::default())
+        .await?;
     daemon.signal(Signal::SIGTERM);
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(0));
 

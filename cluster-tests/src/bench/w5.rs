@@ -157,7 +157,7 @@ pub async fn run(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
         let t = Instant::now();
         tokio::time::timeout(
             Duration::from_secs(60),
-            admin.trigger_snapshot(TriggerSnapshotRequest {}),
+            admin.trigger_snapshot(TriggerSnapshotRequest::default()),
         )
         .await
         .context("snapshot did not finish within 60 s")?

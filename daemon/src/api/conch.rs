@@ -287,6 +287,19 @@ impl ConchAdmin for AdminService {
         request: Request<cpb::TriggerSnapshotRequest>,
     ) -> Result<Response<cpb::TriggerSnapshotResponse>, Status> {
         Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
+        let metadata = request.metadata().clone();
+        let r = request.into_inner();
+        if r.node_id != 0 && r.node_id != self.node.id {
+            // Another member takes the snapshot; it answers for it.
+            let to = r.node_id;
+            let members: BTreeMap<u64, String> =
+                self.members().into_iter().map(|m| (m.id, m.addr)).collect();
+            let addr = members.get(&to).ok_or_else(|| {
+                ApiError::from(Error::invalid(format!("node {to} is not a member")))
+            })?;
+            let mut target = self.node.admin_of(to, addr).map_err(ApiError::from)?;
+            return forwarded(target.trigger_snapshot(forward(&metadata, r)).await);
+        }
         let before = self
             .node
             .raft
@@ -318,7 +331,10 @@ impl ConchAdmin for AdminService {
         };
         Ok(respond(
             &self.node,
-            cpb::TriggerSnapshotResponse { snapshot_index },
+            cpb::TriggerSnapshotResponse {
+                snapshot_index,
+                node_id: self.node.id,
+            },
         ))
     }
 }

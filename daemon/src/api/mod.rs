@@ -22,6 +22,7 @@ pub mod auth;
 pub mod conch;
 pub mod convert;
 pub mod grackle;
+pub mod leader_header;
 pub mod membership;
 pub mod peer;
 pub mod request_id;
@@ -33,7 +34,8 @@ pub const CLIENT_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Response metadata naming the leader's address, so clients can go there directly.
 pub const LEADER_HEADER: &str = "conch-leader";
 
-/// Wraps a reply, adding the leader's address when known.
+/// Wraps a reply, adding the leader's address when known (the server's
+/// [`leader_header`] layer adds it to every response as well, errors included).
 pub fn respond<T>(node: &Node, message: T) -> Response<T> {
     let mut response = Response::new(message);
     if let Some(leader) = node.leader()
@@ -98,6 +100,8 @@ pub async fn serve(
     });
     let router = Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        // Every client-facing response names the leader, errors too.
+        .layer(leader_header::LeaderHeaderLayer::new(Arc::clone(&node)))
         .add_service(health_service)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)

@@ -202,7 +202,9 @@ pub enum CertsCommand {
 pub enum ClusterCommand {
     /// Ask every node (the endpoints, then the members they report) for its Raft status.
     ///
-    /// Exit status: 0 if every node answered, 1 if some did not, 69 if none did.
+    /// Exit status, as a health check uses it: 0 if every node answered and one of them is the
+    /// leader; 1 if some node did not answer but the leader did (degraded); 2 if no node
+    /// answered or none that did is the leader.
     Status {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -233,8 +235,16 @@ pub enum ClusterCommand {
         /// Id of the node that should lead.
         id: u64,
     },
-    /// Take a snapshot on the node answering now, and compact its log.
-    Snapshot,
+    /// Take a snapshot and compact the log: on the leader, on node N (--node; any endpoint
+    /// forwards the call), or on every member (--all, one line each). The output names the node.
+    Snapshot {
+        /// The node to snapshot (default: the leader).
+        #[arg(long, value_name = "N", conflicts_with = "all")]
+        node: Option<u64>,
+        /// Snapshot every member, one after the other.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 const AUTH_EXAMPLES: &str = "\

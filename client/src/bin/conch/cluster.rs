@@ -214,17 +214,26 @@ pub fn cluster_id_line(rows: &[Row]) -> Option<String> {
     }
 }
 
-/// 0 if every node answered, 1 if some did not, 69 if none did.
+/// The health-check codes: 0 if every node answered and one of them is the leader, 1 if some
+/// did not answer but a leader did, 2 if no node answered or none of them is the leader.
 pub fn exit_code(rows: &[Row]) -> ExitCode {
-    let answered = rows.iter().filter(|r| r.status.is_some()).count();
-    if answered == 0 {
-        ExitCode::from(exit::UNAVAILABLE)
-    } else if answered < rows.len() {
-        ExitCode::from(1)
+    let answered: Vec<&NodeStatus> = rows.iter().filter_map(|r| r.status.as_ref()).collect();
+    let leader = answered
+        .iter()
+        .any(|s| s.leader_id != 0 && s.leader_id == s.node_id);
+    if !leader {
+        ExitCode::from(STATUS_NO_LEADER)
+    } else if answered.len() < rows.len() {
+        ExitCode::from(STATUS_DEGRADED)
     } else {
         ExitCode::SUCCESS
     }
 }
+
+/// `cluster status`: some node did not answer, but the leader did.
+pub const STATUS_DEGRADED: u8 = 1;
+/// `cluster status`: no node answered, or none that did is the leader.
+pub const STATUS_NO_LEADER: u8 = 2;
 
 async fn ask_all(client: &Client, endpoints: Vec<String>) -> Vec<Row> {
     let mut set = tokio::task::JoinSet::new();
@@ -355,17 +364,58 @@ pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<
             crate::print_lines([format!("node {id} is campaigning for leadership")])?;
             Ok(ExitCode::SUCCESS)
         }
-        ClusterCommand::Snapshot => {
-            let r = client
-                .call("trigger snapshot", opts, |ch, t| async move {
-                    ConchAdminClient::new(ch)
-                        .trigger_snapshot(request(TriggerSnapshotRequest {}, t))
-                        .await
-                })
-                .await?;
-            crate::print_lines([format!("snapshot at log index {}", r.snapshot_index)])?;
-            Ok(ExitCode::SUCCESS)
+        ClusterCommand::Snapshot { node, all } => snapshot(client, node, all).await,
+    }
+}
+
+/// `conch cluster snapshot [--node N | --all]`: one line per node snapshotted, naming it.
+async fn snapshot(client: &Client, node: Option<u64>, all: bool) -> anyhow::Result<ExitCode> {
+    let targets: Vec<u64> = match node {
+        Some(id) => vec![id],
+        None => {
+            let status = client.cluster_status().await?;
+            if all {
+                status.members.iter().map(|m| m.id).collect()
+            } else if status.leader_id != 0 {
+                vec![status.leader_id]
+            } else {
+                return Err(exit::Exit {
+                    code: exit::UNAVAILABLE,
+                    message: format!(
+                        "node {} knows no leader; name a node with --node",
+                        status.node_id
+                    ),
+                }
+                .into());
+            }
         }
+    };
+    let mut first_error: Option<anyhow::Error> = None;
+    for id in targets {
+        let r = client
+            .call("trigger snapshot", client.default_options(), |ch, t| {
+                let req = TriggerSnapshotRequest { node_id: id };
+                async move {
+                    ConchAdminClient::new(ch)
+                        .trigger_snapshot(request(req, t))
+                        .await
+                }
+            })
+            .await;
+        match r {
+            Ok(r) => crate::print_lines([format!(
+                "node {}: snapshot at log index {}",
+                r.node_id, r.snapshot_index
+            )])?,
+            Err(e) => {
+                crate::print_lines([format!("node {id}: failed: {e}")])?;
+                first_error.get_or_insert(e.into());
+            }
+        }
+    }
+    match first_error {
+        None => Ok(ExitCode::SUCCESS),
+        Some(e) => Ok(ExitCode::from(exit::code_for(&e))),
     }
 }
 
@@ -468,9 +518,11 @@ mod tests {
             ]
         );
         assert_eq!(cluster_id_line(&rows).as_deref(), Some("cluster id: none"));
-        assert_eq!(exit_code(&rows), ExitCode::from(1));
+        assert_eq!(exit_code(&rows), ExitCode::from(STATUS_DEGRADED));
         assert_eq!(exit_code(&rows[..2]), ExitCode::SUCCESS);
-        assert_eq!(exit_code(&rows[2..]), ExitCode::from(exit::UNAVAILABLE));
+        assert_eq!(exit_code(&rows[1..2]), ExitCode::from(STATUS_NO_LEADER));
+        assert_eq!(exit_code(&rows[2..]), ExitCode::from(STATUS_NO_LEADER));
+        assert_eq!(exit_code(&[]), ExitCode::from(STATUS_NO_LEADER));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! | code | meaning |
 //! | --- | --- |
 //! | the command's | the command ran; 128+N if it was killed by signal N |
-//! | 0 / 1 | `--who`: somebody holds / nobody holds; `cluster status`: all / some nodes answered |
+//! | 0 / 1 | `--who`: somebody holds / nobody holds |
+//! | 0 / 1 / 2 | `cluster status`: every node up with a leader / degraded, the leader answered / no leader or no node answered |
 //! | 64 | usage error (EX_USAGE) |
 //! | 69 | no conch node answered (EX_UNAVAILABLE) |
 //! | 70 | internal error: an answer conch cannot use (EX_SOFTWARE) |

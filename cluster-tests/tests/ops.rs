@@ -1,0 +1,173 @@
+//! Operating a cluster: leader hints on every response, `conch cluster status` exit codes,
+//! `conch cluster snapshot` per node, and how fast a dead cluster is reported.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use cluster_tests::{Cluster, binary};
+use conch_proto::grackle as pb;
+
+const EX_UNAVAILABLE: i32 = 69;
+
+/// Runs `conch` against `endpoints`, killed if it takes more than a minute; returns (code,
+/// stdout, stderr).
+async fn conch(endpoints: &str, args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let mut command = tokio::process::Command::new(binary("conch"));
+    command
+        .arg("--endpoints")
+        .arg(endpoints)
+        .args(args)
+        .env_remove("CONCH_ENDPOINTS")
+        .env_remove("CONCH_TOKEN")
+        .env_remove("CONCH_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .context("conch timed out")??;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_responses_name_the_leader_too() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let leader_addr = cluster.addr(leader);
+    for id in cluster.ids() {
+        let mut c = cluster.grackle(id).await?;
+        let missing = c
+            .get_namespace(pb::GetNamespaceRequest {
+                namespace_name: "no-such-namespace".into(),
+            })
+            .await
+            .expect_err("missing namespace");
+        assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
+        let hint = missing
+            .metadata()
+            .get("conch-leader")
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(hint, Some(leader_addr.as_str()), "node {id}: {missing:?}");
+
+        let invalid = c
+            .create_namespace(pb::CreateNamespaceRequest {
+                name: "no spaces allowed!".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("invalid name");
+        assert_eq!(invalid.code(), tonic::Code::InvalidArgument, "{invalid:?}");
+        let hint = invalid
+            .metadata()
+            .get("conch-leader")
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(hint, Some(leader_addr.as_str()), "node {id}: {invalid:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_status_exits_like_a_health_check() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let endpoints = cluster.endpoints().join(",");
+    let (code, out, err) = conch(&endpoints, &["cluster", "status"]).await?;
+    assert_eq!(code, 0, "{out}{err}");
+
+    // One follower down, the leader answers: degraded.
+    let followers: Vec<u64> = cluster.ids().into_iter().filter(|&i| i != leader).collect();
+    cluster.kill(followers[0]);
+    let (code, out, err) = conch(&endpoints, &["cluster", "status"]).await?;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("unreachable"), "{out}");
+
+    // The leader down too: the last node answers, but it is not the leader.
+    cluster.kill(leader);
+    let (code, out, err) = conch(&endpoints, &["cluster", "status"]).await?;
+    assert_eq!(code, 2, "{out}{err}");
+
+    // Nobody answers.
+    cluster.kill(followers[1]);
+    let (code, out, err) = conch(&endpoints, &["cluster", "status"]).await?;
+    assert_eq!(code, 2, "{out}{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_snapshot_names_the_node_and_reaches_any_member() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let followers: Vec<u64> = cluster.ids().into_iter().filter(|&i| i != leader).collect();
+    let via = cluster.addr(followers[0]);
+
+    // Default: the leader, named, although a follower answered.
+    let (code, out, err) = conch(&via, &["cluster", "snapshot"]).await?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with(&format!("node {leader}: snapshot at log index ")),
+        "{out}"
+    );
+    assert_eq!(out.lines().count(), 1, "{out}");
+
+    // Another follower, through the first one.
+    let target = followers[1];
+    let (code, out, err) = conch(
+        &via,
+        &["cluster", "snapshot", "--node", &target.to_string()],
+    )
+    .await?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with(&format!("node {target}: snapshot at log index ")),
+        "{out}"
+    );
+    assert!(cluster.status(target).await?.snapshot_index > 0);
+
+    // Every member, one line each.
+    let (code, out, err) = conch(&via, &["cluster", "snapshot", "--all"]).await?;
+    assert_eq!(code, 0, "{out}{err}");
+    let mut named: Vec<u64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("node ")?.split(':').next()?.parse().ok())
+        .collect();
+    named.sort();
+    assert_eq!(named, cluster.ids(), "{out}");
+    for id in cluster.ids() {
+        assert!(cluster.status(id).await?.snapshot_index > 0, "node {id}");
+    }
+
+    // Not a member: an error naming it.
+    let (code, out, err) = conch(&via, &["cluster", "snapshot", "--node", "42"]).await?;
+    assert_eq!(code, 64, "{out}{err}");
+    assert!(
+        format!("{out}{err}").contains("node 42 is not a member"),
+        "{out}{err}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_cluster_is_reported_within_about_one_timeout() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let endpoints = cluster.endpoints().join(",");
+    for id in cluster.ids() {
+        cluster.pause(id);
+    }
+    // The default timeout is 5 s per attempt: one after the other, three endpoints would take
+    // 15 s; tried at once, about 5 s.
+    let t0 = Instant::now();
+    let (code, out, err) =
+        conch(&endpoints, &["sema", "stopped", "--max", "1", "--", "true"]).await?;
+    let took = t0.elapsed();
+    assert_eq!(code, EX_UNAVAILABLE, "{out}{err}");
+    assert!(took < Duration::from_secs(12), "took {took:?}: {err}");
+    Ok(())
+}
