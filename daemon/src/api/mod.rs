@@ -22,6 +22,7 @@ pub mod auth;
 pub mod conch;
 pub mod convert;
 pub mod grackle;
+pub mod health;
 pub mod leader_header;
 pub mod membership;
 pub mod peer;
@@ -53,9 +54,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<GrackleApiServer<grackle::GrackleService>>()
-        .await;
+    tokio::spawn(health::follow(Arc::clone(&node), health_reporter));
     // Reflection in both versions: older grpcurl, Postman, evans and many IDE plugins only
     // speak v1alpha.
     let reflection = || {
