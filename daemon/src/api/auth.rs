@@ -19,7 +19,6 @@ use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use super::respond;
 use super::status::ApiError;
 use crate::node::Node;
 use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView};
@@ -172,26 +171,20 @@ impl AuthService {
 
     fn status(&self, outcome: Outcome) -> Result<Response<cpb::AuthStatusResponse>, Status> {
         match outcome {
-            Outcome::AuthStatus(s) => Ok(respond(
-                &self.node,
-                cpb::AuthStatusResponse {
-                    enabled: s.enabled,
-                    roles: s.roles,
-                    tokens: s.tokens,
-                },
-            )),
+            Outcome::AuthStatus(s) => Ok(Response::new(cpb::AuthStatusResponse {
+                enabled: s.enabled,
+                roles: s.roles,
+                tokens: s.tokens,
+            })),
             other => Err(unexpected(other)),
         }
     }
 
     fn role(&self, outcome: Outcome) -> Result<Response<cpb::RoleResponse>, Status> {
         match outcome {
-            Outcome::Role(role) => Ok(respond(
-                &self.node,
-                cpb::RoleResponse {
-                    role: Some(role_message(role)),
-                },
-            )),
+            Outcome::Role(role) => Ok(Response::new(cpb::RoleResponse {
+                role: Some(role_message(role)),
+            })),
             other => Err(unexpected(other)),
         }
     }
@@ -316,12 +309,9 @@ impl ConchAuth for AuthService {
     ) -> Result<Response<cpb::RoleListResponse>, Status> {
         self.admin(&request)?;
         let roles = self.read(|auth| Ok(auth.roles())).await?;
-        Ok(respond(
-            &self.node,
-            cpb::RoleListResponse {
-                roles: roles.into_iter().map(role_message).collect(),
-            },
-        ))
+        Ok(Response::new(cpb::RoleListResponse {
+            roles: roles.into_iter().map(role_message).collect(),
+        }))
     }
 
     async fn role_delete(
@@ -331,7 +321,7 @@ impl ConchAuth for AuthService {
         self.admin(&request)?;
         let name = request.into_inner().name;
         self.write(Cmd::RoleDelete { name }).await?;
-        Ok(respond(&self.node, cpb::RoleDeleteResponse {}))
+        Ok(Response::new(cpb::RoleDeleteResponse {}))
     }
 
     async fn token_create(
@@ -347,13 +337,10 @@ impl ConchAuth for AuthService {
             hash: hash_token(&secret),
         };
         match self.write(cmd).await? {
-            Outcome::Token(token) => Ok(respond(
-                &self.node,
-                cpb::TokenCreateResponse {
-                    token: Some(token_message(token)),
-                    secret,
-                },
-            )),
+            Outcome::Token(token) => Ok(Response::new(cpb::TokenCreateResponse {
+                token: Some(token_message(token)),
+                secret,
+            })),
             other => Err(unexpected(other)),
         }
     }
@@ -365,7 +352,7 @@ impl ConchAuth for AuthService {
         self.admin(&request)?;
         let id = request.into_inner().id;
         self.write(Cmd::TokenRevoke { id }).await?;
-        Ok(respond(&self.node, cpb::TokenRevokeResponse {}))
+        Ok(Response::new(cpb::TokenRevokeResponse {}))
     }
 
     async fn token_list(
@@ -374,12 +361,9 @@ impl ConchAuth for AuthService {
     ) -> Result<Response<cpb::TokenListResponse>, Status> {
         self.admin(&request)?;
         let tokens = self.read(|auth| Ok(auth.tokens())).await?;
-        Ok(respond(
-            &self.node,
-            cpb::TokenListResponse {
-                tokens: tokens.into_iter().map(token_message).collect(),
-            },
-        ))
+        Ok(Response::new(cpb::TokenListResponse {
+            tokens: tokens.into_iter().map(token_message).collect(),
+        }))
     }
 }
 

@@ -12,9 +12,9 @@ use openraft::{BasicNode, ChangeMembers};
 use tonic::{Request, Response, Status};
 
 use super::auth::{Caller, forward};
+use super::convert;
 use super::membership;
 use super::status::ApiError;
-use super::{convert, respond};
 use crate::node::Node;
 use crate::state::Error;
 use crate::state::auth::{Access, Permission};
@@ -48,15 +48,12 @@ impl ConchApi for ConchApiService {
             .applied
             .read(|s| s.list_waiters(&r.namespace_name, &r.semaphore_name, &page))
             .map_err(ApiError::from)?;
-        Ok(respond(
-            &self.node,
-            cpb::ListSemaphoreWaitersResponse {
-                waiters: page.items.into_iter().map(convert::waiter).collect(),
-                next_pagination_token: page.next_token,
-                previous_pagination_token: page.previous_token,
-                semaphore: Some(convert::semaphore(semaphore)),
-            },
-        ))
+        Ok(Response::new(cpb::ListSemaphoreWaitersResponse {
+            waiters: page.items.into_iter().map(convert::waiter).collect(),
+            next_pagination_token: page.next_token,
+            previous_pagination_token: page.previous_token,
+            semaphore: Some(convert::semaphore(semaphore)),
+        }))
     }
 }
 
@@ -127,7 +124,7 @@ impl AdminService {
                 .map_err(|e| ApiError::raft("remove learners", e))?;
             log_index = response.log_id.index;
         }
-        Ok(respond(&self.node, self.membership_response(log_index)))
+        Ok(Response::new(self.membership_response(log_index)))
     }
 }
 
@@ -165,29 +162,26 @@ impl ConchAdmin for AdminService {
         let (state_hash, stats) = self.node.applied.read(|s| (s.hash(), s.stats()));
         // openraft 0.9 does not export the commit index; everything applied is committed.
         let commit_index = self.node.applied.applied_index().max(applied_index);
-        Ok(respond(
-            &self.node,
-            cpb::ClusterStatusResponse {
-                node_id: self.node.id,
-                addr: self.node.config.advertise.clone(),
-                leader_id,
-                leader_addr,
-                term,
-                state,
-                last_log_index,
-                commit_index,
-                applied_index: self.node.applied.applied_index(),
-                snapshot_index,
-                members: self.members(),
-                state_hash,
-                namespaces: stats.namespaces,
-                semaphores: stats.semaphores,
-                leases: stats.leases,
-                holders: stats.holders,
-                waiters: stats.waiters,
-                cluster_id: self.node.cluster_id.get().unwrap_or_default(),
-            },
-        ))
+        Ok(Response::new(cpb::ClusterStatusResponse {
+            node_id: self.node.id,
+            addr: self.node.config.advertise.clone(),
+            leader_id,
+            leader_addr,
+            term,
+            state,
+            last_log_index,
+            commit_index,
+            applied_index: self.node.applied.applied_index(),
+            snapshot_index,
+            members: self.members(),
+            state_hash,
+            namespaces: stats.namespaces,
+            semaphores: stats.semaphores,
+            leases: stats.leases,
+            holders: stats.holders,
+            waiters: stats.waiters,
+            cluster_id: self.node.cluster_id.get().unwrap_or_default(),
+        }))
     }
 
     async fn add_learner(
@@ -211,8 +205,7 @@ impl ConchAdmin for AdminService {
             .add_learner(r.node_id, BasicNode { addr: r.addr }, true)
             .await
             .map_err(|e| ApiError::raft("add learner", e))?;
-        Ok(respond(
-            &self.node,
+        Ok(Response::new(
             self.membership_response(response.log_id.index),
         ))
     }
@@ -241,8 +234,7 @@ impl ConchAdmin for AdminService {
             .change_membership(voters, false)
             .await
             .map_err(|e| ApiError::raft("change membership", e))?;
-        Ok(respond(
-            &self.node,
+        Ok(Response::new(
             self.membership_response(response.log_id.index),
         ))
     }
@@ -262,7 +254,7 @@ impl ConchAdmin for AdminService {
                 .elect()
                 .await
                 .map_err(|e| ApiError::raft("start election", e))?;
-            return Ok(respond(&self.node, cpb::TransferLeaderResponse {}));
+            return Ok(Response::new(cpb::TransferLeaderResponse {}));
         }
         let members: BTreeMap<u64, String> =
             self.members().into_iter().map(|m| (m.id, m.addr)).collect();
@@ -279,7 +271,7 @@ impl ConchAdmin for AdminService {
                 ))
                 .await,
         )?;
-        Ok(respond(&self.node, cpb::TransferLeaderResponse {}))
+        Ok(Response::new(cpb::TransferLeaderResponse {}))
     }
 
     async fn trigger_snapshot(
@@ -329,12 +321,9 @@ impl ConchAdmin for AdminService {
                 return Err(slow.into());
             }
         };
-        Ok(respond(
-            &self.node,
-            cpb::TriggerSnapshotResponse {
-                snapshot_index,
-                node_id: self.node.id,
-            },
-        ))
+        Ok(Response::new(cpb::TriggerSnapshotResponse {
+            snapshot_index,
+            node_id: self.node.id,
+        }))
     }
 }

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{CLI_NAMESPACE, Caller};
 use super::status::ApiError;
-use super::{convert, request_id, respond};
+use super::{convert, request_id};
 use crate::node::Node;
 use crate::state::auth::{Access, Permission};
 use crate::state::{
@@ -62,7 +62,7 @@ impl GrackleService {
     }
 
     fn reply<T>(&self, message: T) -> Result<Response<T>, Status> {
-        Ok(respond(&self.node, message))
+        Ok(Response::new(message))
     }
 
     /// Waits for a queued acquire to end and answers it.

@@ -8,8 +8,6 @@ use conch_proto::conch::conch_api_server::ConchApiServer;
 use conch_proto::conch::conch_auth_server::ConchAuthServer;
 use conch_proto::conch::conch_peer_server::ConchPeerServer;
 use conch_proto::grackle::grackle_api_server::GrackleApiServer;
-use tonic::Response;
-use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -34,18 +32,6 @@ pub const CLIENT_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// Response metadata naming the leader's address, so clients can go there directly.
 pub const LEADER_HEADER: &str = "conch-leader";
-
-/// Wraps a reply, adding the leader's address when known (the server's
-/// [`leader_header`] layer adds it to every response as well, errors included).
-pub fn respond<T>(node: &Node, message: T) -> Response<T> {
-    let mut response = Response::new(message);
-    if let Some(leader) = node.leader()
-        && let Ok(value) = MetadataValue::try_from(leader.addr.as_str())
-    {
-        response.metadata_mut().insert(LEADER_HEADER, value);
-    }
-    response
-}
 
 /// Serves every service on `listener` until `shutdown` resolves.
 pub async fn serve(
