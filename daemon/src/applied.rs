@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::watch;
 
+use crate::metrics::ApplyMetrics;
 use crate::state::{Batch, Reply, SnapshotError, State};
 use crate::wait::{Registry, WaitKey, WaitTicket};
 
@@ -19,14 +20,21 @@ pub struct AppliedState {
     state: RwLock<State>,
     applied_index: watch::Sender<u64>,
     waits: Registry,
+    metrics: ApplyMetrics,
 }
 
 impl AppliedState {
     pub fn new(state: State, applied_index: u64) -> Arc<Self> {
+        Self::with_metrics(state, applied_index, ApplyMetrics::default())
+    }
+
+    /// Like [`AppliedState::new`], counting what each batch does in `metrics`.
+    pub fn with_metrics(state: State, applied_index: u64, metrics: ApplyMetrics) -> Arc<Self> {
         Arc::new(AppliedState {
             state: RwLock::new(state),
             applied_index: watch::Sender::new(applied_index),
             waits: Registry::default(),
+            metrics,
         })
     }
 
@@ -42,9 +50,22 @@ impl AppliedState {
         if !events.is_empty() {
             self.waits.deliver(index, events);
         }
+        let tally = state.take_tally();
         drop(state);
+        self.count(batch, &tally);
         self.applied_index.send_replace(index);
         replies
+    }
+
+    fn count(&self, batch: &Batch, tally: &crate::state::Tally) {
+        let m = &self.metrics;
+        m.entries.inc();
+        m.commands.inc_by(batch.cmds.len() as u64);
+        m.grants.inc_by(tally.grants);
+        m.lease_expirations.inc_by(tally.expirations);
+        for wait in &tally.waits_ns {
+            m.wait_seconds.observe(*wait as f64 / 1e9);
+        }
     }
 
     /// Records that a non-batch entry (blank, membership) at `index` was applied.

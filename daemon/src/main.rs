@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use conchd::config::{Config, Flags};
-use conchd::server;
+use conchd::config::{Config, Flags, LogFormat};
+use conchd::{notify, server};
 
 /// Exit status of a usage error: a bad flag or configuration value.
 const EXIT_USAGE: u8 = 64;
@@ -73,7 +73,7 @@ fn one_line(e: &anyhow::Error) -> String {
 /// log filter.
 fn configure(flags: Flags) -> anyhow::Result<Arc<Config>> {
     let config = Config::from_flags(flags)?;
-    init_logging(&config.log)?;
+    init_logging(&config.log, config.log_format)?;
     Ok(Arc::new(config))
 }
 
@@ -88,30 +88,42 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
         let running = server::start(Arc::clone(&config)).await?;
         let data_dir =
             std::fs::canonicalize(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
+        let listening = running
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| config.listen.to_string());
+        let metrics = running
+            .metrics_addr()
+            .map(|a| format!(", metrics on http://{a}/metrics"))
+            .unwrap_or_default();
         println!(
-            "conchd: node {} listening on {} (clients and peers), data in {}",
+            "conchd: node {} listening on {listening} (clients and peers), data in {}{metrics}",
             config.id,
-            running
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| config.listen.to_string()),
             data_dir.display()
         );
+        notify::ready(&format!("node {} serving on {listening}", config.id));
+        let shutdown = async {
+            shutdown.await;
+            notify::stopping();
+        };
         server::serve(running, shutdown).await?;
         tracing::info!("stopped");
         Ok(())
     })
 }
 
-fn init_logging(filter: &str) -> anyhow::Result<()> {
+fn init_logging(filter: &str, format: LogFormat) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .with_context(|| format!("--log {filter:?}"))?;
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        // One JSON object per line: timestamp, level, target, message and fields at the top.
+        LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).init(),
+    }
     Ok(())
 }
 

@@ -36,6 +36,7 @@ use openraft::{
 
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::applied::AppliedState;
+use crate::metrics::SnapshotMetrics;
 use crate::state::fnv1a64;
 use crate::state::{Reply, SnapshotError, State};
 
@@ -306,9 +307,15 @@ pub struct StateMachine {
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
     snapshots: Arc<SnapshotDir>,
+    metrics: SnapshotMetrics,
 }
 
 impl StateMachine {
+    /// Reports snapshots built and installed to `metrics` from now on.
+    pub fn set_metrics(&mut self, metrics: SnapshotMetrics) {
+        self.metrics = metrics;
+    }
+
     /// Opens `<data_dir>/snapshots` and restores its newest snapshot into `applied`.
     ///
     /// A snapshot that fails its checksum or does not decode is an error: the node must not
@@ -359,6 +366,7 @@ impl StateMachine {
             }),
         });
         let mut sm = StateMachine {
+            metrics: SnapshotMetrics::default(),
             applied,
             last_applied: None,
             last_membership: StoredMembership::default(),
@@ -428,6 +436,9 @@ pub struct SnapshotBuilder {
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
     snapshots: Arc<SnapshotDir>,
+    metrics: SnapshotMetrics,
+    /// When the builder was asked for: the state's encoding is part of the build's time.
+    started: std::time::Instant,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -469,6 +480,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         })
         .await
         .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        self.metrics.built.inc();
+        crate::metrics::observe(&self.metrics.seconds, self.started.elapsed());
+        self.metrics
+            .last_bytes
+            .set(i64::try_from(bytes.len()).unwrap_or(i64::MAX));
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(bytes)),
@@ -514,6 +530,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder {
+            started: std::time::Instant::now(),
+            metrics: self.metrics.clone(),
             state: self.applied.encode_snapshot().map_err(|e| e.to_string()),
             last_applied: self.last_applied,
             last_membership: self.last_membership.clone(),
@@ -531,6 +549,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
+        self.metrics
+            .last_bytes
+            .set(i64::try_from(bytes.len()).unwrap_or(i64::MAX));
         let announced = meta.clone();
         let snapshots = Arc::clone(&self.snapshots);
         let state = blocking(move || {
