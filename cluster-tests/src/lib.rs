@@ -22,6 +22,7 @@ pub mod net;
 pub mod ops;
 pub mod pki;
 pub mod rng;
+pub mod scrape;
 
 use std::future::Future;
 use std::net::TcpListener;
