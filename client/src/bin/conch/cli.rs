@@ -210,6 +210,17 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One line on the cluster's health, judged from the leader's view, and an exit status for
+    /// scripts and monitoring checks.
+    ///
+    /// 0 healthy: a leader, and every voter up and following it; 1 degraded: a leader followed
+    /// by a majority, but some voter is down, follows no leader or is catching up; 2 unhealthy:
+    /// no node answered, no leader, or no majority follows the leader.
+    Health {
+        /// Print one JSON object instead of the line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Add a node as a non-voting learner; it starts receiving the log (start it first, with
     /// --initial-cluster naming the members and itself).
     AddLearner {

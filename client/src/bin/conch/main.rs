@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod duration;
 mod exit;
+mod health;
 mod sema;
 mod timefmt;
 mod who;
