@@ -112,6 +112,17 @@ pub async fn stop_group(
     signals: &mut Signals,
 ) -> io::Result<ExitStatus> {
     signal_group(pgid, Signal::SIGTERM);
+    finish_stopping(child, pgid, grace, signals).await
+}
+
+/// The rest of [`stop_group`], for a group that was already sent SIGTERM: waits up to `grace`
+/// for the child and its group, forwarding signals, then sends SIGKILL to what is left.
+pub async fn finish_stopping(
+    child: &mut Child,
+    pgid: i32,
+    grace: Duration,
+    signals: &mut Signals,
+) -> io::Result<ExitStatus> {
     let deadline = Instant::now() + grace;
     let mut status = None;
     // Wait for the child itself, forwarding signals.
