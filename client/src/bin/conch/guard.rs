@@ -182,10 +182,11 @@ impl Guard {
 
     /// Tells the guard to exit and waits (briefly) until it has.
     pub async fn finish(mut self) {
-        if !self.fired() {
-            self.send("X\n");
+        // A guard that stopped the command, or sent the SIGKILL after conch's own stop, has
+        // exited already: not being able to tell it is then no news.
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"X\n");
         }
-        drop(self.stdin.take());
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
             match self.process.try_wait() {
