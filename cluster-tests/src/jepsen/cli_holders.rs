@@ -9,14 +9,14 @@
 //! - `start <id>` first thing;
 //! - `stop <id>` from its SIGTERM trap (then it exits), the moment it learns it is being
 //!   stopped;
-//! - `end <id>` when it finishes on its own (after 1–3 s);
+//! - `end <id>` when it finishes on its own (after 2–6 s, often longer than the TTL);
 //! - and the harness appends `gone <id>` once that run's conch has exited (its command is gone
 //!   by then: conch waits for it, and a command of a conch that dies is killed with it).
 //!
 //! `<id>` is `<semaphore>/<holder>/<run>`.
 //!
-//! **`pause-client`** sends SIGSTOP to one holder's `conch` process (its pid only, preferably
-//! one whose command runs now) for 4.5–6 s, longer than the TTL, then SIGCONT. conch cannot act
+//! **`pause-client`** sends SIGSTOP to one holder's `conch` process (its pid only; the holder
+//! whose command started last, if any runs) for 4.5–6 s, longer than the TTL, then SIGCONT. conch cannot act
 //! while stopped; its guard must stop the command before the lease can expire, and conch,
 //! resumed, exits 79 with one line saying it was paused (counted as a "guard stop").
 //!
@@ -197,11 +197,14 @@ impl CliHolders {
         })
     }
 
-    /// SIGSTOP to one holder's conch, preferably one whose command runs now; what was done.
+    /// SIGSTOP to one holder's conch: the one whose command started last, if any runs now
+    /// (it is the likeliest to outlive the lease), else any; what was done.
     pub fn pause_one(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let running: BTreeSet<String> = running_now(&text);
+        let running = running_now(&text);
         let mut candidates: Vec<(usize, bool)> = Vec::new();
+        // Where each candidate's command is in `running` (start order), if it runs.
+        let mut order: Vec<Option<usize>> = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
             let mut s = lock(slot);
             let sem = s.sem;
@@ -212,15 +215,17 @@ impl CliHolders {
             {
                 let id = format!("{sem}/{}/{run}", i + 1);
                 candidates.push((i, running.contains(&id)));
+                order.push(running.iter().position(|r| *r == id));
             }
         }
-        let holding: Vec<(usize, bool)> = candidates.iter().copied().filter(|c| c.1).collect();
-        let pool = if holding.is_empty() {
-            candidates
-        } else {
-            holding
+        let latest = (0..candidates.len())
+            .filter(|&c| order[c].is_some())
+            .max_by_key(|&c| order[c]);
+        let chosen = match latest {
+            Some(c) => candidates.get(c),
+            None => lock(&self.rng).pick(&candidates),
         };
-        let Some(&(i, holds)) = lock(&self.rng).pick(&pool) else {
+        let Some(&(i, holds)) = chosen else {
             return "no conch holder running".into();
         };
         let mut s = lock(&self.slots[i]);
@@ -320,7 +325,7 @@ impl Holder {
                 (s.sem, s.run)
             };
             let id = format!("{sem}/{}/{run}", self.index);
-            let hold = format!("{:.1}", self.rng.range(10, 30) as f64 / 10.0);
+            let hold = format!("{:.1}", self.rng.range(20, 60) as f64 / 10.0);
             let Ok(stderr) = File::create(&self.stderr) else {
                 return;
             };
@@ -392,17 +397,14 @@ impl Drop for CliHolders {
     }
 }
 
-/// The ids whose commands run at the end of `log` (started, and not stopped, ended or gone).
-fn running_now(log: &str) -> BTreeSet<String> {
-    let mut running = BTreeSet::new();
+/// The ids whose commands run at the end of `log` (started, and not stopped, ended or gone),
+/// in the order they started.
+fn running_now(log: &str) -> Vec<String> {
+    let mut running: Vec<String> = Vec::new();
     for line in log.lines() {
         match line.split_once(' ') {
-            Some(("start", id)) => {
-                running.insert(id.to_string());
-            }
-            Some((_, id)) => {
-                running.remove(id);
-            }
+            Some(("start", id)) => running.push(id.to_string()),
+            Some((_, id)) => running.retain(|r| r != id),
             None => {}
         }
     }
@@ -494,10 +496,6 @@ mod tests {
     #[test]
     fn running_now_follows_the_log() {
         let log = "start a/1/1\nstart b/2/1\nstop a/1/1\nstart a/3/1\n";
-        let r = running_now(log);
-        assert_eq!(
-            r.into_iter().collect::<Vec<_>>(),
-            ["a/3/1".to_string(), "b/2/1".to_string()]
-        );
+        assert_eq!(running_now(log), ["b/2/1", "a/3/1"]);
     }
 }
