@@ -231,11 +231,11 @@ impl State {
         let f: Vec<&str> = line.split_whitespace().collect();
         match f.as_slice() {
             ["G", pgid, deadline] => {
-                if let (Ok(pgid), Ok(deadline)) = (pgid.parse::<i32>(), deadline.parse()) {
-                    if pgid > 1 {
-                        self.pgid = Some(pgid);
-                        self.deadline = Some(deadline);
-                    }
+                if let (Ok(pgid), Ok(deadline)) = (pgid.parse::<i32>(), deadline.parse())
+                    && pgid > 1
+                {
+                    self.pgid = Some(pgid);
+                    self.deadline = Some(deadline);
                 }
             }
             ["D", deadline] => {
