@@ -1,11 +1,15 @@
 //! The guard: a small process beside the command that stops it when conch cannot.
 //!
 //! conch keeps its promise ("the command is being stopped before anyone else can be granted
-//! its slot") by acting on a lost lease. A conch that does not run at all (SIGSTOP, a debugger,
-//! a frozen cgroup) cannot act, so before starting the command it starts a guard: itself again
-//! (`/proc/self/exe`, the hidden first argument [`SUBCOMMAND`]), a child of conch in conch's
-//! process group, never in the command's (signals conch forwards to the command do not reach
-//! it). The guard runs no async runtime and talks to conch over two pipes.
+//! its slot") by acting on a lost lease. A conch that does not run at all (SIGSTOP, Ctrl-Z, a
+//! debugger) cannot act, so before starting the command it starts a guard: itself again
+//! (`/proc/self/exe`, the hidden first argument [`SUBCOMMAND`]), a child of conch in a process
+//! group of its own: not the command's (signals conch forwards to the command do not reach
+//! it), nor conch's (a SIGSTOP or SIGKILL sent to conch's job does not reach it either). The
+//! guard runs no async runtime and talks to conch over two pipes.
+//!
+//! What it cannot cover: a pause of the guard too (a frozen cgroup holding conch and the guard,
+//! a stopped machine), and a SIGKILL of the guard itself.
 //!
 //! conch → guard (the guard's stdin), one line each:
 //!
@@ -31,10 +35,10 @@
 //! - conch gone (its stdin reaches end of file, or its parent changed): SIGKILL to the group at
 //!   once, and exits. It asks for SIGTERM as its parent-death signal, and catches it, so it
 //!   dies with conch but kills the group first;
-//! - the signals a terminal or conch's group receives (INT, QUIT, HUP, TERM, USR1, USR2, and
-//!   the job-control stops TSTP, TTIN, TTOU) are blocked and read from a signalfd, so a Ctrl-C
-//!   or Ctrl-Z that reaches conch's group leaves the guard running: conch forwards what the
-//!   command should get, and a conch stopped by Ctrl-Z is overtaken like any paused one.
+//! - the signals a terminal or a user may send (INT, QUIT, HUP, TERM, USR1, USR2, and the
+//!   job-control stops TSTP, TTIN, TTOU) are blocked and read from a signalfd, so they leave
+//!   the guard running: conch forwards what the command should get, and a conch stopped by
+//!   Ctrl-Z is overtaken like any paused one.
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
@@ -107,6 +111,7 @@ impl Guard {
         use std::os::unix::process::CommandExt;
         let mut process = Command::new("/proc/self/exe")
             .arg0("conch")
+            .process_group(0)
             .arg(SUBCOMMAND)
             .arg(std::process::id().to_string())
             .arg(kill_after.as_millis().to_string())
