@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod duration;
 mod exit;
+mod guard;
 mod health;
 mod sema;
 mod timefmt;
@@ -27,6 +28,10 @@ use conch_client::{Client, ClientConfig, ClientTls, parse_endpoints};
 use crate::cli::{Cli, ClusterCommand, Command};
 
 fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|a| a == guard::SUBCOMMAND) {
+        return guard::main(&args[1..]);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return clap_exit(e),
