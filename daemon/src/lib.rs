@@ -8,6 +8,7 @@ pub mod expiry;
 pub mod identity;
 pub mod node;
 pub mod raft;
+pub mod restore;
 pub mod server;
 pub mod state;
 pub mod tls;
