@@ -56,7 +56,7 @@ fn run_command(command: &conchd::restore::Command) -> ExitCode {
     match conchd::restore::run(args) {
         Ok(r) => {
             println!(
-                "conchd: restored log index {} (term {}), state hash {:016x}, into {} as node {}                  of cluster {}",
+                "conchd: restored log index {} (term {}), state hash {:016x}, into {} as node {} of cluster {}",
                 r.applied_index,
                 r.applied_term,
                 r.state_hash,

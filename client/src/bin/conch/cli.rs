@@ -245,6 +245,14 @@ pub enum ClusterCommand {
         #[arg(long)]
         all: bool,
     },
+    /// Write a consistent backup of the replicated state to FILE (`-`: stdout). Any node
+    /// answers, and the backup holds every write acknowledged before the call; it is checked on
+    /// receipt (SHA-256) and written atomically. Needs cluster-admin when access control is on.
+    /// Restore it into new data directories with `conchd restore`.
+    Backup {
+        /// Where to write the backup (`-`: stdout, the summary line then goes to stderr).
+        file: String,
+    },
 }
 
 const AUTH_EXAMPLES: &str = "\
