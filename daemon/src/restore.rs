@@ -42,10 +42,12 @@ use crate::state::State;
 /// conchd's subcommands (without one, conchd serves).
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
-    /// Seed a new, empty data directory from a backup file (`conch cluster backup`). Restore
-    /// every node of the new cluster with its own --id and the same --initial-cluster, then
-    /// start each with the usual flags: the new cluster starts with the backed-up state and a
-    /// new cluster id.
+    /// Seed a new, empty data directory from a backup file (`conch cluster backup`).
+    ///
+    /// Restore every node of the new cluster with its own --id and the same --initial-cluster,
+    /// then start each with the usual flags: the new cluster starts with the backed-up state and
+    /// a new cluster id. Refused (exit 64, nothing written) for a damaged or foreign backup file
+    /// or a data directory that is not empty.
     Restore(RestoreArgs),
 }
 
