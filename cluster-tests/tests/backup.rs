@@ -22,18 +22,32 @@ const HOLDER_TTL_S: u64 = 20;
 
 /// Runs `program args…` to the end (killed if the test is dropped): (exit code, stdout, stderr).
 async fn run(program: &str, args: &[&str]) -> anyhow::Result<(i32, String, String)> {
-    let output = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(binary(program))
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .with_context(|| format!("{program} {args:?} did not finish within 120 s"))??;
+    let (code, stdout, stderr) = run_env(program, args, &[]).await?;
+    Ok((code, String::from_utf8_lossy(&stdout).into_owned(), stderr))
+}
+
+/// [`run`] with `env` set (and no token from the test's own environment); stdout as bytes.
+async fn run_env(
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<(i32, Vec<u8>, String)> {
+    let mut command = tokio::process::Command::new(binary(program));
+    command
+        .args(args)
+        .env_remove("CONCH_TOKEN")
+        .env_remove("CONCH_TOKEN_FILE")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(120), command.output())
+        .await
+        .with_context(|| format!("{program} {args:?} did not finish within 120 s"))??;
     Ok((
         output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
+        output.stdout,
         String::from_utf8_lossy(&output.stderr).into_owned(),
     ))
 }
@@ -426,5 +440,93 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
     let r = ops::acquire(&mut c, "after-restore", "fresh", &lease, 1, 5).await?;
     ensure!(ops::acquired(&r), "{r:?}");
     drop(nodes);
+    Ok(())
+}
+
+/// With access control on, only a cluster-admin token takes a backup; `-` writes it to stdout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_cluster_admin_takes_a_backup() -> anyhow::Result<()> {
+    const ADMIN: &str = "backup-admin-token-0123456789-abcdefghijk";
+    let work = tempfile::tempdir()?;
+    let token_file = work.path().join("admin.token");
+    std::fs::write(&token_file, ADMIN)?;
+    let token_path = token_file.display().to_string();
+    let args = vec![
+        "--bootstrap-admin-token-file".to_string(),
+        token_path.clone(),
+    ];
+    let mut cluster = Cluster::launch(1, &args, false).await?;
+    cluster.set_admin_token(ADMIN);
+    cluster.wait_for_leader(Duration::from_secs(30)).await?;
+    let endpoint = cluster.addr(1);
+    let admin_env = [
+        ("CONCH_ENDPOINTS", endpoint.as_str()),
+        ("CONCH_TOKEN_FILE", token_path.as_str()),
+    ];
+    wait_for(
+        "access control to be on",
+        Duration::from_secs(30),
+        || async {
+            let (code, out, _) = run_env("conch", &["auth", "status"], &admin_env)
+                .await
+                .ok()?;
+            (code == 0 && String::from_utf8_lossy(&out).contains("access control is on"))
+                .then_some(())
+        },
+    )
+    .await?;
+    for args in [
+        &["auth", "role", "create", "ci"][..],
+        &["auth", "role", "grant", "ci", "conch", "write"][..],
+    ] {
+        let (code, _, err) = run_env("conch", args, &admin_env).await?;
+        ensure!(code == 0, "{args:?}: {code} {err}");
+    }
+    let (code, ci_token, err) = run_env(
+        "conch",
+        &["auth", "token", "create", "runner", "--role", "ci"],
+        &admin_env,
+    )
+    .await?;
+    ensure!(code == 0, "token create: {code} {err}");
+    let ci_token = String::from_utf8_lossy(&ci_token).trim().to_string();
+
+    let file = work.path().join("refused.backup");
+    let file_arg = file.display().to_string();
+    let backup = ["cluster", "backup", file_arg.as_str()];
+    for env in [
+        vec![
+            ("CONCH_ENDPOINTS", endpoint.as_str()),
+            ("CONCH_TOKEN", ci_token.as_str()),
+        ],
+        vec![("CONCH_ENDPOINTS", endpoint.as_str())],
+    ] {
+        let (code, _, err) = run_env("conch", &backup, &env).await?;
+        ensure!(code == 77, "backup without cluster-admin: {code} {err}");
+        ensure!(!file.exists(), "a refused backup left a file");
+        let leftovers = std::fs::read_dir(work.path())?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .count();
+        ensure!(leftovers == 0, "a refused backup left a temporary file");
+    }
+
+    let (code, bytes, err) = run_env("conch", &["cluster", "backup", "-"], &admin_env).await?;
+    ensure!(code == 0, "backup to stdout: {code} {err}");
+    let (verified, _) = conch_proto::backup::verify(&bytes)
+        .map_err(|e| anyhow::anyhow!("stdout is not a valid backup: {e}"))?;
+    let status = cluster.status(1).await?;
+    ensure!(
+        verified.header.applied_index >= 1 && verified.header.applied_index <= status.applied_index
+    );
+    ensure!(
+        err.trim().lines().count() == 1
+            && err.contains(&format!(
+                "backup of log index {} ",
+                verified.header.applied_index
+            ))
+            && err.trim().ends_with(": -"),
+        "the summary goes to stderr: {err}"
+    );
     Ok(())
 }
