@@ -136,7 +136,7 @@ pub enum Command {
     /// Run a command while holding one of N cluster-wide slots, or show who holds them.
     #[command(after_help = SEMA_EXAMPLES)]
     Sema(SemaArgs),
-    /// Inspect and change the cluster: status, membership, leadership, snapshots.
+    /// Inspect and change the cluster: status, membership, leadership, snapshots, backups.
     Cluster {
         #[command(subcommand)]
         command: ClusterCommand,
