@@ -118,6 +118,10 @@ pub struct Flags {
     /// shippers).
     #[arg(long, env = "CONCH_LOG_FORMAT", help_heading = "Operations")]
     pub log_format: Option<String>,
+
+    /// A one-off task instead of serving (the flags above are then not used).
+    #[command(subcommand)]
+    pub command: Option<crate::restore::Command>,
 }
 
 const EXAMPLES: &str = "\
@@ -127,6 +131,8 @@ Examples:
          --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
   CONCH_CONFIG=/etc/conch/conchd.toml conchd
   conchd --bootstrap-admin-token-file /etc/conch/admin.token   # new cluster, access control on
+  conchd restore backup.conch --data-dir /var/lib/conch/1 --id 1 \\
+         --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
 ";
 
 /// The same settings, read from a TOML file.

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod node;
 pub mod notify;
 pub mod raft;
+pub mod restore;
 pub mod server;
 pub mod state;
 pub mod tls;

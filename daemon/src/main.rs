@@ -3,6 +3,8 @@
 //! Exit status: 0 after a clean stop; 64 (usage) for a bad flag, environment variable or config
 //! file value, before anything is bound or opened; 1 for any other startup or serving failure
 //! (port taken, damaged data directory). Every failure is one line on stderr.
+//!
+//! `conchd restore …` seeds a data directory from a backup instead of serving (see `restore`).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -28,6 +30,9 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
+    if let Some(command) = &flags.command {
+        return run_command(command);
+    }
     let config = match configure(flags) {
         Ok(config) => config,
         Err(e) => {
@@ -40,6 +45,33 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("conchd: {}", one_line(&e));
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a subcommand: one line on stdout when done, one line on stderr when not (exit 64 when
+/// it was refused before anything was written, 1 when writing failed).
+fn run_command(command: &conchd::restore::Command) -> ExitCode {
+    let conchd::restore::Command::Restore(args) = command;
+    match conchd::restore::run(args) {
+        Ok(r) => {
+            println!(
+                "conchd: restored log index {} (term {}), state hash {:016x}, into {} as node {} of cluster {}",
+                r.applied_index,
+                r.applied_term,
+                r.state_hash,
+                args.data_dir.display(),
+                args.id,
+                r.cluster_id
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("conchd: restore: {}", e.to_string().replace('\n', " "));
+            match e {
+                conchd::restore::RestoreError::Refused(_) => ExitCode::from(EXIT_USAGE),
+                conchd::restore::RestoreError::Failed(_) => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
 pub mod auth;
+pub mod backup;
 pub mod call_metrics;
 pub mod conch;
 pub mod convert;

@@ -503,6 +503,23 @@ impl LogStore {
         Ok(())
     }
 
+    /// Makes a new, empty log begin after `last`, as if everything up to it had been compacted
+    /// into a snapshot: records `last` as the purge point and as the end of the log, durably
+    /// (`conchd restore` seeds a data directory this way, then installs the snapshot).
+    // StorageError is openraft's type; its size is not ours to choose.
+    #[allow(clippy::result_large_err)]
+    pub async fn seed_purged(&self, last: LogId) -> Result<(), StorageError> {
+        let value = encode_value(&last).map_err(|e| StorageIOError::write_logs(&e))?;
+        self.inner
+            .db
+            .insert(KEY_PURGED, value)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.make_durable(false, Some(last.index))
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
     /// Compares sled's vote with the vote file: a vote in the file that sled does not have
     /// (or an older one in sled) means sled lost acknowledged writes.
     fn check_vote_file(&self) -> Result<(), String> {

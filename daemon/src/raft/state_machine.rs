@@ -395,6 +395,8 @@ impl StateMachine {
         let state = State::decode_snapshot(state_bytes).map_err(|e| corrupt(e.to_string()))?;
 
         let index = meta.last_log_id.map_or(0, |id| id.index);
+        sm.applied
+            .note_term(meta.last_log_id.map_or(0, |id| id.leader_id.term));
         sm.applied.replace(state, index);
         sm.last_applied = meta.last_log_id;
         sm.last_membership = meta.last_membership.clone();
@@ -508,6 +510,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut replies = Vec::with_capacity(entries.size_hint().0);
         for entry in entries {
             let log_id = entry.log_id;
+            self.applied.note_term(log_id.leader_id.term);
             match entry.payload {
                 EntryPayload::Normal(batch) => {
                     replies.push(self.applied.apply(log_id.index, &batch));
@@ -572,6 +575,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .await
         .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
 
+        self.applied
+            .note_term(meta.last_log_id.map_or(0, |id| id.leader_id.term));
         self.applied
             .replace(state, meta.last_log_id.map_or(0, |id| id.index));
         self.last_applied = meta.last_log_id;

@@ -372,6 +372,7 @@ pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<
             Ok(ExitCode::SUCCESS)
         }
         ClusterCommand::Snapshot { node, all } => snapshot(client, node, all).await,
+        ClusterCommand::Backup { file } => crate::backup::run(client, &file).await,
     }
 }
 

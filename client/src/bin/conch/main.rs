@@ -6,6 +6,7 @@
 //! own status).
 
 mod auth;
+mod backup;
 mod certs;
 mod child;
 mod cli;
