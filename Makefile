@@ -2,7 +2,7 @@
 CARGO ?= cargo
 CLUSTER_DIR ?= $(CURDIR)/.cluster
 
-.PHONY: help build release test test-deps test-unit run cluster cluster-secure cluster-stop fmt lint bench jepsen proptest clean
+.PHONY: help build release test test-deps test-unit run cluster cluster-secure cluster-stop fmt lint bench bench-etcd jepsen proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
@@ -13,6 +13,7 @@ help:
 	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
 	@echo "make jepsen DURATION=60 NODES=3   fault injection soak with the safety checker"
 	@echo "make bench TLS=1 / make jepsen TLS=1   the same with TLS + peer mutual TLS"
+	@echo "make bench-etcd    W1/W1b on etcd and conch in the same run, both client placements, ratios"
 	@echo "make proptest CASES=5000           longer property runs of the state machine"
 	@echo "make build|release|fmt|lint"
 
@@ -36,6 +37,7 @@ test: test-deps
 
 test-deps:
 	@scripts/install-test-deps.sh
+	@scripts/install-bench-deps.sh
 
 test-unit:
 	$(CARGO) test --workspace --lib
@@ -62,6 +64,11 @@ lint:
 bench:
 	$(CARGO) build --release -p conchd -p cluster-tests --bins
 	target/release/conch-bench $(if $(TLS),--tls) $(if $(AUTH),--auth)
+
+bench-etcd:
+	@scripts/install-bench-deps.sh
+	$(CARGO) build --release -p conchd -p cluster-tests --bins
+	target/release/conch-bench --baseline etcd $(if $(DURATION),--duration-s $(DURATION))
 
 jepsen:
 	$(CARGO) build -p conchd -p conch-client -p cluster-tests --bins

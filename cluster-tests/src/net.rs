@@ -133,6 +133,8 @@ pub struct Failover {
     addr: String,
     client: Option<Grackle>,
     deadline: Duration,
+    /// Go where the `conch-leader` hint points (else stay, as a plain Grackle client does).
+    follow_hint: bool,
     /// Leader moves seen through the `conch-leader` hint.
     pub redirects: u64,
 }
@@ -145,7 +147,17 @@ impl Failover {
             addr: start.to_string(),
             client: None,
             deadline,
+            follow_hint: true,
             redirects: 0,
+        }
+    }
+
+    /// Like [`Failover::new`], but staying on `start` whatever the leader hint says (it still
+    /// moves on when `start` fails): a plain Grackle client.
+    pub fn pinned(endpoints: &[String], start: &str, deadline: Duration) -> Failover {
+        Failover {
+            follow_hint: false,
+            ..Failover::new(endpoints, start, deadline)
         }
     }
 
@@ -200,6 +212,7 @@ impl Failover {
                     .get(LEADER_HEADER)
                     .and_then(|v| v.to_str().ok());
                 if let Some(hint) = hint
+                    && self.follow_hint
                     && hint != self.addr
                     && !hint.is_empty()
                 {

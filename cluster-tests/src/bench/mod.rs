@@ -5,6 +5,8 @@
 //! compared with each other (release sent, grant observed, kill) are all `Instant`s taken in
 //! this process.
 
+pub mod compare;
+pub mod etcd;
 pub mod stats;
 pub mod w1;
 pub mod w2;
@@ -38,6 +40,25 @@ pub struct Opts {
     pub tls: bool,
     /// Access control on, every client sending a token (`--auth`).
     pub auth: bool,
+}
+
+/// Where the clients of a workload connect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Every client on the leader (conch clients follow the `conch-leader` hint).
+    Leader,
+    /// Client `i` on node `i mod n`, never following a leader hint: what a plain Grackle or
+    /// etcd client does.
+    Spread,
+}
+
+impl Placement {
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Leader => "leader",
+            Placement::Spread => "spread",
+        }
+    }
 }
 
 /// What a workload runs against: a cluster this process started, or given endpoints.

@@ -122,7 +122,14 @@ fn cell(v: Option<&Value>) -> String {
 
 /// The main figure of a row: (label, value).
 fn headline(row: &Row) -> (String, String) {
-    for key in ["cycles_per_s", "grants_per_s", "refreshes_per_s", "rss_mb"] {
+    for key in [
+        "cycles_per_s",
+        "cycles_ratio",
+        "syncs_per_s",
+        "grants_per_s",
+        "refreshes_per_s",
+        "rss_mb",
+    ] {
         if let Some(v) = row.fields.get(key) {
             return (key.to_string(), cell(Some(v)));
         }
@@ -153,9 +160,16 @@ pub fn print_table(rows: &[Row]) {
             "p50_ms",
             "p99_ms",
             "hold_ms",
+            "system",
+            "placement",
             metric.as_str(),
         ];
         let mut workload = cell(row.fields.get("workload"));
+        for label in ["system", "placement"] {
+            if let Some(v) = row.fields.get(label) {
+                workload = format!("{workload} {}", cell(Some(v)));
+            }
+        }
         if let Some(hold) = row.fields.get("hold_ms") {
             workload = format!("{workload} hold {}ms", cell(Some(hold)));
         }

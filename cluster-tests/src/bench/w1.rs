@@ -14,7 +14,7 @@ use conch_proto::grackle as pb;
 use crate::net::Failover;
 
 use super::stats::{Errors, Latencies, Row, round1};
-use super::{Opts, Target, batched, check_setup, ms_between, secs};
+use super::{Opts, Placement, Target, batched, check_setup, ms_between, secs};
 
 const LEASE_TTL_S: u64 = 60;
 
@@ -159,18 +159,27 @@ pub async fn run(
     opts: &Opts,
     clients: usize,
     per_cycle_lease: bool,
+    placement: Placement,
 ) -> anyhow::Result<Row> {
     let workload = if per_cycle_lease { "W1b" } else { "W1" };
     let before = target.leader().await?;
-    let prefix = format!("{}-{clients}", workload.to_lowercase());
+    let prefix = format!("{}-{clients}-{}", workload.to_lowercase(), placement.name());
     let cfgs = setup(target, &before.addr, &prefix, clients, per_cycle_lease).await?;
 
     let t0 = Instant::now();
     let window_start = t0 + opts.warmup;
     let window_end = window_start + opts.duration;
     let mut tasks = Vec::new();
-    for cfg in cfgs {
-        let conn = Failover::new(&target.endpoints, &before.addr, Duration::from_secs(5));
+    for (i, cfg) in cfgs.into_iter().enumerate() {
+        let conn = match placement {
+            Placement::Leader => {
+                Failover::new(&target.endpoints, &before.addr, Duration::from_secs(5))
+            }
+            Placement::Spread => {
+                let node = &target.endpoints[i % target.endpoints.len()];
+                Failover::pinned(&target.endpoints, node, Duration::from_secs(5))
+            }
+        };
         tasks.push(tokio::spawn(client_loop(conn, cfg, window_end)));
     }
     tokio::time::sleep_until(window_start.into()).await;
@@ -214,6 +223,8 @@ pub async fn run(
     let entries = at_end.applied_index.saturating_sub(at_start.applied_index) as f64;
     let window = secs(opts.duration);
     let mut row = Row::new(workload, clients as u64);
+    row.set("system", "conch");
+    row.set("placement", placement.name());
     row.set("cycles_per_s", round1(cycles / window));
     row.opt("p50_ms", latencies.pct_ms(50.0));
     row.opt("p99_ms", latencies.pct_ms(99.0));

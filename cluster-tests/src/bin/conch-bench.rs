@@ -11,7 +11,7 @@ use clap::Parser;
 
 use cluster_tests::bench;
 use cluster_tests::bench::stats::{Row, print_table};
-use cluster_tests::bench::{Opts, Target};
+use cluster_tests::bench::{Opts, Placement, Target};
 
 const WORKLOADS: [&str; 6] = ["W1", "W1b", "W2", "W3", "W4", "W5"];
 
@@ -66,6 +66,12 @@ struct Cli {
     /// sends (with --endpoints: the token in CONCH_TOKEN).
     #[arg(long)]
     auth: bool,
+
+    /// Compare with etcd in the same run: W1 and W1b on a 3-node etcd (Debian's etcd-server,
+    /// see scripts/install-bench-deps.sh) and on conch, each row on both placements (on the
+    /// leader, spread over all nodes), with the ratio per row and the disk's sync rate.
+    #[arg(long, value_parser = ["etcd"], conflicts_with_all = ["only", "endpoints"])]
+    baseline: Option<String>,
 }
 
 const EXAMPLES: &str = "\
@@ -73,6 +79,7 @@ Examples:
   make bench                                   # build release binaries and run everything
   target/release/conch-bench --only W2 --json  # one workload, JSON lines
   target/release/conch-bench --endpoints 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 --only W1
+  make bench-etcd                              # conch / etcd ratios, measured in one run
 
 conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
 
@@ -114,6 +121,25 @@ async fn main() -> ExitCode {
     };
     if cli.tls {
         eprintln!("conch-bench: clusters run with TLS, client certificates and peer mutual TLS");
+    }
+    if cli.baseline.is_some() {
+        return match bench::compare::run(&opts).await {
+            Ok(rows) => {
+                for row in &rows {
+                    if cli.json {
+                        println!("{}", row.json());
+                    }
+                }
+                if !cli.json {
+                    print_table(&rows);
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("conch-bench: comparison with etcd failed: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let mut rows = Vec::new();
     let mut failed = false;
@@ -175,10 +201,10 @@ async fn run(
     match workload {
         "W1" => {
             for clients in [1, 8, 64] {
-                rows.push(bench::w1::run(&target, opts, clients, false).await?);
+                rows.push(bench::w1::run(&target, opts, clients, false, Placement::Leader).await?);
             }
         }
-        "W1b" => rows.push(bench::w1::run(&target, opts, 64, true).await?),
+        "W1b" => rows.push(bench::w1::run(&target, opts, 64, true, Placement::Leader).await?),
         "W2" => {
             for hold_max_ms in [0, 20] {
                 rows.push(bench::w2::run(&target, opts, hold_max_ms).await?);

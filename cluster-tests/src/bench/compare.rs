@@ -1,0 +1,91 @@
+//! conch against etcd in the same run (`conch-bench --baseline etcd`).
+//!
+//! A 3-node etcd cluster and a 3-node conch cluster run side by side on this machine; each row
+//! runs on etcd, then on conch, right after each other, so both see the same machine. Every
+//! row runs in both client placements: on the leader, and spread over all nodes without
+//! following the leader hint (what a plain Grackle or etcd client does). The run starts with a
+//! measure of the disk: synchronous 4 KiB writes per second in the data directories' file
+//! system, since absolute numbers move with it and ratios do not.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::etcd::{self, EtcdCluster};
+use super::stats::{Latencies, Row, round1};
+use super::{Opts, Placement, Target};
+
+/// The rows compared: (workload, lease per cycle, client counts).
+const ROWS: [(&str, bool, &[usize]); 2] = [("W1", false, &[1, 8, 64]), ("W1b", true, &[1, 64])];
+
+/// Runs every row on both systems; returns the disk row, then (etcd, conch, ratio) rows.
+pub async fn run(opts: &Opts) -> anyhow::Result<Vec<Row>> {
+    let mut rows = vec![disk(Duration::from_secs(2))?];
+    let etcd = EtcdCluster::start(3).await.context("start etcd")?;
+    let conch = Target::new(&None, "compare", opts.tls, opts.auth).await?;
+    for (workload, per_cycle_lease, counts) in ROWS {
+        for placement in [Placement::Leader, Placement::Spread] {
+            for &clients in counts {
+                eprintln!(
+                    "conch-bench: {workload}, {clients} clients, {}: etcd then conch",
+                    placement.name()
+                );
+                let e = etcd::w1(&etcd, opts, clients, per_cycle_lease, placement).await?;
+                let c = super::w1::run(&conch, opts, clients, per_cycle_lease, placement).await?;
+                let ratio = ratio_row(workload, clients, placement, &e, &c);
+                rows.extend([e, c, ratio]);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn number(row: &Row, key: &str) -> Option<f64> {
+    row.fields.get(key).and_then(serde_json::Value::as_f64)
+}
+
+/// conch / etcd for one row: cycles/s and p50.
+fn ratio_row(workload: &str, clients: usize, placement: Placement, e: &Row, c: &Row) -> Row {
+    let mut row = Row::new(workload, clients as u64);
+    row.set("system", "conch/etcd");
+    row.set("placement", placement.name());
+    let ratio = |key: &str| match (number(c, key), number(e, key)) {
+        (Some(c), Some(e)) if e > 0.0 => Some((c / e * 100.0).round() / 100.0),
+        _ => None,
+    };
+    row.opt("cycles_ratio", ratio("cycles_per_s"));
+    row.opt("p50_ratio", ratio("p50_ms"));
+    row.opt("etcd_cycles_per_s", number(e, "cycles_per_s"));
+    row.opt("conch_cycles_per_s", number(c, "cycles_per_s"));
+    row.opt("etcd_p50_ms", number(e, "p50_ms"));
+    row.opt("conch_p50_ms", number(c, "p50_ms"));
+    row
+}
+
+/// Synchronous 4 KiB writes (write + fdatasync) per second for `duration`, in a file under
+/// the temporary directory (where both clusters keep their data), with the p50 of one.
+pub fn disk(duration: Duration) -> anyhow::Result<Row> {
+    let dir = tempfile::Builder::new()
+        .prefix("conch-bench-disk-")
+        .tempdir()?;
+    let mut file = std::fs::File::create(dir.path().join("probe"))?;
+    let block = [0x5au8; 4096];
+    let mut latencies = Latencies::default();
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        let start = Instant::now();
+        file.write_all(&block)?;
+        file.sync_data()?;
+        latencies.push(start.elapsed());
+    }
+    let mut row = Row::new("disk", 1);
+    row.set("system", "disk");
+    row.set(
+        "syncs_per_s",
+        round1(latencies.len() as f64 / duration.as_secs_f64()),
+    );
+    row.opt("p50_ms", latencies.pct_ms(50.0));
+    row.opt("p99_ms", latencies.pct_ms(99.0));
+    Ok(row)
+}

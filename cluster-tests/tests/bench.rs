@@ -1,0 +1,72 @@
+//! The benchmark's harness works end to end: the etcd baseline runs the `conch sema` recipe on a
+//! real 3-node etcd, and conch's W1 runs with clients spread over the nodes without following
+//! the leader hint. Only correctness is checked here (every cycle succeeds, placement holds);
+//! speed is what `conch-bench` measures.
+
+use std::time::Duration;
+
+use cluster_tests::bench::etcd::{self, EtcdCluster};
+use cluster_tests::bench::{Opts, Placement, Target, w1};
+
+fn opts() -> Opts {
+    Opts {
+        duration: Duration::from_secs(1),
+        warmup: Duration::ZERO,
+        w4_leases: 1,
+        w5_leases: 1,
+        w5_semaphores: 1,
+        w5_waiters: 1,
+        tls: false,
+        auth: false,
+    }
+}
+
+fn field(row: &cluster_tests::bench::stats::Row, key: &str) -> serde_json::Value {
+    row.fields.get(key).cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_baseline_runs_the_recipe_in_both_placements() -> anyhow::Result<()> {
+    anyhow::ensure!(
+        etcd::binary().exists(),
+        "{} is missing: make test installs it (scripts/install-bench-deps.sh)",
+        etcd::binary().display()
+    );
+    let cluster = EtcdCluster::start(3).await?;
+    for (per_cycle_lease, placement) in [(false, Placement::Leader), (true, Placement::Spread)] {
+        let row = etcd::w1(&cluster, &opts(), 3, per_cycle_lease, placement).await?;
+        assert_eq!(field(&row, "errors"), 0, "{}", row.json());
+        assert!(
+            field(&row, "cycles_per_s")
+                .as_f64()
+                .is_some_and(|c| c > 0.0),
+            "{}",
+            row.json()
+        );
+        assert_eq!(field(&row, "placement"), placement.name());
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_conch_clients_stay_where_they_are_put() -> anyhow::Result<()> {
+    let target = Target::new(&None, "spread", false, false).await?;
+    let row = w1::run(&target, &opts(), 3, false, Placement::Spread).await?;
+    assert_eq!(field(&row, "errors"), 0, "{}", row.json());
+    assert_eq!(
+        field(&row, "redirects"),
+        0,
+        "spread clients ignore the hint: {}",
+        row.json()
+    );
+    assert!(
+        field(&row, "cycles_per_s")
+            .as_f64()
+            .is_some_and(|c| c > 0.0),
+        "{}",
+        row.json()
+    );
+    let row = w1::run(&target, &opts(), 3, false, Placement::Leader).await?;
+    assert_eq!(field(&row, "errors"), 0, "{}", row.json());
+    Ok(())
+}
