@@ -1,12 +1,12 @@
 //! The benchmark's harness works end to end: the etcd baseline runs the `conch sema` recipe on a
-//! real 3-node etcd, and conch's W1 runs with clients spread over the nodes without following
-//! the leader hint. Only correctness is checked here (every cycle succeeds, placement holds);
+//! real 3-node etcd (W1 and the contended W2 with watches), and conch's W1 and W2 run with
+//! clients spread over the nodes without following the leader hint. Only correctness is checked here (every cycle succeeds, placement holds);
 //! speed is what `conch-bench` measures.
 
 use std::time::Duration;
 
 use cluster_tests::bench::etcd::{self, EtcdCluster};
-use cluster_tests::bench::{Opts, Placement, Target, w1};
+use cluster_tests::bench::{Opts, Placement, Target, w1, w2};
 
 fn opts() -> Opts {
     Opts {
@@ -45,6 +45,14 @@ async fn the_etcd_baseline_runs_the_recipe_in_both_placements() -> anyhow::Resul
         );
         assert_eq!(field(&row, "placement"), placement.name());
     }
+    // Contended: 16 clients on 2 slots wait for each other through watches.
+    let row = etcd::w2(&cluster, &opts(), 0, Placement::Spread).await?;
+    assert_eq!(field(&row, "errors"), 0, "{}", row.json());
+    assert!(
+        field(&row, "handoffs").as_u64().is_some_and(|h| h > 0),
+        "{}",
+        row.json()
+    );
     Ok(())
 }
 
@@ -68,5 +76,12 @@ async fn spread_conch_clients_stay_where_they_are_put() -> anyhow::Result<()> {
     );
     let row = w1::run(&target, &opts(), 3, false, Placement::Leader).await?;
     assert_eq!(field(&row, "errors"), 0, "{}", row.json());
+    let row = w2::run(&target, &opts(), 0, Placement::Spread).await?;
+    assert_eq!(field(&row, "errors"), 0, "{}", row.json());
+    assert!(
+        field(&row, "handoffs").as_u64().is_some_and(|h| h > 0),
+        "{}",
+        row.json()
+    );
     Ok(())
 }

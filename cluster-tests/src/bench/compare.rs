@@ -1,11 +1,12 @@
 //! conch against etcd in the same run (`conch-bench --baseline etcd`).
 //!
-//! A 3-node etcd cluster and a 3-node conch cluster run side by side on this machine; each row
-//! runs on etcd, then on conch, right after each other, so both see the same machine. Every
-//! row runs in both client placements: on the leader, and spread over all nodes without
-//! following the leader hint (what a plain Grackle or etcd client does). The run starts with a
-//! measure of the disk: synchronous 4 KiB writes per second in the data directories' file
-//! system, since absolute numbers move with it and ratios do not.
+//! A 3-node etcd cluster and a 3-node conch cluster run side by side on this machine. Each row
+//! (W1, W1b, and W2, the contended handoff) runs on etcd, then on conch, right after each
+//! other, so both see the same machine. Every row runs in both client placements: on the
+//! leader, and spread over all nodes without following the leader hint (what a plain Grackle
+//! or etcd client does). The run starts with a measure of the disk: synchronous 4 KiB writes
+//! per second in the data directories' file system, since absolute numbers move with it and
+//! ratios do not. W3 (failover) is not compared yet.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -38,6 +39,13 @@ pub async fn run(opts: &Opts) -> anyhow::Result<Vec<Row>> {
             }
         }
     }
+    for placement in [Placement::Leader, Placement::Spread] {
+        eprintln!("conch-bench: W2, {}: etcd then conch", placement.name());
+        let e = etcd::w2(&etcd, opts, 0, placement).await?;
+        let c = super::w2::run(&conch, opts, 0, placement).await?;
+        let ratio = ratio_row("W2", super::w2::CLIENTS, placement, &e, &c);
+        rows.extend([e, c, ratio]);
+    }
     Ok(rows)
 }
 
@@ -45,7 +53,8 @@ fn number(row: &Row, key: &str) -> Option<f64> {
     row.fields.get(key).and_then(serde_json::Value::as_f64)
 }
 
-/// conch / etcd for one row: cycles/s and p50.
+/// conch / etcd for one row: throughput (cycles or grants per second) and latency (p50 of a
+/// cycle, or of a handoff).
 fn ratio_row(workload: &str, clients: usize, placement: Placement, e: &Row, c: &Row) -> Row {
     let mut row = Row::new(workload, clients as u64);
     row.set("system", "conch/etcd");
@@ -54,12 +63,17 @@ fn ratio_row(workload: &str, clients: usize, placement: Placement, e: &Row, c: &
         (Some(c), Some(e)) if e > 0.0 => Some((c / e * 100.0).round() / 100.0),
         _ => None,
     };
-    row.opt("cycles_ratio", ratio("cycles_per_s"));
-    row.opt("p50_ratio", ratio("p50_ms"));
-    row.opt("etcd_cycles_per_s", number(e, "cycles_per_s"));
-    row.opt("conch_cycles_per_s", number(c, "cycles_per_s"));
-    row.opt("etcd_p50_ms", number(e, "p50_ms"));
-    row.opt("conch_p50_ms", number(c, "p50_ms"));
+    let (rate, latency) = if workload == "W2" {
+        ("grants_per_s", "handoff_p50_ms")
+    } else {
+        ("cycles_per_s", "p50_ms")
+    };
+    row.opt("ratio", ratio(rate));
+    row.opt("latency_ratio", ratio(latency));
+    for (system, source) in [("etcd", e), ("conch", c)] {
+        row.opt(&format!("{system}_{rate}"), number(source, rate));
+        row.opt(&format!("{system}_{latency}"), number(source, latency));
+    }
     row
 }
 

@@ -353,3 +353,189 @@ pub async fn w1(
     row.set("leader_moved", after != leader);
     Ok(row)
 }
+
+/// W2 on etcd: one semaphore with `permits` 2 and 16 clients, each looping create-if-absent,
+/// rank, (watch the key at rank − max for its deletion, rank again), hold, delete. Grants and
+/// releases are paired as in conch's W2 (see `w2.rs`).
+pub async fn w2(
+    cluster: &EtcdCluster,
+    opts: &Opts,
+    hold_max_ms: u64,
+    placement: Placement,
+) -> anyhow::Result<Row> {
+    use super::w2::{CLIENTS, Event, PERMITS, handoff_row};
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let prefix = format!(
+        "/conch/v1/sema/w2-{hold_max_ms}-{}/{PERMITS}/",
+        placement.name()
+    );
+    let mut clients = Vec::with_capacity(CLIENTS);
+    for i in 0..CLIENTS {
+        let member = match placement {
+            Placement::Leader => leader,
+            Placement::Spread => i % cluster.endpoints.len(),
+        };
+        let channel = connect(&cluster.endpoints[member]).await?;
+        let mut client = SemaClient {
+            kv: KvClient::new(channel.clone()),
+            lease: LeaseClient::new(channel.clone()),
+            prefix: prefix.clone(),
+            session: None,
+        };
+        client.session = Some(client.grant().await.map_err(anyhow::Error::msg)?);
+        clients.push((client, pb::watch_client::WatchClient::new(channel)));
+    }
+    let t0 = Instant::now();
+    let window_start = t0 + opts.warmup;
+    let window_end = window_start + opts.duration;
+    let mut tasks = Vec::new();
+    for (i, (mut client, mut watch)) in clients.into_iter().enumerate() {
+        let seed = 0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1) ^ (hold_max_ms << 32);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = crate::rng::Rng::new(seed);
+            let mut events = Vec::new();
+            let mut errors = Errors::default();
+            while Instant::now() < window_end {
+                match client.acquire_waiting(&mut watch, PERMITS as usize).await {
+                    Ok(key) => {
+                        events.push((Instant::now(), Event::Grant));
+                        if hold_max_ms > 0 {
+                            let hold = rng.range(0, hold_max_ms);
+                            tokio::time::sleep(Duration::from_millis(hold)).await;
+                        }
+                        events.push((Instant::now(), Event::Release));
+                        if let Err(e) = client.delete(key).await {
+                            errors.add(e);
+                        }
+                    }
+                    Err(e) => {
+                        errors.add(e);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+            (events, errors)
+        }));
+    }
+    let mut events = Vec::new();
+    let mut errors = Errors::default();
+    for task in tasks {
+        let (e, errs) = task.await.context("client task")?;
+        events.extend(e);
+        errors.merge(errs);
+    }
+    let mut row = handoff_row(events, opts, window_start, window_end, hold_max_ms, errors);
+    row.set("system", "etcd");
+    row.set("placement", placement.name());
+    Ok(row)
+}
+
+impl SemaClient {
+    /// The recipe's acquire with waiting: create-if-absent, rank, and while the rank is not
+    /// below `max`, watch the key at rank − max for its deletion and rank again. Returns our
+    /// key.
+    async fn acquire_waiting(
+        &mut self,
+        watch: &mut pb::watch_client::WatchClient<Channel>,
+        max: usize,
+    ) -> Result<Vec<u8>, String> {
+        let lease = self.session.ok_or("no session lease")?;
+        let key = format!("{}{lease:x}", self.prefix).into_bytes();
+        let put = pb::TxnRequest {
+            compare: vec![pb::Compare {
+                result: pb::compare::CompareResult::Equal as i32,
+                target: pb::compare::CompareTarget::Create as i32,
+                key: key.clone(),
+                target_union: Some(pb::compare::TargetUnion::CreateRevision(0)),
+                range_end: Vec::new(),
+            }],
+            success: vec![pb::RequestOp {
+                request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
+                    key: key.clone(),
+                    value: b"{\"host\":\"bench\"}".to_vec(),
+                    lease,
+                    ..Default::default()
+                })),
+            }],
+            failure: Vec::new(),
+        };
+        self.kv.txn(put).await.map_err(|s| status_code(&s))?;
+        loop {
+            let ranked = self
+                .kv
+                .range(pb::RangeRequest {
+                    key: self.prefix.clone().into_bytes(),
+                    range_end: prefix_end(&self.prefix),
+                    sort_order: pb::range_request::SortOrder::Ascend as i32,
+                    sort_target: pb::range_request::SortTarget::Create as i32,
+                    keys_only: true,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| status_code(&s))?
+                .into_inner();
+            let rank = ranked
+                .kvs
+                .iter()
+                .position(|kv| kv.key == key)
+                .ok_or("our key is missing from the range")?;
+            if rank < max {
+                return Ok(key);
+            }
+            let ahead = ranked.kvs[rank - max].key.clone();
+            let revision = ranked.header.map_or(0, |h| h.revision);
+            wait_deleted(watch, ahead, revision + 1).await?;
+        }
+    }
+
+    async fn delete(&mut self, key: Vec<u8>) -> Result<(), String> {
+        self.kv
+            .delete_range(pb::DeleteRangeRequest {
+                key,
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| status_code(&s))?;
+        Ok(())
+    }
+}
+
+/// Watches `key` from `revision` until it is deleted (at once if it already was since).
+async fn wait_deleted(
+    watch: &mut pb::watch_client::WatchClient<Channel>,
+    key: Vec<u8>,
+    revision: i64,
+) -> Result<(), String> {
+    use futures::StreamExt;
+    let create = pb::WatchRequest {
+        request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+            pb::WatchCreateRequest {
+                key,
+                start_revision: revision,
+                filters: vec![pb::watch_create_request::FilterType::Noput as i32],
+                ..Default::default()
+            },
+        )),
+    };
+    // The request side stays open until the watch ends; dropping the stream cancels it.
+    let requests = futures::stream::iter([create]).chain(futures::stream::pending());
+    let mut responses = watch
+        .watch(requests)
+        .await
+        .map_err(|s| status_code(&s))?
+        .into_inner();
+    while let Some(response) = responses.next().await {
+        let response = response.map_err(|s| status_code(&s))?;
+        if response.canceled {
+            return Err(format!("watch canceled: {}", response.cancel_reason));
+        }
+        if response
+            .events
+            .iter()
+            .any(|e| e.r#type == pb::event::EventType::Delete as i32)
+        {
+            return Ok(());
+        }
+    }
+    Err("watch ended".into())
+}

@@ -124,7 +124,7 @@ fn cell(v: Option<&Value>) -> String {
 fn headline(row: &Row) -> (String, String) {
     for key in [
         "cycles_per_s",
-        "cycles_ratio",
+        "ratio",
         "syncs_per_s",
         "grants_per_s",
         "refreshes_per_s",

@@ -17,13 +17,13 @@ use crate::net::Failover;
 use crate::rng::Rng;
 
 use super::stats::{Errors, Latencies, Row, round1};
-use super::{Opts, Target, create_leases, secs};
+use super::{Opts, Placement, Target, create_leases, secs};
 
-const CLIENTS: usize = 16;
-const PERMITS: u64 = 2;
+pub const CLIENTS: usize = 16;
+pub const PERMITS: u64 = 2;
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Event {
+pub enum Event {
     /// A release was sent (timestamp before the call).
     Release,
     /// A grant was observed (timestamp after the reply).
@@ -93,7 +93,12 @@ async fn client_loop(
     log
 }
 
-pub async fn run(target: &Target, opts: &Opts, hold_max_ms: u64) -> anyhow::Result<Row> {
+pub async fn run(
+    target: &Target,
+    opts: &Opts,
+    hold_max_ms: u64,
+    placement: Placement,
+) -> anyhow::Result<Row> {
     let leader = target.leader().await?;
     let sem = format!("w2-hold{hold_max_ms}");
     let pool = target.clients(&leader.addr, 4).await?;
@@ -123,7 +128,14 @@ pub async fn run(target: &Target, opts: &Opts, hold_max_ms: u64) -> anyhow::Resu
     let window_end = window_start + opts.duration;
     let mut tasks = Vec::new();
     for (i, lease) in leases.into_iter().enumerate() {
-        let conn = Failover::new(&target.endpoints, &leader.addr, Duration::from_secs(35));
+        let deadline = Duration::from_secs(35);
+        let conn = match placement {
+            Placement::Leader => Failover::new(&target.endpoints, &leader.addr, deadline),
+            Placement::Spread => {
+                let node = &target.endpoints[i % target.endpoints.len()];
+                Failover::pinned(&target.endpoints, node, deadline)
+            }
+        };
         let seed = 0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1) ^ (hold_max_ms << 32);
         tasks.push(tokio::spawn(client_loop(
             conn,
@@ -142,8 +154,23 @@ pub async fn run(target: &Target, opts: &Opts, hold_max_ms: u64) -> anyhow::Resu
         events.extend(log.events);
         errors.merge(log.errors);
     }
-    events.sort_unstable();
+    let mut row = handoff_row(events, opts, window_start, window_end, hold_max_ms, errors);
+    row.set("system", "conch");
+    row.set("placement", placement.name());
+    Ok(row)
+}
 
+/// The W2 row from every client's grants and releases (any system): grants per second in the
+/// window, and the handoff gap, pairing the n-th release sent with the grant it freed.
+pub fn handoff_row(
+    mut events: Vec<(Instant, Event)>,
+    opts: &Opts,
+    window_start: Instant,
+    window_end: Instant,
+    hold_max_ms: u64,
+    errors: Errors,
+) -> Row {
+    events.sort_unstable();
     let mut releases: VecDeque<Instant> = VecDeque::new();
     let mut gaps = Latencies::default();
     let mut grants = 0u64;
@@ -178,5 +205,5 @@ pub async fn run(target: &Target, opts: &Opts, hold_max_ms: u64) -> anyhow::Resu
     if errors.total() > 0 {
         row.set("error_kinds", errors.to_value());
     }
-    Ok(row)
+    row
 }

@@ -207,7 +207,7 @@ async fn run(
         "W1b" => rows.push(bench::w1::run(&target, opts, 64, true, Placement::Leader).await?),
         "W2" => {
             for hold_max_ms in [0, 20] {
-                rows.push(bench::w2::run(&target, opts, hold_max_ms).await?);
+                rows.push(bench::w2::run(&target, opts, hold_max_ms, Placement::Leader).await?);
             }
         }
         "W3" => rows.push(bench::w1::failover(&mut target, opts).await?),
