@@ -10,5 +10,6 @@ pub mod node;
 pub mod raft;
 pub mod server;
 pub mod state;
+pub mod storage_fault;
 pub mod tls;
 pub mod wait;

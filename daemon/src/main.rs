@@ -2,7 +2,9 @@
 //!
 //! Exit status: 0 after a clean stop; 64 (usage) for a bad flag, environment variable or config
 //! file value, before anything is bound or opened; 1 for any other startup or serving failure
-//! (port taken, damaged data directory). Every failure is one line on stderr.
+//! (port taken, damaged data directory); 74 when the node's storage fails while serving (the
+//! disk is full, an I/O error: restart it once the disk is fine). Every failure is one line on
+//! stderr.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use anyhow::Context;
 use clap::Parser;
 use conchd::config::{Config, Flags};
 use conchd::server;
+use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
 
 /// Exit status of a usage error: a bad flag or configuration value.
 const EXIT_USAGE: u8 = 64;
@@ -39,7 +42,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("conchd: {}", one_line(&e));
-            ExitCode::FAILURE
+            if e.downcast_ref::<StorageFailed>().is_some() {
+                ExitCode::from(EXIT_STORAGE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -97,7 +104,12 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
                 .unwrap_or_else(|| config.listen.to_string()),
             data_dir.display()
         );
-        server::serve(running, shutdown).await?;
+        // A storage failure stops the node at once: its Raft core is gone for good.
+        let failed = storage_fault::failed(config.id, running.node.raft.clone());
+        tokio::select! {
+            served = server::serve(running, shutdown) => served?,
+            failure = failed => return Err(failure.into()),
+        }
         tracing::info!("stopped");
         Ok(())
     })

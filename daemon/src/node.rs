@@ -34,6 +34,7 @@ use crate::identity::ClusterId;
 use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, peer_client};
 use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Cmd, Nanos, Reply};
+use crate::storage_fault;
 
 /// Most commands put into one Raft entry.
 const BATCH_MAX_CMDS: usize = 4096;
@@ -52,6 +53,9 @@ pub enum NodeError {
     NotLeader { node: NodeId },
     #[error("{0}")]
     Internal(String),
+    /// This node's storage failed (e.g. its disk is full); it is about to exit.
+    #[error("{0}")]
+    StorageFailed(String),
 }
 
 /// The leader as this node currently sees it.
@@ -192,7 +196,7 @@ impl Node {
             Ok((read_log_id, _)) => Ok(read_log_id.map(|l| l.index).unwrap_or(0)),
             Err(e) => match e.forward_to_leader() {
                 Some(_) => Err(NodeError::NotLeader { node: self.id }),
-                None => Err(NodeError::Unavailable(format!("confirm leadership: {e}"))),
+                None => Err(storage_fault::node_error(self.id, "confirm leadership", &e)),
             },
         }
     }
@@ -412,7 +416,7 @@ impl Node {
             }
             Err(e) => match e.forward_to_leader() {
                 Some(_) => Err(NodeError::NotLeader { node: self.id }),
-                None => Err(NodeError::Unavailable(format!("raft write failed: {e}"))),
+                None => Err(storage_fault::node_error(self.id, "raft write failed", &e)),
             },
         }
     }
