@@ -36,7 +36,7 @@ use tokio::time::Instant;
 
 use super::checker::{self, CheckConfig, CheckResult, Violation};
 use super::history::{CHECKER_PROCESS, History, Micros, OkValue, Op, OpKind, Outcome, fmt_micros};
-use super::nemesis::{FaultRecord, Nemesis};
+use super::nemesis::{Fault, FaultRecord, Nemesis};
 use super::workload::{MAX_WAIT_MS, Shared, Workload, WorkloadConfig};
 
 #[derive(Clone, Debug)]
@@ -62,7 +62,14 @@ pub struct RunOptions {
     pub tls: bool,
     /// Turn access control on before the workload; every client then sends a token.
     pub auth: bool,
+    /// Fault names to inject in this order, round robin, instead of random draws (see
+    /// `nemesis::MENU`); empty: random.
+    pub cycle: Vec<String>,
 }
+
+/// Size of each node's data disk when `disk-full` is in the menu: far more than a run writes
+/// (the log is purged at every snapshot), so only the filler fills it.
+pub const DISK_BYTES: u64 = 256 << 20;
 
 /// The final revoke of every lease gives up after this long (the drain check then reports
 /// what is left).
@@ -87,6 +94,7 @@ impl RunOptions {
             exclude: Vec::new(),
             tls: false,
             auth: false,
+            cycle: Vec::new(),
         }
     }
 }
@@ -125,6 +133,47 @@ impl RunReport {
         )
     }
 
+    /// Recovery times per fault kind: how many, then max and mean of the time from the heal to
+    /// the first write and to every node serving reads, and of the failover while it lasted.
+    pub fn recovery_per_kind(&self) -> String {
+        let mut kinds: BTreeMap<&str, Vec<&FaultRecord>> = BTreeMap::new();
+        for f in &self.faults {
+            kinds.entry(f.name).or_default().push(f);
+        }
+        let stat = |times: Vec<Option<Duration>>| {
+            let n = times.len();
+            let known: Vec<u128> = times.iter().flatten().map(|d| d.as_millis()).collect();
+            match known.iter().max() {
+                None => "-".to_string(),
+                Some(max) => {
+                    let never = n - known.len();
+                    format!(
+                        "max {max} mean {}{}",
+                        known.iter().sum::<u128>() / known.len() as u128,
+                        if never > 0 {
+                            format!(" ({never} never)")
+                        } else {
+                            String::new()
+                        }
+                    )
+                }
+            }
+        };
+        let mut out = String::from(
+            "jepsen: recovery per fault kind (ms; after the heal: first write, every node; writes during the fault):\n",
+        );
+        for (kind, faults) in kinds {
+            out.push_str(&format!(
+                "  {kind:<15} n={:<3} write {:<22} every node {:<22} during {}\n",
+                faults.len(),
+                stat(faults.iter().map(|f| f.first_write).collect()),
+                stat(faults.iter().map(|f| f.all_nodes).collect()),
+                stat(faults.iter().map(|f| f.during).collect()),
+            ));
+        }
+        out
+    }
+
     /// Everything but the summary line.
     pub fn details(&self) -> String {
         let mut out = String::new();
@@ -141,6 +190,7 @@ impl RunReport {
         for f in &self.faults {
             out.push_str(&format!("  {f}\n"));
         }
+        out.push_str(&self.recovery_per_kind());
         let times: Vec<u128> = self
             .faults
             .iter()
@@ -317,7 +367,48 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     } else {
         None
     };
-    let mut cluster = Cluster::launch_opts(opts.nodes, &args, true, opts.tls).await?;
+    // Faults that need the machine's help are left out, with one line, when it cannot.
+    let mut exclude = opts.exclude.clone();
+    let wanted = |name: &str, exclude: &[String]| {
+        !exclude.iter().any(|e| e == name)
+            && (opts.cycle.is_empty() || opts.cycle.iter().any(|c| c == name))
+    };
+    let clocks = wanted("clock-step", &exclude)
+        && {
+            let ok = crate::faketime::available();
+            if !ok {
+                println!(
+                    "jepsen: clock-step left out: libfaketime ({}) is not installed (scripts/install-test-deps.sh installs it)",
+                    crate::faketime::LIB
+                );
+                exclude.push("clock-step".into());
+            }
+            ok
+        };
+    let disks = wanted("disk-full", &exclude) && {
+        let mounted = crate::disk::mount_works();
+        if let Err(e) = &mounted {
+            println!("jepsen: disk-full left out: cannot mount a tmpfs here ({e:#})");
+            exclude.push("disk-full".into());
+        }
+        mounted.is_ok()
+    };
+    let env = |id: u64, dir: &std::path::Path| {
+        if clocks {
+            crate::faketime::node_env(id, dir)
+        } else {
+            Vec::new()
+        }
+    };
+    let mut cluster = Cluster::launch_on(
+        opts.nodes,
+        &args,
+        true,
+        opts.tls,
+        &env,
+        disks.then_some(DISK_BYTES),
+    )
+    .await?;
     say(
         progress,
         start,
@@ -346,8 +437,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     let workload = Workload::start(&shared);
     say(progress, start, format!("{} clients started", opts.clients));
 
+    let mut check = CheckResult::default();
+
     // ---- faults ----
-    let mut nemesis = Nemesis::new(Rng::derive(opts.seed, u64::MAX), &namespace, &opts.exclude);
+    let mut nemesis = Nemesis::new(Rng::derive(opts.seed, u64::MAX), &namespace, &exclude)
+        .with_cycle(&opts.cycle)
+        .with_clocks(clocks);
     let mut faults = Vec::new();
     let faults_until = Instant::now() + opts.duration;
     loop {
@@ -367,10 +462,29 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
             format!("fault {name}: {detail} for {} ms", hold.as_millis()),
         );
         let fault_at = Instant::now();
-        nemesis.apply(&mut cluster, &fault);
+        nemesis.apply(&mut cluster, &fault)?;
         let during = nemesis.during(&cluster, fault_at, fault_at + hold).await;
         tokio::time::sleep_until(fault_at + hold).await;
-        nemesis.heal(&mut cluster)?;
+        let exited = nemesis.heal(&mut cluster)?;
+        for (id, status) in exited {
+            let expected = matches!(fault, Fault::DiskFull { node } if node == id)
+                && status.code() == Some(crate::disk::CONCHD_EXIT_STORAGE);
+            if expected {
+                say(
+                    progress,
+                    start,
+                    format!("n{id} had exited on the full disk ({status}); started again"),
+                );
+            } else {
+                run_violation(
+                    &mut check,
+                    "crash",
+                    format!(
+                        "n{id} exited on its own ({status}) during {name} ({detail}); started again"
+                    ),
+                );
+            }
+        }
         let healed_at = Instant::now();
         let healed = history.now();
         let (first_write, all_nodes) = nemesis.recovery(&cluster, healed_at).await;
@@ -401,7 +515,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         );
         faults.push(record);
     }
-    nemesis.heal(&mut cluster)?;
+    for (id, status) in nemesis.heal(&mut cluster)? {
+        run_violation(
+            &mut check,
+            "crash",
+            format!("n{id} exited on its own ({status}) after the last heal; started again"),
+        );
+    }
 
     // ---- healed tail ----
     let tail_start = history.now();
@@ -412,7 +532,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         .stop(Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(10))
         .await;
 
-    let mut check = CheckResult::default();
     // 1. waiters give up
     let waiters_bound = Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(5);
     if let Err(last) = wait_statuses(&cluster, waiters_bound, |s| {
@@ -626,7 +745,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         dir,
         snapshot_every,
         permits: config.permits(),
-        exclude: opts.exclude.clone(),
+        exclude,
     })
 }
 
