@@ -408,15 +408,42 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
             Vec::new()
         }
     };
-    let mut cluster = Cluster::launch_on(
-        opts.nodes,
-        &args,
-        true,
-        opts.tls,
-        &env,
-        disks.then_some(DISK_BYTES),
-    )
-    .await?;
+    // A node whose port another process took in the moment between choosing it and binding it
+    // exits at once: start the whole cluster again with new ports (never counted as a crash).
+    let mut attempt = 1;
+    let mut cluster = loop {
+        let mut cluster = Cluster::launch_on(
+            opts.nodes,
+            &args,
+            true,
+            opts.tls,
+            &env,
+            disks.then_some(DISK_BYTES),
+        )
+        .await?;
+        let leader = wait_for("a leader", Duration::from_secs(30), || async {
+            cluster.leader().await
+        })
+        .await;
+        let exited: Vec<u64> = cluster
+            .ids()
+            .into_iter()
+            .filter(|&id| cluster.exit_status(id).is_some())
+            .collect();
+        if exited.is_empty() {
+            leader?;
+            break cluster;
+        }
+        anyhow::ensure!(
+            attempt < 3,
+            "nodes {exited:?} exited at startup: {}",
+            cluster.logs_tail()
+        );
+        println!(
+            "jepsen: nodes {exited:?} exited at startup (attempt {attempt}, e.g. a port taken); starting again with new ports"
+        );
+        attempt += 1;
+    };
     say(
         progress,
         start,
@@ -426,10 +453,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
             cluster.dir().display()
         ),
     );
-    wait_for("a leader", Duration::from_secs(30), || async {
-        cluster.leader().await
-    })
-    .await?;
     if opts.auth {
         crate::auth::wait_until_on(&cluster, Duration::from_secs(30)).await?;
         say(progress, start, "access control on");
