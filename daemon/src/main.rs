@@ -3,8 +3,8 @@
 //! Exit status: 0 after a clean stop; 64 (usage) for a bad flag, environment variable or config
 //! file value, before anything is bound or opened; 1 for any other startup or serving failure
 //! (port taken, damaged data directory); 74 when the node's storage fails while serving (the
-//! disk is full, an I/O error: restart it once the disk is fine). Every failure is one line on
-//! stderr.
+//! disk is full, an I/O error: restart it once the disk is fine) or its Raft core stops on an
+//! internal error. Every failure is one line on stderr.
 
 use std::process::ExitCode;
 use std::sync::Arc;

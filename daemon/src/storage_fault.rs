@@ -7,6 +7,10 @@
 //! lost: an append is acknowledged only after its flush succeeded, and a restart reads the log
 //! the way it does after a crash (see "Storage durability order" in docs/design.md).
 //!
+//! A Raft core that stops on a panic is treated the same way: the node cannot serve without
+//! it, so it exits with the same status and a line saying so, rather than answering errors
+//! forever.
+//!
 //! Between the failure and the exit (milliseconds), requests to the node are answered
 //! UNAVAILABLE with [`NodeError::StorageFailed`], which names the full disk; clients retry on
 //! another node.
