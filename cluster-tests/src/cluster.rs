@@ -21,6 +21,7 @@ use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_testkit::{LinkMode, LinkProxy};
 use nix::sys::signal::Signal;
 
+use crate::disk::SmallDisk;
 use crate::net::{channel, lazy_channel};
 use crate::pki::{HARNESS_CLIENT, Pki};
 use crate::{conchd_command, free_port, send_signal, wait_for};
@@ -52,6 +53,8 @@ pub type NodeEnv<'a> = dyn Fn(u64, &Path) -> Vec<(String, String)> + 'a;
 
 pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProc>,
+    /// Each node's small data disk, when it has one (unmounted on drop, before `dir` goes).
+    disks: BTreeMap<u64, SmallDisk>,
     /// One per directed peer link `(from, to)`; empty when the peers dial each other directly.
     proxies: BTreeMap<(u64, u64), LinkProxy>,
     channels: BTreeMap<u64, Channel>,
@@ -150,12 +153,26 @@ impl Cluster {
 
     /// Starts `n` nodes without waiting for a leader: [`Cluster::launch_opts`] with per-node
     /// environment variables.
-    async fn launch_with(
+    pub async fn launch_with(
         n: u64,
         extra_args: &[String],
         proxied: bool,
         tls: bool,
         env: &NodeEnv<'_>,
+    ) -> anyhow::Result<Cluster> {
+        Self::launch_on(n, extra_args, proxied, tls, env, None).await
+    }
+
+    /// Like [`Cluster::launch_with`]; with `disk_bytes`, every node's data directory is on a
+    /// tmpfs of its own of that size ([`SmallDisk`], needs root), which
+    /// [`Cluster::fill_disk`] fills up.
+    pub async fn launch_on(
+        n: u64,
+        extra_args: &[String],
+        proxied: bool,
+        tls: bool,
+        env: &NodeEnv<'_>,
+        disk_bytes: Option<u64>,
     ) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new()
             .prefix("conch-cluster-")
@@ -171,9 +188,24 @@ impl Cluster {
             None
         };
         let ids: Vec<u64> = (1..=n).collect();
+        // The nodes' ports stay bound until every proxy has its own, so no proxy of this
+        // cluster can take a node's port (a proxy there would lead one node's link to another
+        // node). They are released just before the nodes start.
+        let reserved: Vec<std::net::TcpListener> = ids
+            .iter()
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<_, _>>()
+            .context("reserve node ports")?;
         let addrs: BTreeMap<u64, String> = ids
             .iter()
-            .map(|id| (*id, format!("127.0.0.1:{}", free_port())))
+            .zip(&reserved)
+            .map(|(id, l)| {
+                let port = l
+                    .local_addr()
+                    .map(|a| a.port())
+                    .unwrap_or_else(|_| free_port());
+                (*id, format!("127.0.0.1:{port}"))
+            })
             .collect();
         let mut proxies = BTreeMap::new();
         if proxied {
@@ -193,8 +225,14 @@ impl Cluster {
             .join(",");
         let mut nodes = BTreeMap::new();
         let mut channels = BTreeMap::new();
+        let mut disks = BTreeMap::new();
         for &id in &ids {
-            let data_dir = dir.path().join(format!("node{id}"));
+            let mut data_dir = dir.path().join(format!("node{id}"));
+            if let Some(bytes) = disk_bytes {
+                let disk = SmallDisk::mount(&dir.path().join(format!("disk{id}")), bytes)?;
+                data_dir = disk.mount.join("data");
+                disks.insert(id, disk);
+            }
             let mut args: Vec<String> = vec![
                 "--id".into(),
                 id.to_string(),
@@ -238,6 +276,7 @@ impl Cluster {
         }
         let mut cluster = Cluster {
             nodes,
+            disks,
             proxies,
             channels,
             dir: Some(dir),
@@ -245,6 +284,7 @@ impl Cluster {
             pki,
             admin_token: None,
         };
+        drop(reserved);
         for id in ids {
             cluster.spawn(id)?;
         }
@@ -435,6 +475,50 @@ impl Cluster {
         for proxy in self.proxies.values() {
             proxy.set(LinkMode::Pass);
         }
+    }
+
+    /// Fills node `id`'s small data disk (see [`Cluster::launch_on`]) until it is full.
+    pub fn fill_disk(&self, id: u64) -> anyhow::Result<u64> {
+        self.disks
+            .get(&id)
+            .context("the node has no small disk")?
+            .fill()
+    }
+
+    /// Frees every node's small data disk again.
+    pub fn free_disks(&self) -> anyhow::Result<()> {
+        for disk in self.disks.values() {
+            disk.free()?;
+        }
+        Ok(())
+    }
+
+    /// Node `id`'s exit status if its process exited on its own (it stays reaped-pending until
+    /// [`Cluster::restart_exited`] or a kill).
+    pub fn exit_status(&mut self, id: u64) -> Option<std::process::ExitStatus> {
+        self.nodes
+            .get_mut(&id)
+            .and_then(|n| n.child.as_mut())
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Nodes whose process exited on its own (no kill by the harness), with their exit status,
+    /// reaped; each is started again, as a supervisor would.
+    pub fn restart_exited(&mut self) -> anyhow::Result<Vec<(u64, std::process::ExitStatus)>> {
+        let mut exited = Vec::new();
+        for node in self.nodes.values_mut() {
+            if let Some(child) = node.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                node.child = None;
+                node.paused = false;
+                exited.push((node.id, status));
+            }
+        }
+        for (id, _) in &exited {
+            self.spawn(*id)?;
+        }
+        Ok(exited)
     }
 
     /// Every node running, none paused, every link passing.

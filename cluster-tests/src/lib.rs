@@ -4,6 +4,7 @@
 //! - [`cluster`]: a cluster of `conchd` processes, its peer links optionally through fault
 //!   proxies ([`conch_testkit::LinkProxy`]); [`daemon`]: one `conchd` started with explicit arguments;
 //! - [`net`]: every channel to a node is built here, including the failover client;
+//! - [`faketime`]: faked wall clocks; [`disk`]: small data disks that fill up;
 //! - [`rng`]: the seeded random stream behind every replayable choice (`CONCH_SEED`);
 //! - [`ops`]: small helpers over the Grackle API;
 //! - [`jepsen`]: fault injection and the safety checker (`conch-jepsen`, `tests/jepsen.rs`);
@@ -17,6 +18,8 @@ pub mod auth;
 pub mod bench;
 pub mod cluster;
 pub mod daemon;
+pub mod disk;
+pub mod faketime;
 pub mod jepsen;
 pub mod net;
 pub mod ops;

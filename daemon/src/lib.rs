@@ -13,5 +13,6 @@ pub mod raft;
 pub mod restore;
 pub mod server;
 pub mod state;
+pub mod storage_fault;
 pub mod tls;
 pub mod wait;

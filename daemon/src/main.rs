@@ -2,7 +2,9 @@
 //!
 //! Exit status: 0 after a clean stop; 64 (usage) for a bad flag, environment variable or config
 //! file value, before anything is bound or opened; 1 for any other startup or serving failure
-//! (port taken, damaged data directory). Every failure is one line on stderr.
+//! (port taken, damaged data directory); 74 when the node's storage fails while serving (the
+//! disk is full, an I/O error: restart it once the disk is fine) or its Raft core stops on an
+//! internal error. Every failure is one line on stderr.
 //!
 //! `conchd restore …` seeds a data directory from a backup instead of serving (see `restore`).
 
@@ -12,6 +14,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use conchd::config::{Config, Flags, LogFormat};
+use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
 use conchd::{notify, server};
 
 /// Exit status of a usage error: a bad flag or configuration value.
@@ -44,7 +47,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("conchd: {}", one_line(&e));
-            ExitCode::FAILURE
+            if e.downcast_ref::<StorageFailed>().is_some() {
+                ExitCode::from(EXIT_STORAGE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -138,7 +145,12 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
             shutdown.await;
             notify::stopping();
         };
-        server::serve(running, shutdown).await?;
+        // A storage failure stops the node at once: its Raft core is gone for good.
+        let failed = storage_fault::failed(config.id, running.node.raft.clone());
+        tokio::select! {
+            served = server::serve(running, shutdown) => served?,
+            failure = failed => return Err(failure.into()),
+        }
         tracing::info!("stopped");
         Ok(())
     })

@@ -35,6 +35,7 @@ use crate::metrics::Metrics;
 use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, peer_client};
 use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Cmd, Nanos, Reply};
+use crate::storage_fault;
 
 /// Most commands put into one Raft entry.
 const BATCH_MAX_CMDS: usize = 4096;
@@ -53,6 +54,9 @@ pub enum NodeError {
     NotLeader { node: NodeId },
     #[error("{0}")]
     Internal(String),
+    /// This node's storage failed (e.g. its disk is full); it is about to exit.
+    #[error("{0}")]
+    StorageFailed(String),
 }
 
 /// The leader as this node currently sees it.
@@ -196,7 +200,7 @@ impl Node {
             Ok((read_log_id, _)) => Ok(read_log_id.map(|l| l.index).unwrap_or(0)),
             Err(e) => match e.forward_to_leader() {
                 Some(_) => Err(NodeError::NotLeader { node: self.id }),
-                None => Err(NodeError::Unavailable(format!("confirm leadership: {e}"))),
+                None => Err(storage_fault::node_error(self.id, "confirm leadership", &e)),
             },
         }
     }
@@ -417,7 +421,7 @@ impl Node {
             }
             Err(e) => match e.forward_to_leader() {
                 Some(_) => Err(NodeError::NotLeader { node: self.id }),
-                None => Err(NodeError::Unavailable(format!("raft write failed: {e}"))),
+                None => Err(storage_fault::node_error(self.id, "raft write failed", &e)),
             },
         }
     }

@@ -39,7 +39,8 @@ struct Cli {
 
     /// Leave these faults or cut modes out of the menu (comma-separated), e.g.
     /// `pause-leader,stall`. Faults: kill, kill-leader, kill-all, pause-leader, pause-follower,
-    /// isolate-leader, split, one-way-leader, slow, bridge; cut modes: refuse, blackhole, stall.
+    /// isolate-leader, split, one-way-leader, slow, bridge, clock-step, one-way-out, one-way-in,
+    /// disk-full; cut modes: refuse, blackhole, stall.
     #[arg(long, value_delimiter = ',')]
     exclude: Vec<String>,
 

@@ -2,7 +2,8 @@
 //!
 //! - the cluster: 3 or 5 nodes whose peer links all pass through fault proxies
 //!   ([`crate::cluster`], [`conch_testkit::proxy`]);
-//! - [`nemesis`]: a seeded sequence of faults (kill -9, SIGSTOP, partitions, slow links);
+//! - [`nemesis`]: a seeded sequence of faults (kill -9, SIGSTOP, partitions either way, slow
+//!   links, wall-clock steps, a full data disk);
 //! - [`workload`]: ≥16 clients with kept-alive leases acquiring and releasing small weights;
 //! - [`history`]: every operation as invoke / ok / fail / unknown;
 //! - [`checker`]: the safety checks on the history;

@@ -15,6 +15,22 @@
 //! - `bridge` (8, 5 nodes): two pairs that cannot see each other, and one node that sees both;
 //! - `pause-client` (8): SIGSTOP of one `conch sema` holder's conch for longer than its TTL
 //!   (see [`super::cli_holders`]; the run does it, the nodes are untouched).
+//! - `clock-step` (8): a random node's wall clock stepped by ±7 s, ±1 min, ±10 min, ±1 h or
+//!   ±1 day for 2–5 s, then back (another step). Leases run on the monotonic lease clock, so
+//!   nothing may change. Every node runs under libfaketime from the start (see
+//!   [`crate::faketime`]); without it the fault is left out with one printed line;
+//! - `one-way-out` (6): a random node's outgoing RPCs fail (its links to every other node cut:
+//!   it still receives, and answers, the others' requests), 2–5 s;
+//! - `one-way-in` (6): a random node's incoming RPCs fail (every other node's link to it cut:
+//!   its own requests still go out and get their answers), 2–5 s;
+//! - `disk-full` (6): a random node's data disk (a tmpfs of its own, see [`crate::disk`]) filled
+//!   until `ENOSPC` for 2–5 s. The node exits with status 74 on its next write; at the heal the
+//!   space comes back and the node is started again, as a supervisor would. Without a way to
+//!   mount a tmpfs the fault is left out with one printed line.
+//!
+//! A link carries the requests of the node that dialed it and their answers: a "one-way"
+//! partition therefore cuts the RPCs one node makes (or receives), not bytes in one direction
+//! of a TCP connection.
 //!
 //! A cut link is, at random, `refuse` (connections reset), `blackhole` (nothing delivered,
 //! connections dropped at the heal) or `stall` (nothing delivered until the heal, then
@@ -66,6 +82,18 @@ pub enum Fault {
         delay: Duration,
     },
     PauseClient,
+    /// Every other node's link to `node` cut: its incoming RPCs fail.
+    Incoming {
+        node: u64,
+        mode: LinkMode,
+    },
+    Clock {
+        node: u64,
+        offset_s: i64,
+    },
+    DiskFull {
+        node: u64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -107,10 +135,15 @@ pub struct Nemesis {
     probe_seq: u64,
     namespace: String,
     exclude: Vec<String>,
+    /// Fault names to use in this order, round robin, instead of random draws.
+    cycle: Vec<String>,
+    cycle_at: usize,
+    /// The nodes' wall clocks are faked (libfaketime): heals set them back.
+    clocks: bool,
 }
 
 /// Every fault name with its weight.
-pub const MENU: [(&str, u64); 11] = [
+pub const MENU: [(&str, u64); 15] = [
     ("kill", 12),
     ("kill-leader", 14),
     ("kill-all", 4),
@@ -122,7 +155,14 @@ pub const MENU: [(&str, u64); 11] = [
     ("slow", 6),
     ("bridge", 8),
     (super::cli_holders::FAULT, 8),
+    ("clock-step", 8),
+    ("one-way-out", 6),
+    ("one-way-in", 6),
+    ("disk-full", 6),
 ];
+
+/// Wall-clock steps of `clock-step`, in seconds (each either way).
+const CLOCK_STEPS: [i64; 5] = [7, 60, 600, 3_600, 86_400];
 
 /// Ways to cut a link.
 pub const CUT_MODES: [&str; 3] = ["refuse", "blackhole", "stall"];
@@ -146,7 +186,22 @@ impl Nemesis {
             probe_seq: 0,
             namespace: namespace.to_string(),
             exclude: exclude.to_vec(),
+            cycle: Vec::new(),
+            cycle_at: 0,
+            clocks: false,
         }
+    }
+
+    /// Uses the faults named in `cycle` in this order, round robin (names of [`MENU`]).
+    pub fn with_cycle(mut self, cycle: &[String]) -> Nemesis {
+        self.cycle = cycle.to_vec();
+        self
+    }
+
+    /// The nodes' wall clocks are faked: `clock-step` may step them and heals set them back.
+    pub fn with_clocks(mut self, clocks: bool) -> Nemesis {
+        self.clocks = clocks;
+        self
     }
 
     fn allowed(&self, name: &str) -> bool {
@@ -181,15 +236,23 @@ impl Nemesis {
             .copied()
             .filter(|(name, _)| self.allowed(name) && (*name != "bridge" || ids.len() >= 5))
             .collect();
-        let total: u64 = menu.iter().map(|(_, w)| w).sum();
-        let mut roll = self.rng.below(total);
         let mut name = menu.first().map(|m| m.0).unwrap_or("slow");
-        for (n, w) in &menu {
-            if roll < *w {
-                name = n;
-                break;
+        if self.cycle.is_empty() {
+            let total: u64 = menu.iter().map(|(_, w)| w).sum();
+            let mut roll = self.rng.below(total);
+            for (n, w) in &menu {
+                if roll < *w {
+                    name = n;
+                    break;
+                }
+                roll -= w;
             }
-            roll -= w;
+        } else {
+            let wanted = &self.cycle[self.cycle_at % self.cycle.len()];
+            self.cycle_at += 1;
+            if let Some((n, _)) = menu.iter().find(|(n, _)| n == wanted) {
+                name = n;
+            }
         }
         let random = *self.rng.pick(ids).unwrap_or(&1);
         let target = leader.unwrap_or(random);
@@ -300,6 +363,43 @@ impl Nemesis {
                 let hold = ms(&mut self.rng, lo, hi);
                 (name, Fault::PauseClient, hold, "a conch sema holder".into())
             }
+            "one-way-out" => {
+                let mode = self.cut_mode();
+                (
+                    name,
+                    Fault::OneWay { node: random, mode },
+                    ms(&mut self.rng, 2000, 5000),
+                    format!("n{random} -> others {}", mode_name(mode)),
+                )
+            }
+            "one-way-in" => {
+                let mode = self.cut_mode();
+                (
+                    name,
+                    Fault::Incoming { node: random, mode },
+                    ms(&mut self.rng, 2000, 5000),
+                    format!("others -> n{random} {}", mode_name(mode)),
+                )
+            }
+            "clock-step" => {
+                let step = *self.rng.pick(&CLOCK_STEPS).unwrap_or(&3_600);
+                let offset_s = if self.rng.chance(0.5) { step } else { -step };
+                (
+                    name,
+                    Fault::Clock {
+                        node: random,
+                        offset_s,
+                    },
+                    ms(&mut self.rng, 2000, 5000),
+                    format!("n{random} wall clock {offset_s:+} s"),
+                )
+            }
+            "disk-full" => (
+                name,
+                Fault::DiskFull { node: random },
+                ms(&mut self.rng, 2000, 5000),
+                format!("n{random} data disk full"),
+            ),
             _ => {
                 let delay = ms(&mut self.rng, 20, 200);
                 (
@@ -312,7 +412,7 @@ impl Nemesis {
         }
     }
 
-    pub fn apply(&mut self, cluster: &mut Cluster, fault: &Fault) {
+    pub fn apply(&mut self, cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
         match fault {
             Fault::Kill { nodes } => {
                 for &id in nodes {
@@ -348,12 +448,39 @@ impl Nemesis {
                     }
                 }
             }
+            Fault::Incoming { node, mode } => {
+                for from in cluster.ids() {
+                    if from != *node {
+                        cluster.set_link(from, *node, *mode);
+                    }
+                }
+            }
+            Fault::Clock { node, offset_s } => {
+                crate::faketime::step(cluster.dir(), *node, *offset_s)?;
+            }
+            Fault::DiskFull { node } => {
+                cluster.fill_disk(*node)?;
+            }
         }
+        Ok(())
     }
 
-    /// Undoes every fault: all nodes running and resumed, every link passing.
-    pub fn heal(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
-        cluster.heal_all()
+    /// Undoes every fault: every wall clock real again, every disk with space again, every node
+    /// running (a node that exited on its own is started again) and resumed, every link
+    /// passing. Returns the nodes that had exited on their own, with their exit status.
+    pub fn heal(
+        &mut self,
+        cluster: &mut Cluster,
+    ) -> anyhow::Result<Vec<(u64, std::process::ExitStatus)>> {
+        if self.clocks {
+            for id in cluster.ids() {
+                crate::faketime::step(cluster.dir(), id, 0)?;
+            }
+        }
+        cluster.free_disks()?;
+        let exited = cluster.restart_exited()?;
+        cluster.heal_all()?;
+        Ok(exited)
     }
 
     /// Time from `since` to the first acknowledged write (a create of namespace `name`)

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 
 use super::checker::{self, CheckConfig, CheckResult, Violation};
 use super::history::{CHECKER_PROCESS, History, Micros, OkValue, Op, OpKind, Outcome, fmt_micros};
-use super::nemesis::{FaultRecord, Nemesis};
+use super::nemesis::{Fault, FaultRecord, Nemesis};
 use super::workload::{MAX_WAIT_MS, Shared, Workload, WorkloadConfig};
 
 #[derive(Clone, Debug)]
@@ -48,7 +48,8 @@ pub struct RunOptions {
     pub clients: usize,
     pub semaphores: usize,
     pub ttl: Duration,
-    /// Healed time with the workload still running, before it stops.
+    /// Healed time with the workload still running, before it stops; at least
+    /// [`MIN_TAIL_OVER_TTL`] more than `ttl` whatever is set here.
     pub tail: Duration,
     /// Most time from a heal to the first acknowledged write.
     pub recovery_bound: Duration,
@@ -65,7 +66,21 @@ pub struct RunOptions {
     /// `conch sema` holders beside the workload, and the `pause-client` fault (plain TCP
     /// without access control only; see `cli_holders`).
     pub cli_holders: bool,
+    /// Fault names to inject in this order, round robin, instead of random draws (see
+    /// `nemesis::MENU`); empty: random.
+    pub cycle: Vec<String>,
 }
+
+/// Size of each node's data disk when `disk-full` is in the menu: far more than a run writes
+/// (the log is purged at every snapshot), so only the filler fills it.
+pub const DISK_BYTES: u64 = 256 << 20;
+
+/// The healed tail lasts at least the TTL plus this. A client that abandoned its lease during a
+/// fault may keep a semaphore whole for one TTL after the heal: its last refresh, held up by a
+/// stalled link, is only stamped when the link heals. A tail of one TTL or less then ends before
+/// the slot can come back, and "every semaphore grants in the tail" would fail for no fault of
+/// the cluster (seen with 5 nodes, seed 2: the grant came 8 ms after a 4 s tail).
+pub const MIN_TAIL_OVER_TTL: Duration = Duration::from_secs(4);
 
 /// The final revoke of every lease gives up after this long (the drain check then reports
 /// what is left).
@@ -91,6 +106,7 @@ impl RunOptions {
             tls: false,
             auth: false,
             cli_holders: true,
+            cycle: Vec::new(),
         }
     }
 }
@@ -131,6 +147,47 @@ impl RunReport {
         )
     }
 
+    /// Recovery times per fault kind: how many, then max and mean of the time from the heal to
+    /// the first write and to every node serving reads, and of the failover while it lasted.
+    pub fn recovery_per_kind(&self) -> String {
+        let mut kinds: BTreeMap<&str, Vec<&FaultRecord>> = BTreeMap::new();
+        for f in &self.faults {
+            kinds.entry(f.name).or_default().push(f);
+        }
+        let stat = |times: Vec<Option<Duration>>| {
+            let n = times.len();
+            let known: Vec<u128> = times.iter().flatten().map(|d| d.as_millis()).collect();
+            match known.iter().max() {
+                None => "-".to_string(),
+                Some(max) => {
+                    let never = n - known.len();
+                    format!(
+                        "max {max} mean {}{}",
+                        known.iter().sum::<u128>() / known.len() as u128,
+                        if never > 0 {
+                            format!(" ({never} never)")
+                        } else {
+                            String::new()
+                        }
+                    )
+                }
+            }
+        };
+        let mut out = String::from(
+            "jepsen: recovery per fault kind (ms; after the heal: first write, every node; writes during the fault):\n",
+        );
+        for (kind, faults) in kinds {
+            out.push_str(&format!(
+                "  {kind:<15} n={:<3} write {:<22} every node {:<22} during {}\n",
+                faults.len(),
+                stat(faults.iter().map(|f| f.first_write).collect()),
+                stat(faults.iter().map(|f| f.all_nodes).collect()),
+                stat(faults.iter().map(|f| f.during).collect()),
+            ));
+        }
+        out
+    }
+
     /// Everything but the summary line.
     pub fn details(&self) -> String {
         let mut out = String::new();
@@ -147,6 +204,7 @@ impl RunReport {
         for f in &self.faults {
             out.push_str(&format!("  {f}\n"));
         }
+        out.push_str(&self.recovery_per_kind());
         let times: Vec<u128> = self
             .faults
             .iter()
@@ -326,7 +384,75 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     } else {
         None
     };
-    let mut cluster = Cluster::launch_opts(opts.nodes, &args, true, opts.tls).await?;
+    // Faults that need the machine's help are left out, with one line, when it cannot.
+    let mut exclude = opts.exclude.clone();
+    let wanted = |name: &str, exclude: &[String]| {
+        !exclude.iter().any(|e| e == name)
+            && (opts.cycle.is_empty() || opts.cycle.iter().any(|c| c == name))
+    };
+    let clocks = wanted("clock-step", &exclude)
+        && {
+            let ok = crate::faketime::available();
+            if !ok {
+                println!(
+                    "jepsen: clock-step left out: libfaketime ({}) is not installed (scripts/install-test-deps.sh installs it)",
+                    crate::faketime::LIB
+                );
+                exclude.push("clock-step".into());
+            }
+            ok
+        };
+    let disks = wanted("disk-full", &exclude) && {
+        let mounted = crate::disk::mount_works();
+        if let Err(e) = &mounted {
+            println!("jepsen: disk-full left out: cannot mount a tmpfs here ({e:#})");
+            exclude.push("disk-full".into());
+        }
+        mounted.is_ok()
+    };
+    let env = |id: u64, dir: &std::path::Path| {
+        if clocks {
+            crate::faketime::node_env(id, dir)
+        } else {
+            Vec::new()
+        }
+    };
+    // A node whose port another process took in the moment between choosing it and binding it
+    // exits at once: start the whole cluster again with new ports (never counted as a crash).
+    let mut attempt = 1;
+    let mut cluster = loop {
+        let mut cluster = Cluster::launch_on(
+            opts.nodes,
+            &args,
+            true,
+            opts.tls,
+            &env,
+            disks.then_some(DISK_BYTES),
+        )
+        .await?;
+        let leader = wait_for("a leader", Duration::from_secs(30), || async {
+            cluster.leader().await
+        })
+        .await;
+        let exited: Vec<u64> = cluster
+            .ids()
+            .into_iter()
+            .filter(|&id| cluster.exit_status(id).is_some())
+            .collect();
+        if exited.is_empty() {
+            leader?;
+            break cluster;
+        }
+        anyhow::ensure!(
+            attempt < 3,
+            "nodes {exited:?} exited at startup: {}",
+            cluster.logs_tail()
+        );
+        println!(
+            "jepsen: nodes {exited:?} exited at startup (attempt {attempt}, e.g. a port taken); starting again with new ports"
+        );
+        attempt += 1;
+    };
     say(
         progress,
         start,
@@ -336,10 +462,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
             cluster.dir().display()
         ),
     );
-    wait_for("a leader", Duration::from_secs(30), || async {
-        cluster.leader().await
-    })
-    .await?;
     if opts.auth {
         crate::auth::wait_until_on(&cluster, Duration::from_secs(30)).await?;
         say(progress, start, "access control on");
@@ -355,7 +477,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     let workload = Workload::start(&shared);
     say(progress, start, format!("{} clients started", opts.clients));
 
-    let mut exclude = opts.exclude.clone();
     let (cli, said) = super::cli_holders::for_run(
         opts.cli_holders && !opts.tls && !opts.auth,
         &cluster.endpoints(),
@@ -364,9 +485,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         &mut exclude,
     );
     say(progress, start, said);
+    let mut check = CheckResult::default();
 
     // ---- faults ----
-    let mut nemesis = Nemesis::new(Rng::derive(opts.seed, u64::MAX), &namespace, &exclude);
+    let mut nemesis = Nemesis::new(Rng::derive(opts.seed, u64::MAX), &namespace, &exclude)
+        .with_cycle(&opts.cycle)
+        .with_clocks(clocks);
     let mut faults = Vec::new();
     let faults_until = Instant::now() + opts.duration;
     loop {
@@ -386,14 +510,33 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
             format!("fault {name}: {detail} for {} ms", hold.as_millis()),
         );
         let fault_at = Instant::now();
-        nemesis.apply(&mut cluster, &fault);
+        nemesis.apply(&mut cluster, &fault)?;
         if let (super::cli_holders::FAULT, Some(h)) = (name, &cli) {
             say(progress, start, h.pause_one());
         }
         let during = nemesis.during(&cluster, fault_at, fault_at + hold).await;
         tokio::time::sleep_until(fault_at + hold).await;
-        nemesis.heal(&mut cluster)?;
+        let exited = nemesis.heal(&mut cluster)?;
         cli.iter().for_each(|h| h.resume_all());
+        for (id, status) in exited {
+            let expected = matches!(fault, Fault::DiskFull { node } if node == id)
+                && status.code() == Some(crate::disk::CONCHD_EXIT_STORAGE);
+            if expected {
+                say(
+                    progress,
+                    start,
+                    format!("n{id} had exited on the full disk ({status}); started again"),
+                );
+            } else {
+                run_violation(
+                    &mut check,
+                    "crash",
+                    format!(
+                        "n{id} exited on its own ({status}) during {name} ({detail}); started again"
+                    ),
+                );
+            }
+        }
         let healed_at = Instant::now();
         let healed = history.now();
         let (first_write, all_nodes) = nemesis.recovery(&cluster, healed_at).await;
@@ -424,18 +567,23 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         );
         faults.push(record);
     }
-    nemesis.heal(&mut cluster)?;
+    for (id, status) in nemesis.heal(&mut cluster)? {
+        run_violation(
+            &mut check,
+            "crash",
+            format!("n{id} exited on its own ({status}) after the last heal; started again"),
+        );
+    }
 
     // ---- healed tail ----
     let tail_start = history.now();
-    tokio::time::sleep(opts.tail).await;
+    tokio::time::sleep(opts.tail.max(opts.ttl + MIN_TAIL_OVER_TTL)).await;
     let tail_end = history.now();
     say(progress, start, "stopping the workload");
     let leases = workload
         .stop(Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(10))
         .await;
 
-    let mut check = CheckResult::default();
     let cli = match cli {
         Some(h) => {
             let (violations, stats) = h.stop(Duration::from_secs(20)).await;
@@ -660,7 +808,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         dir,
         snapshot_every,
         permits: config.permits(),
-        exclude: opts.exclude.clone(),
+        exclude,
         cli,
     })
 }

@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 use super::status::ApiError;
 use crate::node::{Node, NodeError};
 use crate::raft::network::{decode, encode};
+use crate::raft::peer_target;
 use crate::state::Cmd;
 
 pub struct PeerService {
@@ -49,6 +50,11 @@ pub fn admit(node: &Node, request: &Request<()>) -> Result<(), ApiError> {
         .map_err(|e| ApiError::ClusterMismatch(e.to_string()))
 }
 
+/// Refuses a Raft RPC meant for another node (see `raft/peer_target.rs`).
+fn for_this_node<T>(node: &Node, request: &Request<T>) -> Result<(), ApiError> {
+    peer_target::check(node.id, request.metadata()).map_err(ApiError::ClusterMismatch)
+}
+
 fn decode_request<T: DeserializeOwned>(request: Request<PeerMessage>) -> Result<T, ApiError> {
     decode(&request.into_inner().payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))
 }
@@ -65,12 +71,14 @@ impl ConchPeer for PeerService {
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
+        for_this_node(&self.node, &request)?;
         self.node.cluster_id.adopt_from(request.metadata());
         let rpc = decode_request(request)?;
         Ok(encode_reply(&self.node.raft.append_entries(rpc).await)?)
     }
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
+        for_this_node(&self.node, &request)?;
         let rpc = decode_request(request)?;
         Ok(encode_reply(&self.node.raft.vote(rpc).await)?)
     }
@@ -79,6 +87,7 @@ impl ConchPeer for PeerService {
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
+        for_this_node(&self.node, &request)?;
         self.node.cluster_id.adopt_from(request.metadata());
         let rpc = decode_request(request)?;
         Ok(encode_reply(&self.node.raft.install_snapshot(rpc).await)?)

@@ -143,6 +143,7 @@ fn from_node(error: NodeError) -> Status {
             Status::unavailable(format!("node {node} is not the leader; retry"))
         }
         NodeError::Internal(message) => internal(message),
+        NodeError::StorageFailed(message) => Status::unavailable(message),
     }
 }
 
@@ -191,6 +192,10 @@ mod tests {
             (Code::Unavailable, "node 2 is not the leader; retry".into())
         );
         assert_eq!(status(NodeError::Internal("bug".into())).0, Code::Internal);
+        assert_eq!(
+            status(NodeError::StorageFailed("node 2 stopped: disk full".into())),
+            (Code::Unavailable, "node 2 stopped: disk full".into())
+        );
         assert_eq!(
             status(ApiError::raft("change membership", "learner lagging")),
             (

@@ -7,6 +7,7 @@ use crate::state::{Batch, Reply};
 
 pub mod log_store;
 pub mod network;
+pub mod peer_target;
 pub mod state_machine;
 
 openraft::declare_raft_types!(

@@ -154,6 +154,7 @@ impl PeerConnection {
         let payload = encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = tonic::Request::new(PeerMessage { payload });
         request.set_timeout(option.hard_ttl());
+        super::peer_target::name_target(&mut request, self.target);
         let reply = match call {
             PeerCall::AppendEntries => client.append_entries(request).await,
             PeerCall::Vote => client.vote(request).await,

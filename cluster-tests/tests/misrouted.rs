@@ -1,0 +1,83 @@
+//! A peer address that leads to the wrong member: node 1 is told node 3 lives at node 2's
+//! address. Raft counts a reply as the vote or acknowledgement of the node the request was
+//! sent to, so node 2 must refuse what was meant for node 3 (else one real node would count
+//! twice towards a quorum); the cluster still elects a leader and commits through the links
+//! that are right.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use cluster_tests::ops;
+use cluster_tests::{Daemon, free_port, wait_for};
+use conch_proto::conch::ClusterStatusRequest;
+use conch_proto::conch::conch_admin_client::ConchAdminClient;
+
+const REFUSAL: &str = "this is node 2, not node 3";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_message_meant_for_another_node_is_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let initial = (1..=3)
+        .map(|id| format!("{id}={}", addrs[id - 1]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut nodes = Vec::new();
+    for id in 1..=3usize {
+        let data = dir.path().join(format!("node{id}"));
+        let data = data.display().to_string();
+        let id_text = id.to_string();
+        let mut args = vec![
+            "--id",
+            &id_text,
+            "--listen",
+            &addrs[id - 1],
+            "--data-dir",
+            &data,
+            "--initial-cluster",
+            &initial,
+        ];
+        // Node 1 (it bootstraps and campaigns first) reaches "node 3" at node 2's address.
+        let wrong = format!("3={}", addrs[1]);
+        if id == 1 {
+            args.extend(["--peer-routes", &wrong]);
+        }
+        nodes.push(Daemon::spawn(&args, dir.path())?);
+    }
+
+    wait_for(
+        "node 2 to refuse a message meant for node 3",
+        Duration::from_secs(60),
+        || async { nodes[1].stderr().contains(REFUSAL).then_some(()) },
+    )
+    .await
+    .with_context(|| format!("node 2 log:\n{}", nodes[1].stderr()))?;
+
+    // The right links still make a cluster: a leader, and a write that commits.
+    let leader = wait_for("a leader", Duration::from_secs(60), || async {
+        for addr in &addrs {
+            let Ok(channel) = cluster_tests::channel(addr).await else {
+                continue;
+            };
+            if let Ok(status) = ConchAdminClient::new(channel)
+                .cluster_status(ClusterStatusRequest {})
+                .await
+                && status.get_ref().leader_id != 0
+            {
+                return Some(status.get_ref().leader_id);
+            }
+        }
+        None
+    })
+    .await?;
+    let addr = &addrs[leader as usize - 1];
+    let c = ops::Grackle::new(cluster_tests::channel(addr).await?);
+    wait_for("a write to commit", Duration::from_secs(60), || {
+        let mut c = c.clone();
+        async move { ops::namespace(&mut c, "misrouted").await.ok() }
+    })
+    .await?;
+    Ok(())
+}
