@@ -116,6 +116,13 @@ async fn single_node_on_port_zero_serves_both_clients_and_restarts_on_its_data()
     assert_eq!(node.advertise(), addr.to_string());
     assert_eq!(node.metrics_addr(), None, "metrics are off when embedded");
 
+    // The node owns its data directory: a second one on it is refused.
+    let second = ConchNode::start(NodeConfig::single("127.0.0.1:0", dir.path())).await;
+    assert!(
+        second.is_err(),
+        "a second node opened a data directory in use"
+    );
+
     let local = node.client();
     namespace(&local, "ns").await;
     semaphore(&local, "ns", "s", 1).await;
