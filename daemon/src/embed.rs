@@ -427,6 +427,13 @@ impl LocalClient {
         LocalClient { routes }
     }
 
+    /// The services themselves, to build a client of your own on (e.g.
+    /// `GrackleApiClient::with_interceptor(client.service(), ...)` adding a bearer token to
+    /// every call when access control is on).
+    pub fn service(&self) -> LocalService {
+        self.routes.clone()
+    }
+
     /// The Grackle semaphore API: namespaces, semaphores, leases, acquire and release.
     pub fn grackle(&self) -> GrackleApiClient<LocalService> {
         GrackleApiClient::new(self.routes.clone())

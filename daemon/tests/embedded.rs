@@ -285,3 +285,86 @@ async fn three_embedded_nodes_keep_serving_after_the_leader_is_dropped() {
             .expect("clean shutdown");
     }
 }
+
+/// A self-signed certificate for 127.0.0.1 and its key, written to `dir`.
+fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("sign");
+    let (cert_path, key_path) = (dir.join("node.crt"), dir.join("node.key"));
+    std::fs::write(&cert_path, cert.pem()).expect("write cert");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    (cert_path, key_path, cert.pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_serves_tls_clients_and_the_in_process_client() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (cert, key, pem) = self_signed(dir.path());
+
+    // A bad setting is refused before anything starts, naming the conchd flag.
+    let refused = ConchNode::start(
+        NodeConfig::single("127.0.0.1:0", dir.path().join("data")).client_ca(&cert),
+    )
+    .await
+    .err()
+    .expect("client_ca without tls is refused");
+    assert!(
+        matches!(refused, conchd::EmbedError::Config(_)),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("--client-ca"), "{refused}");
+
+    let node = ConchNode::start(
+        NodeConfig::single("127.0.0.1:0", dir.path().join("data")).tls(&cert, &key),
+    )
+    .await
+    .expect("start with TLS");
+    let local = node.client();
+    namespace(&local, "ns").await;
+
+    let addr = node.local_addr();
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(pem))
+        .domain_name("127.0.0.1");
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .expect("endpoint")
+        .tls_config(tls)
+        .expect("tls config")
+        .connect()
+        .await
+        .expect("connect over TLS");
+    let seen = GrackleApiClient::new(channel)
+        .get_namespace(conchd::proto::grackle::GetNamespaceRequest {
+            namespace_name: "ns".into(),
+        })
+        .await
+        .expect("get over TLS");
+    assert_eq!(
+        seen.into_inner().namespace.map(|n| n.name).as_deref(),
+        Some("ns")
+    );
+
+    // Plaintext is not served.
+    let plaintext = async {
+        GrackleApiClient::connect(format!("http://{addr}"))
+            .await
+            .map_err(|e| e.to_string())?
+            .get_namespace(conchd::proto::grackle::GetNamespaceRequest {
+                namespace_name: "ns".into(),
+            })
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let plaintext = tokio::time::timeout(WITHIN, plaintext)
+        .await
+        .expect("a plaintext call ends");
+    assert!(plaintext.is_err(), "a plaintext call was answered");
+
+    tokio::time::timeout(WITHIN, node.shutdown())
+        .await
+        .expect("shutdown returns")
+        .expect("clean shutdown");
+}
