@@ -290,10 +290,12 @@ impl ConchNode {
         config: Arc<Config>,
         listener: tokio::net::TcpListener,
     ) -> Result<ConchNode, StartError> {
+        // Asked before anything starts: nothing is left running when it fails.
+        let local_addr = listener.local_addr().map_err(|error| StartError::Bind {
+            addr: config.listen.to_string(),
+            error,
+        })?;
         let running = server::start_with_listener(config, listener).await?;
-        let local_addr = running
-            .local_addr()
-            .ok_or_else(|| StartError::Serve("the listener has no local address".into()))?;
         let metrics_addr = running.metrics_addr();
         let node = Arc::clone(&running.node);
         let (stop, stopped) = oneshot::channel::<()>();
