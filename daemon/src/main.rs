@@ -1,4 +1,4 @@
-//! `conchd`: flags -> Config -> run.
+//! `conchd`: flags -> Config -> run, through the same [`ConchNode`] an embedding program uses.
 //!
 //! Exit status: 0 after a clean stop; 64 (usage) for a bad flag, environment variable or config
 //! file value, before anything is bound or opened; 1 for any other startup or serving failure
@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::Parser;
 use conchd::config::{Config, Flags, LogFormat};
 use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
-use conchd::{notify, server};
+use conchd::{ConchNode, notify};
 
 /// Exit status of a usage error: a bad flag or configuration value.
 const EXIT_USAGE: u8 = 64;
@@ -124,14 +124,11 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
     runtime.block_on(async move {
         // Install the handlers first: a signal during startup must stop, not kill, the node.
         let shutdown = shutdown_signal()?;
-        let running = server::start(Arc::clone(&config)).await?;
+        let node = ConchNode::start_config(Arc::clone(&config)).await?;
         let data_dir =
             std::fs::canonicalize(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
-        let listening = running
-            .local_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| config.listen.to_string());
-        let metrics = running
+        let listening = node.local_addr().to_string();
+        let metrics = node
             .metrics_addr()
             .map(|a| format!(", metrics on http://{a}/metrics"))
             .unwrap_or_default();
@@ -146,9 +143,9 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
             notify::stopping();
         };
         // A storage failure stops the node at once: its Raft core is gone for good.
-        let failed = storage_fault::failed(config.id, running.node.raft.clone());
+        let failed = storage_fault::failed(config.id, node.node().raft.clone());
         tokio::select! {
-            served = server::serve(running, shutdown) => served?,
+            served = node.run_until(shutdown) => served?,
             failure = failed => return Err(failure.into()),
         }
         tracing::info!("stopped");

@@ -141,6 +141,16 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
             addr: config.listen.to_string(),
             error,
         })?;
+    start_with_listener(config, listener).await
+}
+
+/// [`start`] on a port the caller has already bound (`config.listen` is then only what the
+/// node says it listens on): lets an embedding program pick port 0 and learn every node's
+/// address before any node starts.
+pub async fn start_with_listener(
+    config: Arc<Config>,
+    listener: tokio::net::TcpListener,
+) -> Result<Running, StartError> {
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|error| {
             StartError::BindMetrics {

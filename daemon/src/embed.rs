@@ -1,0 +1,468 @@
+//! Running a conch node inside another program.
+//!
+//! [`NodeConfig`] describes a node in code (no flags, no `CONCH_*` environment variables, no
+//! config file); [`ConchNode::start`] runs it exactly as `conchd` does (the same
+//! [`server::start_with_listener`] and [`server::serve`]: same storage, same Raft, same port
+//! serving clients and peers); [`ConchNode::client`] talks to it from the same process; and
+//! [`ConchNode::shutdown`] stops it.
+//!
+//! # The in-process client
+//!
+//! [`LocalClient`] hands out the generated gRPC clients (`GrackleApiClient`, `ConchApiClient`,
+//! `ConchAdminClient`, `ConchAuthClient`) over the node's own service implementations, called
+//! as a `tower::Service` in this process: no socket, no HTTP/2, no TLS. Each call is still
+//! encoded and decoded as a gRPC message and goes through the very handler a network client
+//! reaches, so it has the same semantics, errors (`tonic::Status` codes and messages), limits
+//! (validation, the 4 MiB request limit, access control with an `authorization: Bearer` header
+//! when it is on) and forwarding (a follower's client reaches the leader through the peer
+//! channel, as a follower's network clients do). What it does not have: the `conch-leader`
+//! response header and the per-call metrics, which describe network clients.
+//!
+//! # Ownership
+//!
+//! The node owns its data directory while it runs (a second node on the same directory fails
+//! to start). Every task runs on the caller's tokio runtime (multi-threaded), which must outlive
+//! the node. The library never installs a log subscriber: the embedding program's `tracing`
+//! subscriber receives conchd's events.
+//!
+//! # Shutdown
+//!
+//! [`ConchNode::shutdown`] stops serving (in-flight calls end first), stops Raft and returns
+//! once the storage is closed: the data directory can then be opened again. Dropping a
+//! [`ConchNode`] without it starts the same shutdown in the background and returns at once.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conch_proto::conch::conch_admin_client::ConchAdminClient;
+use conch_proto::conch::conch_admin_server::ConchAdminServer;
+use conch_proto::conch::conch_api_client::ConchApiClient;
+use conch_proto::conch::conch_api_server::ConchApiServer;
+use conch_proto::conch::conch_auth_client::ConchAuthClient;
+use conch_proto::conch::conch_auth_server::ConchAuthServer;
+use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use conch_proto::grackle::grackle_api_server::GrackleApiServer;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::service::Routes;
+use tonic::service::interceptor::InterceptedService;
+
+use crate::api::{self, CLIENT_MESSAGE_MAX_BYTES};
+use crate::config::{Config, ConfigError, Flags};
+use crate::identity::CLUSTER_ID_HEADER;
+use crate::node::Node;
+use crate::server::{self, StartError};
+
+/// Why an embedded node did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedError {
+    /// The configuration is invalid (the message names the equivalent `conchd` flag).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Binding, opening the data directory or starting Raft failed.
+    #[error(transparent)]
+    Start(#[from] StartError),
+}
+
+/// Where the node serves: an address to bind, or a listener the program bound itself.
+#[derive(Debug)]
+enum Listen {
+    Addr(String),
+    Bound(std::net::TcpListener),
+}
+
+/// An embedded node's settings, built in code. Validated by [`ConchNode::start`] with the same
+/// rules (and defaults) as `conchd`'s flags; unlike `conchd`, metrics are off unless
+/// [`NodeConfig::metrics_listen`] turns them on.
+#[derive(Debug)]
+pub struct NodeConfig {
+    listen: Listen,
+    flags: Flags,
+}
+
+impl NodeConfig {
+    /// A single-node cluster (node 1) serving on `listen` (port 0: any free port) with its data
+    /// in `data_dir`.
+    pub fn single(listen: impl Into<String>, data_dir: impl Into<PathBuf>) -> NodeConfig {
+        NodeConfig::new(1, listen, data_dir)
+    }
+
+    /// Node `id` serving on `listen` with its data in `data_dir`; a member of a larger cluster
+    /// once given [`NodeConfig::initial_cluster`] (or [`NodeConfig::join`]).
+    pub fn new(id: u64, listen: impl Into<String>, data_dir: impl Into<PathBuf>) -> NodeConfig {
+        NodeConfig {
+            listen: Listen::Addr(listen.into()),
+            flags: Flags {
+                id: Some(id),
+                data_dir: Some(data_dir.into()),
+                metrics_listen: Some("off".into()),
+                ..Flags::default()
+            },
+        }
+    }
+
+    /// Serve on a listener the program has bound (e.g. several nodes on port 0, whose
+    /// addresses must all be known for [`NodeConfig::initial_cluster`] before any starts).
+    pub fn listener(mut self, listener: std::net::TcpListener) -> NodeConfig {
+        self.listen = Listen::Bound(listener);
+        self
+    }
+
+    /// The address other nodes and clients reach this node at (default: the bound address).
+    pub fn advertise(mut self, addr: impl Into<String>) -> NodeConfig {
+        self.flags.advertise = Some(addr.into());
+        self
+    }
+
+    /// The members to bootstrap an empty cluster with, by id; must include this node at its
+    /// advertised address. Ignored once the data directory holds a cluster.
+    pub fn initial_cluster<A: Into<String>>(
+        mut self,
+        members: impl IntoIterator<Item = (u64, A)>,
+    ) -> NodeConfig {
+        let text = members
+            .into_iter()
+            .map(|(id, addr)| format!("{id}={}", addr.into()))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.flags.initial_cluster = Some(text);
+        self
+    }
+
+    /// Dial these peers at other addresses than their advertised ones.
+    pub fn peer_routes<A: Into<String>>(
+        mut self,
+        routes: impl IntoIterator<Item = (u64, A)>,
+    ) -> NodeConfig {
+        let text = routes
+            .into_iter()
+            .map(|(id, addr)| format!("{id}={}", addr.into()))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.flags.peer_routes = Some(text);
+        self
+    }
+
+    /// Never bootstrap: an empty node waits to be added to a running cluster.
+    pub fn join(mut self) -> NodeConfig {
+        self.flags.join = true;
+        self
+    }
+
+    /// Serve TLS with this certificate chain and key (PEM files, re-read when they change).
+    pub fn tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> NodeConfig {
+        self.flags.tls_cert = Some(cert.into());
+        self.flags.tls_key = Some(key.into());
+        self
+    }
+
+    /// With [`NodeConfig::tls`]: require client certificates signed by this CA.
+    pub fn client_ca(mut self, ca: impl Into<PathBuf>) -> NodeConfig {
+        self.flags.client_ca = Some(ca.into());
+        self
+    }
+
+    /// With [`NodeConfig::tls`]: mutual TLS between nodes, checked against this CA (required
+    /// for a cluster of several nodes over TLS).
+    pub fn peer_ca(mut self, ca: impl Into<PathBuf>) -> NodeConfig {
+        self.flags.peer_ca = Some(ca.into());
+        self
+    }
+
+    /// Serve Prometheus metrics at `http://addr/metrics` (off by default when embedded).
+    pub fn metrics_listen(mut self, addr: impl Into<String>) -> NodeConfig {
+        self.flags.metrics_listen = Some(addr.into());
+        self
+    }
+
+    /// Raft heartbeat interval (default 100 ms).
+    pub fn heartbeat(mut self, interval: Duration) -> NodeConfig {
+        self.flags.heartbeat_ms = Some(interval.as_millis() as u64);
+        self
+    }
+
+    /// Minimum election timeout, at least 3 heartbeats (default 300 ms).
+    pub fn election_timeout(mut self, timeout: Duration) -> NodeConfig {
+        self.flags.election_timeout_ms = Some(timeout.as_millis() as u64);
+        self
+    }
+
+    /// Snapshot (and compact the log) every this many entries (default 10 000).
+    pub fn snapshot_every(mut self, entries: u64) -> NodeConfig {
+        self.flags.snapshot_every = Some(entries);
+        self
+    }
+
+    /// How long a call waits for a leader during an election (default 3 s).
+    pub fn leader_wait(mut self, wait: Duration) -> NodeConfig {
+        self.flags.leader_wait_ms = Some(wait.as_millis() as u64);
+        self
+    }
+
+    /// When this node bootstraps a new cluster, install the token in this file as its first
+    /// cluster admin and turn access control on.
+    pub fn bootstrap_admin_token_file(mut self, path: impl Into<PathBuf>) -> NodeConfig {
+        self.flags.bootstrap_admin_token_file = Some(path.into());
+        self
+    }
+
+    /// Binds (unless bound already) and validates: the configuration as `conchd` would build it
+    /// from the same flags, with the bound address as `--listen`.
+    async fn bind(self) -> Result<(Config, tokio::net::TcpListener), EmbedError> {
+        let NodeConfig { listen, mut flags } = self;
+        let listener = match listen {
+            Listen::Addr(text) => tokio::net::TcpListener::bind(text.as_str())
+                .await
+                .map_err(|error| StartError::Bind { addr: text, error })?,
+            Listen::Bound(listener) => {
+                listener
+                    .set_nonblocking(true)
+                    .map_err(|error| StartError::Bind {
+                        addr: local_addr_text(&listener),
+                        error,
+                    })?;
+                tokio::net::TcpListener::from_std(listener).map_err(|error| StartError::Bind {
+                    addr: "a listener of the program".into(),
+                    error,
+                })?
+            }
+        };
+        let bound = listener.local_addr().map_err(|error| StartError::Bind {
+            addr: "the bound listener".into(),
+            error,
+        })?;
+        flags.listen = Some(bound.to_string());
+        Ok((Config::from_flags(flags)?, listener))
+    }
+}
+
+fn local_addr_text(listener: &std::net::TcpListener) -> String {
+    listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "a listener of the program".into())
+}
+
+/// A running node. Stop it with [`ConchNode::shutdown`]; dropping it stops it in the
+/// background.
+///
+/// # Example
+///
+/// A single node on a free port, a semaphore taken and released through the in-process
+/// client (this is `daemon/examples/embedded.rs`, run as a test):
+///
+#[doc = concat!("```\n", include_str!("../examples/embedded.rs"), "```")]
+pub struct ConchNode {
+    node: Arc<Node>,
+    local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    client: LocalClient,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<JoinHandle<Result<(), StartError>>>,
+}
+
+impl ConchNode {
+    /// Binds, opens (or creates) the data directory, starts Raft (bootstrapping a new cluster
+    /// if the directory is empty and this node is the lowest id of the initial cluster) and
+    /// serves. Returns once the node serves; a leader may not be elected yet (calls wait for
+    /// one, up to the leader wait).
+    pub async fn start(config: NodeConfig) -> Result<ConchNode, EmbedError> {
+        let (config, listener) = config.bind().await?;
+        Ok(ConchNode::start_bound(Arc::new(config), listener).await?)
+    }
+
+    /// Runs a node from a [`Config`] built elsewhere (as `conchd` does from its flags): binds
+    /// `config.listen`, then as [`ConchNode::start`].
+    pub async fn start_config(config: Arc<Config>) -> Result<ConchNode, StartError> {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|error| StartError::Bind {
+                addr: config.listen.to_string(),
+                error,
+            })?;
+        ConchNode::start_bound(config, listener).await
+    }
+
+    async fn start_bound(
+        config: Arc<Config>,
+        listener: tokio::net::TcpListener,
+    ) -> Result<ConchNode, StartError> {
+        // Asked before anything starts: nothing is left running when it fails.
+        let local_addr = listener.local_addr().map_err(|error| StartError::Bind {
+            addr: config.listen.to_string(),
+            error,
+        })?;
+        let running = server::start_with_listener(config, listener).await?;
+        let metrics_addr = running.metrics_addr();
+        let node = Arc::clone(&running.node);
+        let (stop, stopped) = oneshot::channel::<()>();
+        // Stops when told, and when the handle is dropped (the sender with it).
+        let served = tokio::spawn(server::serve(running, async move {
+            let _ = stopped.await;
+        }));
+        Ok(ConchNode {
+            client: LocalClient::new(Arc::clone(&node)),
+            node,
+            local_addr,
+            metrics_addr,
+            stop: Some(stop),
+            served: Some(served),
+        })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.node.id
+    }
+
+    /// The address the node serves clients and peers on (the bound port when asked for 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The address other nodes and clients reach this node at.
+    pub fn advertise(&self) -> &str {
+        &self.node.config.advertise
+    }
+
+    /// Where `/metrics` is served, if it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The in-process client of this node (cheap to clone).
+    pub fn client(&self) -> LocalClient {
+        self.client.clone()
+    }
+
+    /// The leader's id as this node sees it, if one is known.
+    pub fn leader(&self) -> Option<u64> {
+        self.node.leader().map(|l| l.id)
+    }
+
+    /// True while this node leads.
+    pub fn is_leader(&self) -> bool {
+        self.node.is_leader()
+    }
+
+    /// The node itself, for what the client does not offer (its Raft handle, metrics, state).
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Serves until `shutdown` resolves (or serving fails), then stops as
+    /// [`ConchNode::shutdown`] does.
+    pub async fn run_until(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), StartError> {
+        let Some(mut served) = self.served.take() else {
+            return Ok(());
+        };
+        let result = tokio::select! {
+            result = &mut served => result,
+            () = shutdown => {
+                if let Some(stop) = self.stop.take() {
+                    let _ = stop.send(());
+                }
+                served.await
+            }
+        };
+        result.map_err(|e| StartError::Serve(format!("the serving task failed: {e}")))?
+    }
+
+    /// Stops serving (in-flight calls end first), stops Raft and closes the storage: when it
+    /// returns, the data directory may be opened again.
+    pub async fn shutdown(self) -> Result<(), StartError> {
+        self.run_until(std::future::ready(())).await
+    }
+}
+
+impl Drop for ConchNode {
+    fn drop(&mut self) {
+        // The serving task sees the sender go and stops by itself; nothing here waits.
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The gRPC services of one node, called in this process (see the module docs).
+pub type LocalService = Routes;
+
+/// An in-process client of one node: the generated gRPC clients over the node's own service
+/// implementations, without a network hop. Cheap to clone; every clone talks to the same node.
+#[derive(Clone)]
+pub struct LocalClient {
+    routes: Routes,
+}
+
+impl LocalClient {
+    /// The client-facing services of `node`, limited and guarded as on its port.
+    pub fn new(node: Arc<Node>) -> LocalClient {
+        let grackle = GrackleApiServer::new(api::grackle::GrackleService::new(Arc::clone(&node)))
+            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+        let conch_api = ConchApiServer::new(api::conch::ConchApiService::new(Arc::clone(&node)))
+            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+        let admin = ConchAdminServer::new(api::conch::AdminService::new(Arc::clone(&node)))
+            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+        let admin_node = Arc::clone(&node);
+        let admin = InterceptedService::new(admin, move |request: tonic::Request<()>| {
+            if request.metadata().contains_key(CLUSTER_ID_HEADER) {
+                admin_node
+                    .cluster_id
+                    .check(request.metadata())
+                    .map_err(|e| api::status::ApiError::ClusterMismatch(e.to_string()))?;
+            }
+            Ok(request)
+        });
+        let auth = ConchAuthServer::new(api::auth::AuthService::new(Arc::clone(&node)))
+            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+        let routes = Routes::new(grackle)
+            .add_service(conch_api)
+            .add_service(admin)
+            .add_service(auth)
+            .prepare();
+        LocalClient { routes }
+    }
+
+    /// The services themselves, to build a client of your own on (e.g.
+    /// `GrackleApiClient::with_interceptor(client.service(), ...)` adding a bearer token to
+    /// every call when access control is on).
+    pub fn service(&self) -> LocalService {
+        self.routes.clone()
+    }
+
+    /// The Grackle semaphore API: namespaces, semaphores, leases, acquire and release.
+    pub fn grackle(&self) -> GrackleApiClient<LocalService> {
+        GrackleApiClient::new(self.routes.clone())
+    }
+
+    /// conch's extensions (waiters, batched calls, cluster status, ...).
+    pub fn conch(&self) -> ConchApiClient<LocalService> {
+        ConchApiClient::new(self.routes.clone())
+    }
+
+    /// Cluster administration (membership, snapshots, backup).
+    pub fn admin(&self) -> ConchAdminClient<LocalService> {
+        ConchAdminClient::new(self.routes.clone())
+    }
+
+    /// Access control: tokens and roles.
+    pub fn auth(&self) -> ConchAuthClient<LocalService> {
+        ConchAuthClient::new(self.routes.clone())
+    }
+}
+
+/// Members as [`NodeConfig::initial_cluster`] takes them, from bound listeners in id order
+/// (1, 2, ...): a helper for clusters on port 0.
+pub fn members_of(listeners: &[std::net::TcpListener]) -> std::io::Result<BTreeMap<u64, String>> {
+    listeners
+        .iter()
+        .zip(1u64..)
+        .map(|(l, id)| Ok((id, l.local_addr()?.to_string())))
+        .collect()
+}
