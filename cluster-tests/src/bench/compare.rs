@@ -6,7 +6,8 @@
 //! leader, and spread over all nodes without following the leader hint (what a plain Grackle
 //! or etcd client does). The run starts with a measure of the disk: synchronous 4 KiB writes
 //! per second in the data directories' file system, since absolute numbers move with it and
-//! ratios do not. W3 (failover) is not compared yet.
+//! ratios do not. W3 (kill -9 of the leader under load) runs last, on both, with clients
+//! starting on the leader and failing over; its ratio is of the time to the first success.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -46,6 +47,26 @@ pub async fn run(opts: &Opts) -> anyhow::Result<Vec<Row>> {
         let ratio = ratio_row("W2", super::w2::CLIENTS, placement, &e, &c);
         rows.extend([e, c, ratio]);
     }
+    // W3 last: it kills a leader of each cluster.
+    eprintln!("conch-bench: W3: etcd then conch");
+    let mut etcd = etcd;
+    let e = etcd::w3(&mut etcd, opts).await?;
+    let mut conch = conch;
+    let mut c = super::w1::failover(&mut conch, opts).await?;
+    c.set("system", "conch");
+    let mut ratio = Row::new("W3", super::w1::FAILOVER_CLIENTS as u64);
+    ratio.set("system", "conch/etcd");
+    let key = "first_success_ms";
+    ratio.opt(
+        "ratio",
+        match (number(&c, key), number(&e, key)) {
+            (Some(c), Some(e)) if e > 0.0 => Some((c / e * 100.0).round() / 100.0),
+            _ => None,
+        },
+    );
+    ratio.opt("etcd_first_success_ms", number(&e, key));
+    ratio.opt("conch_first_success_ms", number(&c, key));
+    rows.extend([e, c, ratio]);
     Ok(rows)
 }
 

@@ -170,6 +170,116 @@ async fn connect(addr: &str) -> anyhow::Result<Channel> {
         .await?)
 }
 
+/// A connection with a deadline on every call, that moves to the next member when a call
+/// fails, as etcd's own client balancer does.
+struct Failing {
+    endpoints: Vec<String>,
+    at: usize,
+    client: Option<SemaClient>,
+    prefix: String,
+    session: i64,
+}
+
+impl Failing {
+    async fn client(&mut self) -> Result<&mut SemaClient, String> {
+        if self.client.is_none() {
+            let addr = &self.endpoints[self.at % self.endpoints.len()];
+            let channel = Channel::from_shared(format!("http://{addr}"))
+                .map_err(|e| e.to_string())?
+                .connect_timeout(Duration::from_millis(300))
+                .timeout(Duration::from_secs(1))
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .map_err(|e| {
+                    self.at += 1;
+                    e.to_string()
+                })?;
+            self.client = Some(SemaClient {
+                kv: KvClient::new(channel.clone()),
+                lease: LeaseClient::new(channel),
+                prefix: self.prefix.clone(),
+                session: Some(self.session),
+            });
+        }
+        self.client.as_mut().ok_or_else(|| "no client".to_string())
+    }
+
+    async fn cycle(&mut self) -> Result<i64, String> {
+        let result = self.client().await?.cycle(1).await;
+        if result.is_err() {
+            self.client = None;
+            self.at += 1;
+        }
+        result
+    }
+}
+
+/// W3 on etcd: W1 at 8 clients starting on the leader, each call with a 1 s deadline and a
+/// move to the next member on failure; kill -9 of the leader after the warm-up plus 5 s.
+pub async fn w3(cluster: &mut EtcdCluster, opts: &Opts) -> anyhow::Result<Row> {
+    use super::w1::{FAILOVER_AFTER_KILL, FAILOVER_BEFORE_KILL, FAILOVER_CLIENTS, failover_row};
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let mut clients = Vec::new();
+    for i in 0..FAILOVER_CLIENTS {
+        let channel = connect(&cluster.endpoints[leader]).await?;
+        let mut first = SemaClient {
+            kv: KvClient::new(channel.clone()),
+            lease: LeaseClient::new(channel),
+            prefix: format!("/conch/v1/sema/w3-{i}/1/"),
+            session: None,
+        };
+        let session = first.grant().await.map_err(anyhow::Error::msg)?;
+        clients.push(Failing {
+            endpoints: cluster.endpoints.clone(),
+            at: leader,
+            client: None,
+            prefix: first.prefix.clone(),
+            session,
+        });
+    }
+    let t0 = Instant::now();
+    let pre_start = t0 + opts.warmup;
+    let kill_at = pre_start + FAILOVER_BEFORE_KILL;
+    let stop_at = kill_at + FAILOVER_AFTER_KILL;
+    let mut tasks = Vec::new();
+    for mut client in clients {
+        tasks.push(tokio::spawn(async move {
+            let mut done = Vec::new();
+            let mut errors = Vec::new();
+            while Instant::now() < stop_at {
+                match client.cycle().await {
+                    Ok(_) => done.push(Instant::now()),
+                    Err(e) => {
+                        errors.push((Instant::now(), e));
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+            (done, errors)
+        }));
+    }
+    tokio::time::sleep_until(kill_at.into()).await;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let killed_at = Instant::now();
+    cluster.kill(leader);
+    tokio::time::sleep_until(stop_at.into()).await;
+    let mut done = Vec::new();
+    let mut errors = Errors::default();
+    for task in tasks {
+        let (d, errs) = task.await.context("client task")?;
+        done.extend(d);
+        for (at, e) in errs {
+            if at >= killed_at {
+                errors.add(e);
+            }
+        }
+    }
+    let mut row = failover_row(done, pre_start, killed_at, stop_at, errors);
+    row.set("system", "etcd");
+    Ok(row)
+}
+
 /// One client of the recipe: its own connection (to one member), its semaphore prefix.
 struct SemaClient {
     kv: KvClient<Channel>,

@@ -246,13 +246,72 @@ pub async fn run(
     Ok(row)
 }
 
+/// W3's clients, and how long they run before and after the kill.
+pub const FAILOVER_CLIENTS: usize = 8;
+pub const FAILOVER_BEFORE_KILL: Duration = Duration::from_secs(5);
+pub const FAILOVER_AFTER_KILL: Duration = Duration::from_secs(10);
+
+/// Window in which W3 counts throughput after the kill.
+const FAILOVER_WINDOW: Duration = Duration::from_millis(200);
+
+/// The W3 row (any system) from the completion instants of every cycle: the pre-kill rate, the
+/// first success after the kill, when a 200 ms window first reaches half the pre-kill rate, and
+/// the rate from 5 s after the kill to the end.
+pub fn failover_row(
+    mut done: Vec<Instant>,
+    pre_start: Instant,
+    killed_at: Instant,
+    stop_at: Instant,
+    errors: Errors,
+) -> Row {
+    const WINDOW: Duration = FAILOVER_WINDOW;
+    done.sort_unstable();
+    let pre = done
+        .iter()
+        .filter(|at| **at >= pre_start && **at < killed_at)
+        .count() as f64;
+    let pre_rate = pre / secs(killed_at.saturating_duration_since(pre_start));
+    let first = done.iter().find(|at| **at > killed_at).copied();
+    let need = pre_rate * secs(WINDOW) / 2.0;
+    let mut half = None;
+    let mut k = 0u32;
+    while killed_at + WINDOW * (k + 1) <= stop_at {
+        let from = killed_at + WINDOW * k;
+        let to = from + WINDOW;
+        let n = done.iter().filter(|at| **at >= from && **at < to).count() as f64;
+        if n >= need {
+            half = Some(ms_between(killed_at, to));
+            break;
+        }
+        k += 1;
+    }
+    let post_start = killed_at + Duration::from_secs(5);
+    let post = done
+        .iter()
+        .filter(|at| **at >= post_start && **at < stop_at)
+        .count() as f64;
+    let mut row = Row::new("W3", FAILOVER_CLIENTS as u64);
+    row.opt(
+        "first_success_ms",
+        first.map(|at| ms_between(killed_at, at)),
+    );
+    row.opt("half_throughput_ms", half);
+    row.set("pre_kill_cycles_per_s", round1(pre_rate));
+    row.set(
+        "post_kill_cycles_per_s",
+        round1(post / secs(stop_at.saturating_duration_since(post_start))),
+    );
+    row.set("errors", errors.total());
+    row.set("error_kinds", errors.to_value());
+    row
+}
+
 /// W3: W1 at 8 clients; kill -9 of the leader after the warm-up plus 5 s; runs 10 s after the
 /// kill. Clients fail over with 1 s per-call deadlines.
 pub async fn failover(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
-    const CLIENTS: usize = 8;
-    const BEFORE_KILL: Duration = Duration::from_secs(5);
-    const AFTER_KILL: Duration = Duration::from_secs(10);
-    const WINDOW: Duration = Duration::from_millis(200);
+    const CLIENTS: usize = FAILOVER_CLIENTS;
+    const BEFORE_KILL: Duration = FAILOVER_BEFORE_KILL;
+    const AFTER_KILL: Duration = FAILOVER_AFTER_KILL;
     target.cluster_mut()?;
     let before = target.leader().await?;
     let cfgs = setup(target, &before.addr, "w3", CLIENTS, false).await?;
@@ -316,46 +375,8 @@ pub async fn failover(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
             }
         }
     }
-    done.sort_unstable();
-    let pre = done
-        .iter()
-        .filter(|at| **at >= pre_start && **at < killed_at)
-        .count() as f64;
-    let pre_rate = pre / secs(killed_at.saturating_duration_since(pre_start));
-    let first = done.iter().find(|at| **at > killed_at).copied();
-    let need = pre_rate * secs(WINDOW) / 2.0;
-    let mut half = None;
-    let mut k = 0u32;
-    while killed_at + WINDOW * (k + 1) <= stop_at {
-        let from = killed_at + WINDOW * k;
-        let to = from + WINDOW;
-        let n = done.iter().filter(|at| **at >= from && **at < to).count() as f64;
-        if n >= need {
-            half = Some(ms_between(killed_at, to));
-            break;
-        }
-        k += 1;
-    }
-    let post_start = killed_at + Duration::from_secs(5);
-    let post = done
-        .iter()
-        .filter(|at| **at >= post_start && **at < stop_at)
-        .count() as f64;
     let after = target.leader().await?;
-
-    let mut row = Row::new("W3", CLIENTS as u64);
-    row.opt(
-        "first_success_ms",
-        first.map(|at| ms_between(killed_at, at)),
-    );
-    row.opt("half_throughput_ms", half);
-    row.set("pre_kill_cycles_per_s", round1(pre_rate));
-    row.set(
-        "post_kill_cycles_per_s",
-        round1(post / secs(stop_at.saturating_duration_since(post_start))),
-    );
-    row.set("errors", errors.total());
-    row.set("error_kinds", errors.to_value());
+    let mut row = failover_row(done, pre_start, killed_at, stop_at, errors);
     row.set("killed_leader", leader.leader_id);
     row.set("new_leader", after.leader_id);
     row.set("term_change", after.term.saturating_sub(leader.term));
