@@ -118,7 +118,7 @@ mod tests {
         }
         assert_eq!(election_name("x.2"), None);
         assert_eq!(election_name(".elect"), None);
-        assert!(semaphore_name(&"n".repeat(123)).is_ok());
+        assert!(semaphore_name(&"n".repeat(122)).is_ok());
         assert!(
             semaphore_name(&"n".repeat(124))
                 .unwrap_err()

@@ -28,6 +28,7 @@ use crate::child::{self, Signals};
 use crate::cli::SemaArgs;
 use crate::exit::{self, Exit};
 use crate::guard;
+use crate::status;
 use crate::timefmt::now_rfc3339;
 
 /// Who this conch is, as holders and waiters show it.
@@ -118,20 +119,22 @@ pub struct Spec<'a> {
     pub metadata: HashMap<String, String>,
     /// Environment for the command besides `CONCH_REV` and `CONCH_LEASE`.
     pub env: Vec<(&'static str, String)>,
-    /// What is waited for, in messages: `video-encode[2]`, `election billing`.
+    /// What is queued for, in messages: `video-encode[2]`, `election billing`.
     pub label: String,
-    /// Why there is no slot now (after "all taken"): e.g. ` or this host already holds one`.
-    pub busy_note: &'static str,
+    /// What is wanted, in "no … within": `slot in video-encode[2]`, `leadership of billing`.
+    pub wanted: String,
+    /// The message when there is none to take at once.
+    pub busy: String,
     /// What is held, in messages: `slot`, `leadership`.
     pub slot: &'static str,
 }
 
 fn no_slot(spec: &Spec, wait: Option<Duration>) -> anyhow::Error {
-    let (label, slot) = (&spec.label, spec.slot);
+    let wanted = &spec.wanted;
     let message = match wait {
-        Some(w) if w.is_zero() => format!("no free {slot} in {label} ({})", spec.busy_note),
-        Some(w) => format!("no {slot} in {label} within {}", format_duration(w)),
-        None => format!("no {slot} in {label}"),
+        Some(w) if w.is_zero() => spec.busy.clone(),
+        Some(w) => format!("no {wanted} within {}", format_duration(w)),
+        None => format!("no {wanted}"),
     };
     Exit {
         code: exit::NO_SLOT,
@@ -233,11 +236,17 @@ pub async fn run(
         me,
         env: Vec::new(),
         label: format!("{}[{}]", args.name, args.max),
-        busy_note: if args.spread {
-            "all taken or this host already holds one"
-        } else {
-            "all taken"
-        },
+        wanted: format!("slot in {}[{}]", args.name, args.max),
+        busy: format!(
+            "no free slot in {}[{}] (all taken{})",
+            args.name,
+            args.max,
+            if args.spread {
+                " or this host already holds one"
+            } else {
+                ""
+            }
+        ),
         slot: "slot",
     };
     hold(client, &spec, signals).await
@@ -271,7 +280,13 @@ pub async fn hold(
         };
         debug!(lease = lease.id(), "lease created; queueing");
         let taken = tokio::select! {
-            r = take_slots(client, &lease, plan, deadline, metadata) => r,
+            r = status::show_while(
+                client,
+                &spec.label,
+                &plan.main,
+                lease.id(),
+                take_slots(client, &lease, plan, deadline, metadata),
+            ) => r,
             sig = signals.recv() => {
                 // Dropping the acquire cancels the wait; revoking leaves nothing behind.
                 revoke(lease).await;
