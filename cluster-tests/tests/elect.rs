@@ -1,11 +1,13 @@
 //! `conch elect` end to end: real `conch` candidates and observers against a real 3-node
-//! conchd cluster.
+//! conchd cluster; and the status line a waiting `conch` shows at a terminal (a pseudo-terminal
+//! from util-linux `script`).
 //!
 //! Candidates run small shell scripts that append `start|end <id> <ns> <CONCH_REV>
 //! <CONCH_LEADER_VALUE>` to a log in a per-test directory and hold leadership until the test
 //! creates their "gate" file, so no correctness check depends on a fixed sleep. Every process
 //! runs in a process group of its own and is killed on drop, with its command's group.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -287,7 +289,7 @@ fn observed(stdout: &str) -> anyhow::Result<Vec<(Option<String>, Option<u64>)>> 
 async fn three_candidates_take_over_in_queue_order_and_an_observer_sees_each() -> anyhow::Result<()>
 {
     let f = Fixture::start().await?;
-    let mut observer = f.conch("obs", &["elect", "x", "--observe", "--json"])?;
+    let observer = f.conch("obs", &["elect", "x", "--observe", "--json"])?;
     wait_for("the observer's first line", SHOW_UP, || async {
         (!observer.stdout().is_empty()).then_some(())
     })
@@ -453,5 +455,105 @@ async fn the_observer_follows_across_a_node_failure() -> anyhow::Result<()> {
     ensure!(a_at < b_at, "order: {lines:?}");
     f.touch("b.go")?;
     ensure!(b.code(SHOW_UP).await? == 0, "b: {}", b.stderr());
+    Ok(())
+}
+
+/// At a terminal a waiting `conch sema` shows one status line (its place in the queue and who
+/// holds the slot), redrawn in place and erased when the slot comes; off a terminal stderr stays
+/// empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_at_a_terminal_shows_a_status_line_and_clears_it() -> anyhow::Result<()> {
+    const ERASE: &str = "\r\x1b[2K";
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: util-linux script is not installed");
+        return Ok(());
+    }
+    let f = Fixture::start().await?;
+    let hold = r#"echo $$ > "$T/$ID.pid"; while [ ! -e "$T/$ID.go" ]; do sleep 0.02; done"#;
+    let holder = f.conch("h", &["sema", "s", "--max", "1", "--", "sh", "-c", hold])?;
+    f.wait_file("h.pid", |t| !t.trim().is_empty()).await?;
+
+    let conch = binary("conch");
+    let line = format!("{} sema s --max 1 --wait 60s -- true", conch.display());
+    let n = f.spawned.get() + 1;
+    f.spawned.set(n);
+    let out = f.path("tty.out");
+    let child = Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .current_dir(f.dir.path())
+        .env("CONCH_ENDPOINTS", f.cluster.endpoints().join(","))
+        .env("COLUMNS", "300")
+        .env_remove("CONCH_LOG")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out)?)
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .context("spawn script")?;
+    let mut tty = Proc {
+        child,
+        status: None,
+        out: out.clone(),
+        err: f.path("none"),
+        command_group: f.path("none"),
+    };
+    let holder_pid = holder.pid();
+    let shown = wait_for("the status line", SHOW_UP, || async {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        (text.contains("next in line") && text.contains(&format!("pid {holder_pid} for")))
+            .then_some(text)
+    })
+    .await
+    .with_context(|| format!("tty output {:?}", std::fs::read_to_string(&out)))?;
+    ensure!(
+        shown.contains(ERASE) && shown.contains("conch: waiting "),
+        "{shown:?}"
+    );
+    // Queued behind it, off a terminal.
+    let mut plain = f.conch(
+        "p",
+        &["sema", "s", "--max", "1", "--wait", "60s", "--", "true"],
+    )?;
+    wait_for("the second waiter to queue", SHOW_UP, || async {
+        let queued = f.cluster.endpoints().first().cloned()?;
+        let channel = cluster_tests::channel(&queued).await.ok()?;
+        let request = ListSemaphoreWaitersRequest {
+            namespace_name: "conch".into(),
+            semaphore_name: "s.1".into(),
+            ..Default::default()
+        };
+        let r = ConchApiClient::new(channel)
+            .list_semaphore_waiters(request)
+            .await
+            .ok()?;
+        (r.into_inner().waiters.len() == 2).then_some(())
+    })
+    .await?;
+
+    f.touch("h.go")?;
+    ensure!(
+        tty.code(SHOW_UP).await? == 0,
+        "tty output {:?}",
+        tty.stdout()
+    );
+    ensure!(
+        plain.code(SHOW_UP).await? == 0,
+        "stderr {:?}",
+        plain.stderr()
+    );
+    let text = tty.stdout();
+    eprintln!("what the terminal got: {text:?}");
+    let cleared = text.rfind(ERASE).context("never erased")?;
+    let last_drawn = text.rfind("conch: waiting").context("never drawn")?;
+    ensure!(
+        last_drawn < cleared && !text[cleared..].contains("waiting"),
+        "the status line was left behind: {text:?}"
+    );
+    ensure!(
+        plain.stderr().is_empty(),
+        "off a terminal stderr changed: {:?}",
+        plain.stderr()
+    );
+    drop(holder);
     Ok(())
 }

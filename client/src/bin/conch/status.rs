@@ -140,7 +140,7 @@ async fn fetch(client: &Client, semaphore: &str, lease_id: &str) -> Option<Stand
     })
 }
 
-/// The width of the terminal on stderr (80 if it cannot be told).
+/// The width of the terminal on stderr (else `COLUMNS`, else 80).
 fn width() -> usize {
     let mut ws = nix::libc::winsize {
         ws_row: 0,
@@ -151,10 +151,13 @@ fn width() -> usize {
     // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given, which lives here.
     let r = unsafe { nix::libc::ioctl(2, nix::libc::TIOCGWINSZ, &mut ws) };
     if r == 0 && ws.ws_col > 0 {
-        usize::from(ws.ws_col)
-    } else {
-        80
+        return usize::from(ws.ws_col);
     }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse().ok())
+        .filter(|c| *c > 0)
+        .unwrap_or(80)
 }
 
 /// The line on the terminal; erased when dropped (the slot came, or the wait ended otherwise).
