@@ -350,7 +350,7 @@ pub async fn hold(
         }
     };
     let mut refreshed = lease.refreshed();
-    let mut child = match child::spawn(&spec.command, &env) {
+    let mut child = match child::spawn(spec.command, &env) {
         Ok(c) => c,
         Err(e) => {
             watchdog.finish().await;
