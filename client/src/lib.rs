@@ -65,6 +65,7 @@ mod backoff;
 pub mod certs;
 pub mod client;
 mod duration;
+pub mod elect;
 mod endpoint;
 mod error;
 pub mod lease;

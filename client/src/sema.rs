@@ -96,7 +96,8 @@ pub enum SemaphoreKind {
     },
 }
 
-/// Reads a semaphore name of the `conch` namespace; `None` for a name `conch sema` does not make.
+/// Reads a semaphore name of the `conch` namespace; `None` for a name `conch sema` does not make
+/// (an election's `<name>.elect` included).
 ///
 /// ```
 /// use conch_client::sema::{SemaphoreKind, semaphore_kind};
@@ -118,6 +119,9 @@ pub fn semaphore_kind(semaphore: &str) -> Option<SemaphoreKind> {
         }
         Some((name.to_string(), max.parse::<u64>().ok()?))
     };
+    if crate::elect::election_name(semaphore).is_some() {
+        return None;
+    }
     if let Some((prefix, _host)) = semaphore.rsplit_once(".host-")
         && let Some((name, max)) = main(prefix)
     {

@@ -55,6 +55,31 @@ impl ConchApi for ConchApiService {
             semaphore: Some(convert::semaphore(semaphore)),
         }))
     }
+
+    async fn wait_holder_change(
+        &self,
+        request: Request<cpb::WaitHolderChangeRequest>,
+    ) -> Result<Response<cpb::WaitHolderChangeResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
+        let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
+        let timeout = std::time::Duration::from_millis(r.timeout_ms);
+        let now = super::holder_watch::wait(
+            &self.node,
+            &r.namespace_name,
+            &r.semaphore_name,
+            r.known_token,
+            timeout,
+        )
+        .await?;
+        Ok(Response::new(cpb::WaitHolderChangeResponse {
+            holders: now.holders.into_iter().map(convert::holder).collect(),
+            exists: now.exists,
+        }))
+    }
 }
 
 pub struct AdminService {

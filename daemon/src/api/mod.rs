@@ -23,6 +23,7 @@ pub mod conch;
 pub mod convert;
 pub mod grackle;
 pub mod health;
+pub mod holder_watch;
 pub mod leader_header;
 pub mod membership;
 pub mod peer;

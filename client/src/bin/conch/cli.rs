@@ -47,6 +47,7 @@ Examples:
   conch sema certs-renew --max 1 --nonblock -- ./renew.sh || echo \"already running elsewhere\"
   conch sema heavy-jobs --max 2 -- /usr/local/bin/run-job.sh
   conch sema heavy-jobs --max 2 --who
+  conch elect billing --value \"$(hostname):8080\" -- ./scheduler
   conch --endpoints node1:7001,node2:7001,node3:7001 cluster status
   CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh   # access control on
   conch completions bash > /etc/bash_completion.d/conch
@@ -159,6 +160,9 @@ pub enum Command {
         /// The shell to complete for.
         shell: clap_complete::Shell,
     },
+    /// Run a command only while this host is the elected leader, or show or follow the leader.
+    #[command(after_help = ELECT_EXAMPLES)]
+    Elect(ElectArgs),
 }
 
 const CERTS_EXAMPLES: &str = "\
@@ -413,6 +417,89 @@ pub struct SemaArgs {
     pub command: Vec<String>,
 }
 
+const ELECT_EXAMPLES: &str = "\
+Examples:
+  # run the billing scheduler on exactly one of the hosts that run this line
+  conch elect billing --value \"$(hostname):8080\" -- ./scheduler
+
+  # who leads, then the candidates in the order they take over
+  conch elect billing --who
+
+  # one line per change of leader, until interrupted
+  conch elect billing --observe --json
+
+Candidates queue in FIFO order for a 1-permit semaphore (billing.elect in the namespace
+conch). The leader runs the command with CONCH_REV (the fencing token of its term, strictly
+increasing cluster-wide), CONCH_LEASE and CONCH_LEADER_VALUE (its --value) in its environment;
+when the command exits or the leader loses its lease, the next candidate takes over. A leader
+that cannot keep its lease alive (or whose conch is stopped) stops its command: SIGTERM, SIGKILL
+after --kill-after. conch gives up before the server can expire the lease, but a command slower
+to stop than that margin may overlap the next leader: check CONCH_REV where it matters.
+
+Exit status:
+  the command's     the command ran as leader (128+N if it was killed by signal N)
+  0 / 1             --who: there is a leader / there is none
+  64                usage error
+  69                no conch node answered
+  75                not leader within --wait
+  77                access control refused the call
+  79                leadership lost while running
+  126 / 127         the command could not be executed / was not found";
+
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    /// Election name: letters, digits, '-', '_' and '.'.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// What this candidate announces as leader (e.g. its address); shown by --who and
+    /// --observe, and given to the command as CONCH_LEADER_VALUE [default: the host name].
+    #[arg(long, value_name = "V")]
+    pub value: Option<String>,
+
+    /// Lease time to live (whole seconds, 1s-300s): a crashed leader is succeeded after about
+    /// this long.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = ttl_arg)]
+    pub ttl: Duration,
+
+    /// When leadership is lost while the command runs: time between SIGTERM and SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
+    pub kill_after: Duration,
+
+    /// Longest wait to become leader [default: forever]; exit 75 if it does not come in time.
+    #[arg(long, value_name = "DURATION", value_parser = wait_arg)]
+    pub wait: Option<Wait>,
+
+    /// Show the leader, then the candidates in the order they would take over; exit 0 if
+    /// there is a leader, 1 if there is none.
+    #[arg(long, conflicts_with_all = ["observe", "value", "wait", "command"])]
+    pub who: bool,
+
+    /// Print one line per change of leader (time, value, host, pid, fencing token), starting
+    /// with the current one, until interrupted. Waits on the server, not by polling, and
+    /// follows the cluster across node failures.
+    #[arg(long, conflicts_with_all = ["value", "wait", "command"])]
+    pub observe: bool,
+
+    /// With --who or --observe: print JSON (--observe: one object per line).
+    #[arg(long)]
+    pub json: bool,
+
+    /// The command to run while leader, after `--`.
+    #[arg(value_name = "CMD", last = true, required_unless_present_any = ["who", "observe"])]
+    pub command: Vec<String>,
+}
+
+impl ElectArgs {
+    /// Checks what clap cannot express.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.json && !self.who && !self.observe {
+            return Err("--json goes with --who or --observe".to_string());
+        }
+        Ok(())
+    }
+}
+
 /// `--wait`: a bound, or forever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wait(pub Option<Duration>);
@@ -601,6 +688,52 @@ mod tests {
                 command: ClusterCommand::Status { json: false }
             }
         ));
+    }
+
+    fn elect(args: &[&str]) -> Result<ElectArgs, String> {
+        match parse(args).map_err(|e| e.to_string())?.command {
+            Command::Elect(e) => e.validate().map(|()| e),
+            other => panic!("not elect: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn elect_parses_and_refuses_what_does_not_fit() {
+        let e = elect(&["elect", "billing", "--value", "n1:80", "--", "./s", "-x"]).unwrap();
+        assert_eq!(
+            (e.name.as_str(), e.value.as_deref(), e.command.as_slice()),
+            (
+                "billing",
+                Some("n1:80"),
+                ["./s".to_string(), "-x".to_string()].as_slice()
+            )
+        );
+        assert_eq!(e.ttl, Duration::from_secs(10));
+        assert_eq!(e.wait, None);
+        let e = elect(&["elect", "billing", "--who", "--json"]).unwrap();
+        assert!(e.who && e.json && e.command.is_empty());
+        let e = elect(&["elect", "billing", "--observe"]).unwrap();
+        assert!(e.observe);
+        let bad: &[&[&str]] = &[
+            &["elect", "billing"],
+            &["elect", "billing", "--who", "--observe"],
+            &["elect", "billing", "--who", "--", "true"],
+            &["elect", "billing", "--observe", "--value", "v"],
+            &["elect", "billing", "--json", "--", "true"],
+            &["elect", "billing", "--ttl", "0s", "--", "true"],
+        ];
+        for bad in bad {
+            assert!(elect(bad).is_err(), "{bad:?} should be refused");
+        }
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("elect")
+            .expect("elect subcommand")
+            .render_long_help()
+            .to_string();
+        for needle in ["CONCH_LEADER_VALUE", "--observe", "79", "billing.elect"] {
+            assert!(help.contains(needle), "elect --help lacks {needle:?}");
+        }
     }
 
     #[test]

@@ -12,10 +12,12 @@ mod child;
 mod cli;
 mod cluster;
 mod duration;
+mod elect;
 mod exit;
 mod guard;
 mod health;
 mod sema;
+mod status;
 mod timefmt;
 mod who;
 
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Err(e) => return clap_exit(e),
     };
     init_logging(cli.verbose);
+    status::init(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -116,6 +119,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Sema(args) = &cli.command {
         args.validate().map_err(exit::usage)?;
     }
+    if let Command::Elect(args) = &cli.command {
+        args.validate().map_err(exit::usage)?;
+    }
     if let Command::Completions { shell } = cli.command {
         let mut script = Vec::new();
         clap_complete::generate(shell, &mut Cli::command(), "conch", &mut script);
@@ -175,6 +181,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => cluster::status(&client, json).await,
         Command::Cluster { command } => cluster::change(&client, command).await,
         Command::Auth { command } => auth::run(&client, command).await,
+        Command::Elect(args) if args.who => elect::who(&client, &args).await,
+        Command::Elect(args) if args.observe => elect::observe(&client, &args).await,
+        Command::Elect(args) => {
+            let mut signals = child::Signals::install().context("install signal handlers")?;
+            elect::run(&client, &args, &mut signals).await
+        }
         Command::Completions { .. } | Command::Certs { .. } => Ok(ExitCode::SUCCESS),
     }
 }

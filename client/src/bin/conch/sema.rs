@@ -28,6 +28,7 @@ use crate::child::{self, Signals};
 use crate::cli::SemaArgs;
 use crate::exit::{self, Exit};
 use crate::guard;
+use crate::status;
 use crate::timefmt::now_rfc3339;
 
 /// Who this conch is, as holders and waiters show it.
@@ -102,25 +103,38 @@ fn remaining(deadline: Option<Instant>) -> Option<Duration> {
     deadline.map(|d| d.saturating_duration_since(Instant::now()))
 }
 
-fn no_slot(args: &SemaArgs, wait: Option<Duration>) -> anyhow::Error {
+/// One run under a slot, as `conch sema` and `conch elect` describe it: which semaphores, how
+/// long to wait, what to run, and the words the messages use.
+pub struct Spec<'a> {
+    pub plan: Plan,
+    /// Permits of the main semaphore.
+    pub permits: u64,
+    pub ttl: Duration,
+    pub kill_after: Duration,
+    /// `None`: forever.
+    pub wait: Option<Duration>,
+    pub command: &'a [String],
+    pub me: Identity,
+    /// Metadata of the lease and the acquires (the identity's, plus what the caller adds).
+    pub metadata: HashMap<String, String>,
+    /// Environment for the command besides `CONCH_REV` and `CONCH_LEASE`.
+    pub env: Vec<(&'static str, String)>,
+    /// What is queued for, in messages: `video-encode[2]`, `election billing`.
+    pub label: String,
+    /// What is wanted, in "no … within": `slot in video-encode[2]`, `leadership of billing`.
+    pub wanted: String,
+    /// The message when there is none to take at once.
+    pub busy: String,
+    /// What is held, in messages: `slot`, `leadership`.
+    pub slot: &'static str,
+}
+
+fn no_slot(spec: &Spec, wait: Option<Duration>) -> anyhow::Error {
+    let wanted = &spec.wanted;
     let message = match wait {
-        Some(w) if w.is_zero() => format!(
-            "no free slot in {}[{}] (all taken{})",
-            args.name,
-            args.max,
-            if args.spread {
-                " or this host already holds one"
-            } else {
-                ""
-            }
-        ),
-        Some(w) => format!(
-            "no slot in {}[{}] within {}",
-            args.name,
-            args.max,
-            format_duration(w)
-        ),
-        None => format!("no slot in {}[{}]", args.name, args.max),
+        Some(w) if w.is_zero() => spec.busy.clone(),
+        Some(w) => format!("no {wanted} within {}", format_duration(w)),
+        None => format!("no {wanted}"),
     };
     Exit {
         code: exit::NO_SLOT,
@@ -211,27 +225,68 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     let me = Identity::current(&args.command);
     let plan = Plan::new(&args.name, args.max, args.spread, &me.host).map_err(exit::usage)?;
-    let wait = args.wait_bound();
+    let spec = Spec {
+        plan,
+        permits: args.max,
+        ttl: args.ttl,
+        kill_after: args.kill_after,
+        wait: args.wait_bound(),
+        command: &args.command,
+        metadata: me.metadata(),
+        me,
+        env: Vec::new(),
+        label: format!("{}[{}]", args.name, args.max),
+        wanted: format!("slot in {}[{}]", args.name, args.max),
+        busy: format!(
+            "no free slot in {}[{}] (all taken{})",
+            args.name,
+            args.max,
+            if args.spread {
+                " or this host already holds one"
+            } else {
+                ""
+            }
+        ),
+        slot: "slot",
+    };
+    hold(client, &spec, signals).await
+}
+
+/// Queues for the spec's slot, runs its command while holding it, and gives it back; the
+/// lease, refresh, self-fencing and guard machinery of `conch sema` and `conch elect`.
+pub async fn hold(
+    client: &Client,
+    spec: &Spec<'_>,
+    signals: &mut Signals,
+) -> anyhow::Result<ExitCode> {
+    let plan = &spec.plan;
+    let wait = spec.wait;
     let deadline = wait.map(|w| Instant::now() + w);
-    let metadata = me.metadata();
-    let process_id = me.process_id();
+    let metadata = &spec.metadata;
+    let process_id = spec.me.process_id();
 
     tokio::select! {
-        r = ensure_semaphores(client, &plan, args.max) => r?,
+        r = ensure_semaphores(client, plan, spec.permits) => r?,
         sig = signals.recv() => return Ok(exit::signal_exit(sig)),
     }
 
     // Queue for the slot; a lost lease re-enters with a new one while the wait allows.
     let (lease, guards) = loop {
         let lease = tokio::select! {
-            r = client.create_lease(NAMESPACE, &process_id, args.ttl, metadata.clone()) => {
+            r = client.create_lease(NAMESPACE, &process_id, spec.ttl, metadata.clone()) => {
                 r.context("create lease")?
             }
             sig = signals.recv() => return Ok(exit::signal_exit(sig)),
         };
         debug!(lease = lease.id(), "lease created; queueing");
         let taken = tokio::select! {
-            r = take_slots(client, &lease, &plan, deadline, &metadata) => r,
+            r = status::show_while(
+                client,
+                &spec.label,
+                &plan.main,
+                lease.id(),
+                take_slots(client, &lease, plan, deadline, metadata),
+            ) => r,
             sig = signals.recv() => {
                 // Dropping the acquire cancels the wait; revoking leaves nothing behind.
                 revoke(lease).await;
@@ -244,7 +299,7 @@ pub async fn run(
                 guards.into_iter().for_each(Guard::forget);
                 revoke(lease).await;
                 if remaining(deadline).is_some_and(|r| r.is_zero()) {
-                    return Err(no_slot(args, wait));
+                    return Err(no_slot(spec, wait));
                 }
                 eprintln!(
                     "conch: lease lost just after the grant; queueing again with a new lease"
@@ -252,22 +307,22 @@ pub async fn run(
             }
             Ok(None) => {
                 revoke(lease).await;
-                return Err(no_slot(args, wait));
+                return Err(no_slot(spec, wait));
             }
             Err(e) if e.is_lease_lost() || e.is_not_found() => {
                 revoke(lease).await;
                 if remaining(deadline).is_some_and(|r| r.is_zero()) {
-                    return Err(no_slot(args, wait)).context(e.to_string());
+                    return Err(no_slot(spec, wait)).context(e.to_string());
                 }
                 eprintln!(
                     "conch: lost the lease while waiting ({e}); queueing again with a new lease"
                 );
                 // The semaphore may be what disappeared.
-                ensure_semaphores(client, &plan, args.max).await?;
+                ensure_semaphores(client, plan, spec.permits).await?;
             }
             Err(e) => {
                 revoke(lease).await;
-                return Err(e).context(format!("queue for {}[{}]", args.name, args.max));
+                return Err(e).context(format!("queue for {}", spec.label));
             }
         }
     };
@@ -278,11 +333,12 @@ pub async fn run(
         rev = token,
         "slot acquired; starting the command"
     );
-    let env = [
+    let mut env = vec![
         ("CONCH_REV", token.to_string()),
         ("CONCH_LEASE", lease.id().to_string()),
     ];
-    let mut watchdog = match guard::Guard::start(args.ttl, args.kill_after) {
+    env.extend(spec.env.iter().cloned());
+    let mut watchdog = match guard::Guard::start(spec.ttl, spec.kill_after) {
         Ok(g) => g,
         Err(e) => {
             release_all(guards, lease).await;
@@ -294,7 +350,7 @@ pub async fn run(
         }
     };
     let mut refreshed = lease.refreshed();
-    let mut child = match child::spawn(&args.command, &env) {
+    let mut child = match child::spawn(spec.command, &env) {
         Ok(c) => c,
         Err(e) => {
             watchdog.finish().await;
@@ -304,7 +360,7 @@ pub async fn run(
             } else {
                 exit::CANNOT_EXECUTE
             };
-            let program = args.command.first().map_or("", String::as_str);
+            let program = spec.command.first().map_or("", String::as_str);
             return Err(Exit {
                 code,
                 message: format!("cannot run {program}: {e}"),
@@ -331,11 +387,12 @@ pub async fn run(
         // conch did not run while the lease ran out (stopped, or stuck): the guard sent SIGTERM
         // and sends SIGKILL after --kill-after; conch sees the group gone, or finishes the job.
         eprintln!(
-            "conch: slot lost while conch was paused (lease {} not refreshed in time); the command was stopped (SIGTERM, SIGKILL after {})",
+            "conch: {} lost while conch was paused (lease {} not refreshed in time); the command was stopped (SIGTERM, SIGKILL after {})",
+            spec.slot,
             lease.id(),
-            format_duration(args.kill_after)
+            format_duration(spec.kill_after)
         );
-        let status = child::finish_stopping(&mut child, pgid, args.kill_after, signals)
+        let status = child::finish_stopping(&mut child, pgid, spec.kill_after, signals)
             .await
             .context("stop the command")?;
         debug!(?status, "command stopped by the guard");
@@ -353,12 +410,13 @@ pub async fn run(
         }
         End::Lost(loss) => {
             eprintln!(
-                "conch: slot lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
+                "conch: {} lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
+                spec.slot,
                 lease.id(),
-                format_duration(args.kill_after)
+                format_duration(spec.kill_after)
             );
             watchdog.stopping();
-            let status = child::stop_group(&mut child, pgid, args.kill_after, signals)
+            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
                 .await
                 .context("stop the command")?;
             debug!(?status, "command stopped");

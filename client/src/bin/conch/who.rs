@@ -66,6 +66,9 @@ pub struct Entry {
     /// Waiters: a `--spread` caller queued on its host's lock, not yet on the semaphore.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub host_lock: bool,
+    /// `conch elect`: the candidate's `--value`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
 }
 
 fn entry(lease_id: &str, weight: u64, metadata: &HashMap<String, String>, at_nanos: i64) -> Entry {
@@ -83,6 +86,7 @@ fn entry(lease_id: &str, weight: u64, metadata: &HashMap<String, String>, at_nan
         position: None,
         cmd: metadata.get(META_CMD).cloned(),
         host_lock: false,
+        value: metadata.get(conch_client::elect::META_VALUE).cloned(),
     }
 }
 
@@ -212,7 +216,7 @@ pub async fn run(client: &Client, name: &str, max: u64, json: bool) -> anyhow::R
 }
 
 /// Holders and waiters of one semaphore of (name, max).
-async fn gather(client: &Client, name: &str, max: u64, semaphore: &str) -> anyhow::Result<Who> {
+pub async fn gather(client: &Client, name: &str, max: u64, semaphore: &str) -> anyhow::Result<Who> {
     let mut who = Who {
         name: name.to_string(),
         max,

@@ -1,0 +1,318 @@
+//! `conch elect <name> -- cmd…`: run `cmd` only while this candidate leads; `--who` shows the
+//! leader and the candidates; `--observe` follows the leader.
+//!
+//! An election is a 1-permit semaphore `<name>.elect` in the namespace `conch` (see
+//! [`conch_client::elect`]). A candidate is a `conch sema` run on it: the same lease, FIFO queue,
+//! refresh, self-fencing and guard ([`crate::sema::hold`]), with the candidate's `--value` in the
+//! lease and acquire metadata and in the command's environment as `CONCH_LEADER_VALUE`.
+//!
+//! `--observe` asks the server to wait until the leader differs from the one it knows
+//! (`WaitHolderChange`), prints a line, and asks again: no polling, and the client library
+//! fails over between endpoints. Changes closer together than one round trip show as one.
+//!
+//! ```text
+//! billing LEADER    value=10.0.0.2:8080 node2 pid=4242 since=2026-06-12T10:15:00Z rev=8812
+//! billing CANDIDATE value=10.0.0.3:8080 node3 pid=991  since=2026-06-12T10:15:04Z position=0
+//! ```
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use conch_client::elect::{self, HolderChange, META_VALUE, NAMESPACE};
+use conch_client::proto::grackle::SemaphoreHolder;
+use conch_client::sema::MAX_META_VALUE_LEN;
+use conch_client::{Client, Error};
+use serde::Serialize;
+
+use crate::child::Signals;
+use crate::cli::ElectArgs;
+use crate::exit;
+use crate::sema::{Identity, Plan, Spec, hold};
+use crate::timefmt::now_rfc3339;
+use crate::who::{self, Entry};
+
+/// How long one `WaitHolderChange` call waits before `--observe` asks again.
+const OBSERVE_WAIT: Duration = Duration::from_secs(30);
+
+/// Pause before asking again after no node answered, while observing.
+const OBSERVE_RETRY: Duration = Duration::from_secs(1);
+
+/// Stands as a candidate and runs the command while leader.
+pub async fn run(
+    client: &Client,
+    args: &ElectArgs,
+    signals: &mut Signals,
+) -> anyhow::Result<ExitCode> {
+    let semaphore = elect::semaphore_name(&args.name).map_err(exit::usage)?;
+    let me = Identity::current(&args.command);
+    let value = args.value.clone().unwrap_or_else(|| me.host.clone());
+    if value.len() > MAX_META_VALUE_LEN {
+        return Err(exit::usage(format!(
+            "--value is {} bytes long; at most {MAX_META_VALUE_LEN} are allowed",
+            value.len()
+        )));
+    }
+    let mut metadata = me.metadata();
+    metadata.insert(META_VALUE.to_string(), value.clone());
+    let spec = Spec {
+        plan: Plan {
+            main: semaphore,
+            host: None,
+        },
+        permits: 1,
+        ttl: args.ttl,
+        kill_after: args.kill_after,
+        wait: args.wait.and_then(|w| w.0),
+        command: &args.command,
+        me,
+        metadata,
+        env: vec![("CONCH_LEADER_VALUE", value)],
+        label: format!("election {}", args.name),
+        wanted: format!("leadership of {}", args.name),
+        busy: format!("not leader of {} (another candidate leads)", args.name),
+        slot: "leadership",
+    };
+    hold(client, &spec, signals).await
+}
+
+/// What `--who --json` prints.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Election {
+    pub name: String,
+    pub namespace: String,
+    pub semaphore: String,
+    pub leader: Option<Entry>,
+    /// In the order they would take over.
+    pub candidates: Vec<Entry>,
+}
+
+/// The `--who` lines: the leader, then the candidates.
+pub fn render_lines(e: &Election) -> Vec<String> {
+    let all: Vec<&Entry> = e.leader.iter().chain(&e.candidates).collect();
+    let value = |x: &Entry| x.value.clone().unwrap_or_else(|| "?".to_string());
+    let host = |x: &Entry| x.host.clone().unwrap_or_else(|| "?".to_string());
+    let pid = |x: &Entry| x.pid.map_or_else(|| "?".to_string(), |p| p.to_string());
+    let value_w = all.iter().map(|x| value(x).len()).max().unwrap_or(0);
+    let host_w = all.iter().map(|x| host(x).len()).max().unwrap_or(0);
+    let pid_w = all.iter().map(|x| pid(x).len()).max().unwrap_or(0);
+    let line = |state: &str, x: &Entry, tail: String| {
+        format!(
+            "{} {state:<9} value={:<value_w$} {:<host_w$} pid={:<pid_w$} since={} {tail}",
+            e.name,
+            value(x),
+            host(x),
+            pid(x),
+            x.since.as_deref().unwrap_or("?"),
+        )
+    };
+    e.leader
+        .iter()
+        .map(|l| {
+            let rev = l.rev.map_or_else(|| "-".to_string(), |r| r.to_string());
+            line("LEADER", l, format!("rev={rev}"))
+        })
+        .chain(e.candidates.iter().enumerate().map(|(i, c)| {
+            line(
+                "CANDIDATE",
+                c,
+                format!("position={}", c.position.unwrap_or(i as u64)),
+            )
+        }))
+        .collect()
+}
+
+/// `--who`: exit 0 if there is a leader, 1 if there is none.
+pub async fn who(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> {
+    let semaphore = elect::semaphore_name(&args.name).map_err(exit::usage)?;
+    let found = who::gather(client, &args.name, 1, &semaphore).await?;
+    let election = Election {
+        name: args.name.clone(),
+        namespace: NAMESPACE.to_string(),
+        semaphore,
+        leader: found.holders.into_iter().next(),
+        candidates: found.waiters,
+    };
+    if args.json {
+        crate::print_lines([serde_json::to_string_pretty(&election)?])?;
+    } else {
+        crate::print_lines(render_lines(&election))?;
+    }
+    Ok(if election.leader.is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// One `--observe` record.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Change {
+    /// When conch saw the change (RFC 3339).
+    pub time: String,
+    /// `false`: nobody leads.
+    pub leader: bool,
+    pub value: Option<String>,
+    pub host: Option<String>,
+    pub pid: Option<u32>,
+    /// The leader's fencing token (`CONCH_REV`).
+    pub rev: Option<u64>,
+    pub lease_id: Option<String>,
+}
+
+impl Change {
+    pub fn new(time: String, leader: Option<&SemaphoreHolder>) -> Change {
+        let entry = leader.map(who::holder_entry);
+        Change {
+            time,
+            leader: entry.is_some(),
+            value: entry.as_ref().and_then(|e| e.value.clone()),
+            host: entry.as_ref().and_then(|e| e.host.clone()),
+            pid: entry.as_ref().and_then(|e| e.pid),
+            rev: entry.as_ref().and_then(|e| e.rev),
+            lease_id: entry.map(|e| e.lease_id),
+        }
+    }
+
+    /// The text line: `<time> leader=<value> host=<h> pid=<p> rev=<token>`, or `<time> no leader`.
+    pub fn line(&self) -> String {
+        if !self.leader {
+            return format!("{} no leader", self.time);
+        }
+        let or_q = |s: &Option<String>| s.clone().unwrap_or_else(|| "?".to_string());
+        format!(
+            "{} leader={} host={} pid={} rev={}",
+            self.time,
+            or_q(&self.value),
+            or_q(&self.host),
+            self.pid.map_or_else(|| "?".to_string(), |p| p.to_string()),
+            self.rev.map_or_else(|| "?".to_string(), |r| r.to_string()),
+        )
+    }
+}
+
+/// Writes one line to stdout; `false` once the reader went away.
+fn emit(line: &str) -> std::io::Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether an error means "no node answered now" (keep observing) rather than a refusal.
+fn transient(e: &Error) -> bool {
+    matches!(e, Error::Unavailable { .. } | Error::Timeout { .. })
+}
+
+/// `--observe`: the current leader, then one line per change, until interrupted (or stdout
+/// closes: exit 0).
+pub async fn observe(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> {
+    let semaphore = elect::semaphore_name(&args.name).map_err(exit::usage)?;
+    // `None` until the first answer, which is printed whatever it says.
+    let mut known: Option<u64> = None;
+    let mut outage = false;
+    loop {
+        let wait = if known.is_some() {
+            OBSERVE_WAIT
+        } else {
+            Duration::ZERO
+        };
+        let now: HolderChange = match client
+            .wait_holder_change(NAMESPACE, &semaphore, known.unwrap_or(0), wait)
+            .await
+        {
+            Ok(now) => now,
+            Err(e) if transient(&e) => {
+                if !outage {
+                    eprintln!("conch: {e}; still observing");
+                    outage = true;
+                }
+                tokio::time::sleep(OBSERVE_RETRY).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        outage = false;
+        if known == Some(now.token()) {
+            continue;
+        }
+        known = Some(now.token());
+        let change = Change::new(now_rfc3339(), now.holders.first());
+        let text = if args.json {
+            serde_json::to_string(&change)?
+        } else {
+            change.line()
+        };
+        if !emit(&text)? {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn holder() -> SemaphoreHolder {
+        let metadata: HashMap<String, String> = [
+            ("host", "node2"),
+            ("pid", "4242"),
+            ("since", "2026-06-12T10:15:00Z"),
+            ("value", "10.0.0.2:8080"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        SemaphoreHolder {
+            lease_id: "ls_a".into(),
+            weight: 1,
+            metadata,
+            fencing_token: 8812,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn changes_render_as_lines_and_json() {
+        let c = Change::new("2026-06-12T10:16:00Z".into(), Some(&holder()));
+        assert_eq!(
+            c.line(),
+            "2026-06-12T10:16:00Z leader=10.0.0.2:8080 host=node2 pid=4242 rev=8812"
+        );
+        assert_eq!(
+            serde_json::to_value(&c).unwrap(),
+            serde_json::json!({"time": "2026-06-12T10:16:00Z", "leader": true,
+                "value": "10.0.0.2:8080", "host": "node2", "pid": 4242, "rev": 8812,
+                "lease_id": "ls_a"})
+        );
+        let none = Change::new("2026-06-12T10:17:00Z".into(), None);
+        assert_eq!(none.line(), "2026-06-12T10:17:00Z no leader");
+        assert_eq!(serde_json::to_value(&none).unwrap()["leader"], false);
+    }
+
+    #[test]
+    fn who_lines_show_leader_then_candidates() {
+        let mut candidate = who::holder_entry(&holder());
+        candidate.rev = None;
+        candidate.position = Some(0);
+        candidate.value = Some("b".into());
+        candidate.pid = Some(7);
+        let e = Election {
+            name: "billing".into(),
+            namespace: "conch".into(),
+            semaphore: "billing.elect".into(),
+            leader: Some(who::holder_entry(&holder())),
+            candidates: vec![candidate],
+        };
+        assert_eq!(
+            render_lines(&e),
+            [
+                "billing LEADER    value=10.0.0.2:8080 node2 pid=4242 since=2026-06-12T10:15:00Z rev=8812",
+                "billing CANDIDATE value=b             node2 pid=7    since=2026-06-12T10:15:00Z position=0",
+            ]
+        );
+    }
+}

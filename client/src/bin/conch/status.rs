@@ -1,0 +1,269 @@
+//! The wait you can see: while `conch sema` or `conch elect` queues, one status line on stderr
+//! says where it stands (position in the queue, who holds the slots and for how long, how long
+//! it has waited), redrawn in place and cleared when the slot comes.
+//!
+//! Only when stderr is a terminal; with `-v` (terminal or not) it prints plain lines instead,
+//! at most one every [`PLAIN_EVERY`]; otherwise nothing, so scripts see what they always saw.
+//!
+//! The line is drawn with two ANSI sequences (carriage return, erase line) and cut to the
+//! terminal's width, so it never wraps and erasing it leaves nothing behind: no terminal
+//! library is needed for one line.
+
+use std::future::Future;
+use std::io::{IsTerminal, Write};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use conch_client::{Client, format_duration};
+
+/// How the wait is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Off,
+    /// One line on a terminal, redrawn in place.
+    Line,
+    /// Plain lines (`-v`).
+    Plain,
+}
+
+static MODE: OnceLock<Mode> = OnceLock::new();
+
+/// Decides the mode once, from `-v` and whether stderr is a terminal.
+pub fn init(verbose: u8) {
+    let mode = if verbose > 0 {
+        Mode::Plain
+    } else if std::io::stderr().is_terminal() {
+        Mode::Line
+    } else {
+        Mode::Off
+    };
+    let _ = MODE.set(mode);
+}
+
+fn mode() -> Mode {
+    MODE.get().copied().unwrap_or(Mode::Off)
+}
+
+/// Nothing is shown for a wait shorter than this.
+const FIRST_AFTER: Duration = Duration::from_millis(300);
+/// How often the line is redrawn (the waited time moves).
+const REDRAW_EVERY: Duration = Duration::from_secs(1);
+/// How often the queue and the holders are read again.
+const FETCH_EVERY: Duration = Duration::from_secs(2);
+/// The least time between two plain lines.
+pub const PLAIN_EVERY: Duration = Duration::from_secs(5);
+/// The longest a read for the line may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where the wait stands.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Standing {
+    /// 0 = next; `None`: not (yet) in this semaphore's queue.
+    pub position: Option<u64>,
+    pub queued: usize,
+    /// (host, pid, held for) of each holder, in grant order.
+    pub holders: Vec<(String, String, Duration)>,
+}
+
+/// Whole seconds, `0s` included.
+fn secs(d: Duration) -> String {
+    match d.as_secs() {
+        0 => "0s".to_string(),
+        n => format_duration(Duration::from_secs(n)),
+    }
+}
+
+/// The status text: `waiting 5s for x[1]: next in line; held by node2 pid 4242 for 12s`.
+pub fn render(label: &str, waited: Duration, standing: Option<&Standing>) -> String {
+    let waited = secs(waited);
+    let mut text = format!("conch: waiting {waited} for {label}");
+    let Some(s) = standing else {
+        return text;
+    };
+    match s.position {
+        Some(0) => text.push_str(": next in line"),
+        Some(p) => text.push_str(&format!(": position {} of {}", p + 1, s.queued)),
+        None => text.push_str(": queueing"),
+    }
+    if !s.holders.is_empty() {
+        let held: Vec<String> = s
+            .holders
+            .iter()
+            .map(|(host, pid, d)| format!("{host} pid {pid} for {}", secs(*d)))
+            .collect();
+        text.push_str(&format!("; held by {}", held.join(", ")));
+    }
+    text
+}
+
+/// Reads the queue and holders of `semaphore` for the line.
+async fn fetch(client: &Client, semaphore: &str, lease_id: &str) -> Option<Standing> {
+    use conch_client::sema::{META_HOST, META_PID, NAMESPACE};
+    let read = async {
+        let holders = client.list_holders(NAMESPACE, semaphore).await.ok()?;
+        let waiters = client.list_waiters(NAMESPACE, semaphore).await.ok()?;
+        Some((holders, waiters))
+    };
+    let (holders, waiters) = tokio::time::timeout(FETCH_TIMEOUT, read).await.ok()??;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    let position = waiters
+        .waiters
+        .iter()
+        .enumerate()
+        .find(|(_, w)| w.lease_id == lease_id)
+        .map(|(i, w)| {
+            if w.position == 0 {
+                i as u64
+            } else {
+                w.position
+            }
+        });
+    let meta = |m: &std::collections::HashMap<String, String>, k: &str| {
+        m.get(k).cloned().unwrap_or_else(|| "?".to_string())
+    };
+    Some(Standing {
+        position,
+        queued: waiters.waiters.len(),
+        holders: holders
+            .iter()
+            .map(|h| {
+                let held = Duration::from_nanos(now.saturating_sub(h.locked_at).max(0) as u64);
+                (
+                    meta(&h.metadata, META_HOST),
+                    meta(&h.metadata, META_PID),
+                    held,
+                )
+            })
+            .collect(),
+    })
+}
+
+/// The width of the terminal on stderr (else `COLUMNS`, else 80).
+fn width() -> usize {
+    let mut ws = nix::libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given, which lives here.
+    let r = unsafe { nix::libc::ioctl(2, nix::libc::TIOCGWINSZ, &mut ws) };
+    if r == 0 && ws.ws_col > 0 {
+        return usize::from(ws.ws_col);
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse().ok())
+        .filter(|c| *c > 0)
+        .unwrap_or(80)
+}
+
+/// The line on the terminal; erased when dropped (the slot came, or the wait ended otherwise).
+struct Line {
+    drawn: bool,
+}
+
+impl Line {
+    fn draw(&mut self, text: &str) {
+        // Cut below the width, so the line never wraps and one erase removes it all.
+        let room = width().saturating_sub(1);
+        let text: String = text.chars().take(room).collect();
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r\x1b[2K{text}").and_then(|()| err.flush());
+        self.drawn = true;
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        if self.drawn {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K").and_then(|()| err.flush());
+        }
+    }
+}
+
+/// Runs `wait` (the queueing for a slot), showing where it stands meanwhile as the mode says.
+pub async fn show_while<F: Future>(
+    client: &Client,
+    label: &str,
+    semaphore: &str,
+    lease_id: &str,
+    wait: F,
+) -> F::Output {
+    let mode = mode();
+    if mode == Mode::Off {
+        return wait.await;
+    }
+    tokio::pin!(wait);
+    let start = Instant::now();
+    let mut line = Line { drawn: false };
+    let mut standing: Option<Standing> = None;
+    let mut next_fetch = tokio::time::Instant::now() + FIRST_AFTER;
+    let mut next_draw = tokio::time::Instant::now() + FIRST_AFTER;
+    loop {
+        tokio::select! {
+            out = &mut wait => return out,
+            _ = tokio::time::sleep_until(next_fetch.min(next_draw)) => {}
+        }
+        let now = tokio::time::Instant::now();
+        if now >= next_fetch {
+            tokio::select! {
+                out = &mut wait => return out,
+                s = fetch(client, semaphore, lease_id) => {
+                    if s.is_some() {
+                        standing = s;
+                    }
+                }
+            }
+            next_fetch = tokio::time::Instant::now() + FETCH_EVERY;
+        }
+        if tokio::time::Instant::now() >= next_draw {
+            let text = render(label, start.elapsed(), standing.as_ref());
+            match mode {
+                Mode::Line => {
+                    line.draw(&text);
+                    next_draw = tokio::time::Instant::now() + REDRAW_EVERY;
+                }
+                _ => {
+                    eprintln!("{text}");
+                    next_draw = tokio::time::Instant::now() + PLAIN_EVERY;
+                    next_fetch = next_fetch.max(next_draw - Duration::from_millis(100));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_says_position_holders_and_time() {
+        let s = Standing {
+            position: Some(1),
+            queued: 3,
+            holders: vec![("node2".into(), "4242".into(), Duration::from_millis(72_400))],
+        };
+        assert_eq!(
+            render("x[1]", Duration::from_millis(5_900), Some(&s)),
+            "conch: waiting 5s for x[1]: position 2 of 3; held by node2 pid 4242 for 1m12s"
+        );
+        let next = Standing {
+            position: Some(0),
+            queued: 1,
+            holders: vec![],
+        };
+        assert_eq!(
+            render("x[1]", Duration::ZERO, Some(&next)),
+            "conch: waiting 0s for x[1]: next in line"
+        );
+        assert_eq!(
+            render("election b", Duration::from_secs(3), None),
+            "conch: waiting 3s for election b"
+        );
+    }
+}

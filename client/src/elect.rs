@@ -1,0 +1,129 @@
+//! How `conch elect` lays an election out in the Grackle data model, and the wait that follows
+//! one.
+//!
+//! - An election is a 1-permit semaphore `<name>.elect` in namespace [`NAMESPACE`] (`conch`).
+//!   `conch sema` names end in `.<max>` (digits) or `.host-<host>` (no dots in the host), so an
+//!   election never shares a semaphore with `conch sema`.
+//! - Candidates queue for the permit in FIFO order with one lease each; the holder is the
+//!   leader, its grant's fencing token the leader's term (`CONCH_REV`).
+//! - The candidate's `--value` travels as metadata [`META_VALUE`] of the lease and the acquire,
+//!   beside `conch sema`'s host, pid, since and cmd, so the leader and the candidates show it.
+//! - [`Client::wait_holder_change`] waits on the server until the leader changes.
+
+use std::time::Duration;
+
+use conch_proto::conch::WaitHolderChangeRequest;
+use conch_proto::conch::conch_api_client::ConchApiClient;
+use conch_proto::grackle::SemaphoreHolder;
+
+use crate::sema::{MAX_NAME_LEN, validate_name};
+use crate::{CallOptions, Client, Result};
+
+pub use crate::sema::NAMESPACE;
+
+/// Holder/waiter metadata key: the candidate's `--value`.
+pub const META_VALUE: &str = "value";
+
+/// The suffix that makes an election's semaphore name.
+pub const SUFFIX: &str = ".elect";
+
+/// The semaphore of election `name`: `<name>.elect`.
+///
+/// ```
+/// use conch_client::elect::semaphore_name;
+///
+/// assert_eq!(semaphore_name("billing-cron").unwrap(), "billing-cron.elect");
+/// assert!(semaphore_name("bad name").is_err());
+/// ```
+pub fn semaphore_name(name: &str) -> std::result::Result<String, String> {
+    validate_name("election name", name)?;
+    let full = format!("{name}{SUFFIX}");
+    if full.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "election name {name:?} is too long: the semaphore name {full:?} must fit in {MAX_NAME_LEN} characters"
+        ));
+    }
+    Ok(full)
+}
+
+/// The election a semaphore name of the `conch` namespace belongs to, if it is one.
+pub fn election_name(semaphore: &str) -> Option<&str> {
+    semaphore.strip_suffix(SUFFIX).filter(|n| !n.is_empty())
+}
+
+/// The holders of a semaphore after a [`Client::wait_holder_change`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HolderChange {
+    /// In grant order; empty when nobody holds.
+    pub holders: Vec<SemaphoreHolder>,
+    /// Whether the semaphore exists.
+    pub exists: bool,
+}
+
+impl HolderChange {
+    /// The fencing token of the first holder (the leader of an election); 0: nobody.
+    pub fn token(&self) -> u64 {
+        self.holders.first().map_or(0, |h| h.fencing_token)
+    }
+}
+
+impl Client {
+    /// Waits on the server until the first holder of `namespace/name` is no longer the grant
+    /// `known_token` (0: nobody), or `wait` passes (the server cuts it to 60 s), and returns the
+    /// holders then. `wait` zero answers at once. Fails over between endpoints like every call;
+    /// the answer is never older than the call.
+    pub async fn wait_holder_change(
+        &self,
+        namespace: &str,
+        name: &str,
+        known_token: u64,
+        wait: Duration,
+    ) -> Result<HolderChange> {
+        const OP: &str = "wait for a holder change";
+        let req = WaitHolderChangeRequest {
+            namespace_name: namespace.to_string(),
+            semaphore_name: name.to_string(),
+            known_token,
+            timeout_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        };
+        let defaults = self.default_options();
+        // Each attempt may take the whole wait, plus the usual deadline for the answer.
+        let opts = CallOptions {
+            timeout: defaults.timeout + wait,
+            retry_for: defaults.retry_for,
+        };
+        let resp = self
+            .unary(OP, opts, req, |ch, r| async move {
+                ConchApiClient::new(ch).wait_holder_change(r).await
+            })
+            .await?;
+        Ok(HolderChange {
+            holders: resp.holders,
+            exists: resp.exists,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sema::semaphore_kind;
+
+    #[test]
+    fn election_names_never_look_like_sema_ones() {
+        for name in ["5", "x.2", "a.1.host-b", "elect"] {
+            let sem = semaphore_name(name).unwrap();
+            assert_eq!(semaphore_kind(&sem), None, "{sem}");
+            assert_eq!(election_name(&sem), Some(name));
+        }
+        assert_eq!(election_name("x.2"), None);
+        assert_eq!(election_name(".elect"), None);
+        assert!(semaphore_name(&"n".repeat(122)).is_ok());
+        assert!(
+            semaphore_name(&"n".repeat(124))
+                .unwrap_err()
+                .contains("too long")
+        );
+        assert!(semaphore_name("").is_err());
+    }
+}

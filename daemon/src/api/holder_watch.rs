@@ -1,0 +1,74 @@
+//! `WaitHolderChange`: a caller that knows a semaphore's holder (by its fencing token) waits
+//! until that holder is gone or replaced, and gets the holders then. `conch elect --observe`
+//! follows an election with it, without polling.
+//!
+//! The wait starts with a linearizable read (so an answer is never older than the call), then
+//! watches this node's applied index: every applied entry wakes the wait, which reads the one
+//! semaphore again. Nothing is proposed and no timer fires besides the call's own deadline. See
+//! `docs/design.md` (Holder-change waits).
+
+use std::time::Duration;
+
+use crate::node::Node;
+use crate::state::{Error, ErrorKind, HolderView, PageRequest, State};
+
+use super::status::ApiError;
+
+/// The longest a single call waits; the caller asks again.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// What a wait ends with: the holders in grant order, and whether the semaphore exists.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Holders {
+    pub holders: Vec<HolderView>,
+    pub exists: bool,
+}
+
+impl Holders {
+    /// The fencing token of the first holder; 0 when nobody holds.
+    pub fn token(&self) -> u64 {
+        self.holders.first().map_or(0, |h| h.token)
+    }
+}
+
+/// The holders of `ns/sem` in `state` (a missing namespace or semaphore: nobody, not an error).
+pub fn holders(state: &State, ns: &str, sem: &str) -> Result<Holders, Error> {
+    match state.list_holders(ns, sem, &PageRequest::default()) {
+        Ok(page) => Ok(Holders {
+            holders: page.items,
+            exists: true,
+        }),
+        Err(e) if e.kind == ErrorKind::NotFound => Ok(Holders::default()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits until the first holder of `ns/sem` is not the grant `known_token` (0: nobody), or
+/// `timeout` (at most [`MAX_WAIT`]) passes, and answers with the holders at that point.
+pub async fn wait(
+    node: &Node,
+    ns: &str,
+    sem: &str,
+    known_token: u64,
+    timeout: Duration,
+) -> Result<Holders, ApiError> {
+    let deadline = tokio::time::Instant::now() + timeout.min(MAX_WAIT);
+    node.linearizable().await?;
+    // Subscribe before reading, so no entry applied between the read and the wait is missed.
+    let mut applied = node.applied.subscribe_applied();
+    loop {
+        applied.borrow_and_update();
+        let now = node.applied.read(|s| holders(s, ns, sem))?;
+        if now.token() != known_token {
+            return Ok(now);
+        }
+        tokio::select! {
+            changed = applied.changed() => {
+                if changed.is_err() {
+                    return Ok(now);
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => return Ok(now),
+        }
+    }
+}
