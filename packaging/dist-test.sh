@@ -17,6 +17,7 @@ cd "$(dirname "$0")/.."
 
 export PROFILE=${PROFILE:-dev}
 export OUT=${OUT:-target/dist-test}
+export GZIP_LEVEL=${GZIP_LEVEL:-1}
 packaging/dist.sh
 
 passed=0

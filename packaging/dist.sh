@@ -12,6 +12,7 @@
 #             dev, which `make test` has already built: the contents are the same, only slower code.
 #   OUT       output directory (emptied first).
 #   NO_DEB=1  skip the Debian package.
+#   GZIP_LEVEL  gzip level of the tarballs (default 9; the tests use 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -113,7 +114,7 @@ done
 # gzip -n: no name or time in the gzip header, so equal trees give equal archives.
 pack() { # pack DIR NAME ARCHIVE
 	tar --create --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$SOURCE_DATE_EPOCH" \
-		--format=gnu -C "$1" --transform "s,^\.,$2," . | gzip -9n >"$3"
+		--format=gnu -C "$1" --transform "s,^\.,$2," . | gzip "-${GZIP_LEVEL:-9}" -n >"$3"
 }
 
 rm -rf "$OUT"
