@@ -79,7 +79,7 @@ bench:
 	target/release/conch-bench $(if $(TLS),--tls) $(if $(AUTH),--auth)
 
 jepsen:
-	$(CARGO) build -p conchd -p cluster-tests --bins
+	$(CARGO) build -p conchd -p conch-client -p cluster-tests --bins
 	target/debug/conch-jepsen --duration $(or $(DURATION),60) --nodes $(or $(NODES),3) $(if $(TLS),--tls) $(if $(AUTH),--auth)
 
 # Longer property runs of the state machine: random command histories, invalid input included.

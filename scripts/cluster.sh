@@ -6,6 +6,7 @@
 #                                         token made under DIR/certs if absent
 #   scripts/cluster.sh stop DIR           stops exactly the processes recorded in DIR/pids
 # CONCH_CLUSTER_PORT sets the first port (default 7001; the nodes take it and the next two).
+# CONCH_METRICS_PORT sets the first Prometheus metrics port (default 7101; 0: any free port).
 set -euo pipefail
 cmd=${1:-}
 dir=${2:-$(pwd)/.cluster}
@@ -15,7 +16,12 @@ base=${CONCH_CLUSTER_PORT:-7001}
 case "$base" in
 '' | *[!0-9]*) echo "cluster: CONCH_CLUSTER_PORT must be a port number, not '$base'" >&2; exit 64 ;;
 esac
+mbase=${CONCH_METRICS_PORT:-7101}
+case "$mbase" in
+'' | *[!0-9]*) echo "cluster: CONCH_METRICS_PORT must be a port number, not '$mbase'" >&2; exit 64 ;;
+esac
 port() { echo $((base + $1 - 1)); }
+mport() { if [ "$mbase" = 0 ]; then echo 0; else echo $((mbase + $1 - 1)); fi; }
 members="1=127.0.0.1:$(port 1),2=127.0.0.1:$(port 2),3=127.0.0.1:$(port 3)"
 endpoints="127.0.0.1:$(port 1),127.0.0.1:$(port 2),127.0.0.1:$(port 3)"
 
@@ -48,7 +54,7 @@ start | start-secure)
       [ "$id" = 1 ] && extra+=(--bootstrap-admin-token-file "$certs/admin.token")
     fi
     "$bin" --id "$id" --listen "127.0.0.1:$(port "$id")" --data-dir "$dir/node$id" \
-      --initial-cluster "$members" ${extra[@]+"${extra[@]}"} >>"$dir/node$id.log" 2>&1 &
+      --metrics-listen "127.0.0.1:$(mport "$id")" --initial-cluster "$members" ${extra[@]+"${extra[@]}"} >>"$dir/node$id.log" 2>&1 &
     echo "$!" >>"$dir/pids"
   done
   sleep 0.3
@@ -60,6 +66,7 @@ start | start-secure)
     fi
   done
   echo "cluster: 3 nodes on $endpoints"
+  [ "$mbase" = 0 ] || echo "cluster: metrics on http://127.0.0.1:$(mport 1)/metrics (and $(mport 2), $(mport 3))"
   echo "cluster: data and logs in $dir"
   if [ "$cmd" = start-secure ]; then
     echo "cluster: TLS with client certificates, peer mutual TLS and access control; certificates and admin token in $certs"

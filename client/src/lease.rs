@@ -132,6 +132,7 @@ pub struct Lease {
     state: Arc<watch::Sender<LeaseState>>,
     keepalive: Option<JoinHandle<()>>,
     revoked: bool,
+    refreshed: Arc<watch::Sender<Instant>>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -179,6 +180,7 @@ impl Client {
             return Err(missing(OP, "lease_id"));
         }
         let state = Arc::new(watch::Sender::new(LeaseState::Alive));
+        let refreshed = Arc::new(watch::Sender::new(sent));
         let keepalive = tokio::spawn(keep_alive(
             self.clone(),
             namespace.to_string(),
@@ -186,6 +188,7 @@ impl Client {
             ttl,
             state.clone(),
             sent,
+            refreshed.clone(),
         ));
         debug!(lease = %info.lease_id, ttl_s = ttl_seconds, "lease created");
         Ok(Lease {
@@ -197,6 +200,7 @@ impl Client {
             state,
             keepalive: Some(keepalive),
             revoked: false,
+            refreshed,
         })
     }
 }
@@ -240,6 +244,12 @@ impl Lease {
     /// A receiver that sees every state change (e.g. to watch the lease from another task).
     pub fn subscribe(&self) -> watch::Receiver<LeaseState> {
         self.state.subscribe()
+    }
+
+    /// A receiver of when the last successful refresh was sent (at first, when the create was
+    /// sent): the server keeps the lease for at least its TTL after that instant.
+    pub fn refreshed(&self) -> watch::Receiver<Instant> {
+        self.refreshed.subscribe()
     }
 
     /// Resolves when the lease is lost (at once if it already is); never resolves otherwise.
@@ -317,6 +327,7 @@ async fn keep_alive(
     ttl: Duration,
     state: Arc<watch::Sender<LeaseState>>,
     mut last_ok: Instant,
+    refreshed: Arc<watch::Sender<Instant>>,
 ) {
     let interval = refresh_interval(ttl);
     let give_up = loss_after(ttl);
@@ -346,6 +357,7 @@ async fn keep_alive(
         match tokio::time::timeout(budget, refresh).await {
             Ok(Ok(_)) => {
                 last_ok = sent;
+                refreshed.send_replace(sent);
                 last_error = None;
                 backoff.reset();
                 next = sent + interval;

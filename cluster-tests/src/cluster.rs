@@ -543,6 +543,17 @@ impl Cluster {
         .await
     }
 
+    /// Where node `id` serves `/metrics`, from the startup line of its latest start.
+    pub fn metrics_addr(&self, id: u64) -> Option<String> {
+        let log = self.log(id);
+        let line = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("metrics on http://"))?;
+        let rest = line.split("metrics on http://").nth(1)?;
+        rest.strip_suffix("/metrics").map(str::to_string)
+    }
+
     pub fn log(&self, id: u64) -> String {
         self.nodes
             .get(&id)

@@ -17,11 +17,21 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn spawn(args: &[&str], cwd: &Path) -> anyhow::Result<Daemon> {
+        Self::spawn_with_env(args, cwd, &[])
+    }
+
+    /// Like [`Daemon::spawn`], with extra environment variables.
+    pub fn spawn_with_env(
+        args: &[&str],
+        cwd: &Path,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Daemon> {
         let stdout_path = cwd.join(format!("conchd-{}.out", free_port()));
         let stderr_path = stdout_path.with_extension("err");
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         let child = crate::spawn(
             conchd_command(&args)
+                .envs(env.iter().copied())
                 .current_dir(cwd)
                 .stdout(std::fs::File::create(&stdout_path)?)
                 .stderr(std::fs::File::create(&stderr_path)?),
@@ -39,6 +49,10 @@ impl Daemon {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
     }
 
     pub fn signal(&self, signal: nix::sys::signal::Signal) {

@@ -22,6 +22,7 @@ pub mod net;
 pub mod ops;
 pub mod pki;
 pub mod rng;
+pub mod scrape;
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -84,9 +85,13 @@ where
 }
 
 /// A `conchd` command with `args`, stdin closed, that dies with the thread that spawns it.
+/// Its metrics go to a free port (tests run in parallel; a flag still wins).
 fn conchd_command(args: &[String]) -> Command {
     let mut command = Command::new(binary("conchd"));
-    command.args(args).stdin(Stdio::null());
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .env("CONCH_METRICS_LISTEN", "127.0.0.1:0");
     // SAFETY: prctl(2) is async-signal-safe; the closure touches nothing else. The node then
     // dies with the thread that started it even if this process is killed before its
     // destructors run (e.g. by `timeout`).

@@ -1031,6 +1031,199 @@ async fn an_unreachable_cluster_stops_the_command_before_the_ttl() -> anyhow::Re
     f.passed()
 }
 
+/// The guard processes of conch `conch_pid` (`conch __guard <conch pid> …`), from /proc.
+fn guards_of(conch_pid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let pid = conch_pid.to_string();
+    dir.flatten()
+        .filter_map(|entry| {
+            let n: i32 = entry.file_name().to_string_lossy().parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            args.windows(2)
+                .any(|w| w[0] == b"__guard" && w[1] == pid.as_bytes())
+                .then_some(n)
+        })
+        .filter(|&n| {
+            // Zombies (not reaped yet) do not count as left behind.
+            let stat = std::fs::read_to_string(format!("/proc/{n}/stat")).unwrap_or_default();
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .collect()
+}
+
+/// `(ppid, pgrp)` of process `pid`.
+fn parent_and_group(pid: i32) -> Option<(i32, i32)> {
+    process_table()
+        .into_iter()
+        .find(|&(p, _, _)| p == pid)
+        .map(|(_, ppid, pgrp)| (ppid, pgrp))
+}
+
+/// A command that logs its start, logs its end when it gets SIGTERM (then exits), writes its pid
+/// to `$T/<ready>` and otherwise runs forever.
+fn until_terminated(log: &str, ready: &str) -> String {
+    format!(
+        r#"{}; trap '{}; exit 0' TERM; echo $$ > "$T/{ready}.tmp"; mv "$T/{ready}.tmp" "$T/{ready}"; while :; do sleep 0.05; done"#,
+        log_start(log),
+        log_end(log)
+    )
+}
+
+/// conch stopped (SIGSTOP to its pid only) while its command runs: its guard stops the command
+/// before the lease can expire, so the next holder's command starts only after the first was
+/// told to stop; once conch runs again it says, in one line, that the slot was lost while it was
+/// paused, and exits 79.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_conch_is_overtaken_by_its_guard() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let ttl = Duration::from_secs(3);
+    let mut a = f.conch_env(
+        &[("ID", "a")],
+        &sh_c(
+            "sema x --max 1 --ttl 3s --kill-after 2s",
+            &until_terminated("log", "a.ready"),
+        ),
+    )?;
+    let a_child: i32 = f.wait_file("a.ready", |_| true).await?.trim().parse()?;
+    a.also_kill.push(a_child);
+    let guards = guards_of(a.pid());
+    ensure!(
+        guards.len() == 1,
+        "one guard beside the command: {guards:?}"
+    );
+
+    let b_body = format!("{}; {}", log_start("log"), log_end("log"));
+    let mut b = f.conch_env(&[("ID", "b")], &sh_c("sema x --max 1 --wait 30s", &b_body))?;
+    f.wait_queue("x.1", &[b.pid()]).await?;
+
+    a.signal(Signal::SIGSTOP);
+    // The last refresh was no later than this: the servers keep the lease at most TTL longer.
+    let stopped_at = now_ns();
+    let b_code = b.code(EXIT_TIMEOUT).await;
+    // Whatever happened, let conch run again.
+    a.signal(Signal::SIGCONT);
+    ensure!(b_code? == 0, "b failed: {:?}", b.stderr());
+
+    let evs = events(&f.read("log"))?;
+    check_complete(&evs, &["a", "b"])?;
+    assert_eq!(start_order(&evs), ["a", "b"]);
+    assert_eq!(
+        max_concurrency(&evs),
+        1,
+        "b started before a was told to stop: {evs:?}"
+    );
+    let a_end = evs.iter().find(|e| e.id == "a" && !e.start).map(|e| e.ns);
+    let after = a_end.unwrap_or(0) - stopped_at;
+    eprintln!(
+        "the guard stopped the command {:?} after conch was paused (TTL {ttl:?})",
+        Duration::from_nanos(after.max(0) as u64)
+    );
+    assert!(
+        after > 0 && after < ttl.as_nanos() as i128,
+        "the command got SIGTERM {after} ns after conch was paused: not within the TTL"
+    );
+
+    a.expect_code(EX_SLOT_LOST).await?;
+    let err = a.stderr();
+    let said: Vec<&str> = err.lines().filter(|l| l.starts_with("conch:")).collect();
+    assert_eq!(said.len(), 1, "one line; stderr: {err:?}");
+    assert!(said[0].contains("paused"), "stderr: {err:?}");
+    wait_for("the command's group to be gone", SHOW_UP, || async {
+        (!group_alive(a_child)).then_some(())
+    })
+    .await?;
+    ensure!(guards_of(a.pid()).is_empty(), "the guard is gone");
+    f.passed()
+}
+
+/// The guard runs beside the command, in a process group of its own (so signals sent to the
+/// command's group do not reach it), and a normal run leaves no guard behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_normal_run_leaves_no_guard_behind() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let body = format!(
+        r#"trap 'touch "$T/usr1"' USR1; echo $$ > "$T/ready.tmp"; mv "$T/ready.tmp" "$T/ready"; {}; exit 7"#,
+        gate("go")
+    );
+    let mut p = f.conch(&sh_c("sema x --max 1 --ttl 2s", &body))?;
+    let child: i32 = f.wait_file("ready", |_| true).await?.trim().parse()?;
+    p.also_kill.push(child);
+    let guards = guards_of(p.pid());
+    ensure!(
+        guards.len() == 1,
+        "one guard beside the command: {guards:?}"
+    );
+    let (ppid, pgrp) = parent_and_group(guards[0]).context("the guard's /proc entry")?;
+    assert_eq!(ppid, p.pid(), "the guard is conch's child");
+    assert_eq!(pgrp, guards[0], "the guard is in a group of its own");
+    // A few refreshes go by (each renews the guard) without anything being stopped.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(pid_alive(child), "the command still runs");
+    // A signal forwarded to the command does not reach the guard.
+    p.signal(Signal::SIGUSR1);
+    f.wait_file("usr1", |_| true).await?;
+    ensure!(
+        pid_alive(guards[0]),
+        "the guard survived the forwarded signal"
+    );
+    f.touch("go")?;
+    p.expect_code(7).await?;
+    ensure!(
+        guards_of(p.pid()).is_empty(),
+        "a guard was left behind: {:?}",
+        guards_of(p.pid())
+    );
+    // (The shell may report its `sleep` killed by the forwarded signal; conch says nothing.)
+    let err = p.stderr();
+    assert!(!err.contains("conch:"), "stderr: {err:?}");
+
+    // The same for a command that cannot be started.
+    let mut q = f.conch(&["sema", "x", "--max", "1", "--", "/nonexistent/command"])?;
+    q.expect_code(127).await?;
+    ensure!(guards_of(q.pid()).is_empty(), "a guard was left behind");
+    f.passed()
+}
+
+/// kill -9 of conch: the command dies with it (parent-death signal), and the guard kills the
+/// rest of the command's group at once, then goes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_conch_takes_the_command_and_its_group_along() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let body = r#"sleep 1000 & echo $! > "$T/bg.tmp"; mv "$T/bg.tmp" "$T/bg"; echo $$ > "$T/ready.tmp"; mv "$T/ready.tmp" "$T/ready"; while :; do sleep 0.05; done"#;
+    let mut p = f.conch(&sh_c("sema x --max 1 --ttl 5s", body))?;
+    let child: i32 = f.wait_file("ready", |_| true).await?.trim().parse()?;
+    let background: i32 = f.wait_file("bg", |_| true).await?.trim().parse()?;
+    p.also_kill.push(child);
+    let guards = guards_of(p.pid());
+    ensure!(
+        guards.len() == 1,
+        "one guard beside the command: {guards:?}"
+    );
+
+    p.signal(Signal::SIGKILL);
+    let status = p.wait(EXIT_TIMEOUT).await?;
+    assert_eq!(status.signal(), Some(Signal::SIGKILL as i32));
+    wait_for("the command to die with conch", SHOW_UP, || async {
+        (!pid_alive(child)).then_some(())
+    })
+    .await?;
+    wait_for(
+        "the command's background process to be killed",
+        SHOW_UP,
+        || async { (!pid_alive(background)).then_some(()) },
+    )
+    .await?;
+    wait_for("the guard to exit", SHOW_UP, || async {
+        guards_of(p.pid()).is_empty().then_some(())
+    })
+    .await?;
+    f.passed()
+}
+
 /// `--who` and `--who --json` list holders (grant order) then waiters (queue order) with the
 /// host, conch pid, start time and fencing token the commands themselves see.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -157,11 +157,18 @@ async fn hold_for(
         let ids = cluster.ids();
         let via = ids[(round as usize) % ids.len()];
         round += 1;
-        refresh(cluster, via, holder)
-            .await
-            .with_context(|| what.to_string())?;
-        let leader = leader(cluster).await?;
-        let seen = holders(cluster, leader).await?;
+        // A call may fail while the machine is loaded (a leader that briefly cannot confirm
+        // its quorum); a holder retries. It must succeed well within the TTL.
+        let seen = wait_for(
+            &format!("{what}: a refresh and a read of the holders"),
+            TTL / 2,
+            || async {
+                refresh(cluster, via, holder).await.ok()?;
+                let leader = leader(cluster).await.ok()?;
+                holders(cluster, leader).await.ok()
+            },
+        )
+        .await?;
         ensure!(
             seen == vec![holder.to_string()],
             "{what}: the refreshed holder {holder} lost its slot; holders {seen:?}"

@@ -63,3 +63,64 @@ async fn a_node_without_a_leader_is_not_serving() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_serves() -> anyhow::Result<()> {
+    let cluster = Cluster::start(1).await?;
+    wait_for(
+        "the node to report SERVING",
+        Duration::from_secs(20),
+        || async {
+            (status_of(&cluster, 1, "").await == Some(ServingStatus::Serving)).then_some(())
+        },
+    )
+    .await?;
+    // And keeps serving past the cut-off bound (twice the 300 ms election timeout): its quorum
+    // is itself.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        status_of(&cluster, 1, "").await,
+        Some(ServingStatus::Serving)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_majority_is_not_serving() -> anyhow::Result<()> {
+    let cluster = Cluster::launch(3, &[], true).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    wait_for(
+        "the leader to report SERVING",
+        Duration::from_secs(20),
+        || async {
+            (status_of(&cluster, leader, "").await == Some(ServingStatus::Serving)).then_some(())
+        },
+    )
+    .await?;
+    let others: Vec<u64> = cluster.ids().into_iter().filter(|&i| i != leader).collect();
+    cluster.partition(
+        &[vec![leader], others.clone()],
+        conch_testkit::LinkMode::Refuse,
+    );
+    wait_for(
+        "the cut-off leader to report NOT_SERVING",
+        Duration::from_secs(30),
+        || async {
+            (status_of(&cluster, leader, "").await == Some(ServingStatus::NotServing)).then_some(())
+        },
+    )
+    .await?;
+    // The majority elected another leader and serves.
+    for id in others {
+        wait_for(
+            "the majority to report SERVING",
+            Duration::from_secs(30),
+            || async {
+                (status_of(&cluster, id, "").await == Some(ServingStatus::Serving)).then_some(())
+            },
+        )
+        .await?;
+    }
+    cluster.heal_network();
+    Ok(())
+}

@@ -171,3 +171,65 @@ async fn a_stopped_cluster_is_reported_within_about_one_timeout() -> anyhow::Res
     assert!(took < Duration::from_secs(12), "took {took:?}: {err}");
     Ok(())
 }
+
+/// Runs `conch cluster health` until its exit status is `code`; returns its output.
+async fn health_until(endpoints: &str, args: &[&str], code: i32) -> anyhow::Result<String> {
+    let mut all = vec!["cluster", "health"];
+    all.extend_from_slice(args);
+    cluster_tests::wait_for(
+        &format!("conch cluster health to exit {code}"),
+        Duration::from_secs(30),
+        || async {
+            let (got, out, _) = conch(endpoints, &all).await.ok()?;
+            (got == code).then_some(out)
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_health_judges_from_the_leaders_view() -> anyhow::Result<()> {
+    let mut cluster = Cluster::launch(3, &[], true).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let endpoints = cluster.endpoints().join(",");
+
+    let out = health_until(&endpoints, &[], 0).await?;
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(
+        out.starts_with(&format!("healthy: leader {leader}, term "))
+            && out.contains("3/3 voters up"),
+        "{out}"
+    );
+    let out = health_until(&endpoints, &["--json"], 0).await?;
+    let json: serde_json::Value = serde_json::from_str(out.trim())?;
+    assert_eq!(json["status"], "healthy", "{out}");
+    assert_eq!(json["leader"], leader, "{out}");
+
+    // The leader cut off from the others: they elect a new one in a higher term, and the old
+    // leader, still answering, does not count as a second leader.
+    cluster.partition(
+        &[
+            vec![leader],
+            cluster.ids().into_iter().filter(|&i| i != leader).collect(),
+        ],
+        conch_testkit::LinkMode::Refuse,
+    );
+    let out = health_until(&endpoints, &["--json"], 1).await?;
+    let json: serde_json::Value = serde_json::from_str(out.trim())?;
+    assert_eq!(json["status"], "degraded", "{out}");
+    assert_ne!(json["leader"], leader, "{out}");
+    assert_eq!(json["disagreeing"], serde_json::json!([leader]), "{out}");
+
+    // Only the old leader left: it still says it leads, but no majority follows it.
+    for id in cluster.ids().into_iter().filter(|&i| i != leader) {
+        cluster.kill(id);
+    }
+    let out = health_until(&endpoints, &[], 2).await?;
+    assert!(out.starts_with("unhealthy: "), "{out}");
+
+    cluster.kill(leader);
+    let out = health_until(&endpoints, &[], 2).await?;
+    assert!(out.starts_with("unhealthy: no node answered"), "{out}");
+    Ok(())
+}

@@ -21,6 +21,7 @@ fn run_script(args: &[&str], base: &str, dir: &Path) -> std::io::Result<Output> 
         .arg(dir)
         .env("CONCHD_BIN", binary("conchd"))
         .env("CONCH_CLUSTER_PORT", base)
+        .env("CONCH_METRICS_PORT", "0")
         .output()
 }
 

@@ -18,6 +18,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7001";
 pub const DEFAULT_DATA_DIR: &str = "conch-data";
 /// conchd's lifecycle at info; openraft's own election chatter only when something is wrong.
 pub const DEFAULT_LOG: &str = "info,openraft=warn";
+/// Prometheus metrics on loopback only, unless the operator says otherwise.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:7101";
 
 /// conchd: a replicated semaphore daemon answering the Grackle semaphore API.
 ///
@@ -105,6 +107,21 @@ pub struct Flags {
     /// (whatever --initial-cluster says) and waits to be added with `conch cluster add-learner`.
     #[arg(long, env = "CONCH_JOIN")]
     pub join: bool,
+
+    /// Serve Prometheus metrics over HTTP on host:port at /metrics [default: 127.0.0.1:7101];
+    /// `off` serves none. /metrics has no access control: keep it on loopback or a
+    /// monitoring network.
+    #[arg(long, env = "CONCH_METRICS_LISTEN", help_heading = "Operations")]
+    pub metrics_listen: Option<String>,
+
+    /// Log line format on stderr: `text` (default) or `json` (one object per line, for log
+    /// shippers).
+    #[arg(long, env = "CONCH_LOG_FORMAT", help_heading = "Operations")]
+    pub log_format: Option<String>,
+
+    /// A one-off task instead of serving (the flags above are then not used).
+    #[command(subcommand)]
+    pub command: Option<crate::restore::Command>,
 }
 
 const EXAMPLES: &str = "\
@@ -114,6 +131,8 @@ Examples:
          --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
   CONCH_CONFIG=/etc/conch/conchd.toml conchd
   conchd --bootstrap-admin-token-file /etc/conch/admin.token   # new cluster, access control on
+  conchd restore backup.conch --data-dir /var/lib/conch/1 --id 1 \\
+         --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
 ";
 
 /// The same settings, read from a TOML file.
@@ -137,6 +156,8 @@ struct FileConfig {
     peer_ca: Option<PathBuf>,
     bootstrap_admin_token_file: Option<PathBuf>,
     join: Option<bool>,
+    metrics_listen: Option<String>,
+    log_format: Option<String>,
 }
 
 /// Validated configuration; read-only once built.
@@ -161,6 +182,16 @@ pub struct Config {
     pub bootstrap_admin_token: Option<crate::state::auth::TokenHash>,
     /// Never bootstrap: an empty node waits to be added to a running cluster (`--join`).
     pub join: bool,
+    /// Where `/metrics` is served; `None` with `--metrics-listen off`.
+    pub metrics_listen: Option<SocketAddr>,
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -275,6 +306,30 @@ impl Config {
             Some(path) => Some(read_token_file(&path)?),
             None => None,
         };
+        let metrics_text = flags
+            .metrics_listen
+            .or(file.metrics_listen)
+            .unwrap_or_else(|| DEFAULT_METRICS_LISTEN.to_string());
+        let metrics_listen = match metrics_text.trim() {
+            "off" => None,
+            text => Some(resolve(text).map_err(|e| {
+                ConfigError::Invalid(format!("--metrics-listen {text}: {e} (or `off`)"))
+            })?),
+        };
+        if metrics_listen.is_some_and(|m| m == listen && m.port() != 0) {
+            return Err(ConfigError::Invalid(format!(
+                "--metrics-listen {metrics_text} is the --listen address; choose another port"
+            )));
+        }
+        let log_format = match flags.log_format.or(file.log_format).as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(ConfigError::Invalid(format!(
+                    "--log-format {other:?}: expected text or json"
+                )));
+            }
+        };
         Ok(Config {
             id,
             listen,
@@ -293,6 +348,8 @@ impl Config {
             tls,
             bootstrap_admin_token,
             join,
+            metrics_listen,
+            log_format,
         })
     }
 }
@@ -438,6 +495,39 @@ mod tests {
         assert_eq!(
             config.initial_cluster,
             BTreeMap::from([(1, DEFAULT_LISTEN.to_string())])
+        );
+        assert_eq!(
+            config.metrics_listen.map(|a| a.to_string()).as_deref(),
+            Some(DEFAULT_METRICS_LISTEN)
+        );
+        assert_eq!(config.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn metrics_and_log_format_are_checked() {
+        let with = |metrics: Option<&str>, format: Option<&str>| {
+            Config::from_flags(Flags {
+                metrics_listen: metrics.map(str::to_string),
+                log_format: format.map(str::to_string),
+                ..Flags::default()
+            })
+        };
+        let off = with(Some("off"), Some("json")).expect("off and json are valid");
+        assert_eq!(off.metrics_listen, None);
+        assert_eq!(off.log_format, LogFormat::Json);
+        let message = |r: Result<Config, ConfigError>| r.err().map(|e| e.to_string());
+        assert!(
+            message(with(Some("nowhere"), None)).is_some_and(|m| m.contains("--metrics-listen")),
+            "a bad address names the flag"
+        );
+        assert!(
+            message(with(Some(DEFAULT_LISTEN), None))
+                .is_some_and(|m| m.contains("is the --listen address")),
+            "metrics cannot share the gRPC port"
+        );
+        assert!(
+            message(with(None, Some("xml"))).is_some_and(|m| m.contains("text or json")),
+            "an unknown format is refused"
         );
     }
 

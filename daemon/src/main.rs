@@ -3,14 +3,16 @@
 //! Exit status: 0 after a clean stop; 64 (usage) for a bad flag, environment variable or config
 //! file value, before anything is bound or opened; 1 for any other startup or serving failure
 //! (port taken, damaged data directory). Every failure is one line on stderr.
+//!
+//! `conchd restore …` seeds a data directory from a backup instead of serving (see `restore`).
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use conchd::config::{Config, Flags};
-use conchd::server;
+use conchd::config::{Config, Flags, LogFormat};
+use conchd::{notify, server};
 
 /// Exit status of a usage error: a bad flag or configuration value.
 const EXIT_USAGE: u8 = 64;
@@ -28,6 +30,9 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
+    if let Some(command) = &flags.command {
+        return run_command(command);
+    }
     let config = match configure(flags) {
         Ok(config) => config,
         Err(e) => {
@@ -40,6 +45,33 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("conchd: {}", one_line(&e));
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a subcommand: one line on stdout when done, one line on stderr when not (exit 64 when
+/// it was refused before anything was written, 1 when writing failed).
+fn run_command(command: &conchd::restore::Command) -> ExitCode {
+    let conchd::restore::Command::Restore(args) = command;
+    match conchd::restore::run(args) {
+        Ok(r) => {
+            println!(
+                "conchd: restored log index {} (term {}), state hash {:016x}, into {} as node {} of cluster {}",
+                r.applied_index,
+                r.applied_term,
+                r.state_hash,
+                args.data_dir.display(),
+                args.id,
+                r.cluster_id
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("conchd: restore: {}", e.to_string().replace('\n', " "));
+            match e {
+                conchd::restore::RestoreError::Refused(_) => ExitCode::from(EXIT_USAGE),
+                conchd::restore::RestoreError::Failed(_) => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -73,7 +105,7 @@ fn one_line(e: &anyhow::Error) -> String {
 /// log filter.
 fn configure(flags: Flags) -> anyhow::Result<Arc<Config>> {
     let config = Config::from_flags(flags)?;
-    init_logging(&config.log)?;
+    init_logging(&config.log, config.log_format)?;
     Ok(Arc::new(config))
 }
 
@@ -88,30 +120,42 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
         let running = server::start(Arc::clone(&config)).await?;
         let data_dir =
             std::fs::canonicalize(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
+        let listening = running
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| config.listen.to_string());
+        let metrics = running
+            .metrics_addr()
+            .map(|a| format!(", metrics on http://{a}/metrics"))
+            .unwrap_or_default();
         println!(
-            "conchd: node {} listening on {} (clients and peers), data in {}",
+            "conchd: node {} listening on {listening} (clients and peers), data in {}{metrics}",
             config.id,
-            running
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| config.listen.to_string()),
             data_dir.display()
         );
+        notify::ready(&format!("node {} serving on {listening}", config.id));
+        let shutdown = async {
+            shutdown.await;
+            notify::stopping();
+        };
         server::serve(running, shutdown).await?;
         tracing::info!("stopped");
         Ok(())
     })
 }
 
-fn init_logging(filter: &str) -> anyhow::Result<()> {
+fn init_logging(filter: &str, format: LogFormat) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .with_context(|| format!("--log {filter:?}"))?;
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        // One JSON object per line: timestamp, level, target, message and fields at the top.
+        LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).init(),
+    }
     Ok(())
 }
 

@@ -31,6 +31,7 @@ use crate::applied::AppliedState;
 use crate::clock::{LeaseClock, wall_ns};
 use crate::config::Config;
 use crate::identity::ClusterId;
+use crate::metrics::Metrics;
 use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, peer_client};
 use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Cmd, Nanos, Reply};
@@ -84,6 +85,7 @@ pub struct Node {
     dialer: PeerDialer,
     /// The lease clock this node stamps batches with while it leads.
     lease_clock: LeaseClock,
+    pub metrics: Arc<Metrics>,
 }
 
 /// The one record of "a new term's first batch extends every lease": the term in which this
@@ -112,6 +114,7 @@ impl Node {
         raft: Raft,
         applied: Arc<AppliedState>,
         cluster_id: Arc<ClusterId>,
+        metrics: Arc<Metrics>,
     ) -> Arc<Node> {
         let dialer = PeerDialer::new(config.tls.clone(), Arc::clone(&cluster_id));
         let (proposals, proposal_rx) = mpsc::channel(BATCH_MAX_CMDS);
@@ -128,6 +131,7 @@ impl Node {
             cluster_id,
             dialer,
             lease_clock: LeaseClock::default(),
+            metrics,
         });
         tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
         tokio::spawn(Arc::clone(&node).run_read_index(read_rx));
@@ -399,6 +403,7 @@ impl Node {
             cmds,
             wall_ns: wall_ns(),
         };
+        self.metrics.proposed(batch.cmds.len());
         match self.raft.client_write(batch).await {
             Ok(response) => {
                 if extend {
@@ -425,6 +430,7 @@ impl Node {
         let payload =
             encode(&cmds).map_err(|e| NodeError::Internal(format!("encode proposal: {e}")))?;
         let mut client = self.peer(leader)?;
+        self.metrics.forwarded.with_label_values(&["write"]).inc();
         // Bounded: a leader that stopped answering (paused, partitioned) must not hold this
         // proposal, and the caller, longer than a leader change takes.
         let mut request = tonic::Request::new(PeerMessage { payload });
@@ -494,6 +500,7 @@ impl Node {
 
     async fn read_index_through(&self, leader: &LeaderInfo) -> Result<u64, NodeError> {
         let mut client = self.peer(leader)?;
+        self.metrics.forwarded.with_label_values(&["read"]).inc();
         let mut request = tonic::Request::new(PeerMessage {
             payload: Vec::new(),
         });

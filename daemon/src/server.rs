@@ -18,6 +18,7 @@ use openraft::{BasicNode, SnapshotPolicy};
 use crate::applied::AppliedState;
 use crate::config::Config;
 use crate::identity::ClusterId;
+use crate::metrics::Metrics;
 use crate::node::Node;
 use crate::raft::Raft;
 use crate::raft::log_store::LogStore;
@@ -28,12 +29,14 @@ use crate::{api, expiry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("listen on {addr}: {}", describe_bind_error(.error))]
+    #[error("listen on {addr}: {}", describe_bind_error(.error, "--listen"))]
     Bind {
         addr: String,
         // Not named `source`: the message says it already, once.
         error: std::io::Error,
     },
+    #[error("metrics: listen on {addr}: {}", describe_bind_error(.error, "--metrics-listen (or off)"))]
+    BindMetrics { addr: String, error: std::io::Error },
     #[error("data directory {path}: {reason}")]
     DataDir { path: String, reason: String },
     #[error(transparent)]
@@ -54,11 +57,17 @@ pub enum StartError {
 pub struct Running {
     pub node: Arc<Node>,
     listener: tokio::net::TcpListener,
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Running {
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         self.listener.local_addr().ok()
+    }
+
+    /// Where `/metrics` is served, if anywhere.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_addr
     }
 }
 
@@ -87,19 +96,19 @@ pub fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, StartError>
 }
 
 /// What to tell an operator whose port could not be bound.
-fn describe_bind_error(e: &std::io::Error) -> String {
+fn describe_bind_error(e: &std::io::Error, flag: &str) -> String {
     match e.kind() {
         std::io::ErrorKind::AddrInUse => {
-            "the address is already in use (another conchd or another program listens there; \
-             stop it or choose another --listen)"
-                .to_string()
+            format!(
+                "the address is already in use (another conchd or another program listens \
+                 there; stop it or choose another {flag})"
+            )
         }
         std::io::ErrorKind::AddrNotAvailable => {
-            "no interface of this machine has that address (check --listen)".to_string()
+            format!("no interface of this machine has that address (check {flag})")
         }
         std::io::ErrorKind::PermissionDenied => {
-            "permission denied (ports below 1024 need privileges; choose another --listen)"
-                .to_string()
+            format!("permission denied (ports below 1024 need privileges; choose another {flag})")
         }
         _ => e.to_string(),
     }
@@ -132,6 +141,15 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
             addr: config.listen.to_string(),
             error,
         })?;
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|error| {
+            StartError::BindMetrics {
+                addr: addr.to_string(),
+                error,
+            }
+        })?),
+        None => None,
+    };
     prepare_data_dir(&config.data_dir)?;
 
     if config.tls.is_none() && !config.listen.ip().is_loopback() {
@@ -142,9 +160,12 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
         );
     }
     let cluster_id = Arc::new(ClusterId::open(&config.data_dir)?);
-    let log_store = LogStore::open(&config.data_dir)?;
-    let applied = AppliedState::new(State::new(), 0);
-    let state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
+    let metrics = Arc::new(Metrics::new());
+    let mut log_store = LogStore::open(&config.data_dir)?;
+    log_store.set_metrics(metrics.log.clone());
+    let applied = AppliedState::with_metrics(State::new(), 0, metrics.apply.clone());
+    let mut state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
+    state_machine.set_metrics(metrics.snapshots.clone());
     log_store.check_snapshot_covers_purged(state_machine.last_applied())?;
     let raft = Raft::new(
         config.id,
@@ -195,7 +216,22 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
         }
     }
 
-    let node = Node::start(Arc::clone(&config), raft, applied, cluster_id);
+    let node = Node::start(
+        Arc::clone(&config),
+        raft,
+        applied,
+        cluster_id,
+        Arc::clone(&metrics),
+    );
+    let metrics_addr = match metrics_listener {
+        Some(listener) => {
+            let addr = listener.local_addr().ok();
+            metrics.register_process();
+            tokio::spawn(crate::metrics::serve(Arc::clone(&node), listener));
+            addr
+        }
+        None => None,
+    };
     if let Some(tls) = &config.tls {
         tokio::spawn(crate::tls::watch(Arc::clone(tls)));
     }
@@ -204,7 +240,11 @@ pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
     if let (true, Some(hash)) = (bootstraps, config.bootstrap_admin_token) {
         tokio::spawn(api::auth::bootstrap(Arc::clone(&node), hash));
     }
-    Ok(Running { node, listener })
+    Ok(Running {
+        node,
+        listener,
+        metrics_addr,
+    })
 }
 
 /// Logs every change of leader or term as this node sees it.
@@ -218,7 +258,12 @@ async fn log_leader_changes(node: Arc<Node>) {
         };
         if now != seen {
             match now.0 {
-                Some(leader) => tracing::info!(leader, term = now.1, "leader elected"),
+                Some(leader) => {
+                    if seen.0 != Some(leader) {
+                        node.metrics.leader_changes.inc();
+                    }
+                    tracing::info!(leader, term = now.1, "leader elected")
+                }
                 None => tracing::info!(term = now.1, "no leader"),
             }
             seen = now;
@@ -234,7 +279,7 @@ pub async fn serve(
     running: Running,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
-    let Running { node, listener } = running;
+    let Running { node, listener, .. } = running;
     let served = api::serve(Arc::clone(&node), listener, shutdown).await;
     if let Err(e) = node.raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");

@@ -5,8 +5,11 @@
 //! - [`conch`]: conch's own services: `ConchApi` (waiter listing), `ConchAdmin` (cluster
 //!   status and membership), `ConchPeer` (node-to-node Raft traffic) and `ConchAuth` (access
 //!   control: roles and tokens).
+//! - [`backup`]: the backup file that `ConchAdmin.Backup` streams and `conchd restore` reads.
 
 #![allow(clippy::all, missing_docs)]
+
+pub mod backup;
 
 /// Modules laid out like the protobuf packages, so cross-package references resolve.
 pub mod packages {

@@ -177,6 +177,8 @@ impl Cluster {
                 data_dir.display().to_string(),
                 "--initial-cluster".into(),
                 initial_cluster.clone(),
+                "--metrics-listen".into(),
+                "off".into(),
             ];
             if !routes.is_empty() {
                 argv.extend(["--peer-routes".into(), routes.join(",")]);

@@ -6,11 +6,13 @@
 //! - [`workload`]: ≥16 clients with kept-alive leases acquiring and releasing small weights;
 //! - [`history`]: every operation as invoke / ok / fail / unknown;
 //! - [`checker`]: the safety checks on the history;
-//! - [`run`]: one run end to end, with the final drain, agreement and liveness checks.
+//! - [`run`]: one run end to end, with the final drain, agreement and liveness checks;
+//! - [`cli_holders`]: `conch sema` holders beside the workload, and the `pause-client` fault.
 //!
 //! Used by `conch-jepsen` and by `tests/jepsen.rs`.
 
 pub mod checker;
+pub mod cli_holders;
 pub mod history;
 pub mod nemesis;
 pub mod run;

@@ -12,7 +12,9 @@
 //! - `split` (12): a random minority cut from the majority, 2–5 s;
 //! - `one-way-leader` (8): only the leader's outgoing links cut (it still hears the others);
 //! - `slow` (6): every link delays each chunk by 20–200 ms for 2–4 s;
-//! - `bridge` (8, 5 nodes): two pairs that cannot see each other, and one node that sees both.
+//! - `bridge` (8, 5 nodes): two pairs that cannot see each other, and one node that sees both;
+//! - `pause-client` (8): SIGSTOP of one `conch sema` holder's conch for longer than its TTL
+//!   (see [`super::cli_holders`]; the run does it, the nodes are untouched).
 //!
 //! A cut link is, at random, `refuse` (connections reset), `blackhole` (nothing delivered,
 //! connections dropped at the heal) or `stall` (nothing delivered until the heal, then
@@ -63,6 +65,7 @@ pub enum Fault {
     Slow {
         delay: Duration,
     },
+    PauseClient,
 }
 
 #[derive(Clone, Debug)]
@@ -107,7 +110,7 @@ pub struct Nemesis {
 }
 
 /// Every fault name with its weight.
-pub const MENU: [(&str, u64); 10] = [
+pub const MENU: [(&str, u64); 11] = [
     ("kill", 12),
     ("kill-leader", 14),
     ("kill-all", 4),
@@ -118,6 +121,7 @@ pub const MENU: [(&str, u64); 10] = [
     ("one-way-leader", 8),
     ("slow", 6),
     ("bridge", 8),
+    (super::cli_holders::FAULT, 8),
 ];
 
 /// Ways to cut a link.
@@ -291,6 +295,11 @@ impl Nemesis {
                     detail,
                 )
             }
+            super::cli_holders::FAULT => {
+                let (lo, hi) = super::cli_holders::PAUSE_MS;
+                let hold = ms(&mut self.rng, lo, hi);
+                (name, Fault::PauseClient, hold, "a conch sema holder".into())
+            }
             _ => {
                 let delay = ms(&mut self.rng, 20, 200);
                 (
@@ -329,6 +338,7 @@ impl Nemesis {
                     }
                 }
             }
+            Fault::PauseClient => {}
             Fault::Slow { delay } => {
                 for from in cluster.ids() {
                     for to in cluster.ids() {

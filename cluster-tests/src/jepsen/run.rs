@@ -62,6 +62,9 @@ pub struct RunOptions {
     pub tls: bool,
     /// Turn access control on before the workload; every client then sends a token.
     pub auth: bool,
+    /// `conch sema` holders beside the workload, and the `pause-client` fault (plain TCP
+    /// without access control only; see `cli_holders`).
+    pub cli_holders: bool,
 }
 
 /// The final revoke of every lease gives up after this long (the drain check then reports
@@ -87,6 +90,7 @@ impl RunOptions {
             exclude: Vec::new(),
             tls: false,
             auth: false,
+            cli_holders: true,
         }
     }
 }
@@ -106,6 +110,8 @@ pub struct RunReport {
     pub snapshot_every: u64,
     pub permits: BTreeMap<String, u64>,
     pub exclude: Vec<String>,
+    /// What the `conch sema` holders did, if they ran.
+    pub cli: Option<super::cli_holders::Stats>,
 }
 
 impl RunReport {
@@ -166,6 +172,9 @@ impl RunReport {
             s.lease_reads_checked,
             s.max_believed
         ));
+        if let Some(cli) = &self.cli {
+            out.push_str(&format!("jepsen: {cli}\n"));
+        }
         for (check, n) in &self.check.per_check {
             out.push_str(&format!("jepsen: {check}: {n} violation(s)\n"));
         }
@@ -346,8 +355,18 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     let workload = Workload::start(&shared);
     say(progress, start, format!("{} clients started", opts.clients));
 
+    let mut exclude = opts.exclude.clone();
+    let (cli, said) = super::cli_holders::for_run(
+        opts.cli_holders && !opts.tls && !opts.auth,
+        &cluster.endpoints(),
+        cluster.dir(),
+        opts.seed,
+        &mut exclude,
+    );
+    say(progress, start, said);
+
     // ---- faults ----
-    let mut nemesis = Nemesis::new(Rng::derive(opts.seed, u64::MAX), &namespace, &opts.exclude);
+    let mut nemesis = Nemesis::new(Rng::derive(opts.seed, u64::MAX), &namespace, &exclude);
     let mut faults = Vec::new();
     let faults_until = Instant::now() + opts.duration;
     loop {
@@ -368,9 +387,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         );
         let fault_at = Instant::now();
         nemesis.apply(&mut cluster, &fault);
+        if let (super::cli_holders::FAULT, Some(h)) = (name, &cli) {
+            say(progress, start, h.pause_one());
+        }
         let during = nemesis.during(&cluster, fault_at, fault_at + hold).await;
         tokio::time::sleep_until(fault_at + hold).await;
         nemesis.heal(&mut cluster)?;
+        cli.iter().for_each(|h| h.resume_all());
         let healed_at = Instant::now();
         let healed = history.now();
         let (first_write, all_nodes) = nemesis.recovery(&cluster, healed_at).await;
@@ -413,6 +436,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         .await;
 
     let mut check = CheckResult::default();
+    let cli = match cli {
+        Some(h) => {
+            let (violations, stats) = h.stop(Duration::from_secs(20)).await;
+            say(progress, start, stats.to_string());
+            for v in violations {
+                run_violation(&mut check, "cli-holders", v);
+            }
+            Some(stats)
+        }
+        None => None,
+    };
     // 1. waiters give up
     let waiters_bound = Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(5);
     if let Err(last) = wait_statuses(&cluster, waiters_bound, |s| {
@@ -627,6 +661,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         snapshot_every,
         permits: config.permits(),
         exclude: opts.exclude.clone(),
+        cli,
     })
 }
 

@@ -1,5 +1,5 @@
 //! conch's own services: `ConchApi` (waiters in queue order) and `ConchAdmin` (cluster status,
-//! membership, leadership, snapshots). Admin calls need cluster-admin while access control is
+//! membership, leadership, snapshots, backups). Admin calls need cluster-admin while access control is
 //! on; a call forwarded to another node carries the caller's token, and that node checks it too.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -325,5 +325,14 @@ impl ConchAdmin for AdminService {
             snapshot_index,
             node_id: self.node.id,
         }))
+    }
+    type BackupStream = super::backup::BackupStream;
+
+    async fn backup(
+        &self,
+        request: Request<cpb::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
+        Ok(Response::new(super::backup::stream(&self.node).await?))
     }
 }

@@ -1,9 +1,12 @@
 //! gRPC health (`grpc.health.v1.Health`) that a load balancer can act on: a node reports
 //! SERVING only while it knows a leader and has applied its log up to within
 //! [`CATCHING_UP_ENTRIES`] of its end; otherwise NOT_SERVING (no leader: writes and linearizable
-//! reads would wait and fail; catching up: it is far behind). The overall status (service "")
-//! and the Grackle service's follow the same rule. The reporter follows Raft's metrics, so it
-//! changes as soon as the node learns of a leader or loses it.
+//! reads would wait and fail; catching up: it is far behind). A leader that has not heard from a
+//! majority for longer than the longest election timeout is cut off (the others are electing
+//! or have elected another leader) and counts as having no leader. The overall status (service
+//! "") and the Grackle service's follow the same rule. The reporter follows Raft's metrics, so
+//! it changes as soon as the node learns of a leader or loses it, and it looks again every
+//! heartbeat, since a leader's silent majority changes no metric.
 
 use std::sync::Arc;
 
@@ -26,11 +29,16 @@ pub fn serving(leader_known: bool, last_log_index: u64, last_applied_index: u64)
 pub async fn follow(node: Arc<Node>, reporter: HealthReporter) {
     let mut metrics = node.raft.metrics();
     let mut reported = None;
+    // The longest election timeout: by then the others have started an election.
+    let cut_off_after = node.config.election_timeout * 2;
     loop {
         let now = {
             let m = metrics.borrow_and_update();
+            let cut_off = m.state == openraft::ServerState::Leader
+                && m.millis_since_quorum_ack
+                    .is_none_or(|ms| u128::from(ms) > cut_off_after.as_millis());
             serving(
-                m.current_leader.is_some(),
+                m.current_leader.is_some() && !cut_off,
                 m.last_log_index.unwrap_or(0),
                 m.last_applied.map(|l| l.index).unwrap_or(0),
             )
@@ -50,8 +58,9 @@ pub async fn follow(node: Arc<Node>, reporter: HealthReporter) {
                 .await;
             reported = Some(now);
         }
-        if metrics.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(node.config.heartbeat) => {}
         }
     }
 }

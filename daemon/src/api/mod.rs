@@ -17,6 +17,8 @@ use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
 pub mod auth;
+pub mod backup;
+pub mod call_metrics;
 pub mod conch;
 pub mod convert;
 pub mod grackle;
@@ -85,6 +87,9 @@ pub async fn serve(
     });
     let router = Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .layer(call_metrics::CallMetricsLayer::new(Arc::clone(
+            &node.metrics,
+        )))
         // Every client-facing response names the leader, errors too.
         .layer(leader_header::LeaderHeaderLayer::new(Arc::clone(&node)))
         .add_service(health_service)

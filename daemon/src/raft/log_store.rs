@@ -67,6 +67,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{LogId, NodeId, StorageError, TypeConfig};
+use crate::metrics::{LogMetrics, observe};
 use crate::state::fnv1a64;
 
 /// sled's page cache size. Its default (1 GiB) is far more than a log of a few thousand entries
@@ -362,9 +363,15 @@ struct Inner {
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Inner>,
+    metrics: LogMetrics,
 }
 
 impl LogStore {
+    /// Reports append timings and the commit index to `metrics` from now on.
+    pub fn set_metrics(&mut self, metrics: LogMetrics) {
+        self.metrics = metrics;
+    }
+
     /// Opens (creating if needed) the log under `<data_dir>/raft`, with [`Durability::Fsync`],
     /// and checks every stored value.
     pub fn open(data_dir: &Path) -> Result<LogStore, OpenError> {
@@ -440,6 +447,7 @@ impl LogStore {
             });
         }
         let store = LogStore {
+            metrics: LogMetrics::default(),
             inner: Arc::new(Inner {
                 db,
                 blobs_dir: path.join("blobs"),
@@ -492,6 +500,23 @@ impl LogStore {
                 snapshot_last_applied.map_or("none".to_string(), |a| a.to_string()),
             )));
         }
+        Ok(())
+    }
+
+    /// Makes a new, empty log begin after `last`, as if everything up to it had been compacted
+    /// into a snapshot: records `last` as the purge point and as the end of the log, durably
+    /// (`conchd restore` seeds a data directory this way, then installs the snapshot).
+    // StorageError is openraft's type; its size is not ours to choose.
+    #[allow(clippy::result_large_err)]
+    pub async fn seed_purged(&self, last: LogId) -> Result<(), StorageError> {
+        let value = encode_value(&last).map_err(|e| StorageIOError::write_logs(&e))?;
+        self.inner
+            .db
+            .insert(KEY_PURGED, value)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.make_durable(false, Some(last.index))
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
 
@@ -568,10 +593,13 @@ impl LogStore {
     /// (step 5).
     async fn make_durable(&self, new_blobs_possible: bool, log_end: Option<u64>) -> io::Result<()> {
         let inner = Arc::clone(&self.inner);
+        let fsync_seconds = self.metrics.fsync_seconds.clone();
         tokio::task::spawn_blocking(move || {
             inner.db.flush().map_err(io_other)?;
             if inner.durability == Durability::Fsync {
+                let started = std::time::Instant::now();
                 inner.data_file.sync_data()?;
+                observe(&fsync_seconds, started.elapsed());
                 if new_blobs_possible {
                     inner.sync_blobs()?;
                 }
@@ -795,6 +823,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        if let Some(id) = committed {
+            self.metrics
+                .committed_index
+                .set(i64::try_from(id.index).unwrap_or(i64::MAX));
+        }
         let value = encode_value(&committed).map_err(|e| StorageIOError::write(&e))?;
         self.inner
             .db
@@ -833,6 +866,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             count += 1;
         }
         if count > 0 {
+            let started = std::time::Instant::now();
             // Step 2: readable from here on.
             self.inner
                 .db
@@ -842,6 +876,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.make_durable(largest >= BLOB_SCAN_MIN_VALUE_BYTES, Some(last_index))
                 .await
                 .map_err(|e| StorageIOError::write_logs(&e))?;
+            observe(&self.metrics.append_seconds, started.elapsed());
+            self.metrics.appended_entries.inc_by(count as u64);
         }
         // Step 6.
         callback.log_io_completed(Ok(()));
@@ -1167,6 +1203,7 @@ mod tests {
         let db = sled::Config::new().path(&path).open()?;
         let data_file = File::open(path.join("db"))?;
         Ok(LogStore {
+            metrics: LogMetrics::default(),
             inner: Arc::new(Inner {
                 db,
                 blobs_dir: path.join("blobs"),

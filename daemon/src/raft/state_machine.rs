@@ -36,6 +36,7 @@ use openraft::{
 
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::applied::AppliedState;
+use crate::metrics::SnapshotMetrics;
 use crate::state::fnv1a64;
 use crate::state::{Reply, SnapshotError, State};
 
@@ -306,9 +307,15 @@ pub struct StateMachine {
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
     snapshots: Arc<SnapshotDir>,
+    metrics: SnapshotMetrics,
 }
 
 impl StateMachine {
+    /// Reports snapshots built and installed to `metrics` from now on.
+    pub fn set_metrics(&mut self, metrics: SnapshotMetrics) {
+        self.metrics = metrics;
+    }
+
     /// Opens `<data_dir>/snapshots` and restores its newest snapshot into `applied`.
     ///
     /// A snapshot that fails its checksum or does not decode is an error: the node must not
@@ -359,6 +366,7 @@ impl StateMachine {
             }),
         });
         let mut sm = StateMachine {
+            metrics: SnapshotMetrics::default(),
             applied,
             last_applied: None,
             last_membership: StoredMembership::default(),
@@ -387,6 +395,8 @@ impl StateMachine {
         let state = State::decode_snapshot(state_bytes).map_err(|e| corrupt(e.to_string()))?;
 
         let index = meta.last_log_id.map_or(0, |id| id.index);
+        sm.applied
+            .note_term(meta.last_log_id.map_or(0, |id| id.leader_id.term));
         sm.applied.replace(state, index);
         sm.last_applied = meta.last_log_id;
         sm.last_membership = meta.last_membership.clone();
@@ -428,6 +438,9 @@ pub struct SnapshotBuilder {
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
     snapshots: Arc<SnapshotDir>,
+    metrics: SnapshotMetrics,
+    /// When the builder was asked for: the state's encoding is part of the build's time.
+    started: std::time::Instant,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -469,6 +482,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         })
         .await
         .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        self.metrics.built.inc();
+        crate::metrics::observe(&self.metrics.seconds, self.started.elapsed());
+        self.metrics
+            .last_bytes
+            .set(i64::try_from(bytes.len()).unwrap_or(i64::MAX));
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(bytes)),
@@ -492,6 +510,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut replies = Vec::with_capacity(entries.size_hint().0);
         for entry in entries {
             let log_id = entry.log_id;
+            self.applied.note_term(log_id.leader_id.term);
             match entry.payload {
                 EntryPayload::Normal(batch) => {
                     replies.push(self.applied.apply(log_id.index, &batch));
@@ -514,6 +533,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder {
+            started: std::time::Instant::now(),
+            metrics: self.metrics.clone(),
             state: self.applied.encode_snapshot().map_err(|e| e.to_string()),
             last_applied: self.last_applied,
             last_membership: self.last_membership.clone(),
@@ -531,6 +552,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
+        self.metrics
+            .last_bytes
+            .set(i64::try_from(bytes.len()).unwrap_or(i64::MAX));
         let announced = meta.clone();
         let snapshots = Arc::clone(&self.snapshots);
         let state = blocking(move || {
@@ -551,6 +575,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .await
         .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
 
+        self.applied
+            .note_term(meta.last_log_id.map_or(0, |id| id.leader_id.term));
         self.applied
             .replace(state, meta.last_log_id.map_or(0, |id| id.index));
         self.last_applied = meta.last_log_id;

@@ -213,7 +213,9 @@ fn reap(namespaces: &mut Namespaces, ctx: &mut Ctx) {
             continue;
         };
         let mut sems = BTreeSet::new();
-        ns.end_lease(seq, ctx, &mut sems);
+        if ns.end_lease(seq, ctx, &mut sems) {
+            ctx.tally.expirations += 1;
+        }
         affected.extend(sems.into_iter().map(|sem| (name.clone(), sem)));
     }
     while let Some((ns_id, sem, seq)) = ctx.pop_waiter_due() {

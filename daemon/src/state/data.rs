@@ -37,6 +37,21 @@ use super::types::*;
 pub struct State {
     pub(super) data: Data,
     index: Index,
+    /// What applying did, for metrics; neither replicated nor hashed.
+    tally: Tally,
+}
+
+/// Counts of what applying batches did on this node since the last [`State::take_tally`]:
+/// grants, each queued grant's wait, and lease expirations. They never influence a reply, an
+/// event or the data, so states that differ only here are the same state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Every grant (immediate or from a queue).
+    pub grants: u64,
+    /// For each grant that ended a wait: wall-clock time from entering the queue to the grant.
+    pub waits_ns: Vec<Nanos>,
+    /// Leases revoked because their expiry passed.
+    pub expirations: u64,
 }
 
 /// The canonical data: what snapshots carry and `hash` covers.
@@ -167,6 +182,7 @@ pub(super) struct Ctx<'a> {
     last_token: &'a mut u64,
     index: &'a mut Index,
     pub(super) events: &'a mut Vec<Event>,
+    pub(super) tally: &'a mut Tally,
 }
 
 /// A state taken apart for one command: what the command may change.
@@ -184,6 +200,11 @@ pub(super) fn process_key(process_id: &str) -> u64 {
 }
 
 impl State {
+    /// Returns and resets what applying did since the last call.
+    pub fn take_tally(&mut self) -> Tally {
+        std::mem::take(&mut self.tally)
+    }
+
     pub(super) fn index(&self) -> &Index {
         &self.index
     }
@@ -209,6 +230,7 @@ impl State {
                 last_token,
                 index: &mut self.index,
                 events,
+                tally: &mut self.tally,
             },
             auth,
         }
@@ -262,7 +284,11 @@ impl State {
                 }
             }
         }
-        Ok(State { data, index })
+        Ok(State {
+            data,
+            index,
+            tally: Tally::default(),
+        })
     }
 }
 

@@ -76,6 +76,6 @@ mod tests_once;
 mod types;
 pub mod validate;
 
-pub use data::State;
+pub use data::{State, Tally};
 pub use snapshot::fnv1a64;
 pub use types::*;

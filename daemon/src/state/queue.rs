@@ -38,7 +38,14 @@ impl Namespace {
         metadata: Metadata,
         ctx: &mut Ctx,
     ) -> u64 {
-        let was_queued = self.remove_waiter(sem_name, seq, ctx).is_some();
+        let waiter = self.remove_waiter(sem_name, seq, ctx);
+        let was_queued = waiter.is_some();
+        ctx.tally.grants += 1;
+        if let Some(waiter) = waiter {
+            ctx.tally
+                .waits_ns
+                .push(ctx.wall_ns.saturating_sub(waiter.queued_at));
+        }
         let token = ctx.next_token();
         let holder = Holder {
             weight,

@@ -2,7 +2,7 @@
 
 use bincode::Options;
 
-use super::data::{Data, State};
+use super::data::{Data, State, Tally};
 use super::lease_id::{lease_id, lease_seq};
 use super::limits::*;
 use super::snapshot::{bincode_options, fnv1a64};
@@ -1693,6 +1693,33 @@ fn expiry_grants_waiters_but_never_a_waiter_that_is_itself_due() {
         ]
     );
     assert_eq!((view.active_holds, view.waiters_count), (1, 0));
+}
+
+#[test]
+fn the_tally_counts_grants_waits_and_expirations_and_resets() {
+    // t=0 H holds db(1), W waits; t=10s H expires and W is granted after waiting 10s
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    let h = t.create_lease(10);
+    let w = t.create_lease(100);
+    t.acquired("db", &h, 1, 0);
+    t.acquire("db", &w, 1, 60 * S);
+    let first = t.state.take_tally();
+    assert_eq!((first.grants, first.expirations), (1, 0));
+    assert!(
+        first.waits_ns.is_empty(),
+        "an immediate grant waited for nothing"
+    );
+    t.at(10 * S);
+    t.create_lease(5);
+    assert!(
+        t.state.holder(NS, "db", &w).is_some(),
+        "W granted at the expiry"
+    );
+    let second = t.state.take_tally();
+    assert_eq!((second.grants, second.expirations), (1, 1));
+    assert_eq!(second.waits_ns, vec![10 * S]);
+    assert_eq!(t.state.take_tally(), Tally::default(), "taking resets it");
 }
 
 #[test]

@@ -53,8 +53,9 @@ impl Signals {
 /// The command dies with conch: on Linux it gets SIGKILL when the thread that started it ends
 /// (`PR_SET_PDEATHSIG`). conch starts it from the one thread of its runtime, which lives as long
 /// as conch, so a `kill -9` of conch (or its crash) does not leave the command running without
-/// the slot. Processes the command starts itself are not covered: they get no signal unless the
-/// command passes one on.
+/// the slot. Processes the command starts itself are not covered here: the guard
+/// ([`crate::guard`]) sends SIGKILL to the rest of the group when conch dies, and processes in
+/// groups of their own get no signal unless the command passes one on.
 pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
     let Some((program, args)) = argv.split_first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
@@ -112,6 +113,17 @@ pub async fn stop_group(
     signals: &mut Signals,
 ) -> io::Result<ExitStatus> {
     signal_group(pgid, Signal::SIGTERM);
+    finish_stopping(child, pgid, grace, signals).await
+}
+
+/// The rest of [`stop_group`], for a group that was already sent SIGTERM: waits up to `grace`
+/// for the child and its group, forwarding signals, then sends SIGKILL to what is left.
+pub async fn finish_stopping(
+    child: &mut Child,
+    pgid: i32,
+    grace: Duration,
+    signals: &mut Signals,
+) -> io::Result<ExitStatus> {
     let deadline = Instant::now() + grace;
     let mut status = None;
     // Wait for the child itself, forwarding signals.

@@ -136,7 +136,7 @@ pub enum Command {
     /// Run a command while holding one of N cluster-wide slots, or show who holds them.
     #[command(after_help = SEMA_EXAMPLES)]
     Sema(SemaArgs),
-    /// Inspect and change the cluster: status, membership, leadership, snapshots.
+    /// Inspect and change the cluster: status, membership, leadership, snapshots, backups.
     Cluster {
         #[command(subcommand)]
         command: ClusterCommand,
@@ -210,6 +210,17 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One line on the cluster's health, judged from the leader's view, and an exit status for
+    /// scripts and monitoring checks.
+    ///
+    /// 0 healthy: a leader, and every voter up and following it; 1 degraded: a leader followed
+    /// by a majority, but some voter is down, follows no leader or is catching up; 2 unhealthy:
+    /// no node answered, no leader, or no majority follows the leader.
+    Health {
+        /// Print one JSON object instead of the line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Add a node as a non-voting learner; it starts receiving the log (start it first, with
     /// --initial-cluster naming the members and itself).
     AddLearner {
@@ -244,6 +255,14 @@ pub enum ClusterCommand {
         /// Snapshot every member, one after the other.
         #[arg(long)]
         all: bool,
+    },
+    /// Write a consistent backup of the replicated state to FILE (`-`: stdout). Any node
+    /// answers, and the backup holds every write acknowledged before the call; it is checked on
+    /// receipt (SHA-256) and written atomically. Needs cluster-admin when access control is on.
+    /// Restore it into new data directories with `conchd restore`.
+    Backup {
+        /// Where to write the backup (`-`: stdout, the summary line then goes to stderr).
+        file: String,
     },
 }
 

@@ -273,7 +273,8 @@ fn short_error(e: &conch_client::Error) -> String {
     }
 }
 
-pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+/// Every node's answer: the endpoints first, then members they report that nobody asked.
+pub async fn gather(client: &Client) -> Vec<Row> {
     let mut rows = ask_all(client, client.endpoints()).await;
     // Members the endpoints know of that nobody asked yet.
     let asked_ids: Vec<u64> = rows
@@ -305,6 +306,11 @@ pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     if !more.is_empty() {
         rows.extend(ask_all(client, more).await);
     }
+    rows
+}
+
+pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let rows = gather(client).await;
     if json {
         crate::print_lines([serde_json::to_string_pretty(&rows)?])?;
     } else {
@@ -321,6 +327,7 @@ pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<
     let opts = client.default_options();
     match command {
         ClusterCommand::Status { json } => status(client, json).await,
+        ClusterCommand::Health { json } => crate::health::run(client, json).await,
         ClusterCommand::AddLearner { id, addr } => {
             let r = client
                 .call("add learner", opts, |ch, t| {
@@ -365,6 +372,7 @@ pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<
             Ok(ExitCode::SUCCESS)
         }
         ClusterCommand::Snapshot { node, all } => snapshot(client, node, all).await,
+        ClusterCommand::Backup { file } => crate::backup::run(client, &file).await,
     }
 }
 

@@ -6,12 +6,15 @@
 //! own status).
 
 mod auth;
+mod backup;
 mod certs;
 mod child;
 mod cli;
 mod cluster;
 mod duration;
 mod exit;
+mod guard;
+mod health;
 mod sema;
 mod timefmt;
 mod who;
@@ -26,6 +29,10 @@ use conch_client::{Client, ClientConfig, ClientTls, parse_endpoints};
 use crate::cli::{Cli, ClusterCommand, Command};
 
 fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|a| a == guard::SUBCOMMAND) {
+        return guard::main(&args[1..]);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return clap_exit(e),

@@ -10,6 +10,10 @@
 //! 4. Command exits: revoke the lease (releasing its permits in one request), exit with the
 //!    command's status. Lease lost first: SIGTERM the group, SIGKILL after `--kill-after`,
 //!    revoke, exit 79.
+//!
+//! Beside the command runs a [`guard`](crate::guard) process, renewed on every refresh: should
+//! conch itself not run (stopped, stuck) past the point where the lease is safe, the guard
+//! stops the command, and conch, once it runs again, says so and exits 79.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -23,6 +27,7 @@ use tracing::{debug, info};
 use crate::child::{self, Signals};
 use crate::cli::SemaArgs;
 use crate::exit::{self, Exit};
+use crate::guard;
 use crate::timefmt::now_rfc3339;
 
 /// Who this conch is, as holders and waiters show it.
@@ -277,9 +282,22 @@ pub async fn run(
         ("CONCH_REV", token.to_string()),
         ("CONCH_LEASE", lease.id().to_string()),
     ];
+    let mut watchdog = match guard::Guard::start(args.ttl, args.kill_after) {
+        Ok(g) => g,
+        Err(e) => {
+            release_all(guards, lease).await;
+            return Err(Exit {
+                code: exit::SOFTWARE,
+                message: format!("cannot start the guard process: {e}"),
+            }
+            .into());
+        }
+    };
+    let mut refreshed = lease.refreshed();
     let mut child = match child::spawn(&args.command, &env) {
         Ok(c) => c,
         Err(e) => {
+            watchdog.finish().await;
             release_all(guards, lease).await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 exit::COMMAND_NOT_FOUND
@@ -295,6 +313,7 @@ pub async fn run(
         }
     };
     let pgid = child.id().map_or(0, |id| id as i32);
+    watchdog.watch(pgid, *refreshed.borrow_and_update());
 
     enum End {
         Exited(std::process::ExitStatus),
@@ -305,10 +324,30 @@ pub async fn run(
             status = child.wait() => break End::Exited(status.context("wait for the command")?),
             sig = signals.recv() => child::signal_group(pgid, sig),
             loss = lease.lost() => break End::Lost(loss),
+            Ok(()) = refreshed.changed() => watchdog.renew(*refreshed.borrow_and_update()),
         }
     };
+    if watchdog.fired() {
+        // conch did not run while the lease ran out (stopped, or stuck): the guard sent SIGTERM
+        // and sends SIGKILL after --kill-after; conch sees the group gone, or finishes the job.
+        eprintln!(
+            "conch: slot lost while conch was paused (lease {} not refreshed in time); the command was stopped (SIGTERM, SIGKILL after {})",
+            lease.id(),
+            format_duration(args.kill_after)
+        );
+        let status = child::finish_stopping(&mut child, pgid, args.kill_after, signals)
+            .await
+            .context("stop the command")?;
+        debug!(?status, "command stopped by the guard");
+        watchdog.finish().await;
+        guards.into_iter().for_each(Guard::forget);
+        // The server may not have expired the lease yet: one quick, silent try to free it.
+        let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
+        return Ok(ExitCode::from(exit::SLOT_LOST));
+    }
     match end {
         End::Exited(status) => {
+            watchdog.finish().await;
             release_all(guards, lease).await;
             Ok(ExitCode::from(exit::code_for_status(status)))
         }
@@ -318,10 +357,12 @@ pub async fn run(
                 lease.id(),
                 format_duration(args.kill_after)
             );
+            watchdog.stopping();
             let status = child::stop_group(&mut child, pgid, args.kill_after, signals)
                 .await
                 .context("stop the command")?;
             debug!(?status, "command stopped");
+            watchdog.finish().await;
             guards.into_iter().for_each(Guard::forget);
             // The command is gone. A lease the server no longer knows needs no revoke; one that
             // could not be refreshed gets one quick, silent try (the cluster was unreachable a

@@ -1,0 +1,306 @@
+//! `conch cluster health`: one line (or one JSON object) and an exit status for scripts, load
+//! balancers and monitoring checks.
+//!
+//! Every node is asked (the endpoints, then the members they report), and the answers are
+//! judged from the leader's point of view:
+//! - the leader is the node that says it leads in the highest term any node reports;
+//! - a voter *agrees* when it answered, is in that term and names that leader;
+//! - **healthy** (exit 0): a leader, every voter agrees, none is catching up;
+//! - **degraded** (exit 1): a leader with a majority of voters agreeing, but some voter is down,
+//!   follows no leader, or is catching up (applied more than [`CATCHING_UP_ENTRIES`] behind);
+//! - **unhealthy** (exit 2): no node answered, no leader, or fewer than a majority agree (a
+//!   leader cut off from the others may still believe it leads: it does not count as quorum).
+
+use std::collections::BTreeSet;
+use std::process::ExitCode;
+
+use conch_client::Client;
+use serde::Serialize;
+
+use crate::cluster::{NodeStatus, Row, STATUS_DEGRADED, STATUS_NO_LEADER};
+
+/// A voter whose applied index is further than this behind the leader's commit is catching up
+/// (the same bound as the node's own gRPC health check).
+pub const CATCHING_UP_ENTRIES: u64 = 1000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Healthy,
+    Degraded,
+    Unhealthy,
+}
+
+/// The verdict, as `--json` prints it.
+#[derive(Debug, Serialize)]
+pub struct Health {
+    pub status: Level,
+    pub summary: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub voters: Vec<u64>,
+    /// Voters that answered, are in the leader's term and name the leader.
+    pub agreeing: Vec<u64>,
+    /// Voters that did not answer.
+    pub down: Vec<u64>,
+    /// Voters that answered but follow no leader, or another one, or are in another term.
+    pub disagreeing: Vec<u64>,
+    /// Voters far behind the leader's commit.
+    pub catching_up: Vec<u64>,
+    /// Endpoints that did not answer (with the error), whoever they are.
+    pub unreachable: Vec<String>,
+}
+
+impl Health {
+    pub fn exit_code(&self) -> ExitCode {
+        match self.status {
+            Level::Healthy => ExitCode::SUCCESS,
+            Level::Degraded => ExitCode::from(STATUS_DEGRADED),
+            Level::Unhealthy => ExitCode::from(STATUS_NO_LEADER),
+        }
+    }
+}
+
+fn ids(list: &[u64]) -> String {
+    list.iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Judges the cluster from every node's answer.
+pub fn evaluate(rows: &[Row]) -> Health {
+    let answered: Vec<&NodeStatus> = rows.iter().filter_map(|r| r.status.as_ref()).collect();
+    let unreachable: Vec<String> = rows
+        .iter()
+        .filter(|r| r.status.is_none())
+        .map(|r| {
+            format!(
+                "{} ({})",
+                r.endpoint,
+                r.error.as_deref().unwrap_or("no answer")
+            )
+        })
+        .collect();
+    let leader = answered
+        .iter()
+        .filter(|s| s.leader_id != 0 && s.leader_id == s.node_id)
+        .max_by_key(|s| s.term)
+        .copied();
+    // The membership as the leader knows it, else as the node in the highest term knows it.
+    let reference = leader.or_else(|| answered.iter().max_by_key(|s| s.term).copied());
+    let voters: Vec<u64> = reference
+        .map(|s| {
+            s.members
+                .iter()
+                .filter(|m| m.voter)
+                .map(|m| m.id)
+                .collect::<BTreeSet<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let answer_of = |id: u64| answered.iter().find(|s| s.node_id == id).copied();
+    let term = leader.map_or(0, |l| l.term);
+    let mut agreeing = Vec::new();
+    let mut down = Vec::new();
+    let mut disagreeing = Vec::new();
+    let mut catching_up = Vec::new();
+    for &id in &voters {
+        match (answer_of(id), leader) {
+            (None, _) => down.push(id),
+            (Some(s), Some(l)) if s.term == l.term && s.leader_id == l.node_id => {
+                agreeing.push(id);
+                if l.commit_index.saturating_sub(s.applied_index) > CATCHING_UP_ENTRIES {
+                    catching_up.push(id);
+                }
+            }
+            (Some(_), _) => disagreeing.push(id),
+        }
+    }
+    let majority = voters.len() / 2 + 1;
+    let up = voters.len() - down.len();
+    let (status, summary) = match leader {
+        _ if answered.is_empty() => (
+            Level::Unhealthy,
+            format!("unhealthy: no node answered ({})", unreachable.join(", ")),
+        ),
+        None => (
+            Level::Unhealthy,
+            format!(
+                "unhealthy: no leader ({up}/{} voters up{})",
+                voters.len(),
+                if down.is_empty() {
+                    String::new()
+                } else {
+                    format!("; down: {}", ids(&down))
+                }
+            ),
+        ),
+        Some(l) if agreeing.len() < majority => (
+            Level::Unhealthy,
+            format!(
+                "unhealthy: no quorum: node {} says it leads term {} but only {}/{} voters follow it (need {majority})",
+                l.node_id,
+                l.term,
+                agreeing.len(),
+                voters.len()
+            ),
+        ),
+        Some(l) => {
+            let mut problems = Vec::new();
+            if !down.is_empty() {
+                problems.push(format!("down: {}", ids(&down)));
+            }
+            if !disagreeing.is_empty() {
+                problems.push(format!("not following the leader: {}", ids(&disagreeing)));
+            }
+            if !catching_up.is_empty() {
+                problems.push(format!("catching up: {}", ids(&catching_up)));
+            }
+            let base = format!(
+                "leader {}, term {}, {}/{} voters up, commit index {}",
+                l.node_id,
+                l.term,
+                up,
+                voters.len(),
+                l.commit_index
+            );
+            if problems.is_empty() {
+                (Level::Healthy, format!("healthy: {base}"))
+            } else {
+                (
+                    Level::Degraded,
+                    format!("degraded: {base}; {}; quorum holds", problems.join("; ")),
+                )
+            }
+        }
+    };
+    Health {
+        status,
+        summary,
+        leader: leader.map(|l| l.node_id),
+        term,
+        voters,
+        agreeing,
+        down,
+        disagreeing,
+        catching_up,
+        unreachable,
+    }
+}
+
+pub async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let health = evaluate(&crate::cluster::gather(client).await);
+    let line = if json {
+        serde_json::to_string(&health)?
+    } else {
+        health.summary.clone()
+    };
+    crate::print_lines([line])?;
+    Ok(health.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::MemberJson;
+
+    fn node(id: u64, leader: u64, term: u64, applied: u64) -> Row {
+        Row {
+            endpoint: format!("127.0.0.1:700{id}"),
+            status: Some(NodeStatus {
+                node_id: id,
+                addr: format!("127.0.0.1:700{id}"),
+                state: if leader == id { "Leader" } else { "Follower" }.into(),
+                leader_id: leader,
+                leader_addr: String::new(),
+                term,
+                last_log_index: applied,
+                commit_index: applied,
+                applied_index: applied,
+                snapshot_index: 0,
+                members: (1..=3)
+                    .map(|id| MemberJson {
+                        id,
+                        addr: format!("127.0.0.1:700{id}"),
+                        voter: true,
+                    })
+                    .collect(),
+                state_hash: String::new(),
+                cluster_id: "c".into(),
+            }),
+            error: None,
+        }
+    }
+
+    fn down(id: u64) -> Row {
+        Row {
+            endpoint: format!("127.0.0.1:700{id}"),
+            status: None,
+            error: Some("connection refused".into()),
+        }
+    }
+
+    #[test]
+    fn all_up_with_a_leader_is_healthy() {
+        let h = evaluate(&[node(1, 1, 3, 50), node(2, 1, 3, 50), node(3, 1, 3, 50)]);
+        assert_eq!(h.status, Level::Healthy, "{}", h.summary);
+        assert_eq!(
+            h.summary,
+            "healthy: leader 1, term 3, 3/3 voters up, commit index 50"
+        );
+        assert_eq!(h.exit_code(), ExitCode::SUCCESS);
+    }
+
+    #[test]
+    fn a_minority_down_or_behind_is_degraded() {
+        let h = evaluate(&[node(1, 1, 3, 50), node(2, 1, 3, 50), down(3)]);
+        assert_eq!(h.status, Level::Degraded, "{}", h.summary);
+        assert_eq!(h.down, vec![3]);
+        assert!(
+            h.summary.contains("down: 3") && h.summary.contains("2/3"),
+            "{}",
+            h.summary
+        );
+
+        let mut behind = node(1, 1, 3, 5000);
+        if let Some(s) = behind.status.as_mut() {
+            s.commit_index = 5000;
+        }
+        let h = evaluate(&[behind, node(2, 1, 3, 5000), node(3, 1, 3, 10)]);
+        assert_eq!(h.status, Level::Degraded, "{}", h.summary);
+        assert_eq!(h.catching_up, vec![3]);
+    }
+
+    #[test]
+    fn no_leader_or_no_quorum_is_unhealthy() {
+        let h = evaluate(&[node(1, 0, 4, 50), node(2, 0, 4, 50), down(3)]);
+        assert_eq!(h.status, Level::Unhealthy, "{}", h.summary);
+        assert!(
+            h.summary.starts_with("unhealthy: no leader"),
+            "{}",
+            h.summary
+        );
+
+        // An old leader cut off from the others still says it leads term 3; the others moved
+        // on to term 4 and elected node 2: node 2's view wins.
+        let h = evaluate(&[node(1, 1, 3, 50), node(2, 2, 4, 60), node(3, 2, 4, 60)]);
+        assert_eq!(h.status, Level::Degraded, "{}", h.summary);
+        assert_eq!((h.leader, h.disagreeing.clone()), (Some(2), vec![1]));
+
+        // Only the cut-off leader answers: it is no quorum.
+        let h = evaluate(&[node(1, 1, 3, 50), down(2), down(3)]);
+        assert_eq!(h.status, Level::Unhealthy, "{}", h.summary);
+        assert!(h.summary.contains("no quorum"), "{}", h.summary);
+
+        let h = evaluate(&[down(1), down(2)]);
+        assert_eq!(h.status, Level::Unhealthy);
+        assert!(
+            h.summary.starts_with("unhealthy: no node answered"),
+            "{}",
+            h.summary
+        );
+    }
+}

@@ -1,0 +1,490 @@
+//! Prometheus metrics: one registry per node, served as text on `/metrics` over HTTP/1.1.
+//!
+//! Three kinds of values:
+//! - counters and histograms the node updates as things happen (gRPC calls, proposals, log
+//!   appends, snapshots, grants, expirations), held in groups that the code paths own a clone
+//!   of ([`LogMetrics`], [`ApplyMetrics`], [`SnapshotMetrics`]; a clone shares its values);
+//! - gauges read at scrape time from Raft's metrics and the applied state ([`Metrics::render`]),
+//!   so they are never stale and cost nothing between scrapes;
+//! - the process's resident memory, open files and CPU time (the crate's process collector).
+//!
+//! Names follow Prometheus conventions: `conch_` prefix, base units in the name (`_seconds`,
+//! `_bytes`), `_total` for counters. Labels never carry user data (names of namespaces,
+//! semaphores or leases), so the series count stays fixed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::node::Node;
+
+/// Latency buckets from 100 µs to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+/// Waits in a queue: from a millisecond to an hour.
+const WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+/// Commands per log entry (group commit).
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
+/// Every metric of one node.
+pub struct Metrics {
+    registry: Registry,
+    pub log: LogMetrics,
+    pub apply: ApplyMetrics,
+    pub snapshots: SnapshotMetrics,
+    pub grpc: GrpcMetrics,
+    /// Commands this node proposed as leader (its own callers' and forwarded ones).
+    pub proposed_commands: IntCounter,
+    /// Log entries this node proposed as leader.
+    pub proposed_entries: IntCounter,
+    pub commands_per_entry: Histogram,
+    /// Calls this node forwarded to the leader, by kind (`write`, `read`).
+    pub forwarded: IntCounterVec,
+    pub leader_changes: IntCounter,
+    gauges: Gauges,
+}
+
+/// The log store's timings.
+#[derive(Clone)]
+pub struct LogMetrics {
+    /// One append: write the batch, flush, sync, record the new end.
+    pub append_seconds: Histogram,
+    /// The `fdatasync` part of an append.
+    pub fsync_seconds: Histogram,
+    pub appended_entries: IntCounter,
+    /// Set when Raft records the commit index in the log store.
+    pub committed_index: IntGauge,
+}
+
+/// What applying committed entries did.
+#[derive(Clone)]
+pub struct ApplyMetrics {
+    pub entries: IntCounter,
+    pub commands: IntCounter,
+    pub grants: IntCounter,
+    pub lease_expirations: IntCounter,
+    /// From entering a queue to the grant, by the leader's wall-clock stamps.
+    pub wait_seconds: Histogram,
+}
+
+/// Snapshots this node built.
+#[derive(Clone)]
+pub struct SnapshotMetrics {
+    pub built: IntCounter,
+    pub seconds: Histogram,
+    pub last_bytes: IntGauge,
+}
+
+/// gRPC calls served, by method and status code.
+#[derive(Clone)]
+pub struct GrpcMetrics {
+    pub requests: IntCounterVec,
+    pub seconds: HistogramVec,
+}
+
+/// Values read at scrape time.
+struct Gauges {
+    term: IntGauge,
+    leader_id: IntGauge,
+    is_leader: IntGauge,
+    last_log_index: IntGauge,
+    applied_index: IntGauge,
+    apply_lag: IntGauge,
+    members: IntGauge,
+    namespaces: IntGauge,
+    semaphores: IntGauge,
+    leases: IntGauge,
+    holders: IntGauge,
+    waiters: IntGauge,
+}
+
+/// Creates metrics and registers them in one registry.
+struct Builder {
+    registry: Registry,
+}
+
+impl Builder {
+    fn register<C: Collector + Clone + 'static>(&self, metric: C) -> C {
+        // Names are fixed in this file and never repeat: a failure is a bug found by the tests.
+        if let Err(e) = self.registry.register(Box::new(metric.clone())) {
+            tracing::error!(error = %e, "metric not registered");
+        }
+        metric
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.register(IntCounter::new(name, help).unwrap_or_else(|_| invalid(name)))
+    }
+
+    fn counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.register(
+            IntCounterVec::new(Opts::new(name, help), labels).unwrap_or_else(|_| invalid(name)),
+        )
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.register(IntGauge::new(name, help).unwrap_or_else(|_| invalid(name)))
+    }
+
+    fn histogram(&self, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+        self.register(
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+                .unwrap_or_else(|_| invalid(name)),
+        )
+    }
+
+    fn histogram_vec(&self, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+        self.register(
+            HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+                labels,
+            )
+            .unwrap_or_else(|_| invalid(name)),
+        )
+    }
+}
+
+/// The metric definitions are constants of this file; an invalid one cannot reach a user.
+fn invalid(name: &str) -> ! {
+    panic!("invalid metric definition {name}")
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let b = Builder {
+            registry: Registry::new(),
+        };
+        let log = LogMetrics {
+            append_seconds: b.histogram(
+                "conch_log_append_duration_seconds",
+                "Time to make one batch of log entries durable (write, flush, fdatasync).",
+                LATENCY_BUCKETS,
+            ),
+            fsync_seconds: b.histogram(
+                "conch_log_fsync_duration_seconds",
+                "Time of the fdatasync of one log append.",
+                LATENCY_BUCKETS,
+            ),
+            appended_entries: b.counter(
+                "conch_log_appended_entries_total",
+                "Log entries made durable on this node.",
+            ),
+            committed_index: b.gauge(
+                "conch_raft_committed_index",
+                "Last log index this node knows committed.",
+            ),
+        };
+        let apply = ApplyMetrics {
+            entries: b.counter(
+                "conch_raft_entries_applied_total",
+                "Committed log entries applied to the state machine on this node.",
+            ),
+            commands: b.counter(
+                "conch_raft_commands_applied_total",
+                "Commands applied to the state machine on this node.",
+            ),
+            grants: b.counter(
+                "conch_grants_total",
+                "Permits granted (immediately or from a queue), as applied on this node.",
+            ),
+            lease_expirations: b.counter(
+                "conch_lease_expirations_total",
+                "Leases that expired because nobody refreshed them, as applied on this node.",
+            ),
+            wait_seconds: b.histogram(
+                "conch_wait_to_grant_seconds",
+                "Time from entering a queue to the grant.",
+                WAIT_BUCKETS,
+            ),
+        };
+        let snapshots = SnapshotMetrics {
+            built: b.counter("conch_snapshots_total", "Snapshots this node built."),
+            seconds: b.histogram(
+                "conch_snapshot_duration_seconds",
+                "Time to build and store one snapshot.",
+                LATENCY_BUCKETS,
+            ),
+            last_bytes: b.gauge(
+                "conch_snapshot_size_bytes",
+                "Size of the last snapshot this node built or installed.",
+            ),
+        };
+        let grpc = GrpcMetrics {
+            requests: b.counter_vec(
+                "conch_grpc_requests_total",
+                "gRPC calls answered, by method and status code.",
+                &["method", "code"],
+            ),
+            seconds: b.histogram_vec(
+                "conch_grpc_request_duration_seconds",
+                "Time to answer a gRPC call (to the response headers), by method.",
+                &["method"],
+            ),
+        };
+        let gauges = Gauges {
+            term: b.gauge("conch_raft_term", "Current Raft term."),
+            leader_id: b.gauge(
+                "conch_raft_leader_id",
+                "Id of the leader this node knows, 0 if none.",
+            ),
+            is_leader: b.gauge("conch_raft_is_leader", "1 if this node is the leader."),
+            last_log_index: b.gauge(
+                "conch_raft_last_log_index",
+                "Last index in this node's log.",
+            ),
+            applied_index: b.gauge(
+                "conch_raft_applied_index",
+                "Last log index applied to this node's state machine.",
+            ),
+            apply_lag: b.gauge(
+                "conch_raft_apply_lag_entries",
+                "Log entries this node holds but has not applied yet.",
+            ),
+            members: b.gauge("conch_raft_voters", "Voting members in the configuration."),
+            namespaces: b.gauge("conch_namespaces", "Namespaces."),
+            semaphores: b.gauge("conch_semaphores", "Semaphores."),
+            leases: b.gauge("conch_leases", "Live leases."),
+            holders: b.gauge(
+                "conch_holders",
+                "Holds (a lease holding permits of a semaphore).",
+            ),
+            waiters: b.gauge("conch_waiters", "Leases waiting in a queue."),
+        };
+        let proposed_commands = b.counter(
+            "conch_raft_proposed_commands_total",
+            "Commands this node proposed as leader.",
+        );
+        let proposed_entries = b.counter(
+            "conch_raft_proposals_total",
+            "Log entries this node proposed as leader (one per group commit).",
+        );
+        let commands_per_entry = b.histogram(
+            "conch_raft_commands_per_entry",
+            "Commands carried by one proposed log entry.",
+            BATCH_BUCKETS,
+        );
+        let forwarded = b.counter_vec(
+            "conch_forwarded_total",
+            "Calls this node forwarded to the leader, by kind (write, read).",
+            &["kind"],
+        );
+        let leader_changes = b.counter(
+            "conch_raft_leader_changes_total",
+            "Changes of leader this node has seen.",
+        );
+        Metrics {
+            registry: b.registry,
+            log,
+            apply,
+            snapshots,
+            grpc,
+            proposed_commands,
+            proposed_entries,
+            commands_per_entry,
+            forwarded,
+            leader_changes,
+            gauges,
+        }
+    }
+
+    /// Adds the process's memory, open files and CPU time (once, for the node that serves
+    /// them).
+    pub fn register_process(&self) {
+        let collector = prometheus::process_collector::ProcessCollector::for_self();
+        if let Err(e) = self.registry.register(Box::new(collector)) {
+            tracing::warn!(error = %e, "process metrics unavailable");
+        }
+    }
+
+    /// Records one proposed entry of `commands` commands.
+    pub fn proposed(&self, commands: usize) {
+        self.proposed_entries.inc();
+        self.proposed_commands.inc_by(commands as u64);
+        self.commands_per_entry.observe(commands as f64);
+    }
+
+    /// The text exposition of every metric, gauges read now from `node`.
+    pub fn render(&self, node: &Node) -> Result<String, prometheus::Error> {
+        self.read_gauges(node);
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+    }
+
+    fn read_gauges(&self, node: &Node) {
+        let g = &self.gauges;
+        {
+            let m = node.raft.metrics();
+            let m = m.borrow();
+            let leader = crate::node::known_leader(&m, node.id);
+            let last_log = m.last_log_index.unwrap_or(0);
+            let applied = m.last_applied.map_or(0, |l| l.index);
+            g.term.set(clamp(m.current_term));
+            g.leader_id.set(clamp(leader.unwrap_or(0)));
+            g.is_leader.set(i64::from(leader == Some(node.id)));
+            g.last_log_index.set(clamp(last_log));
+            g.applied_index.set(clamp(applied));
+            g.apply_lag.set(clamp(last_log.saturating_sub(applied)));
+            g.members.set(clamp(
+                m.membership_config.membership().voter_ids().count() as u64
+            ));
+        }
+        let stats = node.applied.read(|state| state.stats());
+        g.namespaces.set(clamp(stats.namespaces));
+        g.semaphores.set(clamp(stats.semaphores));
+        g.leases.set(clamp(stats.leases));
+        g.holders.set(clamp(stats.holders));
+        g.waiters.set(clamp(stats.waiters));
+    }
+}
+
+fn clamp(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl Default for ApplyMetrics {
+    /// Counters registered nowhere, for a state machine nobody scrapes (tools, tests).
+    fn default() -> Self {
+        Metrics::new().apply
+    }
+}
+
+impl Default for LogMetrics {
+    fn default() -> Self {
+        Metrics::new().log
+    }
+}
+
+impl Default for SnapshotMetrics {
+    fn default() -> Self {
+        Metrics::new().snapshots
+    }
+}
+
+/// Observes `duration` in seconds.
+pub fn observe(histogram: &Histogram, duration: Duration) {
+    histogram.observe(duration.as_secs_f64());
+}
+
+/// Serves `/metrics` on `listener` until the node stops: HTTP/1.1, GET only.
+pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
+    use hyper::server::conn::http1;
+    use hyper_util::rt::TokioIo;
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let node = Arc::clone(&node);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let node = Arc::clone(&node);
+                async move { Ok::<_, std::convert::Infallible>(respond(&node, &request)) }
+            });
+            let connection = http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "metrics connection");
+            }
+        });
+    }
+}
+
+type Body = http_body_util::Full<hyper::body::Bytes>;
+
+fn respond<B>(node: &Node, request: &hyper::Request<B>) -> hyper::Response<Body> {
+    use hyper::{Method, StatusCode};
+    let reply = |status: StatusCode, content_type: &str, body: String| {
+        let mut response = hyper::Response::new(Body::from(body));
+        *response.status_mut() = status;
+        if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, value);
+        }
+        response
+    };
+    match (request.method(), request.uri().path()) {
+        (&Method::GET, "/metrics") => match node.metrics.render(node) {
+            Ok(text) => reply(StatusCode::OK, prometheus::TEXT_FORMAT, text),
+            Err(e) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain; charset=utf-8",
+                format!("metrics: {e}\n"),
+            ),
+        },
+        (_, "/metrics") => reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "use GET\n".into(),
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "conchd serves /metrics here\n".into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_registered_once_and_named_in_prometheus_style() {
+        let metrics = Metrics::new();
+        metrics.proposed(3);
+        metrics.forwarded.with_label_values(&["write"]).inc();
+        metrics
+            .grpc
+            .requests
+            .with_label_values(&["/x/Y", "OK"])
+            .inc();
+        metrics
+            .grpc
+            .seconds
+            .with_label_values(&["/x/Y"])
+            .observe(0.1);
+        let families = metrics.registry.gather();
+        let names: Vec<&str> = families.iter().map(|f| f.name()).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        for name in &names {
+            assert!(name.starts_with("conch_"), "{name}");
+        }
+        for needed in [
+            "conch_raft_term",
+            "conch_raft_is_leader",
+            "conch_raft_apply_lag_entries",
+            "conch_log_append_duration_seconds",
+            "conch_raft_commands_per_entry",
+            "conch_grpc_requests_total",
+            "conch_waiters",
+        ] {
+            assert!(names.contains(&needed), "{needed} missing from {names:?}");
+        }
+    }
+}
