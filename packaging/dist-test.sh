@@ -67,21 +67,22 @@ conchd=$T/bin/conchd
 same "conchd --version" "conchd $VERSION (commit $COMMIT)" "$("$conchd" --version)"
 same "conch --version" "conch $VERSION (commit $COMMIT)" "$("$conch" --version)"
 
-# Every subcommand of the packed conch, as conch-a-b names, from its own --help.
-subcommands() { # subcommands PREFIX ARGS...
-	local prefix=$1 sub
-	shift
-	for sub in $("$conch" "$@" --help | awk '/^Commands:/ { c = 1; next } c && /^$/ { c = 0 }
+# Every subcommand of a packed program, as prog-a-b names, from its own --help.
+subcommands() { # subcommands PROGRAM PREFIX ARGS...
+	local program=$1 prefix=$2 sub
+	shift 2
+	for sub in $("$program" "$@" --help | awk '/^Commands:/ { c = 1; next } c && /^$/ { c = 0 }
 		c && $1 != "help" { print $1 }'); do
 		echo "$prefix-$sub"
-		subcommands "$prefix-$sub" "$@" "$sub"
+		subcommands "$program" "$prefix-$sub" "$@" "$sub"
 	done
 }
-man1=$(for page in conch $(subcommands conch); do echo "./share/man/man1/$page.1"; done)
+pages="conch $(subcommands "$conch" conch) conchd $(subcommands "$conchd" conchd)"
+check "conch has subcommands" test -n "$(subcommands "$conch" conch)"
+man1=$(for page in $pages; do echo "./share/man/man1/$page.1"; done)
 expected_tar=$(
 	{
 		printf '%s\n' ./README.md ./bin/conch ./bin/conchd ./deploy/conchd.service ./deploy/conchd.toml \
-			./share/man/man1/conchd.1 \
 			./share/bash-completion/completions/conch ./share/bash-completion/completions/conchd \
 			./share/zsh/site-functions/_conch ./share/zsh/site-functions/_conchd \
 			./share/fish/vendor_completions.d/conch.fish ./share/fish/vendor_completions.d/conchd.fish
@@ -153,7 +154,6 @@ expected_deb=$(
 	{
 		printf '%s\n' ./usr/bin/conch ./usr/bin/conchd ./lib/systemd/system/conchd.service \
 			./etc/conch/conchd.toml ./usr/share/doc/conch/README.md ./usr/share/doc/conch/copyright \
-			./usr/share/man/man1/conchd.1.gz \
 			./usr/share/bash-completion/completions/conch ./usr/share/bash-completion/completions/conchd \
 			./usr/share/zsh/vendor-completions/_conch ./usr/share/zsh/vendor-completions/_conchd \
 			./usr/share/fish/vendor_completions.d/conch.fish ./usr/share/fish/vendor_completions.d/conchd.fish

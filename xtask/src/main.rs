@@ -79,7 +79,7 @@ fn man(dir: &Path, date: &str) -> std::io::Result<Vec<PathBuf>> {
     let mut conch = conch().disable_help_subcommand(true);
     conch.build();
     man_tree(&conch, &dir.join("man1"), "1", date, &mut written)?;
-    let mut conchd = conchd();
+    let mut conchd = conchd().disable_help_subcommand(true);
     conchd.build();
     man_tree(&conchd, &dir.join("man1"), "1", date, &mut written)?;
     Ok(written)
