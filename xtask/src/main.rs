@@ -97,6 +97,7 @@ fn man_tree(
     let page = clap_mangen::Man::new(cmd.clone())
         .section(section)
         .date(date)
+        .source(format!("conch {}", conch_client::proto::VERSION))
         .manual("conch manual");
     let mut text = Vec::new();
     page.render(&mut text)?;
