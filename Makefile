@@ -2,7 +2,7 @@
 CARGO ?= cargo
 CLUSTER_DIR ?= $(CURDIR)/.cluster
 
-.PHONY: help build release test test-deps test-unit run cluster cluster-secure cluster-stop fmt lint bench bench-etcd jepsen proptest clean
+.PHONY: help build release dist dist-test test test-deps test-unit run cluster cluster-secure cluster-stop fmt lint bench bench-etcd jepsen proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
@@ -15,6 +15,8 @@ help:
 	@echo "make bench TLS=1 / make jepsen TLS=1   the same with TLS + peer mutual TLS"
 	@echo "make bench-etcd    W1/W1b on etcd and conch in the same run, both client placements, ratios"
 	@echo "make proptest CASES=5000           longer property runs of the state machine"
+	@echo "make dist          release tarballs, debug info, .deb and SHA256SUMS in target/artifacts"
+	@echo "make dist-test     build the artifacts from the dev build and check them (PROFILE=dist: the real one)"
 	@echo "make build|release|fmt|lint"
 
 build:
@@ -23,12 +25,25 @@ build:
 release:
 	$(CARGO) build --workspace --release --bins
 
+# Release artifacts (packaging/dist.sh): the binaries in the dist profile (LTO), stripped, with
+# their debug info in a separate tarball; man pages, completions, the systemd unit and example
+# config; the Debian package. PROFILE=… and OUT=… override the profile and output directory.
+dist:
+	@packaging/dist.sh
+
+# The same artifacts from the dev build (PROFILE=dist for the real one), checked: file lists,
+# checksums, versions, man pages, the .deb's control data and an install into a scratch root.
+dist-test:
+	@packaging/dist-test.sh
+
 # Process-level tests start the conchd/conch binaries, so build them first, and the clock tests
 # preload libfaketime (test-deps installs it when missing).
-# Doc tests first, so the test runner's summary is the last thing printed.
+# Doc tests and the release artifacts' check first, so the test runner's summary is the last
+# thing printed.
 test: test-deps
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --doc
+	@packaging/dist-test.sh
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
