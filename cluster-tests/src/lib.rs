@@ -95,16 +95,20 @@ fn conchd_command(args: &[String]) -> Command {
         .args(args)
         .stdin(Stdio::null())
         .env("CONCH_METRICS_LISTEN", "127.0.0.1:0");
-    // SAFETY: prctl(2) is async-signal-safe; the closure touches nothing else. The node then
-    // dies with the thread that started it even if this process is killed before its
-    // destructors run (e.g. by `timeout`).
+    dies_with_spawner(&mut command);
+    command
+}
+
+/// Makes the process `command` starts die with the thread that spawns it, even if this
+/// process is killed before its destructors run (e.g. by `timeout` or SIGTERM).
+pub(crate) fn dies_with_spawner(command: &mut Command) {
+    // SAFETY: prctl(2) is async-signal-safe; the closure touches nothing else.
     unsafe {
         command.pre_exec(|| {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             Ok(())
         });
     }
-    command
 }
 
 /// Spawns `command` (a [`conchd_command`]), naming the binary in the error.

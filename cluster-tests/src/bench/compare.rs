@@ -33,19 +33,17 @@ pub async fn run(opts: &Opts) -> anyhow::Result<Vec<Row>> {
                     "conch-bench: {workload}, {clients} clients, {}: etcd then conch",
                     placement.name()
                 );
-                let e = etcd::w1(&etcd, opts, clients, per_cycle_lease, placement).await?;
-                let c = super::w1::run(&conch, opts, clients, per_cycle_lease, placement).await?;
-                let ratio = ratio_row(workload, clients, placement, &e, &c);
-                rows.extend([e, c, ratio]);
+                let e = etcd::w1(&etcd, opts, clients, per_cycle_lease, placement).await;
+                let c = super::w1::run(&conch, opts, clients, per_cycle_lease, placement).await;
+                rows.extend(pair(workload, clients, placement, e, c));
             }
         }
     }
     for placement in [Placement::Leader, Placement::Spread] {
         eprintln!("conch-bench: W2, {}: etcd then conch", placement.name());
-        let e = etcd::w2(&etcd, opts, 0, placement).await?;
-        let c = super::w2::run(&conch, opts, 0, placement).await?;
-        let ratio = ratio_row("W2", super::w2::CLIENTS, placement, &e, &c);
-        rows.extend([e, c, ratio]);
+        let e = etcd::w2(&etcd, opts, 0, placement).await;
+        let c = super::w2::run(&conch, opts, 0, placement).await;
+        rows.extend(pair("W2", super::w2::CLIENTS, placement, e, c));
     }
     // W3 last: it kills a leader of each cluster.
     eprintln!("conch-bench: W3: etcd then conch");
@@ -68,6 +66,35 @@ pub async fn run(opts: &Opts) -> anyhow::Result<Vec<Row>> {
     ratio.opt("conch_first_success_ms", number(&c, key));
     rows.extend([e, c, ratio]);
     Ok(rows)
+}
+
+/// The etcd row, the conch row and their ratio; a run that failed becomes a row naming the
+/// error, so one failure does not lose the rest of the comparison.
+fn pair(
+    workload: &str,
+    clients: usize,
+    placement: Placement,
+    e: anyhow::Result<Row>,
+    c: anyhow::Result<Row>,
+) -> Vec<Row> {
+    let failed = |system: &str, e: anyhow::Error| {
+        eprintln!("conch-bench: {workload} on {system} failed: {e:#}");
+        let mut row = Row::new(workload, clients as u64);
+        row.set("system", system);
+        row.set("placement", placement.name());
+        row.set("error", format!("{e:#}"));
+        row
+    };
+    match (e, c) {
+        (Ok(e), Ok(c)) => {
+            let ratio = ratio_row(workload, clients, placement, &e, &c);
+            vec![e, c, ratio]
+        }
+        (e, c) => vec![
+            e.unwrap_or_else(|err| failed("etcd", err)),
+            c.unwrap_or_else(|err| failed("conch", err)),
+        ],
+    }
 }
 
 fn number(row: &Row, key: &str) -> Option<f64> {

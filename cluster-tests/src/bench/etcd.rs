@@ -44,7 +44,8 @@ pub fn binary() -> PathBuf {
     PathBuf::from("etcd")
 }
 
-/// A 3-node etcd cluster on loopback; every process is killed on drop.
+/// A 3-node etcd cluster on loopback; every process is killed on drop, and dies with the
+/// thread that started it.
 pub struct EtcdCluster {
     nodes: Vec<Child>,
     /// Client addresses (host:port), node 1 first.
@@ -81,7 +82,9 @@ impl EtcdCluster {
         for (i, (client, peer)) in ports.iter().enumerate() {
             let name = format!("e{}", i + 1);
             let log = std::fs::File::create(dir.path().join(format!("{name}.log")))?;
-            let child = Command::new(binary())
+            let mut command = Command::new(binary());
+            crate::dies_with_spawner(&mut command);
+            let child = command
                 .args(["--name", &name])
                 .arg("--data-dir")
                 .arg(dir.path().join(&name))

@@ -100,7 +100,7 @@ pub async fn run(
     placement: Placement,
 ) -> anyhow::Result<Row> {
     let leader = target.leader().await?;
-    let sem = format!("w2-hold{hold_max_ms}");
+    let sem = format!("w2-hold{hold_max_ms}-{}", placement.name());
     let pool = target.clients(&leader.addr, 4).await?;
     let mut c = pool[0].clone();
     c.create_semaphore(pb::CreateSemaphoreRequest {
