@@ -13,7 +13,7 @@ help:
 	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
 	@echo "make jepsen DURATION=60 NODES=3   fault injection soak with the safety checker"
 	@echo "make bench TLS=1 / make jepsen TLS=1   the same with TLS + peer mutual TLS"
-	@echo "make bench-etcd    W1/W1b on etcd and conch in the same run, both client placements, ratios"
+	@echo "make bench-etcd    W1, W1b, W2, W3 on etcd and on conch in the same run, both client placements, ratios"
 	@echo "make proptest CASES=5000           longer property runs of the state machine"
 	@echo "make dist          release tarballs, debug info, .deb and SHA256SUMS in target/artifacts"
 	@echo "make dist-test     build the artifacts from the dev build and check them (PROFILE=dist: the real one)"

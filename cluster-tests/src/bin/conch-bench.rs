@@ -67,9 +67,10 @@ struct Cli {
     #[arg(long)]
     auth: bool,
 
-    /// Compare with etcd in the same run: W1 and W1b on a 3-node etcd (Debian's etcd-server,
-    /// see scripts/install-bench-deps.sh) and on conch, each row on both placements (on the
-    /// leader, spread over all nodes), with the ratio per row and the disk's sync rate.
+    /// Compare with etcd in the same run: W1, W1b and W2 on a 3-node etcd (Debian's
+    /// etcd-server, see scripts/install-bench-deps.sh) and on conch, each row in both client
+    /// placements (on the leader, spread over all nodes), then W3; the ratio per row and the
+    /// disk's sync rate.
     #[arg(long, value_parser = ["etcd"], conflicts_with_all = ["only", "endpoints"])]
     baseline: Option<String>,
 }
