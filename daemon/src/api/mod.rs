@@ -30,7 +30,8 @@ pub mod peer;
 pub mod request_id;
 pub mod status;
 
-/// Largest client request accepted; anything bigger is refused with ResourceExhausted.
+/// Largest client request accepted; tonic refuses anything bigger with OUT_OF_RANGE ("decoded
+/// message length too large") before a handler sees it.
 pub const CLIENT_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// Response metadata naming the leader's address, so clients can go there directly.
