@@ -38,21 +38,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
-use conch_proto::conch::conch_admin_server::ConchAdminServer;
 use conch_proto::conch::conch_api_client::ConchApiClient;
-use conch_proto::conch::conch_api_server::ConchApiServer;
 use conch_proto::conch::conch_auth_client::ConchAuthClient;
-use conch_proto::conch::conch_auth_server::ConchAuthServer;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
-use conch_proto::grackle::grackle_api_server::GrackleApiServer;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::service::Routes;
-use tonic::service::interceptor::InterceptedService;
 
-use crate::api::{self, CLIENT_MESSAGE_MAX_BYTES};
+use crate::api;
 use crate::config::{Config, ConfigError, Flags};
-use crate::identity::CLUSTER_ID_HEADER;
 use crate::node::Node;
 use crate::server::{self, StartError};
 
@@ -403,29 +397,7 @@ pub struct LocalClient {
 impl LocalClient {
     /// The client-facing services of `node`, limited and guarded as on its port.
     pub fn new(node: Arc<Node>) -> LocalClient {
-        let grackle = GrackleApiServer::new(api::grackle::GrackleService::new(Arc::clone(&node)))
-            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-        let conch_api = ConchApiServer::new(api::conch::ConchApiService::new(Arc::clone(&node)))
-            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-        let admin = ConchAdminServer::new(api::conch::AdminService::new(Arc::clone(&node)))
-            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-        let admin_node = Arc::clone(&node);
-        let admin = InterceptedService::new(admin, move |request: tonic::Request<()>| {
-            if request.metadata().contains_key(CLUSTER_ID_HEADER) {
-                admin_node
-                    .cluster_id
-                    .check(request.metadata())
-                    .map_err(|e| api::status::ApiError::ClusterMismatch(e.to_string()))?;
-            }
-            Ok(request)
-        });
-        let auth = ConchAuthServer::new(api::auth::AuthService::new(Arc::clone(&node)))
-            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-        let routes = Routes::new(grackle)
-            .add_service(conch_api)
-            .add_service(admin)
-            .add_service(auth)
-            .prepare();
+        let routes = api::client_routes(&node).prepare();
         LocalClient { routes }
     }
 

@@ -8,6 +8,7 @@ use conch_proto::conch::conch_api_server::ConchApiServer;
 use conch_proto::conch::conch_auth_server::ConchAuthServer;
 use conch_proto::conch::conch_peer_server::ConchPeerServer;
 use conch_proto::grackle::grackle_api_server::GrackleApiServer;
+use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -37,6 +38,36 @@ pub const CLIENT_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Response metadata naming the leader's address, so clients can go there directly.
 pub const LEADER_HEADER: &str = "conch-leader";
 
+/// The client-facing services, limited and guarded as clients meet them: the Grackle API,
+/// conch's extensions, administration (a forwarded admin call carrying another cluster's id is
+/// refused) and access control. The one list that the node's port and the in-process client
+/// (`embed::LocalClient`) both serve.
+pub fn client_routes(node: &Arc<Node>) -> Routes {
+    let grackle = GrackleApiServer::new(grackle::GrackleService::new(Arc::clone(&node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(&node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let admin = ConchAdminServer::new(conch::AdminService::new(Arc::clone(&node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    // A forwarded admin call carries its sender's cluster id: another cluster's is refused.
+    let admin_node = Arc::clone(&node);
+    let admin = InterceptedService::new(admin, move |request: tonic::Request<()>| {
+        if request.metadata().contains_key(CLUSTER_ID_HEADER) {
+            admin_node
+                .cluster_id
+                .check(request.metadata())
+                .map_err(|e| status::ApiError::ClusterMismatch(e.to_string()))?;
+        }
+        Ok(request)
+    });
+    let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(&node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    Routes::new(grackle)
+        .add_service(conch_api)
+        .add_service(admin)
+        .add_service(auth)
+}
+
 /// Serves every service on `listener` until `shutdown` resolves.
 pub async fn serve(
     node: Arc<Node>,
@@ -60,25 +91,6 @@ pub async fn serve(
         .build_v1alpha()
         .inspect_err(|e| tracing::warn!(error = %e, "gRPC reflection v1alpha unavailable"))
         .ok();
-    let grackle = GrackleApiServer::new(grackle::GrackleService::new(Arc::clone(&node)))
-        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-    let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(&node)))
-        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-    let admin = ConchAdminServer::new(conch::AdminService::new(Arc::clone(&node)))
-        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-    // A forwarded admin call carries its sender's cluster id: another cluster's is refused.
-    let admin_node = Arc::clone(&node);
-    let admin = InterceptedService::new(admin, move |request: tonic::Request<()>| {
-        if request.metadata().contains_key(CLUSTER_ID_HEADER) {
-            admin_node
-                .cluster_id
-                .check(request.metadata())
-                .map_err(|e| status::ApiError::ClusterMismatch(e.to_string()))?;
-        }
-        Ok(request)
-    });
-    let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(&node)))
-        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let peer = ConchPeerServer::new(peer::PeerService::new(Arc::clone(&node)))
         .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
         .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES);
@@ -94,14 +106,11 @@ pub async fn serve(
         )))
         // Every client-facing response names the leader, errors too.
         .layer(leader_header::LeaderHeaderLayer::new(Arc::clone(&node)))
+        .add_routes(client_routes(&node))
         .add_service(health_service)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
-        .add_service(grackle)
-        .add_service(conch_api)
-        .add_service(admin)
-        .add_service(peer)
-        .add_service(auth);
+        .add_service(peer);
     if let Some(tls) = &node.config.tls {
         let incoming = crate::tls::incoming(listener, Arc::clone(tls));
         return router
