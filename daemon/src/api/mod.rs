@@ -43,14 +43,14 @@ pub const LEADER_HEADER: &str = "conch-leader";
 /// refused) and access control. The one list that the node's port and the in-process client
 /// (`embed::LocalClient`) both serve.
 pub fn client_routes(node: &Arc<Node>) -> Routes {
-    let grackle = GrackleApiServer::new(grackle::GrackleService::new(Arc::clone(&node)))
+    let grackle = GrackleApiServer::new(grackle::GrackleService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-    let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(&node)))
+    let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-    let admin = ConchAdminServer::new(conch::AdminService::new(Arc::clone(&node)))
+    let admin = ConchAdminServer::new(conch::AdminService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     // A forwarded admin call carries its sender's cluster id: another cluster's is refused.
-    let admin_node = Arc::clone(&node);
+    let admin_node = Arc::clone(node);
     let admin = InterceptedService::new(admin, move |request: tonic::Request<()>| {
         if request.metadata().contains_key(CLUSTER_ID_HEADER) {
             admin_node
@@ -60,7 +60,7 @@ pub fn client_routes(node: &Arc<Node>) -> Routes {
         }
         Ok(request)
     });
-    let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(&node)))
+    let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     Routes::new(grackle)
         .add_service(conch_api)
