@@ -326,54 +326,14 @@ impl SemaClient {
             Some(id) => id,
             None => self.grant().await?,
         };
-        let key = format!("{}{lease:x}", self.prefix);
-        let put = pb::TxnRequest {
-            compare: vec![pb::Compare {
-                result: pb::compare::CompareResult::Equal as i32,
-                target: pb::compare::CompareTarget::Create as i32,
-                key: key.clone().into_bytes(),
-                target_union: Some(pb::compare::TargetUnion::CreateRevision(0)),
-                range_end: Vec::new(),
-            }],
-            success: vec![pb::RequestOp {
-                request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
-                    key: key.clone().into_bytes(),
-                    value: b"{\"host\":\"bench\"}".to_vec(),
-                    lease,
-                    ..Default::default()
-                })),
-            }],
-            failure: Vec::new(),
-        };
-        self.kv.txn(put).await.map_err(|s| status_code(&s))?;
-        let ranked = self
-            .kv
-            .range(pb::RangeRequest {
-                key: self.prefix.clone().into_bytes(),
-                range_end: prefix_end(&self.prefix),
-                sort_order: pb::range_request::SortOrder::Ascend as i32,
-                sort_target: pb::range_request::SortTarget::Create as i32,
-                ..Default::default()
-            })
-            .await
-            .map_err(|s| status_code(&s))?
-            .into_inner();
-        let rank = ranked
-            .kvs
-            .iter()
-            .position(|kv| kv.key == key.as_bytes())
-            .ok_or("our key is missing from the range")?;
+        let key = format!("{}{lease:x}", self.prefix).into_bytes();
+        self.create_if_absent(&key, lease).await?;
+        let (rank, ranked) = self.rank(&key).await?;
         if rank >= max {
             return Err(format!("rank {rank} in an uncontended semaphore"));
         }
         let token = ranked.kvs[rank].create_revision;
-        self.kv
-            .delete_range(pb::DeleteRangeRequest {
-                key: key.into_bytes(),
-                ..Default::default()
-            })
-            .await
-            .map_err(|s| status_code(&s))?;
+        self.delete(key).await?;
         if self.session.is_none() {
             self.lease
                 .lease_revoke(pb::LeaseRevokeRequest { id: lease })
@@ -554,17 +514,31 @@ impl SemaClient {
     ) -> Result<Vec<u8>, String> {
         let lease = self.session.ok_or("no session lease")?;
         let key = format!("{}{lease:x}", self.prefix).into_bytes();
+        self.create_if_absent(&key, lease).await?;
+        loop {
+            let (rank, ranked) = self.rank(&key).await?;
+            if rank < max {
+                return Ok(key);
+            }
+            let ahead = ranked.kvs[rank - max].key.clone();
+            let revision = ranked.header.map_or(0, |h| h.revision);
+            wait_deleted(watch, ahead, revision + 1).await?;
+        }
+    }
+
+    /// Puts our key bound to `lease` unless it exists (a `Txn` on its create revision being 0).
+    async fn create_if_absent(&mut self, key: &[u8], lease: i64) -> Result<(), String> {
         let put = pb::TxnRequest {
             compare: vec![pb::Compare {
                 result: pb::compare::CompareResult::Equal as i32,
                 target: pb::compare::CompareTarget::Create as i32,
-                key: key.clone(),
+                key: key.to_vec(),
                 target_union: Some(pb::compare::TargetUnion::CreateRevision(0)),
                 range_end: Vec::new(),
             }],
             success: vec![pb::RequestOp {
                 request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
-                    key: key.clone(),
+                    key: key.to_vec(),
                     value: b"{\"host\":\"bench\"}".to_vec(),
                     lease,
                     ..Default::default()
@@ -573,32 +547,30 @@ impl SemaClient {
             failure: Vec::new(),
         };
         self.kv.txn(put).await.map_err(|s| status_code(&s))?;
-        loop {
-            let ranked = self
-                .kv
-                .range(pb::RangeRequest {
-                    key: self.prefix.clone().into_bytes(),
-                    range_end: prefix_end(&self.prefix),
-                    sort_order: pb::range_request::SortOrder::Ascend as i32,
-                    sort_target: pb::range_request::SortTarget::Create as i32,
-                    keys_only: true,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|s| status_code(&s))?
-                .into_inner();
-            let rank = ranked
-                .kvs
-                .iter()
-                .position(|kv| kv.key == key)
-                .ok_or("our key is missing from the range")?;
-            if rank < max {
-                return Ok(key);
-            }
-            let ahead = ranked.kvs[rank - max].key.clone();
-            let revision = ranked.header.map_or(0, |h| h.revision);
-            wait_deleted(watch, ahead, revision + 1).await?;
-        }
+        Ok(())
+    }
+
+    /// Our key's rank among the prefix's keys sorted by create revision, and the range.
+    async fn rank(&mut self, key: &[u8]) -> Result<(usize, pb::RangeResponse), String> {
+        let ranked = self
+            .kv
+            .range(pb::RangeRequest {
+                key: self.prefix.clone().into_bytes(),
+                range_end: prefix_end(&self.prefix),
+                sort_order: pb::range_request::SortOrder::Ascend as i32,
+                sort_target: pb::range_request::SortTarget::Create as i32,
+                keys_only: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| status_code(&s))?
+            .into_inner();
+        let rank = ranked
+            .kvs
+            .iter()
+            .position(|kv| kv.key == key)
+            .ok_or("our key is missing from the range")?;
+        Ok((rank, ranked))
     }
 
     async fn delete(&mut self, key: Vec<u8>) -> Result<(), String> {

@@ -19,16 +19,15 @@ use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
 pub mod auth;
 pub mod backup;
-pub mod call_metrics;
 pub mod conch;
 pub mod convert;
 pub mod grackle;
 pub mod health;
 pub mod holder_watch;
-pub mod leader_header;
 pub mod membership;
 pub mod peer;
 pub mod request_id;
+pub mod responses;
 pub mod status;
 
 /// Largest client request accepted; tonic refuses anything bigger with OUT_OF_RANGE ("decoded
@@ -101,11 +100,8 @@ pub async fn serve(
     });
     let router = Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .layer(call_metrics::CallMetricsLayer::new(Arc::clone(
-            &node.metrics,
-        )))
-        // Every client-facing response names the leader, errors too.
-        .layer(leader_header::LeaderHeaderLayer::new(Arc::clone(&node)))
+        // Every call is counted; every client-facing response names the leader, errors too.
+        .layer(responses::ResponseLayer::new(Arc::clone(&node)))
         .add_routes(client_routes(&node))
         .add_service(health_service)
         .add_optional_service(reflection_v1)

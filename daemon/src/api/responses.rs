@@ -1,54 +1,65 @@
-//! Counts every gRPC call by method and status code, and times it to the response headers.
-//!
-//! The status is read from the response headers: a unary call that fails answers with its
-//! status there ("trailers-only"), and one that succeeds carries OK in the trailers. A streaming
-//! call is counted when its headers leave, as OK unless it failed at once. Paths of methods
-//! this server does not have are counted as `unknown`, so a client cannot grow the number of
-//! series.
+//! The one layer around every gRPC response, so a call pays for one wrapper:
+//! - it adds the `conch-leader` header (the leader's address, when this node knows it) to every
+//!   response of the client-facing services, errors included: a client that got NOT_FOUND or
+//!   INVALID_ARGUMENT from a follower still learns where the leader is. The value is read when
+//!   the response leaves, so a leader learned during the call is the one named. Peer traffic
+//!   gets no header;
+//! - it counts every call by method and status code, and times it to the response headers. The
+//!   status is read from the response headers: a unary call that fails answers with its status
+//!   there ("trailers-only"), and one that succeeds carries OK in the trailers. A streaming call
+//!   is counted when its headers leave, as OK unless it failed at once. Paths of methods this
+//!   server does not have are counted as `unknown`, so a client cannot grow the number of
+//!   series.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+
 use std::time::Instant;
 
 use tonic::codegen::http;
 
+use super::LEADER_HEADER;
 use crate::metrics::Metrics;
+use crate::node::Node;
+
+/// Path prefix of the node-to-node service, whose responses carry no leader hint.
+const PEER_PATH: &str = "/conch.v1.ConchPeer/";
 
 /// The layer, given to the server once.
 #[derive(Clone)]
-pub struct CallMetricsLayer {
-    metrics: Arc<Metrics>,
+pub struct ResponseLayer {
+    node: Arc<Node>,
 }
 
-impl CallMetricsLayer {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
-        CallMetricsLayer { metrics }
+impl ResponseLayer {
+    pub fn new(node: Arc<Node>) -> Self {
+        ResponseLayer { node }
     }
 }
 
-impl<S> tower::Layer<S> for CallMetricsLayer {
-    type Service = CallMetrics<S>;
+impl<S> tower::Layer<S> for ResponseLayer {
+    type Service = Responses<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CallMetrics {
+        Responses {
             inner,
-            metrics: Arc::clone(&self.metrics),
+            node: Arc::clone(&self.node),
         }
     }
 }
 
 /// The service the layer wraps around the server's routes.
 #[derive(Clone)]
-pub struct CallMetrics<S> {
+pub struct Responses<S> {
     inner: S,
-    metrics: Arc<Metrics>,
+    node: Arc<Node>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, B, RB> tower::Service<http::Request<B>> for CallMetrics<S>
+impl<S, B, RB> tower::Service<http::Request<B>> for Responses<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
     S::Future: Send + 'static,
@@ -65,30 +76,46 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let path = request.uri().path().to_string();
-        let metrics = Arc::clone(&self.metrics);
+        let node = Arc::clone(&self.node);
         let started = Instant::now();
         let fut = self.inner.call(request);
         Box::pin(async move {
-            let response = fut.await?;
-            let code = status_code(response.headers());
-            let method = if code == tonic::Code::Unimplemented {
-                "unknown"
-            } else {
-                path.as_str()
-            };
-            metrics
-                .grpc
-                .requests
-                .with_label_values(&[method, code_name(code)])
-                .inc();
-            metrics
-                .grpc
-                .seconds
-                .with_label_values(&[method])
-                .observe(started.elapsed().as_secs_f64());
+            let mut response = fut.await?;
+            count(&node.metrics, &path, response.headers(), started);
+            if !path.starts_with(PEER_PATH) {
+                add_leader(&node, response.headers_mut());
+            }
             Ok(response)
         })
     }
+}
+
+fn add_leader(node: &Node, headers: &mut http::HeaderMap) {
+    if let Some(leader) = node.leader()
+        && let Ok(value) = http::HeaderValue::from_str(&leader.addr)
+    {
+        headers.insert(LEADER_HEADER, value);
+    }
+}
+
+/// Counts one answered call of `path` and its time since `started`.
+fn count(metrics: &Metrics, path: &str, headers: &http::HeaderMap, started: Instant) {
+    let code = status_code(headers);
+    let method = if code == tonic::Code::Unimplemented {
+        "unknown"
+    } else {
+        path
+    };
+    metrics
+        .grpc
+        .requests
+        .with_label_values(&[method, code_name(code)])
+        .inc();
+    metrics
+        .grpc
+        .seconds
+        .with_label_values(&[method])
+        .observe(started.elapsed().as_secs_f64());
 }
 
 /// The status a response's headers carry; OK when they carry none (it comes in the trailers).
