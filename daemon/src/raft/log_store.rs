@@ -1,81 +1,83 @@
-//! The Raft log and vote on sled.
+//! The Raft log and vote: entries in segment files, the vote and the log's metadata in sled.
 //!
-//! One sled `Db` under `<data_dir>/raft`, one tree, keys by prefix:
-//! - `e` + big-endian u64 index -> one log entry (so sled's key order is log order)
-//! - `m:vote`, `m:committed`, `m:purged` -> the vote, the last committed log id, the purge point
-//! - `m:format` -> the data format of the entries ([`DATA_FORMAT`]), written when the store is
+//! - `<data_dir>/wal/` holds the entries, one record per entry, in segment files (see
+//!   [`super::wal`]): an append is one write and one `fdatasync`.
+//! - `<data_dir>/raft/` is a sled `Db` with one tree of metadata:
+//!   `m:vote`, `m:committed`, `m:purged` -> the vote, the last committed log id, the purge point;
+//!   `m:format` -> the data format of the entries ([`DATA_FORMAT`]), written when the store is
 //!   created; `open` refuses a store with data and a missing or different format before it
-//!   decodes anything (a store without the key was written by format 1)
+//!   decodes anything (a store without the key was written by format 1).
+//!   Stores written before the segment files kept the entries in sled too, under `e` + big-endian
+//!   index; `open` moves them into segments once (see [`migrate_sled_entries`]).
+//! - `<data_dir>/vote` and `<data_dir>/log-end`: copies of the vote and of the durable end of the
+//!   log outside both, compared at open (see [`write_vote_file`], [`LogEnd`]).
 //!
 //! Every value is `bincode(value) ++ fnv1a64(bincode(value))` (little-endian), so a damaged value
-//! is reported as a `StorageError` instead of decoding into something else.
+//! is reported as an error instead of decoding into something else.
+//!
+//! The entries after the purge point are also kept in memory, where the log reader reads them:
+//! Raft keeps a bounded log (it purges after each snapshot), so this costs what sled's cache did.
 //!
 //! Invariants:
 //! - `log-end` never names an index beyond the end of the log (the last entry, or the purge
-//!   point when no entry follows it); `open` refuses a log that ends before it, because sled
-//!   dropped acknowledged entries
-//! - the entries present form one run of consecutive indexes, starting right after the purge
-//!   point when there is one (no holes); `open` checks this and refuses a log that breaks it
-//! - the key of an entry is its own log index
-//! - an acknowledged append or vote is on disk (see below)
+//!   point when no entry follows it); `open` refuses a log that ends before it, because entries
+//!   that were acknowledged are missing
+//! - the entries form one run of consecutive indexes that covers the entry after the purge point
+//!   (no holes); `open` checks this and refuses a log that breaks it
+//! - an acknowledged append or vote is on disk
 //!
-//! Ordering. openraft issues every write from one task, one at a time, so sled sees them in
-//! submission order; sled recovers a prefix of its own log, so a write made durable also makes
-//! every earlier write durable.
+//! Ordering. openraft issues every write from one task, one at a time.
 //!
 //! `append(entries, callback)`:
-//! 1. encode every entry; all of them go into ONE `sled::Batch` (atomic: all or none)
-//! 2. apply the batch: the entries are now readable by every `LogStore` clone (the log reader)
-//! 3. ONE sled `flush()`: sled writes its log and `sync_file_range`s it (survives a process
-//!    crash)
-//! 4. durability step ([`Durability::Fsync`]): `fdatasync` sled's data file `<raft>/db` and,
-//!    when a value was large enough for sled to put it in `<raft>/blobs` (files sled writes
-//!    outside its log and never syncs), `fsync` the new blob files (survives power loss).
-//!    Steps 3 and 4 run in one blocking call.
-//! 5. record the new end of the log in `<data_dir>/log-end` (see [`LogEnd`]; a write into the
-//!    page cache, not synced: it may lag the log, never lead it)
-//! 6. `callback.log_io_completed(Ok(()))`, then return
+//! 1. encode every entry into ONE buffer, written into the last segment with one `pwrite`
+//! 2. durability step ([`Durability::Fsync`]): ONE `fdatasync` of that segment (survives power
+//!    loss); steps 1-2 run in one blocking call
+//! 3. record the new end of the log in `<data_dir>/log-end` (a write into the page cache, not
+//!    synced: it may lag the log, never lead it)
+//! 4. the entries become readable by every `LogStore` clone (the log reader)
+//! 5. `callback.log_io_completed(Ok(()))`, then return
 //!
-//! One flush per call, never one per entry; openraft hands a follower up to
+//! One sync per call, never one per entry; openraft hands a follower up to
 //! `max_payload_entries` entries per call.
 //!
-//! `save_vote`: insert, then steps 3-4, then return. There is no callback: return = durable.
+//! `save_vote`: sled insert, sled flush, `fdatasync` of sled's file, then the vote file; return =
+//! durable (there is no callback).
 //!
 //! `truncate(id)` first lowers `log-end` to `id.index - 1` and syncs it, then removes
-//! `[id.index, ..)` in one batch, then steps 3-4 (rare: conflicts only). A crash between leaves
+//! `[id.index, ..)` from the segments, durably (rare: conflicts only). A crash between leaves
 //! `log-end` behind the log, which open accepts.
 //!
-//! `purge(id)` writes the purge point and removes `(.., id.index]` in one batch, without a
-//! flush: losing it in a crash only brings back entries that a snapshot already covers, and the
-//! next append's flush makes it durable.
+//! `purge(id)` writes the purge point, then deletes the segments that hold only entries up to
+//! it. When a segment goes, the purge point is made durable first (a deleted segment under a lost
+//! purge point would be a hole); otherwise it is not flushed: losing it in a crash only brings
+//! back entries that a snapshot already covers.
 //!
 //! `save_committed` inserts without a flush: a committed id that is lost only means less is
-//! re-applied on restart, and it is never ahead of the log, whose entries were flushed before.
+//! re-applied on restart, and it is never ahead of the log, whose entries were synced before.
 
-use std::collections::HashSet;
-use std::ffi::OsString;
+use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::fs::File;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, Entry, OptionalSend, RaftLogReader, StorageIOError, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::metrics::{LogMetrics, observe};
 use crate::state::fnv1a64;
 
-/// sled's page cache size. Its default (1 GiB) is far more than a log of a few thousand entries
-/// needs.
-pub const CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+/// sled's page cache size: sled holds only a few small values.
+pub const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
 
-/// sled's background flush period. Appends and votes flush explicitly; this only bounds how long
-/// a purge or a committed id stays in memory.
+/// sled's background flush period. Votes and purges that delete a segment flush explicitly; this
+/// only bounds how long a purge point or a committed id stays in memory.
 pub const FLUSH_EVERY_MS: u64 = 1000;
 
 const ENTRY_PREFIX: u8 = b'e';
@@ -92,10 +94,10 @@ pub const DATA_FORMAT: u32 = 2;
 /// How far an acknowledged write is made durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
-    /// sled's flush, then `fdatasync` of sled's files: survives power loss. The default.
+    /// `fdatasync` of what was written: survives power loss. The default.
     Fsync,
-    /// sled's flush only (`sync_file_range` on Linux): survives a process crash, not
-    /// necessarily power loss. For tests and benchmarks on throwaway data.
+    /// Appends are written but not synced (sled's flush still runs for the vote): survives a
+    /// process crash, not necessarily power loss. For tests and benchmarks on throwaway data.
     Flush,
 }
 
@@ -139,14 +141,14 @@ pub enum CodecError {
     Encode(bincode::Error),
 }
 
-fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
+pub(super) fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     let mut bytes = bincode::serialize(value).map_err(CodecError::Encode)?;
     let checksum = fnv1a64(&bytes);
     bytes.extend_from_slice(&checksum.to_le_bytes());
     Ok(bytes)
 }
 
-fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+pub(super) fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     let Some(split) = bytes.len().checked_sub(8) else {
         return Err(CodecError::TooShort { len: bytes.len() });
     };
@@ -232,10 +234,10 @@ fn read_vote_file(data_dir: &Path) -> Result<Option<Vote<NodeId>>, String> {
     }
 }
 
-/// `<data_dir>/log-end`: the index of the last log entry made durable, kept outside sled.
+/// `<data_dir>/log-end`: the index of the last log entry made durable, kept outside the segments.
 ///
-/// sled recovers from damage by silently dropping what follows it. A node that lost entries it
-/// acknowledged (while keeping its vote) could help elect a leader without them and break Raft's
+/// Opening the segments treats a damaged last record as a write torn by a crash and drops it
+/// and what follows. A node that lost entries it acknowledged (while keeping its vote) could help elect a leader without them and break Raft's
 /// safety; comparing the log with this record at open turns that into a refusal.
 ///
 /// The file has two 32-byte slots, written alternately: `seq | index | 0 | fnv1a64(first 24
@@ -343,23 +345,37 @@ impl LogEnd {
 }
 
 struct Inner {
+    /// The metadata (vote, committed, purge point, format).
     db: sled::Db,
-    /// `<raft>`, for messages.
+    /// `<raft>`, sled's directory, for messages.
     path: PathBuf,
     /// A second handle on sled's data file `<raft>/db`, only for `fdatasync`.
     data_file: File,
-    /// `<raft>/blobs`: sled writes values above ~128 KiB there and never syncs them.
-    blobs_dir: PathBuf,
     /// The data directory, which holds the vote file.
     data_dir: PathBuf,
-    /// Blob files already synced (blobs are immutable once written).
-    synced_blobs: Mutex<HashSet<OsString>>,
     durability: Durability,
     /// `<data_dir>/log-end`, the durable end of the log.
     log_end: LogEnd,
+    /// The segment files; only the one task openraft writes from takes this lock.
+    wal: Mutex<Wal>,
+    /// What readers see: the entries after the purge point, and the purge point.
+    log: RwLock<MemLog>,
 }
 
-/// The Raft log and vote. Cheap to clone: clones share one sled `Db` (the log reader is one).
+#[derive(Default)]
+struct MemLog {
+    /// Consecutive entries; the first is the one after `purged` (when there is a purge point).
+    entries: VecDeque<Entry<TypeConfig>>,
+    purged: Option<LogId>,
+}
+
+impl MemLog {
+    fn last_log_id(&self) -> Option<LogId> {
+        self.entries.back().map(|e| e.log_id).or(self.purged)
+    }
+}
+
+/// The Raft log and vote. Cheap to clone: clones share one store (the log reader is one).
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Inner>,
@@ -372,8 +388,8 @@ impl LogStore {
         self.metrics = metrics;
     }
 
-    /// Opens (creating if needed) the log under `<data_dir>/raft`, with [`Durability::Fsync`],
-    /// and checks every stored value.
+    /// Opens (creating if needed) the log under `<data_dir>`, with [`Durability::Fsync`], and
+    /// checks every stored value.
     pub fn open(data_dir: &Path) -> Result<LogStore, OpenError> {
         Self::open_with_durability(data_dir, Durability::Fsync)
     }
@@ -382,6 +398,14 @@ impl LogStore {
     pub fn open_with_durability(
         data_dir: &Path,
         durability: Durability,
+    ) -> Result<LogStore, OpenError> {
+        Self::open_with(data_dir, durability, SEGMENT_BYTES)
+    }
+
+    fn open_with(
+        data_dir: &Path,
+        durability: Durability,
+        segment_bytes: u64,
     ) -> Result<LogStore, OpenError> {
         let path = data_dir.join("raft");
         std::fs::create_dir_all(&path).map_err(|source| OpenError::CreateDir {
@@ -422,59 +446,98 @@ impl LogStore {
             path: data_path.clone(),
             source,
         })?;
-
-        let summary = check_log(&db).map_err(|reason| OpenError::Corrupt {
-            path: path.clone(),
+        let corrupt = |path: &Path, reason: String| OpenError::Corrupt {
+            path: path.to_path_buf(),
             reason,
-        })?;
+        };
+
+        let purged = check_meta(&db).map_err(|reason| corrupt(&path, reason))?;
+        let wal_dir = data_dir.join("wal");
+        let migrated = migrate_sled_entries(&db, &data_file, &wal_dir)
+            .map_err(|reason| corrupt(&path, reason))?;
+        let (mut wal, recovered) = Wal::open(
+            &wal_dir,
+            purged.map(|p| p.index),
+            segment_bytes,
+            durability == Durability::Fsync,
+        )
+        .map_err(|reason| corrupt(&wal_dir, reason))?;
+        let end_index = recovered
+            .last_index
+            .max(purged.map(|p| p.index))
+            .unwrap_or(0);
         let (log_end, recorded_end) =
-            LogEnd::open(data_dir, summary.end_index).map_err(|reason| OpenError::Corrupt {
-                path: path.clone(),
-                reason,
-            })?;
+            LogEnd::open(data_dir, end_index).map_err(|reason| corrupt(&wal_dir, reason))?;
         if let Some(recorded) = recorded_end
-            && recorded > summary.end_index
+            && recorded > end_index
         {
-            return Err(OpenError::Corrupt {
-                path,
-                reason: format!(
-                    "it ends at index {}, but entries up to {recorded} were made durable \
-                     (recorded in {}): the log lost data and this node must not serve; restore \
-                     the data directory or remove the node from the cluster and add it back empty",
-                    summary.end_index,
+            let torn = recovered
+                .torn_tail
+                .map(|t| format!(" (the last record is damaged: {t})"))
+                .unwrap_or_default();
+            return Err(corrupt(
+                &wal_dir,
+                format!(
+                    "it ends at index {end_index}, but entries up to {recorded} were made durable \
+                     (recorded in {}){torn}: the log lost data and this node must not serve; \
+                     restore the data directory or remove the node from the cluster and add it \
+                     back empty",
                     log_end.path.display()
                 ),
-            });
+            ));
         }
+        if let Some(torn) = &recovered.torn_tail {
+            tracing::warn!(
+                torn = %torn,
+                "raft log ends with a write torn by a crash (never acknowledged); clearing it"
+            );
+        }
+        wal.repair()
+            .map_err(|e| corrupt(&wal_dir, format!("clear the torn tail: {e}")))?;
+
+        let entries = VecDeque::from(recovered.entries);
         let store = LogStore {
             metrics: LogMetrics::default(),
             inner: Arc::new(Inner {
                 db,
-                blobs_dir: path.join("blobs"),
                 path: path.clone(),
                 data_dir: data_dir.to_path_buf(),
                 data_file,
-                // Empty: the first sync also covers blobs left by an earlier run.
-                synced_blobs: Mutex::new(HashSet::new()),
                 durability,
                 log_end,
+                wal: Mutex::new(wal),
+                log: RwLock::new(MemLog { entries, purged }),
             }),
         };
         store
             .check_vote_file()
-            .map_err(|reason| OpenError::Corrupt {
-                path: path.clone(),
-                reason,
-            })?;
+            .map_err(|reason| corrupt(&path, reason))?;
+        let log = store.read_log();
         tracing::debug!(
-            path = %path.display(),
-            entries = summary.entries,
-            first_index = ?summary.first_index,
-            last_index = ?summary.last_index,
+            path = %wal_dir.display(),
+            entries = log.entries.len(),
+            migrated_from_sled = migrated,
+            first_index = ?log.entries.front().map(|e| e.log_id.index),
+            last_index = ?log.entries.back().map(|e| e.log_id.index),
             size_on_disk_bytes = store.size_on_disk(),
             "raft log opened"
         );
+        drop(log);
         Ok(store)
+    }
+
+    fn read_log(&self) -> std::sync::RwLockReadGuard<'_, MemLog> {
+        self.inner
+            .log
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write_log(&self) -> std::sync::RwLockWriteGuard<'_, MemLog> {
+        self.inner
+            .log
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Checks that the log continues where the state machine's snapshot ends: entries up to the
@@ -485,20 +548,19 @@ impl LogStore {
         &self,
         snapshot_last_applied: Option<LogId>,
     ) -> Result<(), OpenError> {
-        let corrupt = |reason: String| OpenError::Corrupt {
-            path: self.inner.path.clone(),
-            reason,
-        };
-        let purged: Option<LogId> = self.read_meta(KEY_PURGED).map_err(corrupt)?;
+        let purged = self.read_log().purged;
         let purged_index = purged.map(|p| p.index);
         let applied_index = snapshot_last_applied.map(|a| a.index);
         if purged_index > applied_index {
-            return Err(corrupt(format!(
-                "log is purged up to {} but the newest snapshot ends at {}; \
-                 the snapshot directory is missing or older than the log",
-                purged.map_or("none".to_string(), |p| p.to_string()),
-                snapshot_last_applied.map_or("none".to_string(), |a| a.to_string()),
-            )));
+            return Err(OpenError::Corrupt {
+                path: self.inner.path.clone(),
+                reason: format!(
+                    "log is purged up to {} but the newest snapshot ends at {}; \
+                     the snapshot directory is missing or older than the log",
+                    purged.map_or("none".to_string(), |p| p.to_string()),
+                    snapshot_last_applied.map_or("none".to_string(), |a| a.to_string()),
+                ),
+            });
         }
         Ok(())
     }
@@ -514,9 +576,12 @@ impl LogStore {
             .db
             .insert(KEY_PURGED, value)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.make_durable(false, Some(last.index))
+        self.sync_meta(Some(last.index))
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
+        let mut log = self.write_log();
+        log.entries.clear();
+        log.purged = Some(last);
         Ok(())
     }
 
@@ -542,68 +607,28 @@ impl LogStore {
         }
     }
 
-    /// Bytes sled occupies on disk (for metrics); 0 if sled cannot tell.
+    /// Bytes the log occupies on disk (for metrics): sled's files and the segments' records.
     pub fn size_on_disk(&self) -> u64 {
-        match self.inner.db.size_on_disk() {
+        let sled = match self.inner.db.size_on_disk() {
             Ok(bytes) => bytes,
             Err(e) => {
                 tracing::debug!(error = %e, "sled size_on_disk failed");
                 0
             }
-        }
+        };
+        sled + self.inner.lock_wal().bytes()
     }
 
     fn read_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, String> {
-        let bytes = self
-            .inner
-            .db
-            .get(key)
-            .map_err(|e| format!("read {}: {e}", String::from_utf8_lossy(key)))?;
-        match bytes {
-            None => Ok(None),
-            Some(bytes) => decode_value(&bytes)
-                .map(Some)
-                .map_err(|e| format!("decode {}: {e}", String::from_utf8_lossy(key))),
-        }
+        read_meta(&self.inner.db, key)
     }
 
-    // StorageError is openraft's type; its size is not ours to choose.
-    #[allow(clippy::result_large_err)]
-    fn last_entry_log_id(&self) -> Result<Option<LogId>, StorageError> {
-        let last = self
-            .inner
-            .db
-            .range(entry_key(0)..=entry_key(u64::MAX))
-            .next_back();
-        match last {
-            None => Ok(None),
-            Some(Err(e)) => Err(StorageIOError::read_logs(&e).into()),
-            Some(Ok((key, value))) => match decode_entry(&key, &value) {
-                Ok(entry) => Ok(Some(entry.log_id)),
-                Err(reason) => Err(StorageIOError::read_logs(AnyError::error(reason)).into()),
-            },
-        }
-    }
-
-    /// Steps 3-4 of the ordering: sled's flush, then the fsyncs that `durability` asks for.
-    /// sled's flush, then (with [`Durability::Fsync`]) `fdatasync`, in one blocking call: one
-    /// thread hand-off per append. `new_blobs_possible` says a value was large enough that sled
-    /// may have written it to a blob file, which then needs its own sync.
-    /// `log_end`: after an append, the index of its last entry, recorded once it is durable
-    /// (step 5).
-    async fn make_durable(&self, new_blobs_possible: bool, log_end: Option<u64>) -> io::Result<()> {
+    /// sled's flush, then (with [`Durability::Fsync`]) `fdatasync` of its file, in one blocking
+    /// call; then, when given, `log_end` is recorded as the end of the log.
+    async fn sync_meta(&self, log_end: Option<u64>) -> io::Result<()> {
         let inner = Arc::clone(&self.inner);
-        let fsync_seconds = self.metrics.fsync_seconds.clone();
         tokio::task::spawn_blocking(move || {
-            inner.db.flush().map_err(io_other)?;
-            if inner.durability == Durability::Fsync {
-                let started = std::time::Instant::now();
-                inner.data_file.sync_data()?;
-                observe(&fsync_seconds, started.elapsed());
-                if new_blobs_possible {
-                    inner.sync_blobs()?;
-                }
-            }
+            inner.sync_meta()?;
             if let Some(index) = log_end {
                 inner.log_end.write(index, false)?;
             }
@@ -614,88 +639,82 @@ impl LogStore {
     }
 }
 
-/// Values at least this large may go to a sled blob file (sled 0.34 moves values of about
-/// 128 KiB and more out of its log); smaller ones never do, so their appends skip the blob scan.
-const BLOB_SCAN_MIN_VALUE_BYTES: usize = 16 * 1024;
-
 impl Inner {
-    /// `fdatasync` any blob file not synced yet, then the blob directory.
-    fn sync_blobs(&self) -> io::Result<()> {
-        let mut synced = self
-            .synced_blobs
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut present = HashSet::with_capacity(synced.len());
-        let mut new_blobs = false;
-        let listing = match std::fs::read_dir(&self.blobs_dir) {
-            Ok(listing) => listing,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        for item in listing {
-            let item = item?;
-            let name = item.file_name();
-            if !synced.contains(&name) {
-                match File::open(item.path()) {
-                    Ok(file) => file.sync_data()?,
-                    // sled garbage-collected it meanwhile.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(e),
-                }
-                new_blobs = true;
-            }
-            present.insert(name);
-        }
-        *synced = present;
-        if new_blobs {
-            fsync_dir(&self.blobs_dir)?;
+    fn sync_meta(&self) -> io::Result<()> {
+        self.db.flush().map_err(io_other)?;
+        if self.durability == Durability::Fsync {
+            self.data_file.sync_data()?;
         }
         Ok(())
     }
+
+    fn lock_wal(&self) -> MutexGuard<'_, Wal> {
+        self.wal
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
-/// Decodes every value and checks that the entries follow the purge point without holes.
-fn check_log(db: &sled::Db) -> Result<CheckSummary, String> {
-    let read = |key: &[u8]| {
-        db.get(key)
-            .map_err(|e| format!("read {}: {e}", String::from_utf8_lossy(key)))
-    };
-    if let Some(v) = read(KEY_VOTE)? {
-        decode_value::<Vote<NodeId>>(&v).map_err(|e| format!("vote: {e}"))?;
+fn read_meta<T: DeserializeOwned>(db: &sled::Db, key: &[u8]) -> Result<Option<T>, String> {
+    let bytes = db
+        .get(key)
+        .map_err(|e| format!("read {}: {e}", String::from_utf8_lossy(key)))?;
+    match bytes {
+        None => Ok(None),
+        Some(bytes) => decode_value(&bytes)
+            .map(Some)
+            .map_err(|e| format!("decode {}: {e}", String::from_utf8_lossy(key))),
     }
-    if let Some(v) = read(KEY_COMMITTED)? {
-        decode_value::<Option<LogId>>(&v).map_err(|e| format!("committed log id: {e}"))?;
-    }
-    let purged = match read(KEY_PURGED)? {
-        Some(v) => Some(decode_value::<LogId>(&v).map_err(|e| format!("purged log id: {e}"))?),
-        None => None,
-    };
+}
 
-    let mut summary = CheckSummary::default();
-    let mut previous: Option<u64> = purged.map(|p| p.index);
+/// Decodes every metadata value; returns the purge point.
+fn check_meta(db: &sled::Db) -> Result<Option<LogId>, String> {
+    read_meta::<Vote<NodeId>>(db, KEY_VOTE).map_err(|e| format!("vote: {e}"))?;
+    read_meta::<Option<LogId>>(db, KEY_COMMITTED).map_err(|e| format!("committed log id: {e}"))?;
+    read_meta::<LogId>(db, KEY_PURGED).map_err(|e| format!("purged log id: {e}"))
+}
+
+/// Moves the entries that stores written before the segment files kept in sled into a segment,
+/// once: the segment is written and synced first, then the entries leave sled in one batch,
+/// flushed and synced. A crash in between leaves them in both; the next open starts over from
+/// sled, replacing the segments. Returns how many entries moved.
+fn migrate_sled_entries(db: &sled::Db, data_file: &File, wal_dir: &Path) -> Result<usize, String> {
+    let mut entries = Vec::new();
+    let mut keys = Vec::new();
     for item in db.range(entry_key(0)..=entry_key(u64::MAX)) {
         let (key, value) = item.map_err(|e| format!("scan log entries: {e}"))?;
-        let entry = decode_entry(&key, &value)?;
-        let index = entry.log_id.index;
-        if let Some(previous) = previous
-            && previous.checked_add(1) != Some(index)
-        {
-            let what = if summary.entries == 0 {
-                " (the purge point)"
-            } else {
-                ""
-            };
-            return Err(format!(
-                "hole in the log: entry {index} follows {previous}{what}"
-            ));
-        }
-        summary.first_index.get_or_insert(index);
-        summary.last_index = Some(index);
-        summary.entries += 1;
-        previous = Some(index);
+        entries.push(decode_entry(&key, &value)?);
+        keys.push(key);
     }
-    summary.end_index = summary.last_index.or(purged.map(|p| p.index)).unwrap_or(0);
-    Ok(summary)
+    if entries.is_empty() {
+        return Ok(0);
+    }
+    if let Ok(listing) = std::fs::read_dir(wal_dir) {
+        for item in listing {
+            let item = item.map_err(|e| format!("list {}: {e}", wal_dir.display()))?;
+            std::fs::remove_file(item.path())
+                .map_err(|e| format!("remove {}: {e}", item.path().display()))?;
+        }
+    }
+    let (mut wal, _) = Wal::open(wal_dir, None, SEGMENT_BYTES, true)?;
+    wal.append(&entries)
+        .map_err(|e| format!("move log entries to {}: {e}", wal_dir.display()))?;
+    let mut batch = sled::Batch::default();
+    for key in keys {
+        batch.remove(key);
+    }
+    db.apply_batch(batch)
+        .and_then(|()| db.flush().map(drop))
+        .map_err(|e| format!("remove moved log entries: {e}"))?;
+    data_file
+        .sync_data()
+        .map_err(|e| format!("sync after moving log entries: {e}"))?;
+    tracing::info!(
+        entries = entries.len(),
+        to = %wal_dir.display(),
+        "moved the raft log's entries out of sled"
+    );
+    Ok(entries.len())
 }
 
 /// Writes the data format into a new store; refuses a store with data in another format (or
@@ -731,15 +750,6 @@ fn check_data_format(db: &sled::Db, path: &Path) -> Result<(), OpenError> {
     Ok(())
 }
 
-#[derive(Default)]
-struct CheckSummary {
-    entries: u64,
-    first_index: Option<u64>,
-    last_index: Option<u64>,
-    /// The last entry's index, else the purge point's, else 0.
-    end_index: u64,
-}
-
 /// Maps a `RangeBounds<u64>` onto inclusive index bounds; `None` when the range is empty.
 fn inclusive_bounds(range: &impl RangeBounds<u64>) -> Option<(u64, u64)> {
     let start = match range.start_bound() {
@@ -763,16 +773,19 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let Some((start, end)) = inclusive_bounds(&range) else {
             return Ok(Vec::new());
         };
-        let mut entries = Vec::new();
-        for item in self.inner.db.range(entry_key(start)..=entry_key(end)) {
-            let (key, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
-            let entry = decode_entry(&key, &value).map_err(|reason| {
-                let index = index_of_key(&key).unwrap_or(start);
-                StorageIOError::read_log_at_index(index, AnyError::error(reason))
-            })?;
-            entries.push(entry);
+        let log = self.read_log();
+        let Some(first) = log.entries.front().map(|e| e.log_id.index) else {
+            return Ok(Vec::new());
+        };
+        let from = usize::try_from(start.saturating_sub(first)).unwrap_or(usize::MAX);
+        let to = usize::try_from(end.saturating_sub(first))
+            .unwrap_or(usize::MAX)
+            .saturating_add(1)
+            .min(log.entries.len());
+        if end < first || from >= to {
+            return Ok(Vec::new());
         }
-        Ok(entries)
+        Ok(log.entries.range(from..to).cloned().collect())
     }
 }
 
@@ -780,16 +793,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_purged_log_id = self
-            .read_meta::<LogId>(KEY_PURGED)
-            .map_err(|reason| StorageIOError::read_logs(AnyError::error(reason)))?;
-        let last_log_id = match self.last_entry_log_id()? {
-            Some(last) => Some(last),
-            None => last_purged_log_id,
-        };
+        let log = self.read_log();
         Ok(LogState {
-            last_purged_log_id,
-            last_log_id,
+            last_purged_log_id: log.purged,
+            last_log_id: log.last_log_id(),
         })
     }
 
@@ -803,7 +810,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .db
             .insert(KEY_VOTE, value)
             .map_err(|e| StorageIOError::write_vote(&e))?;
-        self.make_durable(false, None)
+        self.sync_meta(None)
             .await
             .map_err(|e| StorageIOError::write_vote(&e))?;
         // Then the copy outside sled (see `vote_file_path`). Written second: a crash between
@@ -852,34 +859,30 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        // Step 1: one batch for all entries.
-        let mut batch = sled::Batch::default();
-        let mut count = 0usize;
-        let mut largest = 0usize;
-        let mut last_index = 0;
-        for entry in entries {
-            last_index = entry.log_id.index;
-            let value = encode_value(&entry)
-                .map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
-            largest = largest.max(value.len());
-            batch.insert(&entry_key(entry.log_id.index), value);
-            count += 1;
-        }
-        if count > 0 {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        if let Some(last) = entries.last().map(|e| e.log_id) {
             let started = std::time::Instant::now();
-            // Step 2: readable from here on.
-            self.inner
-                .db
-                .apply_batch(batch)
-                .map_err(|e| StorageIOError::write_logs(&e))?;
-            // Steps 3-5: one flush, one fdatasync, then the new end of the log.
-            self.make_durable(largest >= BLOB_SCAN_MIN_VALUE_BYTES, Some(last_index))
-                .await
-                .map_err(|e| StorageIOError::write_logs(&e))?;
+            let count = entries.len();
+            let inner = Arc::clone(&self.inner);
+            let fsync_seconds = self.metrics.fsync_seconds.clone();
+            // Steps 1-3 in one blocking call.
+            let entries = tokio::task::spawn_blocking(move || {
+                let synced = inner.lock_wal().append(&entries)?;
+                if inner.durability == Durability::Fsync {
+                    observe(&fsync_seconds, synced);
+                }
+                inner.log_end.write(last.index, false)?;
+                Ok::<_, io::Error>(entries)
+            })
+            .await
+            .map_err(|e| StorageIOError::write_logs(&io_other(e)))?
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+            // Step 4.
+            self.write_log().entries.extend(entries);
             observe(&self.metrics.append_seconds, started.elapsed());
             self.metrics.appended_entries.inc_by(count as u64);
         }
-        // Step 6.
+        // Step 5.
         callback.log_io_completed(Ok(()));
         Ok(())
     }
@@ -889,42 +892,49 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Lower the recorded end first (durably): the log must never end before it.
         let inner = Arc::clone(&self.inner);
         let new_end = log_id.index.saturating_sub(1);
-        tokio::task::spawn_blocking(move || inner.log_end.write(new_end, true))
-            .await
-            .map_err(|e| StorageIOError::write_logs(&io_other(e)))?
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        let mut batch = sled::Batch::default();
-        for item in self
-            .inner
-            .db
-            .range(entry_key(log_id.index)..=entry_key(u64::MAX))
-        {
-            let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
-            batch.remove(key);
+        tokio::task::spawn_blocking(move || {
+            inner.log_end.write(new_end, true)?;
+            inner.lock_wal().truncate(log_id.index)
+        })
+        .await
+        .map_err(|e| StorageIOError::write_logs(&io_other(e)))?
+        .map_err(|e| StorageIOError::write_logs(&e))?;
+        let mut log = self.write_log();
+        if let Some(first) = log.entries.front().map(|e| e.log_id.index) {
+            let keep = usize::try_from(log_id.index.saturating_sub(first)).unwrap_or(usize::MAX);
+            log.entries.truncate(keep);
         }
-        self.inner
-            .db
-            .apply_batch(batch)
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.make_durable(false, None)
-            .await
-            .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         tracing::debug!(upto = %log_id, "purge raft log");
-        let mut batch = sled::Batch::default();
         let value = encode_value(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
-        batch.insert(KEY_PURGED, value);
-        for item in self.inner.db.range(entry_key(0)..=entry_key(log_id.index)) {
-            let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
-            batch.remove(key);
-        }
         self.inner
             .db
-            .apply_batch(batch)
+            .insert(KEY_PURGED, value)
             .map_err(|e| StorageIOError::write_logs(&e))?;
+        {
+            let mut log = self.write_log();
+            log.purged = Some(log_id);
+            while log
+                .entries
+                .front()
+                .is_some_and(|e| e.log_id.index <= log_id.index)
+            {
+                log.entries.pop_front();
+            }
+        }
+        if self.inner.lock_wal().purgeable(log_id.index) > 0 {
+            let inner = Arc::clone(&self.inner);
+            tokio::task::spawn_blocking(move || {
+                inner.sync_meta()?;
+                inner.lock_wal().purge(log_id.index)
+            })
+            .await
+            .map_err(|e| StorageIOError::write_logs(&io_other(e)))?
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        }
         Ok(())
     }
 }
@@ -1171,65 +1181,127 @@ mod tests {
                     message.contains(needle),
                     "{message:?} should mention {needle:?}"
                 );
-                assert!(message.contains("raft"), "{message:?} should name the path");
+                assert!(
+                    message.contains("raft") || message.contains("wal"),
+                    "{message:?} should name the path"
+                );
             }
             Err(other) => panic!("expected Corrupt, got {other}"),
             Ok(_) => panic!("expected Corrupt, the store opened"),
         }
     }
 
-    #[tokio::test]
-    async fn garbage_entry_is_a_storage_error_and_refuses_open() -> anyhow::Result<()> {
-        let dir = tempfile::tempdir()?;
-        store_with_five_entries(dir.path()).await?;
-        poke(dir.path(), &entry_key(3), b"garbage")?;
+    /// The segment file holding entry `index`, and the offset of its record.
+    fn record_of(dir: &Path, index: u64) -> anyhow::Result<(PathBuf, u64)> {
+        let wal = dir.join("wal");
+        let mut firsts: Vec<u64> = std::fs::read_dir(&wal)?
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_suffix(".seg")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        firsts.sort_unstable();
+        let first = firsts
+            .into_iter()
+            .rev()
+            .find(|f| *f <= index)
+            .ok_or_else(|| anyhow::anyhow!("no segment holds {index}"))?;
+        let path = wal.join(format!("{first:020}.seg"));
+        let bytes = std::fs::read(&path)?;
+        let mut at = 16usize;
+        for _ in first..index {
+            let mut len = [0u8; 4];
+            len.copy_from_slice(&bytes[at..at + 4]);
+            at += 4 + u32::from_le_bytes(len) as usize;
+        }
+        Ok((path, at as u64))
+    }
 
-        assert_corrupt(LogStore::open(dir.path()), "log entry 3");
-
-        // A store already running reports it as a StorageError on read, never a panic.
-        let mut store = unopened_store(dir.path())?;
-        assert!(store.try_get_log_entries(1..=5).await.is_err());
-        assert_eq!(
-            ids(&store.try_get_log_entries(4..=5).await?),
-            vec![log_id(1, 4), log_id(1, 5)]
-        );
+    fn write_at(path: &Path, at: u64, bytes: &[u8]) -> anyhow::Result<()> {
+        use std::os::unix::fs::FileExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)?
+            .write_all_at(bytes, at)?;
         Ok(())
     }
 
-    /// Opens sled directly, skipping `check`, as a running store would see damage that
-    /// appeared after it opened.
-    fn unopened_store(dir: &Path) -> anyhow::Result<LogStore> {
-        let path = dir.join("raft");
-        let db = sled::Config::new().path(&path).open()?;
-        let data_file = File::open(path.join("db"))?;
-        Ok(LogStore {
-            metrics: LogMetrics::default(),
-            inner: Arc::new(Inner {
-                db,
-                blobs_dir: path.join("blobs"),
-                path,
-                data_dir: dir.to_path_buf(),
-                data_file,
-                synced_blobs: Mutex::new(HashSet::new()),
-                durability: Durability::Flush,
-                log_end: LogEnd::open(dir, 0).map_err(anyhow::Error::msg)?.0,
-            }),
-        })
+    /// Flips a byte inside the record of entry `index`.
+    fn damage_entry(dir: &Path, index: u64) -> anyhow::Result<()> {
+        let (path, at) = record_of(dir, index)?;
+        let mut byte = [0u8; 1];
+        std::os::unix::fs::FileExt::read_exact_at(&File::open(&path)?, &mut byte, at + 9)?;
+        write_at(&path, at + 9, &[byte[0] ^ 0x5a])
+    }
+
+    /// Cuts the log's files before the record of entry `index`, as a lost tail would.
+    fn cut_log(dir: &Path, index: u64) -> anyhow::Result<()> {
+        let (path, at) = record_of(dir, index)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)?
+            .set_len(at)?;
+        Ok(())
+    }
+
+    /// Entries 1..=`count`, one append each, in segments of `segment_bytes`.
+    async fn store_with_entries(dir: &Path, count: u64, segment_bytes: u64) -> anyhow::Result<()> {
+        let mut store = LogStore::open_with(dir, Durability::Fsync, segment_bytes)?;
+        store.save_vote(&Vote::new(1, 1)).await?;
+        for index in 1..=count {
+            store.blocking_append([batch(1, index)]).await?;
+        }
+        Ok(())
     }
 
     #[tokio::test]
-    async fn truncated_entry_bytes_are_rejected() -> anyhow::Result<()> {
+    async fn a_damaged_entry_before_the_last_refuses_open() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        // Segments of about two records each: entry 3 is not in the last one.
+        store_with_entries(dir.path(), 8, 256).await?;
+        damage_entry(dir.path(), 3)?;
+        assert_corrupt(LogStore::open(dir.path()), "entry 3");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_damaged_last_entry_that_was_acknowledged_refuses_open() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         store_with_five_entries(dir.path()).await?;
-        let good = encode_value(&batch(1, 5))?;
-        poke(dir.path(), &entry_key(5), &good[..good.len() - 3])?;
-        assert_corrupt(LogStore::open(dir.path()), "log entry 5");
+        damage_entry(dir.path(), 5)?;
+        let Err(err) = LogStore::open(dir.path()) else {
+            panic!("a log whose acknowledged last entry is damaged must not open")
+        };
+        let message = err.to_string();
+        assert!(message.contains("ends at index 4"), "{message}");
+        assert!(message.contains("entry 5"), "{message}");
+        assert!(message.contains("lost data"), "{message}");
+        Ok(())
+    }
 
-        let mut store = unopened_store(dir.path())?;
-        assert!(
-            store.get_log_state().await.is_err(),
-            "the last entry is unreadable"
-        );
+    #[tokio::test]
+    async fn a_torn_write_that_was_never_acknowledged_is_cleared() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_five_entries(dir.path()).await?;
+        // A crash mid-append: entry 6's record is on disk, damaged, and the end record still
+        // says 5 (it is written after the sync).
+        let (path, at) = record_of(dir.path(), 5)?;
+        let good = encode_value(&batch(1, 5))?;
+        let torn = encode_value(&batch(1, 6))?;
+        let mut record = (torn.len() as u32).to_le_bytes().to_vec();
+        record.extend_from_slice(&torn[..torn.len() / 2]);
+        write_at(&path, at + 4 + good.len() as u64, &record)?;
+        {
+            let mut store = LogStore::open(dir.path())?;
+            assert_eq!(store.get_log_state().await?.last_log_id, Some(log_id(1, 5)));
+            store.blocking_append([blank(2, 6)]).await?;
+        }
+        let mut store = LogStore::open(dir.path())?;
+        assert_eq!(store.get_log_state().await?.last_log_id, Some(log_id(2, 6)));
         Ok(())
     }
 
@@ -1237,18 +1309,16 @@ mod tests {
     async fn entry_under_the_wrong_index_is_rejected() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         store_with_five_entries(dir.path()).await?;
-        poke(dir.path(), &entry_key(4), &encode_value(&batch(1, 3))?)?;
-        assert_corrupt(LogStore::open(dir.path()), "under index 4");
-        Ok(())
-    }
-
-    /// Removes entries bypassing the store, as sled's recovery does when it drops a damaged tail.
-    fn drop_entries(dir: &Path, indexes: impl IntoIterator<Item = u64>) -> anyhow::Result<()> {
-        let db = sled::Config::new().path(dir.join("raft")).open()?;
-        for index in indexes {
-            db.remove(entry_key(index))?;
-        }
-        db.flush()?;
+        // Entry 3's record (the same size) written where entry 4's belongs.
+        let (path, at) = record_of(dir.path(), 4)?;
+        let value = encode_value(&batch(1, 3))?;
+        let mut record = (value.len() as u32).to_le_bytes().to_vec();
+        record.extend_from_slice(&value);
+        write_at(&path, at, &record)?;
+        assert_corrupt(
+            LogStore::open(dir.path()),
+            "holds entry 3, expected entry 4",
+        );
         Ok(())
     }
 
@@ -1257,9 +1327,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         store_with_five_entries(dir.path()).await?;
         // The vote is intact; only the last two acknowledged entries are gone.
-        drop_entries(dir.path(), [4, 5])?;
-        let result = LogStore::open(dir.path());
-        assert_corrupt(result, "lost data");
+        cut_log(dir.path(), 4)?;
         let Err(err) = LogStore::open(dir.path()) else {
             panic!("a log that lost its tail must not open")
         };
@@ -1267,40 +1335,106 @@ mod tests {
         assert!(message.contains("ends at index 3"), "{message}");
         assert!(message.contains("up to 5"), "{message}");
         assert!(message.contains("log-end"), "{message}");
+        assert!(message.contains("lost data"), "{message}");
         Ok(())
     }
 
-    /// sled's files cut short at any point: the store either opens with every entry and the vote,
-    /// or refuses to open. It never opens having forgotten an acknowledged entry.
+    /// The log's files cut short at any point: the store either opens with every entry and the
+    /// vote, or refuses to open. It never opens having forgotten an acknowledged entry.
     #[tokio::test]
-    async fn a_truncated_sled_file_never_opens_short() -> anyhow::Result<()> {
+    async fn a_log_cut_short_never_opens_short() -> anyhow::Result<()> {
         let template = tempfile::tempdir()?;
-        {
-            let mut store = LogStore::open(template.path())?;
-            store.save_vote(&Vote::new(1, 1)).await?;
-            for index in 1..=40 {
-                store.blocking_append([batch(1, index)]).await?;
-            }
-        }
-        let len = std::fs::metadata(template.path().join("raft").join("db"))?.len();
+        store_with_entries(template.path(), 40, 1024).await?;
+        let (last_segment, end) = record_of(template.path(), 40)?;
+        let relative = |path: &Path| path.strip_prefix(template.path()).map(Path::to_path_buf);
+        let files = [
+            (relative(&last_segment)?, end + 1),
+            (relative(&record_of(template.path(), 1)?.0)?, 1024),
+            (
+                PathBuf::from("raft/db"),
+                std::fs::metadata(template.path().join("raft/db"))?.len(),
+            ),
+        ];
         let mut refused = 0;
-        for cut in (0..len).step_by(usize::try_from(len / 16).unwrap_or(1).max(1)) {
-            let dir = tempfile::tempdir()?;
-            copy_dir(template.path(), dir.path())?;
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(dir.path().join("raft").join("db"))?;
-            file.set_len(cut)?;
-            drop(file);
-            match LogStore::open(dir.path()) {
-                Ok(mut store) => {
-                    let state = store.get_log_state().await?;
-                    assert_eq!(state.last_log_id, Some(log_id(1, 40)), "cut at {cut}");
+        for (file, len) in files {
+            for cut in (0..len).step_by(usize::try_from(len / 16).unwrap_or(1).max(1)) {
+                let dir = tempfile::tempdir()?;
+                copy_dir(template.path(), dir.path())?;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(dir.path().join(&file))?
+                    .set_len(cut)?;
+                match LogStore::open(dir.path()) {
+                    Ok(mut store) => {
+                        let state = store.get_log_state().await?;
+                        let what = format!("{} cut at {cut}", file.display());
+                        assert_eq!(state.last_log_id, Some(log_id(1, 40)), "{what}");
+                        assert_eq!(store.read_vote().await?, Some(Vote::new(1, 1)), "{what}");
+                    }
+                    Err(_) => refused += 1,
                 }
-                Err(_) => refused += 1,
             }
         }
-        assert!(refused > 0, "no cut of sled's data file was detected");
+        assert!(refused > 0, "no cut of the log's files was detected");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn purges_delete_whole_segments_and_the_log_reopens() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        store_with_entries(dir.path(), 12, 256).await?;
+        let segments =
+            || -> anyhow::Result<usize> { Ok(std::fs::read_dir(dir.path().join("wal"))?.count()) };
+        let before = segments()?;
+        {
+            let mut store = LogStore::open_with(dir.path(), Durability::Fsync, 256)?;
+            store.purge(log_id(1, 9)).await?;
+            assert!(segments()? < before, "no segment deleted");
+            assert_eq!(
+                ids(&store.try_get_log_entries(..).await?),
+                (10..=12).map(|i| log_id(1, i)).collect::<Vec<_>>()
+            );
+        }
+        let mut store = LogStore::open_with(dir.path(), Durability::Fsync, 256)?;
+        let state = store.get_log_state().await?;
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 9)));
+        assert_eq!(
+            ids(&store.try_get_log_entries(..).await?),
+            (10..=12).map(|i| log_id(1, i)).collect::<Vec<_>>()
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn entries_kept_in_sled_by_an_earlier_build_move_into_segments() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let written = vec![blank(1, 3), batch(1, 4), membership(2, 5, &[1, 2, 3])];
+        {
+            // A store as earlier builds wrote it: entries in sled under `e` + index.
+            let db = sled::open(dir.path().join("raft"))?;
+            db.insert(KEY_FORMAT, encode_value(&DATA_FORMAT)?)?;
+            db.insert(KEY_PURGED, encode_value(&log_id(1, 2))?)?;
+            db.insert(KEY_VOTE, encode_value(&Vote::<NodeId>::new(2, 1))?)?;
+            for entry in &written {
+                db.insert(entry_key(entry.log_id.index), encode_value(entry)?)?;
+            }
+            db.flush()?;
+        }
+        for _ in 0..2 {
+            let mut store = LogStore::open(dir.path())?;
+            assert_eq!(store.try_get_log_entries(..).await?, written);
+            assert_eq!(store.read_vote().await?, Some(Vote::new(2, 1)));
+            assert_eq!(
+                store.get_log_state().await?.last_purged_log_id,
+                Some(log_id(1, 2))
+            );
+            let in_sled = store
+                .inner
+                .db
+                .range(entry_key(0)..=entry_key(u64::MAX))
+                .count();
+            assert_eq!(in_sled, 0, "entries left in sled");
+        }
         Ok(())
     }
 
@@ -1333,7 +1467,7 @@ mod tests {
         drop(store);
         LogStore::open(dir.path())?;
         // Losing the re-appended entry is detected again.
-        drop_entries(dir.path(), [4])?;
+        cut_log(dir.path(), 4)?;
         assert_corrupt(LogStore::open(dir.path()), "lost data");
         Ok(())
     }
@@ -1383,7 +1517,7 @@ mod tests {
         store_with_five_entries(dir.path()).await?;
         std::fs::remove_file(dir.path().join("log-end"))?;
         LogStore::open(dir.path())?;
-        drop_entries(dir.path(), [5])?;
+        cut_log(dir.path(), 5)?;
         assert_corrupt(LogStore::open(dir.path()), "lost data");
         Ok(())
     }
@@ -1391,8 +1525,11 @@ mod tests {
     #[tokio::test]
     async fn hole_in_the_log_refuses_open() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        store_with_five_entries(dir.path()).await?;
-        poke(dir.path(), &entry_key(9), &encode_value(&blank(1, 9))?)?;
+        store_with_entries(dir.path(), 8, 256).await?;
+        let (middle, _) = record_of(dir.path(), 4)?;
+        let (last, _) = record_of(dir.path(), 8)?;
+        assert_ne!(middle, last);
+        std::fs::remove_file(middle)?;
         assert_corrupt(LogStore::open(dir.path()), "hole");
         Ok(())
     }
@@ -1405,9 +1542,6 @@ mod tests {
         good[0] ^= 0x40;
         poke(dir.path(), KEY_VOTE, &good)?;
         assert_corrupt(LogStore::open(dir.path()), "vote");
-
-        let mut store = unopened_store(dir.path())?;
-        assert!(store.read_vote().await.is_err());
         Ok(())
     }
 

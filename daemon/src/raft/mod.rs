@@ -1,4 +1,4 @@
-//! openraft glue: type configuration, the sled log store, the state-machine adapter and the
+//! openraft glue: type configuration, the log store (segment files and sled), the state-machine adapter and the
 //! peer transport.
 
 use std::io::Cursor;
@@ -9,6 +9,7 @@ pub mod log_store;
 pub mod network;
 pub mod peer_target;
 pub mod state_machine;
+pub mod wal;
 
 openraft::declare_raft_types!(
     /// conch's Raft types: an entry carries a [`Batch`] of commands and answers one reply per
