@@ -41,6 +41,9 @@ use crate::storage_fault;
 const BATCH_MAX_CMDS: usize = 4096;
 /// Batches in flight to Raft at once (lets the next batch form while one commits).
 const BATCHES_IN_FLIGHT: usize = 3;
+/// Batches a follower has in flight to the leader at once: while they travel, its callers' next
+/// proposals gather into one batch, one call to the leader, instead of a call each.
+const FORWARDS_IN_FLIGHT: usize = 3;
 /// Bound on connecting to another node for a forwarded call.
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -80,6 +83,8 @@ pub struct Node {
     pub raft: Raft,
     pub applied: Arc<AppliedState>,
     proposals: mpsc::Sender<Proposal>,
+    /// This node's callers' proposals on their way to another leader (see `run_forwarder`).
+    to_forward: mpsc::Sender<Proposal>,
     reads: mpsc::Sender<oneshot::Sender<Result<u64, NodeError>>>,
     /// Channels to other nodes, by the address dialed.
     peers: Mutex<HashMap<String, PeerChannel>>,
@@ -122,6 +127,7 @@ impl Node {
     ) -> Arc<Node> {
         let dialer = PeerDialer::new(config.tls.clone(), Arc::clone(&cluster_id));
         let (proposals, proposal_rx) = mpsc::channel(BATCH_MAX_CMDS);
+        let (to_forward, forward_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (reads, read_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let node = Arc::new(Node {
             id: config.id,
@@ -129,6 +135,7 @@ impl Node {
             raft,
             applied,
             proposals,
+            to_forward,
             reads,
             peers: Mutex::new(HashMap::new()),
             extension: TermExtension::default(),
@@ -138,6 +145,7 @@ impl Node {
             metrics,
         });
         tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
+        tokio::spawn(Arc::clone(&node).run_forwarder(forward_rx));
         tokio::spawn(Arc::clone(&node).run_read_index(read_rx));
         node
     }
@@ -326,20 +334,35 @@ impl Node {
             let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
                 return;
             };
-            let Some(first) = rx.recv().await else { return };
-            let mut cmd_count = first.cmds.len();
-            let mut batch = vec![first];
-            while cmd_count < BATCH_MAX_CMDS {
-                match rx.try_recv() {
-                    Ok(p) => {
-                        cmd_count += p.cmds.len();
-                        batch.push(p);
-                    }
-                    Err(_) => break,
-                }
-            }
+            let Some(batch) = gather(&mut rx).await else {
+                return;
+            };
             let node = Arc::clone(&self);
             tokio::spawn(async move { node.submit(batch, permit).await });
+        }
+    }
+
+    /// Sends this node's callers' proposals to the leader in batches, at most
+    /// [`FORWARDS_IN_FLIGHT`] at once. Only proposals made on this node come here (never ones
+    /// other nodes forwarded, which are answered where they arrive), and the proposer never
+    /// waits for this task: so two nodes that each believe the other leads cannot hold each
+    /// other's batches.
+    async fn run_forwarder(self: Arc<Self>, mut rx: mpsc::Receiver<Proposal>) {
+        let in_flight = Arc::new(Semaphore::new(FORWARDS_IN_FLIGHT));
+        loop {
+            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                return;
+            };
+            let Some(batch) = gather(&mut rx).await else {
+                return;
+            };
+            let node = Arc::clone(&self);
+            tokio::spawn(async move {
+                let cmds: Vec<Cmd> = batch.iter().flat_map(|p| p.cmds.iter().cloned()).collect();
+                let result = node.commit_anywhere(cmds).await;
+                drop(permit);
+                answer(batch, result);
+            });
         }
     }
 
@@ -370,9 +393,11 @@ impl Node {
         if local.is_empty() {
             return;
         }
-        let cmds: Vec<Cmd> = local.iter().flat_map(|p| p.cmds.iter().cloned()).collect();
-        let result = self.commit_anywhere(cmds).await;
-        answer(local, result);
+        for proposal in local {
+            if let Err(unsent) = self.to_forward.send(proposal).await {
+                let _ = unsent.0.reply.send(Err(shutting_down()));
+            }
+        }
     }
 
     async fn commit_anywhere(&self, cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
@@ -521,6 +546,33 @@ impl Node {
             .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
         result
     }
+}
+
+/// Waits for a proposal, then takes those already queued behind it, up to [`BATCH_MAX_CMDS`]
+/// commands. Proposals whose caller has gone (its deadline passed) are dropped unproposed: the
+/// caller was answered with an error, and nothing of it is applied. `None` once the queue is
+/// closed.
+async fn gather(rx: &mut mpsc::Receiver<Proposal>) -> Option<Vec<Proposal>> {
+    let mut batch = Vec::new();
+    let mut cmd_count = 0;
+    while batch.is_empty() {
+        let first = rx.recv().await?;
+        if !first.reply.is_closed() {
+            cmd_count += first.cmds.len();
+            batch.push(first);
+        }
+    }
+    while cmd_count < BATCH_MAX_CMDS {
+        match rx.try_recv() {
+            Ok(p) if p.reply.is_closed() => {}
+            Ok(p) => {
+                cmd_count += p.cmds.len();
+                batch.push(p);
+            }
+            Err(_) => break,
+        }
+    }
+    Some(batch)
 }
 
 fn answer(proposals: Vec<Proposal>, result: Result<(Vec<Reply>, u64), NodeError>) {

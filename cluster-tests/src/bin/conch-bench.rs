@@ -67,6 +67,12 @@ struct Cli {
     #[arg(long)]
     auth: bool,
 
+    /// Where the clients of W1, W1b and W2 connect: `leader` (following the leader hint) or
+    /// `spread` (client i on node i mod n, never following a hint, as a plain Grackle client
+    /// does).
+    #[arg(long, default_value = "leader", value_parser = ["leader", "spread"])]
+    placement: String,
+
     /// Compare with etcd in the same run: W1, W1b and W2 on a 3-node etcd (Debian's
     /// etcd-server, see scripts/install-bench-deps.sh) and on conch, each row in both client
     /// placements (on the leader, spread over all nodes), then W3; the ratio per row and the
@@ -80,6 +86,7 @@ Examples:
   make bench                                   # build release binaries and run everything
   target/release/conch-bench --only W2 --json  # one workload, JSON lines
   target/release/conch-bench --endpoints 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 --only W1
+  target/release/conch-bench --only W1 --placement spread    # clients on every node
   make bench-etcd                              # conch / etcd ratios, measured in one run
 
 conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
@@ -142,6 +149,11 @@ async fn main() -> ExitCode {
             }
         };
     }
+    let placement = if cli.placement == "spread" {
+        Placement::Spread
+    } else {
+        Placement::Leader
+    };
     let mut rows = Vec::new();
     let mut failed = false;
     for workload in selected {
@@ -153,7 +165,7 @@ async fn main() -> ExitCode {
         }
         eprintln!("conch-bench: running {workload}");
         let load = loadavg();
-        match run(workload, &cli.endpoints, &opts).await {
+        match run(workload, &cli.endpoints, &opts, placement).await {
             Ok(new_rows) => {
                 for mut row in new_rows {
                     row.opt("loadavg_1m", load);
@@ -196,19 +208,20 @@ async fn run(
     workload: &str,
     endpoints: &Option<Vec<String>>,
     opts: &Opts,
+    placement: Placement,
 ) -> anyhow::Result<Vec<Row>> {
     let mut target = Target::new(endpoints, &workload.to_lowercase(), opts.tls, opts.auth).await?;
     let mut rows = Vec::new();
     match workload {
         "W1" => {
             for clients in [1, 8, 64] {
-                rows.push(bench::w1::run(&target, opts, clients, false, Placement::Leader).await?);
+                rows.push(bench::w1::run(&target, opts, clients, false, placement).await?);
             }
         }
-        "W1b" => rows.push(bench::w1::run(&target, opts, 64, true, Placement::Leader).await?),
+        "W1b" => rows.push(bench::w1::run(&target, opts, 64, true, placement).await?),
         "W2" => {
             for hold_max_ms in [0, 20] {
-                rows.push(bench::w2::run(&target, opts, hold_max_ms, Placement::Leader).await?);
+                rows.push(bench::w2::run(&target, opts, hold_max_ms, placement).await?);
             }
         }
         "W3" => rows.push(bench::w1::failover(&mut target, opts).await?),

@@ -31,7 +31,9 @@
 //! `append(entries, callback)`:
 //! 1. encode every entry into ONE buffer, written into the last segment with one `pwrite`
 //! 2. durability step ([`Durability::Fsync`]): ONE `fdatasync` of that segment (survives power
-//!    loss); steps 1-2 run in one blocking call
+//!    loss). Steps 1-3 run on the calling thread, not on tokio's blocking pool: openraft's core
+//!    waits for the append either way, and handing it to another thread costs two thread
+//!    switches per append (W1 with one client went 14 % faster without them)
 //! 3. record the new end of the log in `<data_dir>/log-end` (a write into the page cache, not
 //!    synced: it may lag the log, never lead it)
 //! 4. the entries become readable by every `LogStore` clone (the log reader)
@@ -865,17 +867,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let count = entries.len();
             let inner = Arc::clone(&self.inner);
             let fsync_seconds = self.metrics.fsync_seconds.clone();
-            // Steps 1-3 in one blocking call.
-            let entries = tokio::task::spawn_blocking(move || {
+            // Steps 1-3, on this thread.
+            let entries = (move || {
                 let synced = inner.lock_wal().append(&entries)?;
                 if inner.durability == Durability::Fsync {
                     observe(&fsync_seconds, synced);
                 }
                 inner.log_end.write(last.index, false)?;
                 Ok::<_, io::Error>(entries)
-            })
-            .await
-            .map_err(|e| StorageIOError::write_logs(&io_other(e)))?
+            })()
             .map_err(|e| StorageIOError::write_logs(&e))?;
             // Step 4.
             self.write_log().entries.extend(entries);
