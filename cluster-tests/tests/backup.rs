@@ -250,6 +250,30 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
     );
     ensure!(!dir_of(1).exists(), "a refused restore wrote something");
 
+    // A serving flag before the subcommand is refused rather than silently dropped.
+    let (code, _, stderr) = run(
+        "conchd",
+        &[
+            "--id",
+            "2",
+            "restore",
+            &file_arg,
+            "--data-dir",
+            &target,
+            "--id",
+            "1",
+            "--initial-cluster",
+            &members,
+        ],
+    )
+    .await?;
+    ensure!(code == 64, "flag before restore: exit {code}: {stderr}");
+    ensure!(
+        stderr.trim().lines().count() == 1 && stderr.contains("--id given before `restore`"),
+        "{stderr}"
+    );
+    ensure!(!dir_of(1).exists(), "a refused restore wrote something");
+
     let mut new_cluster_id = String::new();
     for id in 1..=3u64 {
         let target = dir_of(id).display().to_string();

@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 use conchd::config::{Config, Flags, LogFormat};
 use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
 use conchd::{ConchNode, notify};
@@ -21,8 +22,11 @@ use conchd::{ConchNode, notify};
 const EXIT_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let flags = match Flags::try_parse() {
-        Ok(flags) => flags,
+    let parsed = Flags::command()
+        .try_get_matches()
+        .and_then(|matches| Flags::from_arg_matches(&matches).map(|flags| (flags, matches)));
+    let (flags, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) if e.use_stderr() => {
             eprintln!("conchd: {}", usage_line(&e));
             return ExitCode::from(EXIT_USAGE);
@@ -34,6 +38,17 @@ fn main() -> ExitCode {
         }
     };
     if let Some(command) = &flags.command {
+        // `conchd --id 2 restore …` would otherwise restore with the subcommand's own --id
+        // (or none) and silently drop the 2.
+        let before = flags_given_on_the_command_line(&matches);
+        if !before.is_empty() {
+            eprintln!(
+                "conchd: {} given before `restore` would not be used by it; put them after it \
+                 (see conchd restore --help)",
+                before.join(", ")
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
         return run_command(command);
     }
     let config = match configure(flags) {
@@ -84,11 +99,35 @@ fn run_command(command: &conchd::restore::Command) -> ExitCode {
 }
 
 /// clap's error as one line: its first line without the `error: ` prefix, and where to look.
+/// The serving flags written on the command line (not taken from the environment), as `--name`.
+fn flags_given_on_the_command_line(matches: &clap::ArgMatches) -> Vec<String> {
+    let command = Flags::command();
+    matches
+        .ids()
+        // `ids` also names the struct's argument group; only real flags count.
+        .filter(|id| command.get_arguments().any(|arg| arg.get_id() == *id))
+        .filter(|id| matches.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+        .map(|id| format!("--{}", id.as_str().replace('_', "-")))
+        .collect()
+}
+
 fn usage_line(e: &clap::Error) -> String {
+    // clap's message is its first paragraph; the lines under it (e.g. the missing arguments,
+    // indented) belong to it. The usage and tips that follow are left to --help.
     let rendered = e.render().to_string();
-    let first = rendered.lines().next().unwrap_or("invalid arguments");
-    let first = first.strip_prefix("error: ").unwrap_or(first);
-    format!("{first} (see conchd --help)")
+    let paragraph: Vec<&str> = rendered
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let message = paragraph.join(" ");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    let message = if message.is_empty() {
+        "invalid arguments"
+    } else {
+        message
+    };
+    format!("{message} (see conchd --help)")
 }
 
 /// The error and its causes on one line, each cause said once (a message that already quotes
