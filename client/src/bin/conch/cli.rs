@@ -53,8 +53,8 @@ Examples:
   conch completions bash > /etc/bash_completion.d/conch
 
 Exit status: 64 usage error, 69 no conch node answered, 75 no slot in time, 77 no token or
-no permission, 79 slot lost while running; otherwise the command's own status (see `conch
-sema --help`).";
+no permission, 79 slot (or leadership, for elect) lost while running; otherwise the command's
+own status (see `conch sema --help`, `conch elect --help`).";
 
 /// conch: cluster-wide semaphores for shell scripts and cron jobs, served by conchd.
 #[derive(Debug, Parser)]

@@ -10,7 +10,7 @@
 //! | 70 | internal error: an answer conch cannot use (EX_SOFTWARE) |
 //! | 75 | no slot within `--wait` (EX_TEMPFAIL) |
 //! | 77 | access control refused the call: no token, an unknown or revoked one, or no permission (EX_NOPERM) |
-//! | 79 | slot lost while the command ran |
+//! | 79 | slot (`conch elect`: leadership) lost while the command ran |
 //! | 126 / 127 | the command could not be executed / was not found (as in shells) |
 
 use std::process::ExitStatus;

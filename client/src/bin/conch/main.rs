@@ -2,7 +2,7 @@
 //!
 //! `Cli::try_parse()` → `run() -> anyhow::Result<ExitCode>`. Every failure prints one line,
 //! `conch: …`, and exits with the code [`exit`] documents (64 usage, 69 no node answered,
-//! 75 no slot, 77 no token or no permission, 79 slot lost while running; otherwise the command's
+//! 75 no slot, 77 no token or no permission, 79 slot (or leadership) lost while running; otherwise the command's
 //! own status).
 
 mod auth;
