@@ -47,11 +47,9 @@ impl Sink {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
+        let prefix = format!(".{}.tmp-", name.to_string_lossy());
+        remove_stale_temporaries(&dir, &prefix);
+        let tmp = dir.join(format!("{prefix}{}", std::process::id()));
         let file = std::fs::File::create(&tmp).map_err(|e| write_error(&tmp, e))?;
         Ok(Sink::File { tmp, file, target })
     }
@@ -98,6 +96,27 @@ impl Sink {
                 }
                 Ok(target.display().to_string())
             }
+        }
+    }
+}
+
+/// Removes `<prefix><pid>` files in `dir` left by a backup that was killed before it could
+/// clean up: those whose process no longer runs. Best effort: a file it cannot remove stays.
+fn remove_stale_temporaries(dir: &Path, prefix: &str) {
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for item in listing.flatten() {
+        let name = item.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_file(item.path());
         }
     }
 }
@@ -159,4 +178,37 @@ async fn receive(client: &Client, sink: &mut Sink) -> anyhow::Result<Verified> {
         }
         .into()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temporaries_of_dead_backups_are_removed_and_live_ones_kept() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = |name: &str| dir.path().join(name);
+        // No Linux process has this id (pid_max is at most 2^22).
+        std::fs::write(path(".b.conch.tmp-999999999"), b"partial")?;
+        let live = format!(".b.conch.tmp-{}", std::process::id());
+        std::fs::write(path(&live), b"in progress")?;
+        for other in [".b.conch.tmp-x", ".other.tmp-999999999", "b.conch"] {
+            std::fs::write(path(other), b"not ours")?;
+        }
+        let sink = Sink::open(&path("b.conch").display().to_string())?;
+        assert!(
+            !path(".b.conch.tmp-999999999").exists(),
+            "stale temporary kept"
+        );
+        for kept in [
+            live.as_str(),
+            ".b.conch.tmp-x",
+            ".other.tmp-999999999",
+            "b.conch",
+        ] {
+            assert!(path(kept).exists(), "{kept} removed");
+        }
+        sink.discard();
+        Ok(())
+    }
 }
