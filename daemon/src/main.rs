@@ -156,7 +156,11 @@ fn configure(flags: Flags) -> anyhow::Result<Arc<Config>> {
 }
 
 fn run(config: Arc<Config>) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = config.worker_threads {
+        builder.worker_threads(threads);
+    }
+    let runtime = builder
         .enable_all()
         .build()
         .context("start the async runtime")?;
