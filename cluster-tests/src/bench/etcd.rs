@@ -251,8 +251,9 @@ pub async fn w3(cluster: &mut EtcdCluster, opts: &Opts) -> anyhow::Result<Row> {
             let mut done = Vec::new();
             let mut errors = Vec::new();
             while Instant::now() < stop_at {
+                let started = Instant::now();
                 match client.cycle().await {
-                    Ok(_) => done.push(Instant::now()),
+                    Ok(_) => done.push((started, Instant::now())),
                     Err(e) => {
                         errors.push((Instant::now(), e));
                         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -254,24 +254,30 @@ pub const FAILOVER_AFTER_KILL: Duration = Duration::from_secs(10);
 /// Window in which W3 counts throughput after the kill.
 const FAILOVER_WINDOW: Duration = Duration::from_millis(200);
 
-/// The W3 row (any system) from the completion instants of every cycle: the pre-kill rate, the
-/// first success after the kill, when a 200 ms window first reaches half the pre-kill rate, and
-/// the rate from 5 s after the kill to the end.
+/// The W3 row (any system) from every successful cycle's (start, completion) instants: the
+/// pre-kill rate, the first success after the kill (of a cycle started after it: a cycle the old
+/// leader served just before it died proves nothing about the failover), when a 200 ms window
+/// first reaches half the pre-kill rate, and the rate from 5 s after the kill to the end.
 pub fn failover_row(
-    mut done: Vec<Instant>,
+    cycles: Vec<(Instant, Instant)>,
     pre_start: Instant,
     killed_at: Instant,
     stop_at: Instant,
     errors: Errors,
 ) -> Row {
     const WINDOW: Duration = FAILOVER_WINDOW;
+    let first = cycles
+        .iter()
+        .filter(|(started, _)| *started > killed_at)
+        .map(|(_, finished)| *finished)
+        .min();
+    let mut done: Vec<Instant> = cycles.into_iter().map(|(_, finished)| finished).collect();
     done.sort_unstable();
     let pre = done
         .iter()
         .filter(|at| **at >= pre_start && **at < killed_at)
         .count() as f64;
     let pre_rate = pre / secs(killed_at.saturating_duration_since(pre_start));
-    let first = done.iter().find(|at| **at > killed_at).copied();
     let need = pre_rate * secs(WINDOW) / 2.0;
     let mut half = None;
     let mut k = 0u32;
@@ -341,7 +347,7 @@ pub async fn failover(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
             let first = log
                 .done
                 .iter()
-                .find(|(at, _)| *at > killed_at)
+                .find(|(at, latency)| *at - *latency > killed_at)
                 .map(|(at, _)| ms_between(killed_at, *at));
             let errs: Vec<String> = log
                 .errors
@@ -351,7 +357,7 @@ pub async fn failover(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
                 .collect();
             eprintln!("W3 client {i}: first success after kill {first:?} ms; errors {errs:?}");
         }
-        done.extend(log.done.into_iter().map(|(at, _)| at));
+        done.extend(log.done.into_iter().map(|(at, latency)| (at - latency, at)));
         for (at, e) in log.errors {
             if at >= killed_at {
                 errors.add(e);
@@ -381,4 +387,29 @@ pub async fn failover(target: &mut Target, opts: &Opts) -> anyhow::Result<Row> {
     row.set("new_leader", after.leader_id);
     row.set("term_change", after.term.saturating_sub(leader.term));
     Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_success_after_a_kill_is_a_cycle_started_after_it() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let killed_at = ms(1_000);
+        let cycles = vec![
+            (ms(100), ms(110)),
+            (ms(990), ms(1_000) + Duration::from_micros(100)), // served just before the kill
+            (ms(1_005), ms(2_500)),                            // waited out the election
+            (ms(2_000), ms(2_300)),
+        ];
+        let row = failover_row(cycles, t0, killed_at, ms(3_000), Errors::default());
+        assert_eq!(
+            row.fields.get("first_success_ms").and_then(|v| v.as_f64()),
+            Some(1_300.0),
+            "{:?}",
+            row.fields
+        );
+    }
 }
