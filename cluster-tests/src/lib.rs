@@ -6,7 +6,8 @@
 //! - [`net`]: every channel to a node is built here, including the failover client;
 //! - [`faketime`]: faked wall clocks; [`disk`]: small data disks that fill up;
 //! - [`rng`]: the seeded random stream behind every replayable choice (`CONCH_SEED`);
-//! - [`ops`]: small helpers over the Grackle API;
+//! - [`ops`]: small helpers over the Grackle API; [`proc`]: a process a test started (a
+//!   `conch`), killed on drop with the process groups it made;
 //! - [`jepsen`]: fault injection and the safety checker (`conch-jepsen`, `tests/jepsen.rs`);
 //! - [`bench`]: the benchmark workloads (`conch-bench`).
 //!
@@ -24,6 +25,7 @@ pub mod jepsen;
 pub mod net;
 pub mod ops;
 pub mod pki;
+pub mod proc;
 pub mod rng;
 pub mod scrape;
 

@@ -10,19 +10,19 @@
 //! puts its command in a group of its own), also when the test fails.
 
 use std::collections::HashSet;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail, ensure};
+use cluster_tests::proc::{Proc, group_alive, pid_alive, process_table};
 use cluster_tests::{Cluster, binary, wait_for};
 use conch_client::sema::META_PID;
 use conch_proto::conch::ListSemaphoreWaitersRequest;
 use conch_proto::conch::conch_api_client::ConchApiClient;
 use conch_proto::grackle as pb;
 use nix::sys::signal::Signal;
-use nix::unistd::Pid;
 
 /// How long any single conch run may take in these tests before it counts as hung.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,186 +34,11 @@ const EX_SLOT_LOST: i32 = 79;
 const EX_USAGE: i32 = 64;
 const EX_UNAVAILABLE: i32 = 69;
 
-// ---------------------------------------------------------------------------------------------
-// Processes
-// ---------------------------------------------------------------------------------------------
-
-/// `(pid, ppid, pgrp)` of every process, from /proc.
-fn process_table() -> Vec<(i32, i32, i32)> {
-    let mut table = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return table;
-    };
-    for entry in dir.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after the last ')'.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.len() < 3 {
-            continue;
-        }
-        if let (Ok(ppid), Ok(pgrp)) = (fields[1].parse(), fields[2].parse()) {
-            table.push((pid, ppid, pgrp));
-        }
-    }
-    table
-}
-
-/// The process groups of `root`'s descendants (conch's command runs in a group of its own).
-fn descendant_groups(root: i32) -> Vec<i32> {
-    let table = process_table();
-    let mut seen = HashSet::from([root]);
-    let mut frontier = vec![root];
-    let mut groups = Vec::new();
-    while let Some(parent) = frontier.pop() {
-        for &(pid, ppid, pgrp) in &table {
-            if ppid == parent && seen.insert(pid) {
-                frontier.push(pid);
-                if !groups.contains(&pgrp) {
-                    groups.push(pgrp);
-                }
-            }
-        }
-    }
-    groups
-}
-
-fn kill_group(pgid: i32, sig: Signal) {
-    if pgid > 1 && Pid::from_raw(pgid) != nix::unistd::getpgrp() {
-        // The group may be gone already: nothing to do then.
-        let _ = nix::sys::signal::killpg(Pid::from_raw(pgid), sig);
-    }
-}
-
-fn signal_pid(pid: i32, sig: Signal) {
-    if pid > 1 {
-        let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
-    }
-}
-
-/// `true` while process `pid` exists (zombies included).
-fn pid_alive(pid: i32) -> bool {
-    pid > 1 && nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
-}
-
-/// `true` while any process is in group `pgid` (zombies included).
-fn group_alive(pgid: i32) -> bool {
-    pgid > 1 && nix::sys::signal::killpg(Pid::from_raw(pgid), None).is_ok()
-}
-
 fn now_ns() -> i128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
         .as_nanos() as i128
-}
-
-/// A process a test started: its own process group, output in files, killed on drop with
-/// everything it started.
-struct Proc {
-    label: String,
-    child: Child,
-    status: Option<ExitStatus>,
-    out: PathBuf,
-    err: PathBuf,
-    /// Further process groups to kill on drop (e.g. the orphaned command of a SIGKILLed conch).
-    also_kill: Vec<i32>,
-}
-
-impl Proc {
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.out).unwrap_or_default()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.err).unwrap_or_default()
-    }
-
-    fn signal(&self, sig: Signal) {
-        if self.status.is_none() {
-            signal_pid(self.pid(), sig);
-        }
-    }
-
-    /// Waits for the process to end.
-    async fn wait(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.status {
-                return Ok(status);
-            }
-            if let Some(status) = self.child.try_wait()? {
-                self.status = Some(status);
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "{} did not exit within {timeout:?}; stdout: {:?}; stderr: {:?}",
-                    self.label,
-                    self.stdout(),
-                    self.stderr()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Waits for the process to exit and returns its exit code (an error if a signal killed it).
-    async fn code(&mut self, timeout: Duration) -> anyhow::Result<i32> {
-        let status = self.wait(timeout).await?;
-        status.code().with_context(|| {
-            format!(
-                "{} was killed by signal {:?}; stderr: {:?}",
-                self.label,
-                status.signal(),
-                self.stderr()
-            )
-        })
-    }
-
-    /// Exits with `code` within [`EXIT_TIMEOUT`], or fails with the output.
-    async fn expect_code(&mut self, code: i32) -> anyhow::Result<()> {
-        let got = self.code(EXIT_TIMEOUT).await?;
-        ensure!(
-            got == code,
-            "{} exited {got}, expected {code}; stdout: {:?}; stderr: {:?}",
-            self.label,
-            self.stdout(),
-            self.stderr()
-        );
-        Ok(())
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if self.status.is_none() {
-            // Not reaped yet, so the pid (and group id) cannot have been reused.
-            let pid = self.pid();
-            for g in descendant_groups(pid) {
-                kill_group(g, Signal::SIGKILL);
-            }
-            kill_group(pid, Signal::SIGKILL);
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        for &g in &self.also_kill {
-            if group_alive(g) {
-                kill_group(g, Signal::SIGKILL);
-            }
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -305,22 +130,9 @@ impl Fixture {
             .env("T", self.dir.path())
             .env("PATH", path)
             .env_remove("CONCH_LOG")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out)?)
-            .stderr(std::fs::File::create(&err)?)
-            .process_group(0);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("spawn {}", program.display()))?;
-        Ok(Proc {
-            label: format!("[{n}] {} {}", program.display(), args.join(" ")),
-            child,
-            status: None,
-            out,
-            err,
-            also_kill: Vec::new(),
-        })
+            .envs(env.iter().copied());
+        let label = format!("[{n}] {} {}", program.display(), args.join(" "));
+        Proc::spawn(cmd, label, out, err)
     }
 
     /// `conch args…`.
@@ -693,8 +505,8 @@ async fn a_lock_runs_two_contenders_one_after_the_other() -> anyhow::Result<()> 
     let body = format!("{}; sleep 0.3; {}", log_start("log"), log_end("log"));
     let mut a = f.conch_env(&[("ID", "a")], &sh_c("sema x --max 1", &body))?;
     let mut b = f.conch_env(&[("ID", "b")], &sh_c("sema x --max 1", &body))?;
-    a.expect_code(0).await?;
-    b.expect_code(0).await?;
+    a.expect_code(0, EXIT_TIMEOUT).await?;
+    b.expect_code(0, EXIT_TIMEOUT).await?;
     let evs = events(&f.read("log"))?;
     check_complete(&evs, &["a", "b"])?;
     assert_eq!(max_concurrency(&evs), 1, "the commands overlapped: {evs:?}");
@@ -740,7 +552,7 @@ async fn five_contenders_share_two_slots_in_fifo_order() -> anyhow::Result<()> {
         f.wait_file("log", starts(expect_starts)).await?;
     }
     for p in &mut procs {
-        p.expect_code(0).await?;
+        p.expect_code(0, EXIT_TIMEOUT).await?;
     }
     let evs = events(&f.read("log"))?;
     check_complete(&evs, &ids)?;
@@ -767,7 +579,7 @@ async fn no_slot_exits_75_and_leaves_no_waiter() -> anyhow::Result<()> {
     let ran = r#"echo ran >> "$T/ran""#;
     let t0 = Instant::now();
     let mut nb = f.conch(&sh_c("sema x --max 1 --nonblock", ran))?;
-    nb.expect_code(EX_NO_SLOT).await?;
+    nb.expect_code(EX_NO_SLOT, EXIT_TIMEOUT).await?;
     let nonblock_took = t0.elapsed();
     eprintln!("--nonblock exited 75 after {nonblock_took:?}");
     assert!(
@@ -784,7 +596,7 @@ async fn no_slot_exits_75_and_leaves_no_waiter() -> anyhow::Result<()> {
     ])?;
     // While it waits, it is queued.
     f.wait_queue("x.1", &[w.pid()]).await?;
-    w.expect_code(EX_NO_SLOT).await?;
+    w.expect_code(EX_NO_SLOT, EXIT_TIMEOUT).await?;
     let wait_took = t0.elapsed();
     eprintln!("--wait 1s exited 75 after {wait_took:?}");
     assert!(
@@ -795,7 +607,8 @@ async fn no_slot_exits_75_and_leaves_no_waiter() -> anyhow::Result<()> {
     let mut w = f.conch(&sh_c("sema x --max 1", ran))?;
     f.wait_queue("x.1", &[w.pid()]).await?;
     w.signal(Signal::SIGINT);
-    w.expect_code(128 + Signal::SIGINT as i32).await?;
+    w.expect_code(128 + Signal::SIGINT as i32, EXIT_TIMEOUT)
+        .await?;
     assert!(!f.path("ran").exists(), "a command ran without the slot");
 
     // The waiter is gone: only the holder shows.
@@ -812,9 +625,9 @@ async fn no_slot_exits_75_and_leaves_no_waiter() -> anyhow::Result<()> {
 
     // Once the holder is done, --nonblock gets the slot.
     f.touch("go")?;
-    holder.expect_code(0).await?;
+    holder.expect_code(0, EXIT_TIMEOUT).await?;
     let mut nb = f.conch(&sh_c("sema x --max 1 --nonblock", ran))?;
-    nb.expect_code(0).await?;
+    nb.expect_code(0, EXIT_TIMEOUT).await?;
     assert_eq!(f.read("ran"), "ran\n");
     f.passed()
 }
@@ -845,7 +658,7 @@ async fn the_command_status_comes_back_and_signals_reach_it() -> anyhow::Result<
     let mut p = f.conch(&sh_c("sema x --max 1", body))?;
     f.wait_file("ready", |t| t.ends_with('\n')).await?;
     p.signal(Signal::SIGTERM);
-    p.expect_code(42).await?;
+    p.expect_code(42, EXIT_TIMEOUT).await?;
     assert_eq!(f.read("marker"), "term\n");
 
     // SIGINT to conch reaches a command that does not catch it: 128 + SIGINT.
@@ -858,7 +671,8 @@ async fn the_command_status_comes_back_and_signals_reach_it() -> anyhow::Result<
         .parse()?;
     p.also_kill.push(child);
     p.signal(Signal::SIGINT);
-    p.expect_code(128 + Signal::SIGINT as i32).await?;
+    p.expect_code(128 + Signal::SIGINT as i32, EXIT_TIMEOUT)
+        .await?;
     assert!(!pid_alive(child), "the command survived SIGINT");
     f.passed()
 }
@@ -892,7 +706,7 @@ async fn a_killed_holders_slot_comes_back_after_the_ttl() -> anyhow::Result<()> 
     })
     .await?;
     let command_gone_at = now_ns();
-    b.expect_code(0).await?;
+    b.expect_code(0, EXIT_TIMEOUT).await?;
     let granted_at: i128 = f.read("b").trim().parse()?;
     let after = Duration::from_nanos((granted_at - killed_at).max(0) as u64);
     eprintln!("the slot came back {after:?} after kill -9 (TTL 2s)");
@@ -951,7 +765,7 @@ async fn a_deleted_namespace_stops_the_command_with_79() -> anyhow::Result<()> {
 
     let deleted = Instant::now();
     delete_namespace(&f, "conch").await?;
-    p.expect_code(EX_SLOT_LOST).await?;
+    p.expect_code(EX_SLOT_LOST, EXIT_TIMEOUT).await?;
     let took = deleted.elapsed();
     eprintln!("conch exited 79 {took:?} after the namespace was deleted");
     assert!(
@@ -1027,7 +841,7 @@ async fn an_unreachable_cluster_stops_the_command_before_the_ttl() -> anyhow::Re
     // The cluster is back: the slot can be taken again (at the latest when the lease expires).
     f.cluster.wait_for_leader(SHOW_UP).await?;
     let mut q = f.conch(&["sema", "x", "--max", "1", "--wait", "20s", "--", "true"])?;
-    q.expect_code(0).await?;
+    q.expect_code(0, EXIT_TIMEOUT).await?;
     f.passed()
 }
 
@@ -1127,7 +941,7 @@ async fn a_paused_conch_is_overtaken_by_its_guard() -> anyhow::Result<()> {
         "the command got SIGTERM {after} ns after conch was paused: not within the TTL"
     );
 
-    a.expect_code(EX_SLOT_LOST).await?;
+    a.expect_code(EX_SLOT_LOST, EXIT_TIMEOUT).await?;
     let err = a.stderr();
     let said: Vec<&str> = err.lines().filter(|l| l.starts_with("conch:")).collect();
     assert_eq!(said.len(), 1, "one line; stderr: {err:?}");
@@ -1171,7 +985,7 @@ async fn a_normal_run_leaves_no_guard_behind() -> anyhow::Result<()> {
         "the guard survived the forwarded signal"
     );
     f.touch("go")?;
-    p.expect_code(7).await?;
+    p.expect_code(7, EXIT_TIMEOUT).await?;
     ensure!(
         guards_of(p.pid()).is_empty(),
         "a guard was left behind: {:?}",
@@ -1183,7 +997,7 @@ async fn a_normal_run_leaves_no_guard_behind() -> anyhow::Result<()> {
 
     // The same for a command that cannot be started.
     let mut q = f.conch(&["sema", "x", "--max", "1", "--", "/nonexistent/command"])?;
-    q.expect_code(127).await?;
+    q.expect_code(127, EXIT_TIMEOUT).await?;
     ensure!(guards_of(q.pid()).is_empty(), "a guard was left behind");
     f.passed()
 }
@@ -1351,7 +1165,7 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
     // Everyone done: empty again, exit 1.
     f.touch("go")?;
     for p in &mut procs {
-        p.expect_code(0).await?;
+        p.expect_code(0, EXIT_TIMEOUT).await?;
     }
     let (code, out, err) = f.run(&["sema", "x", "--max", "2", "--who"]).await?;
     assert_eq!((code, out.as_str()), (1, ""), "{err:?}");
@@ -1403,9 +1217,9 @@ async fn who_shows_spread_callers_waiting_on_their_host() -> anyhow::Result<()> 
     assert_eq!(waiters[0]["host_lock"], true, "{out}");
 
     f.touch("go")?;
-    first.expect_code(0).await?;
+    first.expect_code(0, EXIT_TIMEOUT).await?;
     let mut second = second;
-    second.expect_code(0).await?;
+    second.expect_code(0, EXIT_TIMEOUT).await?;
     f.passed()
 }
 
@@ -1491,7 +1305,7 @@ async fn the_seed_examples_work_as_written() -> anyhow::Result<()> {
 
     // Free: the script runs.
     let mut sh = f.shell(&[], example1)?;
-    sh.expect_code(0).await?;
+    sh.expect_code(0, EXIT_TIMEOUT).await?;
     assert!(
         !sh.stdout().contains("already running elsewhere"),
         "{:?} {:?}",
@@ -1506,7 +1320,7 @@ async fn the_seed_examples_work_as_written() -> anyhow::Result<()> {
     let mut holder = f.conch(&sh_c("sema certs-renew --max 1", &hold))?;
     f.wait_file("held", |_| true).await?;
     let mut sh = f.shell(&[], example1)?;
-    sh.expect_code(0).await?;
+    sh.expect_code(0, EXIT_TIMEOUT).await?;
     assert_eq!(
         sh.stdout(),
         "already running elsewhere\n",
@@ -1516,7 +1330,7 @@ async fn the_seed_examples_work_as_written() -> anyhow::Result<()> {
     assert_eq!(sh.stderr().lines().count(), 1, "{:?}", sh.stderr());
     assert_eq!(f.read("renew.log").lines().count(), 1);
     f.touch("go.renew")?;
-    holder.expect_code(0).await?;
+    holder.expect_code(0, EXIT_TIMEOUT).await?;
 
     // At most 2 heavy jobs at once; --who shows them.
     let job = f.script(
@@ -1541,7 +1355,7 @@ async fn the_seed_examples_work_as_written() -> anyhow::Result<()> {
     .await?;
 
     let mut who = f.shell(&[], "conch sema heavy-jobs --max 2 --who")?;
-    who.expect_code(0).await?;
+    who.expect_code(0, EXIT_TIMEOUT).await?;
     let lines = parse_who(&who.stdout())?;
     let states: Vec<(&str, &str)> = lines
         .iter()
@@ -1560,7 +1374,7 @@ async fn the_seed_examples_work_as_written() -> anyhow::Result<()> {
 
     f.touch("go.jobs")?;
     for j in &mut jobs {
-        j.expect_code(0).await?;
+        j.expect_code(0, EXIT_TIMEOUT).await?;
     }
     let evs = events(&f.read("jobs.log"))?;
     check_complete(&evs, &["1", "2", "3"])?;
@@ -1568,7 +1382,7 @@ async fn the_seed_examples_work_as_written() -> anyhow::Result<()> {
 
     // The help shows the examples.
     let mut help = f.shell(&[], "conch sema --help")?;
-    help.expect_code(0).await?;
+    help.expect_code(0, EXIT_TIMEOUT).await?;
     for example in [
         example1,
         "conch sema heavy-jobs --max 2 -- /usr/local/bin/run-job.sh",

@@ -7,17 +7,16 @@
 //! creates their "gate" file, so no correctness check depends on a fixed sleep. Every process
 //! runs in a process group of its own and is killed on drop, with its command's group.
 
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
+use cluster_tests::proc::Proc;
 use cluster_tests::{Cluster, binary, wait_for};
 use conch_proto::conch::ListSemaphoreWaitersRequest;
 use conch_proto::conch::conch_api_client::ConchApiClient;
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 /// How long anything the tests wait for may take on a loaded machine.
 const SHOW_UP: Duration = Duration::from_secs(30);
@@ -27,74 +26,6 @@ fn now_ns() -> i128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i128)
-}
-
-/// A `conch` the test started, in a group of its own; on drop it is killed with the process
-/// group of its command (whose pid the command wrote to `<id>.pid`).
-struct Proc {
-    child: Child,
-    status: Option<ExitStatus>,
-    out: PathBuf,
-    err: PathBuf,
-    command_group: PathBuf,
-}
-
-impl Proc {
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.out).unwrap_or_default()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.err).unwrap_or_default()
-    }
-
-    fn signal(&self, sig: Signal) {
-        if self.status.is_none() {
-            let _ = kill(Pid::from_raw(self.pid()), sig);
-        }
-    }
-
-    async fn code(&mut self, timeout: Duration) -> anyhow::Result<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.status.is_none() {
-                self.status = self.child.try_wait()?;
-            }
-            if let Some(status) = self.status {
-                return status
-                    .code()
-                    .with_context(|| format!("killed by a signal; stderr {:?}", self.stderr()));
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "did not exit within {timeout:?}; stderr {:?}",
-                    self.stderr()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(pgid) = std::fs::read_to_string(&self.command_group)
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-            .filter(|p| *p > 1)
-        {
-            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
-        }
-        if self.status.is_none() {
-            let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 struct Fixture {
@@ -131,26 +62,15 @@ impl Fixture {
         self.spawned.set(n);
         let out = self.path(&format!("proc{n}.out"));
         let err = self.path(&format!("proc{n}.err"));
-        let child = Command::new(binary("conch"))
-            .args(args)
+        let mut cmd = Command::new(binary("conch"));
+        cmd.args(args)
             .current_dir(self.dir.path())
             .env("CONCH_ENDPOINTS", self.cluster.endpoints().join(","))
             .env("T", self.dir.path())
             .env("ID", id)
-            .env_remove("CONCH_LOG")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out)?)
-            .stderr(std::fs::File::create(&err)?)
-            .process_group(0)
-            .spawn()
-            .context("spawn conch")?;
-        Ok(Proc {
-            child,
-            status: None,
-            out,
-            err,
-            command_group: self.path(&format!("{id}.pid")),
-        })
+            .env_remove("CONCH_LOG");
+        let label = format!("[{n}] conch {} (candidate {id})", args.join(" "));
+        Ok(Proc::spawn(cmd, label, out, err)?.kill_group_named_in(self.path(&format!("{id}.pid"))))
     }
 
     /// A candidate `id` of election `x` that logs its start, holds until `$T/<id>.go` exists (or
@@ -478,25 +398,18 @@ async fn a_wait_at_a_terminal_shows_a_status_line_and_clears_it() -> anyhow::Res
     let n = f.spawned.get() + 1;
     f.spawned.set(n);
     let out = f.path("tty.out");
-    let child = Command::new("script")
-        .args(["-q", "-e", "-c", &line, "/dev/null"])
+    let mut cmd = Command::new("script");
+    cmd.args(["-q", "-e", "-c", &line, "/dev/null"])
         .current_dir(f.dir.path())
         .env("CONCH_ENDPOINTS", f.cluster.endpoints().join(","))
         .env("COLUMNS", "300")
-        .env_remove("CONCH_LOG")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out)?)
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .context("spawn script")?;
-    let mut tty = Proc {
-        child,
-        status: None,
-        out: out.clone(),
-        err: f.path("none"),
-        command_group: f.path("none"),
-    };
+        .env_remove("CONCH_LOG");
+    let mut tty = Proc::spawn(
+        cmd,
+        format!("[{n}] script {line}"),
+        out.clone(),
+        f.path("tty.err"),
+    )?;
     let holder_pid = holder.pid();
     let shown = wait_for("the status line", SHOW_UP, || async {
         let text = std::fs::read_to_string(&out).unwrap_or_default();
