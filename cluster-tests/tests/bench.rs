@@ -18,6 +18,7 @@ fn opts() -> Opts {
         w5_waiters: 1,
         tls: false,
         auth: false,
+        w1_clients: vec![1],
     }
 }
 

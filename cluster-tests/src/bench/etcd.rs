@@ -358,10 +358,7 @@ pub async fn w1(
     let leader = cluster.leader(Duration::from_secs(10)).await?;
     let mut sema_clients = Vec::with_capacity(clients);
     for i in 0..clients {
-        let member = match placement {
-            Placement::Leader => leader,
-            Placement::Spread => i % cluster.endpoints.len(),
-        };
+        let member = placement.node(i, cluster.endpoints.len(), leader);
         let channel = connect(&cluster.endpoints[member]).await?;
         let mut client = SemaClient {
             kv: KvClient::new(channel.clone()),
@@ -445,10 +442,7 @@ pub async fn w2(
     );
     let mut clients = Vec::with_capacity(CLIENTS);
     for i in 0..CLIENTS {
-        let member = match placement {
-            Placement::Leader => leader,
-            Placement::Spread => i % cluster.endpoints.len(),
-        };
+        let member = placement.node(i, cluster.endpoints.len(), leader);
         let channel = connect(&cluster.endpoints[member]).await?;
         let mut client = SemaClient {
             kv: KvClient::new(channel.clone()),

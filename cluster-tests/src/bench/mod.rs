@@ -40,6 +40,8 @@ pub struct Opts {
     pub tls: bool,
     /// Access control on, every client sending a token (`--auth`).
     pub auth: bool,
+    /// Client counts of W1's rows (`--clients`).
+    pub w1_clients: Vec<usize>,
 }
 
 /// Where the clients of a workload connect.
@@ -47,8 +49,8 @@ pub struct Opts {
 pub enum Placement {
     /// Every client on the leader (conch clients follow the `conch-leader` hint).
     Leader,
-    /// Client `i` on node `i mod n`, never following a leader hint: what a plain Grackle or
-    /// etcd client does.
+    /// Clients dealt over all nodes, never following a leader hint: what a plain Grackle or
+    /// etcd client does. See [`Placement::node`].
     Spread,
 }
 
@@ -59,6 +61,27 @@ impl Placement {
             Placement::Spread => "spread",
         }
     }
+
+    /// The node (index into the `n` endpoints) client `i` connects to when the leader is node
+    /// `leader`. Spread deals the clients out starting at the node after the leader, so that
+    /// with fewer clients than nodes every client is on a follower, in conch as in etcd,
+    /// whichever node won the election; 64 clients on 3 nodes put 21 or 22 on each.
+    pub fn node(self, i: usize, n: usize, leader: usize) -> usize {
+        match self {
+            Placement::Leader => leader,
+            Placement::Spread => (leader + 1 + i) % n.max(1),
+        }
+    }
+}
+
+/// The position of the leader's address `addr` among `endpoints`.
+pub fn leader_index(endpoints: &[String], addr: &str) -> anyhow::Result<usize> {
+    endpoints.iter().position(|e| e == addr).ok_or_else(|| {
+        anyhow::anyhow!(
+            "the leader's address {addr} is not one of the endpoints {}",
+            endpoints.join(",")
+        )
+    })
 }
 
 /// What a workload runs against: a cluster this process started, or given endpoints.
@@ -289,4 +312,36 @@ pub fn secs(d: Duration) -> f64 {
 
 pub fn ms_between(from: Instant, to: Instant) -> f64 {
     stats::round1(to.saturating_duration_since(from).as_secs_f64() * 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_starts_after_the_leader_and_covers_every_node() {
+        // One client: on a follower, wherever the leader is.
+        for leader in 0..3 {
+            assert_ne!(Placement::Spread.node(0, 3, leader), leader);
+        }
+        assert_eq!(Placement::Spread.node(0, 3, 2), 0);
+        // 64 clients: 21 or 22 on each node.
+        let mut per_node = [0usize; 3];
+        for i in 0..64 {
+            per_node[Placement::Spread.node(i, 3, 1)] += 1;
+        }
+        assert_eq!(per_node, [21, 21, 22]);
+        assert_eq!(Placement::Leader.node(5, 3, 1), 1);
+    }
+
+    #[test]
+    fn leader_index_names_a_leader_outside_the_endpoints() {
+        let endpoints = vec!["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
+        assert_eq!(leader_index(&endpoints, "127.0.0.1:2").ok(), Some(1));
+        let err = leader_index(&endpoints, "10.0.0.1:7001")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("10.0.0.1:7001"), "{err}");
+    }
 }

@@ -14,7 +14,7 @@ use conch_proto::grackle as pb;
 use crate::net::Failover;
 
 use super::stats::{Errors, Latencies, Row, round1};
-use super::{Opts, Placement, Target, batched, check_setup, ms_between, secs};
+use super::{Opts, Placement, Target, batched, check_setup, leader_index, ms_between, secs};
 
 const LEASE_TTL_S: u64 = 60;
 
@@ -169,6 +169,7 @@ pub async fn run(
     let t0 = Instant::now();
     let window_start = t0 + opts.warmup;
     let window_end = window_start + opts.duration;
+    let leader_at = leader_index(&target.endpoints, &before.addr)?;
     let mut tasks = Vec::new();
     for (i, cfg) in cfgs.into_iter().enumerate() {
         let conn = match placement {
@@ -176,7 +177,7 @@ pub async fn run(
                 Failover::new(&target.endpoints, &before.addr, Duration::from_secs(5))
             }
             Placement::Spread => {
-                let node = &target.endpoints[i % target.endpoints.len()];
+                let node = &target.endpoints[placement.node(i, target.endpoints.len(), leader_at)];
                 Failover::pinned(&target.endpoints, node, Duration::from_secs(5))
             }
         };

@@ -17,7 +17,7 @@ use crate::net::Failover;
 use crate::rng::Rng;
 
 use super::stats::{Errors, Latencies, Row, round1};
-use super::{Opts, Placement, Target, create_leases, secs};
+use super::{Opts, Placement, Target, create_leases, leader_index, secs};
 
 pub const CLIENTS: usize = 16;
 pub const PERMITS: u64 = 2;
@@ -126,13 +126,14 @@ pub async fn run(
     let t0 = Instant::now();
     let window_start = t0 + opts.warmup;
     let window_end = window_start + opts.duration;
+    let leader_at = leader_index(&target.endpoints, &leader.addr)?;
     let mut tasks = Vec::new();
     for (i, lease) in leases.into_iter().enumerate() {
         let deadline = Duration::from_secs(35);
         let conn = match placement {
             Placement::Leader => Failover::new(&target.endpoints, &leader.addr, deadline),
             Placement::Spread => {
-                let node = &target.endpoints[i % target.endpoints.len()];
+                let node = &target.endpoints[placement.node(i, target.endpoints.len(), leader_at)];
                 Failover::pinned(&target.endpoints, node, deadline)
             }
         };

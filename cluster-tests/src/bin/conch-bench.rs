@@ -68,10 +68,14 @@ struct Cli {
     auth: bool,
 
     /// Where the clients of W1, W1b and W2 connect: `leader` (following the leader hint) or
-    /// `spread` (client i on node i mod n, never following a hint, as a plain Grackle client
-    /// does).
+    /// `spread` (clients dealt over all nodes starting at the node after the leader, so one
+    /// client is on a follower; never following a hint, as a plain Grackle client does).
     #[arg(long, default_value = "leader", value_parser = ["leader", "spread"])]
     placement: String,
+
+    /// Client counts of W1, one row each (comma-separated, 1-4096).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 64], conflicts_with = "baseline")]
+    clients: Vec<usize>,
 
     /// Compare with etcd in the same run: W1, W1b and W2 on a 3-node etcd (Debian's
     /// etcd-server, see scripts/install-bench-deps.sh) and on conch, each row in both client
@@ -81,12 +85,16 @@ struct Cli {
     baseline: Option<String>,
 }
 
+/// The most clients one W1 row may run (each holds a connection and a lease).
+const MAX_CLIENTS: usize = 4096;
+
 const EXAMPLES: &str = "\
 Examples:
   make bench                                   # build release binaries and run everything
   target/release/conch-bench --only W2 --json  # one workload, JSON lines
   target/release/conch-bench --endpoints 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 --only W1
   target/release/conch-bench --only W1 --placement spread    # clients on every node
+  target/release/conch-bench --only W1 --clients 1          # one W1 row, one client
   make bench-etcd                              # conch / etcd ratios, measured in one run
 
 conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
@@ -112,6 +120,10 @@ async fn main() -> ExitCode {
         }
         out
     };
+    if let Some(bad) = cli.clients.iter().find(|&&n| n == 0 || n > MAX_CLIENTS) {
+        eprintln!("conch-bench: --clients {bad}: each client count must be 1-{MAX_CLIENTS}");
+        return ExitCode::from(64);
+    }
     if cfg!(debug_assertions) {
         eprintln!(
             "conch-bench: warning: this is a debug build; numbers are meaningless (use --release)"
@@ -126,6 +138,7 @@ async fn main() -> ExitCode {
         w5_waiters: cli.w5_waiters,
         tls: cli.tls,
         auth: cli.auth,
+        w1_clients: cli.clients.clone(),
     };
     if cli.tls {
         eprintln!("conch-bench: clusters run with TLS, client certificates and peer mutual TLS");
@@ -214,7 +227,7 @@ async fn run(
     let mut rows = Vec::new();
     match workload {
         "W1" => {
-            for clients in [1, 8, 64] {
+            for &clients in &opts.w1_clients {
                 rows.push(bench::w1::run(&target, opts, clients, false, placement).await?);
             }
         }
