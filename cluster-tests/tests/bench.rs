@@ -19,6 +19,7 @@ fn opts() -> Opts {
         tls: false,
         auth: false,
         w1_clients: vec![1],
+        w1b_clients: vec![1],
     }
 }
 

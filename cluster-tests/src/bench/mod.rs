@@ -42,6 +42,8 @@ pub struct Opts {
     pub auth: bool,
     /// Client counts of W1's rows (`--clients`).
     pub w1_clients: Vec<usize>,
+    /// Client counts of W1b's rows (`--clients`).
+    pub w1b_clients: Vec<usize>,
 }
 
 /// Where the clients of a workload connect.

@@ -73,9 +73,10 @@ struct Cli {
     #[arg(long, default_value = "leader", value_parser = ["leader", "spread"])]
     placement: String,
 
-    /// Client counts of W1, one row each (comma-separated, 1-4096).
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 64], conflicts_with = "baseline")]
-    clients: Vec<usize>,
+    /// Client counts of W1 and W1b, one row each (comma-separated, 1-4096; default 1,8,64 for
+    /// W1 and 64 for W1b).
+    #[arg(long, value_delimiter = ',', conflicts_with = "baseline")]
+    clients: Option<Vec<usize>>,
 
     /// Compare with etcd in the same run: W1, W1b and W2 on a 3-node etcd (Debian's
     /// etcd-server, see scripts/install-bench-deps.sh) and on conch, each row in both client
@@ -94,7 +95,7 @@ Examples:
   target/release/conch-bench --only W2 --json  # one workload, JSON lines
   target/release/conch-bench --endpoints 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 --only W1
   target/release/conch-bench --only W1 --placement spread    # clients on every node
-  target/release/conch-bench --only W1 --clients 1          # one W1 row, one client
+  target/release/conch-bench --only W1,W1b --clients 1      # one row each, one client
   make bench-etcd                              # conch / etcd ratios, measured in one run
 
 conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
@@ -120,7 +121,7 @@ async fn main() -> ExitCode {
         }
         out
     };
-    if let Some(bad) = cli.clients.iter().find(|&&n| n == 0 || n > MAX_CLIENTS) {
+    if let Some(bad) = cli.clients.iter().flatten().find(|&&n| n == 0 || n > MAX_CLIENTS) {
         eprintln!("conch-bench: --clients {bad}: each client count must be 1-{MAX_CLIENTS}");
         return ExitCode::from(64);
     }
@@ -138,7 +139,8 @@ async fn main() -> ExitCode {
         w5_waiters: cli.w5_waiters,
         tls: cli.tls,
         auth: cli.auth,
-        w1_clients: cli.clients.clone(),
+        w1_clients: cli.clients.clone().unwrap_or_else(|| vec![1, 8, 64]),
+        w1b_clients: cli.clients.clone().unwrap_or_else(|| vec![64]),
     };
     if cli.tls {
         eprintln!("conch-bench: clusters run with TLS, client certificates and peer mutual TLS");
@@ -231,7 +233,11 @@ async fn run(
                 rows.push(bench::w1::run(&target, opts, clients, false, placement).await?);
             }
         }
-        "W1b" => rows.push(bench::w1::run(&target, opts, 64, true, placement).await?),
+        "W1b" => {
+            for &clients in &opts.w1b_clients {
+                rows.push(bench::w1::run(&target, opts, clients, true, placement).await?);
+            }
+        }
         "W2" => {
             for hold_max_ms in [0, 20] {
                 rows.push(bench::w2::run(&target, opts, hold_max_ms, placement).await?);
