@@ -121,7 +121,12 @@ async fn main() -> ExitCode {
         }
         out
     };
-    if let Some(bad) = cli.clients.iter().flatten().find(|&&n| n == 0 || n > MAX_CLIENTS) {
+    if let Some(bad) = cli
+        .clients
+        .iter()
+        .flatten()
+        .find(|&&n| n == 0 || n > MAX_CLIENTS)
+    {
         eprintln!("conch-bench: --clients {bad}: each client count must be 1-{MAX_CLIENTS}");
         return ExitCode::from(64);
     }
