@@ -61,6 +61,14 @@ impl Daemon {
         }
     }
 
+    /// True once the process has exited (a port taken at startup, a crash).
+    pub fn has_exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(Some(_))),
+            None => true,
+        }
+    }
+
     /// Waits for the process to exit and returns its exit code (None if killed by a signal).
     pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
         let deadline = Instant::now() + timeout;

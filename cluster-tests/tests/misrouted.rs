@@ -4,6 +4,7 @@
 //! twice towards a quorum); the cluster still elects a leader and commits through the links
 //! that are right.
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,9 +15,13 @@ use conch_proto::conch::conch_admin_client::ConchAdminClient;
 
 const REFUSAL: &str = "this is node 2, not node 3";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_raft_message_meant_for_another_node_is_refused() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
+/// Attempts at starting the three nodes: ports are picked free and released before `conchd`
+/// binds them, so a parallel test can take one in between and a node exits at startup.
+const START_ATTEMPTS: usize = 3;
+
+/// Nodes 2 and 3, then node 1 (the one that bootstraps and so campaigns first), which reaches
+/// "node 3" at node 2's address. Returned in id order with their addresses.
+fn launch(dir: &Path) -> anyhow::Result<(Vec<Daemon>, Vec<String>)> {
     let addrs: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
@@ -24,10 +29,10 @@ async fn a_raft_message_meant_for_another_node_is_refused() -> anyhow::Result<()
         .map(|id| format!("{id}={}", addrs[id - 1]))
         .collect::<Vec<_>>()
         .join(",");
-    let mut nodes = Vec::new();
-    for id in 1..=3usize {
-        let data = dir.path().join(format!("node{id}"));
-        let data = data.display().to_string();
+    let wrong = format!("3={}", addrs[1]);
+    let mut nodes: Vec<(usize, Daemon)> = Vec::new();
+    for id in [2usize, 3, 1] {
+        let data = dir.join(format!("node{id}")).display().to_string();
         let id_text = id.to_string();
         let mut args = vec![
             "--id",
@@ -39,21 +44,50 @@ async fn a_raft_message_meant_for_another_node_is_refused() -> anyhow::Result<()
             "--initial-cluster",
             &initial,
         ];
-        // Node 1 (it bootstraps and campaigns first) reaches "node 3" at node 2's address.
-        let wrong = format!("3={}", addrs[1]);
         if id == 1 {
             args.extend(["--peer-routes", &wrong]);
         }
-        nodes.push(Daemon::spawn(&args, dir.path())?);
+        nodes.push((id, Daemon::spawn(&args, dir)?));
     }
+    nodes.sort_by_key(|(id, _)| *id);
+    Ok((nodes.into_iter().map(|(_, d)| d).collect(), addrs))
+}
 
-    wait_for(
-        "node 2 to refuse a message meant for node 3",
-        Duration::from_secs(60),
-        || async { nodes[1].stderr().contains(REFUSAL).then_some(()) },
-    )
-    .await
-    .with_context(|| format!("node 2 log:\n{}", nodes[1].stderr()))?;
+fn logs(nodes: &[Daemon]) -> String {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("node {} log:\n{}", i + 1, n.stderr()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_message_meant_for_another_node_is_refused() -> anyhow::Result<()> {
+    let mut attempt = 1;
+    let (_dir, addrs, _nodes) = loop {
+        let dir = tempfile::tempdir()?;
+        let (mut nodes, addrs) = launch(dir.path())?;
+        let refused = wait_for(
+            "node 2 to refuse a message meant for node 3, or a node to exit",
+            Duration::from_secs(60),
+            || {
+                let seen = nodes[1].stderr().contains(REFUSAL);
+                let exited = nodes.iter_mut().any(Daemon::has_exited);
+                async move { (seen || exited).then_some(seen) }
+            },
+        )
+        .await
+        .with_context(|| logs(&nodes))?;
+        if refused {
+            break (dir, addrs, nodes);
+        }
+        if attempt == START_ATTEMPTS {
+            anyhow::bail!("a node exited at startup {attempt} times; {}", logs(&nodes));
+        }
+        eprintln!("attempt {attempt}: a node exited at startup; retrying with new ports");
+        attempt += 1;
+    };
 
     // The right links still make a cluster: a leader, and a write that commits.
     let leader = wait_for("a leader", Duration::from_secs(60), || async {
