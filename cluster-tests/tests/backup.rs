@@ -221,6 +221,29 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
         .collect::<Vec<_>>()
         .join(",");
     let dir_of = |id: u64| work.path().join(format!("restored{id}"));
+    // `conchd [before…] restore FILE --data-dir restoredID --id ID --initial-cluster …`.
+    let restore = |before: &[&str], file: &str, id: u64| {
+        let mut args: Vec<String> = before.iter().map(|a| a.to_string()).collect();
+        let data_dir = dir_of(id).display().to_string();
+        let id = id.to_string();
+        args.extend(
+            [
+                "restore",
+                file,
+                "--data-dir",
+                &data_dir,
+                "--id",
+                &id,
+                "--initial-cluster",
+                &members,
+            ]
+            .map(String::from),
+        );
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run("conchd", &args).await
+        }
+    };
 
     // A damaged backup is refused, naming the checksum, and writes nothing.
     let mut damaged = std::fs::read(&file)?;
@@ -228,21 +251,7 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
     damaged[middle] ^= 0x01;
     let damaged_file = work.path().join("damaged.backup");
     std::fs::write(&damaged_file, &damaged)?;
-    let target = dir_of(1).display().to_string();
-    let (code, _, stderr) = run(
-        "conchd",
-        &[
-            "restore",
-            &damaged_file.display().to_string(),
-            "--data-dir",
-            &target,
-            "--id",
-            "1",
-            "--initial-cluster",
-            &members,
-        ],
-    )
-    .await?;
+    let (code, _, stderr) = restore(&[], &damaged_file.display().to_string(), 1).await?;
     ensure!(code == 64, "damaged backup: exit {code}: {stderr}");
     ensure!(
         stderr.trim().lines().count() == 1 && stderr.contains("checksum"),
@@ -251,22 +260,7 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
     ensure!(!dir_of(1).exists(), "a refused restore wrote something");
 
     // A serving flag before the subcommand is refused rather than silently dropped.
-    let (code, _, stderr) = run(
-        "conchd",
-        &[
-            "--id",
-            "2",
-            "restore",
-            &file_arg,
-            "--data-dir",
-            &target,
-            "--id",
-            "1",
-            "--initial-cluster",
-            &members,
-        ],
-    )
-    .await?;
+    let (code, _, stderr) = restore(&["--id", "2"], &file_arg, 1).await?;
     ensure!(code == 64, "flag before restore: exit {code}: {stderr}");
     ensure!(
         stderr.trim().lines().count() == 1 && stderr.contains("--id given before `restore`"),
@@ -276,21 +270,7 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
 
     let mut new_cluster_id = String::new();
     for id in 1..=3u64 {
-        let target = dir_of(id).display().to_string();
-        let (code, stdout, stderr) = run(
-            "conchd",
-            &[
-                "restore",
-                &file_arg,
-                "--data-dir",
-                &target,
-                "--id",
-                &id.to_string(),
-                "--initial-cluster",
-                &members,
-            ],
-        )
-        .await?;
+        let (code, stdout, stderr) = restore(&[], &file_arg, id).await?;
         ensure!(code == 0, "restore node {id} ({code}): {stderr}");
         ensure!(
             stdout.contains(&format!("restored log index {backup_index} ")),
@@ -312,21 +292,7 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
 
     // Restoring over a directory that is not empty is refused and changes nothing.
     let before = contents(&dir_of(1))?;
-    let target = dir_of(1).display().to_string();
-    let (code, _, stderr) = run(
-        "conchd",
-        &[
-            "restore",
-            &file_arg,
-            "--data-dir",
-            &target,
-            "--id",
-            "1",
-            "--initial-cluster",
-            &members,
-        ],
-    )
-    .await?;
+    let (code, _, stderr) = restore(&[], &file_arg, 1).await?;
     ensure!(code == 64, "non-empty directory: exit {code}: {stderr}");
     ensure!(
         stderr.trim().lines().count() == 1 && stderr.contains("not empty"),

@@ -328,18 +328,12 @@ impl Node {
         self.admin_of(leader.id, &leader.addr).map(Some)
     }
 
-    async fn run_proposer(self: Arc<Self>, mut rx: mpsc::Receiver<Proposal>) {
-        let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
-        loop {
-            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-                return;
-            };
-            let Some(batch) = gather(&mut rx).await else {
-                return;
-            };
+    async fn run_proposer(self: Arc<Self>, rx: mpsc::Receiver<Proposal>) {
+        run_batches(rx, BATCHES_IN_FLIGHT, move |batch, permit| {
             let node = Arc::clone(&self);
-            tokio::spawn(async move { node.submit(batch, permit).await });
-        }
+            async move { node.submit(batch, permit).await }
+        })
+        .await;
     }
 
     /// Sends this node's callers' proposals to the leader in batches, at most
@@ -347,23 +341,16 @@ impl Node {
     /// other nodes forwarded, which are answered where they arrive), and the proposer never
     /// waits for this task: so two nodes that each believe the other leads cannot hold each
     /// other's batches.
-    async fn run_forwarder(self: Arc<Self>, mut rx: mpsc::Receiver<Proposal>) {
-        let in_flight = Arc::new(Semaphore::new(FORWARDS_IN_FLIGHT));
-        loop {
-            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-                return;
-            };
-            let Some(batch) = gather(&mut rx).await else {
-                return;
-            };
+    async fn run_forwarder(self: Arc<Self>, rx: mpsc::Receiver<Proposal>) {
+        run_batches(rx, FORWARDS_IN_FLIGHT, move |batch, permit| {
             let node = Arc::clone(&self);
-            tokio::spawn(async move {
-                let cmds: Vec<Cmd> = batch.iter().flat_map(|p| p.cmds.iter().cloned()).collect();
-                let result = node.commit_anywhere(cmds).await;
+            async move {
+                let result = node.commit_anywhere(all_cmds(&batch)).await;
                 drop(permit);
                 answer(batch, result);
-            });
-        }
+            }
+        })
+        .await;
     }
 
     /// Commits one batch of proposals (locally as leader, or through the leader) and answers
@@ -375,11 +362,7 @@ impl Node {
     /// proposer would ever run the other's forwarded batch.
     async fn submit(&self, proposals: Vec<Proposal>, permit: OwnedSemaphorePermit) {
         if self.is_leader() {
-            let cmds: Vec<Cmd> = proposals
-                .iter()
-                .flat_map(|p| p.cmds.iter().cloned())
-                .collect();
-            match self.commit_as_leader(cmds).await {
+            match self.commit_as_leader(all_cmds(&proposals)).await {
                 Ok(committed) => return answer(proposals, Ok(committed)),
                 Err(NodeError::NotLeader { .. }) => {} // nothing was proposed; route below
                 Err(e) => return answer(proposals, Err(e)),
@@ -546,6 +529,33 @@ impl Node {
             .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
         result
     }
+}
+
+/// Gathers the proposals from `rx` into batches and runs `handle` on each, on a task of its
+/// own, with at most `limit` batches holding a permit at once. Returns when `rx` closes.
+async fn run_batches<F, Fut>(mut rx: mpsc::Receiver<Proposal>, limit: usize, handle: F)
+where
+    F: Fn(Vec<Proposal>, OwnedSemaphorePermit) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let in_flight = Arc::new(Semaphore::new(limit));
+    loop {
+        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+            return;
+        };
+        let Some(batch) = gather(&mut rx).await else {
+            return;
+        };
+        tokio::spawn(handle(batch, permit));
+    }
+}
+
+/// The commands of a batch of proposals, in order.
+fn all_cmds(proposals: &[Proposal]) -> Vec<Cmd> {
+    proposals
+        .iter()
+        .flat_map(|p| p.cmds.iter().cloned())
+        .collect()
 }
 
 /// Waits for a proposal, then takes those already queued behind it, up to [`BATCH_MAX_CMDS`]
