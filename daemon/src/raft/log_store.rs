@@ -865,18 +865,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if let Some(last) = entries.last().map(|e| e.log_id) {
             let started = std::time::Instant::now();
             let count = entries.len();
-            let inner = Arc::clone(&self.inner);
-            let fsync_seconds = self.metrics.fsync_seconds.clone();
             // Steps 1-3, on this thread.
-            let entries = (move || {
-                let synced = inner.lock_wal().append(&entries)?;
-                if inner.durability == Durability::Fsync {
-                    observe(&fsync_seconds, synced);
-                }
-                inner.log_end.write(last.index, false)?;
-                Ok::<_, io::Error>(entries)
-            })()
-            .map_err(|e| StorageIOError::write_logs(&e))?;
+            let synced = self
+                .inner
+                .lock_wal()
+                .append(&entries)
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+            if self.inner.durability == Durability::Fsync {
+                observe(&self.metrics.fsync_seconds, synced);
+            }
+            self.inner
+                .log_end
+                .write(last.index, false)
+                .map_err(|e| StorageIOError::write_logs(&e))?;
             // Step 4.
             self.write_log().entries.extend(entries);
             observe(&self.metrics.append_seconds, started.elapsed());
