@@ -188,24 +188,11 @@ impl Cluster {
             None
         };
         let ids: Vec<u64> = (1..=n).collect();
-        // The nodes' ports stay bound until every proxy has its own, so no proxy of this
-        // cluster can take a node's port (a proxy there would lead one node's link to another
-        // node). They are released just before the nodes start.
-        let reserved: Vec<std::net::TcpListener> = ids
-            .iter()
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<Result<_, _>>()
-            .context("reserve node ports")?;
+        // The nodes' ports lie outside the kernel's ephemeral range, so no proxy of this
+        // cluster (which binds port 0) can take one of them.
         let addrs: BTreeMap<u64, String> = ids
             .iter()
-            .zip(&reserved)
-            .map(|(id, l)| {
-                let port = l
-                    .local_addr()
-                    .map(|a| a.port())
-                    .unwrap_or_else(|_| free_port());
-                (*id, format!("127.0.0.1:{port}"))
-            })
+            .map(|id| (*id, format!("127.0.0.1:{}", free_port())))
             .collect();
         let mut proxies = BTreeMap::new();
         if proxied {
@@ -284,7 +271,6 @@ impl Cluster {
             pki,
             admin_token: None,
         };
-        drop(reserved);
         for id in ids {
             cluster.spawn(id)?;
         }

@@ -2,11 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use crate::{conchd_command, free_port, send_signal};
+use crate::{conchd_command, send_signal};
 
 /// One `conchd` process started with explicit arguments; killed on drop.
 pub struct Daemon {
@@ -26,7 +27,9 @@ impl Daemon {
         cwd: &Path,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Daemon> {
-        let stdout_path = cwd.join(format!("conchd-{}.out", free_port()));
+        static SPAWNED: AtomicU64 = AtomicU64::new(0);
+        let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
+        let stdout_path = cwd.join(format!("conchd-{}-{n}.out", std::process::id()));
         let stderr_path = stdout_path.with_extension("err");
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         let child = crate::spawn(

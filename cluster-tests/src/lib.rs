@@ -30,7 +30,6 @@ pub mod rng;
 pub mod scrape;
 
 use std::future::Future;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -40,6 +39,7 @@ use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 
 pub use cluster::{Cluster, NodeProc};
+pub use conch_testkit::{free_port, free_ports};
 pub use daemon::Daemon;
 pub use net::channel;
 
@@ -60,15 +60,6 @@ pub fn binary(name: &str) -> PathBuf {
         dir.pop();
     }
     dir.join(name)
-}
-
-/// A loopback port that was free a moment ago (`0` if none could be bound, which then fails
-/// where it is used).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .unwrap_or(0)
 }
 
 /// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.

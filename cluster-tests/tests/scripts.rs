@@ -1,11 +1,10 @@
 //! The local-cluster script (`make cluster`) and the CLI's help, as a newcomer uses them.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use cluster_tests::{binary, free_port, wait_for};
+use cluster_tests::{binary, free_ports, wait_for};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -38,21 +37,6 @@ impl Drop for Stopper {
     }
 }
 
-/// Three consecutive free loopback ports, the first returned.
-fn three_free_ports() -> anyhow::Result<u16> {
-    for _ in 0..50 {
-        let base = free_port();
-        if base == 0 || base > u16::MAX - 2 {
-            continue;
-        }
-        let free = (1..3).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
-        if free {
-            return Ok(base);
-        }
-    }
-    anyhow::bail!("no three consecutive free ports")
-}
-
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -64,7 +48,7 @@ async fn the_cluster_script_takes_its_ports_from_conch_cluster_port() -> anyhow:
     assert_eq!(bad.status.code(), Some(64), "{bad:?}");
     assert!(text(&bad.stderr).contains("CONCH_CLUSTER_PORT"), "{bad:?}");
 
-    let base = three_free_ports()?;
+    let base = free_ports(3);
     let _stop = Stopper(dir.path().to_path_buf());
     let started = run_script(&["start"], &base.to_string(), dir.path())?;
     let out = text(&started.stdout);

@@ -26,7 +26,7 @@ use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_api_client::ConchApiClient;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::*;
-use conch_testkit::{LinkMode, LinkProxy};
+use conch_testkit::{LinkMode, LinkProxy, free_port};
 use conchd::config::{Config, Flags};
 use conchd::server::{self, StartError};
 use tokio::sync::oneshot;
@@ -87,13 +87,6 @@ fn link_mode(mode: Mode) -> LinkMode {
         Mode::Stall => LinkMode::Stall,
         Mode::Down => LinkMode::Refuse,
     }
-}
-
-/// A free local port: bound, read and released. Another process may take it before the node
-/// binds it; `Cluster::start` then tries again with new ports.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a local port");
-    listener.local_addr().expect("local address").port()
 }
 
 impl Cluster {
