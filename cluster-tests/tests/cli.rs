@@ -963,7 +963,9 @@ async fn a_normal_run_leaves_no_guard_behind() -> anyhow::Result<()> {
         r#"trap 'touch "$T/usr1"' USR1; echo $$ > "$T/ready.tmp"; mv "$T/ready.tmp" "$T/ready"; {}; exit 7"#,
         gate("go")
     );
-    let mut p = f.conch(&sh_c("sema x --max 1 --ttl 2s", &body))?;
+    // A TTL long enough that a stall of the shared disk under the parallel tests (replication
+    // stalled for 2 s in one run) is not a lost slot, short enough that refreshes fit in 3 s.
+    let mut p = f.conch(&sh_c("sema x --max 1 --ttl 5s", &body))?;
     let child: i32 = f.wait_file("ready", |_| true).await?.trim().parse()?;
     p.also_kill.push(child);
     let guards = guards_of(p.pid());
