@@ -57,11 +57,9 @@ fn reserve(n: u16) -> Option<u16> {
             }
         }
         if locks.len() == usize::from(n) {
-            if let Ok(mut held) = HELD.lock() {
-                held.extend(locks);
-                return Some(base);
-            }
-            return None;
+            let mut held = HELD.lock().ok()?;
+            held.extend(locks);
+            return Some(base);
         }
     }
     None
