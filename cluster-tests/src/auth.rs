@@ -27,7 +27,8 @@ fn token() -> anyhow::Result<&'static str> {
 }
 
 /// The conchd flags that start a new cluster with access control on and this process's token as
-/// its admin, and the directory holding the token file (keep it until the nodes have started).
+/// its admin (every node gets them, with a peer secret so peers authenticate), and the directory
+/// holding the token and secret files (keep it while the nodes run).
 pub fn bootstrap_args() -> anyhow::Result<(tempfile::TempDir, Vec<String>)> {
     let dir = tempfile::Builder::new()
         .prefix("conch-token-")
@@ -35,11 +36,30 @@ pub fn bootstrap_args() -> anyhow::Result<(tempfile::TempDir, Vec<String>)> {
         .context("tempdir")?;
     let path = dir.path().join("admin.token");
     std::fs::write(&path, token()?).context("write the token file")?;
-    let args = vec![
+    let mut args = vec![
         "--bootstrap-admin-token-file".to_string(),
         path.display().to_string(),
     ];
+    args.extend(peer_secret_args(dir.path())?);
     Ok((dir, args))
+}
+
+/// The flags that make peers authenticate with a shared secret written into `dir`.
+pub fn peer_secret_args(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let path = dir.join("peer.secret");
+    let secret = format!(
+        "peer-secret-{:010}-{:032}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    );
+    std::fs::write(&path, secret).context("write the peer secret file")?;
+    Ok(vec![
+        "--peer-secret-file".to_string(),
+        path.display().to_string(),
+    ])
 }
 
 /// Waits until the cluster reports access control on (the bootstrap is applied).

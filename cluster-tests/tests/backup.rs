@@ -441,10 +441,11 @@ async fn only_a_cluster_admin_takes_a_backup() -> anyhow::Result<()> {
     let token_file = work.path().join("admin.token");
     std::fs::write(&token_file, ADMIN)?;
     let token_path = token_file.display().to_string();
-    let args = vec![
+    let mut args = vec![
         "--bootstrap-admin-token-file".to_string(),
         token_path.clone(),
     ];
+    args.extend(cluster_tests::auth::peer_secret_args(work.path())?);
     let mut cluster = Cluster::launch(1, &args, false).await?;
     cluster.set_admin_token(ADMIN);
     cluster.wait_for_leader(Duration::from_secs(30)).await?;

@@ -33,13 +33,30 @@ pub struct Flags {
     #[arg(long, env = "CONCH_ID")]
     pub id: Option<u64>,
 
-    /// Address to serve clients and peers on (host:port). Peers share this port.
+    /// Address to serve clients on (host:port); also peers, unless --peer-listen is given.
     #[arg(long, env = "CONCH_LISTEN")]
     pub listen: Option<String>,
 
-    /// Address other nodes and clients reach this node at (default: --listen).
+    /// Address clients reach this node at (default: --listen); also peers, unless
+    /// --peer-listen is given.
     #[arg(long, env = "CONCH_ADVERTISE")]
     pub advertise: Option<String>,
+
+    /// Serve the node-to-node (peer) service on its own address (host:port) instead of the
+    /// client port, so it can be firewalled apart. --initial-cluster and `conch cluster
+    /// add-learner` then name peer addresses.
+    #[arg(long, env = "CONCH_PEER_LISTEN")]
+    pub peer_listen: Option<String>,
+
+    /// Address other nodes reach this node's peer service at (default: --peer-listen).
+    #[arg(long, env = "CONCH_PEER_ADVERTISE")]
+    pub peer_advertise: Option<String>,
+
+    /// File holding a secret shared by every node (at least 32 characters, e.g. the output of
+    /// `openssl rand -hex 32`): a peer call must carry it. One way for peers to prove they are
+    /// members; mutual TLS (--peer-ca) is the other. Access control needs one of them.
+    #[arg(long, env = "CONCH_PEER_SECRET_FILE")]
+    pub peer_secret_file: Option<PathBuf>,
 
     /// Directory holding the Raft log, vote and snapshots.
     #[arg(long, env = "CONCH_DATA_DIR")]
@@ -97,9 +114,10 @@ pub struct Flags {
     /// and this node presents --tls-cert when it dials them. May be the same CA as --client-ca.
     #[arg(long, env = "CONCH_PEER_CA", help_heading = "TLS")]
     pub peer_ca: Option<PathBuf>,
-    /// File holding the first cluster-admin token (at least 32 characters). When this node
-    /// bootstraps a new cluster, it installs the token's hash with a cluster-admin role and turns
-    /// access control on, exactly once.
+    /// File holding the first cluster-admin token (at least 32 characters). Give it to every
+    /// node of a new cluster: the token's hash is installed with a cluster-admin role and access
+    /// control turned on, exactly once, and until that is committed the node answers no client
+    /// call. Needs peer authentication (--peer-secret-file or --peer-ca).
     #[arg(long, env = "CONCH_BOOTSTRAP_ADMIN_TOKEN_FILE")]
     pub bootstrap_admin_token_file: Option<PathBuf>,
 
@@ -136,7 +154,8 @@ Examples:
   conchd --id 1 --listen 127.0.0.1:7001 --data-dir /var/lib/conch/1 \\
          --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
   CONCH_CONFIG=/etc/conch/conchd.toml conchd
-  conchd --bootstrap-admin-token-file /etc/conch/admin.token   # new cluster, access control on
+  conchd --bootstrap-admin-token-file /etc/conch/admin.token \\
+         --peer-secret-file /etc/conch/peer.secret         # new cluster, access control on
   conchd restore backup.conch --data-dir /var/lib/conch/1 --id 1 \\
          --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
 ";
@@ -148,6 +167,9 @@ struct FileConfig {
     id: Option<u64>,
     listen: Option<String>,
     advertise: Option<String>,
+    peer_listen: Option<String>,
+    peer_advertise: Option<String>,
+    peer_secret_file: Option<PathBuf>,
     data_dir: Option<PathBuf>,
     initial_cluster: Option<String>,
     peer_routes: Option<String>,
@@ -175,7 +197,14 @@ pub const MAX_WORKER_THREADS: usize = 1024;
 pub struct Config {
     pub id: u64,
     pub listen: SocketAddr,
+    /// The client address this node advertises.
     pub advertise: String,
+    /// The peer service's own address (`--peer-listen`); `None`: peers share `listen`.
+    pub peer_listen: Option<SocketAddr>,
+    /// The address peers reach this node at: its address in the Raft membership.
+    pub peer_advertise: String,
+    /// SHA-256 of the shared peer secret (`--peer-secret-file`).
+    pub peer_secret: Option<[u8; 32]>,
     pub data_dir: PathBuf,
     /// Members to bootstrap with when the data directory is empty.
     pub initial_cluster: BTreeMap<u64, String>,
@@ -250,19 +279,34 @@ impl Config {
                  with --listen on all interfaces, set --advertise to this node's address"
             )));
         }
+        let (peer_listen, peer_advertise) = peer_addresses(
+            flags.peer_listen.or(file.peer_listen),
+            flags.peer_advertise.or(file.peer_advertise),
+            listen,
+            &advertise,
+        )?;
+        let peer_secret = match flags.peer_secret_file.or(file.peer_secret_file) {
+            Some(path) => Some(read_secret_file("--peer-secret-file", &path)?),
+            None => None,
+        };
         let data_dir = flags
             .data_dir
             .or(file.data_dir)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         let initial_cluster = match flags.initial_cluster.or(file.initial_cluster) {
             Some(text) => parse_initial_cluster(&text)?,
-            None => BTreeMap::from([(id, advertise.clone())]),
+            None => BTreeMap::from([(id, peer_advertise.clone())]),
         };
         match initial_cluster.get(&id) {
-            Some(addr) if *addr == advertise => {}
+            Some(addr) if *addr == peer_advertise => {}
             Some(addr) => {
+                let which = if peer_listen.is_some() {
+                    "its peer service listens/advertises"
+                } else {
+                    "this node listens/advertises"
+                };
                 return Err(ConfigError::Invalid(format!(
-                    "--initial-cluster names node {id} at {addr}, but this node listens/advertises {advertise}"
+                    "--initial-cluster names node {id} at {addr}, but {which} {peer_advertise}"
                 )));
             }
             None => {
@@ -327,6 +371,16 @@ impl Config {
             Some(path) => Some(read_token_file(&path)?),
             None => None,
         };
+        let peers_authenticate = peer_secret.is_some() || tls.as_ref().is_some_and(|t| t.peer_mtls());
+        if bootstrap_admin_token.is_some() && !peers_authenticate {
+            return Err(ConfigError::Invalid(
+                "--bootstrap-admin-token-file needs peer authentication: without it anyone who \
+                 reaches the peer service can change the state unchecked; add \
+                 --peer-secret-file (the same file on every node) or --peer-ca with node \
+                 certificates"
+                    .into(),
+            ));
+        }
         let metrics_text = flags
             .metrics_listen
             .or(file.metrics_listen)
@@ -337,7 +391,9 @@ impl Config {
                 ConfigError::Invalid(format!("--metrics-listen {text}: {e} (or `off`)"))
             })?),
         };
-        if metrics_listen.is_some_and(|m| m == listen && m.port() != 0) {
+        if metrics_listen.is_some_and(|m| {
+            m.port() != 0 && (m == listen || Some(m) == peer_listen)
+        }) {
             return Err(ConfigError::Invalid(format!(
                 "--metrics-listen {metrics_text} is the --listen address; choose another port"
             )));
@@ -355,6 +411,9 @@ impl Config {
             id,
             listen,
             advertise,
+            peer_listen,
+            peer_advertise,
+            peer_secret,
             data_dir,
             initial_cluster,
             peer_routes,
@@ -374,6 +433,64 @@ impl Config {
             worker_threads,
         })
     }
+}
+
+impl Config {
+    /// Whether peers prove they are members: a shared secret, or node certificates.
+    pub fn peers_authenticate(&self) -> bool {
+        self.peer_secret.is_some() || self.tls.as_ref().is_some_and(|t| t.peer_mtls())
+    }
+}
+
+/// The peer service's own listen address, if any, and the address peers reach this node at.
+fn peer_addresses(
+    listen_text: Option<String>,
+    advertise_text: Option<String>,
+    listen: SocketAddr,
+    advertise: &str,
+) -> Result<(Option<SocketAddr>, String), ConfigError> {
+    let Some(listen_text) = listen_text else {
+        if advertise_text.is_some() {
+            return Err(ConfigError::Invalid(
+                "--peer-advertise needs --peer-listen (without it peers use --advertise)".into(),
+            ));
+        }
+        return Ok((None, advertise.to_string()));
+    };
+    let peer_listen = resolve(&listen_text)
+        .map_err(|e| ConfigError::Invalid(format!("--peer-listen {listen_text}: {e}")))?;
+    if peer_listen == listen && peer_listen.port() != 0 {
+        return Err(ConfigError::Invalid(format!(
+            "--peer-listen {listen_text} is the --listen address; choose another port (or leave \
+             --peer-listen out to serve peers on the client port)"
+        )));
+    }
+    let peer_advertise = advertise_text.unwrap_or_else(|| peer_listen.to_string());
+    let advertised = resolve(&peer_advertise)
+        .map_err(|e| ConfigError::Invalid(format!("--peer-advertise {peer_advertise}: {e}")))?;
+    if advertised.ip().is_unspecified() {
+        return Err(ConfigError::Invalid(format!(
+            "--peer-advertise {peer_advertise} is not an address other nodes can reach; with \
+             --peer-listen on all interfaces, set --peer-advertise to this node's address"
+        )));
+    }
+    Ok((Some(peer_listen), peer_advertise))
+}
+
+/// Reads a secret file for `flag` (surrounding whitespace ignored) and returns its SHA-256.
+fn read_secret_file(flag: &str, path: &Path) -> Result<[u8; 32], ConfigError> {
+    use crate::api::auth::{TOKEN_MIN_CHARS, hash_token};
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::Invalid(format!("{flag} {}: {e}", path.display())))?;
+    let secret = text.trim();
+    if secret.chars().count() < TOKEN_MIN_CHARS || secret.chars().any(char::is_whitespace) {
+        return Err(ConfigError::Invalid(format!(
+            "{flag} {}: the secret must be one word of at least {TOKEN_MIN_CHARS} characters \
+             (e.g. the output of `openssl rand -hex 32`)",
+            path.display()
+        )));
+    }
+    Ok(hash_token(secret))
 }
 
 /// Checks the TLS flags fit together and loads the files (every problem is one line naming the
@@ -418,20 +535,9 @@ fn tls_settings(
         .map_err(|e| ConfigError::Invalid(e.to_string()))
 }
 
-/// Reads a token file (surrounding whitespace ignored) and returns the token's hash.
+/// Reads the bootstrap token file and returns the token's hash.
 fn read_token_file(path: &Path) -> Result<crate::state::auth::TokenHash, ConfigError> {
-    use crate::api::auth::{TOKEN_MIN_CHARS, hash_token};
-    let flag = "--bootstrap-admin-token-file";
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::Invalid(format!("{flag} {}: {e}", path.display())))?;
-    let token = text.trim();
-    if token.chars().count() < TOKEN_MIN_CHARS || token.chars().any(char::is_whitespace) {
-        return Err(ConfigError::Invalid(format!(
-            "{flag} {}: the token must be one word of at least {TOKEN_MIN_CHARS} characters              (e.g. the output of `openssl rand -hex 32`)",
-            path.display()
-        )));
-    }
-    Ok(hash_token(token))
+    read_secret_file("--bootstrap-admin-token-file", path)
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -809,14 +915,61 @@ mod tests {
     }
 
     #[test]
+    fn a_separate_peer_port_is_the_address_in_the_membership() {
+        let flags = |peer_listen: Option<&str>, peer_advertise: Option<&str>| Flags {
+            listen: Some("127.0.0.1:7001".into()),
+            peer_listen: peer_listen.map(str::to_string),
+            peer_advertise: peer_advertise.map(str::to_string),
+            ..Flags::default()
+        };
+        let shared = Config::from_flags(flags(None, None)).expect("valid");
+        assert_eq!(shared.peer_listen, None);
+        assert_eq!(shared.peer_advertise, "127.0.0.1:7001");
+        let split = Config::from_flags(flags(Some("127.0.0.1:7201"), None)).expect("valid");
+        assert_eq!(split.peer_advertise, "127.0.0.1:7201");
+        assert_eq!(split.advertise, "127.0.0.1:7001");
+        assert_eq!(split.initial_cluster.get(&1).map(String::as_str), Some("127.0.0.1:7201"));
+        for (listen, advertise, says) in [
+            (Some("127.0.0.1:7001"), None, "is the --listen address"),
+            (None, Some("127.0.0.1:7201"), "needs --peer-listen"),
+            (Some("0.0.0.0:7201"), None, "--peer-advertise"),
+        ] {
+            let err = Config::from_flags(flags(listen, advertise)).expect_err("refused");
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        // --initial-cluster names the peer address.
+        let err = Config::from_flags(Flags {
+            initial_cluster: Some("1=127.0.0.1:7001,2=127.0.0.1:7002".into()),
+            ..flags(Some("127.0.0.1:7201"), None)
+        })
+        .expect_err("client address in --initial-cluster");
+        assert!(err.to_string().contains("its peer service"), "{err}");
+    }
+
+    #[test]
     fn the_bootstrap_token_file_is_read_hashed_and_checked() {
         let dir = tempfile::tempdir().expect("tempdir");
         let token = dir.path().join("admin.token");
         std::fs::write(&token, "  0123456789abcdef0123456789abcdef\n").expect("write token");
+        let secret = dir.path().join("peer.secret");
+        std::fs::write(&secret, "fedcba9876543210fedcba9876543210\n").expect("write secret");
         let toml = dir.path().join("conchd.toml");
         let key = format!(
             "bootstrap_admin_token_file = {:?}\n",
             token.display().to_string()
+        );
+        std::fs::write(&toml, &key).expect("write config");
+        // Access control without peer authentication cannot exist: refused in one line.
+        let err = Config::from_flags(Flags {
+            config: Some(toml.clone()),
+            ..Flags::default()
+        })
+        .expect_err("no peer authentication");
+        assert!(err.to_string().contains("needs peer authentication"), "{err}");
+        assert!(!err.to_string().contains('\n'), "{err}");
+        let key = format!(
+            "{key}peer_secret_file = {:?}\n",
+            secret.display().to_string()
         );
         std::fs::write(&toml, key).expect("write config");
         let config = Config::from_flags(Flags {
@@ -824,6 +977,13 @@ mod tests {
             ..Flags::default()
         })
         .expect("valid");
+        assert!(config.peers_authenticate());
+        assert_eq!(
+            config.peer_secret,
+            Some(crate::api::auth::hash_token(
+                "fedcba9876543210fedcba9876543210"
+            ))
+        );
         assert_eq!(
             config.bootstrap_admin_token,
             Some(crate::api::auth::hash_token(
@@ -835,6 +995,7 @@ mod tests {
         for (path, says) in [(&token, "at least 32"), (&missing, "missing.token")] {
             let err = Config::from_flags(Flags {
                 bootstrap_admin_token_file: Some(path.clone()),
+                peer_secret_file: Some(secret.clone()),
                 ..Flags::default()
             })
             .expect_err("refused");

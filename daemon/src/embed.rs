@@ -153,6 +153,27 @@ impl NodeConfig {
         self
     }
 
+    /// Serve the peer service on its own address (port 0: any free port, then also give
+    /// [`NodeConfig::peer_advertise`]); the initial cluster then names peer addresses.
+    pub fn peer_listen(mut self, addr: impl Into<String>) -> NodeConfig {
+        self.flags.peer_listen = Some(addr.into());
+        self
+    }
+
+    /// The address other nodes reach this node's peer service at (default: its peer listen
+    /// address).
+    pub fn peer_advertise(mut self, addr: impl Into<String>) -> NodeConfig {
+        self.flags.peer_advertise = Some(addr.into());
+        self
+    }
+
+    /// Peers prove they are members by this shared secret (a file holding at least 32
+    /// characters, the same on every node). Access control needs this or [`NodeConfig::peer_ca`].
+    pub fn peer_secret_file(mut self, path: impl Into<PathBuf>) -> NodeConfig {
+        self.flags.peer_secret_file = Some(path.into());
+        self
+    }
+
     /// With [`NodeConfig::tls`]: require client certificates signed by this CA.
     pub fn client_ca(mut self, ca: impl Into<PathBuf>) -> NodeConfig {
         self.flags.client_ca = Some(ca.into());
@@ -196,8 +217,10 @@ impl NodeConfig {
         self
     }
 
-    /// When this node bootstraps a new cluster, install the token in this file as its first
-    /// cluster admin and turn access control on.
+    /// Install the token in this file as the cluster's first cluster admin and turn access
+    /// control on, once (give it to every node of a new cluster); the node answers no client
+    /// call until that is committed. Needs [`NodeConfig::peer_secret_file`] or
+    /// [`NodeConfig::peer_ca`].
     pub fn bootstrap_admin_token_file(mut self, path: impl Into<PathBuf>) -> NodeConfig {
         self.flags.bootstrap_admin_token_file = Some(path.into());
         self

@@ -22,6 +22,13 @@ use tonic::metadata::MetadataMap;
 
 /// Metadata key carrying the sender's cluster id on peer RPCs.
 pub const CLUSTER_ID_HEADER: &str = "conch-cluster-id";
+/// Metadata key carrying the sender's node id on peer RPCs.
+pub const PEER_ID_HEADER: &str = "conch-peer-id";
+/// Metadata key carrying the peer secret (its SHA-256, hex) on peer RPCs.
+pub const PEER_SECRET_HEADER: &str = "conch-peer-secret";
+/// Metadata key carrying the sender's client address on peer RPCs, so a follower can point
+/// clients at the leader's client port when peers have a port of their own.
+pub const CLIENT_ADDR_HEADER: &str = "conch-client-addr";
 /// The file in the data directory holding the cluster id.
 pub const CLUSTER_ID_FILE: &str = "cluster-id";
 /// A refusal is logged at most this often per foreign id.
@@ -194,16 +201,47 @@ impl ClusterId {
     }
 }
 
-/// A peer channel that adds this node's cluster id to every request.
+/// How the peer secret travels: the hex of its SHA-256 (what the configuration keeps).
+pub fn secret_header(hash: &[u8; 32]) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What this node says about itself on every peer RPC: its node id, the peer secret if it has
+/// one, and its client address.
+#[derive(Clone, Debug)]
+pub struct PeerStamp {
+    headers: Vec<(&'static str, http::HeaderValue)>,
+}
+
+impl PeerStamp {
+    pub fn new(node_id: u64, secret: Option<&[u8; 32]>, client_addr: &str) -> PeerStamp {
+        let mut headers = Vec::new();
+        let mut add = |key: &'static str, value: String| {
+            if let Ok(mut value) = http::HeaderValue::from_str(&value) {
+                value.set_sensitive(key == PEER_SECRET_HEADER);
+                headers.push((key, value));
+            }
+        };
+        add(PEER_ID_HEADER, node_id.to_string());
+        if let Some(secret) = secret {
+            add(PEER_SECRET_HEADER, secret_header(secret));
+        }
+        add(CLIENT_ADDR_HEADER, client_addr.to_string());
+        PeerStamp { headers }
+    }
+}
+
+/// A peer channel that adds this node's cluster id and [`PeerStamp`] to every request.
 #[derive(Clone)]
 pub struct WithClusterId<S> {
     inner: S,
     id: Arc<ClusterId>,
+    stamp: Arc<PeerStamp>,
 }
 
 impl<S> WithClusterId<S> {
-    pub fn new(inner: S, id: Arc<ClusterId>) -> Self {
-        WithClusterId { inner, id }
+    pub fn new(inner: S, id: Arc<ClusterId>, stamp: Arc<PeerStamp>) -> Self {
+        WithClusterId { inner, id, stamp }
     }
 }
 
@@ -224,6 +262,9 @@ where
             && let Ok(value) = http::HeaderValue::from_str(&id)
         {
             request.headers_mut().insert(CLUSTER_ID_HEADER, value);
+        }
+        for (key, value) in &self.stamp.headers {
+            request.headers_mut().insert(*key, value.clone());
         }
         self.inner.call(request)
     }

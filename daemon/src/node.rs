@@ -15,7 +15,7 @@
 //! Every call to another node (forwarded writes and reads, forwarded admin calls) goes over one
 //! cached, route-aware channel per peer. See `docs/design.md` (The write path, Time).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -95,6 +95,36 @@ pub struct Node {
     /// The lease clock this node stamps batches with while it leads.
     lease_clock: LeaseClock,
     pub metrics: Arc<Metrics>,
+    /// Other nodes' client addresses, as their peer calls state them (see
+    /// [`Node::leader_client_addr`]).
+    client_addrs: Mutex<BTreeMap<NodeId, String>>,
+    /// Refused peer calls are logged at most this often.
+    pub peer_refusals: LogLimit,
+}
+
+/// Lets a repeated warning through at most once per interval.
+pub struct LogLimit {
+    every: Duration,
+    last: Mutex<Option<std::time::Instant>>,
+}
+
+impl LogLimit {
+    pub fn new(every: Duration) -> LogLimit {
+        LogLimit {
+            every,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Whether to log now (and if so, the next one waits a full interval).
+    pub fn due(&self) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|at| at.elapsed() < self.every) {
+            return false;
+        }
+        *last = Some(std::time::Instant::now());
+        true
+    }
 }
 
 /// The one record of "a new term's first batch extends every lease": the term in which this
@@ -125,7 +155,7 @@ impl Node {
         cluster_id: Arc<ClusterId>,
         metrics: Arc<Metrics>,
     ) -> Arc<Node> {
-        let dialer = PeerDialer::new(config.tls.clone(), Arc::clone(&cluster_id));
+        let dialer = PeerDialer::of(&config, Arc::clone(&cluster_id));
         let (proposals, proposal_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (to_forward, forward_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (reads, read_rx) = mpsc::channel(BATCH_MAX_CMDS);
@@ -143,6 +173,8 @@ impl Node {
             dialer,
             lease_clock: LeaseClock::default(),
             metrics,
+            client_addrs: Mutex::new(BTreeMap::new()),
+            peer_refusals: LogLimit::new(Duration::from_secs(10)),
         });
         tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
         tokio::spawn(Arc::clone(&node).run_forwarder(forward_rx));
@@ -229,6 +261,49 @@ impl Node {
             addr,
             term: metrics.current_term,
         })
+    }
+
+    /// Where clients reach the leader: its client address, which differs from its address in
+    /// the membership when peers have a port of their own (`--peer-listen`). `None` when no
+    /// leader is known, or its client address is not known yet.
+    pub fn leader_client_addr(&self) -> Option<String> {
+        let leader = self.leader()?;
+        if leader.id == self.id {
+            return Some(self.config.advertise.clone());
+        }
+        let learned = self
+            .client_addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&leader.id)
+            .cloned();
+        learned.or_else(|| self.config.peer_listen.is_none().then_some(leader.addr))
+    }
+
+    /// Records the client address an admitted peer call from node `from` states.
+    pub fn note_client_addr(&self, from: Option<NodeId>, metadata: &tonic::metadata::MetadataMap) {
+        let Some(from) = from else { return };
+        let Some(addr) = metadata
+            .get(crate::identity::CLIENT_ADDR_HEADER)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return;
+        };
+        let mut addrs = self.client_addrs.lock().unwrap_or_else(|p| p.into_inner());
+        if addrs.get(&from).map(String::as_str) != Some(addr) {
+            addrs.insert(from, addr.to_string());
+        }
+    }
+
+    /// Whether node `id` is a voter or learner of the membership this node knows.
+    pub fn is_member(&self, id: NodeId) -> bool {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .is_some()
     }
 
     /// True while this node leads a term whose `ExtendLeases` is not committed yet: its next

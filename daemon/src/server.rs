@@ -5,8 +5,9 @@
 //! 2. open the log store, then restore the newest snapshot into the applied state;
 //! 3. start Raft (it replays committed entries after the snapshot);
 //! 4. bootstrap only an empty node, only the lowest id of `--initial-cluster`, never with
-//!    `--join` (that node waits to be added); with
-//!    `--bootstrap-admin-token-file`, that node then installs the admin token (once elected);
+//!    `--join` (that node waits to be added); every node started with
+//!    `--bootstrap-admin-token-file` then sees that the admin token is installed (whoever
+//!    proposes it first; the state takes it once), and answers no client call until it is;
 //! 5. serve until shutdown, then stop Raft and flush.
 
 use std::collections::BTreeMap;
@@ -35,6 +36,8 @@ pub enum StartError {
         // Not named `source`: the message says it already, once.
         error: std::io::Error,
     },
+    #[error("peers: listen on {addr}: {}", describe_bind_error(.error, "--peer-listen"))]
+    BindPeer { addr: String, error: std::io::Error },
     #[error("metrics: listen on {addr}: {}", describe_bind_error(.error, "--metrics-listen (or off)"))]
     BindMetrics { addr: String, error: std::io::Error },
     #[error("data directory {path}: {reason}")]
@@ -57,12 +60,19 @@ pub enum StartError {
 pub struct Running {
     pub node: Arc<Node>,
     listener: tokio::net::TcpListener,
+    /// The peer service's own port (`--peer-listen`), if it has one.
+    peer_listener: Option<tokio::net::TcpListener>,
     metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Running {
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         self.listener.local_addr().ok()
+    }
+
+    /// Where the peer service listens, when on a port of its own.
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.peer_listener.as_ref()?.local_addr().ok()
     }
 
     /// Where `/metrics` is served, if anywhere.
@@ -151,6 +161,15 @@ pub async fn start_with_listener(
     config: Arc<Config>,
     listener: tokio::net::TcpListener,
 ) -> Result<Running, StartError> {
+    let peer_listener = match config.peer_listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|error| {
+            StartError::BindPeer {
+                addr: addr.to_string(),
+                error,
+            }
+        })?),
+        None => None,
+    };
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|error| {
             StartError::BindMetrics {
@@ -169,6 +188,13 @@ pub async fn start_with_listener(
              cluster; set --tls-cert/--tls-key (and --client-ca, --peer-ca)"
         );
     }
+    if !config.peers_authenticate() {
+        tracing::warn!(
+            "peers do not authenticate (no --peer-secret-file or --peer-ca): anyone who reaches \
+             the peer service can change the cluster's state, and access control cannot be \
+             turned on"
+        );
+    }
     let cluster_id = Arc::new(ClusterId::open(&config.data_dir)?);
     let metrics = Arc::new(Metrics::new());
     let mut log_store = LogStore::open(&config.data_dir)?;
@@ -183,7 +209,7 @@ pub async fn start_with_listener(
         PeerNetwork::new(
             Duration::from_millis(500),
             Arc::new(config.peer_routes.clone()),
-            PeerDialer::new(config.tls.clone(), Arc::clone(&cluster_id)),
+            PeerDialer::of(&config, Arc::clone(&cluster_id)),
         ),
         log_store,
         state_machine,
@@ -247,12 +273,13 @@ pub async fn start_with_listener(
     }
     tokio::spawn(expiry::run(Arc::clone(&node)));
     tokio::spawn(log_leader_changes(Arc::clone(&node)));
-    if let (true, Some(hash)) = (bootstraps, config.bootstrap_admin_token) {
+    if let Some(hash) = config.bootstrap_admin_token {
         tokio::spawn(api::auth::bootstrap(Arc::clone(&node), hash));
     }
     Ok(Running {
         node,
         listener,
+        peer_listener,
         metrics_addr,
     })
 }
@@ -287,10 +314,15 @@ async fn log_leader_changes(node: Arc<Node>) {
 /// Serves until `shutdown` resolves, then stops Raft.
 pub async fn serve(
     running: Running,
-    shutdown: impl std::future::Future<Output = ()>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let Running { node, listener, .. } = running;
-    let served = api::serve(Arc::clone(&node), listener, shutdown).await;
+    let Running {
+        node,
+        listener,
+        peer_listener,
+        ..
+    } = running;
+    let served = api::serve(Arc::clone(&node), listener, peer_listener, shutdown).await;
     if let Err(e) = node.raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }

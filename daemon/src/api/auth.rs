@@ -20,17 +20,15 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::status::ApiError;
-use crate::node::Node;
+use crate::node::{Node, NodeError};
 use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView};
-use crate::state::{Cmd, Error, Outcome};
+use crate::state::{Cmd, Error, ErrorKind, Outcome};
 
 /// The metadata key carrying the token.
 pub const AUTHORIZATION: &str = "authorization";
 /// Generated tokens start with this.
 pub const TOKEN_PREFIX: &str = "conch_";
-/// The namespace `conch sema` keeps its semaphores in: creating it needs only `write` on it, so
-/// `write` on it is all the CLI needs.
-pub const CLI_NAMESPACE: &str = "conch";
+pub use crate::state::auth::CLI_NAMESPACE;
 /// A token (generated or from the bootstrap file) has at least this many characters.
 pub const TOKEN_MIN_CHARS: usize = 32;
 
@@ -52,25 +50,22 @@ pub fn generate_token() -> Result<String, ApiError> {
     Ok(token)
 }
 
-/// The token of a call, hashed, when access control is on.
+/// The token of a call, hashed.
+///
+/// The check here is the early one, against this node's applied auth store: it answers most
+/// refusals without a trip through the log. The one that decides is made again by the state
+/// machine where the write applies (the token travels with the command, see [`Caller::sign`]),
+/// so a node that has not yet applied a revocation cannot let a revoked token write.
 pub struct Caller {
-    checked: bool,
     token: Option<TokenHash>,
 }
 
 impl Caller {
-    /// Reads the call's token (only while access control is on).
     pub fn of<T>(node: &Node, request: &Request<T>) -> Caller {
         Caller::from_metadata(node, request.metadata())
     }
 
-    pub fn from_metadata(node: &Node, metadata: &MetadataMap) -> Caller {
-        if !node.applied.read(|s| s.auth().enabled()) {
-            return Caller {
-                checked: false,
-                token: None,
-            };
-        }
+    pub fn from_metadata(_node: &Node, metadata: &MetadataMap) -> Caller {
         let token = metadata
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -80,17 +75,13 @@ impl Caller {
             })
             .filter(|t| !t.trim().is_empty())
             .map(hash_token);
-        Caller {
-            checked: true,
-            token,
-        }
+        Caller { token }
     }
 
-    /// Refuses the call unless its token grants `access` (always allowed while off).
+    /// Refuses the call unless its token grants `access` (always allowed while off), and while
+    /// this node waits for the cluster's access control to be set up.
     pub fn allow(&self, node: &Node, access: Access) -> Result<(), ApiError> {
-        if !self.checked {
-            return Ok(());
-        }
+        setting_up(node)?;
         node.applied
             .read(|s| s.auth().authorize(self.token.as_ref(), access))
             .map_err(ApiError::from)
@@ -98,9 +89,7 @@ impl Caller {
 
     /// Refuses the call unless its token is known (always allowed while off).
     pub fn authenticated(&self, node: &Node) -> Result<(), ApiError> {
-        if !self.checked {
-            return Ok(());
-        }
+        setting_up(node)?;
         node.applied
             .read(|s| s.auth().authenticate(self.token.as_ref()))
             .map_err(ApiError::from)
@@ -111,6 +100,51 @@ impl Caller {
         self.allow(node, Access::Namespace(ns, Permission::Read))
             .is_ok()
     }
+
+    /// `cmd` carrying this call's token, for the state machine's own check.
+    pub fn sign(&self, cmd: Cmd) -> Cmd {
+        cmd.with_token(self.token)
+    }
+}
+
+/// Whether this node must wait for the admin token before answering: it was started with
+/// `--bootstrap-admin-token-file` and its applied state has access control neither bootstrapped
+/// nor on. Until the token commits, no client call is answered, so there is no moment in which
+/// the cluster serves without access control.
+pub fn bootstrap_pending(node: &Node) -> bool {
+    node.config.bootstrap_admin_token.is_some()
+        && node
+            .applied
+            .read(|s| !s.auth().bootstrapped() && !s.auth().enabled())
+}
+
+fn setting_up(node: &Node) -> Result<(), ApiError> {
+    if bootstrap_pending(node) {
+        return Err(ApiError::Node(NodeError::Unavailable(
+            "access control is being set up: this node was started with \
+             --bootstrap-admin-token-file and the cluster has not committed the admin token \
+             yet; retry shortly"
+                .into(),
+        )));
+    }
+    Ok(())
+}
+
+/// The problem with this node's access control setup that an operator must fix, if any:
+/// started with `--bootstrap-admin-token-file` while the cluster has access control off.
+pub fn setup_problem(node: &Node) -> Option<String> {
+    let configured = node.config.bootstrap_admin_token.is_some();
+    let (bootstrapped, enabled) = node
+        .applied
+        .read(|s| (s.auth().bootstrapped(), s.auth().enabled()));
+    (configured && bootstrapped && !enabled).then(|| {
+        format!(
+            "node {} was started with --bootstrap-admin-token-file but the cluster has access \
+             control off (it was turned off after the bootstrap): turn it on with `conch auth \
+             enable`, or start this node without the token file",
+            node.id
+        )
+    })
 }
 
 /// A request to another node carrying the caller's token, so that node checks it too.
@@ -122,24 +156,32 @@ pub fn forward<T>(metadata: &MetadataMap, message: T) -> Request<T> {
     request
 }
 
-/// Installs the bootstrap admin token through the write path, retrying until a leader applies
-/// it (the state makes it happen at most once, whoever proposes it again).
+/// Sets up access control for a node started with `--bootstrap-admin-token-file`: while the
+/// applied state has it neither bootstrapped nor on, proposes the admin token (through the
+/// leader, wherever it is), retrying until an entry settles it; the state installs it at most
+/// once, whoever proposes it. Runs on every start, so a cluster whose first node stopped before
+/// the token committed finishes the bootstrap when any node with the file comes back. A cluster
+/// that has access control off after its bootstrap is reported (see [`setup_problem`]).
 pub async fn bootstrap(node: Arc<Node>, hash: TokenHash) {
     loop {
+        if !bootstrap_pending(&node) {
+            if let Some(problem) = setup_problem(&node) {
+                tracing::error!("{problem}");
+            }
+            return;
+        }
         match node.write_one(Cmd::AuthBootstrap { hash }).await {
             Ok(Ok(_)) => {
                 tracing::info!("bootstrap admin token installed; access control is on");
-                return;
+                continue;
             }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "bootstrap admin token refused");
                 return;
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "bootstrap admin token: retrying");
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            }
+            Err(e) => tracing::debug!(error = %e, "bootstrap admin token: retrying"),
         }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 
@@ -152,11 +194,14 @@ impl AuthService {
         AuthService { node }
     }
 
-    fn admin<T>(&self, request: &Request<T>) -> Result<(), ApiError> {
-        Caller::of(&self.node, request).allow(&self.node, Access::ClusterAdmin)
+    fn admin<T>(&self, request: &Request<T>) -> Result<Caller, ApiError> {
+        let caller = Caller::of(&self.node, request);
+        caller.allow(&self.node, Access::ClusterAdmin)?;
+        Ok(caller)
     }
 
-    async fn write(&self, cmd: Cmd) -> Result<Outcome, ApiError> {
+    async fn write(&self, caller: &Caller, cmd: Cmd) -> Result<Outcome, ApiError> {
+        let cmd = caller.sign(cmd);
         cmd.validate()?;
         Ok(self.node.write_one(cmd).await??)
     }
@@ -175,6 +220,7 @@ impl AuthService {
                 enabled: s.enabled,
                 roles: s.roles,
                 tokens: s.tokens,
+                problems: setup_problem(&self.node).into_iter().collect(),
             })),
             other => Err(unexpected(other)),
         }
@@ -226,8 +272,20 @@ impl ConchAuth for AuthService {
         &self,
         request: Request<cpb::AuthEnableRequest>,
     ) -> Result<Response<cpb::AuthStatusResponse>, Status> {
-        self.admin(&request)?;
-        let outcome = self.write(Cmd::AuthEnable).await?;
+        let caller = self.admin(&request)?;
+        if !self.node.config.peers_authenticate() {
+            return Err(ApiError::State(Error {
+                kind: ErrorKind::FailedPrecondition,
+                message: format!(
+                    "access control cannot be turned on while node {} has no peer \
+                     authentication: anyone who reaches its peer service could change the state \
+                     unchecked; start every node with --peer-secret-file or --peer-ca first",
+                    self.node.id
+                ),
+            })
+            .into());
+        }
+        let outcome = self.write(&caller, Cmd::AuthEnable).await?;
         self.status(outcome)
     }
 
@@ -235,8 +293,8 @@ impl ConchAuth for AuthService {
         &self,
         request: Request<cpb::AuthDisableRequest>,
     ) -> Result<Response<cpb::AuthStatusResponse>, Status> {
-        self.admin(&request)?;
-        let outcome = self.write(Cmd::AuthDisable).await?;
+        let caller = self.admin(&request)?;
+        let outcome = self.write(&caller, Cmd::AuthDisable).await?;
         self.status(outcome)
     }
 
@@ -253,13 +311,13 @@ impl ConchAuth for AuthService {
         &self,
         request: Request<cpb::RoleCreateRequest>,
     ) -> Result<Response<cpb::RoleResponse>, Status> {
-        self.admin(&request)?;
+        let caller = self.admin(&request)?;
         let r = request.into_inner();
         let cmd = Cmd::RoleCreate {
             name: r.name,
             cluster_admin: r.cluster_admin,
         };
-        let outcome = self.write(cmd).await?;
+        let outcome = self.write(&caller, cmd).await?;
         self.role(outcome)
     }
 
@@ -267,7 +325,7 @@ impl ConchAuth for AuthService {
         &self,
         request: Request<cpb::RoleGrantRequest>,
     ) -> Result<Response<cpb::RoleResponse>, Status> {
-        self.admin(&request)?;
+        let caller = self.admin(&request)?;
         let r = request.into_inner();
         let perm = Permission::parse(&r.permission).map_err(ApiError::from)?;
         let cmd = Cmd::RoleGrant {
@@ -275,7 +333,7 @@ impl ConchAuth for AuthService {
             ns: r.namespace,
             perm,
         };
-        let outcome = self.write(cmd).await?;
+        let outcome = self.write(&caller, cmd).await?;
         self.role(outcome)
     }
 
@@ -283,13 +341,13 @@ impl ConchAuth for AuthService {
         &self,
         request: Request<cpb::RoleRevokeRequest>,
     ) -> Result<Response<cpb::RoleResponse>, Status> {
-        self.admin(&request)?;
+        let caller = self.admin(&request)?;
         let r = request.into_inner();
         let cmd = Cmd::RoleRevoke {
             role: r.role,
             ns: r.namespace,
         };
-        let outcome = self.write(cmd).await?;
+        let outcome = self.write(&caller, cmd).await?;
         self.role(outcome)
     }
 
@@ -318,9 +376,9 @@ impl ConchAuth for AuthService {
         &self,
         request: Request<cpb::RoleDeleteRequest>,
     ) -> Result<Response<cpb::RoleDeleteResponse>, Status> {
-        self.admin(&request)?;
+        let caller = self.admin(&request)?;
         let name = request.into_inner().name;
-        self.write(Cmd::RoleDelete { name }).await?;
+        self.write(&caller, Cmd::RoleDelete { name }).await?;
         Ok(Response::new(cpb::RoleDeleteResponse {}))
     }
 
@@ -328,7 +386,7 @@ impl ConchAuth for AuthService {
         &self,
         request: Request<cpb::TokenCreateRequest>,
     ) -> Result<Response<cpb::TokenCreateResponse>, Status> {
-        self.admin(&request)?;
+        let caller = self.admin(&request)?;
         let r = request.into_inner();
         let secret = generate_token()?;
         let cmd = Cmd::TokenCreate {
@@ -336,7 +394,7 @@ impl ConchAuth for AuthService {
             role: r.role,
             hash: hash_token(&secret),
         };
-        match self.write(cmd).await? {
+        match self.write(&caller, cmd).await? {
             Outcome::Token(token) => Ok(Response::new(cpb::TokenCreateResponse {
                 token: Some(token_message(token)),
                 secret,
@@ -349,9 +407,9 @@ impl ConchAuth for AuthService {
         &self,
         request: Request<cpb::TokenRevokeRequest>,
     ) -> Result<Response<cpb::TokenRevokeResponse>, Status> {
-        self.admin(&request)?;
+        let caller = self.admin(&request)?;
         let id = request.into_inner().id;
-        self.write(Cmd::TokenRevoke { id }).await?;
+        self.write(&caller, Cmd::TokenRevoke { id }).await?;
         Ok(Response::new(cpb::TokenRevokeResponse {}))
     }
 

@@ -43,15 +43,15 @@ impl GrackleService {
         &self,
         request: Request<T>,
         need: Permission,
-    ) -> Result<(Option<String>, T), Status> {
+    ) -> Result<(Write, T), Status> {
         let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
         caller.allow(&self.node, Access::Namespace(r.namespace(), need))?;
-        Ok((id, r))
+        Ok((Write { caller, id }, r))
     }
 
-    async fn write(&self, id: Option<String>, cmd: Cmd) -> Result<Outcome, ApiError> {
-        let cmd = request_id::wrap(id, cmd);
+    async fn write(&self, write: Write, cmd: Cmd) -> Result<Outcome, ApiError> {
+        let cmd = write.command(cmd);
         cmd.validate()?;
         Ok(self.node.write_one(cmd).await??)
     }
@@ -98,6 +98,19 @@ impl GrackleService {
             outcome,
             token.unwrap_or(0),
         ))
+    }
+}
+
+/// Who asks for a write and under which request id.
+struct Write {
+    caller: Caller,
+    id: Option<String>,
+}
+
+impl Write {
+    /// `cmd` as proposed: with the caller's token, run once per request id.
+    fn command(self, cmd: Cmd) -> Cmd {
+        request_id::wrap(self.id, self.caller.sign(cmd))
     }
 }
 
@@ -153,12 +166,13 @@ impl GrackleApi for GrackleService {
             Permission::Admin
         };
         caller.allow(&self.node, Access::Namespace(&r.name, need))?;
+        let write = Write { caller, id };
         let cmd = Cmd::CreateNamespace {
             name: r.name,
             description: r.description,
             metadata: convert::metadata(r.metadata),
         };
-        match self.write(id, cmd).await? {
+        match self.write(write, cmd).await? {
             Outcome::Namespace(ns) => self.reply(pb::CreateNamespaceResponse {
                 namespace: Some(convert::namespace(ns)),
             }),
@@ -204,14 +218,14 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateNamespaceRequest>,
     ) -> Result<Response<pb::UpdateNamespaceResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Admin)?;
+        let (write, r) = self.permitted_write(request, Permission::Admin)?;
         let cmd = Cmd::UpdateNamespace {
             name: r.namespace_name,
             description: r.description,
             metadata: convert::metadata(r.metadata),
             expected_version: r.expected_version,
         };
-        match self.write(id, cmd).await? {
+        match self.write(write, cmd).await? {
             Outcome::Namespace(ns) => self.reply(pb::UpdateNamespaceResponse {
                 namespace: Some(convert::namespace(ns)),
             }),
@@ -224,9 +238,9 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteNamespaceRequest>,
     ) -> Result<Response<pb::DeleteNamespaceResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Admin)?;
+        let (write, r) = self.permitted_write(request, Permission::Admin)?;
         self.write(
-            id,
+            write,
             Cmd::DeleteNamespace {
                 name: r.namespace_name,
             },
@@ -240,7 +254,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreRequest>,
     ) -> Result<Response<pb::CreateSemaphoreResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::CreateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -248,7 +262,7 @@ impl GrackleApi for GrackleService {
             permits: r.permits,
             metadata: convert::metadata(r.metadata),
         };
-        match self.write(id, cmd).await? {
+        match self.write(write, cmd).await? {
             Outcome::Semaphore(sem) => self.reply(pb::CreateSemaphoreResponse {
                 semaphore: Some(convert::semaphore(sem)),
             }),
@@ -290,7 +304,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.permitted_write(request, Permission::Write)?;
         let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
         let key = WaitKey {
             ns: r.namespace_name,
@@ -305,7 +319,7 @@ impl GrackleApi for GrackleService {
             wait_ns,
             metadata: convert::metadata(r.metadata),
         };
-        let cmd = request_id::wrap(id, cmd);
+        let cmd = write.command(cmd);
         cmd.validate().map_err(ApiError::from)?;
         // Register before proposing, so the grant cannot slip past us.
         let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key.clone()));
@@ -334,13 +348,13 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ReleaseSemaphoreRequest>,
     ) -> Result<Response<pb::ReleaseSemaphoreResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::Release {
             ns: r.namespace_name,
             sem: r.semaphore_name,
             lease: r.lease_id,
         };
-        match self.write(id, cmd).await? {
+        match self.write(write, cmd).await? {
             Outcome::Semaphore(sem) => self.reply(pb::ReleaseSemaphoreResponse {
                 semaphore: Some(convert::semaphore(sem)),
             }),
@@ -353,7 +367,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateSemaphoreRequest>,
     ) -> Result<Response<pb::UpdateSemaphoreResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::UpdateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -362,7 +376,7 @@ impl GrackleApi for GrackleService {
             metadata: convert::metadata(r.metadata),
             expected_version: r.expected_version,
         };
-        match self.write(id, cmd).await? {
+        match self.write(write, cmd).await? {
             Outcome::Semaphore(sem) => self.reply(pb::UpdateSemaphoreResponse {
                 semaphore: Some(convert::semaphore(sem)),
             }),
@@ -375,9 +389,9 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteSemaphoreRequest>,
     ) -> Result<Response<pb::DeleteSemaphoreResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.permitted_write(request, Permission::Write)?;
         self.write(
-            id,
+            write,
             Cmd::DeleteSemaphore {
                 ns: r.namespace_name,
                 name: r.semaphore_name,
@@ -408,14 +422,14 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::CreateSemaphoreLeaseResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::CreateLease {
             ns: r.namespace_name,
             process_id: r.process_id,
             ttl_s: r.ttl_seconds,
             metadata: convert::metadata(r.metadata),
         };
-        match self.write(id, cmd).await? {
+        match self.write(write, cmd).await? {
             Outcome::Lease(lease) => self.reply(pb::CreateSemaphoreLeaseResponse {
                 lease: Some(convert::lease(lease)),
             }),
@@ -428,9 +442,9 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RevokeSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RevokeSemaphoreLeaseResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.permitted_write(request, Permission::Write)?;
         self.write(
-            id,
+            write,
             Cmd::RevokeLease {
                 ns: r.namespace_name,
                 lease: r.lease_id,
@@ -444,13 +458,13 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RefreshSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RefreshSemaphoreLeaseResponse>, Status> {
-        let (id, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.permitted_write(request, Permission::Write)?;
         let cmd = Cmd::RefreshLease {
             ns: r.namespace_name,
             lease: r.lease_id,
             ttl_s: r.ttl_seconds,
         };
-        match self.write(id, cmd).await? {
+        match self.write(write, cmd).await? {
             Outcome::Lease(lease) => self.reply(pb::RefreshSemaphoreLeaseResponse {
                 lease: Some(convert::lease(lease)),
             }),

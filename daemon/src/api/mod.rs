@@ -38,19 +38,34 @@ pub const CLIENT_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 pub const LEADER_HEADER: &str = "conch-leader";
 
 /// The client-facing services, limited and guarded as clients meet them: the Grackle API,
-/// conch's extensions, administration (a forwarded admin call carrying another cluster's id is
-/// refused) and access control. The one list that the node's port and the in-process client
-/// (`embed::LocalClient`) both serve.
+/// conch's extensions, administration and access control. The one list that the node's port and
+/// the in-process client (`embed::LocalClient`) both serve.
 pub fn client_routes(node: &Arc<Node>) -> Routes {
     let grackle = GrackleApiServer::new(grackle::GrackleService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    Routes::new(grackle)
+        .add_service(conch_api)
+        .add_service(admin_service(node))
+        .add_service(auth)
+}
+
+/// Administration, for clients and for admin calls other nodes forward here (those carry their
+/// sender's cluster id, and another cluster's is refused; the caller's token is checked as for
+/// any client).
+fn admin_service(
+    node: &Arc<Node>,
+) -> InterceptedService<
+    ConchAdminServer<conch::AdminService>,
+    impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone + use<>,
+> {
     let admin = ConchAdminServer::new(conch::AdminService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-    // A forwarded admin call carries its sender's cluster id: another cluster's is refused.
     let admin_node = Arc::clone(node);
-    let admin = InterceptedService::new(admin, move |request: tonic::Request<()>| {
+    InterceptedService::new(admin, move |request: tonic::Request<()>| {
         if request.metadata().contains_key(CLUSTER_ID_HEADER) {
             admin_node
                 .cluster_id
@@ -58,21 +73,38 @@ pub fn client_routes(node: &Arc<Node>) -> Routes {
                 .map_err(|e| status::ApiError::ClusterMismatch(e.to_string()))?;
         }
         Ok(request)
-    });
-    let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(node)))
-        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
-    Routes::new(grackle)
-        .add_service(conch_api)
-        .add_service(admin)
-        .add_service(auth)
+    })
 }
 
-/// Serves every service on `listener` until `shutdown` resolves.
+/// The node-to-node service, admitted only for members (see `peer::admit`).
+fn peer_service(
+    node: &Arc<Node>,
+) -> InterceptedService<
+    ConchPeerServer<peer::PeerService>,
+    impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone + use<>,
+> {
+    let peer = ConchPeerServer::new(peer::PeerService::new(Arc::clone(node)))
+        .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
+        .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES);
+    let peer_node = Arc::clone(node);
+    InterceptedService::new(peer, move |mut request: tonic::Request<()>| {
+        let sender = peer::admit(&peer_node, &request)?;
+        request.extensions_mut().insert(sender);
+        Ok(request)
+    })
+}
+
+/// Serves until `shutdown` resolves: every service on `listener`, or, with a separate
+/// `peer_listener` (`--peer-listen`), the client services there and the peer service (with
+/// administration, which other nodes forward admin calls to) on the peer listener.
 pub async fn serve(
     node: Arc<Node>,
     listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()>,
+    peer_listener: Option<tokio::net::TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    use futures::FutureExt;
+    let shutdown = shutdown.shared();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(health::follow(Arc::clone(&node), health_reporter));
     // Reflection in both versions: older grpcurl, Postman, evans and many IDE plugins only
@@ -90,23 +122,41 @@ pub async fn serve(
         .build_v1alpha()
         .inspect_err(|e| tracing::warn!(error = %e, "gRPC reflection v1alpha unavailable"))
         .ok();
-    let peer = ConchPeerServer::new(peer::PeerService::new(Arc::clone(&node)))
-        .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
-        .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES);
-    let peer_node = Arc::clone(&node);
-    let peer = InterceptedService::new(peer, move |request: tonic::Request<()>| {
-        peer::admit(&peer_node, &request)?;
-        Ok(request)
-    });
-    let router = Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        // Every call is counted; every client-facing response names the leader, errors too.
-        .layer(responses::ResponseLayer::new(Arc::clone(&node)))
+    let builder = || {
+        Server::builder()
+            .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+            // Every call is counted; every client-facing response names the leader, errors too.
+            .layer(responses::ResponseLayer::new(Arc::clone(&node)))
+    };
+    let shared_port = peer_listener.is_none();
+    let clients = builder()
         .add_routes(client_routes(&node))
-        .add_service(health_service)
+        .add_service(health_service.clone())
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
-        .add_service(peer);
+        .add_optional_service(shared_port.then(|| peer_service(&node)));
+    let Some(peer_listener) = peer_listener else {
+        return serve_on(&node, clients, listener, shutdown).await;
+    };
+    let peers = builder()
+        .add_service(peer_service(&node))
+        .add_service(admin_service(&node))
+        .add_service(health_service);
+    let (served, peers_served) = tokio::join!(
+        serve_on(&node, clients, listener, shutdown.clone()),
+        serve_on(&node, peers, peer_listener, shutdown),
+    );
+    served.and(peers_served)
+}
+
+async fn serve_on(
+    node: &Node,
+    router: tonic::transport::server::Router<
+        tower::layer::util::Stack<responses::ResponseLayer, tower::layer::util::Identity>,
+    >,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
     if let Some(tls) = &node.config.tls {
         let incoming = crate::tls::incoming(listener, Arc::clone(tls));
         return router

@@ -1,5 +1,10 @@
 //! `ConchPeer`: the node-to-node service. Raft RPCs are handed to openraft; proposals and read
 //! index requests from followers go to this node's proposer and read path.
+//!
+//! What always holds: no call is answered for a caller that has not proved it is a member (see
+//! [`admit`]) whenever access control is on; a vote, proposal or read-index request from a node
+//! that is not in this node's membership is refused; a Raft message naming a candidate or leader
+//! other than its authenticated sender is refused; no refusal names the cluster id or members.
 
 use std::sync::Arc;
 
@@ -9,10 +14,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+
 use super::status::ApiError;
+use crate::identity::{PEER_ID_HEADER, PEER_SECRET_HEADER, secret_header};
 use crate::node::{Node, NodeError};
 use crate::raft::network::{decode, encode};
-use crate::raft::peer_target;
+use crate::raft::{NodeId, TypeConfig, peer_target};
 use crate::state::Cmd;
 
 pub struct PeerService {
@@ -25,29 +33,115 @@ impl PeerService {
     }
 }
 
-/// Admits a call to the peer service: with peer mutual TLS the connection must have presented a
-/// node certificate (see `tls.rs`), and the call must come from this node's cluster (see
-/// `identity.rs`).
-pub fn admit(node: &Node, request: &Request<()>) -> Result<(), ApiError> {
+/// Who a peer call comes from, as [`admit`] established it: the sender's node id (`None` only
+/// from a sender that names none, accepted only while peers need not authenticate).
+#[derive(Clone, Copy, Debug)]
+pub struct PeerSender(pub Option<NodeId>);
+
+/// What every refusal of an unauthenticated or foreign peer call says: nothing about this
+/// cluster (not its id, not its members). The reason is logged here instead.
+const NOT_A_MEMBER: &str = "the peer service answers only members of this cluster";
+
+/// Admits a call to the peer service, or refuses it; see `docs/design.md` (Peer identity).
+///
+/// 1. With peer mutual TLS (`--peer-ca`) the connection must have presented a node
+///    certificate (see `tls.rs`).
+/// 2. With a peer secret (`--peer-secret-file`) the call must carry it.
+/// 3. With neither, the call is refused whenever access control is on: a peer call can change
+///    anything, so access control without peer authentication would be for show.
+/// 4. An authenticated call must name its sender; the cluster id it carries must be ours.
+pub fn admit(node: &Node, request: &Request<()>) -> Result<PeerSender, ApiError> {
+    let metadata = request.metadata();
+    let sender = metadata
+        .get(PEER_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<NodeId>().ok())
+        .filter(|id| *id > 0);
+    let mut authenticated = false;
     if let Some(tls) = &node.config.tls
         && tls.peer_mtls()
     {
         let Some(chain) = request.peer_certs() else {
-            return Err(ApiError::PeerRefused(
-                "the peer service needs a node certificate; this connection presented none".into(),
-            ));
+            return Err(refuse(node, "a peer call without a certificate"));
         };
         if !tls.is_node_certificate(&chain) {
-            return Err(ApiError::PeerRefused(
-                "the peer service needs a node certificate (signed by the peer CA, valid for \
-                 server authentication); this connection presented another"
-                    .into(),
-            ));
+            return Err(refuse(node, "a peer call with a certificate that is not a node's"));
         }
+        authenticated = true;
     }
-    node.cluster_id
-        .check(request.metadata())
-        .map_err(|e| ApiError::ClusterMismatch(e.to_string()))
+    if let Some(secret) = &node.config.peer_secret {
+        let given = metadata
+            .get(PEER_SECRET_HEADER)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if !constant_time_eq(given, secret_header(secret).as_bytes()) {
+            return Err(refuse(node, "a peer call without the peer secret"));
+        }
+        authenticated = true;
+    }
+    if !authenticated && access_control_on(node) {
+        return Err(refuse(
+            node,
+            "a peer call, because access control is on and this node has no peer \
+             authentication (start it with --peer-secret-file or --peer-ca)",
+        ));
+    }
+    if authenticated && sender.is_none() {
+        return Err(refuse(node, "a peer call naming no sender node"));
+    }
+    if let Err(mismatch) = node.cluster_id.check(metadata) {
+        tracing::debug!(%mismatch, "peer call from another cluster");
+        return Err(ApiError::ClusterMismatch(NOT_A_MEMBER.into()));
+    }
+    Ok(PeerSender(sender))
+}
+
+fn access_control_on(node: &Node) -> bool {
+    node.config.bootstrap_admin_token.is_some() || node.applied.read(|s| s.auth().enabled())
+}
+
+/// Logs why (at most every few seconds) and refuses without saying.
+fn refuse(node: &Node, what: &str) -> ApiError {
+    if node.peer_refusals.due() {
+        tracing::warn!("refused {what}");
+    }
+    ApiError::PeerRefused(NOT_A_MEMBER.into())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The sender recorded by [`admit`].
+fn sender<T>(request: &Request<T>) -> Option<NodeId> {
+    request.extensions().get::<PeerSender>().and_then(|s| s.0)
+}
+
+/// Refuses a call from a node that is not a member (a removed node campaigning, or one never
+/// added), as this node knows the membership.
+fn from_member<T>(node: &Node, request: &Request<T>) -> Result<(), ApiError> {
+    match sender(request) {
+        Some(id) if !node.is_member(id) => {
+            if node.peer_refusals.due() {
+                tracing::warn!(node = id, "refused a peer call from a node that is not a member");
+            }
+            Err(ApiError::PeerRefused(format!(
+                "node {id} is not a member of this cluster"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a Raft RPC whose own sender (the candidate or leader it names) is not the node that
+/// sent it.
+fn sent_by<T>(request: &Request<T>, named: Option<NodeId>) -> Result<(), ApiError> {
+    match (sender(request), named) {
+        (Some(sender), Some(named)) if sender != named => Err(ApiError::PeerRefused(format!(
+            "node {sender} sent a message in the name of node {named}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses a Raft RPC meant for another node (see `raft/peer_target.rs`).
@@ -55,8 +149,8 @@ fn for_this_node<T>(node: &Node, request: &Request<T>) -> Result<(), ApiError> {
     peer_target::check(node.id, request.metadata()).map_err(ApiError::ClusterMismatch)
 }
 
-fn decode_request<T: DeserializeOwned>(request: Request<PeerMessage>) -> Result<T, ApiError> {
-    decode(&request.into_inner().payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))
+fn decode_request<T: DeserializeOwned>(request: &Request<PeerMessage>) -> Result<T, ApiError> {
+    decode(&request.get_ref().payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))
 }
 
 fn encode_reply<T: Serialize>(value: &T) -> Result<Response<PeerMessage>, ApiError> {
@@ -72,14 +166,19 @@ impl ConchPeer for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         for_this_node(&self.node, &request)?;
+        let from = sender(&request);
+        let rpc: AppendEntriesRequest<TypeConfig> = decode_request(&request)?;
+        sent_by(&request, rpc.vote.leader_id().voted_for())?;
         self.node.cluster_id.adopt_from(request.metadata());
-        let rpc = decode_request(request)?;
+        self.node.note_client_addr(from, request.metadata());
         Ok(encode_reply(&self.node.raft.append_entries(rpc).await)?)
     }
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
         for_this_node(&self.node, &request)?;
-        let rpc = decode_request(request)?;
+        from_member(&self.node, &request)?;
+        let rpc: VoteRequest<NodeId> = decode_request(&request)?;
+        sent_by(&request, rpc.vote.leader_id().voted_for())?;
         Ok(encode_reply(&self.node.raft.vote(rpc).await)?)
     }
 
@@ -88,8 +187,9 @@ impl ConchPeer for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         for_this_node(&self.node, &request)?;
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode_request(&request)?;
+        sent_by(&request, rpc.vote.leader_id().voted_for())?;
         self.node.cluster_id.adopt_from(request.metadata());
-        let rpc = decode_request(request)?;
         Ok(encode_reply(&self.node.raft.install_snapshot(rpc).await)?)
     }
 
@@ -97,7 +197,8 @@ impl ConchPeer for PeerService {
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
-        let cmds: Vec<Cmd> = decode_request(request)?;
+        from_member(&self.node, &request)?;
+        let cmds: Vec<Cmd> = decode_request(&request)?;
         let result = if self.node.is_leader() {
             self.node.propose_forwarded(cmds).await
         } else {
@@ -108,8 +209,9 @@ impl ConchPeer for PeerService {
 
     async fn read_index(
         &self,
-        _request: Request<PeerMessage>,
+        request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
+        from_member(&self.node, &request)?;
         Ok(encode_reply(&self.node.read_index_as_leader().await)?)
     }
 }

@@ -91,8 +91,8 @@ where
 }
 
 fn add_leader(node: &Node, headers: &mut http::HeaderMap) {
-    if let Some(leader) = node.leader()
-        && let Ok(value) = http::HeaderValue::from_str(&leader.addr)
+    if let Some(addr) = node.leader_client_addr()
+        && let Ok(value) = http::HeaderValue::from_str(&addr)
     {
         headers.insert(LEADER_HEADER, value);
     }

@@ -132,6 +132,8 @@ fn from_state(error: Error) -> Status {
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::ResourceExhausted => Code::ResourceExhausted,
         ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
     };
     Status::new(code, error.message)
 }

@@ -24,7 +24,8 @@ use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{NodeId, TypeConfig};
-use crate::identity::{ClusterId, WithClusterId};
+use crate::identity::{ClusterId, PeerStamp, WithClusterId};
+use crate::config::Config;
 use crate::tls::Tls;
 
 /// Largest peer message accepted or sent (snapshot chunks and entry batches stay below it).
@@ -39,11 +40,18 @@ pub type PeerChannel = WithClusterId<Channel>;
 pub struct PeerDialer {
     tls: Option<Arc<Tls>>,
     cluster_id: Arc<ClusterId>,
+    stamp: Arc<PeerStamp>,
 }
 
 impl PeerDialer {
-    pub fn new(tls: Option<Arc<Tls>>, cluster_id: Arc<ClusterId>) -> Self {
-        PeerDialer { tls, cluster_id }
+    /// How the node `config` describes dials its peers.
+    pub fn of(config: &Config, cluster_id: Arc<ClusterId>) -> Self {
+        let stamp = PeerStamp::new(config.id, config.peer_secret.as_ref(), &config.advertise);
+        PeerDialer {
+            tls: config.tls.clone(),
+            cluster_id,
+            stamp: Arc::new(stamp),
+        }
     }
 
     /// Builds a lazily connecting gRPC channel to `addr` (`host:port`).
@@ -61,7 +69,11 @@ impl PeerDialer {
             Some(tls) => endpoint.connect_with_connector_lazy(tls.peer_connector()),
             None => endpoint.connect_lazy(),
         };
-        Ok(WithClusterId::new(channel, Arc::clone(&self.cluster_id)))
+        Ok(WithClusterId::new(
+            channel,
+            Arc::clone(&self.cluster_id),
+            Arc::clone(&self.stamp),
+        ))
     }
 }
 

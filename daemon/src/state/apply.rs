@@ -58,6 +58,13 @@ impl State {
             reap(namespaces, &mut ctx);
         }
         cmd.validate()?;
+        let (token, cmd) = match cmd {
+            Cmd::As { token, cmd } => (Some(token), &**cmd),
+            cmd => (None, cmd),
+        };
+        if let Some(access) = super::auth::access_of(cmd) {
+            auth.authorize(token, access)?;
+        }
         let ctx = &mut ctx;
         match cmd {
             Cmd::CreateNamespace {
@@ -186,6 +193,8 @@ impl State {
             Cmd::Once { .. } => Err(Error::invalid(
                 "conch-request-id applies to client writes only",
             )),
+            // Unwrapped above; one nested in another is refused by validation.
+            Cmd::As { .. } => Err(Error::invalid("a command carries one token")),
             Cmd::AuthEnable
             | Cmd::AuthDisable
             | Cmd::RoleCreate { .. }

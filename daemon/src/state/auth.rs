@@ -26,6 +26,9 @@ use super::validate;
 
 /// The namespace key of a grant that applies to every namespace.
 pub const ALL_NAMESPACES: &str = "*";
+/// The namespace `conch sema` keeps its semaphores in: creating it needs only `write` on it, so
+/// `write` on it is all the CLI needs.
+pub const CLI_NAMESPACE: &str = "conch";
 /// The role the bootstrap admin token gets.
 pub const BOOTSTRAP_ROLE: &str = "cluster-admin";
 /// The name of the bootstrap admin token.
@@ -139,6 +142,55 @@ pub enum Denied {
     Unauthenticated(String),
     /// A known token whose role lacks the permission.
     PermissionDenied(String),
+}
+
+impl From<Denied> for Error {
+    fn from(denied: Denied) -> Error {
+        match denied {
+            Denied::Unauthenticated(message) => Error {
+                kind: ErrorKind::Unauthenticated,
+                message,
+            },
+            Denied::PermissionDenied(message) => Error {
+                kind: ErrorKind::PermissionDenied,
+                message,
+            },
+        }
+    }
+}
+
+/// What a client command needs of its caller's token while access control is on (the same as
+/// the API checks before proposing it); `None` for the commands nodes propose themselves:
+/// expiry, lease extension, giving up a wait, the bootstrap.
+pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
+    use Permission::{Admin, Write};
+    Some(match cmd {
+        // The CLI's own namespace may be created by whoever may write in it.
+        Cmd::CreateNamespace { name, .. } if name == CLI_NAMESPACE => Access::Namespace(name, Write),
+        Cmd::CreateNamespace { name, .. }
+        | Cmd::UpdateNamespace { name, .. }
+        | Cmd::DeleteNamespace { name } => Access::Namespace(name, Admin),
+        Cmd::CreateSemaphore { ns, .. }
+        | Cmd::UpdateSemaphore { ns, .. }
+        | Cmd::DeleteSemaphore { ns, .. }
+        | Cmd::CreateLease { ns, .. }
+        | Cmd::RefreshLease { ns, .. }
+        | Cmd::RevokeLease { ns, .. }
+        | Cmd::Acquire { ns, .. }
+        | Cmd::Release { ns, .. } => Access::Namespace(ns, Write),
+        Cmd::AuthEnable
+        | Cmd::AuthDisable
+        | Cmd::RoleCreate { .. }
+        | Cmd::RoleGrant { .. }
+        | Cmd::RoleRevoke { .. }
+        | Cmd::RoleDelete { .. }
+        | Cmd::TokenCreate { .. }
+        | Cmd::TokenRevoke { .. } => Access::ClusterAdmin,
+        Cmd::GiveUp { .. } | Cmd::Expire | Cmd::ExtendLeases | Cmd::AuthBootstrap { .. } => {
+            return None;
+        }
+        Cmd::Once { cmd, .. } | Cmd::As { cmd, .. } => return access_of(cmd),
+    })
 }
 
 pub fn token_id(id: u64) -> String {

@@ -10,6 +10,8 @@ const S: Nanos = NANOS_PER_SEC;
 struct Timeline {
     state: State,
     now_ns: Nanos,
+    /// The token commands are sent with (`None`: none, an anonymous caller).
+    caller: Option<u8>,
 }
 
 impl Timeline {
@@ -17,6 +19,7 @@ impl Timeline {
         Timeline {
             state: State::new(),
             now_ns: S,
+            caller: None,
         }
     }
 
@@ -30,7 +33,7 @@ impl Timeline {
         let batch = Batch {
             now_ns: self.now_ns,
             wall_ns: self.now_ns,
-            cmds: vec![cmd],
+            cmds: vec![cmd.with_token(self.caller.map(|b| [b; 32]))],
         };
         let mut replies = self.state.apply_batch(&batch, &mut Vec::new());
         self.state.check_invariants().expect("invariants hold");
@@ -115,6 +118,11 @@ fn enable_needs_a_cluster_admin_token() {
     t.token("root", 2);
     t.ok(Cmd::AuthEnable);
     assert!(t.state.auth().enabled());
+    // Once on, turning it off takes a cluster-admin token.
+    assert_eq!(t.err(Cmd::AuthDisable).kind, ErrorKind::Unauthenticated);
+    t.caller = Some(1);
+    assert_eq!(t.err(Cmd::AuthDisable).kind, ErrorKind::PermissionDenied);
+    t.caller = Some(2);
     t.ok(Cmd::AuthDisable);
     assert!(!t.state.auth().enabled());
 }
@@ -131,6 +139,7 @@ fn permissions_by_namespace_and_level() {
     t.token("app", 2);
     t.token("viewer", 3);
     t.ok(Cmd::AuthEnable);
+    t.caller = Some(1);
 
     let ns = |n, p| Access::Namespace(n, p);
     // No token and unknown tokens are unauthenticated.
@@ -198,6 +207,7 @@ fn revoked_tokens_are_unknown_and_the_last_admin_token_stays() {
     t.role("app", false);
     let app = t.token("app", 2);
     t.ok(Cmd::AuthEnable);
+    t.caller = Some(1);
     t.ok(Cmd::TokenRevoke { id: app.clone() });
     assert!(matches!(
         t.check(Some(2), Access::Namespace("a", Permission::Read)),
@@ -326,4 +336,123 @@ fn the_store_survives_a_snapshot_round_trip_empty_or_used() {
     assert_eq!(restored.auth().roles(), t.state.auth().roles());
     // Every truncation is an error, never a state without the store.
     assert!((0..used.len()).all(|len| State::decode_snapshot(&used[..len]).is_err()));
+}
+
+#[test]
+fn a_write_is_authorized_by_the_store_where_it_applies() {
+    // t=0   roles root (token 1) and app (token 2, write on namespace a); access control on
+    let mut t = Timeline::new();
+    t.role("root", true);
+    let _root = t.token("root", 1);
+    t.role("app", false);
+    t.grant("app", "a", Permission::Write);
+    let app = t.token("app", 2);
+    t.ok(Cmd::CreateNamespace {
+        name: "a".into(),
+        description: String::new(),
+        metadata: Metadata::new(),
+    });
+    t.ok(Cmd::AuthEnable);
+    let sem = |name: &str| Cmd::CreateSemaphore {
+        ns: "a".into(),
+        name: name.into(),
+        description: String::new(),
+        permits: 1,
+        metadata: Metadata::new(),
+    };
+    // t=1s  app creates a semaphore in a                     -> ok
+    t.caller = Some(2);
+    t.ok(sem("s1"));
+    // t=2s  the same without a token                         -> Unauthenticated, unchanged
+    t.caller = None;
+    assert_eq!(t.err(sem("s2")).kind, ErrorKind::Unauthenticated);
+    // t=3s  app asks for admin on a (update the namespace)   -> PermissionDenied, unchanged
+    t.caller = Some(2);
+    let e = t.err(Cmd::UpdateNamespace {
+        name: "a".into(),
+        description: "mine".into(),
+        metadata: Metadata::new(),
+        expected_version: 1,
+    });
+    assert_eq!(e.kind, ErrorKind::PermissionDenied);
+    assert!(e.message.contains("admin permission on namespace a"), "{}", e.message);
+    // t=4s  app turns access control off                     -> PermissionDenied
+    assert_eq!(t.err(Cmd::AuthDisable).kind, ErrorKind::PermissionDenied);
+    // t=5s  root revokes app's token
+    t.caller = Some(1);
+    t.ok(Cmd::TokenRevoke { id: app });
+    // t=6s  a write app's node let through before it applied the revocation -> refused here
+    t.caller = Some(2);
+    assert_eq!(t.err(sem("s3")).kind, ErrorKind::Unauthenticated);
+    // ...and so is its retry under a request id, even of a request that ran before
+    let once = |request_id: &str, cmd: Cmd| Cmd::Once {
+        request_id: request_id.into(),
+        cmd: Box::new(cmd.with_token(Some([2; 32]))),
+    };
+    t.caller = None;
+    assert_eq!(t.err(once("r-1", sem("s4"))).kind, ErrorKind::Unauthenticated);
+    // Commands nodes propose themselves need no token.
+    t.ok(Cmd::Expire);
+}
+
+#[test]
+fn a_retry_under_a_request_id_answers_only_a_caller_who_may_ask() {
+    // t=0   root (1), app (2, write on a), other (3, write on b); access control on
+    let mut t = Timeline::new();
+    t.role("root", true);
+    t.token("root", 1);
+    t.role("app", false);
+    t.grant("app", "a", Permission::Write);
+    t.token("app", 2);
+    t.role("other", false);
+    t.grant("other", "b", Permission::Write);
+    t.token("other", 3);
+    t.ok(Cmd::AuthEnable);
+    t.caller = Some(1);
+    t.ok(Cmd::CreateNamespace {
+        name: "a".into(),
+        description: String::new(),
+        metadata: Metadata::new(),
+    });
+    let lease = |token: u8| Cmd::Once {
+        request_id: "req-1".into(),
+        cmd: Box::new(
+            Cmd::CreateLease {
+                ns: "a".into(),
+                process_id: "p".into(),
+                ttl_s: 10,
+                metadata: Metadata::new(),
+            }
+            .with_token(Some([token; 32])),
+        ),
+    };
+    // t=1s  app creates a lease under request id req-1       -> ok
+    t.caller = None;
+    let first = t.ok(lease(2));
+    // t=2s  app retries                                       -> the same reply
+    assert_eq!(t.ok(lease(2)), first);
+    // t=3s  other replays the id with its own token           -> refused, learns nothing
+    assert_eq!(t.err(lease(3)).kind, ErrorKind::PermissionDenied);
+}
+
+#[test]
+fn a_token_wraps_one_client_command() {
+    let wrapped = |cmd: Cmd| cmd.with_token(Some([1; 32]));
+    for cmd in [
+        wrapped(wrapped(Cmd::AuthEnable)),
+        wrapped(Cmd::Expire),
+        wrapped(Cmd::ExtendLeases),
+        wrapped(Cmd::AuthBootstrap { hash: [2; 32] }),
+        wrapped(Cmd::Once {
+            request_id: "r".into(),
+            cmd: Box::new(Cmd::AuthEnable),
+        }),
+    ] {
+        assert_eq!(
+            cmd.validate().map_err(|e| e.kind),
+            Err(ErrorKind::InvalidArgument),
+            "{cmd:?}"
+        );
+    }
+    assert_eq!(wrapped(Cmd::AuthEnable).validate(), Ok(()));
 }

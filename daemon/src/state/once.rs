@@ -27,7 +27,8 @@ use bincode::Options;
 /// FNV-1a 64 of the command's canonical encoding. An acquire's wait is left out: a client's
 /// retries and re-attaches of one acquire ask for what is left of its wait.
 fn digest(cmd: &Cmd) -> u64 {
-    let bytes = match cmd {
+    // The token is left out too: it is who asks, not what is asked.
+    let bytes = match cmd.unwrapped() {
         Cmd::Acquire { .. } => {
             let mut cmd = cmd.clone();
             if let Cmd::Acquire { wait_ns, .. } = &mut cmd {
@@ -67,13 +68,15 @@ impl State {
     fn apply_once(&mut self, id: &str, cmd: &Cmd, events: &mut Vec<Event>, start: usize) -> Reply {
         super::validate::request_id(id)?;
         if matches!(
-            cmd,
+            cmd.unwrapped(),
             Cmd::Once { .. } | Cmd::GiveUp { .. } | Cmd::Expire | Cmd::ExtendLeases
         ) {
             return Err(Error::invalid(
                 "conch-request-id applies to client writes only",
             ));
         }
+        // A remembered reply goes only to a caller who may make the request now.
+        self.authorize(cmd)?;
         let digest = digest(cmd);
         if let Some(entry) = self.data.requests.get(id) {
             if entry.digest != digest {
@@ -89,7 +92,7 @@ impl State {
         // Events first: the reaping before the command may end an older wait of this waiter.
         self.settle_requests(&events[start..]);
         let reply = result?;
-        let waiter = match (cmd, &reply) {
+        let waiter = match (cmd.unwrapped(), &reply) {
             (Cmd::Acquire { ns, sem, lease, .. }, reply) if is_pending(reply) => {
                 Some((ns.clone(), sem.clone(), lease.clone()))
             }
@@ -100,6 +103,18 @@ impl State {
             .requests
             .remember(id, clock_ns, digest, reply.clone(), waiter);
         Ok(reply)
+    }
+
+    /// Refuses `cmd` (possibly an [`Cmd::As`]) unless its token may make it now.
+    fn authorize(&self, cmd: &Cmd) -> Result<(), Error> {
+        let (token, inner) = match cmd {
+            Cmd::As { token, cmd } => (Some(token), &**cmd),
+            cmd => (None, cmd),
+        };
+        match super::auth::access_of(inner) {
+            Some(access) => Ok(self.data.auth.authorize(token, access)?),
+            None => Ok(()),
+        }
     }
 
     /// Records grants and ended waits of remembered queued acquires.

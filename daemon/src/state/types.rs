@@ -160,6 +160,36 @@ pub enum Cmd {
     AuthBootstrap {
         hash: TokenHash,
     },
+    /// A client's command with the token it was sent with (its SHA-256). While access control
+    /// is on, the state checks the token's rights against `cmd` before running it, so what
+    /// decides is the auth store at this point of the log, not the one a node had applied when
+    /// it received the call. A client command without this wrapper runs with no token. Inside
+    /// `Once` (never around it), around client commands only.
+    As {
+        token: TokenHash,
+        cmd: Box<Cmd>,
+    },
+}
+
+impl Cmd {
+    /// The command inside an [`Cmd::As`], or this one.
+    pub fn unwrapped(&self) -> &Cmd {
+        match self {
+            Cmd::As { cmd, .. } => cmd,
+            cmd => cmd,
+        }
+    }
+
+    /// `self` sent with `token` (no token: unchanged, it runs as an anonymous caller).
+    pub fn with_token(self, token: Option<TokenHash>) -> Cmd {
+        match token {
+            Some(token) => Cmd::As {
+                token,
+                cmd: Box::new(self),
+            },
+            None => self,
+        }
+    }
 }
 
 /// What a command answers: a value, or an error that changed nothing.
@@ -217,6 +247,11 @@ pub enum ErrorKind {
     ResourceExhausted,
     /// The state does not allow it now (e.g. enabling access control without an admin token).
     FailedPrecondition,
+    /// Access control is on and the command came without a token, or with an unknown or
+    /// revoked one.
+    Unauthenticated,
+    /// Access control is on and the token's role lacks the permission the command needs.
+    PermissionDenied,
 }
 
 /// A refused command or read. Messages are lowercase and name the field or thing at fault.

@@ -274,13 +274,22 @@ impl Cmd {
                 cmd,
             } => {
                 request_id(id)?;
-                match **cmd {
+                match *cmd.unwrapped() {
                     Cmd::Once { .. } | Cmd::GiveUp { .. } | Cmd::Expire | Cmd::ExtendLeases => Err(
                         Error::invalid("conch-request-id applies to client writes only"),
                     ),
                     _ => cmd.validate(),
                 }
             }
+            Cmd::As { cmd, .. } => match **cmd {
+                Cmd::As { .. } | Cmd::Once { .. } => {
+                    Err(Error::invalid("a token wraps one client command"))
+                }
+                _ if super::auth::access_of(cmd).is_none() => {
+                    Err(Error::invalid("a token wraps client commands only"))
+                }
+                _ => cmd.validate(),
+            },
             Cmd::AuthEnable
             | Cmd::AuthDisable
             | Cmd::RoleCreate { .. }
