@@ -134,7 +134,10 @@ fn expect_code<T: std::fmt::Debug>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_and_namespace_permissions_are_enforced_on_every_node() -> anyhow::Result<()> {
-    let mut cluster = Cluster::start(3).await?;
+    let work = tempfile::tempdir()?;
+    let secret = cluster_tests::auth::peer_secret_args(work.path())?;
+    let secret: Vec<&str> = secret.iter().map(String::as_str).collect();
+    let mut cluster = Cluster::start_with(3, &secret).await?;
     let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
 
     // Set up while access control is off: an administrator, then turn it on.
@@ -336,10 +339,11 @@ async fn a_bootstrap_token_file_turns_access_control_on_and_the_cli_uses_tokens(
     let token_file = dir.path().join("admin.token");
     std::fs::write(&token_file, "bootstrap-token-0123456789-abcdefghijklmnop\n")?;
     let token_path = token_file.display().to_string();
-    let args = vec![
+    let mut args = vec![
         "--bootstrap-admin-token-file".to_string(),
         token_path.clone(),
     ];
+    args.extend(cluster_tests::auth::peer_secret_args(dir.path())?);
     let mut cluster = Cluster::launch(1, &args, false).await?;
     cluster.set_admin_token("bootstrap-token-0123456789-abcdefghijklmnop");
     cluster.wait_for_leader(SHOW_UP).await?;

@@ -295,15 +295,17 @@ impl Node {
         }
     }
 
-    /// Whether node `id` is a voter or learner of the membership this node knows.
-    pub fn is_member(&self, id: NodeId) -> bool {
-        self.raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .is_some()
+    /// Whether node `id` is a voter or learner of the membership this node knows; `None` while
+    /// this node knows none (an empty node: the cluster's first members vote it in, a new learner
+    /// learns the membership from its leader).
+    pub fn is_member(&self, id: NodeId) -> Option<bool> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        if membership.nodes().next().is_none() {
+            return None;
+        }
+        Some(membership.get_node(&id).is_some())
     }
 
     /// True while this node leads a term whose `ExtendLeases` is not committed yet: its next

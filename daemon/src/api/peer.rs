@@ -121,7 +121,7 @@ fn sender<T>(request: &Request<T>) -> Option<NodeId> {
 /// added), as this node knows the membership.
 fn from_member<T>(node: &Node, request: &Request<T>) -> Result<(), ApiError> {
     match sender(request) {
-        Some(id) if !node.is_member(id) => {
+        Some(id) if node.is_member(id) == Some(false) => {
             if node.peer_refusals.due() {
                 tracing::warn!(node = id, "refused a peer call from a node that is not a member");
             }
