@@ -505,3 +505,65 @@ async fn a_revoked_token_cannot_write_through_a_lagging_follower() -> anyhow::Re
     ensure!(leases.len() == 1, "only the first lease exists: {leases:?}");
     Ok(())
 }
+
+/// Runs `conch` with `args` against `endpoint` and the admin token; returns (code, stdout,
+/// stderr).
+async fn conch_as_admin(endpoint: &str, args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let mut command = tokio::process::Command::new(cluster_tests::binary("conch"));
+    command
+        .args(args)
+        .env("CONCH_ENDPOINTS", endpoint)
+        .env("CONCH_TOKEN", ADMIN)
+        .env_remove("CONCH_TOKEN_FILE")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .context("conch timed out")??;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+/// Access control turned off after the bootstrap, on a node started with the token file: an
+/// error at every start, shown by `conch auth status` and `conch cluster health`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_file_with_access_control_off_is_reported() -> anyhow::Result<()> {
+    let work = tempfile::tempdir()?;
+    let mut cluster = Cluster::launch(1, &secured(work.path())?, false).await?;
+    cluster.set_admin_token(ADMIN);
+    cluster.wait_for_leader(SHOW_UP).await?;
+    let endpoint = cluster.addr(1);
+    let ch = cluster.channel(1).context("node 1")?;
+    wait_for("access control to be on", SHOW_UP, || {
+        let ch = ch.clone();
+        async move { auth_enabled(ch).await.ok()?.then_some(()) }
+    })
+    .await?;
+    let (code, out, err) = conch_as_admin(&endpoint, &["auth", "disable"]).await?;
+    ensure!(code == 0, "auth disable: {code} {out} {err}");
+    cluster.kill(1);
+    cluster.restart(1)?;
+    cluster.wait_for_leader(SHOW_UP).await?;
+    wait_for("the error line at start", SHOW_UP, || async {
+        cluster
+            .log(1)
+            .lines()
+            .any(|l| l.contains("ERROR") && l.contains("access control off"))
+            .then_some(())
+    })
+    .await?;
+    let (code, out, err) = conch_as_admin(&endpoint, &["auth", "status"]).await?;
+    ensure!(
+        code == 0 && out.contains("access control is off") && out.contains("problem:"),
+        "auth status: {code} {out} {err}"
+    );
+    let (code, out, err) = conch_as_admin(&endpoint, &["cluster", "health"]).await?;
+    ensure!(
+        code == 1 && out.contains("degraded") && out.contains("--bootstrap-admin-token-file"),
+        "cluster health: {code} {out} {err}"
+    );
+    Ok(())
+}

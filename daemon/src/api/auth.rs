@@ -165,16 +165,14 @@ pub fn forward<T>(metadata: &MetadataMap, message: T) -> Request<T> {
 pub async fn bootstrap(node: Arc<Node>, hash: TokenHash) {
     loop {
         if !bootstrap_pending(&node) {
-            if let Some(problem) = setup_problem(&node) {
-                tracing::error!("{problem}");
+            match setup_problem(&node) {
+                Some(problem) => tracing::error!("{problem}"),
+                None => tracing::info!("access control is on"),
             }
             return;
         }
         match node.write_one(Cmd::AuthBootstrap { hash }).await {
-            Ok(Ok(_)) => {
-                tracing::info!("bootstrap admin token installed; access control is on");
-                continue;
-            }
+            Ok(Ok(_)) => continue,
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "bootstrap admin token refused");
                 return;

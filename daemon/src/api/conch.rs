@@ -189,6 +189,7 @@ impl ConchAdmin for AdminService {
         let commit_index = self.node.applied.applied_index().max(applied_index);
         Ok(Response::new(cpb::ClusterStatusResponse {
             node_id: self.node.id,
+            problems: super::auth::setup_problem(&self.node).into_iter().collect(),
             addr: self.node.config.advertise.clone(),
             leader_id,
             leader_addr,

@@ -201,14 +201,17 @@ fn print_status(r: &AuthStatusResponse, json: bool) -> anyhow::Result<ExitCode> 
             "enabled": r.enabled,
             "roles": r.roles,
             "tokens": r.tokens,
+            "problems": r.problems,
         });
         crate::print_lines([serde_json::to_string_pretty(&value)?])?;
     } else {
         let state = if r.enabled { "on" } else { "off" };
-        crate::print_lines([format!(
+        let mut lines = vec![format!(
             "access control is {state} ({} roles, {} tokens)",
             r.roles, r.tokens
-        )])?;
+        )];
+        lines.extend(r.problems.iter().map(|p| format!("problem: {p}")));
+        crate::print_lines(lines)?;
     }
     Ok(ExitCode::SUCCESS)
 }

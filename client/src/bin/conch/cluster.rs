@@ -54,6 +54,9 @@ pub struct NodeStatus {
     pub state_hash: String,
     /// Empty on a node that has not joined a cluster yet.
     pub cluster_id: String,
+    /// What the node finds wrong with its own setup.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -87,6 +90,7 @@ impl From<ClusterStatusResponse> for NodeStatus {
                 .collect(),
             state_hash: format!("{:016x}", r.state_hash),
             cluster_id: r.cluster_id,
+            problems: r.problems,
         }
     }
 }

@@ -159,6 +159,7 @@ pub fn evaluate(rows: &[Row]) -> Health {
             if !catching_up.is_empty() {
                 problems.push(format!("catching up: {}", ids(&catching_up)));
             }
+            problems.extend(answered.iter().flat_map(|s| s.problems.iter().cloned()));
             let base = format!(
                 "leader {}, term {}, {}/{} voters up, commit index {}",
                 l.node_id,
@@ -230,6 +231,7 @@ mod tests {
                     .collect(),
                 state_hash: String::new(),
                 cluster_id: "c".into(),
+                problems: Vec::new(),
             }),
             error: None,
         }
@@ -272,6 +274,17 @@ mod tests {
         let h = evaluate(&[behind, node(2, 1, 3, 5000), node(3, 1, 3, 10)]);
         assert_eq!(h.status, Level::Degraded, "{}", h.summary);
         assert_eq!(h.catching_up, vec![3]);
+    }
+
+    #[test]
+    fn a_node_that_reports_a_setup_problem_makes_the_cluster_degraded() {
+        let mut troubled = node(2, 1, 3, 50);
+        if let Some(s) = troubled.status.as_mut() {
+            s.problems = vec!["node 2 was started with --bootstrap-admin-token-file but …".into()];
+        }
+        let h = evaluate(&[node(1, 1, 3, 50), troubled, node(3, 1, 3, 50)]);
+        assert_eq!(h.status, Level::Degraded, "{}", h.summary);
+        assert!(h.summary.contains("bootstrap-admin-token-file"), "{}", h.summary);
     }
 
     #[test]
