@@ -130,7 +130,35 @@ async fn access_control_without_peer_authentication_cannot_exist() -> anyhow::Re
     );
     let status = auth.auth_status(AuthStatusRequest {}).await?.into_inner();
     ensure!(!status.enabled, "access control stays off");
+
+    // And what that means: anyone who reaches its peer service (and reads the cluster id off
+    // `conch cluster status`) commits what they like.
+    let cluster_id = cluster.status(1).await?.cluster_id;
+    let mut peer = ConchPeerClient::new(cluster.channel(1).context("node 1")?);
+    peer.propose(peer_request(
+        forged_create_namespace("forged"),
+        &[("conch-cluster-id", &cluster_id)],
+    ))
+    .await?;
+    GrackleApiClient::new(cluster.channel(1).context("node 1")?)
+        .get_namespace(pb::GetNamespaceRequest {
+            namespace_name: "forged".into(),
+        })
+        .await
+        .context("the forged namespace exists")?;
     Ok(())
+}
+
+/// bincode of `Vec<Cmd>` holding one `CreateNamespace { name, "", {} }`.
+fn forged_create_namespace(name: &str) -> Vec<u8> {
+    const CREATE_NAMESPACE: u32 = 0;
+    let mut payload = 1u64.to_le_bytes().to_vec();
+    payload.extend(CREATE_NAMESPACE.to_le_bytes());
+    payload.extend((name.len() as u64).to_le_bytes());
+    payload.extend(name.as_bytes());
+    payload.extend(0u64.to_le_bytes()); // description
+    payload.extend(0u64.to_le_bytes()); // metadata
+    payload
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
