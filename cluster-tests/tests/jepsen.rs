@@ -24,7 +24,8 @@ use cluster_tests::jepsen::run::{RunOptions, run};
 /// third run cycles through them instead.
 async fn run_and_check(nodes: u64, seed: u64) -> anyhow::Result<()> {
     run_with(nodes, seed, |opts| {
-        opts.exclude = NEWER_KINDS.iter().map(|k| k.to_string()).collect()
+        opts.exclude = NEWER_KINDS.iter().map(|k| k.to_string()).collect();
+        opts.adversary = true;
     })
     .await
     .map(|_| ())

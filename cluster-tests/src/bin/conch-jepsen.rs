@@ -58,6 +58,10 @@ struct Cli {
     /// Turn access control on first; every client then sends a cluster-admin token.
     #[arg(long)]
     auth: bool,
+    /// Without a caller that forges peer messages throughout (on by default: the nodes then
+    /// authenticate their peers with a secret, or with node certificates under --tls).
+    #[arg(long)]
+    no_adversary: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -107,6 +111,7 @@ async fn main() -> ExitCode {
     opts.progress = !cli.quiet;
     opts.tls = cli.tls;
     opts.auth = cli.auth;
+    opts.adversary = !cli.no_adversary;
     let result = tokio::select! {
         result = run(opts) => result,
         _ = tokio::signal::ctrl_c() => {

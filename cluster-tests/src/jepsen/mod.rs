@@ -8,10 +8,12 @@
 //! - [`history`]: every operation as invoke / ok / fail / unknown;
 //! - [`checker`]: the safety checks on the history;
 //! - [`run`]: one run end to end, with the final drain, agreement and liveness checks;
-//! - [`cli_holders`]: `conch sema` holders beside the workload, and the `pause-client` fault.
+//! - [`cli_holders`]: `conch sema` holders beside the workload, and the `pause-client` fault;
+//! - [`adversary`]: a caller that is not a member, forging peer messages throughout.
 //!
 //! Used by `conch-jepsen` and by `tests/jepsen.rs`.
 
+pub mod adversary;
 pub mod checker;
 pub mod cli_holders;
 pub mod history;

@@ -69,6 +69,9 @@ pub struct RunOptions {
     /// Fault names to inject in this order, round robin, instead of random draws (see
     /// `nemesis::MENU`); empty: random.
     pub cycle: Vec<String>,
+    /// A caller that is not a member forges peer messages throughout (see `adversary`); the
+    /// nodes then authenticate their peers (a peer secret, or node certificates with `tls`).
+    pub adversary: bool,
 }
 
 /// Size of each node's data disk when `disk-full` is in the menu: far more than a run writes
@@ -107,6 +110,7 @@ impl RunOptions {
             auth: false,
             cli_holders: true,
             cycle: Vec::new(),
+            adversary: false,
         }
     }
 }
@@ -381,6 +385,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         let (dir, auth_args) = crate::auth::bootstrap_args()?;
         args.extend(auth_args);
         Some(dir)
+    } else if opts.adversary && !opts.tls {
+        let dir = tempfile::Builder::new()
+            .prefix("conch-peer-secret-")
+            .tempdir()?;
+        args.extend(crate::auth::peer_secret_args(dir.path())?);
+        Some(dir)
     } else {
         None
     };
@@ -476,6 +486,18 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     });
     let workload = Workload::start(&shared);
     say(progress, start, format!("{} clients started", opts.clients));
+    let adversary = if opts.adversary {
+        let cluster_id = cluster.status(cluster.ids()[0]).await?.cluster_id;
+        say(progress, start, "adversary forging peer messages");
+        Some(super::adversary::Adversary::start(
+            cluster.endpoints(),
+            cluster.ids(),
+            cluster_id,
+            opts.seed,
+        ))
+    } else {
+        None
+    };
 
     let (cli, said) = super::cli_holders::for_run(
         opts.cli_holders && !opts.tls && !opts.auth,
@@ -579,6 +601,45 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     let tail_start = history.now();
     tokio::time::sleep(opts.tail.max(opts.ttl + MIN_TAIL_OVER_TTL)).await;
     let tail_end = history.now();
+    if let Some(adversary) = adversary {
+        let report = adversary.stop().await;
+        say(
+            progress,
+            start,
+            format!(
+                "adversary: {} forged calls, {} refused, {} unanswered (faults), {} accepted",
+                report.sent,
+                report.refused,
+                report.unanswered,
+                report.accepted.len()
+            ),
+        );
+        for accepted in report.accepted {
+            run_violation(&mut check, "adversary", accepted);
+        }
+        if report.refused == 0 {
+            run_violation(
+                &mut check,
+                "adversary",
+                format!("no forged call was refused ({} sent)", report.sent),
+            );
+        }
+        if let Some(channel) = cluster.channels().into_values().next() {
+            match super::adversary::planted(channel).await {
+                Ok(planted) if planted.is_empty() => {}
+                Ok(planted) => run_violation(
+                    &mut check,
+                    "adversary",
+                    format!("forged namespaces were committed: {planted:?}"),
+                ),
+                Err(e) => run_violation(
+                    &mut check,
+                    "adversary",
+                    format!("could not list namespaces to look for forged ones: {e}"),
+                ),
+            }
+        }
+    }
     say(progress, start, "stopping the workload");
     let leases = workload
         .stop(Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(10))
