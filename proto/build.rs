@@ -1,7 +1,7 @@
 //! Generates the Rust code for the wire contract with a vendored `protoc`, so no system
 //! protobuf compiler is needed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
@@ -43,15 +43,35 @@ fn build_commit() {
         .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
         .unwrap_or_else(|| "unknown".to_string());
     println!("cargo:rustc-env=CONCH_BUILD_COMMIT={commit}");
-    // Build again when the checkout moves to another commit.
-    for path in ["HEAD", "packed-refs"] {
-        if let Some(p) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={p}");
+    // Build again when the checkout moves to another commit. Cargo treats a watched path that
+    // does not exist as always changed (so everything above would rebuild on every build): name
+    // only paths that exist. `--git-path` resolves each one for a linked worktree too (HEAD is
+    // the worktree's own, refs and packed-refs are the main repository's).
+    let watch = |path: &Path| println!("cargo:rerun-if-changed={}", path.display());
+    let git_path = |name: &str| git(&["rev-parse", "--git-path", name]).map(PathBuf::from);
+    // HEAD names the branch, or the commit itself when detached.
+    let Some(head) = git_path("HEAD").filter(|p| p.is_file()) else {
+        return;
+    };
+    watch(&head);
+    // Refs stored as files and packed-refs, or in a reftable.
+    for store in ["packed-refs", "reftable/tables.list"] {
+        if let Some(p) = git_path(store).filter(|p| p.is_file()) {
+            watch(&p);
         }
     }
     if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
-        && let Some(p) = git(&["rev-parse", "--git-path", &branch])
+        && let Some(loose) = git_path(&branch)
+        && let Some(refs) = git_path("refs")
     {
-        println!("cargo:rerun-if-changed={p}");
+        // The branch's own file, or while it has none (its ref is packed, or it has no commit
+        // yet) the nearest directory under refs/ that exists, where that file will appear.
+        if let Some(existing) = loose
+            .ancestors()
+            .take_while(|p| p.starts_with(&refs))
+            .find(|p| p.exists())
+        {
+            watch(existing);
+        }
     }
 }

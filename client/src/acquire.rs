@@ -162,12 +162,9 @@ pub(crate) fn plan_rpc(
     }
 }
 
+/// The answer's outcome; one this client does not know counts as not acquired.
 fn outcome(resp: &AcquireSemaphoreResponse) -> AcquireOutcome {
-    match AcquireOutcome::try_from(resp.outcome) {
-        Ok(AcquireOutcome::Unspecified) | Err(_) if resp.success => AcquireOutcome::Acquired,
-        Ok(o) => o,
-        Err(_) => AcquireOutcome::Unspecified,
-    }
+    AcquireOutcome::try_from(resp.outcome).unwrap_or(AcquireOutcome::Invalid)
 }
 
 impl Client {
@@ -450,18 +447,20 @@ mod tests {
     }
 
     #[test]
-    fn outcomes_fall_back_to_the_success_flag() {
+    fn only_an_acquired_outcome_is_a_grant() {
         let mut r = AcquireSemaphoreResponse {
             outcome: AcquireOutcome::TimedOut as i32,
             ..Default::default()
         };
         assert_eq!(outcome(&r), AcquireOutcome::TimedOut);
-        r.outcome = AcquireOutcome::Unspecified as i32;
-        r.success = true;
+        r.outcome = AcquireOutcome::Unavailable as i32;
+        assert_eq!(outcome(&r), AcquireOutcome::Unavailable);
+        r.outcome = AcquireOutcome::Acquired as i32;
         assert_eq!(outcome(&r), AcquireOutcome::Acquired);
+        // Unset, or a value from a newer server: never read as a grant.
+        r.outcome = AcquireOutcome::Invalid as i32;
+        assert_eq!(outcome(&r), AcquireOutcome::Invalid);
         r.outcome = 42;
-        assert_eq!(outcome(&r), AcquireOutcome::Acquired);
-        r.success = false;
-        assert_eq!(outcome(&r), AcquireOutcome::Unspecified);
+        assert_eq!(outcome(&r), AcquireOutcome::Invalid);
     }
 }

@@ -3,7 +3,7 @@
 //! Run with `cargo run -p conchd --example embedded`.
 
 use conchd::proto::grackle::{
-    AcquireSemaphoreRequest, CreateNamespaceRequest, CreateSemaphoreLeaseRequest,
+    AcquireOutcome, AcquireSemaphoreRequest, CreateNamespaceRequest, CreateSemaphoreLeaseRequest,
     CreateSemaphoreRequest, ReleaseSemaphoreRequest,
 };
 use conchd::{ConchNode, NodeConfig};
@@ -61,7 +61,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?
         .into_inner();
-    if !acquired.success {
+    if acquired.outcome() != AcquireOutcome::Acquired {
         return Err("the semaphore was not acquired".into());
     }
     println!(

@@ -13,7 +13,10 @@
 //! that expires and with the wall clock only for display times.
 //!
 //! Every call to another node (forwarded writes and reads, forwarded admin calls) goes over one
-//! cached, route-aware channel per peer. See `docs/design.md` (The write path, Time).
+//! cached, route-aware channel per peer. A forwarded write or read that the leader it tried did
+//! not take (it stepped down, or cannot be reached) is tried again after news of a leader or a
+//! short back-off, whichever comes first (`node/leader_wait.rs`), never in a spin. See
+//! `docs/design.md` (The write path, Time).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +39,10 @@ use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, peer_client}
 use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Cmd, Nanos, Reply};
 use crate::storage_fault;
+
+mod leader_wait;
+
+use leader_wait::{LeaderWait, Woken};
 
 /// Most commands put into one Raft entry.
 const BATCH_MAX_CMDS: usize = 4096;
@@ -336,6 +343,8 @@ impl Node {
     /// Waits (bounded by `leader_wait`) until some leader is known.
     async fn await_leader(&self, deadline: tokio::time::Instant) -> Result<LeaderInfo, NodeError> {
         let mut metrics = self.raft.metrics();
+        // Seen now: `changed()` then reports only what changes after the check below.
+        metrics.borrow_and_update();
         loop {
             if let Some(leader) = self.leader() {
                 return Ok(leader);
@@ -462,6 +471,7 @@ impl Node {
 
     async fn commit_anywhere(&self, cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
         let deadline = tokio::time::Instant::now() + self.config.leader_wait;
+        let mut pause = LeaderWait::new(self.raft.server_metrics());
         loop {
             let leader = self.await_leader(deadline).await?;
             let result = if leader.id == self.id {
@@ -471,9 +481,11 @@ impl Node {
             };
             match result {
                 Err(NodeError::NotLeader { .. }) if tokio::time::Instant::now() < deadline => {
-                    // The leader changed under us; nothing was proposed. Wait for news and retry.
-                    let mut metrics = self.raft.metrics();
-                    let _ = tokio::time::timeout(self.config.heartbeat, metrics.changed()).await;
+                    // The leader changed under us, or cannot be reached; nothing was proposed.
+                    // Wait for news of a leader (or a back-off) and retry.
+                    if pause.after_refusal(&leader, deadline).await == Woken::Closed {
+                        return Err(shutting_down());
+                    }
                 }
                 Err(NodeError::NotLeader { .. }) => return Err(self.no_leader_error()),
                 other => return other,
@@ -569,6 +581,7 @@ impl Node {
 
     async fn read_index(&self) -> Result<u64, NodeError> {
         let deadline = tokio::time::Instant::now() + self.config.leader_wait;
+        let mut pause = LeaderWait::new(self.raft.server_metrics());
         loop {
             let leader = self.await_leader(deadline).await?;
             let result = if leader.id == self.id {
@@ -578,8 +591,9 @@ impl Node {
             };
             match result {
                 Err(NodeError::NotLeader { .. }) if tokio::time::Instant::now() < deadline => {
-                    let mut metrics = self.raft.metrics();
-                    let _ = tokio::time::timeout(self.config.heartbeat, metrics.changed()).await;
+                    if pause.after_refusal(&leader, deadline).await == Woken::Closed {
+                        return Err(shutting_down());
+                    }
                 }
                 Err(NodeError::NotLeader { .. }) => return Err(self.no_leader_error()),
                 other => return other,

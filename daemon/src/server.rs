@@ -290,7 +290,7 @@ async fn log_leader_changes(node: Arc<Node>) {
     let mut seen = (None, 0);
     loop {
         let now = {
-            let m = metrics.borrow();
+            let m = metrics.borrow_and_update();
             (crate::node::known_leader(&m, node.id), m.current_term)
         };
         if now != seen {

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use conchd::proto::grackle::grackle_api_client::GrackleApiClient;
 use conchd::proto::grackle::{
-    AcquireSemaphoreRequest, CreateNamespaceRequest, CreateSemaphoreLeaseRequest,
+    AcquireOutcome, AcquireSemaphoreRequest, CreateNamespaceRequest, CreateSemaphoreLeaseRequest,
     CreateSemaphoreRequest, GetSemaphoreRequest, ReleaseSemaphoreRequest,
 };
 use conchd::{ConchNode, LocalClient, NodeConfig};
@@ -68,7 +68,7 @@ async fn acquire(client: &LocalClient, ns: &str, name: &str, lease_id: &str) -> 
         .await
         .expect("acquire")
         .into_inner();
-    reply.success.then_some(reply.fencing_token)
+    (reply.outcome() == AcquireOutcome::Acquired).then_some(reply.fencing_token)
 }
 
 async fn holds(client: &LocalClient, ns: &str, name: &str) -> u64 {

@@ -57,7 +57,7 @@ def main() -> int:
             timeout_seconds=30,
         ),
     )
-    if not acquired.success:
+    if acquired.outcome != pb.ACQUIRE_OUTCOME_ACQUIRED:
         print("no slot within 30 s", file=sys.stderr)
         call(api.RevokeSemaphoreLease, pb.RevokeSemaphoreLeaseRequest(
             namespace_name="examples", lease_id=lease.lease_id))

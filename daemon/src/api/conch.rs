@@ -335,7 +335,11 @@ impl ConchAdmin for AdminService {
         let applied = self.node.applied.applied_index();
         let mut metrics = self.node.raft.metrics();
         let snapshot_index = loop {
-            let current = metrics.borrow().snapshot.map(|l| l.index).unwrap_or(0);
+            let current = metrics
+                .borrow_and_update()
+                .snapshot
+                .map(|l| l.index)
+                .unwrap_or(0);
             if current >= applied || current > before {
                 break current;
             }

@@ -121,7 +121,6 @@ fn acquire_message(
 ) -> pb::AcquireSemaphoreResponse {
     pb::AcquireSemaphoreResponse {
         semaphore: Some(semaphore),
-        success: outcome == pb::AcquireOutcome::Acquired,
         outcome: outcome as i32,
         fencing_token: token,
     }
