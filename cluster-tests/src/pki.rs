@@ -3,8 +3,9 @@
 //!
 //! A [`Pki`] is a directory with a CA and its revocation list (made by `conch_client::certs`,
 //! the code behind `conch certs`), one node certificate per node (for 127.0.0.1) and a client
-//! certificate. A node address registered with [`register`] is dialed by [`crate::net`] over
-//! TLS with that client certificate; unregistered addresses stay plaintext.
+//! certificate. Every node is started with the revocation list as `--peer-crl`. A node address
+//! registered with [`register`] is dialed by [`crate::net`] over TLS with that client
+//! certificate; unregistered addresses stay plaintext.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -81,8 +82,13 @@ impl Pki {
         Ok((written.cert, written.key))
     }
 
+    /// The CA's revocation list (`--peer-crl`).
+    pub fn crl(&self) -> PathBuf {
+        self.dir.join(certs::CA_CRL)
+    }
+
     /// conchd's TLS flags for node `id` (its certificate must have been issued): TLS, client
-    /// certificates required, peer mutual TLS, all with this CA.
+    /// certificates required, peer mutual TLS, all with this CA, and its revocation list.
     pub fn node_args(&self, id: u64) -> Vec<String> {
         let ca = self.ca_cert().display().to_string();
         vec![
@@ -94,6 +100,8 @@ impl Pki {
             ca.clone(),
             "--peer-ca".into(),
             ca,
+            "--peer-crl".into(),
+            self.crl().display().to_string(),
         ]
     }
 

@@ -97,6 +97,13 @@ pub struct Flags {
     /// and this node presents --tls-cert when it dials them. May be the same CA as --client-ca.
     #[arg(long, env = "CONCH_PEER_CA", help_heading = "TLS")]
     pub peer_ca: Option<PathBuf>,
+
+    /// Certificate revocation lists of the peer CA (PEM, one or more; needs --peer-ca): a
+    /// revoked certificate is refused as a peer (and as a client). Re-read when the file changes
+    /// or on SIGHUP; `conch certs revoke` writes one.
+    #[arg(long, env = "CONCH_PEER_CRL", help_heading = "TLS")]
+    pub peer_crl: Option<PathBuf>,
+
     /// File holding the first cluster-admin token (at least 32 characters). When this node
     /// bootstraps a new cluster, it installs the token's hash with a cluster-admin role and turns
     /// access control on, exactly once.
@@ -160,6 +167,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
     peer_ca: Option<PathBuf>,
+    peer_crl: Option<PathBuf>,
     bootstrap_admin_token_file: Option<PathBuf>,
     join: Option<bool>,
     metrics_listen: Option<String>,
@@ -311,6 +319,7 @@ impl Config {
             flags.tls_key.or(file.tls_key),
             flags.client_ca.or(file.client_ca),
             flags.peer_ca.or(file.peer_ca),
+            flags.peer_crl.or(file.peer_crl),
         )?;
         let join = flags.join || file.join.unwrap_or(false);
         if tls.as_ref().is_some_and(|t| !t.peer_mtls()) && (initial_cluster.len() > 1 || join) {
@@ -383,7 +392,13 @@ fn tls_settings(
     key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
     peer_ca: Option<PathBuf>,
+    peer_crl: Option<PathBuf>,
 ) -> Result<Option<Arc<Tls>>, ConfigError> {
+    if peer_crl.is_some() && peer_ca.is_none() {
+        return Err(ConfigError::Invalid(
+            "--peer-crl needs --peer-ca: it revokes certificates of the peer CA".into(),
+        ));
+    }
     let (cert, key) = match (cert, key) {
         (Some(cert), Some(key)) => (cert, key),
         (Some(_), None) => {
@@ -397,7 +412,11 @@ fn tls_settings(
             ));
         }
         (None, None) => {
-            for (flag, given) in [("--client-ca", &client_ca), ("--peer-ca", &peer_ca)] {
+            for (flag, given) in [
+                ("--client-ca", &client_ca),
+                ("--peer-ca", &peer_ca),
+                ("--peer-crl", &peer_crl),
+            ] {
                 if given.is_some() {
                     return Err(ConfigError::Invalid(format!(
                         "{flag} needs --tls-cert and --tls-key: certificates are checked only over TLS"
@@ -412,6 +431,7 @@ fn tls_settings(
         key,
         client_ca,
         peer_ca,
+        peer_crl,
     };
     Tls::load(files)
         .map(|tls| Some(Arc::new(tls)))
@@ -760,6 +780,21 @@ mod tests {
         );
         refused(
             Flags {
+                peer_crl: Some(garbage.clone()),
+                ..tls_flags(Some(&cert), Some(&key))
+            },
+            "--peer-crl needs --peer-ca",
+        );
+        refused(
+            Flags {
+                peer_ca: Some(cert.clone()),
+                peer_crl: Some(garbage.clone()),
+                ..tls_flags(Some(&cert), Some(&key))
+            },
+            "--peer-crl",
+        );
+        refused(
+            Flags {
                 initial_cluster: Some("1=127.0.0.1:7001,2=127.0.0.1:7002".into()),
                 ..tls_flags(Some(&cert), Some(&key))
             },
@@ -797,6 +832,7 @@ mod tests {
             key: key.clone(),
             client_ca: None,
             peer_ca: None,
+            peer_crl: None,
         })
         .expect("valid");
         assert!(!tls.reload(false).expect("unchanged"), "nothing changed");

@@ -46,9 +46,11 @@ impl PeerDialer {
         PeerDialer { tls, cluster_id }
     }
 
-    /// Builds a lazily connecting gRPC channel to `addr` (`host:port`).
+    /// Builds a lazily connecting gRPC channel to node `node` at `addr` (`host:port`). With
+    /// TLS, the peer must present a node certificate naming `node` (see `tls.rs`).
     pub fn channel(
         &self,
+        node: NodeId,
         addr: &str,
         connect_timeout: Duration,
     ) -> Result<PeerChannel, tonic::transport::Error> {
@@ -58,7 +60,7 @@ impl PeerDialer {
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
         let channel = match &self.tls {
-            Some(tls) => endpoint.connect_with_connector_lazy(tls.peer_connector()),
+            Some(tls) => endpoint.connect_with_connector_lazy(tls.peer_connector(Some(node))),
             None => endpoint.connect_lazy(),
         };
         Ok(WithClusterId::new(channel, Arc::clone(&self.cluster_id)))
@@ -109,7 +111,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         let addr = self.routes.get(&target).unwrap_or(&node.addr);
         let client = self
             .dialer
-            .channel(addr, self.connect_timeout)
+            .channel(target, addr, self.connect_timeout)
             .map(peer_client);
         PeerConnection {
             target,
