@@ -45,7 +45,7 @@ pub const LEAF_DAYS: u32 = 730;
 /// The longest lifetime `--days` accepts: 100 years.
 pub const MAX_DAYS: u32 = 36_500;
 /// The subject common name of every CA made by [`init`].
-const CA_NAME: &str = "conch cluster CA";
+pub const CA_NAME: &str = "conch cluster CA";
 
 /// Why a certificate could not be made.
 #[derive(Debug, thiserror::Error)]
