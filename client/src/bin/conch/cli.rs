@@ -221,11 +221,19 @@ pub enum CertsCommand {
     /// Revoke the certificate in DIR/node<ID>.crt or DIR/client-<NAME>.crt: add its serial
     /// number to DIR/ca.crl, signed again by the CA (earlier revocations stay). Copy ca.crl to
     /// every node (--peer-crl); nodes re-read it without a restart.
+    #[command(after_help = REVOKE_EXAMPLES)]
     Revoke {
         #[command(subcommand)]
         holder: RevokeHolder,
     },
 }
+
+const REVOKE_EXAMPLES: &str = "\
+Examples:
+  conch certs revoke node 2 --dir certs           # node 2's key leaked
+  conch certs node certs --id 2 --host 10.0.0.2   # then issue node 2 a new certificate
+  conch certs revoke client ops --dir certs
+  scp certs/ca.crl node1:/etc/conch/ca.crl        # and to every other node (--peer-crl)";
 
 #[derive(Debug, Subcommand)]
 pub enum RevokeHolder {
