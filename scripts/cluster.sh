@@ -51,6 +51,7 @@ start | start-secure)
     if [ "$cmd" = start-secure ]; then
       extra=(--tls-cert "$certs/node$id.crt" --tls-key "$certs/node$id.key"
         --client-ca "$certs/ca.crt" --peer-ca "$certs/ca.crt")
+      [ -s "$certs/ca.crl" ] && extra+=(--peer-crl "$certs/ca.crl")
       extra+=(--bootstrap-admin-token-file "$certs/admin.token")
     fi
     "$bin" --id "$id" --listen "127.0.0.1:$(port "$id")" --data-dir "$dir/node$id" \

@@ -1,10 +1,11 @@
 //! Certificates made at test time for TLS clusters, and the registry that makes every harness
 //! channel to a TLS node speak TLS.
 //!
-//! A [`Pki`] is a directory with a CA (made by `conch_client::certs`, the code behind
-//! `conch certs`), one node certificate per node (for 127.0.0.1) and a client certificate. A
-//! node address registered with [`register`] is dialed by [`crate::net`] over TLS with that
-//! client certificate; unregistered addresses stay plaintext.
+//! A [`Pki`] is a directory with a CA and its revocation list (made by `conch_client::certs`,
+//! the code behind `conch certs`), one node certificate per node (for 127.0.0.1) and a client
+//! certificate. Every node is started with the revocation list as `--peer-crl`. A node address
+//! registered with [`register`] is dialed by [`crate::net`] over TLS with that client
+//! certificate; unregistered addresses stay plaintext.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,7 +54,8 @@ pub struct Pki {
 impl Pki {
     /// A new CA in `dir` (created).
     pub fn create(dir: &Path) -> anyhow::Result<Pki> {
-        certs::init(dir).with_context(|| format!("make a CA in {}", dir.display()))?;
+        certs::init(dir, certs::CA_DAYS)
+            .with_context(|| format!("make a CA in {}", dir.display()))?;
         Ok(Pki {
             dir: dir.to_path_buf(),
         })
@@ -65,20 +67,28 @@ impl Pki {
 
     /// Issues (or re-issues) node `id`'s certificate for 127.0.0.1; returns (cert, key).
     pub fn node(&self, id: u64) -> anyhow::Result<(PathBuf, PathBuf)> {
-        Ok(certs::write_node(
+        let written = certs::write_node(
             &self.dir,
             id,
             &["127.0.0.1".to_string(), "localhost".to_string()],
-        )?)
+            certs::LEAF_DAYS,
+        )?;
+        Ok((written.cert, written.key))
     }
 
     /// Issues a client certificate; returns (cert, key).
     pub fn client(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
-        Ok(certs::write_client(&self.dir, name)?)
+        let written = certs::write_client(&self.dir, name, certs::LEAF_DAYS)?;
+        Ok((written.cert, written.key))
+    }
+
+    /// The CA's revocation list (`--peer-crl`).
+    pub fn crl(&self) -> PathBuf {
+        self.dir.join(certs::CA_CRL)
     }
 
     /// conchd's TLS flags for node `id` (its certificate must have been issued): TLS, client
-    /// certificates required, peer mutual TLS, all with this CA.
+    /// certificates required, peer mutual TLS, all with this CA, and its revocation list.
     pub fn node_args(&self, id: u64) -> Vec<String> {
         let ca = self.ca_cert().display().to_string();
         vec![
@@ -90,6 +100,8 @@ impl Pki {
             ca.clone(),
             "--peer-ca".into(),
             ca,
+            "--peer-crl".into(),
+            self.crl().display().to_string(),
         ]
     }
 

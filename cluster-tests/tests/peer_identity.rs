@@ -289,10 +289,14 @@ async fn the_bootstrap_completes_whenever_the_first_node_was_stopped() -> anyhow
         let case = format!("{signal:?} after {after_ms} ms");
         for addr in &addrs {
             let ch = lazy_channel(addr)?;
-            wait_for(&format!("{case}: access control on at {addr}"), SHOW_UP, || {
-                let ch = ch.clone();
-                async move { auth_enabled(ch).await.ok()?.then_some(()) }
-            })
+            wait_for(
+                &format!("{case}: access control on at {addr}"),
+                SHOW_UP,
+                || {
+                    let ch = ch.clone();
+                    async move { auth_enabled(ch).await.ok()?.then_some(()) }
+                },
+            )
             .await?;
         }
         // Without the token a write is refused; with it, it is served.
@@ -305,7 +309,10 @@ async fn the_bootstrap_completes_whenever_the_first_node_was_stopped() -> anyhow
             .create_namespace(create("anonymous"))
             .await
             .expect_err("refused");
-        ensure!(refused.code() == Code::Unauthenticated, "{case}: {refused:?}");
+        ensure!(
+            refused.code() == Code::Unauthenticated,
+            "{case}: {refused:?}"
+        );
         grackle
             .create_namespace(with_token(create("admin"), Some(ADMIN)))
             .await
@@ -421,8 +428,7 @@ async fn a_revoked_token_cannot_write_through_a_lagging_follower() -> anyhow::Re
             Vec::new()
         }
     };
-    let mut cluster =
-        Cluster::launch_with(3, &secured(work.path())?, true, false, &env).await?;
+    let mut cluster = Cluster::launch_with(3, &secured(work.path())?, true, false, &env).await?;
     cluster.set_admin_token(ADMIN);
     let leader = cluster.wait_for_leader(SHOW_UP).await?;
     ensure!(leader != 3, "node 3 does not campaign");

@@ -114,6 +114,13 @@ pub struct Flags {
     /// and this node presents --tls-cert when it dials them. May be the same CA as --client-ca.
     #[arg(long, env = "CONCH_PEER_CA", help_heading = "TLS")]
     pub peer_ca: Option<PathBuf>,
+
+    /// Certificate revocation lists of the peer CA (PEM, one or more; needs --peer-ca): a
+    /// revoked certificate is refused as a peer (and as a client). Re-read when the file changes
+    /// or on SIGHUP; `conch certs revoke` writes one.
+    #[arg(long, env = "CONCH_PEER_CRL", help_heading = "TLS")]
+    pub peer_crl: Option<PathBuf>,
+
     /// File holding the first cluster-admin token (at least 32 characters). Give it to every
     /// node of a new cluster: the token's hash is installed with a cluster-admin role and access
     /// control turned on, exactly once, and until that is committed the node answers no client
@@ -182,6 +189,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
     peer_ca: Option<PathBuf>,
+    peer_crl: Option<PathBuf>,
     bootstrap_admin_token_file: Option<PathBuf>,
     join: Option<bool>,
     metrics_listen: Option<String>,
@@ -355,6 +363,7 @@ impl Config {
             flags.tls_key.or(file.tls_key),
             flags.client_ca.or(file.client_ca),
             flags.peer_ca.or(file.peer_ca),
+            flags.peer_crl.or(file.peer_crl),
         )?;
         let join = flags.join || file.join.unwrap_or(false);
         if tls.as_ref().is_some_and(|t| !t.peer_mtls()) && (initial_cluster.len() > 1 || join) {
@@ -371,7 +380,8 @@ impl Config {
             Some(path) => Some(read_token_file(&path)?),
             None => None,
         };
-        let peers_authenticate = peer_secret.is_some() || tls.as_ref().is_some_and(|t| t.peer_mtls());
+        let peers_authenticate =
+            peer_secret.is_some() || tls.as_ref().is_some_and(|t| t.peer_mtls());
         if bootstrap_admin_token.is_some() && !peers_authenticate {
             return Err(ConfigError::Invalid(
                 "--bootstrap-admin-token-file needs peer authentication: without it anyone who \
@@ -391,9 +401,8 @@ impl Config {
                 ConfigError::Invalid(format!("--metrics-listen {text}: {e} (or `off`)"))
             })?),
         };
-        if metrics_listen.is_some_and(|m| {
-            m.port() != 0 && (m == listen || Some(m) == peer_listen)
-        }) {
+        if metrics_listen.is_some_and(|m| m.port() != 0 && (m == listen || Some(m) == peer_listen))
+        {
             return Err(ConfigError::Invalid(format!(
                 "--metrics-listen {metrics_text} is the --listen address; choose another port"
             )));
@@ -500,7 +509,13 @@ fn tls_settings(
     key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
     peer_ca: Option<PathBuf>,
+    peer_crl: Option<PathBuf>,
 ) -> Result<Option<Arc<Tls>>, ConfigError> {
+    if peer_crl.is_some() && peer_ca.is_none() {
+        return Err(ConfigError::Invalid(
+            "--peer-crl needs --peer-ca: it revokes certificates of the peer CA".into(),
+        ));
+    }
     let (cert, key) = match (cert, key) {
         (Some(cert), Some(key)) => (cert, key),
         (Some(_), None) => {
@@ -514,7 +529,11 @@ fn tls_settings(
             ));
         }
         (None, None) => {
-            for (flag, given) in [("--client-ca", &client_ca), ("--peer-ca", &peer_ca)] {
+            for (flag, given) in [
+                ("--client-ca", &client_ca),
+                ("--peer-ca", &peer_ca),
+                ("--peer-crl", &peer_crl),
+            ] {
                 if given.is_some() {
                     return Err(ConfigError::Invalid(format!(
                         "{flag} needs --tls-cert and --tls-key: certificates are checked only over TLS"
@@ -529,6 +548,7 @@ fn tls_settings(
         key,
         client_ca,
         peer_ca,
+        peer_crl,
     };
     Tls::load(files)
         .map(|tls| Some(Arc::new(tls)))
@@ -866,6 +886,21 @@ mod tests {
         );
         refused(
             Flags {
+                peer_crl: Some(garbage.clone()),
+                ..tls_flags(Some(&cert), Some(&key))
+            },
+            "--peer-crl needs --peer-ca",
+        );
+        refused(
+            Flags {
+                peer_ca: Some(cert.clone()),
+                peer_crl: Some(garbage.clone()),
+                ..tls_flags(Some(&cert), Some(&key))
+            },
+            "--peer-crl",
+        );
+        refused(
+            Flags {
                 initial_cluster: Some("1=127.0.0.1:7001,2=127.0.0.1:7002".into()),
                 ..tls_flags(Some(&cert), Some(&key))
             },
@@ -903,6 +938,7 @@ mod tests {
             key: key.clone(),
             client_ca: None,
             peer_ca: None,
+            peer_crl: None,
         })
         .expect("valid");
         assert!(!tls.reload(false).expect("unchanged"), "nothing changed");
@@ -928,7 +964,10 @@ mod tests {
         let split = Config::from_flags(flags(Some("127.0.0.1:7201"), None)).expect("valid");
         assert_eq!(split.peer_advertise, "127.0.0.1:7201");
         assert_eq!(split.advertise, "127.0.0.1:7001");
-        assert_eq!(split.initial_cluster.get(&1).map(String::as_str), Some("127.0.0.1:7201"));
+        assert_eq!(
+            split.initial_cluster.get(&1).map(String::as_str),
+            Some("127.0.0.1:7201")
+        );
         for (listen, advertise, says) in [
             (Some("127.0.0.1:7001"), None, "is the --listen address"),
             (None, Some("127.0.0.1:7201"), "needs --peer-listen"),
@@ -965,7 +1004,10 @@ mod tests {
             ..Flags::default()
         })
         .expect_err("no peer authentication");
-        assert!(err.to_string().contains("needs peer authentication"), "{err}");
+        assert!(
+            err.to_string().contains("needs peer authentication"),
+            "{err}"
+        );
         assert!(!err.to_string().contains('\n'), "{err}");
         let key = format!(
             "{key}peer_secret_file = {:?}\n",

@@ -187,6 +187,13 @@ impl NodeConfig {
         self
     }
 
+    /// With [`NodeConfig::peer_ca`]: certificate revocation lists of the peer CA (PEM), re-read
+    /// when the file changes.
+    pub fn peer_crl(mut self, crl: impl Into<PathBuf>) -> NodeConfig {
+        self.flags.peer_crl = Some(crl.into());
+        self
+    }
+
     /// Serve Prometheus metrics at `http://addr/metrics` (off by default when embedded).
     pub fn metrics_listen(mut self, addr: impl Into<String>) -> NodeConfig {
         self.flags.metrics_listen = Some(addr.into());

@@ -93,8 +93,9 @@ pub struct Node {
     /// This node's callers' proposals on their way to another leader (see `run_forwarder`).
     to_forward: mpsc::Sender<Proposal>,
     reads: mpsc::Sender<oneshot::Sender<Result<u64, NodeError>>>,
-    /// Channels to other nodes, by the address dialed.
-    peers: Mutex<HashMap<String, PeerChannel>>,
+    /// Channels to other nodes, by node and address dialed (a channel checks that the peer's
+    /// certificate names its node, so one address never serves two ids).
+    peers: Mutex<HashMap<(NodeId, String), PeerChannel>>,
     extension: TermExtension,
     /// This node's cluster id (see `identity.rs`).
     pub cluster_id: Arc<ClusterId>,
@@ -366,8 +367,10 @@ impl Node {
     }
 
     /// The channel to node `id` (advertised at `addr`), dialed at its `--peer-routes` address
-    /// if it has one. Channels are cached per address and shared by every call to that node:
-    /// forwarded writes and reads, and forwarded admin calls.
+    /// if it has one. Channels are cached per node and address and shared by every call to that
+    /// node: forwarded writes and reads, forwarded admin calls, and the check of a new learner
+    /// (whose certificate must then name the id it is added as). Every dial knows its target's
+    /// id, so every peer's certificate is checked for that node.
     fn channel_to(&self, id: NodeId, addr: &str) -> Result<PeerChannel, NodeError> {
         let addr = self
             .config
@@ -375,14 +378,15 @@ impl Node {
             .get(&id)
             .map_or(addr, String::as_str);
         let mut channels = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(channel) = channels.get(addr) {
+        let key = (id, addr.to_string());
+        if let Some(channel) = channels.get(&key) {
             return Ok(channel.clone());
         }
         let channel = self
             .dialer
-            .channel(addr, PEER_CONNECT_TIMEOUT)
+            .channel(id, addr, PEER_CONNECT_TIMEOUT)
             .map_err(|e| NodeError::Unavailable(format!("connect to node {id} at {addr}: {e}")))?;
-        channels.insert(addr.to_string(), channel.clone());
+        channels.insert(key, channel.clone());
         Ok(channel)
     }
 

@@ -136,9 +136,9 @@ impl Adversary {
                 };
                 report.sent += 1;
                 match answer {
-                    Ok(()) => report
-                        .accepted
-                        .push(format!("{addr} answered a forged {forgery:?} (as node {posing_as})")),
+                    Ok(()) => report.accepted.push(format!(
+                        "{addr} answered a forged {forgery:?} (as node {posing_as})"
+                    )),
                     Err(status) if status.code() == tonic::Code::PermissionDenied => {
                         report.refused += 1
                     }

@@ -56,7 +56,8 @@ pub fn plan_removal(
 
 /// Asks the node at `addr` (over the peer dialer, so TLS clusters work) for its status, and
 /// accepts it as learner `id` only when it answers within [`PROBE_TIMEOUT`] as node `id`, with no
-/// cluster id yet or this cluster's. Anything else is refused, saying what was found.
+/// cluster id yet or this cluster's. Anything else is refused, saying what was found. With peer
+/// mutual TLS the dial itself already requires a node certificate naming `id`.
 pub async fn probe_new_member(
     node: &Node,
     id: u64,

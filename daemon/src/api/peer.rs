@@ -45,14 +45,15 @@ const NOT_A_MEMBER: &str = "the peer service answers only members of this cluste
 /// Admits a call to the peer service, or refuses it; see `docs/design.md` (Peer identity).
 ///
 /// 1. With peer mutual TLS (`--peer-ca`) the connection must have presented a node
-///    certificate (see `tls.rs`).
+///    certificate (see `tls.rs`), and the call may name no other sender than the node that
+///    certificate names.
 /// 2. With a peer secret (`--peer-secret-file`) the call must carry it.
 /// 3. With neither, the call is refused whenever access control is on: a peer call can change
 ///    anything, so access control without peer authentication would be for show.
 /// 4. An authenticated call must name its sender; the cluster id it carries must be ours.
 pub fn admit(node: &Node, request: &Request<()>) -> Result<PeerSender, ApiError> {
     let metadata = request.metadata();
-    let sender = metadata
+    let mut sender = metadata
         .get(PEER_ID_HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<NodeId>().ok())
@@ -64,9 +65,19 @@ pub fn admit(node: &Node, request: &Request<()>) -> Result<PeerSender, ApiError>
         let Some(chain) = request.peer_certs() else {
             return Err(refuse(node, "a peer call without a certificate"));
         };
-        if !tls.is_node_certificate(&chain) {
-            return Err(refuse(node, "a peer call with a certificate that is not a node's"));
+        let Some(certified) = tls.node_id_of(&chain) else {
+            return Err(refuse(
+                node,
+                "a peer call with a certificate that is not a node's",
+            ));
+        };
+        if sender.is_some_and(|id| id != certified) {
+            return Err(refuse(
+                node,
+                "a peer call naming another sender than the node its certificate names",
+            ));
         }
+        sender = Some(certified);
         authenticated = true;
     }
     if let Some(secret) = &node.config.peer_secret {
@@ -123,7 +134,10 @@ fn from_member<T>(node: &Node, request: &Request<T>) -> Result<(), ApiError> {
     match sender(request) {
         Some(id) if node.is_member(id) == Some(false) => {
             if node.peer_refusals.due() {
-                tracing::warn!(node = id, "refused a peer call from a node that is not a member");
+                tracing::warn!(
+                    node = id,
+                    "refused a peer call from a node that is not a member"
+                );
             }
             Err(ApiError::PeerRefused(format!(
                 "node {id} is not a member of this cluster"

@@ -24,8 +24,8 @@ use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{NodeId, TypeConfig};
-use crate::identity::{ClusterId, PeerStamp, WithClusterId};
 use crate::config::Config;
+use crate::identity::{ClusterId, PeerStamp, WithClusterId};
 use crate::tls::Tls;
 
 /// Largest peer message accepted or sent (snapshot chunks and entry batches stay below it).
@@ -54,9 +54,11 @@ impl PeerDialer {
         }
     }
 
-    /// Builds a lazily connecting gRPC channel to `addr` (`host:port`).
+    /// Builds a lazily connecting gRPC channel to node `node` at `addr` (`host:port`). With
+    /// TLS, the peer must present a node certificate naming `node` (see `tls.rs`).
     pub fn channel(
         &self,
+        node: NodeId,
         addr: &str,
         connect_timeout: Duration,
     ) -> Result<PeerChannel, tonic::transport::Error> {
@@ -66,7 +68,7 @@ impl PeerDialer {
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
         let channel = match &self.tls {
-            Some(tls) => endpoint.connect_with_connector_lazy(tls.peer_connector()),
+            Some(tls) => endpoint.connect_with_connector_lazy(tls.peer_connector(Some(node))),
             None => endpoint.connect_lazy(),
         };
         Ok(WithClusterId::new(
@@ -121,7 +123,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         let addr = self.routes.get(&target).unwrap_or(&node.addr);
         let client = self
             .dialer
-            .channel(addr, self.connect_timeout)
+            .channel(target, addr, self.connect_timeout)
             .map(peer_client);
         PeerConnection {
             target,

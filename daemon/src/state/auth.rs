@@ -166,7 +166,9 @@ pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
     use Permission::{Admin, Write};
     Some(match cmd {
         // The CLI's own namespace may be created by whoever may write in it.
-        Cmd::CreateNamespace { name, .. } if name == CLI_NAMESPACE => Access::Namespace(name, Write),
+        Cmd::CreateNamespace { name, .. } if name == CLI_NAMESPACE => {
+            Access::Namespace(name, Write)
+        }
         Cmd::CreateNamespace { name, .. }
         | Cmd::UpdateNamespace { name, .. }
         | Cmd::DeleteNamespace { name } => Access::Namespace(name, Admin),

@@ -375,7 +375,11 @@ fn a_write_is_authorized_by_the_store_where_it_applies() {
         expected_version: 1,
     });
     assert_eq!(e.kind, ErrorKind::PermissionDenied);
-    assert!(e.message.contains("admin permission on namespace a"), "{}", e.message);
+    assert!(
+        e.message.contains("admin permission on namespace a"),
+        "{}",
+        e.message
+    );
     // t=4s  app turns access control off                     -> PermissionDenied
     assert_eq!(t.err(Cmd::AuthDisable).kind, ErrorKind::PermissionDenied);
     // t=5s  root revokes app's token
@@ -390,7 +394,10 @@ fn a_write_is_authorized_by_the_store_where_it_applies() {
         cmd: Box::new(cmd.with_token(Some([2; 32]))),
     };
     t.caller = None;
-    assert_eq!(t.err(once("r-1", sem("s4"))).kind, ErrorKind::Unauthenticated);
+    assert_eq!(
+        t.err(once("r-1", sem("s4"))).kind,
+        ErrorKind::Unauthenticated
+    );
     // Commands nodes propose themselves need no token.
     t.ok(Cmd::Expire);
 }

@@ -167,21 +167,33 @@ pub enum Command {
 
 const CERTS_EXAMPLES: &str = "\
 Examples:
-  conch certs init certs
+  conch certs init certs                    # CA valid 10 years: ca.crt, ca.key, ca.crl
   conch certs node certs --id 1 --host node1.example.com --host 10.0.0.1
+  conch certs node certs --id 2 --host 10.0.0.2 --days 90
   conch certs client certs --name ops
+  conch certs revoke node 2 --dir certs     # then copy certs/ca.crl to every node
 
-Files: certs/ca.crt, ca.key (keep it offline), node<ID>.crt/.key, client-<NAME>.crt/.key.";
+Files: certs/ca.crt, ca.key (keep it offline), ca.crl (conchd's --peer-crl),
+node<ID>.crt/.key, client-<NAME>.crt/.key.
+
+A node certificate lists serverAuth and clientAuth and names its node with the
+subjectAltName URI urn:conch:node:<ID>; peers accept it only as that node. Node certificates
+made by releases before the URI existed are refused as peers: issue them again.";
 
 #[derive(Debug, Subcommand)]
 pub enum CertsCommand {
-    /// Create DIR (if needed) and a new CA in it: ca.crt and ca.key.
+    /// Create DIR (if needed) and a new CA in it: ca.crt, ca.key and an empty revocation list
+    /// ca.crl.
     Init {
         /// Directory for the CA and the certificates it issues.
         dir: PathBuf,
+        /// How long the CA is valid, in days (10 years by default).
+        #[arg(long, default_value_t = conch_client::certs::CA_DAYS)]
+        days: u32,
     },
-    /// Issue DIR/node<ID>.crt and .key: a node certificate (server and client authentication)
-    /// for the hosts and IP addresses that clients and peers dial. Replaces an existing one.
+    /// Issue DIR/node<ID>.crt and .key: a node certificate (server and client authentication,
+    /// naming node ID as urn:conch:node:<ID>) for the hosts and IP addresses that clients and
+    /// peers dial. Replaces an existing one.
     Node {
         /// Directory holding the CA (see `conch certs init`).
         dir: PathBuf,
@@ -191,6 +203,9 @@ pub enum CertsCommand {
         /// A DNS name or IP address the node is reached at (repeat for several).
         #[arg(long = "host", value_name = "HOST", required = true)]
         hosts: Vec<String>,
+        /// How long the certificate is valid, in days (2 years by default; never past the CA).
+        #[arg(long, default_value_t = conch_client::certs::LEAF_DAYS)]
+        days: u32,
     },
     /// Issue DIR/client-<NAME>.crt and .key: a client certificate (client authentication only).
     Client {
@@ -199,6 +214,44 @@ pub enum CertsCommand {
         /// The client's name (letters, digits, '-', '_', '.').
         #[arg(long)]
         name: String,
+        /// How long the certificate is valid, in days (2 years by default; never past the CA).
+        #[arg(long, default_value_t = conch_client::certs::LEAF_DAYS)]
+        days: u32,
+    },
+    /// Revoke the certificate in DIR/node<ID>.crt or DIR/client-<NAME>.crt: add its serial
+    /// number to DIR/ca.crl, signed again by the CA (earlier revocations stay). Copy ca.crl to
+    /// every node (--peer-crl); nodes re-read it without a restart.
+    #[command(after_help = REVOKE_EXAMPLES)]
+    Revoke {
+        #[command(subcommand)]
+        holder: RevokeHolder,
+    },
+}
+
+const REVOKE_EXAMPLES: &str = "\
+Examples:
+  conch certs revoke node 2 --dir certs           # node 2's key leaked
+  conch certs node certs --id 2 --host 10.0.0.2   # then issue node 2 a new certificate
+  conch certs revoke client ops --dir certs
+  scp certs/ca.crl node1:/etc/conch/ca.crl        # and to every other node (--peer-crl)";
+
+#[derive(Debug, Subcommand)]
+pub enum RevokeHolder {
+    /// Revoke DIR/node<ID>.crt (issue the node a new one with `conch certs node`).
+    Node {
+        /// The node's id.
+        id: u64,
+        /// Directory holding the CA and the certificate.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Revoke DIR/client-<NAME>.crt.
+    Client {
+        /// The client's name.
+        name: String,
+        /// Directory holding the CA and the certificate.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
     },
 }
 

@@ -284,7 +284,11 @@ mod tests {
         }
         let h = evaluate(&[node(1, 1, 3, 50), troubled, node(3, 1, 3, 50)]);
         assert_eq!(h.status, Level::Degraded, "{}", h.summary);
-        assert!(h.summary.contains("bootstrap-admin-token-file"), "{}", h.summary);
+        assert!(
+            h.summary.contains("bootstrap-admin-token-file"),
+            "{}",
+            h.summary
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub fn now_rfc3339() -> String {
 }
 
 /// `t` (not before the epoch; i64 nanoseconds reach no further than the year 2262) as RFC 3339.
-fn rfc3339(t: SystemTime) -> String {
+pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
