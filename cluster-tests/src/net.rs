@@ -19,7 +19,7 @@ use conch_proto::conch::{ClusterStatusRequest, ClusterStatusResponse};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Response, Status};
 
 /// Response metadata naming the leader's address.
@@ -104,6 +104,16 @@ pub fn lazy_channel(addr: &str) -> anyhow::Result<NodeChannel> {
     Ok(with_token(
         endpoint(addr, Duration::from_millis(500))?.connect_lazy(),
     ))
+}
+
+/// A lazily connecting channel to `addr` over TLS with `tls` (whatever the harness registered
+/// for that address).
+pub fn lazy_channel_with(addr: &str, tls: ClientTlsConfig) -> anyhow::Result<NodeChannel> {
+    let endpoint = Endpoint::from_shared(format!("https://{addr}"))?
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_millis(500))
+        .tcp_nodelay(true);
+    Ok(with_token(endpoint.connect_lazy()))
 }
 
 /// `ClusterStatus` of the node at `addr`.

@@ -105,6 +105,37 @@ impl Pki {
         ]
     }
 
+    /// A certificate of this CA as some corporate CAs issue them: v3 with only
+    /// `basicConstraints=CA:FALSE`, no extended key usage. It even names node 2, so only the
+    /// missing extended key usage keeps it from passing as node 2's. Returns (cert, key) files.
+    pub fn no_eku(&self) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(self.dir.join("ca.key"))?)?;
+        let mut ca = rcgen::CertificateParams::default();
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, conch_client::certs::CA_NAME);
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])?;
+        params.is_ca = rcgen::IsCa::ExplicitNoCa;
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::URI("urn:conch:node:2".try_into()?));
+        params.use_authority_key_identifier_extension = true;
+        let key = rcgen::KeyPair::generate()?;
+        let cert = params.signed_by(&key, &issuer)?;
+        let (cert_path, key_path) = (self.dir.join("no-eku.crt"), self.dir.join("no-eku.key"));
+        std::fs::write(&cert_path, cert.pem())?;
+        std::fs::write(&key_path, key.serialize_pem())?;
+        Ok((cert_path, key_path))
+    }
+
+    /// A tonic client configuration trusting this CA and presenting `cert`.
+    pub fn tls_as(&self, cert: &Path, key: &Path) -> anyhow::Result<ClientTlsConfig> {
+        let read = |p: &Path| std::fs::read(p).with_context(|| format!("read {}", p.display()));
+        Ok(ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&self.ca_cert())?))
+            .identity(Identity::from_pem(read(cert)?, read(key)?)))
+    }
+
     /// A tonic client configuration trusting this CA and presenting client `name`'s
     /// certificate (issued first if absent).
     pub fn client_tls(&self, name: &str) -> anyhow::Result<ClientTlsConfig> {

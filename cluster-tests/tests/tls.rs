@@ -229,29 +229,6 @@ async fn conch_certs(args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// A certificate of the PKI's CA as some corporate CAs issue them: v3 with only
-/// `basicConstraints=CA:FALSE`, no extended key usage. It even names node 2, so only the missing
-/// extended key usage keeps it from passing as node 2's. Returns (cert, key) files.
-fn no_eku_certificate(pki: &Pki) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.dir.join("ca.key"))?)?;
-    let mut ca = rcgen::CertificateParams::default();
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, conch_client::certs::CA_NAME);
-    let issuer = rcgen::Issuer::new(ca, ca_key);
-    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])?;
-    params.is_ca = rcgen::IsCa::ExplicitNoCa;
-    params
-        .subject_alt_names
-        .push(rcgen::SanType::URI("urn:conch:node:2".try_into()?));
-    params.use_authority_key_identifier_extension = true;
-    let key = rcgen::KeyPair::generate()?;
-    let cert = params.signed_by(&key, &issuer)?;
-    let (cert_path, key_path) = (pki.dir.join("no-eku.crt"), pki.dir.join("no-eku.key"));
-    std::fs::write(&cert_path, cert.pem())?;
-    std::fs::write(&key_path, key.serialize_pem())?;
-    Ok((cert_path, key_path))
-}
-
 /// A peer client of node `addr` presenting `cert`; `Err` if the connection fails.
 async fn peer_as(
     pki: &Pki,
@@ -348,7 +325,7 @@ async fn only_node_certificates_reach_the_peer_service_and_a_revoked_one_is_cut_
     // (a) A CA-signed certificate without extended key usage, and (b) a client certificate:
     // both pass the handshake (they chain to the CA), and the peer service refuses them on
     // every node, saying nothing about the cluster.
-    let no_eku = no_eku_certificate(&pki)?;
+    let no_eku = pki.no_eku()?;
     conch_certs(&["client", &dir, "--name", "intruder"]).await?;
     let client = (
         pki.dir.join("client-intruder.crt"),

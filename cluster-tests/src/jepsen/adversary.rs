@@ -17,8 +17,9 @@ use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::Request;
+use tonic::transport::ClientTlsConfig;
 
-use crate::net::{NodeChannel, lazy_channel};
+use crate::net::{NodeChannel, lazy_channel, lazy_channel_with};
 use crate::rng::Rng;
 
 /// The prefix of the namespaces the adversary tries to create.
@@ -91,19 +92,33 @@ fn payload(forgery: Forgery, n: u64) -> Vec<u8> {
 
 impl Adversary {
     /// Starts forging against `addrs` (the nodes' client addresses) of the cluster `cluster_id`
-    /// whose members are `ids`.
-    pub fn start(addrs: Vec<String>, ids: Vec<u64>, cluster_id: String, seed: u64) -> Adversary {
+    /// whose members are `ids`. With `eku_less` (a TLS cluster), every other call goes over a
+    /// connection presenting that certificate: one of the cluster's CA without extended key
+    /// usage, as many CAs issue them.
+    pub fn start(
+        addrs: Vec<String>,
+        ids: Vec<u64>,
+        cluster_id: String,
+        seed: u64,
+        eku_less: Option<ClientTlsConfig>,
+    ) -> Adversary {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let mut rng = Rng::derive(seed, u64::MAX - 7);
             let mut report = AdversaryReport::default();
-            let channels: Vec<(String, Option<NodeChannel>)> = addrs
-                .into_iter()
-                .map(|addr| {
-                    let channel = lazy_channel(&addr).ok();
-                    (addr, channel)
-                })
+            let mut channels: Vec<(String, Option<NodeChannel>)> = addrs
+                .iter()
+                .map(|addr| (addr.clone(), lazy_channel(addr).ok()))
                 .collect();
+            if let Some(tls) = &eku_less {
+                channels.extend(addrs.iter().map(|addr| {
+                    let channel = lazy_channel_with(addr, tls.clone()).ok();
+                    (
+                        format!("{addr} (a certificate without extended key usage)"),
+                        channel,
+                    )
+                }));
+            }
             let mut n = 0u64;
             while !*stopped.borrow() {
                 n += 1;

@@ -488,12 +488,20 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     say(progress, start, format!("{} clients started", opts.clients));
     let adversary = if opts.adversary {
         let cluster_id = cluster.status(cluster.ids()[0]).await?.cluster_id;
+        let eku_less = match &cluster.pki {
+            Some(pki) => {
+                let (cert, key) = pki.no_eku()?;
+                Some(pki.tls_as(&cert, &key)?)
+            }
+            None => None,
+        };
         say(progress, start, "adversary forging peer messages");
         Some(super::adversary::Adversary::start(
             cluster.endpoints(),
             cluster.ids(),
             cluster_id,
             opts.seed,
+            eku_less,
         ))
     } else {
         None
