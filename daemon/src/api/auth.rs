@@ -95,9 +95,12 @@ impl Caller {
             .map_err(ApiError::from)
     }
 
-    /// Whether the call may read `ns` (for listings that show only what the caller may see).
-    pub fn may_read(&self, node: &Node, ns: &str) -> bool {
-        self.allow(node, Access::Namespace(ns, Permission::Read))
+    /// Whether the call may read `ns` by the auth store of `state` (for a listing read under
+    /// the state's lock).
+    pub fn may_read_in(&self, state: &crate::state::State, ns: &str) -> bool {
+        state
+            .auth()
+            .authorize(self.token.as_ref(), Access::Namespace(ns, Permission::Read))
             .is_ok()
     }
 

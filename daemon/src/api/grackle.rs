@@ -187,15 +187,13 @@ impl GrackleApi for GrackleService {
         caller.authenticated(&self.node)?;
         let r = request.into_inner();
         let page = convert::page(r.pagination_token, r.limit);
-        let page = self.read(|s| s.list_namespaces(&page)).await?;
+        // With access control on, only the namespaces the caller may read, filtered before
+        // paging so that no token names another.
+        let page = self
+            .read(|s| s.list_namespaces_visible(&page, |ns| caller.may_read_in(s, ns)))
+            .await?;
         self.reply(pb::ListNamespacesResponse {
-            // With access control on, only the namespaces the caller may read.
-            namespaces: page
-                .items
-                .into_iter()
-                .filter(|ns| caller.may_read(&self.node, &ns.name))
-                .map(convert::namespace)
-                .collect(),
+            namespaces: page.items.into_iter().map(convert::namespace).collect(),
             next_pagination_token: page.next_token,
             previous_pagination_token: page.previous_token,
         })

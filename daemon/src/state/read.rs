@@ -227,11 +227,23 @@ impl State {
     }
 
     pub fn list_namespaces(&self, page: &PageRequest) -> Result<Page<NamespaceView>, Error> {
+        self.list_namespaces_visible(page, |_| true)
+    }
+
+    /// The namespaces `visible` admits, paged among themselves: pages, their tokens and whether
+    /// a next or previous page exists are made of visible namespaces only, so a caller learns no
+    /// other name, not even through a token.
+    pub fn list_namespaces_visible(
+        &self,
+        page: &PageRequest,
+        visible: impl Fn(&str) -> bool,
+    ) -> Result<Page<NamespaceView>, Error> {
         paginate(page, |lo, hi| {
             self.data
                 .namespaces
                 .map()
                 .range((lo, hi))
+                .filter(|(k, _)| visible(k))
                 .map(|(k, ns)| (k.clone(), ns.view()))
         })
     }

@@ -442,6 +442,54 @@ fn namespace_list_is_ordered_and_paged() {
 }
 
 #[test]
+fn a_filtered_namespace_list_pages_and_points_only_at_visible_names() {
+    // t=0   namespaces a, alpha, b, secret-prod, z; the caller may see alpha and z
+    let mut t = Timeline::new();
+    for name in ["a", "alpha", "b", "secret-prod", "z"] {
+        t.create_ns(name);
+    }
+    let visible = |name: &str| name == "alpha" || name == "z";
+    let page = |token: &str| {
+        t.state
+            .list_namespaces_visible(
+                &PageRequest {
+                    token: token.into(),
+                    limit: 1,
+                },
+                visible,
+            )
+            .expect("valid")
+    };
+    // Walking every cursor, forwards and back, shows the visible names only.
+    let p1 = page("");
+    assert_eq!(
+        p1.items.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        ["alpha"]
+    );
+    assert_eq!(p1.previous_token, "", "nothing visible before alpha");
+    let p2 = page(&p1.next_token);
+    assert_eq!(
+        p2.items.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        ["z"]
+    );
+    assert_eq!(p2.next_token, "", "nothing visible after z");
+    assert_eq!(page(&p2.previous_token).items, p1.items);
+    // Each token is a position at a visible name.
+    for token in [&p1.next_token, &p2.previous_token] {
+        let hex = token
+            .split_once('.')
+            .map(|(_, hex)| hex)
+            .unwrap_or_default();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .filter_map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect();
+        let named = String::from_utf8(bytes).unwrap_or_default();
+        assert!(visible(&named), "{token} names {named:?}");
+    }
+}
+
+#[test]
 fn namespace_quota_is_resource_exhausted() {
     let mut state = State::new();
     let mut events = Vec::new();
