@@ -357,6 +357,14 @@ impl ConchNode {
         self.metrics_addr
     }
 
+    /// Re-reads the TLS certificate, key, CA and CRL files now, changed or not (they are also
+    /// polled every few seconds). `None` when the node serves no TLS; otherwise whether a new
+    /// set is in use, or why the files were refused (the previous set stays). The library
+    /// installs no signal handler: a program wires this to SIGHUP itself, as `conchd` does.
+    pub fn reload_tls(&self) -> Option<Result<bool, crate::tls::TlsError>> {
+        self.node.config.tls.as_ref().map(|tls| tls.reload_now())
+    }
+
     /// The in-process client of this node (cheap to clone).
     pub fn client(&self) -> LocalClient {
         self.client.clone()

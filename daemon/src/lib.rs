@@ -21,6 +21,7 @@ pub mod restore;
 pub mod server;
 pub mod state;
 pub mod storage_fault;
+pub mod tasks;
 pub mod tls;
 pub mod wait;
 

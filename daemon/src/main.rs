@@ -168,6 +168,8 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
         // Install the handlers first: a signal during startup must stop, not kill, the node.
         let shutdown = shutdown_signal()?;
         let node = ConchNode::start_config(Arc::clone(&config)).await?;
+        // SIGHUP re-reads the TLS files at once (the node also polls them).
+        let hangup = reload_tls_on_hangup(&node)?;
         let data_dir =
             std::fs::canonicalize(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
         let listening = node.local_addr().to_string();
@@ -187,10 +189,12 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
         };
         // A storage failure stops the node at once: its Raft core is gone for good.
         let failed = storage_fault::failed(config.id, node.node().raft.clone());
-        tokio::select! {
-            served = node.run_until(shutdown) => served?,
+        let served = tokio::select! {
+            served = node.run_until(shutdown) => served,
             failure = failed => return Err(failure.into()),
-        }
+        };
+        hangup.abort();
+        served?;
         tracing::info!("stopped");
         Ok(())
     })
@@ -209,6 +213,24 @@ fn init_logging(filter: &str, format: LogFormat) -> anyhow::Result<()> {
         LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).init(),
     }
     Ok(())
+}
+
+/// Re-reads the node's TLS files on every SIGHUP, until aborted.
+fn reload_tls_on_hangup(node: &ConchNode) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
+    let tls = node.node().config.tls.clone();
+    Ok(tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match &tls {
+                // The outcome is logged by the reload itself.
+                Some(tls) => {
+                    let _ = tls.reload_now();
+                }
+                None => tracing::info!("SIGHUP: this node serves no TLS; nothing to reload"),
+            }
+        }
+    }))
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

@@ -394,8 +394,9 @@ pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
                 continue;
             }
         };
+        let tasks = node.tasks.clone();
         let node = Arc::clone(&node);
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let node = Arc::clone(&node);
                 async move { Ok::<_, std::convert::Infallible>(respond(&node, &request)) }

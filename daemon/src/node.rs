@@ -39,6 +39,7 @@ use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, peer_client}
 use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Cmd, Nanos, Reply};
 use crate::storage_fault;
+use crate::tasks::Tasks;
 
 mod leader_wait;
 
@@ -108,6 +109,8 @@ pub struct Node {
     client_addrs: Mutex<BTreeMap<NodeId, String>>,
     /// Refused peer calls are logged at most this often.
     pub peer_refusals: LogLimit,
+    /// Every task this node runs; stopped with it (see `tasks.rs`).
+    pub tasks: Tasks,
 }
 
 /// Lets a repeated warning through at most once per interval.
@@ -183,10 +186,13 @@ impl Node {
             metrics,
             client_addrs: Mutex::new(BTreeMap::new()),
             peer_refusals: LogLimit::new(Duration::from_secs(10)),
+            tasks: Tasks::new(),
         });
-        tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
-        tokio::spawn(Arc::clone(&node).run_forwarder(forward_rx));
-        tokio::spawn(Arc::clone(&node).run_read_index(read_rx));
+        node.tasks
+            .spawn(Arc::clone(&node).run_proposer(proposal_rx));
+        node.tasks
+            .spawn(Arc::clone(&node).run_forwarder(forward_rx));
+        node.tasks.spawn(Arc::clone(&node).run_read_index(read_rx));
         node
     }
 
@@ -419,10 +425,15 @@ impl Node {
     }
 
     async fn run_proposer(self: Arc<Self>, rx: mpsc::Receiver<Proposal>) {
-        run_batches(rx, BATCHES_IN_FLIGHT, move |batch, permit| {
-            let node = Arc::clone(&self);
-            async move { node.submit(batch, permit).await }
-        })
+        run_batches(
+            self.tasks.clone(),
+            rx,
+            BATCHES_IN_FLIGHT,
+            move |batch, permit| {
+                let node = Arc::clone(&self);
+                async move { node.submit(batch, permit).await }
+            },
+        )
         .await;
     }
 
@@ -432,14 +443,19 @@ impl Node {
     /// waits for this task: so two nodes that each believe the other leads cannot hold each
     /// other's batches.
     async fn run_forwarder(self: Arc<Self>, rx: mpsc::Receiver<Proposal>) {
-        run_batches(rx, FORWARDS_IN_FLIGHT, move |batch, permit| {
-            let node = Arc::clone(&self);
-            async move {
-                let result = node.commit_anywhere(all_cmds(&batch)).await;
-                drop(permit);
-                answer(batch, result);
-            }
-        })
+        run_batches(
+            self.tasks.clone(),
+            rx,
+            FORWARDS_IN_FLIGHT,
+            move |batch, permit| {
+                let node = Arc::clone(&self);
+                async move {
+                    let result = node.commit_anywhere(all_cmds(&batch)).await;
+                    drop(permit);
+                    answer(batch, result);
+                }
+            },
+        )
         .await;
     }
 
@@ -628,8 +644,12 @@ impl Node {
 
 /// Gathers the proposals from `rx` into batches and runs `handle` on each, on a task of its
 /// own, with at most `limit` batches holding a permit at once. Returns when `rx` closes.
-async fn run_batches<F, Fut>(mut rx: mpsc::Receiver<Proposal>, limit: usize, handle: F)
-where
+async fn run_batches<F, Fut>(
+    tasks: Tasks,
+    mut rx: mpsc::Receiver<Proposal>,
+    limit: usize,
+    handle: F,
+) where
     F: Fn(Vec<Proposal>, OwnedSemaphorePermit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
@@ -641,7 +661,7 @@ where
         let Some(batch) = gather(&mut rx).await else {
             return;
         };
-        tokio::spawn(handle(batch, permit));
+        tasks.spawn(handle(batch, permit));
     }
 }
 

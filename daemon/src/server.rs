@@ -188,8 +188,10 @@ pub async fn start_with_listener(
              cluster; set --tls-cert/--tls-key (and --client-ca, --peer-ca)"
         );
     }
-    if !config.peers_authenticate() {
+    let peers_reach = config.peer_listen.unwrap_or(config.listen);
+    if !config.peers_authenticate() && !peers_reach.ip().is_loopback() {
         tracing::warn!(
+            listen = %peers_reach,
             "peers do not authenticate (no --peer-secret-file or --peer-ca): anyone who reaches \
              the peer service can change the cluster's state, and access control cannot be \
              turned on"
@@ -263,18 +265,20 @@ pub async fn start_with_listener(
         Some(listener) => {
             let addr = listener.local_addr().ok();
             metrics.register_process();
-            tokio::spawn(crate::metrics::serve(Arc::clone(&node), listener));
+            node.tasks
+                .spawn(crate::metrics::serve(Arc::clone(&node), listener));
             addr
         }
         None => None,
     };
     if let Some(tls) = &config.tls {
-        tokio::spawn(crate::tls::watch(Arc::clone(tls)));
+        node.tasks.spawn(crate::tls::watch(Arc::clone(tls)));
     }
-    tokio::spawn(expiry::run(Arc::clone(&node)));
-    tokio::spawn(log_leader_changes(Arc::clone(&node)));
+    node.tasks.spawn(expiry::run(Arc::clone(&node)));
+    node.tasks.spawn(log_leader_changes(Arc::clone(&node)));
     if let Some(hash) = config.bootstrap_admin_token {
-        tokio::spawn(api::auth::bootstrap(Arc::clone(&node), hash));
+        node.tasks
+            .spawn(api::auth::bootstrap(Arc::clone(&node), hash));
     }
     Ok(Running {
         node,
@@ -326,5 +330,7 @@ pub async fn serve(
     if let Err(e) = node.raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }
+    // Every task the node started ends before this returns: nothing it started outlives it.
+    node.tasks.stop().await;
     served.map_err(|e| StartError::Serve(e.to_string()))
 }

@@ -348,6 +348,25 @@ impl Tls {
         }
     }
 
+    /// Re-reads every file now, changed or not (e.g. on SIGHUP), and logs the outcome. Returns
+    /// whether a new set is in use; an invalid set is refused and the previous one stays.
+    pub fn reload_now(&self) -> Result<bool, TlsError> {
+        self.reload_and_log(true)
+    }
+
+    fn reload_and_log(&self, force: bool) -> Result<bool, TlsError> {
+        let result = self.reload(force);
+        match &result {
+            Ok(true) => tracing::info!("TLS certificates reloaded"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                "new TLS files refused; the previous certificates stay in use"
+            ),
+        }
+        result
+    }
+
     /// Whether node-to-node traffic is mutual TLS (`--peer-ca`).
     pub fn peer_mtls(&self) -> bool {
         self.files.peer_ca.is_some()
@@ -598,35 +617,15 @@ fn build(files: &TlsFiles) -> Result<Material, TlsError> {
     })
 }
 
-/// Re-reads the files when they change (polled) and on SIGHUP, until the process ends.
+/// Re-reads the files whenever they change (polled every [`POLL_INTERVAL`]), until the node
+/// stops. Installs no signal handler: a program reloads at once with [`Tls::reload_now`] (the
+/// `conchd` binary does on SIGHUP).
 pub async fn watch(tls: Arc<Tls>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hangup = match signal(SignalKind::hangup()) {
-        Ok(hangup) => Some(hangup),
-        Err(e) => {
-            tracing::warn!(error = %e, "no SIGHUP handler: certificates are reloaded only when their files change");
-            None
-        }
-    };
     let mut poll = tokio::time::interval(POLL_INTERVAL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let force = tokio::select! {
-            _ = poll.tick() => false,
-            Some(()) = async {
-                match hangup.as_mut() {
-                    Some(h) => h.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => true,
-        };
-        match tls.reload(force) {
-            Ok(true) => tracing::info!("TLS certificates reloaded"),
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "new TLS files refused; the previous certificates stay in use")
-            }
-        }
+        poll.tick().await;
+        let _ = tls.reload_and_log(false);
     }
 }
 
@@ -635,9 +634,11 @@ pub async fn watch(tls: Arc<Tls>) {
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<Tls>,
+    tasks: &crate::tasks::Tasks,
 ) -> impl futures::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
+    let handshakes = tasks.clone();
+    tasks.spawn(async move {
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
@@ -655,7 +656,7 @@ pub fn incoming(
             let _ = stream.set_nodelay(true);
             let acceptor = TlsAcceptor::from(Arc::clone(&tls.material().server));
             let tx = tx.clone();
-            tokio::spawn(async move {
+            handshakes.spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;

@@ -211,7 +211,10 @@ pub async fn wait_for_grant(
     let remaining =
         Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(clock_ns)).unwrap_or(0));
     let local_deadline = tokio::time::Instant::now() + remaining + WAIT_GRACE;
-    let caught_up = tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index)).await;
+    let caught_up = tokio::select! {
+        caught_up = tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index)) => caught_up,
+        () = node.tasks.stopping() => return Err(stopping().into()),
+    };
     if caught_up.is_err() {
         give_up.disarm();
         return give_up_now(node, &key, deadline_ns).await;
@@ -247,8 +250,20 @@ pub async fn wait_for_grant(
                 give_up.disarm();
                 return give_up_now(node, &key, deadline_ns).await;
             }
+            // The node stops: the caller re-attaches through another node and keeps its place
+            // (the waiter stays queued until its lease or its deadline ends it).
+            () = node.tasks.stopping() => {
+                give_up.disarm();
+                return Err(stopping().into());
+            }
         }
     }
+}
+
+fn stopping() -> NodeError {
+    NodeError::Unavailable(
+        "this node is shutting down; retry through another node (the wait keeps its place)".into(),
+    )
 }
 
 /// Ends this call's wait through the log: the answer says whether the grant came first.
@@ -317,7 +332,8 @@ impl Drop for GiveUpOnDrop {
             deadline_ns: self.deadline_ns,
             linger_ns: ABANDONED_WAIT_LINGER_NS,
         };
-        tokio::spawn(async move {
+        let tasks = node.tasks.clone();
+        tasks.spawn(async move {
             if let Err(e) = node.write_one(cmd).await {
                 tracing::warn!(error = %e, "give up an abandoned wait");
             }

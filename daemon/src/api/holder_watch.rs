@@ -69,6 +69,8 @@ pub async fn wait(
                 }
             }
             _ = tokio::time::sleep_until(deadline) => return Ok(now),
+            // The node stops: answer with what is known, the caller watches on elsewhere.
+            () = node.tasks.stopping() => return Ok(now),
         }
     }
 }

@@ -104,9 +104,17 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     use futures::FutureExt;
-    let shutdown = shutdown.shared();
+    // Calls that wait (blocking acquires, holder watches) end as the node begins to stop, so
+    // the drain of in-flight calls below is short.
+    let tasks = node.tasks.clone();
+    let shutdown = async move {
+        shutdown.await;
+        tasks.drain();
+    }
+    .shared();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    tokio::spawn(health::follow(Arc::clone(&node), health_reporter));
+    node.tasks
+        .spawn(health::follow(Arc::clone(&node), health_reporter));
     // Reflection in both versions: older grpcurl, Postman, evans and many IDE plugins only
     // speak v1alpha.
     let reflection = || {
@@ -158,7 +166,7 @@ async fn serve_on(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     if let Some(tls) = &node.config.tls {
-        let incoming = crate::tls::incoming(listener, Arc::clone(tls));
+        let incoming = crate::tls::incoming(listener, Arc::clone(tls), &node.tasks);
         return router
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
