@@ -10,6 +10,7 @@ pub mod api;
 pub mod applied;
 pub mod clock;
 pub mod config;
+pub mod data_dir;
 pub mod embed;
 pub mod expiry;
 pub mod identity;

@@ -1,10 +1,11 @@
 //! `conchd`: flags -> Config -> run, through the same [`ConchNode`] an embedding program uses.
 //!
 //! Exit status: 0 after a clean stop; 64 (usage) for a bad flag, environment variable or config
-//! file value, before anything is bound or opened; 1 for any other startup or serving failure
-//! (port taken, damaged data directory); 74 when the node's storage fails while serving (the
-//! disk is full, an I/O error: restart it once the disk is fine) or its Raft core stops on an
-//! internal error. Every failure is one line on stderr.
+//! file value, before anything is bound or opened, and for a data directory that belongs to
+//! another node or cluster or that another process has open; 1 for any other startup or
+//! serving failure (port taken, damaged data directory); 74 when the node's storage fails while
+//! serving (the disk is full, an I/O error: restart it once the disk is fine) or its Raft core
+//! stops on an internal error. Every failure is one line on stderr.
 //!
 //! `conchd restore …` seeds a data directory from a backup instead of serving (see `restore`).
 
@@ -15,6 +16,7 @@ use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use conchd::config::{Config, Flags, LogFormat};
+use conchd::server::StartError;
 use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
 use conchd::{ConchNode, notify};
 
@@ -64,6 +66,11 @@ fn main() -> ExitCode {
             eprintln!("conchd: {}", one_line(&e));
             if e.downcast_ref::<StorageFailed>().is_some() {
                 ExitCode::from(EXIT_STORAGE)
+            } else if e
+                .downcast_ref::<StartError>()
+                .is_some_and(StartError::is_usage)
+            {
+                ExitCode::from(EXIT_USAGE)
             } else {
                 ExitCode::FAILURE
             }
@@ -77,8 +84,13 @@ fn run_command(command: &conchd::restore::Command) -> ExitCode {
     let conchd::restore::Command::Restore(args) = command;
     match conchd::restore::run(args) {
         Ok(r) => {
+            let name = args
+                .cluster_name
+                .as_ref()
+                .map(|name| format!(" ({name:?})"))
+                .unwrap_or_default();
             println!(
-                "conchd: restored log index {} (term {}), state hash {:016x}, into {} as node {} of cluster {}",
+                "conchd: restored log index {} (term {}), state hash {:016x}, into {} as node {} of cluster {}{name}",
                 r.applied_index,
                 r.applied_term,
                 r.state_hash,
