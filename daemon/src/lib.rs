@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod node;
 pub mod notify;
 pub mod raft;
+pub mod removal;
 pub mod restore;
 pub mod server;
 pub mod state;

@@ -5,7 +5,8 @@
 //! another node or cluster or that another process has open; 1 for any other startup or
 //! serving failure (port taken, damaged data directory); 74 when the node's storage fails while
 //! serving (the disk is full, an I/O error: restart it once the disk is fine) or its Raft core
-//! stops on an internal error. Every failure is one line on stderr.
+//! stops on an internal error; 78 once the node was removed from its cluster, and for a start
+//! on a removed node's data directory. Every failure is one line on stderr.
 //!
 //! `conchd restore …` seeds a data directory from a backup instead of serving (see `restore`).
 
@@ -16,6 +17,7 @@ use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use conchd::config::{Config, Flags, LogFormat};
+use conchd::removal::{EXIT_REMOVED, Removed};
 use conchd::server::StartError;
 use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
 use conchd::{ConchNode, notify};
@@ -66,6 +68,11 @@ fn main() -> ExitCode {
             eprintln!("conchd: {}", one_line(&e));
             if e.downcast_ref::<StorageFailed>().is_some() {
                 ExitCode::from(EXIT_STORAGE)
+            } else if e.downcast_ref::<Removed>().is_some()
+                || e.downcast_ref::<StartError>()
+                    .is_some_and(StartError::is_removed)
+            {
+                ExitCode::from(EXIT_REMOVED)
             } else if e
                 .downcast_ref::<StartError>()
                 .is_some_and(StartError::is_usage)
@@ -193,8 +200,14 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
             data_dir.display()
         );
         notify::ready(&format!("node {} serving on {listening}", config.id));
+        // Removed from the cluster, the node stops as on SIGTERM, then exits with its own code.
+        let removed = conchd::removal::removed(Arc::clone(node.node()));
+        let mut removal = None;
         let shutdown = async {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                removed = removed => removal = Some(removed),
+            }
             notify::stopping();
         };
         // A storage failure stops the node at once: its Raft core is gone for good.
@@ -202,6 +215,9 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
         tokio::select! {
             served = node.run_until(shutdown) => served?,
             failure = failed => return Err(failure.into()),
+        }
+        if let Some(removed) = removal {
+            return Err(removed.into());
         }
         tracing::info!("stopped");
         Ok(())

@@ -108,6 +108,8 @@ pub struct Node {
     client_addrs: Mutex<BTreeMap<NodeId, String>>,
     /// Refused peer calls are logged at most this often.
     pub peer_refusals: LogLimit,
+    /// Whether this node was removed from the cluster (see `removal.rs`).
+    pub removal: crate::removal::Removal,
 }
 
 /// Lets a repeated warning through at most once per interval.
@@ -183,6 +185,7 @@ impl Node {
             metrics,
             client_addrs: Mutex::new(BTreeMap::new()),
             peer_refusals: LogLimit::new(Duration::from_secs(10)),
+            removal: crate::removal::Removal::default(),
         });
         tokio::spawn(Arc::clone(&node).run_proposer(proposal_rx));
         tokio::spawn(Arc::clone(&node).run_forwarder(forward_rx));
@@ -392,6 +395,15 @@ impl Node {
 
     fn peer(&self, leader: &LeaderInfo) -> Result<ConchPeerClient<PeerChannel>, NodeError> {
         self.channel_to(leader.id, &leader.addr).map(peer_client)
+    }
+
+    /// The peer service of node `id` (advertised at `addr`), over the shared peer channel.
+    pub fn peer_of(
+        &self,
+        id: NodeId,
+        addr: &str,
+    ) -> Result<ConchPeerClient<PeerChannel>, NodeError> {
+        self.channel_to(id, addr).map(peer_client)
     }
 
     /// The admin service of node `id` (advertised at `addr`), over the shared peer channel.

@@ -10,7 +10,8 @@
 //!    `--join` (that node waits to be added); every node started with
 //!    `--bootstrap-admin-token-file` then sees that the admin token is installed (whoever
 //!    proposes it first; the state takes it once), and answers no client call until it is;
-//! 6. serve until shutdown, then stop Raft and flush.
+//! 6. serve until shutdown (or until this node is removed from the cluster, see `removal.rs`),
+//!    then stop Raft and flush.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -63,6 +64,11 @@ impl StartError {
     /// A refusal only the operator can resolve: `conchd` exits 64 on it (see `main.rs`).
     pub fn is_usage(&self) -> bool {
         matches!(self, StartError::DataDir(e) if e.is_usage())
+    }
+
+    /// The data directory belongs to a node removed from its cluster (see `removal.rs`).
+    pub fn is_removed(&self) -> bool {
+        matches!(self, StartError::DataDir(DataDirError::Removed { .. }))
     }
 }
 
@@ -272,6 +278,7 @@ pub async fn start_with_listener(
     }
     tokio::spawn(expiry::run(Arc::clone(&node)));
     tokio::spawn(log_leader_changes(Arc::clone(&node)));
+    tokio::spawn(crate::removal::watch(Arc::clone(&node)));
     if let Some(hash) = config.bootstrap_admin_token {
         tokio::spawn(api::auth::bootstrap(Arc::clone(&node), hash));
     }
