@@ -257,7 +257,10 @@ fn lock(dir: &Path) -> Result<File, DataDirError> {
     file.set_len(0)
         .and_then(|()| file.rewind())
         .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()))
-        .map_err(fail)?;
+        .map_err(|e| DataDirError::Unusable {
+            path: dir.to_path_buf(),
+            reason: format!("write this process's pid into {}: {e}", lock_path.display()),
+        })?;
     Ok(file)
 }
 
