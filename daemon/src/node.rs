@@ -313,9 +313,7 @@ impl Node {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let membership = metrics.membership_config.membership();
-        if membership.nodes().next().is_none() {
-            return None;
-        }
+        membership.nodes().next()?;
         Some(membership.get_node(&id).is_some())
     }
 

@@ -60,6 +60,7 @@ pub fn client_routes(node: &Arc<Node>) -> Routes {
 /// Administration, for clients and for admin calls other nodes forward here (those carry their
 /// sender's cluster id, and another cluster's is refused; the caller's token is checked as for
 /// any client).
+#[allow(clippy::type_complexity)] // an interceptor closure has no nameable type
 fn admin_service(
     node: &Arc<Node>,
 ) -> InterceptedService<
@@ -94,6 +95,7 @@ fn unless_removed(
 }
 
 /// The node-to-node service, admitted only for members (see `peer::admit`).
+#[allow(clippy::type_complexity)] // an interceptor closure has no nameable type
 fn peer_service(
     node: &Arc<Node>,
 ) -> InterceptedService<
