@@ -1,6 +1,7 @@
 //! Membership changes that cannot hurt the cluster: a `--join` node waits to be added and catches
 //! up without disturbing the leader; removal takes learners too and names a stranger; a new
-//! learner's address must answer as an empty node or one of this cluster.
+//! learner's address must answer as an empty node or one of this cluster; a removed node stops
+//! instead of campaigning.
 
 use std::path::Path;
 use std::process::Output;
@@ -8,7 +9,9 @@ use std::time::Duration;
 
 use cluster_tests::{Cluster, Daemon, ops, wait_for};
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
-use conch_proto::conch::{AddLearnerRequest, ClusterStatusRequest, ClusterStatusResponse};
+use conch_proto::conch::{
+    AddLearnerRequest, ClusterStatusRequest, ClusterStatusResponse, TransferLeaderRequest,
+};
 use conch_proto::grackle as pb;
 
 /// Starts node `id` on a free port with its own data directory under `dir`.
@@ -272,5 +275,144 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
     let now = cluster.status(leader).await?;
     assert_eq!(member_ids(&now), member_ids(&before));
     assert_eq!((now.leader_id, now.term), (before.leader_id, before.term));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_stops_and_the_cluster_keeps_its_term() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let mut leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    if leader == 3 {
+        // Node 3 is the one removed: let another node lead, so that removing it needs no
+        // election.
+        cluster
+            .admin(3)
+            .await?
+            .transfer_leader(TransferLeaderRequest { to_node_id: 1 })
+            .await?;
+        leader = wait_for("node 1 to lead", Duration::from_secs(20), || async {
+            let statuses = [cluster.status(1).await.ok()?, cluster.status(2).await.ok()?];
+            statuses.iter().all(|s| s.leader_id == 1).then_some(1)
+        })
+        .await?;
+    }
+    let mut c = cluster.grackle(leader).await?;
+    ops::namespace(&mut c, "before-removal").await?;
+
+    let removed = conch(&cluster.addr(leader), &["cluster", "remove", "3"]).await?;
+    assert!(removed.status.success(), "{}", text(&removed.stderr));
+    assert!(
+        !text(&removed.stdout).contains("  3  "),
+        "{}",
+        text(&removed.stdout)
+    );
+    let before = cluster.status(leader).await?;
+    assert_eq!(member_ids(&before), vec![(1, true), (2, true)]);
+
+    // Node 3 hears of its removal, says so in one line, and exits with its own status.
+    let line = "this node was removed from the cluster (membership now {voters: [1, 2], \
+                learners: []}); it stops taking part: stop it, or wipe its data directory and \
+                add it again";
+    wait_for("node 3 to log its removal", Duration::from_secs(20), || {
+        let logged = cluster.log(3).contains(line);
+        async move { logged.then_some(()) }
+    })
+    .await?;
+    let status = wait_for("node 3 to exit", Duration::from_secs(20), || {
+        let status = cluster.exit_status(3);
+        async move { status }
+    })
+    .await?;
+    assert_eq!(status.code(), Some(78), "{}", cluster.logs_tail());
+
+    // The others go on in the same term with the same leader: nobody campaigned.
+    for name in ["after-removal-1", "after-removal-2", "after-removal-3"] {
+        ops::namespace(&mut c, name).await?;
+    }
+    let agreed = wait_for(
+        "nodes 1 and 2 to apply the writes",
+        Duration::from_secs(20),
+        || async {
+            let one = cluster.status(1).await.ok()?;
+            let two = cluster.status(2).await.ok()?;
+            (one.applied_index == two.applied_index && one.applied_index > before.applied_index)
+                .then_some((one, two))
+        },
+    )
+    .await?;
+    for now in [agreed.0, agreed.1] {
+        assert_eq!(
+            (now.leader_id, now.term),
+            (before.leader_id, before.term),
+            "node {}: the leader or its term changed",
+            now.node_id
+        );
+    }
+
+    // Started again, node 3 refuses its directory in one line, with the same status.
+    cluster.restart(3)?;
+    let status = wait_for("node 3 to refuse to start", Duration::from_secs(20), || {
+        let status = cluster.exit_status(3);
+        async move { status }
+    })
+    .await?;
+    assert_eq!(status.code(), Some(78), "{}", cluster.logs_tail());
+    let log = cluster.log(3);
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("belongs to node 3, which was removed from its cluster"),
+        "{last}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_removes_itself_stops_once_it_has_applied_its_removal() -> anyhow::Result<()>
+{
+    let mut cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    let others: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+
+    let removed = conch(
+        &cluster.addr(leader),
+        &["cluster", "remove", &leader.to_string()],
+    )
+    .await?;
+    assert!(removed.status.success(), "{}", text(&removed.stderr));
+
+    wait_for(
+        "the old leader to log its removal",
+        Duration::from_secs(20),
+        || {
+            let logged = cluster
+                .log(leader)
+                .contains("this node was removed from the cluster");
+            async move { logged.then_some(()) }
+        },
+    )
+    .await?;
+    let status = wait_for("the old leader to exit", Duration::from_secs(20), || {
+        let status = cluster.exit_status(leader);
+        async move { status }
+    })
+    .await?;
+    assert_eq!(status.code(), Some(78), "{}", cluster.logs_tail());
+
+    // The other two elect a leader between them and keep serving.
+    let now = wait_for("a new leader", Duration::from_secs(20), || async {
+        let a = cluster.status(others[0]).await.ok()?;
+        let b = cluster.status(others[1]).await.ok()?;
+        (a.leader_id != 0 && a.leader_id == b.leader_id && others.contains(&a.leader_id))
+            .then_some(a)
+    })
+    .await?;
+    let voters: Vec<(u64, bool)> = others.iter().map(|id| (*id, true)).collect();
+    assert_eq!(member_ids(&now), voters);
+    let mut c = cluster.grackle(now.leader_id).await?;
+    ops::namespace(&mut c, "after-the-leader-left").await?;
     Ok(())
 }

@@ -133,6 +133,12 @@ pub struct Flags {
     #[arg(long, env = "CONCH_JOIN")]
     pub join: bool,
 
+    /// The cluster's name (1-64 characters of letters, digits, '-', '_', '.'), recorded in the
+    /// data directory when the node bootstraps or first joins. A later start with another
+    /// name is refused, and peers of another name are not listened to.
+    #[arg(long, env = "CONCH_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+
     /// Serve Prometheus metrics over HTTP on host:port at /metrics [default: 127.0.0.1:7101];
     /// `off` serves none. /metrics has no access control: keep it on loopback or a
     /// monitoring network.
@@ -192,6 +198,7 @@ struct FileConfig {
     peer_crl: Option<PathBuf>,
     bootstrap_admin_token_file: Option<PathBuf>,
     join: Option<bool>,
+    cluster_name: Option<String>,
     metrics_listen: Option<String>,
     log_format: Option<String>,
     worker_threads: Option<usize>,
@@ -229,6 +236,8 @@ pub struct Config {
     pub bootstrap_admin_token: Option<crate::state::auth::TokenHash>,
     /// Never bootstrap: an empty node waits to be added to a running cluster (`--join`).
     pub join: bool,
+    /// The cluster's name (`--cluster-name`), checked against the data directory's.
+    pub cluster_name: Option<String>,
     /// Where `/metrics` is served; `None` with `--metrics-listen off`.
     pub metrics_listen: Option<SocketAddr>,
     pub log_format: LogFormat,
@@ -373,6 +382,10 @@ impl Config {
                     .into(),
             ));
         }
+        let cluster_name = flags.cluster_name.or(file.cluster_name);
+        if let Some(name) = &cluster_name {
+            crate::data_dir::check_cluster_name(name).map_err(ConfigError::Invalid)?;
+        }
         let bootstrap_admin_token = match flags
             .bootstrap_admin_token_file
             .or(file.bootstrap_admin_token_file)
@@ -437,6 +450,7 @@ impl Config {
             tls,
             bootstrap_admin_token,
             join,
+            cluster_name,
             metrics_listen,
             log_format,
             worker_threads,
@@ -739,6 +753,36 @@ mod tests {
                 "{bad:?} must be refused"
             );
         }
+    }
+
+    #[test]
+    fn the_cluster_name_comes_from_the_flag_or_the_file_and_is_checked() -> anyhow::Result<()> {
+        assert_eq!(Config::from_flags(Flags::default())?.cluster_name, None);
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("conchd.toml");
+        std::fs::write(&file, "cluster_name = \"prod-a\"\n")?;
+        let from_file = Config::from_flags(Flags {
+            config: Some(file.clone()),
+            ..Flags::default()
+        })?;
+        assert_eq!(from_file.cluster_name.as_deref(), Some("prod-a"));
+        let flag_wins = Config::from_flags(Flags {
+            config: Some(file),
+            cluster_name: Some("prod-b".into()),
+            ..Flags::default()
+        })?;
+        assert_eq!(flag_wins.cluster_name.as_deref(), Some("prod-b"));
+        for bad in ["", "prod a", "x/y", &"n".repeat(65)] {
+            let refused = Config::from_flags(Flags {
+                cluster_name: Some(bad.to_string()),
+                ..Flags::default()
+            });
+            let Err(ConfigError::Invalid(message)) = refused else {
+                anyhow::bail!("{bad:?} was accepted");
+            };
+            assert!(message.starts_with("--cluster-name"), "{message}");
+        }
+        Ok(())
     }
 
     #[test]

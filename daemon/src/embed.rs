@@ -20,10 +20,12 @@
 //!
 //! # Ownership
 //!
-//! The node owns its data directory while it runs (a second node on the same directory fails
-//! to start). Every task runs on the caller's tokio runtime (multi-threaded), which must outlive
-//! the node. The library never installs a log subscriber: the embedding program's `tracing`
-//! subscriber receives conchd's events.
+//! The node owns its data directory while it runs: it locks `<data_dir>/LOCK`, and a second
+//! node on the same directory, in this process or another, fails to start
+//! ([`crate::data_dir::DataDirError::InUse`]). The lock is released once
+//! [`ConchNode::shutdown`] returns. Every task runs on the caller's tokio runtime
+//! (multi-threaded), which must outlive the node. The library never installs a log subscriber:
+//! the embedding program's `tracing` subscriber receives conchd's events.
 //!
 //! # Shutdown
 //!
@@ -143,6 +145,13 @@ impl NodeConfig {
     /// Never bootstrap: an empty node waits to be added to a running cluster.
     pub fn join(mut self) -> NodeConfig {
         self.flags.join = true;
+        self
+    }
+
+    /// The cluster's name (`--cluster-name`): recorded in the data directory when the node
+    /// bootstraps or first joins; a later start with another name is refused.
+    pub fn cluster_name(mut self, name: impl Into<String>) -> NodeConfig {
+        self.flags.cluster_name = Some(name.into());
         self
     }
 

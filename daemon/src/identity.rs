@@ -11,6 +11,12 @@
 //! - A node without an id (a new member, or a data directory from before ids existed) accepts
 //!   every message, and adopts the id of the first append-entries or install-snapshot request
 //!   carrying one: that is the leader of the cluster it was added to.
+//! - The cluster name (`--cluster-name`, recorded in the data directory, see `data_dir.rs`)
+//!   travels the same way in [`CLUSTER_NAME_HEADER`]: a node with a name refuses a peer message
+//!   carrying another name (one without a name, from a node that has none, passes), and a node
+//!   without one adopts its leader's along with the id.
+//! - What a refusal tells the caller never names this node's cluster id or name; the details
+//!   are logged here.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -29,6 +35,8 @@ pub const PEER_SECRET_HEADER: &str = "conch-peer-secret";
 /// Metadata key carrying the sender's client address on peer RPCs, so a follower can point
 /// clients at the leader's client port when peers have a port of their own.
 pub const CLIENT_ADDR_HEADER: &str = "conch-client-addr";
+/// Metadata key carrying the sender's cluster name on peer RPCs, when it has one.
+pub const CLUSTER_NAME_HEADER: &str = "conch-cluster-name";
 /// The file in the data directory holding the cluster id.
 pub const CLUSTER_ID_FILE: &str = "cluster-id";
 /// A refusal is logged at most this often per foreign id.
@@ -59,12 +67,16 @@ pub enum Mismatch {
     Other { ours: String, theirs: String },
     #[error("peer message without a cluster id, but this node belongs to cluster {ours}")]
     Missing { ours: String },
+    /// Told to the caller as is: it names neither cluster name.
+    #[error("peer message from a node of another cluster (the cluster names differ)")]
+    Name,
 }
 
-/// This node's cluster id, if it has one yet.
+/// This node's cluster id, if it has one yet, and its cluster name, if it has one.
 pub struct ClusterId {
     path: PathBuf,
     value: RwLock<Option<String>>,
+    name: RwLock<Option<String>>,
     /// The last refusal logged: (their id, when).
     logged: Mutex<Option<(String, Instant)>>,
 }
@@ -94,12 +106,24 @@ impl ClusterId {
         Ok(ClusterId {
             path,
             value: RwLock::new(value),
+            name: RwLock::new(None),
             logged: Mutex::new(None),
         })
     }
 
+    /// The cluster name recorded in the data directory (see [`crate::data_dir::DataDir`]).
+    pub fn with_name(self, name: Option<&str>) -> ClusterId {
+        *self.name.write().unwrap_or_else(|p| p.into_inner()) = name.map(str::to_string);
+        self
+    }
+
     pub fn get(&self) -> Option<String> {
         self.value.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// This node's cluster name, if it has one.
+    pub fn name(&self) -> Option<String> {
+        self.name.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Creates and stores a new random id, unless this node already has one.
@@ -157,6 +181,7 @@ impl ClusterId {
     /// Checks the id a peer message carries against this node's. Refusals are logged (at most
     /// once per [`LOG_EVERY`] for the same foreign id).
     pub fn check(&self, metadata: &MetadataMap) -> Result<(), Mismatch> {
+        self.check_name(metadata)?;
         let Some(ours) = self.get() else {
             return Ok(());
         };
@@ -171,7 +196,7 @@ impl ClusterId {
         };
         let key = match &mismatch {
             Mismatch::Other { theirs, .. } => theirs.clone(),
-            Mismatch::Missing { .. } => String::new(),
+            Mismatch::Missing { .. } | Mismatch::Name => String::new(),
         };
         let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
         let due = match &*logged {
@@ -185,8 +210,40 @@ impl ClusterId {
         Err(mismatch)
     }
 
-    /// Adopts the id a leader's message carries, if this node has none yet.
+    /// Refuses a peer message carrying another cluster name than this node's (both named).
+    fn check_name(&self, metadata: &MetadataMap) -> Result<(), Mismatch> {
+        let Some(ours) = self.name() else {
+            return Ok(());
+        };
+        let Some(theirs) = metadata
+            .get(CLUSTER_NAME_HEADER)
+            .map(|v| v.to_str().unwrap_or("(not text)"))
+        else {
+            return Ok(());
+        };
+        if theirs == ours {
+            return Ok(());
+        }
+        let key = format!("name:{theirs}");
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        if logged
+            .as_ref()
+            .is_none_or(|(last, at)| *last != key || at.elapsed() >= LOG_EVERY)
+        {
+            tracing::warn!(
+                ours = %ours,
+                theirs = %theirs,
+                "refused: peer message from cluster {theirs:?}, but this node belongs to cluster {ours:?}"
+            );
+            *logged = Some((key, Instant::now()));
+        }
+        Err(Mismatch::Name)
+    }
+
+    /// Adopts the id (and the cluster name) a leader's message carries, if this node has none
+    /// yet.
     pub fn adopt_from(&self, metadata: &MetadataMap) {
+        self.adopt_name_from(metadata);
         let Some(theirs) = metadata
             .get(CLUSTER_ID_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -197,6 +254,33 @@ impl ClusterId {
             Ok(true) => tracing::info!(cluster_id = theirs, "joined cluster"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "could not store the cluster id"),
+        }
+    }
+
+    /// Records the leader's cluster name in the data directory, if this node has none yet.
+    fn adopt_name_from(&self, metadata: &MetadataMap) {
+        if self.name().is_some() {
+            return;
+        }
+        let Some(theirs) = metadata
+            .get(CLUSTER_NAME_HEADER)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return;
+        };
+        let Some(dir) = self.path.parent() else {
+            return;
+        };
+        let mut name = self.name.write().unwrap_or_else(|p| p.into_inner());
+        if name.is_some() {
+            return;
+        }
+        match crate::data_dir::adopt_cluster_name(dir, theirs) {
+            Ok(recorded) => {
+                tracing::info!(cluster_name = %recorded, "adopted the cluster name");
+                *name = Some(recorded);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not record the cluster name"),
         }
     }
 }
@@ -266,6 +350,11 @@ where
         for (key, value) in &self.stamp.headers {
             request.headers_mut().insert(*key, value.clone());
         }
+        if let Some(name) = self.id.name()
+            && let Ok(value) = http::HeaderValue::from_str(&name)
+        {
+            request.headers_mut().insert(CLUSTER_NAME_HEADER, value);
+        }
         self.inner.call(request)
     }
 }
@@ -302,6 +391,35 @@ mod tests {
         // An id is never replaced by adoption.
         reopened.adopt_from(&other);
         assert_eq!(reopened.get().as_deref(), Some(created.as_str()));
+    }
+
+    #[test]
+    fn another_cluster_name_is_refused_without_naming_ours() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let id = ClusterId::open(dir.path())?.with_name(Some("prod-a"));
+        let mut same = MetadataMap::new();
+        same.insert(CLUSTER_NAME_HEADER, "prod-a".parse()?);
+        assert!(id.check(&same).is_ok());
+        assert!(id.check(&MetadataMap::new()).is_ok(), "no name: accepted");
+        let mut other = MetadataMap::new();
+        other.insert(CLUSTER_NAME_HEADER, "prod-b".parse()?);
+        let refused = id.check(&other).err().map(|e| e.to_string());
+        let refused = refused.unwrap_or_default();
+        assert!(refused.contains("another cluster"), "{refused}");
+        assert!(!refused.contains("prod-a"), "names ours: {refused}");
+
+        // A node without a name adopts its leader's, once.
+        let new = tempfile::tempdir()?;
+        let joining = ClusterId::open(new.path())?;
+        joining.adopt_from(&other);
+        assert_eq!(joining.name().as_deref(), Some("prod-b"));
+        joining.adopt_from(&same);
+        assert_eq!(joining.name().as_deref(), Some("prod-b"));
+        assert_eq!(
+            crate::data_dir::read_cluster_name(new.path())?.as_deref(),
+            Some("prod-b")
+        );
+        Ok(())
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! `conchd`: flags -> Config -> run, through the same [`ConchNode`] an embedding program uses.
 //!
 //! Exit status: 0 after a clean stop; 64 (usage) for a bad flag, environment variable or config
-//! file value, before anything is bound or opened; 1 for any other startup or serving failure
-//! (port taken, damaged data directory); 74 when the node's storage fails while serving (the
-//! disk is full, an I/O error: restart it once the disk is fine) or its Raft core stops on an
-//! internal error. Every failure is one line on stderr.
+//! file value, before anything is bound or opened, and for a data directory that belongs to
+//! another node or cluster or that another process has open; 1 for any other startup or
+//! serving failure (port taken, damaged data directory); 74 when the node's storage fails while
+//! serving (the disk is full, an I/O error: restart it once the disk is fine) or its Raft core
+//! stops on an internal error; 78 once the node was removed from its cluster, and for a start
+//! on a removed node's data directory. Every failure is one line on stderr.
 //!
 //! `conchd restore …` seeds a data directory from a backup instead of serving (see `restore`).
 
@@ -15,6 +17,8 @@ use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use conchd::config::{Config, Flags, LogFormat};
+use conchd::removal::{EXIT_REMOVED, Removed};
+use conchd::server::StartError;
 use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
 use conchd::{ConchNode, notify};
 
@@ -64,6 +68,16 @@ fn main() -> ExitCode {
             eprintln!("conchd: {}", one_line(&e));
             if e.downcast_ref::<StorageFailed>().is_some() {
                 ExitCode::from(EXIT_STORAGE)
+            } else if e.downcast_ref::<Removed>().is_some()
+                || e.downcast_ref::<StartError>()
+                    .is_some_and(StartError::is_removed)
+            {
+                ExitCode::from(EXIT_REMOVED)
+            } else if e
+                .downcast_ref::<StartError>()
+                .is_some_and(StartError::is_usage)
+            {
+                ExitCode::from(EXIT_USAGE)
             } else {
                 ExitCode::FAILURE
             }
@@ -77,8 +91,13 @@ fn run_command(command: &conchd::restore::Command) -> ExitCode {
     let conchd::restore::Command::Restore(args) = command;
     match conchd::restore::run(args) {
         Ok(r) => {
+            let name = args
+                .cluster_name
+                .as_ref()
+                .map(|name| format!(" ({name:?})"))
+                .unwrap_or_default();
             println!(
-                "conchd: restored log index {} (term {}), state hash {:016x}, into {} as node {} of cluster {}",
+                "conchd: restored log index {} (term {}), state hash {:016x}, into {} as node {} of cluster {}{name}",
                 r.applied_index,
                 r.applied_term,
                 r.state_hash,
@@ -177,14 +196,24 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
             .metrics_addr()
             .map(|a| format!(", metrics on http://{a}/metrics"))
             .unwrap_or_default();
+        let who = match config.peer_listen {
+            Some(peers) => format!("clients; peers on {peers}"),
+            None => "clients and peers".to_string(),
+        };
         println!(
-            "conchd: node {} listening on {listening} (clients and peers), data in {}{metrics}",
+            "conchd: node {} listening on {listening} ({who}), data in {}{metrics}",
             config.id,
             data_dir.display()
         );
         notify::ready(&format!("node {} serving on {listening}", config.id));
+        // Removed from the cluster, the node stops as on SIGTERM, then exits with its own code.
+        let removed = conchd::removal::removed(Arc::clone(node.node()));
+        let mut removal = None;
         let shutdown = async {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                removed = removed => removal = Some(removed),
+            }
             notify::stopping();
         };
         // A storage failure stops the node at once: its Raft core is gone for good.
@@ -195,6 +224,9 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
         };
         hangup.abort();
         served?;
+        if let Some(removed) = removal {
+            return Err(removed.into());
+        }
         tracing::info!("stopped");
         Ok(())
     })

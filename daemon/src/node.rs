@@ -111,6 +111,8 @@ pub struct Node {
     pub peer_refusals: LogLimit,
     /// Every task this node runs; stopped with it (see `tasks.rs`).
     pub tasks: Tasks,
+    /// Whether this node was removed from the cluster (see `removal.rs`).
+    pub removal: crate::removal::Removal,
 }
 
 /// Lets a repeated warning through at most once per interval.
@@ -187,6 +189,7 @@ impl Node {
             client_addrs: Mutex::new(BTreeMap::new()),
             peer_refusals: LogLimit::new(Duration::from_secs(10)),
             tasks: Tasks::new(),
+            removal: crate::removal::Removal::default(),
         });
         node.tasks
             .spawn(Arc::clone(&node).run_proposer(proposal_rx));
@@ -316,9 +319,7 @@ impl Node {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let membership = metrics.membership_config.membership();
-        if membership.nodes().next().is_none() {
-            return None;
-        }
+        membership.nodes().next()?;
         Some(membership.get_node(&id).is_some())
     }
 
@@ -398,6 +399,15 @@ impl Node {
 
     fn peer(&self, leader: &LeaderInfo) -> Result<ConchPeerClient<PeerChannel>, NodeError> {
         self.channel_to(leader.id, &leader.addr).map(peer_client)
+    }
+
+    /// The peer service of node `id` (advertised at `addr`), over the shared peer channel.
+    pub fn peer_of(
+        &self,
+        id: NodeId,
+        addr: &str,
+    ) -> Result<ConchPeerClient<PeerChannel>, NodeError> {
+        self.channel_to(id, addr).map(peer_client)
     }
 
     /// The admin service of node `id` (advertised at `addr`), over the shared peer channel.

@@ -6,7 +6,9 @@
 //! (only this build's), that the state decodes and that its recomputed hash is the one the file
 //! states; `--id` is a member of `--initial-cluster`; the data directory is absent or empty.
 //!
-//! What is written (each node restored with its own `--id` and the same `--initial-cluster`):
+//! What is written (each node restored with its own `--id` and the same `--initial-cluster`),
+//! with the directory locked throughout as `conchd` locks it (see `data_dir.rs`):
+//! 0. `node-id`: the `--id` restored as, and `cluster-name`: the `--cluster-name`, if given;
 //! 1. `cluster-id`: the new cluster's id, derived from the backup's SHA-256 and the members
 //!    (as parsed: `1=addr,2=addr,…`), so every restored node gets the same id without talking
 //!    to the others, and it differs from the backed-up cluster's;
@@ -33,6 +35,7 @@ use openraft::{BasicNode, CommittedLeaderId, Membership};
 use sha2::{Digest, Sha256};
 
 use crate::applied::AppliedState;
+use crate::data_dir::DataDir;
 use crate::identity::ClusterId;
 use crate::raft::LogId;
 use crate::raft::log_store::{DATA_FORMAT, LogStore};
@@ -64,6 +67,10 @@ pub struct RestoreArgs {
     /// The new cluster's members, as id=host:port pairs, the same on every restored node.
     #[arg(long)]
     pub initial_cluster: String,
+    /// The new cluster's name, recorded in the data directory (start the nodes with the same
+    /// --cluster-name, or none).
+    #[arg(long)]
+    pub cluster_name: Option<String>,
 }
 
 /// Why a restore did not happen.
@@ -109,6 +116,9 @@ pub fn run(args: &RestoreArgs) -> Result<Restored, RestoreError> {
             args.id
         )));
     }
+    if let Some(name) = &args.cluster_name {
+        crate::data_dir::check_cluster_name(name).map_err(refused)?;
+    }
     let existed = check_empty(&args.data_dir)?;
     let file = args.file.display();
     let bytes = std::fs::read(&args.file).map_err(|e| refused(format!("read {file}: {e}")))?;
@@ -152,7 +162,7 @@ pub fn run(args: &RestoreArgs) -> Result<Restored, RestoreError> {
     let envelope = encode_envelope(&meta, state_bytes)
         .map_err(|e| RestoreError::Failed(format!("encode the snapshot: {e}")))?;
 
-    if let Err(e) = write(&args.data_dir, &cluster_id, last, &meta, envelope) {
+    if let Err(e) = write(args, &cluster_id, last, &meta, envelope) {
         remove_written(&args.data_dir, existed);
         return Err(RestoreError::Failed(e));
     }
@@ -185,15 +195,18 @@ fn check_empty(dir: &Path) -> Result<bool, RestoreError> {
     }
 }
 
-/// Writes the cluster id, the purged log and the snapshot, in that order.
+/// Writes the node's identity, the cluster id, the purged log and the snapshot, in that order,
+/// holding the directory's lock.
 fn write(
-    dir: &Path,
+    args: &RestoreArgs,
     cluster_id: &str,
     last: LogId,
     meta: &SnapshotMeta,
     envelope: Vec<u8>,
 ) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let dir = args.data_dir.as_path();
+    let _locked =
+        DataDir::open(dir, args.id, args.cluster_name.as_deref()).map_err(|e| e.to_string())?;
     ClusterId::open(dir)
         .and_then(|id| id.adopt(cluster_id))
         .map_err(|e| format!("cluster id: {e}"))?;
@@ -283,6 +296,7 @@ mod tests {
             data_dir: data_dir.to_path_buf(),
             id,
             initial_cluster: MEMBERS.into(),
+            cluster_name: Some("restored".into()),
         }
     }
 
@@ -300,6 +314,11 @@ mod tests {
 
             let cluster_id = ClusterId::open(&dir)?.get();
             assert_eq!(cluster_id.as_deref(), Some(restored.cluster_id.as_str()));
+            assert_eq!(crate::data_dir::read_node_id(&dir)?, Some(id));
+            assert_eq!(
+                crate::data_dir::read_cluster_name(&dir)?.as_deref(),
+                Some("restored")
+            );
             let mut log = LogStore::open(&dir)?;
             let applied = AppliedState::new(State::new(), 0);
             let mut sm = StateMachine::open(&dir, Arc::clone(&applied))?;

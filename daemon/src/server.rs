@@ -2,13 +2,16 @@
 //!
 //! Order matters:
 //! 1. bind the listener first, so a taken port fails before anything touches the disk;
-//! 2. open the log store, then restore the newest snapshot into the applied state;
-//! 3. start Raft (it replays committed entries after the snapshot);
-//! 4. bootstrap only an empty node, only the lowest id of `--initial-cluster`, never with
+//! 2. open the data directory (see `data_dir.rs`): lock it first, then check it belongs to this
+//!    node and cluster; the lock is held until [`serve`] returns (or the start fails);
+//! 3. open the log store, then restore the newest snapshot into the applied state;
+//! 4. start Raft (it replays committed entries after the snapshot);
+//! 5. bootstrap only an empty node, only the lowest id of `--initial-cluster`, never with
 //!    `--join` (that node waits to be added); every node started with
 //!    `--bootstrap-admin-token-file` then sees that the admin token is installed (whoever
 //!    proposes it first; the state takes it once), and answers no client call until it is;
-//! 5. serve until shutdown, then stop Raft and flush.
+//! 6. serve until shutdown (or until this node is removed from the cluster, see `removal.rs`),
+//!    then stop Raft and flush.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,6 +21,7 @@ use openraft::{BasicNode, SnapshotPolicy};
 
 use crate::applied::AppliedState;
 use crate::config::Config;
+use crate::data_dir::{DataDir, DataDirError};
 use crate::identity::ClusterId;
 use crate::metrics::Metrics;
 use crate::node::Node;
@@ -40,8 +44,8 @@ pub enum StartError {
     BindPeer { addr: String, error: std::io::Error },
     #[error("metrics: listen on {addr}: {}", describe_bind_error(.error, "--metrics-listen (or off)"))]
     BindMetrics { addr: String, error: std::io::Error },
-    #[error("data directory {path}: {reason}")]
-    DataDir { path: String, reason: String },
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
     #[error(transparent)]
     LogStore(#[from] crate::raft::log_store::OpenError),
     #[error(transparent)]
@@ -56,6 +60,18 @@ pub enum StartError {
     Identity(#[from] crate::identity::IdentityError),
 }
 
+impl StartError {
+    /// A refusal only the operator can resolve: `conchd` exits 64 on it (see `main.rs`).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, StartError::DataDir(e) if e.is_usage())
+    }
+
+    /// The data directory belongs to a node removed from its cluster (see `removal.rs`).
+    pub fn is_removed(&self) -> bool {
+        matches!(self, StartError::DataDir(DataDirError::Removed { .. }))
+    }
+}
+
 /// A node that has bound its port and opened its data directory.
 pub struct Running {
     pub node: Arc<Node>,
@@ -63,6 +79,8 @@ pub struct Running {
     /// The peer service's own port (`--peer-listen`), if it has one.
     peer_listener: Option<tokio::net::TcpListener>,
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Holds the data directory's lock until [`serve`] has stopped Raft.
+    data_dir: DataDir,
 }
 
 impl Running {
@@ -124,25 +142,6 @@ fn describe_bind_error(e: &std::io::Error, flag: &str) -> String {
     }
 }
 
-/// Creates the data directory if needed; refuses a path that is not a directory.
-fn prepare_data_dir(path: &std::path::Path) -> Result<(), StartError> {
-    let fail = |reason: String| StartError::DataDir {
-        path: path.display().to_string(),
-        reason,
-    };
-    match std::fs::metadata(path) {
-        Ok(meta) if !meta.is_dir() => {
-            return Err(fail(
-                "is a file, not a directory (choose another --data-dir or move the file)".into(),
-            ));
-        }
-        Ok(_) => return Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fail(format!("cannot be read: {e}"))),
-    }
-    std::fs::create_dir_all(path).map_err(|e| fail(format!("cannot be created: {e}")))
-}
-
 /// Binds the port, opens the data directory and starts Raft and the node's tasks.
 pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -179,7 +178,7 @@ pub async fn start_with_listener(
         })?),
         None => None,
     };
-    prepare_data_dir(&config.data_dir)?;
+    let data_dir = DataDir::open(&config.data_dir, config.id, config.cluster_name.as_deref())?;
 
     if config.tls.is_none() && !config.listen.ip().is_loopback() {
         tracing::warn!(
@@ -197,9 +196,15 @@ pub async fn start_with_listener(
              turned on"
         );
     }
-    let cluster_id = Arc::new(ClusterId::open(&config.data_dir)?);
+    let cluster_id =
+        Arc::new(ClusterId::open(&config.data_dir)?.with_name(data_dir.cluster_name()));
     let metrics = Arc::new(Metrics::new());
-    let mut log_store = LogStore::open(&config.data_dir)?;
+    // sled locks its own file too: another process holding it (e.g. a conchd from before the
+    // LOCK file) is said the same way.
+    let mut log_store = LogStore::open(&config.data_dir).map_err(|e| match e.is_locked() {
+        true => StartError::from(crate::data_dir::in_use(&config.data_dir)),
+        false => StartError::from(e),
+    })?;
     log_store.set_metrics(metrics.log.clone());
     let applied = AppliedState::with_metrics(State::new(), 0, metrics.apply.clone());
     let mut state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
@@ -276,6 +281,7 @@ pub async fn start_with_listener(
     }
     node.tasks.spawn(expiry::run(Arc::clone(&node)));
     node.tasks.spawn(log_leader_changes(Arc::clone(&node)));
+    node.tasks.spawn(crate::removal::watch(Arc::clone(&node)));
     if let Some(hash) = config.bootstrap_admin_token {
         node.tasks
             .spawn(api::auth::bootstrap(Arc::clone(&node), hash));
@@ -285,6 +291,7 @@ pub async fn start_with_listener(
         listener,
         peer_listener,
         metrics_addr,
+        data_dir,
     })
 }
 
@@ -324,6 +331,7 @@ pub async fn serve(
         node,
         listener,
         peer_listener,
+        data_dir,
         ..
     } = running;
     let served = api::serve(Arc::clone(&node), listener, peer_listener, shutdown).await;
@@ -332,5 +340,6 @@ pub async fn serve(
     }
     // Every task the node started ends before this returns: nothing it started outlives it.
     node.tasks.stop().await;
+    drop(data_dir);
     served.map_err(|e| StartError::Serve(e.to_string()))
 }

@@ -116,11 +116,17 @@ async fn single_node_on_port_zero_serves_both_clients_and_restarts_on_its_data()
     assert_eq!(node.advertise(), addr.to_string());
     assert_eq!(node.metrics_addr(), None, "metrics are off when embedded");
 
-    // The node owns its data directory: a second one on it is refused.
+    // The node owns its data directory: a second one on it is refused, naming this process.
     let second = ConchNode::start(NodeConfig::single("127.0.0.1:0", dir.path())).await;
+    let Err(refused) = second else {
+        panic!("a second node opened a data directory in use");
+    };
+    let pid = std::process::id();
     assert!(
-        second.is_err(),
-        "a second node opened a data directory in use"
+        refused
+            .to_string()
+            .ends_with(&format!("is in use by another conchd (pid {pid})")),
+        "{refused}"
     );
 
     let local = node.client();

@@ -113,43 +113,74 @@ impl AdminService {
         }
     }
 
-    /// Takes members out, voters and learners alike (on the leader): voters first, then
-    /// learners, each change committed before the next.
+    /// Takes members out, voters and learners alike (on the leader), each change committed
+    /// before the next, then tells each removed node so (see `removal.rs`). A removed voter
+    /// first becomes a learner (it then never campaigns, even if it cannot be told); when this
+    /// node itself leaves, the learners go first and its own voter removal comes last, while it
+    /// still leads.
     async fn remove_members(
         &self,
         remove: &[u64],
     ) -> Result<Response<cpb::MembershipResponse>, Status> {
-        let (voters, learners): (BTreeSet<u64>, BTreeSet<u64>) = {
-            let members = self.members();
-            (
-                members.iter().filter(|m| m.voter).map(|m| m.id).collect(),
-                members.iter().filter(|m| !m.voter).map(|m| m.id).collect(),
-            )
-        };
+        let members = self.members();
+        let (voters, learners): (BTreeSet<u64>, BTreeSet<u64>) = (
+            members.iter().filter(|m| m.voter).map(|m| m.id).collect(),
+            members.iter().filter(|m| !m.voter).map(|m| m.id).collect(),
+        );
         let removal =
             membership::plan_removal(&voters, &learners, remove).map_err(ApiError::from)?;
-        let mut log_index = 0;
-        if !removal.voters.is_empty() {
-            let change = ChangeMembers::RemoveVoters(removal.voters);
+        let mut changes: Vec<(&'static str, ChangeMembers<u64, BasicNode>, bool)> = Vec::new();
+        if removal.voters.contains(&self.node.id) {
+            if !removal.learners.is_empty() {
+                let learners = removal.learners.clone();
+                changes.push((
+                    "remove learners",
+                    ChangeMembers::RemoveNodes(learners),
+                    false,
+                ));
+            }
+            let voters = removal.voters.clone();
+            changes.push(("remove voters", ChangeMembers::RemoveVoters(voters), false));
+        } else {
+            if !removal.voters.is_empty() {
+                let voters = removal.voters.clone();
+                changes.push(("demote voters", ChangeMembers::RemoveVoters(voters), true));
+            }
+            let all = removal.voters.union(&removal.learners).copied().collect();
+            changes.push(("remove members", ChangeMembers::RemoveNodes(all), false));
+        }
+        let mut last = None;
+        for (action, change, retain) in changes {
             let response = self
                 .node
                 .raft
-                .change_membership(change, false)
+                .change_membership(change, retain)
                 .await
-                .map_err(|e| ApiError::raft("remove voters", e))?;
-            log_index = response.log_id.index;
+                .map_err(|e| ApiError::raft(action, e))?;
+            last = Some(response);
         }
-        if !removal.learners.is_empty() {
-            let change = ChangeMembers::RemoveNodes(removal.learners);
-            let response = self
-                .node
-                .raft
-                .change_membership(change, false)
-                .await
-                .map_err(|e| ApiError::raft("remove learners", e))?;
-            log_index = response.log_id.index;
+        let Some(last) = last else {
+            return Ok(Response::new(self.membership_response(0)));
+        };
+        if let Some(membership) = last.membership {
+            let notice = crate::removal::RemovedNotice {
+                log_id: last.log_id,
+                membership,
+            };
+            for member in &members {
+                let removed =
+                    removal.voters.contains(&member.id) || removal.learners.contains(&member.id);
+                if removed && member.id != self.node.id {
+                    crate::removal::tell(
+                        Arc::clone(&self.node),
+                        member.id,
+                        member.addr.clone(),
+                        notice.clone(),
+                    );
+                }
+            }
         }
-        Ok(Response::new(self.membership_response(log_index)))
+        Ok(Response::new(self.membership_response(last.log_id.index)))
     }
 }
 

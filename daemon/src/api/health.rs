@@ -25,7 +25,8 @@ pub fn serving(leader_known: bool, last_log_index: u64, last_applied_index: u64)
     leader_known && last_log_index.saturating_sub(last_applied_index) <= CATCHING_UP_ENTRIES
 }
 
-/// Keeps the health statuses in step with the node's view of the cluster until Raft stops.
+/// Keeps the health statuses in step with the node's view of the cluster until Raft stops (a
+/// node removed from the cluster reports NOT_SERVING from then on).
 pub async fn follow(node: Arc<Node>, reporter: HealthReporter) {
     let mut metrics = node.raft.metrics();
     let mut reported = None;
@@ -41,28 +42,38 @@ pub async fn follow(node: Arc<Node>, reporter: HealthReporter) {
                 m.current_leader.is_some() && !cut_off,
                 m.last_log_index.unwrap_or(0),
                 m.last_applied.map(|l| l.index).unwrap_or(0),
-            )
+            ) && node.removal.removed().is_none()
         };
         if reported != Some(now) {
-            let status = if now {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
-            };
-            reporter.set_service_status("", status).await;
-            reporter
-                .set_service_status(
-                    <GrackleApiServer<GrackleService> as tonic::server::NamedService>::NAME,
-                    status,
-                )
-                .await;
+            report(&reporter, now).await;
             reported = Some(now);
         }
         tokio::select! {
-            changed = metrics.changed() => if changed.is_err() { return },
+            changed = metrics.changed() => if changed.is_err() {
+                if node.removal.removed().is_some() && reported != Some(false) {
+                    report(&reporter, false).await;
+                }
+                return;
+            },
             _ = tokio::time::sleep(node.config.heartbeat) => {}
         }
     }
+}
+
+/// Sets the overall status and the Grackle service's.
+async fn report(reporter: &HealthReporter, serving: bool) {
+    let status = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    reporter.set_service_status("", status).await;
+    reporter
+        .set_service_status(
+            <GrackleApiServer<GrackleService> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
 }
 
 #[cfg(test)]

@@ -39,14 +39,18 @@ pub const LEADER_HEADER: &str = "conch-leader";
 
 /// The client-facing services, limited and guarded as clients meet them: the Grackle API,
 /// conch's extensions, administration and access control. The one list that the node's port and
-/// the in-process client (`embed::LocalClient`) both serve.
+/// the in-process client (`embed::LocalClient`) both serve. Once this node was removed from the
+/// cluster, every call is answered UNAVAILABLE saying so (see `removal.rs`).
 pub fn client_routes(node: &Arc<Node>) -> Routes {
     let grackle = GrackleApiServer::new(grackle::GrackleService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let grackle = InterceptedService::new(grackle, unless_removed(node));
     let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let conch_api = InterceptedService::new(conch_api, unless_removed(node));
     let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let auth = InterceptedService::new(auth, unless_removed(node));
     Routes::new(grackle)
         .add_service(conch_api)
         .add_service(admin_service(node))
@@ -56,6 +60,7 @@ pub fn client_routes(node: &Arc<Node>) -> Routes {
 /// Administration, for clients and for admin calls other nodes forward here (those carry their
 /// sender's cluster id, and another cluster's is refused; the caller's token is checked as for
 /// any client).
+#[allow(clippy::type_complexity)] // an interceptor closure has no nameable type
 fn admin_service(
     node: &Arc<Node>,
 ) -> InterceptedService<
@@ -65,7 +70,9 @@ fn admin_service(
     let admin = ConchAdminServer::new(conch::AdminService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let admin_node = Arc::clone(node);
+    let mut removed = unless_removed(node);
     InterceptedService::new(admin, move |request: tonic::Request<()>| {
+        let request = removed(request)?;
         if request.metadata().contains_key(CLUSTER_ID_HEADER) {
             admin_node
                 .cluster_id
@@ -76,7 +83,19 @@ fn admin_service(
     })
 }
 
+/// An interceptor refusing every call (UNAVAILABLE) once `node` was removed from the cluster.
+fn unless_removed(
+    node: &Arc<Node>,
+) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone + use<> {
+    let node = Arc::clone(node);
+    move |request| match node.removal.error(node.id) {
+        Some(error) => Err(status::ApiError::Node(error).into()),
+        None => Ok(request),
+    }
+}
+
 /// The node-to-node service, admitted only for members (see `peer::admit`).
+#[allow(clippy::type_complexity)] // an interceptor closure has no nameable type
 fn peer_service(
     node: &Arc<Node>,
 ) -> InterceptedService<

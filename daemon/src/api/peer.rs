@@ -228,4 +228,14 @@ impl ConchPeer for PeerService {
         from_member(&self.node, &request)?;
         Ok(encode_reply(&self.node.read_index_as_leader().await)?)
     }
+
+    async fn removed(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        for_this_node(&self.node, &request)?;
+        from_member(&self.node, &request)?;
+        let notice = decode_request(&request)?;
+        Ok(encode_reply(&crate::removal::notice(&self.node, notice))?)
+    }
 }

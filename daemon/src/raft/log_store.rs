@@ -130,6 +130,15 @@ pub enum OpenError {
     },
 }
 
+impl OpenError {
+    /// sled found its file locked: another process has the log open.
+    pub fn is_locked(&self) -> bool {
+        // sled 0.34 says so only in the message of an `io::ErrorKind::Other`.
+        matches!(self, OpenError::Sled { source: sled::Error::Io(e), .. }
+            if e.to_string().contains("could not acquire lock"))
+    }
+}
+
 /// Why a stored value could not be decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -972,6 +981,19 @@ mod tests {
             panic!("a log that lost its vote must not open")
         };
         assert!(err.to_string().contains("lost data"), "{err}");
+    }
+
+    #[test]
+    fn a_log_open_elsewhere_is_recognised_as_locked() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let first = LogStore::open(dir.path())?;
+        let Err(second) = LogStore::open(dir.path()) else {
+            anyhow::bail!("sled opened twice");
+        };
+        assert!(second.is_locked(), "{second}");
+        drop(first);
+        drop(LogStore::open(dir.path())?);
+        Ok(())
     }
 
     #[test]

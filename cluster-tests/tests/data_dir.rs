@@ -1,0 +1,138 @@
+//! A data directory belongs to one node of one cluster, and one conchd uses it at a time: each
+//! refusal is one line on stderr and exit 64, and leaves the directory as it was.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cluster_tests::{Cluster, Daemon, free_port, wait_for};
+use nix::sys::signal::Signal;
+
+const LONG: Duration = Duration::from_secs(20);
+
+/// `conchd --id <id> --data-dir <dir>` on a free port, with `extra` flags.
+fn spawn_on(dir: &Path, cwd: &Path, id: u64, extra: &[&str]) -> anyhow::Result<Daemon> {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let dir = dir.display().to_string();
+    let id = id.to_string();
+    let mut args = vec!["--id", &id, "--listen", &addr, "--data-dir", &dir];
+    args.extend_from_slice(extra);
+    Daemon::spawn(&args, cwd)
+}
+
+/// Waits until the daemon has opened its directory and serves (its startup line).
+async fn serving(daemon: &mut Daemon) -> anyhow::Result<()> {
+    wait_for("conchd to serve", LONG, || {
+        let started = daemon.stdout().contains("listening on");
+        async move { started.then_some(()) }
+    })
+    .await?;
+    anyhow::ensure!(!daemon.has_exited(), "conchd exited: {}", daemon.stderr());
+    Ok(())
+}
+
+/// Waits for the daemon to exit 64 and returns its single stderr line.
+async fn refused(daemon: &mut Daemon) -> anyhow::Result<String> {
+    let code = daemon.wait_exit(LONG).await?;
+    let stderr = daemon.stderr();
+    anyhow::ensure!(code == Some(64), "exit {code:?}: {stderr}");
+    anyhow::ensure!(stderr.trim().lines().count() == 1, "not one line: {stderr}");
+    Ok(stderr.trim().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_node_id_on_a_node_s_directory_is_refused() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let node1_dir = cluster.nodes[&1].data_dir.clone();
+    cluster.kill(1);
+    let listing = |dir: &Path| -> anyhow::Result<Vec<(String, u64)>> {
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name != "LOCK" {
+                entries.push((name, entry.metadata()?.len()));
+            }
+        }
+        entries.sort();
+        Ok(entries)
+    };
+    let before = listing(&node1_dir)?;
+
+    let mut wrong = spawn_on(&node1_dir, cluster.dir(), 2, &[])?;
+    let line = refused(&mut wrong).await?;
+    assert_eq!(
+        line,
+        format!(
+            "conchd: data directory {} belongs to node 1, not --id 2 (start node 1 on it, or \
+             give node 2 its own --data-dir)",
+            node1_dir.display()
+        )
+    );
+    assert_eq!(listing(&node1_dir)?, before, "the directory changed");
+
+    // Node 1 itself starts on it again and rejoins.
+    cluster.restart(1)?;
+    cluster.wait_for_leader(LONG).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_conchd_on_a_directory_in_use_names_the_first() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let data_dir = tmp.path().join("data");
+    let mut first = spawn_on(&data_dir, tmp.path(), 1, &[])?;
+    serving(&mut first).await?;
+    let pid = first.pid().unwrap_or_default();
+
+    let mut second = spawn_on(&data_dir, tmp.path(), 1, &[])?;
+    let line = refused(&mut second).await?;
+    assert_eq!(
+        line,
+        format!(
+            "conchd: data directory {} is in use by another conchd (pid {pid})",
+            data_dir.display()
+        )
+    );
+
+    // Once the first stops, the directory is free again.
+    first.signal(Signal::SIGTERM);
+    assert_eq!(first.wait_exit(LONG).await?, Some(0), "{}", first.stderr());
+    let mut third = spawn_on(&data_dir, tmp.path(), 1, &[])?;
+    serving(&mut third).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_cluster_name_on_a_directory_is_refused() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let data_dir = tmp.path().join("data");
+    let mut first = spawn_on(&data_dir, tmp.path(), 1, &["--cluster-name", "prod-a"])?;
+    serving(&mut first).await?;
+    first.signal(Signal::SIGTERM);
+    assert_eq!(first.wait_exit(LONG).await?, Some(0), "{}", first.stderr());
+
+    let mut other = Daemon::spawn_with_env(
+        &[
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--data-dir",
+            &data_dir.display().to_string(),
+        ],
+        tmp.path(),
+        &[("CONCH_CLUSTER_NAME", "prod-b")],
+    )?;
+    let line = refused(&mut other).await?;
+    assert_eq!(
+        line,
+        format!(
+            "conchd: data directory {} belongs to cluster \"prod-a\" (node 1), not \
+             --cluster-name \"prod-b\"",
+            data_dir.display()
+        )
+    );
+
+    // Without a name, or with the recorded one, it starts.
+    let mut unnamed = spawn_on(&data_dir, tmp.path(), 1, &[])?;
+    serving(&mut unnamed).await?;
+    Ok(())
+}

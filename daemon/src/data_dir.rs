@@ -1,0 +1,513 @@
+//! Whose a data directory is, and that one conchd at a time uses it.
+//!
+//! Next to the Raft log and snapshots (see `raft/`), the top of a data directory holds:
+//! - `LOCK`: locked exclusively (`flock`) for as long as a node has the directory open, and
+//!   holding that process's pid (decimal, one line) for the message a second process prints.
+//!   A file left by a stopped node is harmless: the lock goes with the process.
+//! - `node-id`: the id of the node the directory belongs to (decimal, one line).
+//! - `cluster-name`: the `--cluster-name` given when the node bootstrapped, joined or was
+//!   restored (one line); absent while none was given. A node without one adopts the name its
+//!   leader's messages carry (see `identity.rs`).
+//! - `cluster-id`: the cluster's id (see `identity.rs`).
+//! - `removed`: written when the node learns it was removed from its cluster (see
+//!   `removal.rs`); it holds the membership that left the node out.
+//!
+//! Invariants:
+//! - [`DataDir::open`] takes the lock before it reads or writes anything else in the
+//!   directory, and the lock is released only when the [`DataDir`] is dropped
+//! - `node-id` and `cluster-name` are written durably (temporary file, fsync, rename, fsync of
+//!   the directory), only when absent, and never replaced
+//! - a start refused for another `--id`, another `--cluster-name` or a removed node changes
+//!   nothing in the directory but `LOCK` (all checks come before the first write)
+//! - a directory from before `node-id` existed (it holds Raft state but no `node-id`) takes the
+//!   id it is started with
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+/// The lock file, holding the pid of the process that has the directory open.
+pub const LOCK_FILE: &str = "LOCK";
+/// The id of the node the directory belongs to.
+pub const NODE_ID_FILE: &str = "node-id";
+/// The cluster name the directory was created or joined with.
+pub const CLUSTER_NAME_FILE: &str = "cluster-name";
+/// Present once the node was removed from its cluster.
+pub const REMOVED_FILE: &str = "removed";
+/// Longest `--cluster-name`.
+pub const CLUSTER_NAME_MAX_CHARS: usize = 64;
+
+/// Entries that only a data directory in use holds: their presence without `node-id` marks a
+/// directory written before the record existed.
+const STATE_ENTRIES: [&str; 5] = ["raft", "wal", "snapshots", "cluster-id", "vote"];
+
+/// Why a data directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DataDirError {
+    /// It cannot be created, read or written.
+    #[error("data directory {}: {reason}", path.display())]
+    Unusable { path: PathBuf, reason: String },
+    /// Another process has it open.
+    #[error("data directory {} is in use by {}", path.display(), holder(*pid))]
+    InUse { path: PathBuf, pid: Option<u32> },
+    /// It belongs to another node.
+    #[error(
+        "data directory {} belongs to node {recorded}, not --id {id} (start node {recorded} on \
+         it, or give node {id} its own --data-dir)",
+        path.display()
+    )]
+    OtherNode {
+        path: PathBuf,
+        recorded: u64,
+        id: u64,
+    },
+    /// It belongs to a cluster of another name.
+    #[error(
+        "data directory {} belongs to cluster {recorded:?} (node {node}), not --cluster-name \
+         {given:?}",
+        path.display()
+    )]
+    OtherCluster {
+        path: PathBuf,
+        recorded: String,
+        node: u64,
+        given: String,
+    },
+    /// Its node was removed from the cluster.
+    #[error(
+        "data directory {} belongs to node {node}, which was removed from its cluster \
+         (membership then {membership}); wipe the directory and add the node again",
+        path.display()
+    )]
+    Removed {
+        path: PathBuf,
+        node: u64,
+        membership: String,
+    },
+}
+
+impl DataDirError {
+    /// A refusal that only the operator can resolve (another `--id`, `--cluster-name` or
+    /// `--data-dir`, or stopping the other process): conchd exits 64 on it.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            DataDirError::InUse { .. }
+                | DataDirError::OtherNode { .. }
+                | DataDirError::OtherCluster { .. }
+        )
+    }
+}
+
+fn holder(pid: Option<u32>) -> String {
+    match pid {
+        Some(pid) => format!("another conchd (pid {pid})"),
+        None => "another process".into(),
+    }
+}
+
+/// Checks a cluster name: 1 to [`CLUSTER_NAME_MAX_CHARS`] characters of `[-_.0-9a-zA-Z]`.
+pub fn check_cluster_name(name: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || name.chars().count() > CLUSTER_NAME_MAX_CHARS {
+        return Err(format!(
+            "--cluster-name {name:?}: 1 to {CLUSTER_NAME_MAX_CHARS} characters"
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| !allowed(*c)) {
+        return Err(format!(
+            "--cluster-name {name:?}: {c:?} is not allowed (letters, digits, '-', '_', '.')"
+        ));
+    }
+    Ok(())
+}
+
+/// An open data directory: locked for this process, and known to belong to this node.
+#[derive(Debug)]
+pub struct DataDir {
+    path: PathBuf,
+    cluster_name: Option<String>,
+    /// Holds the lock; closing it releases the lock.
+    _lock: File,
+}
+
+impl DataDir {
+    /// Creates the directory if needed, locks it, and checks (or, the first time, records) that
+    /// it belongs to node `id` and, when `cluster_name` is given, to that cluster.
+    pub fn open(path: &Path, id: u64, cluster_name: Option<&str>) -> Result<DataDir, DataDirError> {
+        create(path)?;
+        let lock = lock(path)?;
+        let unusable = |reason: String| DataDirError::Unusable {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if let Some(membership) = read_text(path, REMOVED_FILE).map_err(unusable)? {
+            return Err(DataDirError::Removed {
+                path: path.to_path_buf(),
+                node: read_node_id(path)?.unwrap_or(id),
+                membership,
+            });
+        }
+        let recorded_id = read_node_id(path)?;
+        if let Some(recorded) = recorded_id
+            && recorded != id
+        {
+            return Err(DataDirError::OtherNode {
+                path: path.to_path_buf(),
+                recorded,
+                id,
+            });
+        }
+        let recorded_name = read_cluster_name(path)?;
+        if let (Some(recorded), Some(given)) = (&recorded_name, cluster_name)
+            && recorded != given
+        {
+            return Err(DataDirError::OtherCluster {
+                path: path.to_path_buf(),
+                recorded: recorded.clone(),
+                node: id,
+                given: given.to_string(),
+            });
+        }
+
+        if recorded_id.is_none() {
+            if holds_state(path).map_err(unusable)? {
+                tracing::info!(
+                    node_id = id,
+                    path = %path.display(),
+                    "data directory from before node ids were recorded: recording it as this node's"
+                );
+            }
+            write_record(path, NODE_ID_FILE, &id.to_string()).map_err(unusable)?;
+        }
+        let cluster_name = match (recorded_name, cluster_name) {
+            (Some(recorded), _) => Some(recorded),
+            (None, Some(given)) => {
+                write_record(path, CLUSTER_NAME_FILE, given).map_err(unusable)?;
+                tracing::info!(cluster_name = given, "recorded the cluster name");
+                Some(given.to_string())
+            }
+            (None, None) => None,
+        };
+        Ok(DataDir {
+            path: path.to_path_buf(),
+            cluster_name,
+            _lock: lock,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The cluster name recorded in the directory, if any.
+    pub fn cluster_name(&self) -> Option<&str> {
+        self.cluster_name.as_deref()
+    }
+}
+
+/// Creates the directory if needed; refuses a path that is not a directory.
+fn create(path: &Path) -> Result<(), DataDirError> {
+    let fail = |reason: String| DataDirError::Unusable {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_dir() => {
+            return Err(fail(
+                "is a file, not a directory (choose another --data-dir or move the file)".into(),
+            ));
+        }
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(format!("cannot be read: {e}"))),
+    }
+    std::fs::create_dir_all(path).map_err(|e| fail(format!("cannot be created: {e}")))
+}
+
+/// Takes the exclusive lock on `<dir>/LOCK` and writes this process's pid into it.
+fn lock(dir: &Path) -> Result<File, DataDirError> {
+    let lock_path = dir.join(LOCK_FILE);
+    let fail = |e: std::io::Error| DataDirError::Unusable {
+        path: dir.to_path_buf(),
+        reason: format!("open {}: {e}", lock_path.display()),
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(fail)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            let pid = file
+                .read_to_string(&mut text)
+                .ok()
+                .and_then(|_| text.trim().parse().ok());
+            return Err(DataDirError::InUse {
+                path: dir.to_path_buf(),
+                pid,
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(fail(e)),
+    }
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()))
+        .map_err(|e| DataDirError::Unusable {
+            path: dir.to_path_buf(),
+            reason: format!("write this process's pid into {}: {e}", lock_path.display()),
+        })?;
+    Ok(file)
+}
+
+/// The error for a Raft log that sled found locked: another process (e.g. a conchd from before
+/// the `LOCK` file) has the directory open.
+pub fn in_use(dir: &Path) -> DataDirError {
+    DataDirError::InUse {
+        path: dir.to_path_buf(),
+        pid: None,
+    }
+}
+
+/// Whether the directory holds Raft state or a cluster id.
+fn holds_state(dir: &Path) -> Result<bool, String> {
+    for entry in STATE_ENTRIES {
+        match std::fs::symlink_metadata(dir.join(entry)) {
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot be read: {entry}: {e}")),
+        }
+    }
+    Ok(false)
+}
+
+/// The trimmed text of `<dir>/<name>`, or `None` when the file does not exist.
+fn read_text(dir: &Path, name: &str) -> Result<Option<String>, String> {
+    let path = dir.join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(text.trim().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("read {}: {e}", path.display())),
+    }
+}
+
+/// The node id recorded in `dir`, if any.
+pub fn read_node_id(dir: &Path) -> Result<Option<u64>, DataDirError> {
+    let unusable = |reason: String| DataDirError::Unusable {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let Some(text) = read_text(dir, NODE_ID_FILE).map_err(unusable)? else {
+        return Ok(None);
+    };
+    match text.parse::<u64>() {
+        Ok(id) if id > 0 => Ok(Some(id)),
+        _ => Err(unusable(format!(
+            "{NODE_ID_FILE} does not hold a node id: {:?}",
+            text.chars().take(32).collect::<String>()
+        ))),
+    }
+}
+
+/// The cluster name recorded in `dir`, if any.
+pub fn read_cluster_name(dir: &Path) -> Result<Option<String>, DataDirError> {
+    let unusable = |reason: String| DataDirError::Unusable {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let Some(name) = read_text(dir, CLUSTER_NAME_FILE).map_err(unusable)? else {
+        return Ok(None);
+    };
+    check_cluster_name(&name)
+        .map_err(|e| unusable(format!("{CLUSTER_NAME_FILE} is damaged: {e}")))?;
+    Ok(Some(name))
+}
+
+/// Records `name` as the cluster name of `dir` unless one is recorded; returns the name now
+/// recorded.
+pub fn adopt_cluster_name(dir: &Path, name: &str) -> Result<String, DataDirError> {
+    if let Some(recorded) = read_cluster_name(dir)? {
+        return Ok(recorded);
+    }
+    check_cluster_name(name).map_err(|reason| DataDirError::Unusable {
+        path: dir.to_path_buf(),
+        reason,
+    })?;
+    write_record(dir, CLUSTER_NAME_FILE, name).map_err(|reason| DataDirError::Unusable {
+        path: dir.to_path_buf(),
+        reason,
+    })?;
+    Ok(name.to_string())
+}
+
+/// Records that the node was removed from its cluster, with the membership that left it out.
+pub fn record_removed(dir: &Path, membership: &str) -> Result<(), String> {
+    write_record(dir, REMOVED_FILE, membership)
+}
+
+/// Writes `<dir>/<name>` durably: a temporary file, fsync, rename, fsync of the directory.
+pub fn write_record(dir: &Path, name: &str, text: &str) -> Result<(), String> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let fail = |e: std::io::Error| format!("write {}: {e}", path.display());
+    {
+        let mut file = File::create(&tmp).map_err(fail)?;
+        file.write_all(format!("{text}\n").as_bytes())
+            .map_err(fail)?;
+        file.sync_all().map_err(fail)?;
+    }
+    std::fs::rename(&tmp, &path).map_err(fail)?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_records_its_node_and_refuses_another() -> anyhow::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("data");
+        // first start   node 1, no name     -> created, node-id 1
+        let opened = DataDir::open(&dir, 1, None)?;
+        assert_eq!(read_node_id(&dir)?, Some(1));
+        assert_eq!(opened.cluster_name(), None);
+        drop(opened);
+        // second start  --id 2              -> refused, naming both, nothing written
+        let before = std::fs::read_dir(&dir)?.count();
+        let Err(refused) = DataDir::open(&dir, 2, Some("prod-a")) else {
+            anyhow::bail!("node 2 opened node 1's directory");
+        };
+        assert!(refused.is_usage());
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "data directory {} belongs to node 1, not --id 2 (start node 1 on it, or give \
+                 node 2 its own --data-dir)",
+                dir.display()
+            )
+        );
+        assert_eq!(std::fs::read_dir(&dir)?.count(), before);
+        assert_eq!(read_cluster_name(&dir)?, None);
+        // third start   node 1 again        -> fine
+        drop(DataDir::open(&dir, 1, None)?);
+        Ok(())
+    }
+
+    #[test]
+    fn a_cluster_name_is_recorded_once_and_a_different_one_refused() -> anyhow::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("data");
+        // bootstrap     --cluster-name prod-a     -> recorded
+        drop(DataDir::open(&dir, 1, Some("prod-a"))?);
+        // restart       no --cluster-name         -> the recorded one holds
+        let opened = DataDir::open(&dir, 1, None)?;
+        assert_eq!(opened.cluster_name(), Some("prod-a"));
+        drop(opened);
+        // restart       --cluster-name prod-b     -> refused, naming both
+        let Err(refused) = DataDir::open(&dir, 1, Some("prod-b")) else {
+            anyhow::bail!("another cluster name was accepted");
+        };
+        assert!(refused.is_usage());
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "data directory {} belongs to cluster \"prod-a\" (node 1), not --cluster-name \
+                 \"prod-b\"",
+                dir.display()
+            )
+        );
+        assert_eq!(read_cluster_name(&dir)?.as_deref(), Some("prod-a"));
+        // adopting a leader's name never replaces a recorded one
+        assert_eq!(adopt_cluster_name(&dir, "prod-c")?, "prod-a");
+        Ok(())
+    }
+
+    #[test]
+    fn a_directory_from_before_the_record_adopts_the_id_it_is_started_with() -> anyhow::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("data");
+        std::fs::create_dir_all(dir.join("raft"))?;
+        std::fs::write(dir.join("vote"), b"x")?;
+        // old directory, started as node 3  -> node-id 3 recorded
+        drop(DataDir::open(&dir, 3, None)?);
+        assert_eq!(read_node_id(&dir)?, Some(3));
+        // from then on it is node 3's
+        assert!(matches!(
+            DataDir::open(&dir, 1, None),
+            Err(DataDirError::OtherNode {
+                recorded: 3,
+                id: 1,
+                ..
+            })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn a_second_open_is_refused_naming_the_pid_until_the_first_is_dropped() -> anyhow::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("data");
+        let first = DataDir::open(&dir, 1, None)?;
+        let pid = std::process::id();
+        assert_eq!(
+            std::fs::read_to_string(dir.join(LOCK_FILE))?.trim(),
+            pid.to_string()
+        );
+        let Err(refused) = DataDir::open(&dir, 1, None) else {
+            anyhow::bail!("opened twice");
+        };
+        assert!(refused.is_usage());
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "data directory {} is in use by another conchd (pid {pid})",
+                dir.display()
+            )
+        );
+        // A lock file without a pid (another program's): "another process".
+        std::fs::write(dir.join(LOCK_FILE), b"")?;
+        let Err(refused) = DataDir::open(&dir, 1, None) else {
+            anyhow::bail!("opened twice");
+        };
+        assert!(
+            refused.to_string().ends_with("in use by another process"),
+            "{refused}"
+        );
+        drop(first);
+        drop(DataDir::open(&dir, 1, None)?);
+        Ok(())
+    }
+
+    #[test]
+    fn a_removed_node_s_directory_is_refused() -> anyhow::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("data");
+        drop(DataDir::open(&dir, 3, None)?);
+        record_removed(&dir, "{voters: [1, 2], learners: []}").map_err(anyhow::Error::msg)?;
+        let Err(refused) = DataDir::open(&dir, 3, None) else {
+            anyhow::bail!("a removed node's directory was opened");
+        };
+        assert!(!refused.is_usage());
+        let text = refused.to_string();
+        assert!(
+            text.contains("node 3, which was removed") && text.contains("voters: [1, 2]"),
+            "{text}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn cluster_names_are_short_and_plain() {
+        assert!(check_cluster_name("prod-a_1.eu").is_ok());
+        assert!(check_cluster_name(&"x".repeat(64)).is_ok());
+        assert!(check_cluster_name("").is_err());
+        assert!(check_cluster_name(&"x".repeat(65)).is_err());
+        assert!(check_cluster_name("prod a").is_err());
+        assert!(check_cluster_name("prod/a").is_err());
+    }
+}
