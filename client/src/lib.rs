@@ -69,6 +69,7 @@ pub mod elect;
 mod endpoint;
 mod error;
 pub mod lease;
+pub mod private_file;
 pub mod request_id;
 pub mod sema;
 mod tls;
