@@ -16,6 +16,7 @@ pub mod identity;
 pub mod metrics;
 pub mod node;
 pub mod notify;
+pub mod private_file;
 pub mod raft;
 pub mod restore;
 pub mod server;
