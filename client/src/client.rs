@@ -36,9 +36,9 @@ use conch_proto::conch::{
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::{
     CreateNamespaceRequest, CreateSemaphoreRequest, GetNamespaceRequest, GetSemaphoreLeaseRequest,
-    GetSemaphoreRequest, ListSemaphoreHoldersRequest, ListSemaphoresRequest, Namespace,
-    RefreshSemaphoreLeaseRequest, ReleaseSemaphoreRequest, RevokeSemaphoreLeaseRequest, Semaphore,
-    SemaphoreHolder,
+    GetSemaphoreRequest, ListNamespacesRequest, ListSemaphoreHoldersRequest, ListSemaphoresRequest,
+    Namespace, RefreshSemaphoreLeaseRequest, ReleaseSemaphoreRequest, RevokeSemaphoreLeaseRequest,
+    Semaphore, SemaphoreHolder,
 };
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
@@ -718,6 +718,24 @@ impl Client {
             })
             .await?;
         resp.namespace.ok_or_else(|| missing(OP, "namespace"))
+    }
+
+    /// Every namespace the caller may read, in name order (all pages).
+    pub async fn list_namespaces(&self) -> Result<Vec<Namespace>> {
+        const OP: &str = "list namespaces";
+        all_pages(async |pagination_token| {
+            let req = ListNamespacesRequest {
+                pagination_token,
+                limit: PAGE_LIMIT,
+            };
+            let resp = self
+                .unary(OP, self.default_options(), req, |ch, r| async move {
+                    GrackleApiClient::new(ch).list_namespaces(r).await
+                })
+                .await?;
+            Ok((resp.namespaces, resp.next_pagination_token))
+        })
+        .await
     }
 
     /// Makes sure a namespace exists (reads first; creates it if absent; a concurrent create

@@ -1,7 +1,8 @@
 //! How `conch elect` lays an election out in the Grackle data model, and the wait that follows
 //! one.
 //!
-//! - An election is a 1-permit semaphore `<name>.elect` in namespace [`NAMESPACE`] (`conch`).
+//! - An election is a 1-permit semaphore `<name>.elect` in namespace [`NAMESPACE`] (`conch`), or
+//!   the one `conch elect --namespace` names.
 //!   `conch sema` names end in `.<max>` (digits) or `.host-<host>` (no dots in the host), so an
 //!   election never shares a semaphore with `conch sema`.
 //! - Candidates queue for the permit in FIFO order with one lease each; the holder is the

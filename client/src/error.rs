@@ -148,7 +148,7 @@ pub enum Error {
         /// What is wrong.
         what: String,
     },
-    /// A token (`--token`, `CONCH_TOKEN`, `CONCH_TOKEN_FILE`) that cannot be sent.
+    /// A token (`CONCH_TOKEN`, `--token-file`, `CONCH_TOKEN_FILE`) that cannot be sent.
     #[error("invalid token: {reason}")]
     InvalidToken {
         /// What is wrong with it.

@@ -11,7 +11,8 @@
 //!   at once when it is lost — *before* the server could give its permits to someone else;
 //! - [`Client::acquire`]: waits in the server's FIFO queue for permits, keeping its place
 //!   across RPC timeouts and node failover, and returns a [`Guard`] with the fencing token;
-//! - [`sema`]: the naming scheme of `conch sema` (namespace `conch`, semaphore `<name>.<max>`);
+//! - [`sema`]: the naming scheme of `conch sema` (namespace `conch` by default, semaphore
+//!   `<name>.<max>`);
 //! - [`BearerToken`]: for a cluster with access control on, set [`ClientConfig::token`] and every
 //!   call carries `authorization: Bearer <token>` (added by a tonic interceptor).
 //!
@@ -69,6 +70,7 @@ pub mod elect;
 mod endpoint;
 mod error;
 pub mod lease;
+pub mod private_file;
 pub mod request_id;
 pub mod sema;
 mod tls;

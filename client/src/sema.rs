@@ -1,7 +1,8 @@
 //! How `conch sema` lays its semaphores out in the Grackle data model, shared by the CLI and
 //! anything that wants to interoperate with it.
 //!
-//! - Everything lives in namespace [`NAMESPACE`] (`conch`).
+//! - Everything lives in one namespace: [`NAMESPACE`] (`conch`) unless `--namespace` names
+//!   another (one per team keeps teams' tokens away from each other's semaphores).
 //! - The identity of a semaphore is (name, max): `conch sema video-encode --max 2` uses the
 //!   semaphore `video-encode.2` with 2 permits, so callers with different `--max` never share a
 //!   semaphore (and `--who` shows both).
@@ -11,7 +12,7 @@
 //! - Holders and waiters carry metadata [`META_HOST`], [`META_PID`], [`META_SINCE`] (RFC 3339)
 //!   and [`META_CMD`], so `--who` works across machines.
 
-/// The namespace `conch sema` uses.
+/// The namespace `conch sema` and `conch elect` use unless told `--namespace`.
 pub const NAMESPACE: &str = "conch";
 /// Holder/waiter metadata key: the host name of the process.
 pub const META_HOST: &str = "host";

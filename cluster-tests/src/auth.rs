@@ -35,7 +35,7 @@ pub fn bootstrap_args() -> anyhow::Result<(tempfile::TempDir, Vec<String>)> {
         .tempdir()
         .context("tempdir")?;
     let path = dir.path().join("admin.token");
-    std::fs::write(&path, token()?).context("write the token file")?;
+    write_secret(&path, token()?).context("write the token file")?;
     let mut args = vec![
         "--bootstrap-admin-token-file".to_string(),
         path.display().to_string(),
@@ -55,11 +55,29 @@ pub fn peer_secret_args(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
             .map(|d| d.as_nanos())
             .unwrap_or_default()
     );
-    std::fs::write(&path, secret).context("write the peer secret file")?;
+    write_secret(&path, secret).context("write the peer secret file")?;
     Ok(vec![
         "--peer-secret-file".to_string(),
         path.display().to_string(),
     ])
+}
+
+/// Writes a file of secrets (a token, a peer secret) readable by its owner only, as conchd and
+/// conch require of such files.
+pub fn write_secret(path: &std::path::Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 600 {}", path.display()))?;
+    file.write_all(contents.as_ref())
+        .with_context(|| format!("write {}", path.display()))
 }
 
 /// Waits until the cluster reports access control on (the bootstrap is applied).

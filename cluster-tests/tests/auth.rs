@@ -4,6 +4,7 @@
 //! Every refusal is checked for its code and message, and for leaving the state alone: the
 //! applied index and state hash of every node are the same before and after.
 
+use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -337,7 +338,10 @@ async fn a_bootstrap_token_file_turns_access_control_on_and_the_cli_uses_tokens(
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let token_file = dir.path().join("admin.token");
-    std::fs::write(&token_file, "bootstrap-token-0123456789-abcdefghijklmnop\n")?;
+    cluster_tests::auth::write_secret(
+        &token_file,
+        "bootstrap-token-0123456789-abcdefghijklmnop\n",
+    )?;
     let token_path = token_file.display().to_string();
     let mut args = vec![
         "--bootstrap-admin-token-file".to_string(),
@@ -397,7 +401,7 @@ async fn a_bootstrap_token_file_turns_access_control_on_and_the_cli_uses_tokens(
     ensure!(code == 0, "sema with a token: {code} {out} {err}");
     let (code, _, err) = conch(&endpoint, &sema, &[]).await?;
     ensure!(
-        code == EX_NO_PERMISSION && err.contains("--token"),
+        code == EX_NO_PERMISSION && err.contains("--token-file"),
         "sema without a token: {code} {err}"
     );
     // The ci token may not manage access control.
@@ -415,12 +419,20 @@ async fn a_bootstrap_token_file_turns_access_control_on_and_the_cli_uses_tokens(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_or_short_bootstrap_token_file_is_a_usage_error() -> anyhow::Result<()> {
+async fn a_missing_short_or_shared_bootstrap_token_file_is_a_usage_error() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let short = dir.path().join("short.token");
-    std::fs::write(&short, "too-short\n")?;
+    cluster_tests::auth::write_secret(&short, "too-short\n")?;
     let missing = dir.path().join("missing.token");
-    for (file, says) in [(&missing, "missing.token"), (&short, "at least 32")] {
+    // Readable by everybody on the machine: refused with the fix, however good the token.
+    let shared = dir.path().join("shared.token");
+    std::fs::write(&shared, "bootstrap-token-0123456789-abcdefghijklmnop\n")?;
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o644))?;
+    for (file, says) in [
+        (&missing, "missing.token"),
+        (&short, "at least 32"),
+        (&shared, "chmod 600"),
+    ] {
         let listen = format!("127.0.0.1:{}", free_port());
         let path = file.display().to_string();
         let mut daemon = Daemon::spawn(
@@ -442,5 +454,181 @@ async fn a_missing_or_short_bootstrap_token_file_is_a_usage_error() -> anyhow::R
             daemon.stderr()
         );
     }
+    Ok(())
+}
+
+/// One namespace per team, as the README sets it up: the admin creates it and grants the
+/// team's role write on it. Each team's token works in its own namespace only; a namespace
+/// that does not exist is said so in one line; tokens stay secret (a private `--out` file, the
+/// command does not see them, a shared token file and `--token` are refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teams_keep_to_their_namespaces_and_tokens_stay_secret() -> anyhow::Result<()> {
+    const ADMIN: &str = "bootstrap-token-0123456789-abcdefghijklmnop";
+    let dir = tempfile::tempdir()?;
+    let admin_file = dir.path().join("admin.token");
+    cluster_tests::auth::write_secret(&admin_file, format!("{ADMIN}\n"))?;
+    let admin_path = admin_file.display().to_string();
+    let mut args = vec![
+        "--bootstrap-admin-token-file".to_string(),
+        admin_path.clone(),
+    ];
+    args.extend(cluster_tests::auth::peer_secret_args(dir.path())?);
+    let mut cluster = Cluster::launch(1, &args, false).await?;
+    cluster.set_admin_token(ADMIN);
+    cluster.wait_for_leader(SHOW_UP).await?;
+    let endpoint = cluster.addr(1);
+    let admin = [("CONCH_TOKEN_FILE", admin_path.as_str())];
+    let ok = async |args: &[&str], env: &[(&str, &str)]| -> anyhow::Result<String> {
+        let (code, out, err) = conch(&endpoint, args, env).await?;
+        ensure!(code == 0, "{args:?}: exit {code}: {out} {err}");
+        Ok(out)
+    };
+    wait_for("access control to be on", SHOW_UP, || async {
+        let (code, out, _) = conch(&endpoint, &["auth", "status"], &admin).await.ok()?;
+        (code == 0 && out.contains("access control is on")).then_some(())
+    })
+    .await?;
+
+    // The admin's setup: team A gets a namespace and a role that may write there; team B's
+    // role may write in team-b, which nobody created.
+    ok(&["namespace", "create", "team-a"], &admin).await?;
+    for (role, ns) in [("jobs-a", "team-a"), ("jobs-b", "team-b")] {
+        ok(&["auth", "role", "create", role], &admin).await?;
+        ok(&["auth", "role", "grant", role, ns, "write"], &admin).await?;
+    }
+    let list = ok(&["namespace", "list"], &admin).await?;
+    ensure!(
+        list.contains("team-a") && !list.contains("team-b"),
+        "{list}"
+    );
+
+    // --out: the token goes to a new file only its owner may read, nothing to stdout.
+    let a_file = dir.path().join("a.token");
+    let a_path = a_file.display().to_string();
+    let create_a = [
+        "auth", "token", "create", "a", "--role", "jobs-a", "--out", &a_path,
+    ];
+    let out = ok(&create_a, &admin).await?;
+    ensure!(out.is_empty(), "the token went to stdout too: {out:?}");
+    let mode = std::fs::metadata(&a_file)?.permissions().mode() & 0o777;
+    ensure!(mode == 0o600, "--out file mode {mode:o}");
+    let a_token = std::fs::read_to_string(&a_file)?.trim().to_string();
+    ensure!(a_token.starts_with("conch_"), "{a_token:?}");
+    // An existing file is not replaced unasked, and no token is made for nothing.
+    let (code, _, err) = conch(&endpoint, &create_a, &admin).await?;
+    ensure!(
+        code == EX_USAGE && err.contains("--force") && err.lines().count() == 1,
+        "second --out: {code} {err}"
+    );
+    let tokens = ok(&["auth", "token", "list"], &admin).await?;
+    ensure!(tokens.matches("role=jobs-a").count() == 1, "{tokens}");
+    let b_token = ok(
+        &["auth", "token", "create", "b", "--role", "jobs-b"],
+        &admin,
+    )
+    .await?;
+    let b_token = b_token.trim().to_string();
+    let a_env = [("CONCH_TOKEN_FILE", a_path.as_str())];
+    let b_env = [("CONCH_TOKEN", b_token.as_str())];
+
+    // Team A runs in its namespace. The command sees its own variables, none of the token's.
+    let env_out = dir.path().join("env.out");
+    let env_path = env_out.display().to_string();
+    let run_a = [
+        "sema",
+        "nightly",
+        "--namespace",
+        "team-a",
+        "--max",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        r#"env > "$1""#,
+        "sh",
+        &env_path,
+    ];
+    let both = [
+        ("CONCH_TOKEN", a_token.as_str()),
+        ("CONCH_TOKEN_FILE", a_path.as_str()),
+    ];
+    ok(&run_a, &both).await?;
+    let seen = std::fs::read_to_string(&env_out)?;
+    ensure!(
+        seen.lines().any(|l| l.starts_with("CONCH_REV="))
+            && seen.lines().any(|l| l.starts_with("CONCH_LEASE=")),
+        "{seen}"
+    );
+    ensure!(
+        !seen.contains("CONCH_TOKEN") && !seen.contains(&a_token),
+        "the command saw the token: {seen}"
+    );
+    let (code, out, err) = conch(
+        &endpoint,
+        &[
+            "sema",
+            "nightly",
+            "--namespace",
+            "team-a",
+            "--max",
+            "1",
+            "--who",
+        ],
+        &a_env,
+    )
+    .await?;
+    ensure!(
+        code == 1,
+        "--who in team-a after the run: {code} {out} {err}"
+    );
+
+    // Team B's token may not touch team-a (so not delete or resize A's semaphores).
+    let (code, _, err) = conch(&endpoint, &run_a, &b_env).await?;
+    ensure!(
+        code == EX_NO_PERMISSION && err.contains("team-a"),
+        "B in team-a: {code} {err}"
+    );
+    // Team B's own namespace does not exist, and B may not create it: one line, 77.
+    let run_b = [
+        "sema",
+        "nightly",
+        "--namespace",
+        "team-b",
+        "--max",
+        "1",
+        "--",
+        "true",
+    ];
+    let (code, _, err) = conch(&endpoint, &run_b, &b_env).await?;
+    ensure!(code == EX_NO_PERMISSION, "B in team-b: {code} {err}");
+    ensure!(
+        err == "conch: namespace team-b does not exist; an admin creates it with: conch namespace create team-b\n",
+        "B in team-b: {err:?}"
+    );
+    ok(&["namespace", "create", "team-b"], &admin).await?;
+    ok(&run_b, &b_env).await?;
+
+    // A token file others may read is refused with the fix; so is --token on the command line.
+    let shared = dir.path().join("shared.token");
+    std::fs::copy(&a_file, &shared)?;
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o644))?;
+    let shared_path = shared.display().to_string();
+    let (code, _, err) = conch(&endpoint, &run_a, &[("CONCH_TOKEN_FILE", &shared_path)]).await?;
+    ensure!(
+        code == EX_USAGE
+            && err.lines().count() == 1
+            && err.contains(&format!("chmod 600 {shared_path}")),
+        "shared token file: {code} {err}"
+    );
+    let mut with_flag = vec!["--token", a_token.as_str()];
+    with_flag.extend(run_a);
+    let (code, _, err) = conch(&endpoint, &with_flag, &[]).await?;
+    ensure!(
+        code == EX_USAGE
+            && err.lines().count() == 1
+            && err.contains("--token-file")
+            && !err.contains(&a_token),
+        "--token: {code} {err}"
+    );
     Ok(())
 }

@@ -439,7 +439,7 @@ async fn only_a_cluster_admin_takes_a_backup() -> anyhow::Result<()> {
     const ADMIN: &str = "backup-admin-token-0123456789-abcdefghijk";
     let work = tempfile::tempdir()?;
     let token_file = work.path().join("admin.token");
-    std::fs::write(&token_file, ADMIN)?;
+    cluster_tests::auth::write_secret(&token_file, ADMIN)?;
     let token_path = token_file.display().to_string();
     let mut args = vec![
         "--bootstrap-admin-token-file".to_string(),

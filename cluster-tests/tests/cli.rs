@@ -782,7 +782,11 @@ async fn a_deleted_namespace_stops_the_command_with_79() -> anyhow::Result<()> {
         p.stderr()
     );
     let err = p.stderr();
-    assert!(err.contains("slot lost"), "stderr: {err:?}");
+    // The lease's refresh or the semaphore's check, whichever comes first, tells.
+    assert!(
+        err.contains("slot lost") || err.contains("semaphore conch/x.1 was deleted while held"),
+        "stderr: {err:?}"
+    );
     // One line says what happened; no revoke is attempted for a lease the server no longer has.
     let said: Vec<&str> = err.lines().filter(|l| l.starts_with("conch:")).collect();
     assert_eq!(said.len(), 1, "stderr: {err:?}");
@@ -790,6 +794,214 @@ async fn a_deleted_namespace_stops_the_command_with_79() -> anyhow::Result<()> {
         (!group_alive(child)).then_some(())
     })
     .await?;
+    f.passed()
+}
+
+/// DeleteSemaphore of `ns/sem`, through whichever node takes it.
+async fn delete_semaphore(f: &Fixture, ns: &str, sem: &str) -> anyhow::Result<()> {
+    let mut last = None;
+    for id in f.cluster.running_ids() {
+        let Ok(mut c) = f.cluster.grackle(id).await else {
+            continue;
+        };
+        let request = pb::DeleteSemaphoreRequest {
+            namespace_name: ns.into(),
+            semaphore_name: sem.into(),
+        };
+        match c.delete_semaphore(request).await {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    bail!("DeleteSemaphore {ns}/{sem} failed on every node: {last:?}")
+}
+
+/// UpdateSemaphore of `ns/sem` to `permits`, through whichever node takes it.
+async fn set_permits(f: &Fixture, ns: &str, sem: &str, permits: u64) -> anyhow::Result<()> {
+    let mut last = None;
+    for id in f.cluster.running_ids() {
+        let Ok(mut c) = f.cluster.grackle(id).await else {
+            continue;
+        };
+        let get = pb::GetSemaphoreRequest {
+            namespace_name: ns.into(),
+            semaphore_name: sem.into(),
+        };
+        let version = match c.get_semaphore(get).await {
+            Ok(r) => r.into_inner().semaphore.map_or(0, |s| s.version),
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        };
+        let update = pb::UpdateSemaphoreRequest {
+            namespace_name: ns.into(),
+            semaphore_name: sem.into(),
+            permits,
+            expected_version: version,
+            ..Default::default()
+        };
+        match c.update_semaphore(update).await {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    bail!("UpdateSemaphore {ns}/{sem} failed on every node: {last:?}")
+}
+
+/// The lines conch itself wrote on stderr.
+fn conch_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.starts_with("conch:")).collect()
+}
+
+/// The semaphore is deleted under its holder (the lease lives on): conch notices, terminates
+/// the command, gives the lease back and exits 79 with one line saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_semaphore_stops_its_holder_with_79() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let mut p = f.conch(&sh_c("sema x --max 1 --ttl 3s --kill-after 1s", TRAPPED))?;
+    let child: i32 = f.wait_file("ready", |_| true).await?.trim().parse()?;
+    p.also_kill.push(child);
+
+    delete_semaphore(&f, "conch", "x.1").await?;
+    p.expect_code(EX_SLOT_LOST, EXIT_TIMEOUT).await?;
+    assert!(
+        f.read("marker").starts_with("term "),
+        "the command did not get SIGTERM; stderr: {:?}",
+        p.stderr()
+    );
+    let err = p.stderr();
+    assert_eq!(
+        conch_lines(&err),
+        [
+            "conch: semaphore conch/x.1 was deleted while held; stopping the command (SIGTERM, SIGKILL after 1s)"
+        ],
+        "stderr: {err:?}"
+    );
+    wait_for("the command's group to be gone", SHOW_UP, || async {
+        (!group_alive(child)).then_some(())
+    })
+    .await?;
+    // The slot can be taken again at once: the lease was given back, not left to expire.
+    let mut q = f.conch(&["sema", "x", "--max", "1", "--nonblock", "--", "true"])?;
+    q.expect_code(0, EXIT_TIMEOUT).await?;
+    f.passed()
+}
+
+/// The semaphore is given more permits while held (someone else's write token could let its
+/// own holders in beside this one): conch stops the command and exits 79; a later run refuses
+/// a semaphore whose permits are not its --max.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resized_semaphore_stops_its_holder_and_is_refused_afterwards() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let mut p = f.conch(&sh_c("sema x --max 1 --ttl 3s --kill-after 1s", TRAPPED))?;
+    let child: i32 = f.wait_file("ready", |_| true).await?.trim().parse()?;
+    p.also_kill.push(child);
+
+    set_permits(&f, "conch", "x.1", 5).await?;
+    p.expect_code(EX_SLOT_LOST, EXIT_TIMEOUT).await?;
+    assert!(f.read("marker").starts_with("term "), "{:?}", p.stderr());
+    let err = p.stderr();
+    assert_eq!(
+        conch_lines(&err),
+        [
+            "conch: semaphore conch/x.1 permits changed from 1 to 5 while held; stopping the command (SIGTERM, SIGKILL after 1s)"
+        ],
+        "stderr: {err:?}"
+    );
+
+    let (code, _, err) = f
+        .run(&["sema", "x", "--max", "1", "--nonblock", "--", "true"])
+        .await?;
+    assert_eq!(code, 70, "stderr: {err:?}");
+    assert_eq!(conch_lines(&err).len(), 1, "stderr: {err:?}");
+    assert!(err.contains("has 5 permits, not 1"), "stderr: {err:?}");
+    f.passed()
+}
+
+/// An election's semaphore deleted under its leader: the leader's command is stopped, exit 79.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_election_stops_its_leader_with_79() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let mut args = vec!["elect", "billing", "--ttl", "3s", "--kill-after", "1s"];
+    args.extend(["--", "sh", "-c", TRAPPED]);
+    let mut p = f.conch(&args)?;
+    let child: i32 = f.wait_file("ready", |_| true).await?.trim().parse()?;
+    p.also_kill.push(child);
+
+    delete_semaphore(&f, "conch", "billing.elect").await?;
+    p.expect_code(EX_SLOT_LOST, EXIT_TIMEOUT).await?;
+    assert!(f.read("marker").starts_with("term "), "{:?}", p.stderr());
+    let err = p.stderr();
+    assert_eq!(conch_lines(&err).len(), 1, "stderr: {err:?}");
+    assert!(
+        err.contains("semaphore conch/billing.elect was deleted while held"),
+        "stderr: {err:?}"
+    );
+    f.passed()
+}
+
+/// `--namespace`: the semaphore, its lease and the namespace itself (made on first use, here
+/// where access control is off) live there; `--who` looks there; the default namespace does
+/// not see them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_namespace_holds_the_semaphore_its_leases_and_holders() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let hold = format!(
+        r#"echo "$CONCH_LEASE" > "$T/lease.tmp"; mv "$T/lease.tmp" "$T/lease"; {}"#,
+        gate("go")
+    );
+    let mut p = f.conch(&sh_c("sema x --namespace team-a --max 1", &hold))?;
+    let lease = f.wait_file("lease", |t| t.ends_with('\n')).await?;
+    let lease = lease.trim();
+
+    // Held in team-a: --who there shows it (exit 0), the default namespace has nothing.
+    let (code, out, err) = f
+        .run(&["sema", "x", "--namespace", "team-a", "--max", "1", "--who"])
+        .await?;
+    assert_eq!(code, 0, "{out} {err}");
+    let who = parse_who(&out)?;
+    assert_eq!(who.len(), 1, "{out}");
+    assert_eq!(who[0].state, "HELD", "{out}");
+    let (code, out, _) = f.run(&["sema", "x", "--max", "1", "--who"]).await?;
+    assert_eq!(code, 1, "{out}");
+    let mut json = f.conch_env(
+        &[("CONCH_NAMESPACE", "team-a")],
+        &["sema", "x", "--max", "1", "--who", "--json"],
+    )?;
+    json.expect_code(0, EXIT_TIMEOUT).await?;
+    let v: serde_json::Value = serde_json::from_str(&json.stdout())?;
+    assert_eq!(v["namespace"], "team-a", "{v}");
+    assert_eq!(v["holders"][0]["lease_id"], lease, "{v}");
+
+    // The lease and the holder are in team-a, through the API too.
+    let mut g = f.cluster.grackle(f.cluster.running_ids()[0]).await?;
+    let holders = cluster_tests::ops::holders(&mut g, "team-a", "x.1").await?;
+    assert_eq!(
+        holders
+            .iter()
+            .map(|h| h.lease_id.as_str())
+            .collect::<Vec<_>>(),
+        [lease]
+    );
+    let got = g
+        .get_semaphore_lease(pb::GetSemaphoreLeaseRequest {
+            namespace_name: "team-a".into(),
+            lease_id: lease.into(),
+        })
+        .await;
+    assert!(got.is_ok(), "lease {lease} not in team-a: {got:?}");
+
+    // A bad namespace name is a usage error, in one line.
+    let (code, _, err) = f
+        .run(&["sema", "x", "--namespace", "team a", "--max", "1", "--who"])
+        .await?;
+    assert_eq!(code, EX_USAGE, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("namespace"), "{err}");
+
+    f.touch("go")?;
+    p.expect_code(0, EXIT_TIMEOUT).await?;
     f.passed()
 }
 

@@ -39,7 +39,7 @@ fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
 /// Writes the admin token and a peer secret into `dir`; returns the conchd flags for both.
 fn secured(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
     let token = dir.join("admin.token");
-    std::fs::write(&token, ADMIN)?;
+    cluster_tests::auth::write_secret(&token, ADMIN)?;
     let mut args = vec![
         "--bootstrap-admin-token-file".to_string(),
         token.display().to_string(),
@@ -79,7 +79,7 @@ fn peer_request(payload: Vec<u8>, headers: &[(&'static str, &str)]) -> Request<P
 async fn access_control_without_peer_authentication_cannot_exist() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let token = dir.path().join("admin.token");
-    std::fs::write(&token, ADMIN)?;
+    cluster_tests::auth::write_secret(&token, ADMIN)?;
     let listen = format!("127.0.0.1:{}", free_port());
     let token_path = token.display().to_string();
     let mut daemon = Daemon::spawn(

@@ -500,9 +500,16 @@ fn peer_addresses(
     Ok((Some(peer_listen), peer_advertise))
 }
 
-/// Reads a secret file for `flag` (surrounding whitespace ignored) and returns its SHA-256.
+/// Reads a secret file for `flag` (surrounding whitespace ignored) and returns its SHA-256; one
+/// that group or others may read or change is refused.
 fn read_secret_file(flag: &str, path: &Path) -> Result<[u8; 32], ConfigError> {
     use crate::api::auth::{TOKEN_MIN_CHARS, hash_token};
+    if let Some(problem) = crate::private_file::problem(path) {
+        return Err(ConfigError::Invalid(format!(
+            "{flag} {}: {problem}",
+            path.display()
+        )));
+    }
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::Invalid(format!("{flag} {}: {e}", path.display())))?;
     let secret = text.trim();
@@ -869,7 +876,7 @@ mod tests {
             dir.join(format!("{stem}.key")),
         );
         std::fs::write(&cert_path, cert.pem()).expect("write cert");
-        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        crate::private_file::write(&key_path, key.serialize_pem()).expect("write key");
         (cert_path, key_path)
     }
 
@@ -916,7 +923,17 @@ mod tests {
         );
         refused(tls_flags(Some(&missing), Some(&key)), "read --tls-cert");
         refused(tls_flags(Some(&garbage), Some(&key)), "--tls-cert");
-        refused(tls_flags(Some(&cert), Some(&garbage)), "--tls-key");
+        let garbage_key = dir.path().join("garbage.key");
+        crate::private_file::write(&garbage_key, "hello").expect("write");
+        refused(tls_flags(Some(&cert), Some(&garbage_key)), "--tls-key");
+        // A key that group or others may read is refused, with the fix.
+        use std::os::unix::fs::PermissionsExt;
+        let shared_key = dir.path().join("shared.key");
+        std::fs::copy(&key, &shared_key).expect("copy");
+        std::fs::set_permissions(&shared_key, std::fs::Permissions::from_mode(0o640))
+            .expect("chmod");
+        refused(tls_flags(Some(&cert), Some(&shared_key)), "mode 0640");
+        refused(tls_flags(Some(&cert), Some(&shared_key)), "chmod 600");
         refused(
             tls_flags(Some(&cert), Some(&other_key)),
             "does not fit --tls-cert",
@@ -1033,9 +1050,11 @@ mod tests {
     fn the_bootstrap_token_file_is_read_hashed_and_checked() {
         let dir = tempfile::tempdir().expect("tempdir");
         let token = dir.path().join("admin.token");
-        std::fs::write(&token, "  0123456789abcdef0123456789abcdef\n").expect("write token");
+        crate::private_file::write(&token, "  0123456789abcdef0123456789abcdef\n")
+            .expect("write token");
         let secret = dir.path().join("peer.secret");
-        std::fs::write(&secret, "fedcba9876543210fedcba9876543210\n").expect("write secret");
+        crate::private_file::write(&secret, "fedcba9876543210fedcba9876543210\n")
+            .expect("write secret");
         let toml = dir.path().join("conchd.toml");
         let key = format!(
             "bootstrap_admin_token_file = {:?}\n",
@@ -1076,7 +1095,30 @@ mod tests {
                 "0123456789abcdef0123456789abcdef"
             ))
         );
-        std::fs::write(&token, "short\n").expect("write token");
+        // Readable by others: refused, whatever it holds, with the fix.
+        use std::os::unix::fs::PermissionsExt;
+        let shared = dir.path().join("shared.token");
+        std::fs::write(&shared, "0123456789abcdef0123456789abcdef\n").expect("write token");
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        for flags in [
+            Flags {
+                bootstrap_admin_token_file: Some(shared.clone()),
+                peer_secret_file: Some(secret.clone()),
+                ..Flags::default()
+            },
+            Flags {
+                peer_secret_file: Some(shared.clone()),
+                ..Flags::default()
+            },
+        ] {
+            let err = Config::from_flags(flags).expect_err("refused");
+            let text = err.to_string();
+            assert!(
+                text.contains("mode 0644") && text.contains("chmod 600") && !text.contains('\n'),
+                "{text}"
+            );
+        }
+        crate::private_file::write(&token, "short\n").expect("write token");
         let missing = dir.path().join("missing.token");
         for (path, says) in [(&token, "at least 32"), (&missing, "missing.token")] {
             let err = Config::from_flags(Flags {

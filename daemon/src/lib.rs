@@ -17,6 +17,7 @@ pub mod identity;
 pub mod metrics;
 pub mod node;
 pub mod notify;
+pub mod private_file;
 pub mod raft;
 pub mod removal;
 pub mod restore;

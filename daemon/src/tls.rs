@@ -442,6 +442,9 @@ fn read_certs(flag: &'static str, path: &Path) -> Result<Vec<CertificateDer<'sta
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    if let Some(problem) = crate::private_file::problem(path) {
+        return Err(invalid("--tls-key", path, problem));
+    }
     let bytes = read("--tls-key", path)?;
     PrivateKeyDer::from_pem_slice(&bytes)
         .map_err(|e| invalid("--tls-key", path, format!("not a PEM private key: {e}")))
@@ -937,7 +940,7 @@ mod tests {
     fn load(dir: &Path, ca: &Ca, own: &Leaf, crl: Option<&str>) -> Tls {
         let write = |name: &str, text: &str| {
             let path = dir.join(name);
-            std::fs::write(&path, text).expect("write");
+            crate::private_file::write(&path, text).expect("write");
             path
         };
         let ca_path = write("ca.crt", &ca.pem);

@@ -48,7 +48,30 @@ impl Signals {
     }
 }
 
-/// Starts `argv` in a new process group (its pgid is its pid) with `env` added.
+/// The variables conch reads its credentials from: the token, the file that holds it, and the
+/// client certificate with its key. The command does not inherit them: what it runs (a script,
+/// its logs, whatever it calls) has no business with conch's credentials.
+pub const CREDENTIAL_VARS: &[&str] =
+    &["CONCH_TOKEN", "CONCH_TOKEN_FILE", "CONCH_CERT", "CONCH_KEY"];
+
+/// `argv` with conch's environment minus [`CREDENTIAL_VARS`], plus `env`.
+fn command(argv: &[String], env: &[(&str, String)]) -> io::Result<Command> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    for var in CREDENTIAL_VARS {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Ok(cmd)
+}
+
+/// Starts `argv` in a new process group (its pgid is its pid) with `env` added and
+/// [`CREDENTIAL_VARS`] removed.
 ///
 /// The command dies with conch: on Linux it gets SIGKILL when the thread that started it ends
 /// (`PR_SET_PDEATHSIG`). conch starts it from the one thread of its runtime, which lives as long
@@ -57,14 +80,8 @@ impl Signals {
 /// ([`crate::guard`]) sends SIGKILL to the rest of the group when conch dies, and processes in
 /// groups of their own get no signal unless the command passes one on.
 pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
-    let Some((program, args)) = argv.split_first() else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
-    };
-    let mut cmd = Command::new(program);
-    cmd.args(args).process_group(0).kill_on_drop(false);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
+    let mut cmd = command(argv, env)?;
+    cmd.process_group(0).kill_on_drop(false);
     let conch = nix::unistd::getpid();
     // SAFETY: between fork and exec the closure only makes two system calls (prctl, getppid),
     // both async-signal-safe; it allocates nothing and takes no lock.
@@ -235,6 +252,36 @@ mod tests {
             .unwrap();
         assert_eq!(status.signal(), Some(Signal::SIGTERM as i32));
         assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn the_command_gets_its_variables_and_none_of_conchs_credentials() {
+        let cmd = command(
+            &argv(&["env"]),
+            &[
+                ("CONCH_REV", "42".to_string()),
+                ("CONCH_LEASE", "ls_1".to_string()),
+            ],
+        )
+        .unwrap();
+        let envs: Vec<(String, Option<String>)> = cmd
+            .as_std()
+            .get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.map(|v| v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect();
+        for var in ["CONCH_TOKEN", "CONCH_TOKEN_FILE", "CONCH_CERT", "CONCH_KEY"] {
+            assert!(
+                envs.contains(&(var.to_string(), None)),
+                "{var} not removed: {envs:?}"
+            );
+        }
+        assert!(envs.contains(&("CONCH_REV".to_string(), Some("42".to_string()))));
+        assert!(envs.contains(&("CONCH_LEASE".to_string(), Some("ls_1".to_string()))));
     }
 
     #[test]

@@ -24,22 +24,29 @@ and CONCH_LEASE (the lease id) in its environment, in a process group of its own
 forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to that group. Like `timeout`,
 this means the command cannot read from the terminal.
 
+The semaphore is <NAME>.<N> in the namespace conch, or --namespace NS (CONCH_NAMESPACE): one
+namespace per team, where only the team's tokens may write, keeps other teams' tokens from
+changing it. The command does not see CONCH_TOKEN, CONCH_TOKEN_FILE, CONCH_CERT or CONCH_KEY.
+
 If the lease cannot be kept alive while the command runs (the cluster is unreachable for
-about the TTL, or the lease was revoked), conch says so on stderr, sends SIGTERM to the
-command's process group, SIGKILL after --kill-after, and exits 79. It gives up before the
-server can expire the lease, but a new holder may start while the old command is still
-stopping: commands must be idempotent or crash-tolerant.
+about the TTL, or the lease was revoked), or the semaphore is deleted or its permits changed
+from N (checked about every TTL/3), conch says so on stderr, sends SIGTERM to the command's
+process group, SIGKILL after --kill-after, and exits 79. It gives up before the server can
+expire the lease, but a new holder may start while the old command is still stopping:
+commands must be idempotent or crash-tolerant.
 
 Exit status:
   the command's     the command ran (128+N if it was killed by signal N)
   0 / 1             --who: somebody holds a slot / nobody does
-  64                usage error
+  64                usage error, or a --token-file or --key that group or others may read
   69                no conch node answered
-  70                internal error (unexpected answer from the cluster)
+  70                internal error (unexpected answer from the cluster), or the semaphore
+                    no longer has N permits (changed through the API)
   75                no slot within --wait (at once with --nonblock)
-  77                access control: no token, an unknown or revoked one, or no write
-                    permission on the namespace conch
-  79                slot lost while running (see above)
+  77                access control: no token, an unknown or revoked one, no write
+                    permission on the namespace, or a namespace that does not exist and
+                    that this token may not create
+  79                slot lost while running: lease lost, semaphore deleted or resized
   126 / 127         the command could not be executed / was not found";
 
 const TOP_EXAMPLES: &str = "\
@@ -50,11 +57,13 @@ Examples:
   conch elect billing --value \"$(hostname):8080\" -- ./scheduler
   conch --endpoints node1:7001,node2:7001,node3:7001 cluster status
   CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh   # access control on
+  conch sema nightly --namespace team-a --max 1 -- ./backup.sh          # a team's namespace
   conch completions bash > /etc/bash_completion.d/conch
 
 Exit status: 64 usage error, 69 no conch node answered, 75 no slot in time, 77 no token or
-no permission, 79 slot (or leadership, for elect) lost while running; otherwise the command's
-own status (see `conch sema --help`, `conch elect --help`).";
+no permission, 79 slot (or leadership, for elect) lost while running (lease lost, semaphore
+deleted or resized); otherwise the command's own status (see `conch sema --help`, `conch
+elect --help`).";
 
 /// conch: cluster-wide semaphores for shell scripts and cron jobs, served by conchd.
 #[derive(Debug, Parser)]
@@ -104,7 +113,7 @@ pub struct Cli {
     )]
     pub cert: Option<PathBuf>,
 
-    /// Private key (PEM) of --cert.
+    /// Private key (PEM) of --cert; only its owner may read it (chmod 600).
     #[arg(
         long,
         global = true,
@@ -114,17 +123,20 @@ pub struct Cli {
     )]
     pub key: Option<PathBuf>,
 
-    /// Bearer token for a cluster with access control on (see `conch auth --help`).
+    /// The bearer token itself, from the environment only: `--token` on the command line is
+    /// refused, since every user of the machine could read it in the process list.
     #[arg(
         long,
         global = true,
         env = "CONCH_TOKEN",
+        hide = true,
         hide_env_values = true,
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
 
-    /// File holding the bearer token (used when --token is not given).
+    /// File holding the bearer token for a cluster with access control on (see `conch auth
+    /// --help`); only its owner may read it (chmod 600). Or put the token itself in CONCH_TOKEN.
     #[arg(long, global = true, env = "CONCH_TOKEN_FILE", value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
 
@@ -163,6 +175,40 @@ pub enum Command {
     /// Run a command only while this host is the elected leader, or show or follow the leader.
     #[command(after_help = ELECT_EXAMPLES)]
     Elect(ElectArgs),
+    /// Namespaces: one per team keeps teams apart (create needs admin on it, or cluster-admin).
+    #[command(after_help = NAMESPACE_EXAMPLES)]
+    Namespace {
+        #[command(subcommand)]
+        command: NamespaceCommand,
+    },
+}
+
+const NAMESPACE_EXAMPLES: &str = "\
+Examples:
+  # a namespace for team A, whose jobs run with tokens of the role jobs-a
+  conch namespace create team-a
+  conch auth role grant jobs-a team-a write
+  CONCH_TOKEN_FILE=a.token conch sema nightly --namespace team-a --max 1 -- ./backup.sh
+
+  conch namespace list";
+
+#[derive(Debug, Subcommand)]
+pub enum NamespaceCommand {
+    /// Create a namespace (refused if it exists).
+    Create {
+        /// Namespace name: letters, digits, '-', '_' and '.'.
+        #[arg(value_parser = namespace_arg)]
+        name: String,
+        /// A description, shown by `list`.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// List the namespaces this token may read.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 const CERTS_EXAMPLES: &str = "\
@@ -328,12 +374,19 @@ Examples:
   # a role that may run `conch sema` (write on the namespace conch), and a token for it
   conch auth role create ci
   conch auth role grant ci conch write
-  conch auth token create ci-runner --role ci > ci.token
+  conch auth token create ci-runner --role ci --out ci.token
   CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh
+
+  # one namespace per team: team A's role may write in team-a only
+  conch namespace create team-a
+  conch auth role create jobs-a
+  conch auth role grant jobs-a team-a write
+  conch auth token create job-a --role jobs-a --out a.token
+  CONCH_TOKEN_FILE=a.token conch sema nightly --namespace team-a --max 1 -- ./backup.sh
 
   # an administrator, then turn access control on
   conch auth role create root --cluster-admin
-  conch auth token create admin --role root > admin.token
+  conch auth token create admin --role root --out admin.token
   conch --token-file admin.token auth enable
 
   conch --token-file admin.token auth token list
@@ -343,6 +396,11 @@ Permissions, per namespace (or * for every namespace): read (get, list), write (
 release, leases, semaphores; includes read), admin (create, update, delete the namespace;
 includes write). A cluster-admin role may do everything, including membership changes and
 these commands. While access control is on, every command needs a token that allows it.
+
+Tokens: --out writes one to a file only its owner may read; conch refuses a --token-file (or
+--key) that group or others may read, and `--token` on the command line (use --token-file or
+CONCH_TOKEN). The command run by `conch sema` and `conch elect` does not see CONCH_TOKEN,
+CONCH_TOKEN_FILE, CONCH_CERT or CONCH_KEY.
 
 Exit status: 0 done, 64 refused request (e.g. enable without a cluster-admin token), 69 no
 conch node answered, 77 no token, an unknown or revoked one, or one without the permission.";
@@ -384,7 +442,8 @@ pub enum RoleCommand {
     /// Give a role a permission on a namespace (replacing the one it had there).
     Grant {
         role: String,
-        /// A namespace name, or * for every namespace (`conch sema` uses the namespace conch).
+        /// A namespace name, or * for every namespace (`conch sema` and `conch elect` use the
+        /// namespace conch unless told --namespace).
         namespace: String,
         /// read, write or admin.
         #[arg(value_parser = ["read", "write", "admin"])]
@@ -404,13 +463,21 @@ pub enum RoleCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
-    /// Create a token for a role; prints the token on stdout, once.
+    /// Create a token for a role; writes it, once, to --out FILE (created with mode 0600) or
+    /// else to stdout.
     Create {
         /// A name to recognize the token by (letters, digits, '-', '_' and '.').
         name: String,
         /// The role it gets.
         #[arg(long)]
         role: String,
+        /// Write the token to FILE, created readable by its owner only (0600); an existing
+        /// FILE is refused unless --force.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// With --out: replace an existing FILE.
+        #[arg(long, requires = "out")]
+        force: bool,
     },
     /// Revoke a token by id (tk_…): calls with it are refused from then on, on every node.
     Revoke { id: String },
@@ -427,6 +494,11 @@ pub struct SemaArgs {
     /// Semaphore name: letters, digits, '-', '_' and '.'.
     #[arg(value_name = "NAME")]
     pub name: String,
+
+    /// The namespace the semaphore, its leases and holders live in (one per team keeps teams
+    /// apart; see `conch namespace --help`).
+    #[arg(long, value_name = "NS", env = "CONCH_NAMESPACE", default_value = conch_client::sema::NAMESPACE, value_parser = namespace_arg)]
+    pub namespace: String,
 
     /// Capacity N: at most N holders at once, cluster-wide. Part of the identity: callers with
     /// different --max use different semaphores (--max 1 is a lock).
@@ -482,12 +554,14 @@ Examples:
   conch elect billing --observe --json
 
 Candidates queue in FIFO order for a 1-permit semaphore (billing.elect in the namespace
-conch). The leader runs the command with CONCH_REV (the fencing token of its term, strictly
-increasing cluster-wide), CONCH_LEASE and CONCH_LEADER_VALUE (its --value) in its environment;
-when the command exits or the leader loses its lease, the next candidate takes over. A leader
-that cannot keep its lease alive (or whose conch is stopped) stops its command: SIGTERM, SIGKILL
-after --kill-after. conch gives up before the server can expire the lease, but a command slower
-to stop than that margin may overlap the next leader: check CONCH_REV where it matters.
+conch, or --namespace NS). The leader runs the command with CONCH_REV (the fencing token of
+its term, strictly increasing cluster-wide), CONCH_LEASE and CONCH_LEADER_VALUE (its --value)
+in its environment; when the command exits or the leader loses its lease, the next candidate
+takes over. A leader that cannot keep its lease alive (or whose conch is stopped), or whose
+election semaphore is deleted or given other than 1 permit, stops its command: SIGTERM,
+SIGKILL after --kill-after. conch gives up before the server can expire the lease, but a
+command slower to stop than that margin may overlap the next leader: check CONCH_REV where
+it matters.
 
 Exit status:
   the command's     the command ran as leader (128+N if it was killed by signal N)
@@ -496,7 +570,7 @@ Exit status:
   69                no conch node answered
   75                not leader within --wait
   77                access control refused the call
-  79                leadership lost while running
+  79                leadership lost while running (lease lost, semaphore deleted or resized)
   126 / 127         the command could not be executed / was not found";
 
 #[derive(Debug, Args)]
@@ -504,6 +578,10 @@ pub struct ElectArgs {
     /// Election name: letters, digits, '-', '_' and '.'.
     #[arg(value_name = "NAME")]
     pub name: String,
+
+    /// The namespace the election's semaphore, leases and candidates live in.
+    #[arg(long, value_name = "NS", env = "CONCH_NAMESPACE", default_value = conch_client::sema::NAMESPACE, value_parser = namespace_arg)]
+    pub namespace: String,
 
     /// What this candidate announces as leader (e.g. its address); shown by --who and
     /// --observe, and given to the command as CONCH_LEADER_VALUE [default: the host name].
@@ -585,6 +663,11 @@ fn wait_arg(s: &str) -> Result<Wait, String> {
         "forever" | "inf" | "infinite" => Ok(Wait(None)),
         other => parse_duration(other).map(|d| Wait(Some(d))),
     }
+}
+
+fn namespace_arg(s: &str) -> Result<String, String> {
+    conch_client::sema::validate_name("namespace", s)?;
+    Ok(s.to_string())
 }
 
 fn ttl_arg(s: &str) -> Result<Duration, String> {
@@ -716,6 +799,52 @@ mod tests {
             };
             assert!(refused, "{args:?} should be refused");
         }
+    }
+
+    #[test]
+    fn the_namespace_defaults_to_conch_and_must_be_a_name() {
+        assert_eq!(
+            sema(&["sema", "x", "--max", "1", "--who"]).namespace,
+            "conch"
+        );
+        let s = sema(&["sema", "x", "--namespace", "team-a", "--max", "1", "--who"]);
+        assert_eq!(s.namespace, "team-a");
+        let e = elect(&["elect", "billing", "--namespace", "team-a", "--who"]).unwrap();
+        assert_eq!(e.namespace, "team-a");
+        for bad in ["", "team a", "team/a", &"n".repeat(129)] {
+            let err = parse(&["sema", "x", "--namespace", bad, "--max", "1", "--who"])
+                .expect_err("refused");
+            assert!(err.to_string().contains("namespace"), "{bad:?}: {err}");
+            assert!(elect(&["elect", "b", "--namespace", bad, "--who"]).is_err());
+        }
+    }
+
+    #[test]
+    fn token_options_parse_and_the_token_flag_is_hidden() {
+        let cli = parse(&["--token", "t", "cluster", "status"]).unwrap();
+        assert_eq!(cli.token.as_deref(), Some("t"));
+        let help = Cli::command().render_long_help().to_string();
+        assert!(!help.contains("--token <"), "{help}");
+        assert!(help.contains("--token-file"), "{help}");
+        let cli = parse(&[
+            "auth", "token", "create", "ci", "--role", "ci", "--out", "ci.token",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Auth {
+                command: AuthCommand::Token {
+                    command: TokenCommand::Create {
+                        out: Some(_),
+                        force: false,
+                        ..
+                    }
+                }
+            }
+        ));
+        assert!(parse(&["auth", "token", "create", "ci", "--role", "ci", "--force"]).is_err());
+        assert!(parse(&["namespace", "create", "team a"]).is_err());
+        assert!(parse(&["namespace", "create", "team-a"]).is_ok());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `conch elect <name> -- cmd…`: run `cmd` only while this candidate leads; `--who` shows the
 //! leader and the candidates; `--observe` follows the leader.
 //!
-//! An election is a 1-permit semaphore `<name>.elect` in the namespace `conch` (see
+//! An election is a 1-permit semaphore `<name>.elect` in the namespace `conch`, or
+//! `--namespace` (see
 //! [`conch_client::elect`]). A candidate is a `conch sema` run on it: the same lease, FIFO queue,
 //! refresh, self-fencing and guard ([`crate::sema::hold`]), with the candidate's `--value` in the
 //! lease and acquire metadata and in the command's environment as `CONCH_LEADER_VALUE`.
@@ -19,7 +20,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use conch_client::elect::{self, HolderChange, META_VALUE, NAMESPACE};
+use conch_client::elect::{self, HolderChange, META_VALUE};
 use conch_client::proto::grackle::SemaphoreHolder;
 use conch_client::sema::MAX_META_VALUE_LEN;
 use conch_client::{Client, Error};
@@ -56,6 +57,7 @@ pub async fn run(
     let mut metadata = me.metadata();
     metadata.insert(META_VALUE.to_string(), value.clone());
     let spec = Spec {
+        namespace: args.namespace.clone(),
         plan: Plan {
             main: semaphore,
             host: None,
@@ -125,10 +127,10 @@ pub fn render_lines(e: &Election) -> Vec<String> {
 /// `--who`: exit 0 if there is a leader, 1 if there is none.
 pub async fn who(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> {
     let semaphore = elect::semaphore_name(&args.name).map_err(exit::usage)?;
-    let found = who::gather(client, &args.name, 1, &semaphore).await?;
+    let found = who::gather(client, &args.namespace, &args.name, 1, &semaphore).await?;
     let election = Election {
         name: args.name.clone(),
-        namespace: NAMESPACE.to_string(),
+        namespace: args.namespace.clone(),
         semaphore,
         leader: found.holders.into_iter().next(),
         candidates: found.waiters,
@@ -220,7 +222,7 @@ pub async fn observe(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCo
             Duration::ZERO
         };
         let now: HolderChange = match client
-            .wait_holder_change(NAMESPACE, &semaphore, known.unwrap_or(0), wait)
+            .wait_holder_change(&args.namespace, &semaphore, known.unwrap_or(0), wait)
             .await
         {
             Ok(now) => now,

@@ -5,12 +5,12 @@
 //! | the command's | the command ran; 128+N if it was killed by signal N |
 //! | 0 / 1 | `--who`: somebody holds / nobody holds |
 //! | 0 / 1 / 2 | `cluster status`: every node up with a leader / degraded, the leader answered / no leader or no node answered |
-//! | 64 | usage error (EX_USAGE) |
+//! | 64 | usage error (EX_USAGE), including `--token` on the command line and a `--token-file` or `--key` that group or others may read |
 //! | 69 | no conch node answered (EX_UNAVAILABLE) |
-//! | 70 | internal error: an answer conch cannot use (EX_SOFTWARE) |
+//! | 70 | internal error: an answer conch cannot use, or a semaphore without the `--max` permits it should have (EX_SOFTWARE) |
 //! | 75 | no slot within `--wait` (EX_TEMPFAIL) |
-//! | 77 | access control refused the call: no token, an unknown or revoked one, or no permission (EX_NOPERM) |
-//! | 79 | slot (`conch elect`: leadership) lost while the command ran |
+//! | 77 | access control refused the call: no token, an unknown or revoked one, or no permission; or a namespace that does not exist and the token may not create (EX_NOPERM) |
+//! | 79 | slot (`conch elect`: leadership) lost while the command ran: the lease could not be kept, or the semaphore was deleted or its permits changed |
 //! | 126 / 127 | the command could not be executed / was not found (as in shells) |
 
 use std::process::ExitStatus;
@@ -87,7 +87,7 @@ pub fn hint(err: &anyhow::Error) -> &'static str {
         .filter_map(|e| e.downcast_ref::<conch_client::Error>())
         .any(|e| e.code() == Some(Code::Unauthenticated));
     if unauthenticated {
-        " (pass a token with --token, CONCH_TOKEN or CONCH_TOKEN_FILE)"
+        " (pass a token with --token-file, CONCH_TOKEN_FILE or CONCH_TOKEN)"
     } else {
         ""
     }

@@ -1,9 +1,13 @@
 //! `conch`: run commands under cluster-wide semaphores served by conchd.
 //!
-//! `Cli::try_parse()` → `run() -> anyhow::Result<ExitCode>`. Every failure prints one line,
+//! `Cli` parsed → `run() -> anyhow::Result<ExitCode>`. Every failure prints one line,
 //! `conch: …`, and exits with the code [`exit`] documents (64 usage, 69 no node answered,
-//! 75 no slot, 77 no token or no permission, 79 slot (or leadership) lost while running; otherwise the command's
-//! own status).
+//! 75 no slot, 77 no token or no permission, 79 slot (or leadership) lost while running;
+//! otherwise the command's own status).
+//!
+//! Secrets stay out of sight: `--token` on the command line is refused (the process list shows
+//! it to every user), a `--token-file` or `--key` that group or others may read is refused, and
+//! the command conch runs does not inherit the variables that hold or name them.
 
 mod auth;
 mod backup;
@@ -16,16 +20,19 @@ mod elect;
 mod exit;
 mod guard;
 mod health;
+mod namespace;
 mod sema;
 mod status;
 mod timefmt;
+mod watch;
 mod who;
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{CommandFactory, Parser};
+use clap::CommandFactory;
+use clap::parser::ValueSource;
 use conch_client::{Client, ClientConfig, ClientTls, parse_endpoints};
 
 use crate::cli::{Cli, ClusterCommand, Command};
@@ -35,10 +42,17 @@ fn main() -> ExitCode {
     if args.first().is_some_and(|a| a == guard::SUBCOMMAND) {
         return guard::main(&args[1..]);
     }
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let (cli, token_on_command_line) = match parse() {
+        Ok(parsed) => parsed,
         Err(e) => return clap_exit(e),
     };
+    if token_on_command_line {
+        eprintln!(
+            "conch: --token puts the token where every user of this machine can read it (the \
+             process list); use --token-file FILE (chmod 600) or CONCH_TOKEN"
+        );
+        return ExitCode::from(exit::USAGE);
+    }
     init_logging(cli.verbose);
     status::init(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -58,6 +72,15 @@ fn main() -> ExitCode {
             ExitCode::from(exit::code_for(&e))
         }
     }
+}
+
+/// Parses the command line; also says whether the token came from it (`--token`) rather than
+/// from `CONCH_TOKEN`.
+fn parse() -> Result<(Cli, bool), clap::Error> {
+    use clap::FromArgMatches;
+    let matches = Cli::command().try_get_matches()?;
+    let from_command_line = matches.value_source("token") == Some(ValueSource::CommandLine);
+    Ok((Cli::from_arg_matches(&matches)?, from_command_line))
 }
 
 fn clap_exit(e: clap::Error) -> ExitCode {
@@ -115,6 +138,12 @@ pub fn print_lines<I: IntoIterator<Item = String>>(lines: I) -> std::io::Result<
     print_out(text.as_bytes())
 }
 
+/// Refuses a file of secrets that group or others may read or change (one line, exit 64).
+fn private_file(what: &str, path: &std::path::Path) -> anyhow::Result<()> {
+    conch_client::private_file::check(path)
+        .map_err(|problem| exit::usage(format!("{what}: {problem}")))
+}
+
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Sema(args) = &cli.command {
         args.validate().map_err(exit::usage)?;
@@ -137,6 +166,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .into_iter()
         .map(|e| e.addr)
         .collect();
+    if let Some(key) = &cli.key {
+        private_file("--key / CONCH_KEY", key)?;
+    }
+    if let Some(file) = cli.token_file.as_ref().filter(|_| cli.token.is_none()) {
+        private_file("--token-file / CONCH_TOKEN_FILE", file)?;
+    }
     let tls = match &cli.cacert {
         Some(ca) => Some(
             ClientTls::from_files(ca, cli.cert.as_deref(), cli.key.as_deref())
@@ -152,7 +187,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let token = match (&cli.token, &cli.token_file) {
         (Some(token), _) => Some(
             conch_client::BearerToken::new(token)
-                .map_err(|e| exit::usage(format!("--token / CONCH_TOKEN: {e}")))?,
+                .map_err(|e| exit::usage(format!("CONCH_TOKEN: {e}")))?,
         ),
         (None, Some(path)) => Some(
             conch_client::BearerToken::from_file(path)
@@ -169,7 +204,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let client = Client::connect_with(endpoints, config).await?;
 
     match cli.command {
-        Command::Sema(args) if args.who => who::run(&client, &args.name, args.max, args.json).await,
+        Command::Sema(args) if args.who => {
+            who::run(&client, &args.namespace, &args.name, args.max, args.json).await
+        }
         Command::Sema(args) => {
             // Catch the forwarded signals from the start, so a Ctrl-C while waiting cancels
             // the wait cleanly instead of leaving a waiter behind until the TTL.
@@ -187,6 +224,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut signals = child::Signals::install().context("install signal handlers")?;
             elect::run(&client, &args, &mut signals).await
         }
+        Command::Namespace { command } => namespace::run(&client, command).await,
         Command::Completions { .. } | Command::Certs { .. } => Ok(ExitCode::SUCCESS),
     }
 }

@@ -1,15 +1,20 @@
 //! `conch sema <name> --max N -- cmd…`: hold one of N cluster-wide slots while `cmd` runs.
 //!
-//! 1. Make sure `conch/<name>.<N>` exists (and, with `--spread`, `conch/<name>.<N>.host-<h>`).
+//! 1. Make sure `<ns>/<name>.<N>` exists (and, with `--spread`, `<ns>/<name>.<N>.host-<h>`),
+//!    `<ns>` being `--namespace` (default `conch`). A namespace that does not exist is made
+//!    where the token may; where it may not, conch says so in one line (exit 77). A semaphore
+//!    that exists with other permits than N (changed through the API) is refused (exit 70).
 //! 2. Create a lease (`--ttl`) and queue for one permit (the host semaphore first, with the
 //!    same lease and what is left of the same wait). The queue position survives RPC timeouts
 //!    and node failover; a lease lost while waiting re-enters with a new lease (back of the
 //!    queue) while `--wait` allows, else exit 75.
-//! 3. Run the command in its own process group with `CONCH_REV` and `CONCH_LEASE`, forwarding
-//!    signals, while the lease keeps itself alive.
+//! 3. Check that the semaphore is still the one queued in, then run the command in its own
+//!    process group with `CONCH_REV` and `CONCH_LEASE` (and without the variables that hold
+//!    or name conch's credentials), forwarding signals, while the lease keeps itself alive and
+//!    the semaphore is watched ([`crate::watch`]).
 //! 4. Command exits: revoke the lease (releasing its permits in one request), exit with the
-//!    command's status. Lease lost first: SIGTERM the group, SIGKILL after `--kill-after`,
-//!    revoke, exit 79.
+//!    command's status. Lease lost, or the semaphore deleted or resized, first: SIGTERM the
+//!    group, SIGKILL after `--kill-after`, revoke, exit 79.
 //!
 //! Beside the command runs a [`guard`](crate::guard) process, renewed on every refresh: should
 //! conch itself not run (stopped, stuck) past the point where the lease is safe, the guard
@@ -21,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE, NAMESPACE};
-use conch_client::{Client, Guard, Lease, format_duration};
+use conch_client::{Client, Guard, Lease, format_duration, refresh_interval};
+use tonic::Code;
 use tracing::{debug, info};
 
 use crate::child::{self, Signals};
@@ -30,6 +36,7 @@ use crate::exit::{self, Exit};
 use crate::guard;
 use crate::status;
 use crate::timefmt::now_rfc3339;
+use crate::watch::Held;
 
 /// Who this conch is, as holders and waiters show it.
 #[derive(Debug, Clone)]
@@ -106,6 +113,8 @@ fn remaining(deadline: Option<Instant>) -> Option<Duration> {
 /// One run under a slot, as `conch sema` and `conch elect` describe it: which semaphores, how
 /// long to wait, what to run, and the words the messages use.
 pub struct Spec<'a> {
+    /// The namespace everything lives in (`--namespace`).
+    pub namespace: String,
     pub plan: Plan,
     /// Permits of the main semaphore.
     pub permits: u64,
@@ -143,30 +152,79 @@ fn no_slot(spec: &Spec, wait: Option<Duration>) -> anyhow::Error {
     .into()
 }
 
-async fn ensure_semaphores(client: &Client, plan: &Plan, max: u64) -> anyhow::Result<()> {
-    let s = client
-        .ensure_semaphore(NAMESPACE, &plan.main, max)
-        .await
-        .with_context(|| format!("set up semaphore {NAMESPACE}/{}", plan.main))?;
-    if s.permits != max {
-        eprintln!(
-            "conch: warning: semaphore {NAMESPACE}/{} has {} permits, not {max} (changed through the API?)",
-            plan.main, s.permits
-        );
+/// What to say when `namespace` does not exist and the token may not create it.
+pub fn missing_namespace(namespace: &str) -> String {
+    if namespace == NAMESPACE {
+        format!(
+            "namespace {namespace} does not exist, and this token may not create it: a token \
+             with write permission on {namespace} creates it on first use"
+        )
+    } else {
+        format!(
+            "namespace {namespace} does not exist; an admin creates it with: conch namespace \
+             create {namespace}"
+        )
     }
-    if let Some(host) = &plan.host {
-        client
-            .ensure_semaphore(NAMESPACE, host, 1)
-            .await
-            .with_context(|| format!("set up semaphore {NAMESPACE}/{host}"))?;
+}
+
+/// A failure to set up `namespace/semaphore`, as one line: a refusal because the namespace does
+/// not exist (and this token may not create it) says so, exit 77.
+async fn setup_error(
+    client: &Client,
+    namespace: &str,
+    semaphore: &str,
+    e: conch_client::Error,
+) -> anyhow::Error {
+    if e.code() == Some(Code::PermissionDenied)
+        && matches!(client.get_namespace(namespace).await, Err(ref g) if g.is_not_found())
+    {
+        return Exit {
+            code: exit::NO_PERMISSION,
+            message: missing_namespace(namespace),
+        }
+        .into();
     }
-    Ok(())
+    anyhow::Error::new(e).context(format!("set up semaphore {namespace}/{semaphore}"))
+}
+
+/// Makes sure the plan's semaphores exist in `namespace` (and the namespace, where the token
+/// may create it); returns the main one as it is now. One whose permits are not `max` was
+/// changed through the API: running under it would not be what the caller asked for.
+async fn ensure_semaphores(
+    client: &Client,
+    namespace: &str,
+    plan: &Plan,
+    max: u64,
+) -> anyhow::Result<Held> {
+    let main = match client.ensure_semaphore(namespace, &plan.main, max).await {
+        Ok(s) => s,
+        Err(e) => return Err(setup_error(client, namespace, &plan.main, e).await),
+    };
+    if main.permits != max {
+        return Err(Exit {
+            code: exit::SOFTWARE,
+            message: format!(
+                "semaphore {namespace}/{} has {} permits, not {max} (changed through the API); \
+                 not running the command: set its permits back to {max}, or delete it to have it \
+                 made again",
+                plan.main, main.permits
+            ),
+        }
+        .into());
+    }
+    if let Some(host) = &plan.host
+        && let Err(e) = client.ensure_semaphore(namespace, host, 1).await
+    {
+        return Err(setup_error(client, namespace, host, e).await);
+    }
+    Ok(Held::new(namespace, &main, max))
 }
 
 /// Takes the plan's semaphores with one lease: all of them, or none (`Ok(None)`).
 async fn take_slots(
     client: &Client,
     lease: &Lease,
+    namespace: &str,
     plan: &Plan,
     deadline: Option<Instant>,
     metadata: &HashMap<String, String>,
@@ -175,7 +233,7 @@ async fn take_slots(
     for sem in plan.host.iter().chain(std::iter::once(&plan.main)) {
         let wait = remaining(deadline);
         match client
-            .acquire(lease, NAMESPACE, sem, 1, wait, metadata.clone())
+            .acquire(lease, namespace, sem, 1, wait, metadata.clone())
             .await?
         {
             Some(g) => guards.push(g),
@@ -226,6 +284,7 @@ pub async fn run(
     let me = Identity::current(&args.command);
     let plan = Plan::new(&args.name, args.max, args.spread, &me.host).map_err(exit::usage)?;
     let spec = Spec {
+        namespace: args.namespace.clone(),
         plan,
         permits: args.max,
         ttl: args.ttl,
@@ -259,21 +318,22 @@ pub async fn hold(
     spec: &Spec<'_>,
     signals: &mut Signals,
 ) -> anyhow::Result<ExitCode> {
+    let namespace = spec.namespace.as_str();
     let plan = &spec.plan;
     let wait = spec.wait;
     let deadline = wait.map(|w| Instant::now() + w);
     let metadata = &spec.metadata;
     let process_id = spec.me.process_id();
 
-    tokio::select! {
-        r = ensure_semaphores(client, plan, spec.permits) => r?,
+    let mut held = tokio::select! {
+        r = ensure_semaphores(client, namespace, plan, spec.permits) => r?,
         sig = signals.recv() => return Ok(exit::signal_exit(sig)),
-    }
+    };
 
     // Queue for the slot; a lost lease re-enters with a new one while the wait allows.
     let (lease, guards) = loop {
         let lease = tokio::select! {
-            r = client.create_lease(NAMESPACE, &process_id, spec.ttl, metadata.clone()) => {
+            r = client.create_lease(namespace, &process_id, spec.ttl, metadata.clone()) => {
                 r.context("create lease")?
             }
             sig = signals.recv() => return Ok(exit::signal_exit(sig)),
@@ -282,10 +342,11 @@ pub async fn hold(
         let taken = tokio::select! {
             r = status::show_while(
                 client,
+                namespace,
                 &spec.label,
                 &plan.main,
                 lease.id(),
-                take_slots(client, &lease, plan, deadline, metadata),
+                take_slots(client, &lease, namespace, plan, deadline, metadata),
             ) => r,
             sig = signals.recv() => {
                 // Dropping the acquire cancels the wait; revoking leaves nothing behind.
@@ -318,7 +379,7 @@ pub async fn hold(
                     "conch: lost the lease while waiting ({e}); queueing again with a new lease"
                 );
                 // The semaphore may be what disappeared.
-                ensure_semaphores(client, plan, spec.permits).await?;
+                held = ensure_semaphores(client, namespace, plan, spec.permits).await?;
             }
             Err(e) => {
                 revoke(lease).await;
@@ -326,6 +387,24 @@ pub async fn hold(
             }
         }
     };
+
+    // The semaphore may have been deleted or resized while conch queued: then the slot is not
+    // the one asked for, and the command does not start.
+    let before = tokio::select! {
+        r = held.check(client) => r,
+        sig = signals.recv() => {
+            release_all(guards, lease).await;
+            return Ok(exit::signal_exit(sig));
+        }
+    };
+    if let Ok(Some(change)) = before {
+        release_all(guards, lease).await;
+        return Err(Exit {
+            code: exit::SLOT_LOST,
+            message: held.describe(&change, "while queued; the command was not started"),
+        }
+        .into());
+    }
 
     let token = guards.last().map_or(0, |g| g.fencing_token());
     info!(
@@ -374,12 +453,17 @@ pub async fn hold(
     enum End {
         Exited(std::process::ExitStatus),
         Lost(conch_client::LeaseLoss),
+        Changed(crate::watch::Change),
     }
+    // One future for the whole run, so the checks keep their pace whatever else wakes the loop.
+    let semaphore_changed = held.changed(client, refresh_interval(spec.ttl));
+    tokio::pin!(semaphore_changed);
     let end = loop {
         tokio::select! {
             status = child.wait() => break End::Exited(status.context("wait for the command")?),
             sig = signals.recv() => child::signal_group(pgid, sig),
             loss = lease.lost() => break End::Lost(loss),
+            change = &mut semaphore_changed => break End::Changed(change),
             Ok(()) = refreshed.changed() => watchdog.renew(*refreshed.borrow_and_update()),
         }
     };
@@ -429,6 +513,22 @@ pub async fn hold(
             if matches!(loss, conch_client::LeaseLoss::NoRefresh { .. }) {
                 let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
             }
+            Ok(ExitCode::from(exit::SLOT_LOST))
+        }
+        End::Changed(change) => {
+            eprintln!(
+                "conch: {}; stopping the command (SIGTERM, SIGKILL after {})",
+                held.describe(&change, "while held"),
+                format_duration(spec.kill_after)
+            );
+            watchdog.stopping();
+            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
+                .await
+                .context("stop the command")?;
+            debug!(?status, "command stopped");
+            watchdog.finish().await;
+            // The lease is still alive: revoking it gives back whatever else it holds.
+            release_all(guards, lease).await;
             Ok(ExitCode::from(exit::SLOT_LOST))
         }
     }

@@ -97,11 +97,16 @@ pub fn render(label: &str, waited: Duration, standing: Option<&Standing>) -> Str
 }
 
 /// Reads the queue and holders of `semaphore` for the line.
-async fn fetch(client: &Client, semaphore: &str, lease_id: &str) -> Option<Standing> {
-    use conch_client::sema::{META_HOST, META_PID, NAMESPACE};
+async fn fetch(
+    client: &Client,
+    namespace: &str,
+    semaphore: &str,
+    lease_id: &str,
+) -> Option<Standing> {
+    use conch_client::sema::{META_HOST, META_PID};
     let read = async {
-        let holders = client.list_holders(NAMESPACE, semaphore).await.ok()?;
-        let waiters = client.list_waiters(NAMESPACE, semaphore).await.ok()?;
+        let holders = client.list_holders(namespace, semaphore).await.ok()?;
+        let waiters = client.list_waiters(namespace, semaphore).await.ok()?;
         Some((holders, waiters))
     };
     let (holders, waiters) = tokio::time::timeout(FETCH_TIMEOUT, read).await.ok()??;
@@ -188,6 +193,7 @@ impl Drop for Line {
 /// Runs `wait` (the queueing for a slot), showing where it stands meanwhile as the mode says.
 pub async fn show_while<F: Future>(
     client: &Client,
+    namespace: &str,
     label: &str,
     semaphore: &str,
     lease_id: &str,
@@ -212,7 +218,7 @@ pub async fn show_while<F: Future>(
         if now >= next_fetch {
             tokio::select! {
                 out = &mut wait => return out,
-                s = fetch(client, semaphore, lease_id) => {
+                s = fetch(client, namespace, semaphore, lease_id) => {
                     if s.is_some() {
                         standing = s;
                     }

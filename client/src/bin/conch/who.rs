@@ -162,10 +162,16 @@ pub fn exit_code(who: &Who) -> ExitCode {
     }
 }
 
-pub async fn run(client: &Client, name: &str, max: u64, json: bool) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    max: u64,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let semaphore = sema::semaphore_name(name, max).map_err(exit::usage)?;
     // Every semaphore of the namespace: the other capacities and the host locks of this name.
-    let all = match client.list_semaphores(sema::NAMESPACE).await {
+    let all = match client.list_semaphores(namespace).await {
         Ok(all) => all,
         Err(e) if e.is_not_found() => Vec::new(),
         Err(e) => return Err(e.into()),
@@ -183,9 +189,9 @@ pub async fn run(client: &Client, name: &str, max: u64, json: bool) -> anyhow::R
             _ => {}
         }
     }
-    let mut who = gather(client, name, max, &semaphore).await?;
+    let mut who = gather(client, namespace, name, max, &semaphore).await?;
     for lock in host_locks {
-        match client.list_waiters(sema::NAMESPACE, &lock).await {
+        match client.list_waiters(namespace, &lock).await {
             Ok(w) => who.waiters.extend(w.waiters.iter().map(|w| Entry {
                 host_lock: true,
                 position: None,
@@ -198,7 +204,7 @@ pub async fn run(client: &Client, name: &str, max: u64, json: bool) -> anyhow::R
     let mut others = Vec::new();
     for m in other_maxes {
         let other = sema::semaphore_name(name, m).map_err(exit::usage)?;
-        let found = gather(client, name, m, &other).await?;
+        let found = gather(client, namespace, name, m, &other).await?;
         if found.exists {
             others.push(found);
         }
@@ -216,11 +222,17 @@ pub async fn run(client: &Client, name: &str, max: u64, json: bool) -> anyhow::R
 }
 
 /// Holders and waiters of one semaphore of (name, max).
-pub async fn gather(client: &Client, name: &str, max: u64, semaphore: &str) -> anyhow::Result<Who> {
+pub async fn gather(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    max: u64,
+    semaphore: &str,
+) -> anyhow::Result<Who> {
     let mut who = Who {
         name: name.to_string(),
         max,
-        namespace: sema::NAMESPACE.to_string(),
+        namespace: namespace.to_string(),
         semaphore: semaphore.to_string(),
         exists: true,
         active_holds: 0,
@@ -228,13 +240,13 @@ pub async fn gather(client: &Client, name: &str, max: u64, semaphore: &str) -> a
         waiters: Vec::new(),
         others: None,
     };
-    match client.list_holders(sema::NAMESPACE, semaphore).await {
+    match client.list_holders(namespace, semaphore).await {
         Ok(holders) => who.holders = holders.iter().map(holder_entry).collect(),
         Err(e) if e.is_not_found() => who.exists = false,
         Err(e) => return Err(e.into()),
     }
     if who.exists {
-        match client.list_waiters(sema::NAMESPACE, semaphore).await {
+        match client.list_waiters(namespace, semaphore).await {
             Ok(w) => {
                 who.waiters = w
                     .waiters
