@@ -18,7 +18,18 @@ fn open_fds() -> usize {
         .unwrap_or(0)
 }
 
+unsafe extern "C" {
+    /// glibc: returns free memory at the top of every heap to the operating system.
+    fn malloc_trim(pad: usize) -> i32;
+}
+
+/// Resident memory after the allocator has handed back what it holds free, so the figure
+/// follows live memory rather than the allocator's caches.
 fn rss_bytes() -> u64 {
+    // SAFETY: malloc_trim only releases memory the allocator holds free.
+    unsafe {
+        malloc_trim(0);
+    }
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm
         .split_whitespace()
@@ -51,10 +62,7 @@ async fn cluster(dirs: &[tempfile::TempDir], round: usize) -> Vec<ConchNode> {
         assert!(Instant::now() < deadline, "round {round}: no leader");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let follower = nodes
-        .iter()
-        .find(|n| n.id() != leader)
-        .expect("a follower");
+    let follower = nodes.iter().find(|n| n.id() != leader).expect("a follower");
     follower
         .client()
         .grackle()
