@@ -416,3 +416,52 @@ async fn a_leader_that_removes_itself_stops_once_it_has_applied_its_removal() ->
     ops::namespace(&mut c, "after-the-leader-left").await?;
     Ok(())
 }
+
+/// A leadership transfer answers once the target leads, with its term, through whichever node
+/// is asked; `conch cluster transfer-leader` prints who leads and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leadership_transfer_answers_once_the_target_leads() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    let term_before = cluster.status(leader).await?.term;
+    let to = cluster
+        .ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .ok_or_else(|| anyhow::anyhow!("a follower"))?;
+    // Asked of the current leader: it forwards to the target, which answers once it leads.
+    let answer = cluster
+        .admin(leader)
+        .await?
+        .transfer_leader(TransferLeaderRequest { to_node_id: to })
+        .await?
+        .into_inner();
+    anyhow::ensure!(
+        answer.leader_id == to && answer.term > term_before,
+        "{answer:?} (term before {term_before})"
+    );
+    let status = cluster.status(to).await?;
+    anyhow::ensure!(
+        status.leader_id == to && status.term >= answer.term,
+        "right after the answer the target leads: {status:?}"
+    );
+    // The CLI through another node.
+    let back = cluster
+        .ids()
+        .into_iter()
+        .find(|id| *id != to)
+        .ok_or_else(|| anyhow::anyhow!("another node"))?;
+    let id = back.to_string();
+    let output = conch(&cluster.addr(back), &["cluster", "transfer-leader", &id]).await?;
+    anyhow::ensure!(
+        output.status.success() && text(&output.stdout).contains(&format!("node {back} leads")),
+        "{output:?}"
+    );
+    // A node that is not a member: refused, naming it, and nobody campaigns.
+    let output = conch(&cluster.addr(back), &["cluster", "transfer-leader", "9"]).await?;
+    anyhow::ensure!(
+        !output.status.success() && text(&output.stderr).contains("node 9 is not a member"),
+        "{output:?}"
+    );
+    Ok(())
+}

@@ -15,7 +15,7 @@ use super::auth::{Caller, forward};
 use super::convert;
 use super::membership;
 use super::status::ApiError;
-use crate::node::Node;
+use crate::node::{Node, NodeError};
 use crate::state::Error;
 use crate::state::auth::{Access, Permission};
 
@@ -304,14 +304,56 @@ impl ConchAdmin for AdminService {
         let metadata = request.metadata().clone();
         let to = request.into_inner().to_node_id;
         if to == self.node.id {
-            // The target campaigns; with an up-to-date log it wins the election.
+            // The target campaigns; with an up-to-date log it wins the election. The answer
+            // waits (bounded) until it leads, or says who does instead.
+            let mut metrics = self.node.raft.metrics();
+            metrics.borrow_and_update();
             self.node
                 .raft
                 .trigger()
                 .elect()
                 .await
                 .map_err(|e| ApiError::raft("start election", e))?;
-            return Ok(Response::new(cpb::TransferLeaderResponse {}));
+            let deadline = tokio::time::Instant::now() + self.node.config.leader_wait;
+            loop {
+                // Leading, and confirmed by a quorum since (as `ClusterStatus` reports it).
+                let led = {
+                    let m = metrics.borrow_and_update();
+                    (crate::node::known_leader(&m, self.node.id) == Some(self.node.id))
+                        .then_some(m.current_term)
+                };
+                if let Some(term) = led {
+                    return Ok(Response::new(cpb::TransferLeaderResponse {
+                        leader_id: self.node.id,
+                        term,
+                    }));
+                }
+                match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(_)) => {
+                        return Err(ApiError::Node(NodeError::Unavailable(
+                            "this node is shutting down".into(),
+                        ))
+                        .into());
+                    }
+                    Err(_) => {
+                        let now = self.node.leader();
+                        return Err(ApiError::raft(
+                            "transfer leadership",
+                            format!(
+                                "node {} did not take over within {} ms; {}",
+                                self.node.id,
+                                self.node.config.leader_wait.as_millis(),
+                                match now {
+                                    Some(l) => format!("node {} leads term {}", l.id, l.term),
+                                    None => "no node leads now".into(),
+                                }
+                            ),
+                        )
+                        .into());
+                    }
+                }
+            }
         }
         let members: BTreeMap<u64, String> =
             self.members().into_iter().map(|m| (m.id, m.addr)).collect();
@@ -320,7 +362,7 @@ impl ConchAdmin for AdminService {
             .ok_or_else(|| ApiError::from(Error::invalid(format!("node {to} is not a member"))))?;
         // The target itself starts the election; it answers for it.
         let mut target = self.node.admin_of(to, addr).map_err(ApiError::from)?;
-        forwarded(
+        let answer = forwarded(
             target
                 .transfer_leader(forward(
                     &metadata,
@@ -328,7 +370,7 @@ impl ConchAdmin for AdminService {
                 ))
                 .await,
         )?;
-        Ok(Response::new(cpb::TransferLeaderResponse {}))
+        Ok(Response::new(answer.into_inner()))
     }
 
     async fn trigger_snapshot(

@@ -344,7 +344,9 @@ pub enum ClusterCommand {
         #[arg(required = true)]
         ids: Vec<u64>,
     },
-    /// Ask a node to take over leadership (it campaigns; with an up-to-date log it wins).
+    /// Ask a node to take over leadership: it campaigns (with an up-to-date log it wins), and
+    /// this returns once it leads; if it did not take over in time, exits non-zero saying who
+    /// leads instead.
     TransferLeader {
         /// Id of the node that should lead.
         id: u64,

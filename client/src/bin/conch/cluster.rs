@@ -365,14 +365,15 @@ pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<
             print_members(&r)
         }
         ClusterCommand::TransferLeader { id } => {
-            client
+            // The node answers once it leads, or says who does instead (then this fails).
+            let r = client
                 .call("transfer leadership", opts, |ch, t| async move {
                     ConchAdminClient::new(ch)
                         .transfer_leader(request(TransferLeaderRequest { to_node_id: id }, t))
                         .await
                 })
                 .await?;
-            crate::print_lines([format!("node {id} is campaigning for leadership")])?;
+            crate::print_lines([format!("node {} leads (term {})", r.leader_id, r.term)])?;
             Ok(ExitCode::SUCCESS)
         }
         ClusterCommand::Snapshot { node, all } => snapshot(client, node, all).await,
