@@ -184,13 +184,13 @@ async fn tokens_and_namespace_permissions_are_enforced_on_every_node() -> anyhow
             &at("read-only token acquiring"),
             create_lease(ch.clone(), Some(viewer), "a").await,
             Code::PermissionDenied,
-            &["write permission on namespace a"],
+            &["acquire permission on namespace a"],
         )?;
         expect_code(
             &at("token for a used on b"),
             create_lease(ch.clone(), Some(app), "b").await,
             Code::PermissionDenied,
-            &["write permission on namespace b"],
+            &["acquire permission on namespace b"],
         )?;
         let change = ChangeMembershipRequest {
             voters: vec![1],

@@ -7,11 +7,11 @@ use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
 
-use super::auth::{CLI_NAMESPACE, Caller};
+use super::auth::Caller;
 use super::status::ApiError;
 use super::{convert, request_id};
 use crate::node::Node;
-use crate::state::auth::{Access, Permission};
+use crate::state::auth::{Access, Permission, access_of};
 use crate::state::{
     AcquireStatus, Cmd, Error, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
 };
@@ -38,20 +38,15 @@ impl GrackleService {
         Ok(r)
     }
 
-    /// [`GrackleService::permitted`] for a write: also its request id, if it carries one.
-    fn permitted_write<T: InNamespace>(
-        &self,
-        request: Request<T>,
-        need: Permission,
-    ) -> Result<(Write, T), Status> {
+    /// A write's caller and request id (the access it needs is checked by [`Write::command`]).
+    fn write_request<T>(&self, request: Request<T>) -> Result<(Write, T), Status> {
         let caller = Caller::of(&self.node, &request);
         let (id, r) = request_id::split(request)?;
-        caller.allow(&self.node, Access::Namespace(r.namespace(), need))?;
         Ok((Write { caller, id }, r))
     }
 
     async fn write(&self, write: Write, cmd: Cmd) -> Result<Outcome, ApiError> {
-        let cmd = write.command(cmd);
+        let cmd = write.command(&self.node, cmd)?;
         cmd.validate()?;
         Ok(self.node.write_one(cmd).await??)
     }
@@ -108,9 +103,14 @@ struct Write {
 }
 
 impl Write {
-    /// `cmd` as proposed: with the caller's token, run once per request id.
-    fn command(self, cmd: Cmd) -> Cmd {
-        request_id::wrap(self.id, self.caller.sign(cmd))
+    /// `cmd` as proposed, once the caller may make it here: with the caller's token (the state
+    /// machine checks it again where it applies), run once per request id. The access a command
+    /// needs is the state's own [`access_of`], so both checks ask the same.
+    fn command(self, node: &Node, cmd: Cmd) -> Result<Cmd, ApiError> {
+        if let Some(access) = access_of(&cmd) {
+            self.caller.allow(node, access)?;
+        }
+        Ok(request_id::wrap(self.id, self.caller.sign(cmd)))
     }
 }
 
@@ -156,16 +156,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateNamespaceRequest>,
     ) -> Result<Response<pb::CreateNamespaceResponse>, Status> {
-        let caller = Caller::of(&self.node, &request);
-        let (id, r) = request_id::split(request)?;
-        // The CLI's own namespace may be created by whoever may write in it.
-        let need = if r.name == CLI_NAMESPACE {
-            Permission::Write
-        } else {
-            Permission::Admin
-        };
-        caller.allow(&self.node, Access::Namespace(&r.name, need))?;
-        let write = Write { caller, id };
+        let (write, r) = self.write_request(request)?;
         let cmd = Cmd::CreateNamespace {
             name: r.name,
             description: r.description,
@@ -215,7 +206,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateNamespaceRequest>,
     ) -> Result<Response<pb::UpdateNamespaceResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Admin)?;
+        let (write, r) = self.write_request(request)?;
         let cmd = Cmd::UpdateNamespace {
             name: r.namespace_name,
             description: r.description,
@@ -235,7 +226,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteNamespaceRequest>,
     ) -> Result<Response<pb::DeleteNamespaceResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Admin)?;
+        let (write, r) = self.write_request(request)?;
         self.write(
             write,
             Cmd::DeleteNamespace {
@@ -251,7 +242,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreRequest>,
     ) -> Result<Response<pb::CreateSemaphoreResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.write_request(request)?;
         let cmd = Cmd::CreateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -301,7 +292,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.write_request(request)?;
         let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
         let key = WaitKey {
             ns: r.namespace_name,
@@ -316,7 +307,7 @@ impl GrackleApi for GrackleService {
             wait_ns,
             metadata: convert::metadata(r.metadata),
         };
-        let cmd = write.command(cmd);
+        let cmd = write.command(&self.node, cmd)?;
         cmd.validate().map_err(ApiError::from)?;
         // Register before proposing, so the grant cannot slip past us.
         let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key.clone()));
@@ -345,7 +336,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ReleaseSemaphoreRequest>,
     ) -> Result<Response<pb::ReleaseSemaphoreResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.write_request(request)?;
         let cmd = Cmd::Release {
             ns: r.namespace_name,
             sem: r.semaphore_name,
@@ -364,7 +355,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::UpdateSemaphoreRequest>,
     ) -> Result<Response<pb::UpdateSemaphoreResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.write_request(request)?;
         let cmd = Cmd::UpdateSemaphore {
             ns: r.namespace_name,
             name: r.semaphore_name,
@@ -386,7 +377,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::DeleteSemaphoreRequest>,
     ) -> Result<Response<pb::DeleteSemaphoreResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.write_request(request)?;
         self.write(
             write,
             Cmd::DeleteSemaphore {
@@ -419,7 +410,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::CreateSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::CreateSemaphoreLeaseResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.write_request(request)?;
         let cmd = Cmd::CreateLease {
             ns: r.namespace_name,
             process_id: r.process_id,
@@ -439,7 +430,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RevokeSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RevokeSemaphoreLeaseResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.write_request(request)?;
         self.write(
             write,
             Cmd::RevokeLease {
@@ -455,7 +446,7 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::RefreshSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RefreshSemaphoreLeaseResponse>, Status> {
-        let (write, r) = self.permitted_write(request, Permission::Write)?;
+        let (write, r) = self.write_request(request)?;
         let cmd = Cmd::RefreshLease {
             ns: r.namespace_name,
             lease: r.lease_id,

@@ -42,21 +42,38 @@ pub const GRANTS_PER_ROLE_MAX: usize = 1_000;
 /// SHA-256 of a token.
 pub type TokenHash = [u8; 32];
 
-/// A permission on a namespace; each includes the ones before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+/// A permission on a namespace; each includes the ones below it: read < acquire < write <
+/// admin. (Declared in the order they were added, which the encoding keeps; [`Ord`] follows
+/// [`Permission::rank`].)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Permission {
     /// Get and list.
     Read,
-    /// Acquire, release, leases, create/update/delete semaphores.
+    /// Also: create, update and delete semaphores.
     Write,
-    /// Create, update and delete the namespace itself.
+    /// Also: create, update and delete the namespace itself.
     Admin,
+    /// Also (over read): leases, acquire and release, and creating a semaphore that does not
+    /// exist yet; what `conch sema` and `conch elect` need, and nothing that changes what
+    /// others hold.
+    Acquire,
 }
 
 impl Permission {
+    /// Its place in the order of inclusion.
+    pub fn rank(self) -> u8 {
+        match self {
+            Permission::Read => 0,
+            Permission::Acquire => 1,
+            Permission::Write => 2,
+            Permission::Admin => 3,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Permission::Read => "read",
+            Permission::Acquire => "acquire",
             Permission::Write => "write",
             Permission::Admin => "admin",
         }
@@ -65,12 +82,25 @@ impl Permission {
     pub fn parse(value: &str) -> Result<Permission, Error> {
         match value {
             "read" => Ok(Permission::Read),
+            "acquire" => Ok(Permission::Acquire),
             "write" => Ok(Permission::Write),
             "admin" => Ok(Permission::Admin),
             _ => Err(Error::invalid(
-                "permission must be one of read, write, admin",
+                "permission must be one of read, acquire, write, admin",
             )),
         }
+    }
+}
+
+impl PartialOrd for Permission {
+    fn partial_cmp(&self, other: &Permission) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Permission {
+    fn cmp(&self, other: &Permission) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
     }
 }
 
@@ -163,23 +193,26 @@ impl From<Denied> for Error {
 /// the API checks before proposing it); `None` for the commands nodes propose themselves:
 /// expiry, lease extension, giving up a wait, the bootstrap.
 pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
-    use Permission::{Admin, Write};
+    use Permission::{Acquire, Admin, Write};
     Some(match cmd {
-        // The CLI's own namespace may be created by whoever may write in it.
+        // The CLI's own namespace may be created by whoever may acquire in it.
         Cmd::CreateNamespace { name, .. } if name == CLI_NAMESPACE => {
-            Access::Namespace(name, Write)
+            Access::Namespace(name, Acquire)
         }
         Cmd::CreateNamespace { name, .. }
         | Cmd::UpdateNamespace { name, .. }
         | Cmd::DeleteNamespace { name } => Access::Namespace(name, Admin),
+        // Creating a semaphore that exists already is refused, so it changes nothing of
+        // others'; changing or deleting one does.
         Cmd::CreateSemaphore { ns, .. }
-        | Cmd::UpdateSemaphore { ns, .. }
-        | Cmd::DeleteSemaphore { ns, .. }
         | Cmd::CreateLease { ns, .. }
         | Cmd::RefreshLease { ns, .. }
         | Cmd::RevokeLease { ns, .. }
         | Cmd::Acquire { ns, .. }
-        | Cmd::Release { ns, .. } => Access::Namespace(ns, Write),
+        | Cmd::Release { ns, .. } => Access::Namespace(ns, Acquire),
+        Cmd::UpdateSemaphore { ns, .. } | Cmd::DeleteSemaphore { ns, .. } => {
+            Access::Namespace(ns, Write)
+        }
         Cmd::AuthEnable
         | Cmd::AuthDisable
         | Cmd::RoleCreate { .. }

@@ -463,3 +463,79 @@ fn a_token_wraps_one_client_command() {
     }
     assert_eq!(wrapped(Cmd::AuthEnable).validate(), Ok(()));
 }
+
+#[test]
+fn acquire_runs_jobs_without_changing_what_others_hold() {
+    // t=0   root (1); job (2) with acquire on a; access control on
+    let mut t = Timeline::new();
+    t.role("root", true);
+    t.token("root", 1);
+    t.role("job", false);
+    t.grant("job", "a", Permission::Acquire);
+    t.token("job", 2);
+    t.ok(Cmd::AuthEnable);
+    t.caller = Some(1);
+    t.ok(Cmd::CreateNamespace {
+        name: "a".into(),
+        description: String::new(),
+        metadata: Metadata::new(),
+    });
+    let semaphore = |permits| Cmd::CreateSemaphore {
+        ns: "a".into(),
+        name: "s".into(),
+        description: String::new(),
+        permits,
+        metadata: Metadata::new(),
+    };
+    // t=1s  the job creates its semaphore on first use, a lease, and acquires   -> ok
+    t.caller = Some(2);
+    t.ok(semaphore(1));
+    let lease = match t.ok(Cmd::CreateLease {
+        ns: "a".into(),
+        process_id: "job".into(),
+        ttl_s: 30,
+        metadata: Metadata::new(),
+    }) {
+        Outcome::Lease(lease) => lease.lease_id,
+        other => panic!("unexpected {other:?}"),
+    };
+    t.ok(Cmd::Acquire {
+        ns: "a".into(),
+        sem: "s".into(),
+        lease: lease.clone(),
+        weight: 1,
+        wait_ns: 0,
+        metadata: Metadata::new(),
+    });
+    // t=2s  it may not resize or delete a semaphore (others hold it)           -> refused
+    let resize = Cmd::UpdateSemaphore {
+        ns: "a".into(),
+        name: "s".into(),
+        description: String::new(),
+        permits: 5,
+        metadata: Metadata::new(),
+        expected_version: 1,
+    };
+    let e = t.err(resize.clone());
+    assert_eq!(e.kind, ErrorKind::PermissionDenied);
+    assert!(
+        e.message.contains("write permission on namespace a"),
+        "{}",
+        e.message
+    );
+    let delete = Cmd::DeleteSemaphore {
+        ns: "a".into(),
+        name: "s".into(),
+    };
+    assert_eq!(t.err(delete).kind, ErrorKind::PermissionDenied);
+    // ...nor create one over an existing one                                   -> AlreadyExists
+    assert_eq!(t.err(semaphore(5)).kind, ErrorKind::AlreadyExists);
+    // t=3s  write may
+    t.caller = Some(1);
+    t.ok(resize);
+    // The levels include each other in order, and read the new name.
+    assert!(Permission::Read < Permission::Acquire);
+    assert!(Permission::Acquire < Permission::Write);
+    assert!(Permission::Write < Permission::Admin);
+    assert_eq!(Permission::parse("acquire"), Ok(Permission::Acquire));
+}

@@ -160,6 +160,7 @@ fn auth_cmd() -> impl Strategy<Value = Cmd> {
     let perm = || {
         prop_oneof![
             Just(Permission::Read),
+            Just(Permission::Acquire),
             Just(Permission::Write),
             Just(Permission::Admin)
         ]

@@ -187,7 +187,7 @@ const NAMESPACE_EXAMPLES: &str = "\
 Examples:
   # a namespace for team A, whose jobs run with tokens of the role jobs-a
   conch namespace create team-a
-  conch auth role grant jobs-a team-a write
+  conch auth role grant jobs-a team-a acquire
   CONCH_TOKEN_FILE=a.token conch sema nightly --namespace team-a --max 1 -- ./backup.sh
 
   conch namespace list";
@@ -373,16 +373,16 @@ pub enum ClusterCommand {
 
 const AUTH_EXAMPLES: &str = "\
 Examples:
-  # a role that may run `conch sema` (write on the namespace conch), and a token for it
+  # a role that may run `conch sema` (acquire on the namespace conch), and a token for it
   conch auth role create ci
-  conch auth role grant ci conch write
+  conch auth role grant ci conch acquire
   conch auth token create ci-runner --role ci --out ci.token
   CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh
 
-  # one namespace per team: team A's role may write in team-a only
+  # one namespace per team: team A's role may acquire in team-a only
   conch namespace create team-a
   conch auth role create jobs-a
-  conch auth role grant jobs-a team-a write
+  conch auth role grant jobs-a team-a acquire
   conch auth token create job-a --role jobs-a --out a.token
   CONCH_TOKEN_FILE=a.token conch sema nightly --namespace team-a --max 1 -- ./backup.sh
 
@@ -447,8 +447,10 @@ pub enum RoleCommand {
         /// A namespace name, or * for every namespace (`conch sema` and `conch elect` use the
         /// namespace conch unless told --namespace).
         namespace: String,
-        /// read, write or admin.
-        #[arg(value_parser = ["read", "write", "admin"])]
+        /// read < acquire < write < admin: acquire runs `conch sema`/`conch elect` (leases,
+        /// acquire, release, creating a missing semaphore); write also changes and deletes
+        /// semaphores; admin also the namespace itself.
+        #[arg(value_parser = ["read", "acquire", "write", "admin"])]
         permission: String,
     },
     /// Take away a role's permission on a namespace.

@@ -157,7 +157,7 @@ pub fn missing_namespace(namespace: &str) -> String {
     if namespace == NAMESPACE {
         format!(
             "namespace {namespace} does not exist, and this token may not create it: a token \
-             with write permission on {namespace} creates it on first use"
+             with acquire permission on {namespace} creates it on first use"
         )
     } else {
         format!(
