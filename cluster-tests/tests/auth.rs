@@ -632,3 +632,168 @@ async fn teams_keep_to_their_namespaces_and_tokens_stay_secret() -> anyhow::Resu
     );
     Ok(())
 }
+
+/// Two jobs' tokens in one namespace, each with `acquire` (what `conch sema` needs): neither
+/// can resize, delete, revoke, refresh or use the other's, nor see the other's lease; every
+/// refusal changes nothing. The namespace's admin can clear a stuck job's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_sharing_a_namespace_cannot_touch_each_others_slots() -> anyhow::Result<()> {
+    let work = tempfile::tempdir()?;
+    let secret = cluster_tests::auth::peer_secret_args(work.path())?;
+    let secret: Vec<&str> = secret.iter().map(String::as_str).collect();
+    let mut cluster = Cluster::start_with(3, &secret).await?;
+    let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
+    create_role(&mut auth, None, "root", true, &[]).await?;
+    let (_, admin) = create_token(&mut auth, None, "admin", "root").await?;
+    let admin = admin.as_str();
+    auth.auth_enable(with_token(AuthEnableRequest {}, Some(admin)))
+        .await?;
+    cluster.set_admin_token(admin);
+    create_role(
+        &mut auth,
+        Some(admin),
+        "jobs",
+        false,
+        &[("conch", "acquire")],
+    )
+    .await?;
+    let (_, a) = create_token(&mut auth, Some(admin), "job-a", "jobs").await?;
+    let (_, b) = create_token(&mut auth, Some(admin), "job-b", "jobs").await?;
+    let (a, b) = (a.as_str(), b.as_str());
+
+    // A creates the namespace and its semaphore on first use, a lease, and holds the slot.
+    let mut grackle = GrackleApiClient::new(channel(&cluster, 2)?);
+    grackle
+        .create_namespace(with_token(
+            pb::CreateNamespaceRequest {
+                name: "conch".into(),
+                ..Default::default()
+            },
+            Some(a),
+        ))
+        .await?;
+    grackle
+        .create_semaphore(with_token(
+            pb::CreateSemaphoreRequest {
+                namespace_name: "conch".into(),
+                semaphore_name: "job-a.1".into(),
+                permits: 1,
+                ..Default::default()
+            },
+            Some(a),
+        ))
+        .await?;
+    let lease = create_lease(channel(&cluster, 2)?, Some(a), "conch")
+        .await?
+        .lease
+        .context("a lease")?
+        .lease_id;
+    let acquire = |token: &str| {
+        with_token(
+            pb::AcquireSemaphoreRequest {
+                namespace_name: "conch".into(),
+                semaphore_name: "job-a.1".into(),
+                lease_id: lease.clone(),
+                weight: 1,
+                ..Default::default()
+            },
+            Some(token),
+        )
+    };
+    grackle.acquire_semaphore(acquire(a)).await?;
+
+    let before = cluster.wait_for_agreement(SHOW_UP).await?;
+    for id in cluster.ids() {
+        let mut g = GrackleApiClient::new(channel(&cluster, id)?);
+        let at = |what: &str| format!("node {id}: B {what}");
+        expect_code(
+            &at("resizing A's semaphore"),
+            g.update_semaphore(with_token(
+                pb::UpdateSemaphoreRequest {
+                    namespace_name: "conch".into(),
+                    semaphore_name: "job-a.1".into(),
+                    permits: 5,
+                    expected_version: 1,
+                    ..Default::default()
+                },
+                Some(b),
+            ))
+            .await,
+            Code::PermissionDenied,
+            &["write permission on namespace conch"],
+        )?;
+        expect_code(
+            &at("deleting A's semaphore"),
+            g.delete_semaphore(with_token(
+                pb::DeleteSemaphoreRequest {
+                    namespace_name: "conch".into(),
+                    semaphore_name: "job-a.1".into(),
+                },
+                Some(b),
+            ))
+            .await,
+            Code::PermissionDenied,
+            &["write permission"],
+        )?;
+        expect_code(
+            &at("revoking A's lease"),
+            g.revoke_semaphore_lease(with_token(
+                pb::RevokeSemaphoreLeaseRequest {
+                    namespace_name: "conch".into(),
+                    lease_id: lease.clone(),
+                },
+                Some(b),
+            ))
+            .await,
+            Code::PermissionDenied,
+            &["belongs to another token"],
+        )?;
+        expect_code(
+            &at("acquiring with A's lease"),
+            g.acquire_semaphore(acquire(b)).await,
+            Code::PermissionDenied,
+            &["belongs to another token"],
+        )?;
+        expect_code(
+            &at("reading A's lease"),
+            g.get_semaphore_lease(with_token(
+                pb::GetSemaphoreLeaseRequest {
+                    namespace_name: "conch".into(),
+                    lease_id: lease.clone(),
+                },
+                Some(b),
+            ))
+            .await,
+            Code::NotFound,
+            &[],
+        )?;
+        let seen = g
+            .list_semaphore_leases(with_token(
+                pb::ListSemaphoreLeasesRequest {
+                    namespace_name: "conch".into(),
+                    ..Default::default()
+                },
+                Some(b),
+            ))
+            .await?
+            .into_inner()
+            .leases;
+        ensure!(seen.is_empty(), "node {id}: B lists A's lease: {seen:?}");
+    }
+    let after = cluster.wait_for_agreement(SHOW_UP).await?;
+    ensure!(
+        before == after,
+        "a refusal changed the state: {before:?} -> {after:?}"
+    );
+    // The admin may clear it.
+    grackle
+        .revoke_semaphore_lease(with_token(
+            pb::RevokeSemaphoreLeaseRequest {
+                namespace_name: "conch".into(),
+                lease_id: lease.clone(),
+            },
+            Some(admin),
+        ))
+        .await?;
+    Ok(())
+}

@@ -104,6 +104,30 @@ impl Caller {
             .is_ok()
     }
 
+    /// Whether the call may see a lease of `ns` created by token `owner`, by the auth store of
+    /// `state`: always while access control is off; else a lease created without a token, its
+    /// own, or any with admin on the namespace.
+    pub fn may_see_lease(&self, state: &crate::state::State, ns: &str, owner: Option<u64>) -> bool {
+        let auth = state.auth();
+        let Some(owner) = owner else { return true };
+        !auth.enabled()
+            || self.token.as_ref().and_then(|t| auth.token_id(t)) == Some(owner)
+            || auth
+                .authorize(
+                    self.token.as_ref(),
+                    Access::Namespace(ns, Permission::Admin),
+                )
+                .is_ok()
+    }
+
+    /// Refuses `cmd` if it uses a lease created by another token (and the caller lacks admin
+    /// on its namespace), by this node's applied state.
+    pub fn may_use_lease(&self, node: &Node, cmd: &Cmd) -> Result<(), ApiError> {
+        Ok(node
+            .applied
+            .read(|s| s.may_use_lease(self.token.as_ref(), cmd))?)
+    }
+
     /// `cmd` carrying this call's token, for the state machine's own check.
     pub fn sign(&self, cmd: Cmd) -> Cmd {
         cmd.with_token(self.token)

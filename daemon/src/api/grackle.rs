@@ -32,10 +32,19 @@ impl GrackleService {
         request: Request<T>,
         need: Permission,
     ) -> Result<T, Status> {
+        self.permitted_caller(request, need).map(|(_, r)| r)
+    }
+
+    /// [`GrackleService::permitted`], with the caller (for reads that show only what it may see).
+    fn permitted_caller<T: InNamespace>(
+        &self,
+        request: Request<T>,
+        need: Permission,
+    ) -> Result<(Caller, T), Status> {
         let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
         caller.allow(&self.node, Access::Namespace(r.namespace(), need))?;
-        Ok(r)
+        Ok((caller, r))
     }
 
     /// A write's caller and request id (the access it needs is checked by [`Write::command`]).
@@ -109,6 +118,7 @@ impl Write {
     fn command(self, node: &Node, cmd: Cmd) -> Result<Cmd, ApiError> {
         if let Some(access) = access_of(&cmd) {
             self.caller.allow(node, access)?;
+            self.caller.may_use_lease(node, &cmd)?;
         }
         Ok(request_id::wrap(self.id, self.caller.sign(cmd)))
     }
@@ -464,11 +474,17 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoreLeasesRequest>,
     ) -> Result<Response<pb::ListSemaphoreLeasesResponse>, Status> {
-        let r = self.permitted(request, Permission::Read)?;
+        let (caller, r) = self.permitted_caller(request, Permission::Read)?;
         let page = convert::page(r.pagination_token, r.limit);
         let process_id = (!r.process_id.is_empty()).then_some(r.process_id.as_str());
+        let ns = r.namespace_name.as_str();
+        // Other tokens' leases only with admin on the namespace.
         let page = self
-            .read(|s| s.list_leases(&r.namespace_name, process_id, &page))
+            .read(|s| {
+                s.list_leases_visible(ns, process_id, &page, |owner| {
+                    caller.may_see_lease(s, ns, owner)
+                })
+            })
             .await?;
         self.reply(pb::ListSemaphoreLeasesResponse {
             leases: page.items.into_iter().map(convert::lease).collect(),
@@ -481,9 +497,19 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::GetSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::GetSemaphoreLeaseResponse>, Status> {
-        let r = self.permitted(request, Permission::Read)?;
+        let (caller, r) = self.permitted_caller(request, Permission::Read)?;
+        let ns = r.namespace_name.as_str();
+        // Another token's lease is not there for this caller, unless it has admin.
         let lease = self
-            .read(|s| s.get_lease(&r.namespace_name, &r.lease_id))
+            .read(|s| {
+                s.get_lease(ns, &r.lease_id).and_then(|lease| {
+                    if caller.may_see_lease(s, ns, lease.owner) {
+                        Ok(lease)
+                    } else {
+                        Err(Error::not_found(format!("lease {} not found", r.lease_id)))
+                    }
+                })
+            })
             .await?;
         self.reply(pb::GetSemaphoreLeaseResponse {
             lease: Some(convert::lease(lease)),

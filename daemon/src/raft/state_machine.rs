@@ -8,7 +8,7 @@
 //! Snapshot file (also the bytes sent to followers), integers little-endian:
 //!
 //! ```text
-//! "CONCHSNP" | format version u32 (3) | meta_len u64 | bincode(SnapshotMeta) | state_len u64 |
+//! "CONCHSNP" | format version u32 (4) | meta_len u64 | bincode(SnapshotMeta) | state_len u64 |
 //! State::encode_snapshot() | fnv1a64 of everything before, u64
 //! ```
 //!
@@ -45,7 +45,7 @@ pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 
 const MAGIC: &[u8; 8] = b"CONCHSNP";
 /// The version written, and the only one read (raised with the log's data format).
-const FORMAT_VERSION: u32 = 3;
+const FORMAT_VERSION: u32 = 4;
 /// magic + version + meta_len + state_len + checksum.
 const FIXED_LEN: usize = 8 + 4 + 8 + 8 + 8;
 
@@ -710,10 +710,10 @@ mod tests {
     }
 
     #[test]
-    fn version_3_is_written_and_carries_the_bare_state_encoding() -> anyhow::Result<()> {
+    fn version_4_is_written_and_carries_the_bare_state_encoding() -> anyhow::Result<()> {
         let (state, _) = sample_state()?;
         let bytes = encode_envelope(&meta(3, 40), &state)?;
-        assert_eq!(bytes, raw_envelope(3, &meta(3, 40), &state));
+        assert_eq!(bytes, raw_envelope(4, &meta(3, 40), &state));
         let (_, section) = decode_envelope(&bytes)?;
         assert_eq!(section, state.as_slice());
         Ok(())
@@ -722,7 +722,7 @@ mod tests {
     #[test]
     fn every_other_version_is_refused_in_one_line() -> anyhow::Result<()> {
         let (state, _) = sample_state()?;
-        for (version, which) in [(1, "an earlier"), (2, "an earlier"), (4, "a newer")] {
+        for (version, which) in [(2, "an earlier"), (3, "an earlier"), (5, "a newer")] {
             let dir = tempfile::tempdir()?;
             write_snapshot_file(dir.path(), 5, &raw_envelope(version, &meta(2, 1), &state))?;
             let Err(err) = open(dir.path()) else {
@@ -732,7 +732,7 @@ mod tests {
             anyhow::ensure!(
                 message.starts_with(&format!(
                     "{}: written by {which} conch data format (snapshot version {version}); this \
-                     build reads version 3: ",
+                     build reads version 4: ",
                     dir.path()
                         .join("snapshots")
                         .join("snap-00000000000000000005.snap")

@@ -65,6 +65,14 @@ impl State {
         if let Some(access) = super::auth::access_of(cmd) {
             auth.authorize(token, access)?;
         }
+        let caller = token.and_then(|t| auth.token_id(t));
+        // A lease is used only by the token that created it, or one with admin on its
+        // namespace (checked after the command's own access, before anything changes).
+        if let Some((ns, lease)) = cmd.lease_used()
+            && let Some(owner) = namespaces.get(ns).and_then(|n| n.lease_owner(lease))
+        {
+            auth.may_use_lease(token, caller, ns, lease, owner)?;
+        }
         let ctx = &mut ctx;
         match cmd {
             Cmd::CreateNamespace {
@@ -155,6 +163,7 @@ impl State {
                 process_id,
                 *ttl_s,
                 metadata,
+                caller,
                 last_lease_seq,
                 ctx,
             ),
@@ -321,6 +330,7 @@ impl Namespace {
         process_id: &str,
         ttl_s: u64,
         metadata: &Metadata,
+        owner: Option<u64>,
         last_lease_seq: &mut u64,
         ctx: &mut Ctx,
     ) -> Reply {
@@ -334,7 +344,7 @@ impl Namespace {
         };
         *last_lease_seq = seq;
         let expires_at = ctx.clock_ns.saturating_add(ttl_ns(ttl_s));
-        let lease = Lease::new(process_id, ttl_s, metadata, ctx.wall_ns, expires_at);
+        let lease = Lease::new(process_id, ttl_s, metadata, ctx.wall_ns, expires_at, owner);
         let view = lease.view(seq, ctx.times());
         self.add_lease(seq, lease, ctx);
         Ok(Outcome::Lease(view))

@@ -313,6 +313,40 @@ impl Auth {
             .collect()
     }
 
+    /// The id of the token with this hash, if the store knows it.
+    pub fn token_id(&self, hash: &TokenHash) -> Option<u64> {
+        self.by_hash.get(hash).copied()
+    }
+
+    /// Whether the caller (`token`, whose id is `caller`) may use lease `lease` of namespace
+    /// `ns`, created by token `owner`: always while access control is off; else only the owner,
+    /// or a token with admin on the namespace.
+    pub fn may_use_lease(
+        &self,
+        token: Option<&TokenHash>,
+        caller: Option<u64>,
+        ns: &str,
+        lease: &str,
+        owner: u64,
+    ) -> Result<(), Error> {
+        if !self.enabled || caller == Some(owner) {
+            return Ok(());
+        }
+        if self
+            .authorize(token, Access::Namespace(ns, Permission::Admin))
+            .is_ok()
+        {
+            return Ok(());
+        }
+        Err(Error {
+            kind: ErrorKind::PermissionDenied,
+            message: format!(
+                "lease {lease} belongs to another token: only it, or a token with admin on \
+                 namespace {ns}, may use it"
+            ),
+        })
+    }
+
     /// Whether a token with a `cluster_admin` role exists.
     fn has_admin_token(&self) -> bool {
         self.tokens

@@ -539,3 +539,105 @@ fn acquire_runs_jobs_without_changing_what_others_hold() {
     assert!(Permission::Write < Permission::Admin);
     assert_eq!(Permission::parse("acquire"), Ok(Permission::Acquire));
 }
+
+#[test]
+fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
+    // t=0   root (1); jobs A (2) and B (3) with acquire on a; admin of a (4); access on
+    let mut t = Timeline::new();
+    t.role("root", true);
+    t.token("root", 1);
+    t.role("job", false);
+    t.grant("job", "a", Permission::Acquire);
+    t.token("job", 2);
+    t.token("job", 3);
+    t.role("ns-admin", false);
+    t.grant("ns-admin", "a", Permission::Admin);
+    t.token("ns-admin", 4);
+    t.ok(Cmd::AuthEnable);
+    t.caller = Some(1);
+    t.ok(Cmd::CreateNamespace {
+        name: "a".into(),
+        description: String::new(),
+        metadata: Metadata::new(),
+    });
+    t.ok(Cmd::CreateSemaphore {
+        ns: "a".into(),
+        name: "s".into(),
+        description: String::new(),
+        permits: 2,
+        metadata: Metadata::new(),
+    });
+    // t=1s  A creates a lease and acquires with it                              -> ok
+    t.caller = Some(2);
+    let lease = match t.ok(Cmd::CreateLease {
+        ns: "a".into(),
+        process_id: "a".into(),
+        ttl_s: 60,
+        metadata: Metadata::new(),
+    }) {
+        Outcome::Lease(lease) => lease,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(lease.owner, Some(2));
+    let id = lease.lease_id;
+    let acquire = |lease: &str| Cmd::Acquire {
+        ns: "a".into(),
+        sem: "s".into(),
+        lease: lease.into(),
+        weight: 1,
+        wait_ns: 0,
+        metadata: Metadata::new(),
+    };
+    t.ok(acquire(&id));
+    // t=2s  B, with the same role, may not refresh, acquire with, release or revoke it
+    t.caller = Some(3);
+    for cmd in [
+        Cmd::RefreshLease {
+            ns: "a".into(),
+            lease: id.clone(),
+            ttl_s: 0,
+        },
+        acquire(&id),
+        Cmd::Release {
+            ns: "a".into(),
+            sem: "s".into(),
+            lease: id.clone(),
+        },
+        Cmd::RevokeLease {
+            ns: "a".into(),
+            lease: id.clone(),
+        },
+    ] {
+        let e = t.err(cmd);
+        assert_eq!(e.kind, ErrorKind::PermissionDenied);
+        assert!(
+            e.message.contains("belongs to another token"),
+            "{}",
+            e.message
+        );
+    }
+    // t=3s  the namespace's admin may (e.g. to clear a stuck job)               -> ok
+    t.caller = Some(4);
+    t.ok(Cmd::RevokeLease {
+        ns: "a".into(),
+        lease: id,
+    });
+    // A lease created without a token (access control off then) stays usable by any job.
+    t.caller = Some(1);
+    t.ok(Cmd::AuthDisable);
+    t.caller = None;
+    let open = match t.ok(Cmd::CreateLease {
+        ns: "a".into(),
+        process_id: "old".into(),
+        ttl_s: 60,
+        metadata: Metadata::new(),
+    }) {
+        Outcome::Lease(lease) => lease,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(open.owner, None);
+    t.caller = Some(1);
+    t.ok(Cmd::AuthEnable);
+    t.caller = Some(3);
+    t.ok(acquire(&open.lease_id));
+}

@@ -164,6 +164,9 @@ pub(super) struct Lease {
     pub(super) created_at: Nanos,
     pub(super) expires_at: Nanos,
     pub(super) ttl_s: u64,
+    /// The id of the token that created it (none: created without a known token). While
+    /// access control is on, only that token, or one with admin on the namespace, may use it.
+    pub(super) owner: Option<u64>,
     /// Derived: semaphores this lease holds.
     #[serde(skip)]
     pub(super) holds: BTreeSet<String>,
@@ -773,6 +776,7 @@ impl Lease {
         metadata: &Metadata,
         wall_ns: Nanos,
         expires_at: Nanos,
+        owner: Option<u64>,
     ) -> Self {
         Lease {
             process_id: process_id.to_string(),
@@ -780,6 +784,7 @@ impl Lease {
             created_at: wall_ns,
             expires_at,
             ttl_s,
+            owner,
             holds: BTreeSet::new(),
             waits: BTreeSet::new(),
         }

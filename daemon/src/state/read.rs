@@ -10,6 +10,7 @@
 
 use std::ops::Bound;
 
+use super::auth::TokenHash;
 use super::data::{Ctx, Lease, Namespace, Semaphore, State, Waiter, process_key};
 use super::lease_id::{lease_id, lease_seq};
 use super::paging::paginate;
@@ -116,6 +117,7 @@ impl Lease {
             created_at: self.created_at,
             expires_at: times.display(self.expires_at),
             ttl_s: self.ttl_s,
+            owner: self.owner,
         }
     }
 }
@@ -130,6 +132,12 @@ impl Namespace {
             updated_at: self.updated_at,
             version: self.version,
         }
+    }
+
+    /// The token that created lease `id`, if it is a lease of this namespace created with one.
+    pub(super) fn lease_owner(&self, id: &str) -> Option<u64> {
+        let seq = lease_seq(id)?;
+        self.leases().get(&seq)?.owner
     }
 
     /// The sequence number of a lease of this namespace, or `NotFound`.
@@ -355,6 +363,26 @@ impl State {
             .ok_or_else(|| lease_not_found(lease))
     }
 
+    /// Refuses `cmd` if it uses an existing lease that `token` may not use (see
+    /// [`Auth::may_use_lease`](super::auth::Auth::may_use_lease)).
+    pub fn may_use_lease(&self, token: Option<&TokenHash>, cmd: &Cmd) -> Result<(), Error> {
+        let Some((ns, lease)) = cmd.unwrapped().lease_used() else {
+            return Ok(());
+        };
+        let Some(owner) = self
+            .data
+            .namespaces
+            .get(ns)
+            .and_then(|n| n.lease_owner(lease))
+        else {
+            return Ok(());
+        };
+        let caller = token.and_then(|t| self.data.auth.token_id(t));
+        self.data
+            .auth
+            .may_use_lease(token, caller, ns, lease, owner)
+    }
+
     /// Leases in creation order; `process_id` filters when `Some`.
     pub fn list_leases(
         &self,
@@ -362,13 +390,25 @@ impl State {
         process_id: Option<&str>,
         page: &PageRequest,
     ) -> Result<Page<LeaseView>, Error> {
+        self.list_leases_visible(ns, process_id, page, |_| true)
+    }
+
+    /// [`State::list_leases`] of the leases whose owner `visible` admits, paged among
+    /// themselves.
+    pub fn list_leases_visible(
+        &self,
+        ns: &str,
+        process_id: Option<&str>,
+        page: &PageRequest,
+        visible: impl Fn(Option<u64>) -> bool + Copy,
+    ) -> Result<Page<LeaseView>, Error> {
         validate::name("namespace_name", ns)?;
         if let Some(process_id) = process_id {
             validate::process_id(process_id)?;
         }
         let namespace = self.namespace(ns)?;
         let (now_ns, times) = (self.data.clock_ns, self.times());
-        let alive = move |lease: &Lease| lease.expires_at > now_ns;
+        let alive = move |lease: &Lease| lease.expires_at > now_ns && visible(lease.owner);
         match process_id {
             None => paginate(page, |lo, hi| {
                 namespace

@@ -2451,15 +2451,15 @@ fn the_hash_and_the_encoded_bytes_are_pinned() {
         "7469657201310301fd00204aa9d1010000fd00204aa9d1010000fd00b47f20d2010000010102fd00",
         "eae4e4d101000001036a6f620234320102010203fd00b47f20d2010000fd007841cb020000000002",
         "0102fd00eae4e4d1010000fd00e40b54020000000002020108686f73742d612f3100fd00204aa9d1",
-        "010000fd005847f80d0000001e0208686f73742d622f3200fd00204aa9d1010000fd00c817a80400",
-        "00000a056f7468657202056f746865720000fd00204aa9d1010000fd00204aa9d101000001000000",
-        "00fd00b47f20d20100000000000000",
+        "010000fd005847f80d0000001e000208686f73742d622f3200fd00204aa9d1010000fd00c817a804",
+        "0000000a00056f7468657202056f746865720000fd00204aa9d1010000fd00204aa9d10100000100",
+        "000000fd00b47f20d20100000000000000",
     );
     let t = pinned_timeline();
     let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let data = bincode_options().serialize(&t.state.data).expect("encodes");
     assert_eq!(hex(&data), DATA);
-    assert_eq!(t.state.hash(), 0x5afc_09da_18f0_a2e3);
+    assert_eq!(t.state.hash(), 0xd1b8_e5e0_1f30_293f);
     assert_eq!(
         fnv1a64(&data),
         t.state.hash(),

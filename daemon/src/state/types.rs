@@ -172,6 +172,18 @@ pub enum Cmd {
 }
 
 impl Cmd {
+    /// The namespace and lease a command uses an existing lease of (refresh, revoke, acquire,
+    /// release): the commands only the lease's owner may make.
+    pub fn lease_used(&self) -> Option<(&str, &str)> {
+        match self {
+            Cmd::RefreshLease { ns, lease, .. }
+            | Cmd::RevokeLease { ns, lease }
+            | Cmd::Acquire { ns, lease, .. }
+            | Cmd::Release { ns, lease, .. } => Some((ns, lease)),
+            _ => None,
+        }
+    }
+
     /// The command inside an [`Cmd::As`], or this one.
     pub fn unwrapped(&self) -> &Cmd {
         match self {
@@ -354,6 +366,8 @@ pub struct LeaseView {
     /// has left on the lease clock.
     pub expires_at: Nanos,
     pub ttl_s: u64,
+    /// The id of the token that created it, if any (see [`Cmd::CreateLease`]).
+    pub owner: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
