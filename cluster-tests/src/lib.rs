@@ -92,6 +92,35 @@ fn conchd_command(args: &[String]) -> Command {
     command
 }
 
+/// Runs the `conch` CLI against `endpoints` with `args` and only the `CONCH_*` credentials in
+/// `env` (none inherited from this process), killed if it takes more than a minute; returns
+/// (exit code, stdout, stderr).
+pub async fn run_conch(
+    endpoints: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<(i32, String, String)> {
+    let mut command = tokio::process::Command::new(binary("conch"));
+    command
+        .args(args)
+        .env("CONCH_ENDPOINTS", endpoints)
+        .env_remove("CONCH_TOKEN")
+        .env_remove("CONCH_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .context("conch timed out")??;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
 /// Makes the process `command` starts die with the thread that spawns it, even if this
 /// process is killed before its destructors run (e.g. by `timeout` or SIGTERM).
 pub(crate) fn dies_with_spawner(command: &mut Command) {

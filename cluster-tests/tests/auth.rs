@@ -5,12 +5,11 @@
 //! applied index and state hash of every node are the same before and after.
 
 use std::os::unix::fs::PermissionsExt;
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use cluster_tests::net::NodeChannel as Channel;
-use cluster_tests::{Cluster, Daemon, binary, free_port, wait_for};
+use cluster_tests::{Cluster, Daemon, free_port, wait_for};
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_auth_client::ConchAuthClient;
 use conch_proto::conch::{
@@ -133,21 +132,28 @@ fn expect_code<T: std::fmt::Debug>(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_and_namespace_permissions_are_enforced_on_every_node() -> anyhow::Result<()> {
+/// `n` nodes whose peers share a secret, set up while access control is off with a
+/// cluster-admin token, then with access control on; returns the directory of the secret (keep
+/// it while the cluster runs), the cluster and the admin token.
+async fn cluster_with_admin(n: u64) -> anyhow::Result<(tempfile::TempDir, Cluster, String)> {
     let work = tempfile::tempdir()?;
     let secret = cluster_tests::auth::peer_secret_args(work.path())?;
     let secret: Vec<&str> = secret.iter().map(String::as_str).collect();
-    let mut cluster = Cluster::start_with(3, &secret).await?;
+    let mut cluster = Cluster::start_with(n, &secret).await?;
     let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
-
-    // Set up while access control is off: an administrator, then turn it on.
     create_role(&mut auth, None, "root", true, &[]).await?;
     let (_, admin) = create_token(&mut auth, None, "admin", "root").await?;
-    let admin = admin.as_str();
-    auth.auth_enable(with_token(AuthEnableRequest {}, Some(admin)))
+    auth.auth_enable(with_token(AuthEnableRequest {}, Some(&admin)))
         .await?;
-    cluster.set_admin_token(admin);
+    cluster.set_admin_token(&admin);
+    Ok((work, cluster, admin))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_namespace_permissions_are_enforced_on_every_node() -> anyhow::Result<()> {
+    let (_work, cluster, admin) = cluster_with_admin(3).await?;
+    let admin = admin.as_str();
+    let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
     let mut grackle = GrackleApiClient::new(channel(&cluster, 1)?);
     for ns in ["a", "b"] {
         let request = pb::CreateNamespaceRequest {
@@ -305,32 +311,13 @@ async fn tokens_and_namespace_permissions_are_enforced_on_every_node() -> anyhow
     Ok(())
 }
 
-/// Runs `conch` with `args` and `env`, killed if it takes too long; returns (code, stdout,
-/// stderr).
+/// Runs `conch` with `args` and `env` (no token inherited); returns (code, stdout, stderr).
 async fn conch(
     endpoint: &str,
     args: &[&str],
     env: &[(&str, &str)],
 ) -> anyhow::Result<(i32, String, String)> {
-    let mut command = tokio::process::Command::new(binary("conch"));
-    command
-        .args(args)
-        .env("CONCH_ENDPOINTS", endpoint)
-        .env_remove("CONCH_TOKEN")
-        .env_remove("CONCH_TOKEN_FILE")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
-        .await
-        .context("conch timed out")??;
-    Ok((
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    ))
+    cluster_tests::run_conch(endpoint, args, env).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -638,17 +625,9 @@ async fn teams_keep_to_their_namespaces_and_tokens_stay_secret() -> anyhow::Resu
 /// refusal changes nothing. The namespace's admin can clear a stuck job's lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_sharing_a_namespace_cannot_touch_each_others_slots() -> anyhow::Result<()> {
-    let work = tempfile::tempdir()?;
-    let secret = cluster_tests::auth::peer_secret_args(work.path())?;
-    let secret: Vec<&str> = secret.iter().map(String::as_str).collect();
-    let mut cluster = Cluster::start_with(3, &secret).await?;
-    let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
-    create_role(&mut auth, None, "root", true, &[]).await?;
-    let (_, admin) = create_token(&mut auth, None, "admin", "root").await?;
+    let (_work, cluster, admin) = cluster_with_admin(3).await?;
     let admin = admin.as_str();
-    auth.auth_enable(with_token(AuthEnableRequest {}, Some(admin)))
-        .await?;
-    cluster.set_admin_token(admin);
+    let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
     create_role(
         &mut auth,
         Some(admin),

@@ -1,36 +1,16 @@
 //! Operating a cluster: leader hints on every response, `conch cluster status` exit codes,
 //! `conch cluster snapshot` per node, and how fast a dead cluster is reported.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use cluster_tests::{Cluster, binary};
+use cluster_tests::Cluster;
 use conch_proto::grackle as pb;
 
 const EX_UNAVAILABLE: i32 = 69;
 
-/// Runs `conch` against `endpoints`, killed if it takes more than a minute; returns (code,
-/// stdout, stderr).
+/// Runs `conch` against `endpoints`; returns (code, stdout, stderr).
 async fn conch(endpoints: &str, args: &[&str]) -> anyhow::Result<(i32, String, String)> {
-    let mut command = tokio::process::Command::new(binary("conch"));
-    command
-        .arg("--endpoints")
-        .arg(endpoints)
-        .args(args)
-        .env_remove("CONCH_ENDPOINTS")
-        .env_remove("CONCH_TOKEN")
-        .env_remove("CONCH_TOKEN_FILE")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
-        .await
-        .context("conch timed out")??;
-    Ok((
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    ))
+    cluster_tests::run_conch(endpoints, args, &[]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -543,22 +543,7 @@ async fn a_revoked_token_cannot_write_through_a_lagging_follower() -> anyhow::Re
 /// Runs `conch` with `args` against `endpoint` and the admin token; returns (code, stdout,
 /// stderr).
 async fn conch_as_admin(endpoint: &str, args: &[&str]) -> anyhow::Result<(i32, String, String)> {
-    let mut command = tokio::process::Command::new(cluster_tests::binary("conch"));
-    command
-        .args(args)
-        .env("CONCH_ENDPOINTS", endpoint)
-        .env("CONCH_TOKEN", ADMIN)
-        .env_remove("CONCH_TOKEN_FILE")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
-        .await
-        .context("conch timed out")??;
-    Ok((
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    ))
+    cluster_tests::run_conch(endpoint, args, &[("CONCH_TOKEN", ADMIN)]).await
 }
 
 /// Access control turned off after the bootstrap, on a node started with the token file: an

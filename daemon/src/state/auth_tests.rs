@@ -88,9 +88,34 @@ impl Timeline {
         }
     }
 
+    /// A lease of namespace `ns`, created by the current caller.
+    fn lease(&mut self, ns: &str, process_id: &str) -> LeaseView {
+        match self.ok(Cmd::CreateLease {
+            ns: ns.into(),
+            process_id: process_id.into(),
+            ttl_s: 60,
+            metadata: Metadata::new(),
+        }) {
+            Outcome::Lease(lease) => lease,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
     fn check(&self, byte: Option<u8>, access: Access) -> Result<(), Denied> {
         let hash = byte.map(|b| [b; 32]);
         self.state.auth().authorize(hash.as_ref(), access)
+    }
+}
+
+/// Lease `lease` acquires one permit of semaphore `s` in namespace `a`, without waiting.
+fn acquire_one(lease: &str) -> Cmd {
+    Cmd::Acquire {
+        ns: "a".into(),
+        sem: "s".into(),
+        lease: lease.into(),
+        weight: 1,
+        wait_ns: 0,
+        metadata: Metadata::new(),
     }
 }
 
@@ -490,23 +515,8 @@ fn acquire_runs_jobs_without_changing_what_others_hold() {
     // t=1s  the job creates its semaphore on first use, a lease, and acquires   -> ok
     t.caller = Some(2);
     t.ok(semaphore(1));
-    let lease = match t.ok(Cmd::CreateLease {
-        ns: "a".into(),
-        process_id: "job".into(),
-        ttl_s: 30,
-        metadata: Metadata::new(),
-    }) {
-        Outcome::Lease(lease) => lease.lease_id,
-        other => panic!("unexpected {other:?}"),
-    };
-    t.ok(Cmd::Acquire {
-        ns: "a".into(),
-        sem: "s".into(),
-        lease: lease.clone(),
-        weight: 1,
-        wait_ns: 0,
-        metadata: Metadata::new(),
-    });
+    let lease = t.lease("a", "job").lease_id;
+    t.ok(acquire_one(&lease));
     // t=2s  it may not resize or delete a semaphore (others hold it)           -> refused
     let resize = Cmd::UpdateSemaphore {
         ns: "a".into(),
@@ -569,26 +579,10 @@ fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
     });
     // t=1s  A creates a lease and acquires with it                              -> ok
     t.caller = Some(2);
-    let lease = match t.ok(Cmd::CreateLease {
-        ns: "a".into(),
-        process_id: "a".into(),
-        ttl_s: 60,
-        metadata: Metadata::new(),
-    }) {
-        Outcome::Lease(lease) => lease,
-        other => panic!("unexpected {other:?}"),
-    };
+    let lease = t.lease("a", "a");
     assert_eq!(lease.owner, Some(2));
     let id = lease.lease_id;
-    let acquire = |lease: &str| Cmd::Acquire {
-        ns: "a".into(),
-        sem: "s".into(),
-        lease: lease.into(),
-        weight: 1,
-        wait_ns: 0,
-        metadata: Metadata::new(),
-    };
-    t.ok(acquire(&id));
+    t.ok(acquire_one(&id));
     // t=2s  B, with the same role, may not refresh, acquire with, release or revoke it
     t.caller = Some(3);
     for cmd in [
@@ -597,7 +591,7 @@ fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
             lease: id.clone(),
             ttl_s: 0,
         },
-        acquire(&id),
+        acquire_one(&id),
         Cmd::Release {
             ns: "a".into(),
             sem: "s".into(),
@@ -626,18 +620,10 @@ fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
     t.caller = Some(1);
     t.ok(Cmd::AuthDisable);
     t.caller = None;
-    let open = match t.ok(Cmd::CreateLease {
-        ns: "a".into(),
-        process_id: "old".into(),
-        ttl_s: 60,
-        metadata: Metadata::new(),
-    }) {
-        Outcome::Lease(lease) => lease,
-        other => panic!("unexpected {other:?}"),
-    };
+    let open = t.lease("a", "old");
     assert_eq!(open.owner, None);
     t.caller = Some(1);
     t.ok(Cmd::AuthEnable);
     t.caller = Some(3);
-    t.ok(acquire(&open.lease_id));
+    t.ok(acquire_one(&open.lease_id));
 }
