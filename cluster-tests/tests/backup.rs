@@ -211,6 +211,39 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
     }
     drop(old);
 
+    // A gzip-compressed backup (as `conch cluster backup - | gzip` makes one) says so, and
+    // what to do, instead of calling itself damaged.
+    let gz = work.path().join("cluster.backup.gz");
+    let compressed = std::process::Command::new("gzip")
+        .arg("-c")
+        .arg(&file)
+        .output()
+        .context("gzip")?;
+    ensure!(compressed.status.success(), "gzip: {compressed:?}");
+    std::fs::write(&gz, &compressed.stdout)?;
+    let (gz_arg, gz_dir) = (
+        gz.display().to_string(),
+        work.path().join("from-gz").display().to_string(),
+    );
+    let (code, _, stderr) = run(
+        "conchd",
+        &[
+            "restore",
+            &gz_arg,
+            "--data-dir",
+            &gz_dir,
+            "--id",
+            "1",
+            "--initial-cluster",
+            "1=127.0.0.1:7001",
+        ],
+    )
+    .await?;
+    ensure!(
+        code == 64 && stderr.contains("gzip-compressed: decompress it first"),
+        "restore of a gzipped backup: {code} {stderr}"
+    );
+
     // New members on new ports.
     let addrs: BTreeMap<u64, String> = (1..=3)
         .map(|id| (id, format!("127.0.0.1:{}", free_port())))

@@ -48,16 +48,36 @@ pub struct Header {
 /// Why bytes are not a usable backup file.
 #[derive(Debug, PartialEq, Eq)]
 pub enum BackupError {
-    TooShort { len: u64 },
-    Checksum { stored: String, computed: String },
+    /// The file is compressed (`format`), as `conch cluster backup - | gzip` makes it.
+    Compressed {
+        format: &'static str,
+        tool: &'static str,
+    },
+    TooShort {
+        len: u64,
+    },
+    Checksum {
+        stored: String,
+        computed: String,
+    },
     Magic,
-    Version { found: u32 },
-    Length { state_len: u64, present: u64 },
+    Version {
+        found: u32,
+    },
+    Length {
+        state_len: u64,
+        present: u64,
+    },
 }
 
 impl std::fmt::Display for BackupError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            BackupError::Compressed { format, tool } => write!(
+                f,
+                "this file is {format}-compressed: decompress it first (e.g. `{tool} -dk FILE`) \
+                 and restore the result"
+            ),
             BackupError::TooShort { len } => write!(
                 f,
                 "not a complete backup file ({len} bytes; at least {} expected)",
@@ -194,8 +214,12 @@ impl Verifier {
         }
     }
 
-    /// The checksum first, then the header and the lengths.
+    /// Compression first (a compressed file says so rather than "damaged"), then the
+    /// checksum, the header and the lengths.
     pub fn finish(self) -> Result<Verified, BackupError> {
+        if let Some((format, tool)) = compression(&self.head) {
+            return Err(BackupError::Compressed { format, tool });
+        }
         if self.len < (HEADER_LEN + TRAILER_LEN) as u64 {
             return Err(BackupError::TooShort { len: self.len });
         }
@@ -221,6 +245,21 @@ impl Verifier {
             len: self.len,
         })
     }
+}
+
+/// The compression a file starting with `head` is in, by its magic number, and the tool that
+/// undoes it: (gzip, gzip), (zstd, zstd), (xz, xz), (bzip2, bzip2).
+fn compression(head: &[u8]) -> Option<(&'static str, &'static str)> {
+    const KNOWN: [(&[u8], &str); 4] = [
+        (&[0x1f, 0x8b], "gzip"),
+        (&[0x28, 0xb5, 0x2f, 0xfd], "zstd"),
+        (&[0xfd, b'7', b'z', b'X', b'Z', 0x00], "xz"),
+        (b"BZh", "bzip2"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(magic, _)| head.starts_with(magic))
+        .map(|(_, name)| (*name, *name))
 }
 
 /// Checks a whole backup file; returns what it says and its state bytes.
@@ -252,6 +291,34 @@ mod tests {
         file.extend_from_slice(&state);
         file.extend_from_slice(&trailer);
         (header, file)
+    }
+
+    #[test]
+    fn a_compressed_file_says_so_and_how_to_undo_it() {
+        let (_, file) = sample();
+        for (magic, name) in [
+            (&[0x1f_u8, 0x8b][..], "gzip"),
+            (&[0x28, 0xb5, 0x2f, 0xfd][..], "zstd"),
+            (&[0xfd, b'7', b'z', b'X', b'Z', 0x00][..], "xz"),
+            (&b"BZh9"[..], "bzip2"),
+        ] {
+            let mut compressed = magic.to_vec();
+            compressed.extend_from_slice(&file[..100]);
+            let err = verify(&compressed).map(|_| ()).expect_err("compressed");
+            assert_eq!(
+                err,
+                BackupError::Compressed {
+                    format: name,
+                    tool: name
+                }
+            );
+            assert!(
+                err.to_string().starts_with(&format!(
+                    "this file is {name}-compressed: decompress it first"
+                )),
+                "{err}"
+            );
+        }
     }
 
     #[test]
