@@ -18,8 +18,22 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7001";
 pub const DEFAULT_DATA_DIR: &str = "conch-data";
 /// conchd's lifecycle at info; openraft's own election chatter only when something is wrong.
 pub const DEFAULT_LOG: &str = "info,openraft=warn";
-/// Prometheus metrics on loopback only, unless the operator says otherwise.
+/// Prometheus metrics on loopback only, unless the operator says otherwise: the default node's
+/// address (see [`default_metrics_listen`]).
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:7101";
+/// The default metrics port is the client port plus this, so nodes on one host do not collide.
+pub const METRICS_PORT_OFFSET: u16 = 100;
+
+/// Where `/metrics` is served when `--metrics-listen` is not given: on loopback, at the client
+/// port plus [`METRICS_PORT_OFFSET`] (7001 → 7101, 7004 → 7104); any free port when that is not
+/// a port (the client port is 0, or too high).
+pub fn default_metrics_listen(listen: SocketAddr) -> String {
+    let port = match listen.port() {
+        0 => 0,
+        port => port.checked_add(METRICS_PORT_OFFSET).unwrap_or(0),
+    };
+    format!("127.0.0.1:{port}")
+}
 
 /// conchd: a replicated semaphore daemon answering the Grackle semaphore API.
 ///
@@ -139,7 +153,8 @@ pub struct Flags {
     #[arg(long, env = "CONCH_CLUSTER_NAME")]
     pub cluster_name: Option<String>,
 
-    /// Serve Prometheus metrics over HTTP on host:port at /metrics [default: 127.0.0.1:7101];
+    /// Serve Prometheus metrics over HTTP on host:port at /metrics [default: 127.0.0.1 at the
+    /// --listen port + 100, e.g. 7101 for 7001];
     /// `off` serves none. /metrics has no access control: keep it on loopback or a
     /// monitoring network.
     #[arg(long, env = "CONCH_METRICS_LISTEN", help_heading = "Operations")]
@@ -407,7 +422,7 @@ impl Config {
         let metrics_text = flags
             .metrics_listen
             .or(file.metrics_listen)
-            .unwrap_or_else(|| DEFAULT_METRICS_LISTEN.to_string());
+            .unwrap_or_else(|| default_metrics_listen(listen));
         let metrics_listen = match metrics_text.trim() {
             "off" => None,
             text => Some(resolve(text).map_err(|e| {
@@ -1009,6 +1024,37 @@ mod tests {
         std::fs::rename(new_key, &key).expect("rename");
         std::fs::rename(new_cert, &cert).expect("rename");
         assert!(tls.reload(true).expect("valid again"));
+    }
+
+    #[test]
+    fn nodes_on_one_host_get_metrics_ports_of_their_own() {
+        let metrics = |listen: &str| {
+            Config::from_flags(Flags {
+                listen: Some(listen.into()),
+                ..Flags::default()
+            })
+            .expect("valid")
+            .metrics_listen
+            .map(|a| a.to_string())
+        };
+        assert_eq!(
+            metrics("127.0.0.1:7001").as_deref(),
+            Some(DEFAULT_METRICS_LISTEN)
+        );
+        assert_eq!(metrics("127.0.0.1:7004").as_deref(), Some("127.0.0.1:7104"));
+        // Metrics stay on loopback whatever the client address.
+        assert_eq!(
+            default_metrics_listen("10.0.0.1:7002".parse().expect("addr")),
+            "127.0.0.1:7102"
+        );
+        assert_eq!(
+            default_metrics_listen("127.0.0.1:0".parse().expect("addr")),
+            "127.0.0.1:0"
+        );
+        assert_eq!(
+            default_metrics_listen("127.0.0.1:65500".parse().expect("addr")),
+            "127.0.0.1:0"
+        );
     }
 
     #[test]
