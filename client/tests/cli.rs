@@ -301,7 +301,7 @@ async fn who_shows_holders_then_waiters_and_exits_by_occupancy() {
     let cluster = Cluster::start(1).await;
     let o = run(&cluster, &["sema", "video-encode", "--max", "2", "--who"]).await;
     assert_eq!(code(&o), 1, "nothing there yet: {}", stderr(&o));
-    assert_eq!(stdout(&o), "");
+    assert_eq!(stdout(&o), "video-encode[0/2] no holder\n");
 
     let (_c1, _l1) = hold(&cluster, "video-encode.2", 2, "node2", 4242).await;
     let (_c2, _l2) = hold(&cluster, "video-encode.2", 2, "node3", 991).await;

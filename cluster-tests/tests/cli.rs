@@ -651,7 +651,11 @@ async fn the_command_status_comes_back_and_signals_reach_it() -> anyhow::Result<
     assert_eq!(code, 127, "{err:?}");
     assert_eq!(err.lines().count(), 1, "{err:?}");
     let (code, out, _) = f.run(&["sema", "x", "--max", "1", "--who"]).await?;
-    assert_eq!((code, out.as_str()), (1, ""), "the slot was not released");
+    assert_eq!(
+        (code, out.as_str()),
+        (1, "x[0/1] no holder\n"),
+        "the slot was not released"
+    );
 
     // SIGTERM to conch reaches the command, which traps it and exits 42.
     let body = r#"trap 'echo term > "$T/marker"; exit 42' TERM; echo $$ > "$T/ready"; while :; do sleep 0.05; done"#;
@@ -1261,7 +1265,7 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
 
     // Nobody has used x[2] yet.
     let (code, out, err) = f.run(&["sema", "x", "--max", "2", "--who"]).await?;
-    assert_eq!((code, out.as_str()), (1, ""), "{err:?}");
+    assert_eq!((code, out.as_str()), (1, "x[0/2] no holder\n"), "{err:?}");
     let (code, out, err) = f
         .run(&["sema", "x", "--max", "2", "--who", "--json"])
         .await?;
@@ -1382,7 +1386,7 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
         p.expect_code(0, EXIT_TIMEOUT).await?;
     }
     let (code, out, err) = f.run(&["sema", "x", "--max", "2", "--who"]).await?;
-    assert_eq!((code, out.as_str()), (1, ""), "{err:?}");
+    assert_eq!((code, out.as_str()), (1, "x[0/2] no holder\n"), "{err:?}");
     let (code, out, _) = f
         .run(&["sema", "x", "--max", "2", "--who", "--json"])
         .await?;

@@ -113,9 +113,13 @@ fn init_logging(verbose: u8) {
         }),
     };
     let filter = filter.unwrap_or_else(|_| EnvFilter::new("off"));
+    // Colour only on a terminal, and never with NO_COLOR set (no-color.org).
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .try_init();
 }
 

@@ -216,7 +216,16 @@ pub async fn run(
     if json {
         crate::print_lines([serde_json::to_string_pretty(&who)?])?;
     } else {
-        crate::print_lines(render_lines(&who))?;
+        let lines = render_lines(&who);
+        if lines.is_empty() {
+            // Said, not left to a silent exit 1.
+            crate::print_lines([format!(
+                "{}[{}/{}] no holder",
+                who.name, who.active_holds, who.max
+            )])?;
+        } else {
+            crate::print_lines(lines)?;
+        }
     }
     Ok(exit_code(&who))
 }
