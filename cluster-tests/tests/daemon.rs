@@ -136,6 +136,15 @@ async fn bad_flags_exit_64() -> anyhow::Result<()> {
     let stderr = daemon.stderr();
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("--id"), "names the flag: {stderr}");
+    // A bad value from the environment names the variable it came from.
+    let mut daemon = Daemon::spawn_with_env(&[], dir.path(), &[("CONCH_ID", "x")])?;
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
+    let stderr = daemon.stderr();
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("set by the environment variable CONCH_ID"),
+        "names the variable: {stderr}"
+    );
     let mut daemon = Daemon::spawn(&["--no-such-flag"], dir.path())?;
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
     let stderr = daemon.stderr();

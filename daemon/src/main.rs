@@ -146,7 +146,28 @@ fn usage_line(e: &clap::Error) -> String {
     } else {
         message
     };
-    format!("{message} (see conchd --help)")
+    match from_environment(e) {
+        Some(variable) => format!("{message}, set by the environment variable {variable}"),
+        None => format!("{message} (see conchd --help)"),
+    }
+}
+
+/// The environment variable a refused value came from, when it came from one: the flag clap
+/// names is not on the command line and its variable is set.
+fn from_environment(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::String(invalid)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let long = invalid.split_whitespace().next()?.strip_prefix("--")?;
+    let command = Flags::command();
+    let arg = command
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))?;
+    let variable = arg.get_env()?.to_string_lossy().into_owned();
+    let on_command_line =
+        std::env::args().any(|a| a == format!("--{long}") || a.starts_with(&format!("--{long}=")));
+    (!on_command_line && std::env::var_os(&variable).is_some()).then_some(variable)
 }
 
 /// The error and its causes on one line, each cause said once (a message that already quotes
