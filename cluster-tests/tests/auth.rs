@@ -776,3 +776,44 @@ async fn jobs_sharing_a_namespace_cannot_touch_each_others_slots() -> anyhow::Re
         .await?;
     Ok(())
 }
+
+/// Health and status answer any known token (as etcd's endpoint health needs no rights); with
+/// no token, or an unknown one, they say the call was refused and exit 77, not "no node
+/// answered".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_needs_a_token_not_the_most_powerful_one() -> anyhow::Result<()> {
+    let (_work, cluster, admin) = cluster_with_admin(3).await?;
+    let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
+    create_role(
+        &mut auth,
+        Some(&admin),
+        "jobs",
+        false,
+        &[("conch", "acquire")],
+    )
+    .await?;
+    let (_, jobs) = create_token(&mut auth, Some(&admin), "job", "jobs").await?;
+    let endpoints = cluster.endpoints().join(",");
+    for command in [&["cluster", "health"][..], &["cluster", "status"][..]] {
+        let (code, out, err) =
+            conch(&endpoints, command, &[("CONCH_TOKEN", jobs.as_str())]).await?;
+        ensure!(
+            code == 0,
+            "{command:?} with a jobs token: {code} {out} {err}"
+        );
+        for (what, env) in [
+            ("no token", &[][..]),
+            (
+                "an unknown token",
+                &[("CONCH_TOKEN", "conch_0123456789abcdef0123456789abcdef")][..],
+            ),
+        ] {
+            let (code, out, err) = conch(&endpoints, command, env).await?;
+            ensure!(
+                code == EX_NO_PERMISSION && err.contains("refused by"),
+                "{command:?} with {what}: {code} {out} {err}"
+            );
+        }
+    }
+    Ok(())
+}

@@ -36,6 +36,9 @@ pub struct Row {
     pub status: Option<NodeStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The node answered, refusing the call (no token, or an unknown or revoked one).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -256,10 +259,15 @@ async fn ask_all(client: &Client, endpoints: Vec<String>) -> Vec<Row> {
                     endpoint,
                     status: Some(s.into()),
                     error: None,
+                    refused: false,
                 },
                 Err(e) => Row {
                     endpoint,
                     status: None,
+                    refused: matches!(
+                        e.code(),
+                        Some(tonic::Code::Unauthenticated | tonic::Code::PermissionDenied)
+                    ),
                     error: Some(short_error(&e)),
                 },
             };
@@ -313,8 +321,26 @@ pub async fn gather(client: &Client) -> Vec<Row> {
     rows
 }
 
+/// When no node answered and every one that was reached refused the call: the refusal, to be
+/// reported as one (exit 77), not as an outage.
+pub fn refusal(rows: &[Row]) -> Option<String> {
+    let answered = rows.iter().any(|r| r.status.is_some());
+    let refused = rows.iter().find(|r| r.refused)?;
+    (!answered).then(|| {
+        format!(
+            "refused by {}: {}",
+            refused.endpoint,
+            refused.error.as_deref().unwrap_or("access denied")
+        )
+    })
+}
+
 pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     let rows = gather(client).await;
+    if let Some(refused) = refusal(&rows) {
+        eprintln!("conch: {refused}");
+        return Ok(ExitCode::from(crate::exit::NO_PERMISSION));
+    }
     if json {
         crate::print_lines([serde_json::to_string_pretty(&rows)?])?;
     } else {
@@ -507,6 +533,7 @@ mod tests {
                 .into(),
             ),
             error: None,
+            refused: false,
         }
     }
 
@@ -519,6 +546,7 @@ mod tests {
                 endpoint: "127.0.0.1:7003".into(),
                 status: None,
                 error: Some("connection refused".into()),
+                refused: false,
             },
         ];
         assert_eq!(

@@ -193,7 +193,12 @@ pub fn evaluate(rows: &[Row]) -> Health {
 }
 
 pub async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
-    let health = evaluate(&crate::cluster::gather(client).await);
+    let rows = crate::cluster::gather(client).await;
+    if let Some(refused) = crate::cluster::refusal(&rows) {
+        eprintln!("conch: {refused}");
+        return Ok(ExitCode::from(crate::exit::NO_PERMISSION));
+    }
+    let health = evaluate(&rows);
     let line = if json {
         serde_json::to_string(&health)?
     } else {
@@ -234,6 +239,7 @@ mod tests {
                 problems: Vec::new(),
             }),
             error: None,
+            refused: false,
         }
     }
 
@@ -242,6 +248,7 @@ mod tests {
             endpoint: format!("127.0.0.1:700{id}"),
             status: None,
             error: Some("connection refused".into()),
+            refused: false,
         }
     }
 
@@ -274,6 +281,23 @@ mod tests {
         let h = evaluate(&[behind, node(2, 1, 3, 5000), node(3, 1, 3, 10)]);
         assert_eq!(h.status, Level::Degraded, "{}", h.summary);
         assert_eq!(h.catching_up, vec![3]);
+    }
+
+    #[test]
+    fn a_refusal_is_a_refusal_only_when_no_node_answered() {
+        let refused = || {
+            let mut row = down(1);
+            row.refused = true;
+            row.error = Some("unknown or revoked token".into());
+            row
+        };
+        let said = crate::cluster::refusal(&[refused(), down(2)]).expect("a refusal");
+        assert!(said.contains("unknown or revoked token"), "{said}");
+        assert_eq!(
+            crate::cluster::refusal(&[refused(), node(2, 2, 3, 5)]),
+            None
+        );
+        assert_eq!(crate::cluster::refusal(&[down(1), down(2)]), None);
     }
 
     #[test]
