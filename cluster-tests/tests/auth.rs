@@ -359,6 +359,18 @@ async fn a_bootstrap_token_file_turns_access_control_on_and_the_cli_uses_tokens(
         "auth status: {code} {out} {err}"
     );
 
+    // Granting to a role that does not exist is refused as such (65), not as an internal error.
+    let (code, _, err) = conch(
+        &endpoint,
+        &["auth", "role", "grant", "nosuch", "conch", "acquire"],
+        &admin_env,
+    )
+    .await?;
+    ensure!(
+        code == 65 && err.contains("not found"),
+        "grant to a missing role: {code} {err}"
+    );
+
     // A role with write on the CLI's namespace, and a token for it, through the CLI.
     for args in [
         &["auth", "role", "create", "ci"][..],

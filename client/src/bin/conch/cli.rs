@@ -43,7 +43,7 @@ Exit status:
   70                internal error (unexpected answer from the cluster), or the semaphore
                     no longer has N permits (changed through the API)
   75                no slot within --wait (at once with --nonblock)
-  77                access control: no token, an unknown or revoked one, no write
+  77                access control: no token, an unknown or revoked one, no acquire
                     permission on the namespace, or a namespace that does not exist and
                     that this token may not create
   79                slot lost while running: lease lost, semaphore deleted or resized
@@ -404,8 +404,9 @@ Tokens: --out writes one to a file only its owner may read; conch refuses a --to
 CONCH_TOKEN). The command run by `conch sema` and `conch elect` does not see CONCH_TOKEN,
 CONCH_TOKEN_FILE, CONCH_CERT or CONCH_KEY.
 
-Exit status: 0 done, 64 refused request (e.g. enable without a cluster-admin token), 69 no
-conch node answered, 77 no token, an unknown or revoked one, or one without the permission.";
+Exit status: 0 done, 64 refused request (e.g. enable without a cluster-admin token), 65 a role
+or token that does not exist (or already does), 69 no conch node answered, 77 no token, an
+unknown or revoked one, or one without the permission.";
 
 #[derive(Debug, Subcommand)]
 pub enum AuthCommand {

@@ -5,7 +5,8 @@
 //! | the command's | the command ran; 128+N if it was killed by signal N |
 //! | 0 / 1 | `--who`: somebody holds / nobody holds |
 //! | 0 / 1 / 2 | `cluster status`: every node up with a leader / degraded, the leader answered / no leader or no node answered |
-//! | 64 | usage error (EX_USAGE), including `--token` on the command line and a `--token-file` or `--key` that group or others may read |
+//! | 64 | usage error (EX_USAGE): a bad flag or value, or a request the cluster refuses as invalid or not possible now (`INVALID_ARGUMENT`, `FAILED_PRECONDITION`), including `--token` on the command line and a `--token-file` or `--key` that group or others may read |
+//! | 65 | the cluster refused what was asked: something named does not exist (`NOT_FOUND`) or already exists (`ALREADY_EXISTS`) (EX_DATAERR) |
 //! | 69 | no conch node answered (EX_UNAVAILABLE) |
 //! | 70 | internal error: an answer conch cannot use, or a semaphore without the `--max` permits it should have (EX_SOFTWARE) |
 //! | 75 | no slot within `--wait` (EX_TEMPFAIL) |
@@ -18,6 +19,8 @@ use std::process::ExitStatus;
 use tonic::Code;
 
 pub const USAGE: u8 = 64;
+/// The cluster refused what was asked: absent, or a duplicate.
+pub const REFUSED: u8 = 65;
 pub const UNAVAILABLE: u8 = 69;
 pub const SOFTWARE: u8 = 70;
 pub const NO_SLOT: u8 = 75;
@@ -75,6 +78,7 @@ fn code_for_client_error(e: &conch_client::Error) -> u8 {
         {
             NO_PERMISSION
         }
+        E::NotFound { .. } | E::AlreadyExists { .. } => REFUSED,
         E::InvalidToken { .. } => USAGE,
         _ => SOFTWARE,
     }
@@ -170,8 +174,16 @@ mod tests {
         assert_eq!(code_for(&anyhow::Error::new(full)), NO_SLOT);
         let internal = conch_client::Error::from_status("acquire", tonic::Status::internal("x"));
         assert_eq!(code_for(&anyhow::Error::new(internal)), SOFTWARE);
-        let gone = conch_client::Error::from_status("get", tonic::Status::not_found("x"));
-        assert_eq!(code_for(&anyhow::Error::new(gone)), SOFTWARE);
+        // Refusals of what was asked, one code for all three.
+        for status in [
+            tonic::Status::not_found("role nosuch not found"),
+            tonic::Status::already_exists("x"),
+        ] {
+            let refused = conch_client::Error::from_status("role grant", status);
+            assert_eq!(code_for(&anyhow::Error::new(refused)), REFUSED);
+        }
+        let denied = conch_client::Error::from_status("get", tonic::Status::permission_denied("x"));
+        assert_eq!(code_for(&anyhow::Error::new(denied)), NO_PERMISSION);
         assert_eq!(code_for(&usage("bad name")), USAGE);
         assert_eq!(code_for(&anyhow::anyhow!("something else")), SOFTWARE);
     }
