@@ -16,8 +16,12 @@ use crate::tls::{Tls, TlsFiles};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7001";
 pub const DEFAULT_DATA_DIR: &str = "conch-data";
-/// conchd's lifecycle at info; openraft's own election chatter only when something is wrong.
-pub const DEFAULT_LOG: &str = "info,openraft=warn";
+/// conchd's lifecycle at info; openraft's own election chatter only when something is wrong,
+/// and not its line per retry to an unreachable peer (conchd says that once per 30 s itself).
+pub const DEFAULT_LOG: &str = concat!(
+    "info,openraft=warn,openraft::replication=off,",
+    "openraft::engine::handler::replication_handler=error"
+);
 /// Prometheus metrics on loopback only, unless the operator says otherwise: the default node's
 /// address (see [`default_metrics_listen`]).
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:7101";
@@ -107,7 +111,8 @@ pub struct Flags {
     #[arg(long, env = "CONCH_LEADER_WAIT_MS")]
     pub leader_wait_ms: Option<u64>,
 
-    /// Log filter [default: info,openraft=warn], e.g. debug, or conchd=debug,openraft=info.
+    /// Log filter, e.g. debug, or conchd=debug,openraft=info [default: info,openraft=warn, and
+    /// openraft's line per retry to an unreachable peer off: conchd says it every 30 s].
     #[arg(long, env = "CONCH_LOG")]
     pub log: Option<String>,
 

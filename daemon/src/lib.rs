@@ -14,6 +14,7 @@ pub mod data_dir;
 pub mod embed;
 pub mod expiry;
 pub mod identity;
+pub mod log_limit;
 pub mod metrics;
 pub mod node;
 pub mod notify;

@@ -34,6 +34,7 @@ use crate::applied::AppliedState;
 use crate::clock::{LeaseClock, wall_ns};
 use crate::config::Config;
 use crate::identity::ClusterId;
+use crate::log_limit::LogLimit;
 use crate::metrics::Metrics;
 use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, peer_client};
 use crate::raft::{NodeId, Raft};
@@ -113,31 +114,6 @@ pub struct Node {
     pub tasks: Tasks,
     /// Whether this node was removed from the cluster (see `removal.rs`).
     pub removal: crate::removal::Removal,
-}
-
-/// Lets a repeated warning through at most once per interval.
-pub struct LogLimit {
-    every: Duration,
-    last: Mutex<Option<std::time::Instant>>,
-}
-
-impl LogLimit {
-    pub fn new(every: Duration) -> LogLimit {
-        LogLimit {
-            every,
-            last: Mutex::new(None),
-        }
-    }
-
-    /// Whether to log now (and if so, the next one waits a full interval).
-    pub fn due(&self) -> bool {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_some_and(|at| at.elapsed() < self.every) {
-            return false;
-        }
-        *last = Some(std::time::Instant::now());
-        true
-    }
 }
 
 /// The one record of "a new term's first batch extends every lease": the term in which this

@@ -26,6 +26,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::{NodeId, TypeConfig};
 use crate::config::Config;
 use crate::identity::{ClusterId, PeerStamp, WithClusterId};
+use crate::log_limit::LogLimits;
 use crate::tls::Tls;
 
 /// Largest peer message accepted or sent (snapshot chunks and entry batches stay below it).
@@ -99,7 +100,12 @@ pub struct PeerNetwork {
     connect_timeout: Duration,
     routes: Arc<BTreeMap<NodeId, String>>,
     dialer: PeerDialer,
+    /// An unreachable peer is said once per interval, not at every retry.
+    unreachable: Arc<LogLimits<NodeId>>,
 }
+
+/// How often an unreachable peer is logged while it stays unreachable.
+const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(30);
 
 impl PeerNetwork {
     /// `routes` overrides the advertised address of some peers (see `--peer-routes`).
@@ -112,6 +118,7 @@ impl PeerNetwork {
             connect_timeout,
             routes,
             dialer,
+            unreachable: Arc::new(LogLimits::new(UNREACHABLE_LOG_EVERY)),
         }
     }
 }
@@ -129,6 +136,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             target,
             node: node.clone(),
             client,
+            unreachable: Arc::clone(&self.unreachable),
         }
     }
 }
@@ -138,6 +146,7 @@ pub struct PeerConnection {
     target: NodeId,
     node: BasicNode,
     client: Result<ConchPeerClient<PeerChannel>, tonic::transport::Error>,
+    unreachable: Arc<LogLimits<NodeId>>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
@@ -179,6 +188,17 @@ impl PeerConnection {
             Err(status) => {
                 return Err(match status.code() {
                     tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown => {
+                        // Expected while a peer restarts: one line per interval, not openraft's
+                        // line per retry (which the default log filter leaves out).
+                        if self.unreachable.due(self.target) {
+                            tracing::warn!(
+                                node = self.target,
+                                addr = %self.node.addr,
+                                error = status.message(),
+                                "peer unreachable; retrying (said again every {} s while it lasts)",
+                                UNREACHABLE_LOG_EVERY.as_secs()
+                            );
+                        }
                         RPCError::Unreachable(Unreachable::new(&status))
                     }
                     _ => RPCError::Network(NetworkError::new(&status)),
