@@ -4,7 +4,8 @@
 #   scripts/cluster.sh start-secure DIR   the same with TLS, client certificates, peer mutual
 #                                         TLS and access control; certificates and the admin
 #                                         token made under DIR/certs if absent
-#   scripts/cluster.sh stop DIR           stops exactly the processes recorded in DIR/pids
+#   scripts/cluster.sh stop DIR           stops the nodes serving DIR/node1-3: those recorded in
+#                                         DIR/pids and any restarted there by hand
 # CONCH_CLUSTER_PORT sets the first port (default 7001; the nodes take it and the next two).
 # CONCH_METRICS_PORT sets the first Prometheus metrics port (default 7101; 0: any free port).
 set -euo pipefail
@@ -81,24 +82,54 @@ start | start-secure)
   fi
   ;;
 stop)
-  if [ ! -s "$dir/pids" ]; then
-    echo "cluster: nothing recorded in $dir/pids"
-    exit 0
+  # A live conchd (a zombie, exited but not yet reaped by its parent, is not).
+  alive() {
+    [ "$(cat /proc/"$1"/comm 2>/dev/null)" = "conchd" ] &&
+      [ "$(awk '{print $3}' /proc/"$1"/stat 2>/dev/null)" != "Z" ]
+  }
+  # The conchd processes serving this cluster's data directories: those recorded at start,
+  # and any started on DIR/nodeN since (a node restarted by hand).
+  targets=()
+  if [ -s "$dir/pids" ]; then
+    for pid in $(cat "$dir/pids"); do
+      if alive "$pid"; then
+        targets+=("$pid")
+      else
+        echo "cluster: pid $pid (started by this script) was no longer running"
+      fi
+    done
   fi
-  for pid in $(cat "$dir/pids"); do
-    # Only signal processes that are still the conchd we started.
-    if [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = "conchd" ]; then
-      kill -TERM "$pid"
+  for proc in /proc/[0-9]*; do
+    pid=${proc#/proc/}
+    alive "$pid" || continue
+    case " ${targets[*]-} " in *" $pid "*) continue ;; esac
+    if tr '\0' ' ' <"$proc/cmdline" 2>/dev/null | grep -q -- "--data-dir $dir/node[0-9]"; then
+      echo "cluster: pid $pid serves a node of $dir but was started by hand; stopping it too"
+      targets+=("$pid")
     fi
   done
-  for pid in $(cat "$dir/pids"); do
+  if [ "${#targets[@]}" = 0 ]; then
+    rm -f "$dir/pids"
+    echo "cluster: nothing of $dir was running"
+    exit 0
+  fi
+  for pid in "${targets[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  left=()
+  for pid in "${targets[@]}"; do
     for _ in $(seq 50); do
-      [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = "conchd" ] || break
+      alive "$pid" || break
       sleep 0.1
     done
+    if alive "$pid"; then left+=("$pid"); fi
   done
   rm -f "$dir/pids"
-  echo "cluster: stopped (data kept in $dir)"
+  if [ "${#left[@]}" != 0 ]; then
+    echo "cluster: pids ${left[*]} did not stop within 5 s (kill -9 them)" >&2
+    exit 1
+  fi
+  echo "cluster: stopped ${#targets[@]} node(s) (data kept in $dir)"
   ;;
 *)
   echo "usage: $0 start|start-secure|stop [DIR]" >&2
