@@ -94,8 +94,11 @@ async fn counters_move_as_the_operations_did() -> anyhow::Result<()> {
             let mut all = Vec::new();
             for id in &ids {
                 let s = scrape_node(&cluster, *id).await.ok()?;
+                // The counters and the gauges are read from two places (what applying counted,
+                // the applied state): wait until one scrape shows both after the expiry.
                 if s.value("conch_grants_total") != 3.0
                     || s.value("conch_lease_expirations_total") != 1.0
+                    || s.value("conch_leases") != 2.0
                 {
                     return None;
                 }
