@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use cluster_tests::jepsen::adversary::{auth_disable_proposal, create_namespace_proposal};
 use cluster_tests::net::{NodeChannel as Channel, lazy_channel};
 use cluster_tests::{Cluster, Daemon, free_port, wait_for};
 use conch_proto::conch::conch_auth_client::ConchAuthClient;
@@ -48,21 +49,55 @@ fn secured(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
     Ok(args)
 }
 
+/// `n` loopback addresses on free ports.
+fn free_addrs(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect()
+}
+
+/// `1=addr1,2=addr2,…`, as `--initial-cluster` takes them.
+fn members_of(addrs: &[String]) -> String {
+    addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The flags of node `id` listening on `listen`, its data in `node<id>` under the working
+/// directory, metrics off, then `extra`.
+fn node_args(id: usize, listen: &str, members: &str, extra: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--id",
+        &id.to_string(),
+        "--listen",
+        listen,
+        "--data-dir",
+        &format!("node{id}"),
+        "--initial-cluster",
+        members,
+        "--metrics-listen",
+        "off",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().cloned());
+    args
+}
+
+fn spawn(args: &[String], dir: &std::path::Path) -> anyhow::Result<Daemon> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Daemon::spawn(&args, dir)
+}
+
 async fn auth_enabled(channel: Channel) -> anyhow::Result<bool> {
     let mut auth = ConchAuthClient::new(channel);
     let status = auth
         .auth_status(with_token(AuthStatusRequest {}, Some(ADMIN)))
         .await?;
     Ok(status.into_inner().enabled)
-}
-
-/// A peer message as a forger would send it: bincode of `Vec<Cmd>` holding one `AuthDisable`
-/// (a u64 length, then the variant's u32 index).
-fn forged_auth_disable() -> Vec<u8> {
-    const AUTH_DISABLE: u32 = 16;
-    let mut payload = 1u64.to_le_bytes().to_vec();
-    payload.extend(AUTH_DISABLE.to_le_bytes());
-    payload
 }
 
 fn peer_request(payload: Vec<u8>, headers: &[(&'static str, &str)]) -> Request<PeerMessage> {
@@ -136,7 +171,7 @@ async fn access_control_without_peer_authentication_cannot_exist() -> anyhow::Re
     let cluster_id = cluster.status(1).await?.cluster_id;
     let mut peer = ConchPeerClient::new(cluster.channel(1).context("node 1")?);
     peer.propose(peer_request(
-        forged_create_namespace("forged"),
+        create_namespace_proposal("forged"),
         &[("conch-cluster-id", &cluster_id)],
     ))
     .await?;
@@ -147,18 +182,6 @@ async fn access_control_without_peer_authentication_cannot_exist() -> anyhow::Re
         .await
         .context("the forged namespace exists")?;
     Ok(())
-}
-
-/// bincode of `Vec<Cmd>` holding one `CreateNamespace { name, "", {} }`.
-fn forged_create_namespace(name: &str) -> Vec<u8> {
-    const CREATE_NAMESPACE: u32 = 0;
-    let mut payload = 1u64.to_le_bytes().to_vec();
-    payload.extend(CREATE_NAMESPACE.to_le_bytes());
-    payload.extend((name.len() as u64).to_le_bytes());
-    payload.extend(name.as_bytes());
-    payload.extend(0u64.to_le_bytes()); // description
-    payload.extend(0u64.to_le_bytes()); // metadata
-    payload
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +227,7 @@ async fn the_peer_service_answers_only_members() -> anyhow::Result<()> {
                 ),
                 (
                     "Propose [AuthDisable]",
-                    peer.propose(peer_request(forged_auth_disable(), headers))
+                    peer.propose(peer_request(auth_disable_proposal(), headers))
                         .await,
                 ),
             ] {
@@ -249,43 +272,21 @@ async fn the_bootstrap_completes_whenever_the_first_node_was_stopped() -> anyhow
     ] {
         let work = tempfile::tempdir()?;
         let auth_args = secured(work.path())?;
-        let addrs: Vec<String> = (0..3)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
-            .collect();
-        let members = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| format!("{}={a}", i + 1))
-            .collect::<Vec<_>>()
-            .join(",");
-        let args = |id: usize| -> Vec<String> {
-            let mut args = vec![
-                "--id".to_string(),
-                (id + 1).to_string(),
-                "--listen".into(),
-                addrs[id].clone(),
-                "--data-dir".into(),
-                format!("node{}", id + 1),
-                "--initial-cluster".into(),
-                members.clone(),
-                "--metrics-listen".into(),
-                "off".into(),
-            ];
-            args.extend(auth_args.iter().cloned());
-            args
-        };
-        let spawn = |id: usize| {
-            let args = args(id);
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            Daemon::spawn(&args, work.path())
+        let addrs = free_addrs(3);
+        let members = members_of(&addrs);
+        let start = |i: usize| {
+            spawn(
+                &node_args(i + 1, &addrs[i], &members, &auth_args),
+                work.path(),
+            )
         };
         {
-            let mut first = spawn(0)?;
+            let mut first = start(0)?;
             tokio::time::sleep(Duration::from_millis(after_ms)).await;
             first.signal(signal);
             first.wait_exit(SHOW_UP).await?;
         }
-        let _nodes = [spawn(0)?, spawn(1)?, spawn(2)?];
+        let _nodes = [start(0)?, start(1)?, start(2)?];
         let case = format!("{signal:?} after {after_ms} ms");
         for addr in &addrs {
             let ch = lazy_channel(addr)?;
@@ -325,37 +326,17 @@ async fn the_bootstrap_completes_whenever_the_first_node_was_stopped() -> anyhow
 async fn peers_on_their_own_port() -> anyhow::Result<()> {
     let work = tempfile::tempdir()?;
     let secret = cluster_tests::auth::peer_secret_args(work.path())?;
-    let client: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let peer: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let members = peer
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("{}={a}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
+    let client = free_addrs(3);
+    let peer = free_addrs(3);
+    let members = members_of(&peer);
     let mut nodes = Vec::new();
-    for id in 0..3 {
-        let mut args = vec![
-            "--id".to_string(),
-            (id + 1).to_string(),
-            "--listen".into(),
-            client[id].clone(),
-            "--peer-listen".into(),
-            peer[id].clone(),
-            "--data-dir".into(),
-            format!("node{}", id + 1),
-            "--initial-cluster".into(),
-            members.clone(),
-            "--metrics-listen".into(),
-            "off".into(),
-        ];
-        args.extend(secret.iter().cloned());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        nodes.push(Daemon::spawn(&args, work.path())?);
+    for i in 0..3 {
+        let mut extra = vec!["--peer-listen".to_string(), peer[i].clone()];
+        extra.extend(secret.iter().cloned());
+        nodes.push(spawn(
+            &node_args(i + 1, &client[i], &members, &extra),
+            work.path(),
+        )?);
     }
     // Writes through every node's client port; each answer names the leader's client port.
     for (i, addr) in client.iter().enumerate() {

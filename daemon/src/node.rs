@@ -112,6 +112,8 @@ pub struct Node {
     pub peer_refusals: LogLimit,
     /// Every task this node runs; stopped with it (see `tasks.rs`).
     pub tasks: Tasks,
+    /// The peer secret as peer calls carry it (`--peer-secret-file`), made once.
+    pub peer_secret_header: Option<String>,
     /// Whether this node was removed from the cluster (see `removal.rs`).
     pub removal: crate::removal::Removal,
 }
@@ -145,6 +147,10 @@ impl Node {
         metrics: Arc<Metrics>,
     ) -> Arc<Node> {
         let dialer = PeerDialer::of(&config, Arc::clone(&cluster_id));
+        let peer_secret_header = config
+            .peer_secret
+            .as_ref()
+            .map(crate::identity::secret_header);
         let (proposals, proposal_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (to_forward, forward_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (reads, read_rx) = mpsc::channel(BATCH_MAX_CMDS);
@@ -165,6 +171,7 @@ impl Node {
             client_addrs: Mutex::new(BTreeMap::new()),
             peer_refusals: LogLimit::new(Duration::from_secs(10)),
             tasks: Tasks::new(),
+            peer_secret_header,
             removal: crate::removal::Removal::default(),
         });
         node.tasks

@@ -74,17 +74,25 @@ fn bincode_str(text: &str) -> Vec<u8> {
     bytes
 }
 
-fn payload(forgery: Forgery, n: u64) -> Vec<u8> {
+/// A forged `ConchPeer/Propose` payload: `CreateNamespace { name, "", {} }`.
+pub fn create_namespace_proposal(name: &str) -> Vec<u8> {
     const CREATE_NAMESPACE: u32 = 0;
+    let mut fields = bincode_str(name);
+    fields.extend(0u64.to_le_bytes()); // description
+    fields.extend(0u64.to_le_bytes()); // metadata
+    one_cmd(CREATE_NAMESPACE, &fields)
+}
+
+/// A forged `ConchPeer/Propose` payload: `AuthDisable`.
+pub fn auth_disable_proposal() -> Vec<u8> {
     const AUTH_DISABLE: u32 = 16;
+    one_cmd(AUTH_DISABLE, &[])
+}
+
+fn payload(forgery: Forgery, n: u64) -> Vec<u8> {
     match forgery {
-        Forgery::ProposeNamespace => {
-            let mut fields = bincode_str(&format!("{PREFIX}{n}"));
-            fields.extend(0u64.to_le_bytes()); // description
-            fields.extend(0u64.to_le_bytes()); // metadata
-            one_cmd(CREATE_NAMESPACE, &fields)
-        }
-        Forgery::ProposeAuthDisable => one_cmd(AUTH_DISABLE, &[]),
+        Forgery::ProposeNamespace => create_namespace_proposal(&format!("{PREFIX}{n}")),
+        Forgery::ProposeAuthDisable => auth_disable_proposal(),
         // Whatever the bytes, an unauthenticated vote must not reach Raft.
         Forgery::ReadIndex | Forgery::Vote => n.to_le_bytes().to_vec(),
     }

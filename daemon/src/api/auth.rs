@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 
 use super::status::ApiError;
 use crate::node::{Node, NodeError};
-use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView};
+use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView, access_of};
 use crate::state::{Cmd, Error, ErrorKind, Outcome};
 
 /// The metadata key carrying the token.
@@ -120,12 +120,21 @@ impl Caller {
                 .is_ok()
     }
 
-    /// Refuses `cmd` if it uses a lease created by another token (and the caller lacks admin
-    /// on its namespace), by this node's applied state.
-    pub fn may_use_lease(&self, node: &Node, cmd: &Cmd) -> Result<(), ApiError> {
-        Ok(node
-            .applied
-            .read(|s| s.may_use_lease(self.token.as_ref(), cmd))?)
+    /// Refuses the write `cmd` unless this call may make it, by this node's applied state (one
+    /// read): the access it needs ([`access_of`], the state's own mapping), and, for a command
+    /// that uses a lease, that the lease is the caller's or the caller has admin on its
+    /// namespace.
+    pub fn allow_write(&self, node: &Node, cmd: &Cmd) -> Result<(), ApiError> {
+        let Some(access) = access_of(cmd) else {
+            return Ok(());
+        };
+        setting_up(node)?;
+        node.applied.read(|s| {
+            s.auth()
+                .authorize(self.token.as_ref(), access)
+                .map_err(ApiError::from)?;
+            Ok(s.may_use_lease(self.token.as_ref(), cmd)?)
+        })
     }
 
     /// `cmd` carrying this call's token, for the state machine's own check.

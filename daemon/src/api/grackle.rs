@@ -11,7 +11,7 @@ use super::auth::Caller;
 use super::status::ApiError;
 use super::{convert, request_id};
 use crate::node::Node;
-use crate::state::auth::{Access, Permission, access_of};
+use crate::state::auth::{Access, Permission};
 use crate::state::{
     AcquireStatus, Cmd, Error, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
 };
@@ -116,10 +116,7 @@ impl Write {
     /// machine checks it again where it applies), run once per request id. The access a command
     /// needs is the state's own [`access_of`], so both checks ask the same.
     fn command(self, node: &Node, cmd: Cmd) -> Result<Cmd, ApiError> {
-        if let Some(access) = access_of(&cmd) {
-            self.caller.allow(node, access)?;
-            self.caller.may_use_lease(node, &cmd)?;
-        }
+        self.caller.allow_write(node, &cmd)?;
         Ok(request_id::wrap(self.id, self.caller.sign(cmd)))
     }
 }

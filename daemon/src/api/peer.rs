@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 
 use super::status::ApiError;
-use crate::identity::{PEER_ID_HEADER, PEER_SECRET_HEADER, secret_header};
+use crate::identity::{PEER_ID_HEADER, PEER_SECRET_HEADER};
 use crate::node::{Node, NodeError};
 use crate::raft::network::{decode, encode};
 use crate::raft::{NodeId, TypeConfig, peer_target};
@@ -80,12 +80,12 @@ pub fn admit(node: &Node, request: &Request<()>) -> Result<PeerSender, ApiError>
         sender = Some(certified);
         authenticated = true;
     }
-    if let Some(secret) = &node.config.peer_secret {
+    if let Some(secret) = &node.peer_secret_header {
         let given = metadata
             .get(PEER_SECRET_HEADER)
             .map(|v| v.as_bytes())
             .unwrap_or_default();
-        if !constant_time_eq(given, secret_header(secret).as_bytes()) {
+        if !constant_time_eq(given, secret.as_bytes()) {
             return Err(refuse(node, "a peer call without the peer secret"));
         }
         authenticated = true;
