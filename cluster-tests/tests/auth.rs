@@ -651,6 +651,8 @@ async fn jobs_sharing_a_namespace_cannot_touch_each_others_slots() -> anyhow::Re
     let (_, a) = create_token(&mut auth, Some(admin), "job-a", "jobs").await?;
     let (_, b) = create_token(&mut auth, Some(admin), "job-b", "jobs").await?;
     let (a, b) = (a.as_str(), b.as_str());
+    // Every node knows both tokens before they are used through another node.
+    cluster.wait_for_agreement(SHOW_UP).await?;
 
     // A creates the namespace and its semaphore on first use, a lease, and holds the slot.
     let mut grackle = GrackleApiClient::new(channel(&cluster, 2)?);
