@@ -465,3 +465,28 @@ async fn a_leadership_transfer_answers_once_the_target_leads() -> anyhow::Result
     );
     Ok(())
 }
+
+/// Back-to-back transfers in a five-node cluster, each to a node that leads only since the one
+/// before (inside every voter's leader lease), end with the asked node leading each time, as a
+/// rolling restart does it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_transfers_in_five_nodes_each_reach_their_target() -> anyhow::Result<()> {
+    let cluster = Cluster::start(5).await?;
+    let first = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    let mut term = cluster.status(first).await?.term;
+    let order: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != first).collect();
+    for to in order.into_iter().chain([first]) {
+        let answer = cluster
+            .admin(first)
+            .await?
+            .transfer_leader(TransferLeaderRequest { to_node_id: to })
+            .await?
+            .into_inner();
+        anyhow::ensure!(
+            answer.leader_id == to && answer.term > term,
+            "transfer to {to}: {answer:?} (term before {term})"
+        );
+        term = answer.term;
+    }
+    Ok(())
+}

@@ -306,18 +306,42 @@ impl ConchAdmin for AdminService {
         let metadata = request.metadata().clone();
         let to = request.into_inner().to_node_id;
         if to == self.node.id {
-            // The target campaigns; with an up-to-date log it wins the election. The answer
-            // waits (bounded) until it leads, or says who does instead.
+            // The target first applies everything committed, so its log is as long as any
+            // voter's, then campaigns. A voter that heard from the current leader within its
+            // lease (the longest election timeout) refuses the vote, as does a leader elected
+            // less than a lease ago; a refused candidate makes the leader step down at its next
+            // heartbeat, and voters grant the candidate with the highest term once their lease
+            // ends. So the target campaigns again every (shortest) election timeout, long enough
+            // for its vote requests to be answered, and stays a term ahead of any other
+            // candidate until it leads. The answer waits (bounded) until it leads, or
+            // says who does instead.
+            let deadline = tokio::time::Instant::now() + self.node.config.leader_wait;
+            tokio::time::timeout_at(deadline, self.node.linearizable())
+                .await
+                .map_err(|_| {
+                    ApiError::raft(
+                        "transfer leadership",
+                        format!(
+                            "node {} could not catch up with the leader within {} ms",
+                            self.node.id,
+                            self.node.config.leader_wait.as_millis()
+                        ),
+                    )
+                })?
+                .map_err(ApiError::from)?;
             let mut metrics = self.node.raft.metrics();
             metrics.borrow_and_update();
-            self.node
-                .raft
-                .trigger()
-                .elect()
-                .await
-                .map_err(|e| ApiError::raft("start election", e))?;
-            let deadline = tokio::time::Instant::now() + self.node.config.leader_wait;
+            let mut next_campaign = tokio::time::Instant::now();
             loop {
+                if tokio::time::Instant::now() >= next_campaign {
+                    self.node
+                        .raft
+                        .trigger()
+                        .elect()
+                        .await
+                        .map_err(|e| ApiError::raft("start election", e))?;
+                    next_campaign = tokio::time::Instant::now() + self.node.config.election_timeout;
+                }
                 // Leading, and confirmed by a quorum since (as `ClusterStatus` reports it).
                 let led = {
                     let m = metrics.borrow_and_update();
@@ -330,7 +354,8 @@ impl ConchAdmin for AdminService {
                         term,
                     }));
                 }
-                match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                match tokio::time::timeout_at(deadline.min(next_campaign), metrics.changed()).await
+                {
                     Ok(Ok(())) => continue,
                     Ok(Err(_)) => {
                         return Err(ApiError::Node(NodeError::Unavailable(
@@ -338,6 +363,7 @@ impl ConchAdmin for AdminService {
                         ))
                         .into());
                     }
+                    Err(_) if tokio::time::Instant::now() < deadline => continue,
                     Err(_) => {
                         let now = self.node.leader();
                         return Err(ApiError::raft(
