@@ -772,6 +772,31 @@ async fn jobs_sharing_a_namespace_cannot_touch_each_others_slots() -> anyhow::Re
             .into_inner()
             .leases;
         ensure!(seen.is_empty(), "node {id}: B lists A's lease: {seen:?}");
+        // B sees that the slot is held, not the lease id that is a handle on it; A and the
+        // admin see it.
+        for (who, token, shown) in [
+            ("B", b, ""),
+            ("A", a, lease.as_str()),
+            ("admin", admin, lease.as_str()),
+        ] {
+            let holders = g
+                .list_semaphore_holders(with_token(
+                    pb::ListSemaphoreHoldersRequest {
+                        namespace_name: "conch".into(),
+                        semaphore_name: "job-a.1".into(),
+                        ..Default::default()
+                    },
+                    Some(token),
+                ))
+                .await?
+                .into_inner()
+                .holders;
+            let ids: Vec<&str> = holders.iter().map(|h| h.lease_id.as_str()).collect();
+            ensure!(
+                ids == [shown],
+                "node {id}: {who} lists the holders as {ids:?}"
+            );
+        }
     }
     let after = cluster.wait_for_agreement(SHOW_UP).await?;
     ensure!(

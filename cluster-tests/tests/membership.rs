@@ -474,7 +474,11 @@ async fn back_to_back_transfers_in_five_nodes_each_reach_their_target() -> anyho
     let cluster = Cluster::start(5).await?;
     let first = cluster.wait_for_leader(Duration::from_secs(20)).await?;
     let mut term = cluster.status(first).await?.term;
-    let order: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != first).collect();
+    let order: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != first)
+        .collect();
     for to in order.into_iter().chain([first]) {
         let answer = cluster
             .admin(first)

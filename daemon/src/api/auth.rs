@@ -37,6 +37,14 @@ pub fn hash_token(token: &str) -> TokenHash {
     Sha256::digest(token.trim().as_bytes()).into()
 }
 
+/// 64 random bits from the operating system (a new lease id's secret part).
+pub fn random_u64() -> Result<u64, ApiError> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| ApiError::Internal(format!("no randomness for a lease id: {e}")))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
 /// A new random token: `conch_` and 64 hex digits (256 bits).
 pub fn generate_token() -> Result<String, ApiError> {
     let mut bytes = [0u8; 32];
@@ -118,6 +126,21 @@ impl Caller {
                     Access::Namespace(ns, Permission::Admin),
                 )
                 .is_ok()
+    }
+
+    /// Empties `lease_id` (a holder's or waiter's) unless this call may see that lease
+    /// ([`Caller::may_see_lease`]): another token's lease id is a handle on its slots, shown
+    /// only with admin on the namespace.
+    pub fn hide_lease_id(
+        &self,
+        state: &crate::state::State,
+        ns: &str,
+        lease_id: &mut String,
+        owner: Option<u64>,
+    ) {
+        if !self.may_see_lease(state, ns, owner) {
+            lease_id.clear();
+        }
     }
 
     /// Refuses the write `cmd` unless this call may make it, by this node's applied state (one

@@ -43,10 +43,17 @@ impl ConchApi for ConchApiService {
         )?;
         self.node.linearizable().await.map_err(ApiError::from)?;
         let page = convert::page(r.pagination_token, r.limit);
+        let ns = r.namespace_name.as_str();
         let (semaphore, page) = self
             .node
             .applied
-            .read(|s| s.list_waiters(&r.namespace_name, &r.semaphore_name, &page))
+            .read(|s| {
+                let (semaphore, mut page) = s.list_waiters(ns, &r.semaphore_name, &page)?;
+                for w in &mut page.items {
+                    caller.hide_lease_id(s, ns, &mut w.lease_id, w.owner);
+                }
+                Ok::<_, crate::state::Error>((semaphore, page))
+            })
             .map_err(ApiError::from)?;
         Ok(Response::new(cpb::ListSemaphoreWaitersResponse {
             waiters: page.items.into_iter().map(convert::waiter).collect(),
@@ -67,7 +74,7 @@ impl ConchApi for ConchApiService {
             Access::Namespace(&r.namespace_name, Permission::Read),
         )?;
         let timeout = std::time::Duration::from_millis(r.timeout_ms);
-        let now = super::holder_watch::wait(
+        let mut now = super::holder_watch::wait(
             &self.node,
             &r.namespace_name,
             &r.semaphore_name,
@@ -75,6 +82,11 @@ impl ConchApi for ConchApiService {
             timeout,
         )
         .await?;
+        self.node.applied.read(|s| {
+            for h in &mut now.holders {
+                caller.hide_lease_id(s, &r.namespace_name, &mut h.lease_id, h.owner);
+            }
+        });
         Ok(Response::new(cpb::WaitHolderChangeResponse {
             holders: now.holders.into_iter().map(convert::holder).collect(),
             exists: now.exists,

@@ -400,10 +400,17 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::ListSemaphoreHoldersRequest>,
     ) -> Result<Response<pb::ListSemaphoreHoldersResponse>, Status> {
-        let r = self.permitted(request, Permission::Read)?;
+        let (caller, r) = self.permitted_caller(request, Permission::Read)?;
+        let ns = r.namespace_name.as_str();
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
-            .read(|s| s.list_holders(&r.namespace_name, &r.semaphore_name, &page))
+            .read(|s| {
+                let mut page = s.list_holders(ns, &r.semaphore_name, &page)?;
+                for h in &mut page.items {
+                    caller.hide_lease_id(s, ns, &mut h.lease_id, h.owner);
+                }
+                Ok(page)
+            })
             .await?;
         self.reply(pb::ListSemaphoreHoldersResponse {
             holders: page.items.into_iter().map(convert::holder).collect(),
@@ -423,6 +430,7 @@ impl GrackleApi for GrackleService {
             process_id: r.process_id,
             ttl_s: r.ttl_seconds,
             metadata: convert::metadata(r.metadata),
+            secret: crate::api::auth::random_u64()?,
         };
         match self.write(write, cmd).await? {
             Outcome::Lease(lease) => self.reply(pb::CreateSemaphoreLeaseResponse {

@@ -45,7 +45,7 @@ pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 
 const MAGIC: &[u8; 8] = b"CONCHSNP";
 /// The version written, and the only one read (raised with the log's data format).
-const FORMAT_VERSION: u32 = 4;
+const FORMAT_VERSION: u32 = 5;
 /// magic + version + meta_len + state_len + checksum.
 const FIXED_LEN: usize = 8 + 4 + 8 + 8 + 8;
 
@@ -710,10 +710,10 @@ mod tests {
     }
 
     #[test]
-    fn version_4_is_written_and_carries_the_bare_state_encoding() -> anyhow::Result<()> {
+    fn the_current_version_is_written_and_carries_the_bare_state_encoding() -> anyhow::Result<()> {
         let (state, _) = sample_state()?;
         let bytes = encode_envelope(&meta(3, 40), &state)?;
-        assert_eq!(bytes, raw_envelope(4, &meta(3, 40), &state));
+        assert_eq!(bytes, raw_envelope(FORMAT_VERSION, &meta(3, 40), &state));
         let (_, section) = decode_envelope(&bytes)?;
         assert_eq!(section, state.as_slice());
         Ok(())
@@ -722,7 +722,11 @@ mod tests {
     #[test]
     fn every_other_version_is_refused_in_one_line() -> anyhow::Result<()> {
         let (state, _) = sample_state()?;
-        for (version, which) in [(2, "an earlier"), (3, "an earlier"), (5, "a newer")] {
+        for (version, which) in [
+            (FORMAT_VERSION - 2, "an earlier"),
+            (FORMAT_VERSION - 1, "an earlier"),
+            (FORMAT_VERSION + 1, "a newer"),
+        ] {
             let dir = tempfile::tempdir()?;
             write_snapshot_file(dir.path(), 5, &raw_envelope(version, &meta(2, 1), &state))?;
             let Err(err) = open(dir.path()) else {
@@ -732,7 +736,7 @@ mod tests {
             anyhow::ensure!(
                 message.starts_with(&format!(
                     "{}: written by {which} conch data format (snapshot version {version}); this \
-                     build reads version 4: ",
+                     build reads version {FORMAT_VERSION}: ",
                     dir.path()
                         .join("snapshots")
                         .join("snap-00000000000000000005.snap")

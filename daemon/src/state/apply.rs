@@ -120,7 +120,7 @@ impl State {
                     // Its waiters' callers learn that the semaphore is gone.
                     for (sem_name, sem) in ns.semaphores() {
                         for seq in sem.queue().values() {
-                            ns.wait_ended(sem_name, *seq, WaitEnd::SemaphoreGone, ctx);
+                            ns.wait_ended(sem_name, ns.lease_id(*seq), WaitEnd::SemaphoreGone, ctx);
                         }
                     }
                 }
@@ -159,14 +159,20 @@ impl State {
                 process_id,
                 ttl_s,
                 metadata,
-            } => ns_mut(namespaces, ns)?.create_lease(
-                process_id,
-                *ttl_s,
-                metadata,
-                caller,
-                last_lease_seq,
-                ctx,
-            ),
+                secret,
+            } => {
+                let expires_at = ctx.clock_ns.saturating_add(ttl_ns(*ttl_s));
+                let lease = Lease::new(
+                    process_id,
+                    *ttl_s,
+                    metadata,
+                    ctx.wall_ns,
+                    expires_at,
+                    caller,
+                    *secret,
+                );
+                ns_mut(namespaces, ns)?.create_lease(lease, last_lease_seq, ctx)
+            }
             Cmd::RefreshLease { ns, lease, ttl_s } => {
                 ns_mut(namespaces, ns)?.refresh_lease(lease, *ttl_s, ctx)
             }
@@ -325,15 +331,8 @@ impl Namespace {
         self.reply_semaphore(name)
     }
 
-    fn create_lease(
-        &mut self,
-        process_id: &str,
-        ttl_s: u64,
-        metadata: &Metadata,
-        owner: Option<u64>,
-        last_lease_seq: &mut u64,
-        ctx: &mut Ctx,
-    ) -> Reply {
+    /// Adds `lease` under the next lease number.
+    fn create_lease(&mut self, lease: Lease, last_lease_seq: &mut u64, ctx: &mut Ctx) -> Reply {
         if self.leases().len() >= LEASES_PER_NAMESPACE_MAX {
             return Err(Error::exhausted(format!(
                 "lease quota reached: at most {LEASES_PER_NAMESPACE_MAX} leases per namespace"
@@ -343,8 +342,6 @@ impl Namespace {
             return Err(Error::exhausted("lease ids exhausted"));
         };
         *last_lease_seq = seq;
-        let expires_at = ctx.clock_ns.saturating_add(ttl_ns(ttl_s));
-        let lease = Lease::new(process_id, ttl_s, metadata, ctx.wall_ns, expires_at, owner);
         let view = lease.view(seq, ctx.times());
         self.add_lease(seq, lease, ctx);
         Ok(Outcome::Lease(view))

@@ -95,6 +95,7 @@ impl Timeline {
             process_id: process_id.into(),
             ttl_s: 60,
             metadata: Metadata::new(),
+            secret: 7,
         }) {
             Outcome::Lease(lease) => lease,
             other => panic!("unexpected {other:?}"),
@@ -454,6 +455,7 @@ fn a_retry_under_a_request_id_answers_only_a_caller_who_may_ask() {
                 process_id: "p".into(),
                 ttl_s: 10,
                 metadata: Metadata::new(),
+                secret: 7,
             }
             .with_token(Some([token; 32])),
         ),

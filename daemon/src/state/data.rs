@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::auth::Auth;
-use super::lease_id::lease_id;
 use super::requests::Requests;
 use super::snapshot::fnv1a64;
 use super::types::*;
@@ -167,6 +166,8 @@ pub(super) struct Lease {
     /// The id of the token that created it (none: created without a known token). While
     /// access control is on, only that token, or one with admin on the namespace, may use it.
     pub(super) owner: Option<u64>,
+    /// The secret part of the lease's id (see `lease_id.rs`).
+    pub(super) secret: u64,
     /// Derived: semaphores this lease holds.
     #[serde(skip)]
     pub(super) holds: BTreeSet<String>,
@@ -267,10 +268,7 @@ impl State {
                     sem.holders_by_token.insert(holder.token, *seq);
                     index.add_holders(1);
                     let lease = ns.leases.get_mut(seq).ok_or_else(|| {
-                        format!(
-                            "holder {} of {name}/{sem_name} has no lease",
-                            lease_id(*seq)
-                        )
+                        format!("holder of lease number {seq} in {name}/{sem_name} has no lease")
                     })?;
                     lease.holds.insert(sem_name.clone());
                 }
@@ -278,10 +276,7 @@ impl State {
                     sem.queue.insert(waiter.ticket, *seq);
                     index.add_waiter_deadline(ns.id, sem_name, *seq, waiter.deadline_ns);
                     let lease = ns.leases.get_mut(seq).ok_or_else(|| {
-                        format!(
-                            "waiter {} of {name}/{sem_name} has no lease",
-                            lease_id(*seq)
-                        )
+                        format!("waiter of lease number {seq} in {name}/{sem_name} has no lease")
                     })?;
                     lease.waits.insert(sem_name.clone());
                 }
@@ -777,6 +772,7 @@ impl Lease {
         wall_ns: Nanos,
         expires_at: Nanos,
         owner: Option<u64>,
+        secret: u64,
     ) -> Self {
         Lease {
             process_id: process_id.to_string(),
@@ -785,6 +781,7 @@ impl Lease {
             expires_at,
             ttl_s,
             owner,
+            secret,
             holds: BTreeSet::new(),
             waits: BTreeSet::new(),
         }

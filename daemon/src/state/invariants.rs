@@ -21,7 +21,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::data::{Index, State, process_key};
-use super::lease_id::{lease_id, lease_seq};
 use super::limits::*;
 
 impl State {
@@ -59,7 +58,7 @@ impl State {
                 let mut by_token = BTreeMap::new();
                 for (seq, h) in sem.holders() {
                     if !ns.leases().contains_key(seq) {
-                        return Err(at(&format!("holder {} has no lease", lease_id(*seq))));
+                        return Err(at(&format!("holder of lease number {seq} has no lease")));
                     }
                     if h.weight == 0 || h.weight > sem.permits {
                         return Err(at("holder weight out of range"));
@@ -91,7 +90,7 @@ impl State {
                 let mut queue = BTreeMap::new();
                 for (seq, w) in sem.waiters() {
                     if !ns.leases().contains_key(seq) {
-                        return Err(at(&format!("waiter {} has no lease", lease_id(*seq))));
+                        return Err(at(&format!("waiter of lease number {seq} has no lease")));
                     }
                     if w.weight == 0 || w.weight > sem.permits {
                         return Err(at("waiter weight out of range"));
@@ -121,7 +120,7 @@ impl State {
             }
             let mut by_process = BTreeSet::new();
             for (seq, lease) in ns.leases() {
-                let at = |what: &str| format!("lease {} in {name}: {what}", lease_id(*seq));
+                let at = |what: &str| format!("lease number {seq} in {name}: {what}");
                 if *seq == 0 || *seq > data.last_lease_seq {
                     return Err(at("id not from the counter"));
                 }
@@ -146,11 +145,12 @@ impl State {
             return Err("global indexes do not match the data".into());
         }
         data.requests.check(data.clock_ns, |(ns, sem, lease)| {
-            lease_seq(lease).is_some_and(|seq| {
-                data.namespaces
-                    .get(ns)
-                    .and_then(|ns| ns.semaphores().get(sem))
-                    .is_some_and(|sem| sem.waiters().contains_key(&seq))
+            data.namespaces.get(ns).is_some_and(|ns| {
+                ns.lease_seq(lease).is_some_and(|seq| {
+                    ns.semaphores()
+                        .get(sem)
+                        .is_some_and(|sem| sem.waiters().contains_key(&seq))
+                })
             })
         })?;
         data.auth.check_invariants()

@@ -323,6 +323,7 @@ impl Harness {
                 process_id: format!("p{p}"),
                 ttl_s: t,
                 metadata: Metadata::new(),
+                secret: 7,
             },
             GenCmd::RefreshLease(n, l, t) => Cmd::RefreshLease {
                 ns: ns(n),

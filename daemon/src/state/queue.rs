@@ -10,7 +10,6 @@
 use std::collections::BTreeSet;
 
 use super::data::{Ctx, Holder, Namespace, Semaphore, Waiter};
-use super::lease_id::{lease_id, lease_seq};
 use super::limits::*;
 use super::types::*;
 use super::validate;
@@ -58,7 +57,7 @@ impl Namespace {
             ctx.events.push(Event::Granted {
                 ns: self.name().to_string(),
                 sem: sem_name.to_string(),
-                lease: lease_id(seq),
+                lease: self.lease_id(seq),
                 token,
                 weight,
             });
@@ -98,15 +97,16 @@ impl Namespace {
         if self.remove_waiter(sem_name, seq, ctx).is_none() {
             return false;
         }
-        self.wait_ended(sem_name, seq, reason, ctx);
+        self.wait_ended(sem_name, self.lease_id(seq), reason, ctx);
         true
     }
 
-    pub(super) fn wait_ended(&self, sem_name: &str, seq: u64, reason: WaitEnd, ctx: &mut Ctx) {
+    /// Tells the caller waiting with lease `lease` (an id) on `sem` that its wait ended.
+    pub(super) fn wait_ended(&self, sem_name: &str, lease: String, reason: WaitEnd, ctx: &mut Ctx) {
         ctx.events.push(Event::WaitEnded {
             ns: self.name().to_string(),
             sem: sem_name.to_string(),
-            lease: lease_id(seq),
+            lease,
             reason,
         });
     }
@@ -124,7 +124,7 @@ impl Namespace {
         };
         affected.extend(lease.holds.iter().cloned());
         for sem_name in &lease.waits {
-            self.wait_ended(sem_name, seq, WaitEnd::LeaseGone, ctx);
+            self.wait_ended(sem_name, lease.id(seq), WaitEnd::LeaseGone, ctx);
             affected.insert(sem_name.clone());
         }
         true
@@ -134,7 +134,7 @@ impl Namespace {
     pub(super) fn end_semaphore(&mut self, name: &str, ctx: &mut Ctx) {
         if let Some(sem) = self.remove_semaphore(name, ctx) {
             for seq in sem.queue().values() {
-                self.wait_ended(name, *seq, WaitEnd::SemaphoreGone, ctx);
+                self.wait_ended(name, self.lease_id(*seq), WaitEnd::SemaphoreGone, ctx);
             }
         }
     }
@@ -285,7 +285,7 @@ impl Namespace {
         linger_ns: Nanos,
         ctx: &mut Ctx,
     ) -> GiveUpReply {
-        let Some(seq) = lease_seq(id).filter(|seq| self.leases().contains_key(seq)) else {
+        let Some(seq) = self.lease_seq(id) else {
             return GiveUpReply::NotQueued;
         };
         let Some(sem) = self.semaphores().get(sem_name) else {

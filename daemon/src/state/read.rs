@@ -12,7 +12,7 @@ use std::ops::Bound;
 
 use super::auth::TokenHash;
 use super::data::{Ctx, Lease, Namespace, Semaphore, State, Waiter, process_key};
-use super::lease_id::{lease_id, lease_seq};
+use super::lease_id::{lease_id, parse_lease_id};
 use super::paging::paginate;
 use super::types::*;
 use super::validate;
@@ -85,10 +85,13 @@ impl Semaphore {
         }
     }
 
-    fn holder_view(&self, seq: u64) -> Option<HolderView> {
+    /// The holder of lease `seq`, a lease of `namespace`.
+    fn holder_view(&self, seq: u64, namespace: &Namespace) -> Option<HolderView> {
         let h = self.holders().get(&seq)?;
+        let lease = namespace.leases().get(&seq);
         Some(HolderView {
-            lease_id: lease_id(seq),
+            lease_id: namespace.lease_id(seq),
+            owner: lease.and_then(|l| l.owner),
             weight: h.weight,
             locked_at: h.locked_at,
             metadata: h.metadata.clone(),
@@ -97,9 +100,11 @@ impl Semaphore {
     }
 }
 
-fn waiter_view(seq: u64, w: &Waiter, position: u64) -> WaiterView {
+/// The waiter `w` of lease `seq`, a lease of `namespace`.
+fn waiter_view(seq: u64, namespace: &Namespace, w: &Waiter, position: u64) -> WaiterView {
     WaiterView {
-        lease_id: lease_id(seq),
+        lease_id: namespace.lease_id(seq),
+        owner: namespace.leases().get(&seq).and_then(|l| l.owner),
         weight: w.weight,
         queued_at: w.queued_at,
         deadline_ns: w.deadline_ns,
@@ -109,9 +114,14 @@ fn waiter_view(seq: u64, w: &Waiter, position: u64) -> WaiterView {
 }
 
 impl Lease {
+    /// This lease's id, as lease `seq`.
+    pub(super) fn id(&self, seq: u64) -> String {
+        lease_id(seq, self.secret)
+    }
+
     pub(super) fn view(&self, seq: u64, times: Times) -> LeaseView {
         LeaseView {
-            lease_id: lease_id(seq),
+            lease_id: self.id(seq),
             process_id: self.process_id.clone(),
             metadata: self.metadata.clone(),
             created_at: self.created_at,
@@ -136,15 +146,28 @@ impl Namespace {
 
     /// The token that created lease `id`, if it is a lease of this namespace created with one.
     pub(super) fn lease_owner(&self, id: &str) -> Option<u64> {
-        let seq = lease_seq(id)?;
+        let seq = self.lease_seq(id)?;
         self.leases().get(&seq)?.owner
+    }
+
+    /// The sequence number of lease `id` if it is a lease of this namespace: the number names
+    /// a lease here and the secret is that lease's.
+    pub(super) fn lease_seq(&self, id: &str) -> Option<u64> {
+        let (seq, secret) = parse_lease_id(id)?;
+        self.leases()
+            .get(&seq)
+            .filter(|lease| lease.secret == secret)
+            .map(|_| seq)
+    }
+
+    /// The id of lease `seq` of this namespace.
+    pub(super) fn lease_id(&self, seq: u64) -> String {
+        lease_id(seq, self.leases().get(&seq).map_or(0, |lease| lease.secret))
     }
 
     /// The sequence number of a lease of this namespace, or `NotFound`.
     pub(super) fn find_lease(&self, id: &str) -> Result<u64, Error> {
-        lease_seq(id)
-            .filter(|seq| self.leases().contains_key(seq))
-            .ok_or_else(|| lease_not_found(id))
+        self.lease_seq(id).ok_or_else(|| lease_not_found(id))
     }
 
     pub(super) fn find_semaphore(&self, name: &str) -> Result<&Semaphore, Error> {
@@ -297,7 +320,7 @@ impl State {
                 .holders_by_token()
                 .range((lo, hi))
                 .filter(move |(_, seq)| namespace.lease_visible(**seq, vis))
-                .filter_map(|(token, seq)| Some((*token, semaphore.holder_view(*seq)?)))
+                .filter_map(|(token, seq)| Some((*token, semaphore.holder_view(*seq, namespace)?)))
         })
     }
 
@@ -341,7 +364,7 @@ impl State {
             .items
             .drain(..)
             .enumerate()
-            .map(|(i, (_, seq, w))| waiter_view(seq, w, (first_position + i) as u64))
+            .map(|(i, (_, seq, w))| waiter_view(seq, namespace, w, (first_position + i) as u64))
             .collect();
         let waiters = Page {
             items,
@@ -356,7 +379,8 @@ impl State {
         validate::lease_id(lease)?;
         let namespace = self.namespace(ns)?;
         let (now_ns, times) = (self.data.clock_ns, self.times());
-        lease_seq(lease)
+        namespace
+            .lease_seq(lease)
             .and_then(|seq| Some((seq, namespace.leases().get(&seq)?)))
             .filter(|(_, l)| l.expires_at > now_ns)
             .map(|(seq, l)| l.view(seq, times))
@@ -443,19 +467,18 @@ impl State {
     /// The holder of `sem` owned by `lease`, if it holds (no expiry filtering).
     pub fn holder(&self, ns: &str, sem: &str, lease: &str) -> Option<HolderView> {
         let namespace = self.data.namespaces.get(ns)?;
-        namespace
-            .semaphores()
-            .get(sem)?
-            .holder_view(lease_seq(lease)?)
+        let seq = namespace.lease_seq(lease)?;
+        namespace.semaphores().get(sem)?.holder_view(seq, namespace)
     }
 
     /// The waiter of `sem` owned by `lease`, if queued (no expiry filtering).
     pub fn waiter(&self, ns: &str, sem: &str, lease: &str) -> Option<WaiterView> {
-        let semaphore = self.data.namespaces.get(ns)?.semaphores().get(sem)?;
-        let seq = lease_seq(lease)?;
+        let namespace = self.data.namespaces.get(ns)?;
+        let semaphore = namespace.semaphores().get(sem)?;
+        let seq = namespace.lease_seq(lease)?;
         let waiter = semaphore.waiters().get(&seq)?;
         let position = semaphore.queue().range(..waiter.ticket).count() as u64;
-        Some(waiter_view(seq, waiter, position))
+        Some(waiter_view(seq, namespace, waiter, position))
     }
 
     pub fn stats(&self) -> Stats {

@@ -3,7 +3,7 @@
 use bincode::Options;
 
 use super::data::{Data, State, Tally};
-use super::lease_id::{lease_id, lease_seq};
+use super::lease_id::{lease_id, parse_lease_id};
 use super::limits::*;
 use super::snapshot::{bincode_options, fnv1a64};
 use super::types::*;
@@ -150,6 +150,7 @@ impl Timeline {
             process_id: process_id.into(),
             ttl_s,
             metadata: none(),
+            secret: 7,
         };
         match self.ok(cmd) {
             Outcome::Lease(v) => v,
@@ -354,6 +355,7 @@ fn deleting_a_namespace_removes_everything_in_it() {
         process_id: String::new(),
         ttl_s: 20,
         metadata: none(),
+        secret: 7,
     });
     t.take_events();
     // t=1s  delete "n" -> L2's caller learns the semaphore is gone; only "other" is left
@@ -841,27 +843,39 @@ fn semaphore_quota_is_resource_exhausted() {
 // ---- leases ----
 
 #[test]
-fn lease_ids_are_opaque_unique_and_in_creation_order() {
+fn lease_ids_carry_the_commands_secret_are_unique_and_in_creation_order() {
     let mut t = Timeline::with_ns();
     t.at(5 * S);
     let a = t.create_lease_for("host-1/pid-2", 60);
     let b = t.create_lease(60);
-    assert!(a.lease_id.starts_with("ls_") && a.lease_id.len() == 27);
+    assert_eq!(a.lease_id, lease_id(1, 7));
+    assert!(a.lease_id.starts_with("ls_") && a.lease_id.len() == 35);
     assert!(a.lease_id < b);
-    assert_eq!(lease_seq(&a.lease_id), Some(1));
+    assert_eq!(parse_lease_id(&a.lease_id), Some((1, 7)));
     assert_eq!((a.created_at, a.expires_at, a.ttl_s), (5 * S, 65 * S, 60));
     assert_eq!(a.process_id, "host-1/pid-2");
-    // a forged or mangled id is simply not found
-    let mut forged = a.lease_id.clone();
-    forged.replace_range(26..27, if forged.ends_with('0') { "1" } else { "0" });
+    // The secret is whatever the command carried.
+    let c = match t.ok(Cmd::CreateLease {
+        ns: NS.into(),
+        process_id: String::new(),
+        ttl_s: 60,
+        metadata: none(),
+        secret: 0xfeed_f00d_dead_beef,
+    }) {
+        Outcome::Lease(lease) => lease.lease_id,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(c, lease_id(3, 0xfeed_f00d_dead_beef));
+    // The right number with another secret, a forged or mangled id: simply not found.
+    let other_secret = lease_id(1, 8);
     for id in [
-        forged.as_str(),
+        other_secret.as_str(),
         "ls_",
         "ls_0000000000000001",
         "x",
-        "LS_0000000000000001abcdef12",
+        "LS_00000000000000010000000000000007",
+        "ls_00000000000000010000000000000007x",
     ] {
-        assert_eq!(lease_seq(id), None, "{id}");
         let e = t.err(Cmd::RevokeLease {
             ns: NS.into(),
             lease: id.into(),
@@ -882,6 +896,7 @@ fn lease_ids_are_opaque_unique_and_in_creation_order() {
         process_id: String::new(),
         ttl_s,
         metadata: none(),
+        secret: 7,
     };
     assert!(t.err(create(NS, 0)).message.starts_with("ttl_seconds "));
     assert!(t.err(create(NS, 301)).message.starts_with("ttl_seconds "));
@@ -1447,6 +1462,7 @@ fn holder_and_waiter_quotas_are_resource_exhausted() {
                 process_id: String::new(),
                 ttl_s: 300,
                 metadata: none(),
+                secret: 7,
             })
             .collect(),
         wall_ns: 0,
@@ -1537,6 +1553,7 @@ fn a_head_without_a_holder_slot_waits_for_one() {
             process_id: String::new(),
             ttl_s: 300,
             metadata: none(),
+            secret: 7,
         })
         .collect();
     let leases: Vec<String> = t
@@ -2059,8 +2076,8 @@ fn a_batch_is_the_same_as_its_commands_one_by_one() {
         },
         &mut events,
     );
-    let l1 = lease_id(1);
-    let l2 = lease_id(2);
+    let l1 = lease_id(1, 7);
+    let l2 = lease_id(2, 7);
     let cmds = vec![
         Cmd::CreateSemaphore {
             ns: NS.into(),
@@ -2074,12 +2091,14 @@ fn a_batch_is_the_same_as_its_commands_one_by_one() {
             process_id: String::new(),
             ttl_s: 5,
             metadata: none(),
+            secret: 7,
         },
         Cmd::CreateLease {
             ns: NS.into(),
             process_id: String::new(),
             ttl_s: 50,
             metadata: none(),
+            secret: 7,
         },
         Tim::acquire_cmd("db", &l1, 1, 0),
         Tim::acquire_cmd("db", &l2, 1, 50 * S),
@@ -2289,6 +2308,7 @@ fn one_million_leases_fit_in_memory() {
                 process_id: format!("host-{}/pid-{}", chunk % 100, i),
                 ttl_s: 60,
                 metadata: none(),
+                secret: 7,
             })
             .collect();
         let replies = state.apply_batch(
@@ -2451,15 +2471,15 @@ fn the_hash_and_the_encoded_bytes_are_pinned() {
         "7469657201310301fd00204aa9d1010000fd00204aa9d1010000fd00b47f20d2010000010102fd00",
         "eae4e4d101000001036a6f620234320102010203fd00b47f20d2010000fd007841cb020000000002",
         "0102fd00eae4e4d1010000fd00e40b54020000000002020108686f73742d612f3100fd00204aa9d1",
-        "010000fd005847f80d0000001e000208686f73742d622f3200fd00204aa9d1010000fd00c817a804",
-        "0000000a00056f7468657202056f746865720000fd00204aa9d1010000fd00204aa9d10100000100",
-        "000000fd00b47f20d20100000000000000",
+        "010000fd005847f80d0000001e00070208686f73742d622f3200fd00204aa9d1010000fd00c817a8",
+        "040000000a0007056f7468657202056f746865720000fd00204aa9d1010000fd00204aa9d1010000",
+        "0100000000fd00b47f20d20100000000000000",
     );
     let t = pinned_timeline();
     let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let data = bincode_options().serialize(&t.state.data).expect("encodes");
     assert_eq!(hex(&data), DATA);
-    assert_eq!(t.state.hash(), 0xd1b8_e5e0_1f30_293f);
+    assert_eq!(t.state.hash(), 0x1735_dcf9_0e4a_7abb);
     assert_eq!(
         fnv1a64(&data),
         t.state.hash(),

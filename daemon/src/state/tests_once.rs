@@ -89,6 +89,7 @@ fn create_lease(ttl_s: u64) -> Cmd {
         process_id: "p".into(),
         ttl_s,
         metadata: Metadata::new(),
+        secret: 7,
     }
 }
 

@@ -77,6 +77,9 @@ pub enum Cmd {
         process_id: String,
         ttl_s: u64,
         metadata: Metadata,
+        /// 64 random bits drawn by the node that took the request: the lease id's secret part,
+        /// so that ids cannot be guessed. The state draws no randomness itself.
+        secret: u64,
     },
     /// Extends the lease to `now + ttl` (`ttl_s` 0 means the lease's own TTL).
     RefreshLease {
@@ -377,6 +380,9 @@ pub struct HolderView {
     pub locked_at: Nanos,
     pub metadata: Metadata,
     pub token: u64,
+    /// The token that created the holder's lease (see [`LeaseView::owner`]); the API shows the
+    /// lease id only to callers that may see that lease.
+    pub owner: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -389,6 +395,8 @@ pub struct WaiterView {
     pub metadata: Metadata,
     /// 0 = head of the queue.
     pub position: u64,
+    /// The token that created the waiter's lease, as for [`HolderView::owner`].
+    pub owner: Option<u64>,
 }
 
 /// A page request: an opaque cursor from a previous page (empty = first page) and a limit

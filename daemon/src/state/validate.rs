@@ -217,6 +217,7 @@ impl Cmd {
                 process_id: p,
                 ttl_s: t,
                 metadata: m,
+                secret: _,
             } => {
                 name(NAMESPACE_NAME, ns)?;
                 process_id(p)?;
@@ -444,6 +445,7 @@ mod tests {
             process_id: String::new(),
             ttl_s: 0,
             metadata: Metadata::new(),
+            secret: 7,
         };
         assert!(m(lease).starts_with("ttl_seconds "));
         let refresh = Cmd::RefreshLease {

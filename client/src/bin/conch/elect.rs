@@ -172,7 +172,7 @@ impl Change {
             host: entry.as_ref().and_then(|e| e.host.clone()),
             pid: entry.as_ref().and_then(|e| e.pid),
             rev: entry.as_ref().and_then(|e| e.rev),
-            lease_id: entry.map(|e| e.lease_id),
+            lease_id: entry.and_then(|e| e.lease_id),
         }
     }
 

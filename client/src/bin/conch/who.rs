@@ -53,7 +53,9 @@ pub struct Entry {
     pub host: Option<String>,
     pub pid: Option<u32>,
     pub since: Option<String>,
-    pub lease_id: String,
+    /// `None` when the server does not show it: another token's lease, seen without admin on
+    /// the namespace.
+    pub lease_id: Option<String>,
     pub weight: u64,
     /// Holders: the grant's fencing token (`CONCH_REV`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -80,7 +82,7 @@ fn entry(lease_id: &str, weight: u64, metadata: &HashMap<String, String>, at_nan
             .filter(|s| !s.is_empty())
             .cloned()
             .or_else(|| format_unix_nanos(at_nanos)),
-        lease_id: lease_id.to_string(),
+        lease_id: (!lease_id.is_empty()).then(|| lease_id.to_string()),
         weight: weight.max(1),
         rev: None,
         position: None,
