@@ -53,6 +53,7 @@ impl State {
             last_namespace_id,
             mut ctx,
             auth,
+            budget,
         } = self.parts(events);
         if !matches!(cmd, Cmd::ExtendLeases) {
             reap(namespaces, &mut ctx);
@@ -93,8 +94,14 @@ impl State {
                 let Some(id) = last_namespace_id.checked_add(1) else {
                     return Err(Error::exhausted("namespace ids exhausted"));
                 };
-                *last_namespace_id = id;
                 let ns = Namespace::new(id, name, description, metadata, ctx.wall_ns);
+                super::quota::check(
+                    "the state's byte budget",
+                    ctx.stored_bytes(),
+                    ns.usage().bytes,
+                    ctx.budget_bytes,
+                )?;
+                *last_namespace_id = id;
                 let view = ns.view();
                 namespaces.add(ns, ctx);
                 Ok(Outcome::Namespace(view))
@@ -109,8 +116,12 @@ impl State {
                 if *expected_version != ns.version {
                     return Err(version_mismatch(*expected_version, ns.version));
                 }
-                ns.description = description.clone();
-                ns.metadata = metadata.clone();
+                let grows =
+                    super::quota::object_bytes(&[name, description], metadata).saturating_sub(
+                        super::quota::object_bytes(&[name, &ns.description], &ns.metadata),
+                    );
+                ns.room_for(0, 0, 0, grows, ctx)?;
+                ns.set_attributes(description, metadata, ctx);
                 ns.version = ns.version.saturating_add(1);
                 ns.updated_at = ctx.wall_ns;
                 Ok(Outcome::Namespace(ns.view()))
@@ -198,6 +209,15 @@ impl State {
                     None => GiveUpReply::NotQueued,
                 };
                 Ok(Outcome::GiveUp(reply))
+            }
+            Cmd::SetQuotas { ns, quotas } => {
+                let ns = ns_mut(namespaces, ns)?;
+                ns.set_quotas(*quotas);
+                Ok(Outcome::Quotas(ns.quota_view(ctx)))
+            }
+            Cmd::SetBudget { bytes } => {
+                budget.bytes = *bytes;
+                Ok(Outcome::Done)
             }
             Cmd::Expire => Ok(Outcome::Done),
             Cmd::ExtendLeases => {
@@ -291,8 +311,9 @@ impl Namespace {
             )));
         }
         let sem = Semaphore::new(description, permits, metadata, ctx.wall_ns);
+        self.room_for(1, 0, 0, sem.bytes(name), ctx)?;
         let view = sem.view(name);
-        self.add_semaphore(name, sem);
+        self.add_semaphore(name, sem, ctx);
         Ok(Outcome::Semaphore(view))
     }
 
@@ -322,8 +343,14 @@ impl Namespace {
                 "permits below the weight of a queued waiter",
             ));
         }
-        sem.description = description.to_string();
-        sem.metadata = metadata.clone();
+        let grows = super::quota::object_bytes(&[name, description], metadata).saturating_sub(
+            super::quota::object_bytes(&[name, &sem.description], &sem.metadata),
+        );
+        self.room_for(0, 0, 0, grows, ctx)?;
+        self.set_semaphore_attributes(name, description, metadata, ctx);
+        let Some(sem) = self.semaphore_mut(name) else {
+            return Err(semaphore_not_found(name));
+        };
         sem.permits = permits;
         sem.version = sem.version.saturating_add(1);
         sem.updated_at = ctx.wall_ns;
@@ -338,6 +365,7 @@ impl Namespace {
                 "lease quota reached: at most {LEASES_PER_NAMESPACE_MAX} leases per namespace"
             )));
         }
+        self.room_for(0, 1, 0, lease.bytes(), ctx)?;
         let Some(seq) = last_lease_seq.checked_add(1) else {
             return Err(Error::exhausted("lease ids exhausted"));
         };

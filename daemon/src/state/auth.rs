@@ -220,7 +220,9 @@ pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
         | Cmd::RoleRevoke { .. }
         | Cmd::RoleDelete { .. }
         | Cmd::TokenCreate { .. }
-        | Cmd::TokenRevoke { .. } => Access::ClusterAdmin,
+        | Cmd::TokenRevoke { .. }
+        | Cmd::SetQuotas { .. }
+        | Cmd::SetBudget { .. } => Access::ClusterAdmin,
         Cmd::GiveUp { .. } | Cmd::Expire | Cmd::ExtendLeases | Cmd::AuthBootstrap { .. } => {
             return None;
         }

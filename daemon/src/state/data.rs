@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::auth::Auth;
+use super::quota::{self, Budget, Quotas, Usage};
 use super::requests::Requests;
 use super::snapshot::fnv1a64;
 use super::types::*;
@@ -70,6 +71,8 @@ pub(super) struct Data {
     pub(super) wall_ns: Nanos,
     /// Access control: roles, token hashes, the enabled flag.
     pub(super) auth: Auth,
+    /// The budget on the stored bytes of all namespaces together (`quota.rs`).
+    pub(super) budget: Budget,
 }
 
 /// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
@@ -84,6 +87,8 @@ pub(super) struct Index {
     namespace_names: BTreeMap<u64, String>,
     /// Number of holders over all semaphores.
     holders: u64,
+    /// Stored bytes of all namespaces (`quota.rs`).
+    bytes: u64,
 }
 
 /// The namespaces by name. Serialized exactly as the map it wraps.
@@ -104,10 +109,14 @@ pub(super) struct Namespace {
     /// By lease sequence number. Boxed: the map's nodes stay small, which matters at a million
     /// leases.
     leases: BTreeMap<u64, Box<Lease>>,
+    quotas: Quotas,
     /// Derived: `(process_key(process_id), lease seq)`; a hash, not the string, so the index
     /// costs 16 bytes per lease. Readers compare the actual process id.
     #[serde(skip)]
     leases_by_process: BTreeSet<(u64, u64)>,
+    /// Derived: what it uses of its quotas.
+    #[serde(skip)]
+    usage: Usage,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -183,6 +192,8 @@ pub(super) struct Ctx<'a> {
     pub(super) clock_ns: Nanos,
     /// The wall clock: every time stored for users to read (`created_at`, ...) takes it.
     pub(super) wall_ns: Nanos,
+    /// The state's budget on stored bytes (see `quota.rs`).
+    pub(super) budget_bytes: u64,
     last_token: &'a mut u64,
     index: &'a mut Index,
     pub(super) events: &'a mut Vec<Event>,
@@ -196,6 +207,7 @@ pub(super) struct Parts<'a> {
     pub(super) last_namespace_id: &'a mut u64,
     pub(super) ctx: Ctx<'a>,
     pub(super) auth: &'a mut Auth,
+    pub(super) budget: &'a mut Budget,
 }
 
 /// The key of a process id in `leases_by_process`.
@@ -222,6 +234,7 @@ impl State {
             namespaces,
             wall_ns,
             auth,
+            budget,
             ..
         } = &mut self.data;
         Parts {
@@ -231,12 +244,14 @@ impl State {
             ctx: Ctx {
                 clock_ns: *clock_ns,
                 wall_ns: *wall_ns,
+                budget_bytes: budget.bytes,
                 last_token,
                 index: &mut self.index,
                 events,
                 tally: &mut self.tally,
             },
             auth,
+            budget,
         }
     }
 
@@ -281,6 +296,8 @@ impl State {
                     lease.waits.insert(sem_name.clone());
                 }
             }
+            ns.usage = ns.computed_usage();
+            index.add_bytes(ns.usage.bytes);
         }
         Ok(State {
             data,
@@ -340,6 +357,18 @@ impl Index {
         self.holders
     }
 
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub(super) fn add_bytes(&mut self, bytes: u64) {
+        self.bytes = self.bytes.saturating_add(bytes);
+    }
+
+    fn remove_bytes(&mut self, bytes: u64) {
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
+
     /// The earliest time at which a lease expires or a waiter's deadline passes, if any.
     pub(super) fn next_due_ns(&self) -> Option<Nanos> {
         let lease = self.lease_expiry.first().map(|e| e.0);
@@ -355,6 +384,11 @@ impl Ctx<'_> {
     pub(super) fn next_token(&mut self) -> u64 {
         *self.last_token = self.last_token.saturating_add(1);
         *self.last_token
+    }
+
+    /// Stored bytes of all namespaces.
+    pub(super) fn stored_bytes(&self) -> u64 {
+        self.index.bytes
     }
 
     pub(super) fn namespace_name(&self, id: u64) -> Option<&String> {
@@ -412,6 +446,7 @@ impl Namespaces {
     /// Adds a new, empty namespace (replacing none: the caller checked the name is free).
     pub(super) fn add(&mut self, ns: Namespace, ctx: &mut Ctx) {
         ctx.index.add_namespace(ns.id, &ns.name);
+        ctx.index.add_bytes(ns.usage.bytes);
         self.0.insert(ns.name.clone(), ns);
     }
 
@@ -420,6 +455,7 @@ impl Namespaces {
     pub(super) fn remove(&mut self, name: &str, ctx: &mut Ctx) -> Option<Namespace> {
         let ns = self.0.remove(name)?;
         ctx.index.namespace_names.remove(&ns.id);
+        ctx.index.remove_bytes(ns.usage.bytes);
         for (sem_name, sem) in &ns.semaphores {
             ctx.index.remove_holders(sem.holders.len() as u64);
             for (seq, waiter) in &sem.waiters {
@@ -452,8 +488,128 @@ impl Namespace {
             version: 1,
             semaphores: BTreeMap::new(),
             leases: BTreeMap::new(),
+            quotas: Quotas::default(),
             leases_by_process: BTreeSet::new(),
+            usage: Usage {
+                entries: 0,
+                bytes: quota::object_bytes(&[name, description], metadata),
+            },
         }
+    }
+
+    /// What this namespace uses of its quotas, from its data (O(namespace)).
+    pub(super) fn computed_usage(&self) -> Usage {
+        let mut usage = Usage {
+            entries: 0,
+            bytes: quota::object_bytes(&[&self.name, &self.description], &self.metadata),
+        };
+        for (name, sem) in &self.semaphores {
+            usage.bytes = usage.bytes.saturating_add(sem.bytes(name));
+            usage.entries = usage
+                .entries
+                .saturating_add((sem.holders.len() + sem.waiters.len()) as u64);
+        }
+        for lease in self.leases.values() {
+            usage.bytes = usage.bytes.saturating_add(lease.bytes());
+        }
+        usage
+    }
+
+    pub(super) fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    pub(super) fn quotas(&self) -> Quotas {
+        self.quotas
+    }
+
+    pub(super) fn set_quotas(&mut self, quotas: Quotas) {
+        self.quotas = quotas;
+    }
+
+    fn add_usage(&mut self, entries: u64, bytes: u64, ctx: &mut Ctx) {
+        self.usage.entries = self.usage.entries.saturating_add(entries);
+        self.usage.bytes = self.usage.bytes.saturating_add(bytes);
+        ctx.index.add_bytes(bytes);
+    }
+
+    fn remove_usage(&mut self, entries: u64, bytes: u64, ctx: &mut Ctx) {
+        self.usage.entries = self.usage.entries.saturating_sub(entries);
+        self.usage.bytes = self.usage.bytes.saturating_sub(bytes);
+        ctx.index.remove_bytes(bytes);
+    }
+
+    /// Refuses (`ResourceExhausted`, naming the quota) growth by `semaphores`, `leases`,
+    /// `entries` and `bytes` past this namespace's quotas or the state's budget.
+    pub(super) fn room_for(
+        &self,
+        semaphores: u64,
+        leases: u64,
+        entries: u64,
+        bytes: u64,
+        ctx: &Ctx,
+    ) -> Result<(), Error> {
+        let q = self.quotas;
+        let name = &self.name;
+        quota::check(
+            &format!("semaphore quota of namespace {name}"),
+            self.semaphores.len() as u64,
+            semaphores,
+            q.semaphores,
+        )?;
+        quota::check(
+            &format!("lease quota of namespace {name}"),
+            self.leases.len() as u64,
+            leases,
+            q.leases,
+        )?;
+        quota::check(
+            &format!("holder and waiter quota of namespace {name}"),
+            self.usage.entries,
+            entries,
+            q.entries,
+        )?;
+        quota::check(
+            &format!("byte quota of namespace {name}"),
+            self.usage.bytes,
+            bytes,
+            q.bytes,
+        )?;
+        quota::check(
+            "the state's byte budget",
+            ctx.stored_bytes(),
+            bytes,
+            ctx.budget_bytes,
+        )
+    }
+
+    /// Sets the namespace's description and metadata.
+    pub(super) fn set_attributes(&mut self, description: &str, metadata: &Metadata, ctx: &mut Ctx) {
+        let before = quota::object_bytes(&[&self.name, &self.description], &self.metadata);
+        self.description = description.to_string();
+        self.metadata = metadata.clone();
+        let after = quota::object_bytes(&[&self.name, &self.description], &self.metadata);
+        self.remove_usage(0, before, ctx);
+        self.add_usage(0, after, ctx);
+    }
+
+    /// Sets the description and metadata of semaphore `name`.
+    pub(super) fn set_semaphore_attributes(
+        &mut self,
+        name: &str,
+        description: &str,
+        metadata: &Metadata,
+        ctx: &mut Ctx,
+    ) {
+        let Some(sem) = self.semaphores.get_mut(name) else {
+            return;
+        };
+        let before = sem.bytes(name);
+        sem.description = description.to_string();
+        sem.metadata = metadata.clone();
+        let after = sem.bytes(name);
+        self.remove_usage(0, before, ctx);
+        self.add_usage(0, after, ctx);
     }
 
     pub(super) fn id(&self) -> u64 {
@@ -489,7 +645,8 @@ impl Namespace {
     }
 
     /// Adds a new semaphore with no holders or waiters (the caller checked the name is free).
-    pub(super) fn add_semaphore(&mut self, name: &str, sem: Semaphore) {
+    pub(super) fn add_semaphore(&mut self, name: &str, sem: Semaphore, ctx: &mut Ctx) {
+        self.add_usage(0, sem.bytes(name), ctx);
         self.semaphores.insert(name.to_string(), sem);
     }
 
@@ -497,6 +654,8 @@ impl Namespace {
     /// the caller can tell its waiters.
     pub(super) fn remove_semaphore(&mut self, name: &str, ctx: &mut Ctx) -> Option<Semaphore> {
         let sem = self.semaphores.remove(name)?;
+        let entries = (sem.holders.len() + sem.waiters.len()) as u64;
+        self.remove_usage(entries, sem.bytes(name), ctx);
         for seq in sem.holders.keys() {
             ctx.index.remove_holders(1);
             if let Some(lease) = self.leases.get_mut(seq) {
@@ -525,13 +684,18 @@ impl Namespace {
         let sem = self.semaphores.get_mut(sem_name)?;
         sem.held = sem.held.saturating_add(holder.weight);
         sem.holders_by_token.insert(holder.token, seq);
+        let added = quota::entry_bytes(&holder.metadata);
         let old = sem.holders.insert(seq, holder);
         match &old {
             Some(old) => {
                 sem.held = sem.held.saturating_sub(old.weight);
                 sem.holders_by_token.remove(&old.token);
+                let removed = quota::entry_bytes(&old.metadata);
+                self.remove_usage(0, removed, ctx);
+                self.add_usage(0, added, ctx);
             }
             None => {
+                self.add_usage(1, added, ctx);
                 ctx.index.add_holders(1);
                 if let Some(lease) = self.leases.get_mut(&seq) {
                     lease.holds.insert(sem_name.to_string());
@@ -551,6 +715,7 @@ impl Namespace {
         let sem = self.semaphores.get_mut(sem_name)?;
         let old = sem.take_holder(seq)?;
         ctx.index.remove_holders(1);
+        self.remove_usage(1, quota::entry_bytes(&old.metadata), ctx);
         if let Some(lease) = self.leases.get_mut(&seq) {
             lease.holds.remove(sem_name);
         }
@@ -574,7 +739,9 @@ impl Namespace {
         sem.queue.insert(waiter.ticket, seq);
         ctx.index
             .add_waiter_deadline(self.id, sem_name, seq, waiter.deadline_ns);
+        let bytes = quota::entry_bytes(&waiter.metadata);
         sem.waiters.insert(seq, waiter);
+        self.add_usage(1, bytes, ctx);
         if let Some(lease) = self.leases.get_mut(&seq) {
             lease.waits.insert(sem_name.to_string());
         }
@@ -591,6 +758,7 @@ impl Namespace {
         let waiter = sem.take_waiter(seq)?;
         ctx.index
             .remove_waiter_deadline(self.id, sem_name, seq, waiter.deadline_ns);
+        self.remove_usage(1, quota::entry_bytes(&waiter.metadata), ctx);
         if let Some(lease) = self.leases.get_mut(&seq) {
             lease.waits.remove(sem_name);
         }
@@ -630,20 +798,27 @@ impl Namespace {
         seq: u64,
         weight: u64,
         metadata: &Metadata,
+        ctx: &mut Ctx,
     ) {
-        if let Some(waiter) = self
+        let Some(waiter) = self
             .semaphores
             .get_mut(sem_name)
             .and_then(|sem| sem.waiters.get_mut(&seq))
-        {
-            waiter.weight = weight;
-            waiter.metadata = metadata.clone();
-        }
+        else {
+            return;
+        };
+        let before = quota::entry_bytes(&waiter.metadata);
+        waiter.weight = weight;
+        waiter.metadata = metadata.clone();
+        let after = quota::entry_bytes(&waiter.metadata);
+        self.remove_usage(0, before, ctx);
+        self.add_usage(0, after, ctx);
     }
 
     /// Adds a new lease (the caller took `seq` from the counter).
     pub(super) fn add_lease(&mut self, seq: u64, lease: Lease, ctx: &mut Ctx) {
         ctx.index.add_lease_expiry(self.id, seq, lease.expires_at);
+        self.add_usage(0, lease.bytes(), ctx);
         self.leases_by_process
             .insert((process_key(&lease.process_id), seq));
         self.leases.insert(seq, Box::new(lease));
@@ -655,6 +830,7 @@ impl Namespace {
         let lease = self.leases.remove(&seq)?;
         ctx.index
             .remove_lease_expiry(self.id, seq, lease.expires_at);
+        self.remove_usage(0, lease.bytes(), ctx);
         self.leases_by_process
             .remove(&(process_key(&lease.process_id), seq));
         for sem_name in &lease.holds {
@@ -723,6 +899,22 @@ impl Semaphore {
         }
     }
 
+    /// This semaphore's stored bytes under `name`, with its holders and waiters.
+    pub(super) fn bytes(&self, name: &str) -> u64 {
+        let own = quota::object_bytes(&[name, &self.description], &self.metadata);
+        let entries = self
+            .holders
+            .values()
+            .map(|h| quota::entry_bytes(&h.metadata))
+            .chain(
+                self.waiters
+                    .values()
+                    .map(|w| quota::entry_bytes(&w.metadata)),
+            )
+            .fold(0u64, u64::saturating_add);
+        own.saturating_add(entries)
+    }
+
     pub(super) fn holders(&self) -> &BTreeMap<u64, Holder> {
         &self.holders
     }
@@ -765,6 +957,11 @@ impl Semaphore {
 }
 
 impl Lease {
+    /// This lease's stored bytes.
+    pub(super) fn bytes(&self) -> u64 {
+        quota::object_bytes(&[&self.process_id], &self.metadata)
+    }
+
     pub(super) fn new(
         process_id: &str,
         ttl_s: u64,

@@ -140,6 +140,14 @@ impl State {
             if by_process != *ns.leases_by_process() {
                 return Err(at("process index does not match the leases"));
             }
+            let usage = ns.computed_usage();
+            if usage != ns.usage() {
+                return Err(at(&format!(
+                    "quota usage {:?} does not match the data ({usage:?})",
+                    ns.usage()
+                )));
+            }
+            expected.add_bytes(usage.bytes);
         }
         if expected != *self.index() {
             return Err("global indexes do not match the data".into());

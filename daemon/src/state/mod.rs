@@ -18,6 +18,7 @@
 //! - `requests`: the remembered request ids and their replies, with their own indexes
 //! - `once`: running a write with a request id at most once, and settling queued acquires
 //! - `auth`: access control: roles, token hashes, the enabled flag, and the permission check
+//! - `quota`: the namespaces' quotas, the state's byte budget and the size model they count by
 //!
 //! # Cost
 //!
@@ -66,6 +67,7 @@ mod paging;
 #[cfg(test)]
 mod proptests;
 mod queue;
+pub mod quota;
 mod read;
 mod requests;
 mod snapshot;

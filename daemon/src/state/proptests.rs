@@ -65,6 +65,9 @@ enum GenCmd {
     Repeat(usize),
     /// An access control command, used as is.
     Auth(Cmd),
+    /// Quotas for a namespace: semaphores, leases, entries, bytes (small, so they bind).
+    SetQuotas(usize, u64, u64, u64, u64),
+    SetBudget(u64),
 }
 
 #[derive(Clone, Debug)]
@@ -149,6 +152,9 @@ fn gen_cmd() -> impl Strategy<Value = GenCmd> {
         4 => Just(GenCmd::Expire),
         2 => Just(GenCmd::ExtendLeases),
         6 => auth_cmd().prop_map(GenCmd::Auth),
+        2 => (ns_index(), 0..4u64, 0..6u64, 0..8u64, prop_oneof![Just(0u64), 300..3_000u64, Just(64u64 << 20)])
+            .prop_map(|(n, s, l, e, b)| GenCmd::SetQuotas(n, s, l, e, b)),
+        1 => prop_oneof![500..5_000u64, Just(512u64 << 20)].prop_map(GenCmd::SetBudget),
     ]
 }
 
@@ -323,7 +329,7 @@ impl Harness {
                 process_id: format!("p{p}"),
                 ttl_s: t,
                 metadata: Metadata::new(),
-                secret: 7,
+                secret: (t << 8) ^ p as u64,
             },
             GenCmd::RefreshLease(n, l, t) => Cmd::RefreshLease {
                 ns: ns(n),
@@ -384,6 +390,16 @@ impl Harness {
             }
             GenCmd::Expire => Cmd::Expire,
             GenCmd::ExtendLeases => Cmd::ExtendLeases,
+            GenCmd::SetQuotas(n, semaphores, leases, entries, bytes) => Cmd::SetQuotas {
+                ns: ns(n),
+                quotas: super::quota::Quotas {
+                    semaphores,
+                    leases,
+                    entries,
+                    bytes,
+                },
+            },
+            GenCmd::SetBudget(bytes) => Cmd::SetBudget { bytes },
             GenCmd::WithId(inner) => {
                 let mut onces = self.onces.borrow_mut();
                 let cmd = Cmd::Once {

@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 
 use super::data::{Ctx, Holder, Namespace, Semaphore, Waiter};
 use super::limits::*;
+use super::quota;
 use super::types::*;
 use super::validate;
 
@@ -169,6 +170,32 @@ impl Namespace {
         let held_weight = sem.holders().get(&seq).map(|h| h.weight);
         let queued = sem.waiters().contains_key(&seq);
 
+        // Quotas: a new holder or waiter counts one entry and its bytes; one that replaces a
+        // hold or a wait of this lease counts only what its metadata adds.
+        let new_bytes = quota::entry_bytes(metadata);
+        let replaced = if queued {
+            sem.waiters()
+                .get(&seq)
+                .map(|w| quota::entry_bytes(&w.metadata))
+        } else {
+            let fits_now = sem.queue().is_empty()
+                && sem
+                    .held()
+                    .saturating_sub(held_weight.unwrap_or(0))
+                    .saturating_add(weight)
+                    <= sem.permits;
+            let replaces_hold = held_weight.is_some_and(|held| weight <= held || fits_now);
+            sem.holders()
+                .get(&seq)
+                .filter(|_| replaces_hold)
+                .map(|h| quota::entry_bytes(&h.metadata))
+        };
+        match replaced {
+            Some(old) => self.room_for(0, 0, 0, new_bytes.saturating_sub(old), ctx)?,
+            None => self.room_for(0, 0, 1, new_bytes, ctx)?,
+        }
+        let sem = self.find_semaphore(sem_name)?;
+
         // Re-acquire at the same or a lower weight: granted at once, with a new token. A pending
         // upgrade of this lease is settled by it.
         if held_weight.is_some_and(|held| weight <= held) {
@@ -185,7 +212,7 @@ impl Namespace {
             if let Some(deadline_ns) = deadline_ns {
                 let deadline_ns = deadline_ns.max(clock.saturating_add(wait_ns));
                 self.set_waiter_deadline(sem_name, seq, deadline_ns, ctx);
-                self.set_waiter_request(sem_name, seq, weight, metadata);
+                self.set_waiter_request(sem_name, seq, weight, metadata, ctx);
             }
             self.grant_from_head(sem_name, ctx);
             let sem = self.find_semaphore(sem_name)?;

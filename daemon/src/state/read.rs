@@ -144,6 +144,25 @@ impl Namespace {
         }
     }
 
+    /// Its quotas and usage, with the state's budget as `ctx` has it.
+    pub(super) fn quota_view(&self, ctx: &Ctx) -> QuotaView {
+        self.quota_view_with(ctx.budget_bytes, ctx.stored_bytes())
+    }
+
+    pub(super) fn quota_view_with(&self, budget_bytes: u64, state_bytes: u64) -> QuotaView {
+        let usage = self.usage();
+        QuotaView {
+            namespace: self.name().to_string(),
+            quotas: self.quotas(),
+            semaphores: self.semaphores().len() as u64,
+            leases: self.leases().len() as u64,
+            entries: usage.entries,
+            bytes: usage.bytes,
+            budget_bytes,
+            state_bytes,
+        }
+    }
+
     /// The token that created lease `id`, if it is a lease of this namespace created with one.
     pub(super) fn lease_owner(&self, id: &str) -> Option<u64> {
         let seq = self.lease_seq(id)?;
@@ -479,6 +498,30 @@ impl State {
         let waiter = semaphore.waiters().get(&seq)?;
         let position = semaphore.queue().range(..waiter.ticket).count() as u64;
         Some(waiter_view(seq, namespace, waiter, position))
+    }
+
+    /// Namespace `ns`'s quotas and usage.
+    pub fn quotas(&self, ns: &str) -> Result<QuotaView, Error> {
+        validate::name("namespace_name", ns)?;
+        Ok(self
+            .namespace(ns)?
+            .quota_view_with(self.data.budget.bytes, self.index().bytes()))
+    }
+
+    /// Every namespace's quotas and usage, by name (for metrics).
+    pub fn all_quotas(&self) -> Vec<QuotaView> {
+        let (budget, bytes) = (self.data.budget.bytes, self.index().bytes());
+        self.data
+            .namespaces
+            .map()
+            .values()
+            .map(|ns| ns.quota_view_with(budget, bytes))
+            .collect()
+    }
+
+    /// The state's budget on stored bytes, and the stored bytes.
+    pub fn budget(&self) -> (u64, u64) {
+        (self.data.budget.bytes, self.index().bytes())
     }
 
     pub fn stats(&self) -> Stats {

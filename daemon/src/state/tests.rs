@@ -1451,6 +1451,15 @@ fn reattach_with_a_lower_weight_can_be_granted_at_once() {
 fn holder_and_waiter_quotas_are_resource_exhausted() {
     // db(5000): 1000 holders fit, the 1001st is refused though permits are free
     let mut t = Timeline::with_ns();
+    // Quotas above the per-semaphore caps, so the caps are what refuses.
+    t.ok(Cmd::SetQuotas {
+        ns: NS.into(),
+        quotas: super::quota::Quotas {
+            leases: 20_000,
+            entries: 20_000,
+            ..Default::default()
+        },
+    });
     t.create_sem("db", 5000);
     t.create_sem("one", 1);
     let mut events = Vec::new();
@@ -2472,14 +2481,15 @@ fn the_hash_and_the_encoded_bytes_are_pinned() {
         "eae4e4d101000001036a6f620234320102010203fd00b47f20d2010000fd007841cb020000000002",
         "0102fd00eae4e4d1010000fd00e40b54020000000002020108686f73742d612f3100fd00204aa9d1",
         "010000fd005847f80d0000001e00070208686f73742d622f3200fd00204aa9d1010000fd00c817a8",
-        "040000000a0007056f7468657202056f746865720000fd00204aa9d1010000fd00204aa9d1010000",
-        "0100000000fd00b47f20d20100000000000000",
+        "040000000a0007fb1027fb1027fca0860100fc00000004056f7468657202056f746865720000fd00",
+        "204aa9d1010000fd00204aa9d1010000010000fb1027fb1027fca0860100fc000000040000fd00b4",
+        "7f20d20100000000000000fc00000020",
     );
     let t = pinned_timeline();
     let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let data = bincode_options().serialize(&t.state.data).expect("encodes");
     assert_eq!(hex(&data), DATA);
-    assert_eq!(t.state.hash(), 0x1735_dcf9_0e4a_7abb);
+    assert_eq!(t.state.hash(), 0xe5a4_c389_ae5a_c025);
     assert_eq!(
         fnv1a64(&data),
         t.state.hash(),
@@ -2620,4 +2630,253 @@ fn reads_decide_by_the_state_clock_alone() {
         ahead.2,
         "a's lease is hidden once the state's clock passed it"
     );
+}
+
+// ---- quotas and the state's byte budget ----
+
+fn set_quotas(t: &mut Timeline, quotas: super::quota::Quotas) -> QuotaView {
+    match t.ok(Cmd::SetQuotas {
+        ns: NS.into(),
+        quotas,
+    }) {
+        Outcome::Quotas(view) => view,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn sem_with(name: &str, description: &str, metadata: Metadata) -> Cmd {
+    Cmd::CreateSemaphore {
+        ns: NS.into(),
+        name: name.into(),
+        description: description.into(),
+        permits: 1,
+        metadata,
+    }
+}
+
+#[test]
+fn stored_bytes_follow_the_size_model() {
+    use super::quota::{ENTRY_BYTES, OBJECT_BYTES};
+    let mut t = Timeline::with_ns();
+    let empty_ns = OBJECT_BYTES + NS.len() as u64;
+    assert_eq!(t.state.quotas(NS).expect("quotas").bytes, empty_ns);
+    t.ok(sem_with("db", "four", meta("k", "vv")));
+    let sem = OBJECT_BYTES + 2 + 4 + 3;
+    let l = t.create_lease_for("p", 60).lease_id;
+    let lease = OBJECT_BYTES + 1;
+    t.ok(Cmd::Acquire {
+        ns: NS.into(),
+        sem: "db".into(),
+        lease: l.clone(),
+        weight: 1,
+        wait_ns: 0,
+        metadata: meta("host", "a"),
+    });
+    let holder = ENTRY_BYTES + 5;
+    let view = t.state.quotas(NS).expect("quotas");
+    assert_eq!(
+        (view.semaphores, view.leases, view.entries, view.bytes),
+        (1, 1, 1, empty_ns + sem + lease + holder)
+    );
+    assert_eq!(
+        view.state_bytes, view.bytes,
+        "one namespace: the whole state"
+    );
+    // Everything given back: only the namespace itself is left.
+    t.release("db", &l);
+    t.ok(Cmd::DeleteSemaphore {
+        ns: NS.into(),
+        name: "db".into(),
+    });
+    t.ok(Cmd::RevokeLease {
+        ns: NS.into(),
+        lease: l,
+    });
+    let view = t.state.quotas(NS).expect("quotas");
+    assert_eq!(
+        (view.entries, view.bytes, view.state_bytes),
+        (0, empty_ns, empty_ns)
+    );
+}
+
+#[test]
+fn each_quota_refuses_growth_past_it_naming_it_and_changes_nothing() {
+    let mut t = Timeline::with_ns();
+    set_quotas(
+        &mut t,
+        super::quota::Quotas {
+            semaphores: 2,
+            leases: 2,
+            entries: 2,
+            bytes: 1 << 20,
+        },
+    );
+    t.create_sem("a", 5);
+    t.create_sem("b", 5);
+    let e = t.err(sem_with("c", "", none()));
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    assert!(
+        e.message
+            .starts_with("semaphore quota of namespace n reached"),
+        "{e:?}"
+    );
+    let l1 = t.create_lease(60);
+    let l2 = t.create_lease(60);
+    let e = t.err(Cmd::CreateLease {
+        ns: NS.into(),
+        process_id: String::new(),
+        ttl_s: 60,
+        metadata: none(),
+        secret: 7,
+    });
+    assert!(
+        e.message.starts_with("lease quota of namespace n reached"),
+        "{e:?}"
+    );
+    t.acquired("a", &l1, 1, 0);
+    t.acquired("b", &l1, 1, 0);
+    let e = t.err(Tim::acquire_cmd("a", &l2, 1, 0));
+    assert!(
+        e.message
+            .starts_with("holder and waiter quota of namespace n reached"),
+        "{e:?}"
+    );
+    // A re-acquire replaces its hold: no new entry, so it is not refused.
+    t.acquired("a", &l1, 1, 0);
+    // Giving back makes room again.
+    t.release("b", &l1);
+    t.acquired("a", &l2, 1, 0);
+}
+
+#[test]
+fn the_byte_quota_counts_descriptions_metadata_and_updates() {
+    use super::quota::OBJECT_BYTES;
+    let mut t = Timeline::with_ns();
+    let ns_bytes = t.state.quotas(NS).expect("quotas").bytes;
+    // Room for the namespace and one semaphore with a 100-byte description.
+    let one = OBJECT_BYTES + 1 + 100;
+    set_quotas(
+        &mut t,
+        super::quota::Quotas {
+            bytes: ns_bytes + one,
+            ..Default::default()
+        },
+    );
+    t.ok(sem_with("a", &"d".repeat(100), none()));
+    let e = t.err(sem_with("b", "", none()));
+    assert!(
+        e.message.starts_with("byte quota of namespace n reached"),
+        "{e:?}"
+    );
+    // Growing the description is refused; shrinking it is not.
+    let update = |description: &str| Cmd::UpdateSemaphore {
+        ns: NS.into(),
+        name: "a".into(),
+        description: description.into(),
+        permits: 1,
+        metadata: none(),
+        expected_version: 1,
+    };
+    let e = t.err(update(&"d".repeat(101)));
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    t.ok(update("short"));
+    assert_eq!(
+        t.state.quotas(NS).expect("quotas").bytes,
+        ns_bytes + OBJECT_BYTES + 1 + 5
+    );
+}
+
+#[test]
+fn a_quota_lowered_below_use_refuses_growth_and_takes_nothing_away() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("a", 5);
+    t.create_sem("b", 5);
+    let view = set_quotas(
+        &mut t,
+        super::quota::Quotas {
+            semaphores: 1,
+            ..Default::default()
+        },
+    );
+    assert_eq!((view.semaphores, view.quotas.semaphores), (2, 1));
+    let e = t.err(sem_with("c", "", none()));
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    assert_eq!(
+        t.state
+            .list_semaphores(NS, &PageRequest::default())
+            .expect("list")
+            .items
+            .len(),
+        2
+    );
+    t.ok(Cmd::DeleteSemaphore {
+        ns: NS.into(),
+        name: "a".into(),
+    });
+    t.ok(Cmd::DeleteSemaphore {
+        ns: NS.into(),
+        name: "b".into(),
+    });
+    t.create_sem("c", 5);
+}
+
+#[test]
+fn the_state_budget_bounds_every_namespace_together() {
+    let mut t = Timeline::with_ns();
+    let used = t.state.budget().1;
+    // Room for one more empty namespace of a one-letter name, not two.
+    let one_ns = super::quota::OBJECT_BYTES + 1;
+    t.ok(Cmd::SetBudget {
+        bytes: used + one_ns,
+    });
+    t.create_ns("x");
+    let e = t.err(Cmd::CreateNamespace {
+        name: "y".into(),
+        description: String::new(),
+        metadata: none(),
+    });
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    assert!(
+        e.message.starts_with("the state's byte budget reached"),
+        "{e:?}"
+    );
+    // The budget covers growth inside a namespace too.
+    let e = t.err(sem_with("db", "", none()));
+    assert!(
+        e.message.starts_with("the state's byte budget reached"),
+        "{e:?}"
+    );
+    // Deleting a namespace gives its bytes back.
+    t.ok(Cmd::DeleteNamespace { name: "x".into() });
+    t.create_ns("y");
+    assert_eq!(t.state.budget(), (used + one_ns, used + one_ns));
+}
+
+#[test]
+fn quotas_and_budget_beyond_what_the_state_can_hold_are_invalid() {
+    let mut t = Timeline::with_ns();
+    let e = t.err(Cmd::SetQuotas {
+        ns: NS.into(),
+        quotas: super::quota::Quotas {
+            semaphores: SEMAPHORES_PER_NAMESPACE_MAX as u64 + 1,
+            ..Default::default()
+        },
+    });
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(
+        e.message.starts_with("quota semaphores must be at most"),
+        "{e:?}"
+    );
+    let e = t.err(Cmd::SetBudget {
+        bytes: super::quota::BYTES_MAX + 1,
+    });
+    assert!(
+        e.message.starts_with("budget_bytes must be at most"),
+        "{e:?}"
+    );
+    let e = t.err(Cmd::SetQuotas {
+        ns: "absent".into(),
+        quotas: super::quota::Quotas::default(),
+    });
+    assert_eq!(e.kind, ErrorKind::NotFound);
 }

@@ -172,6 +172,16 @@ pub enum Cmd {
         token: TokenHash,
         cmd: Box<Cmd>,
     },
+    /// Sets a namespace's quotas (cluster admin). Lower than what is in use refuses only
+    /// growth.
+    SetQuotas {
+        ns: String,
+        quotas: super::quota::Quotas,
+    },
+    /// Sets the budget on the stored bytes of all namespaces together (cluster admin).
+    SetBudget {
+        bytes: u64,
+    },
 }
 
 impl Cmd {
@@ -222,6 +232,7 @@ pub enum Outcome {
     Role(RoleView),
     Token(TokenView),
     AuthStatus(AuthStatusView),
+    Quotas(QuotaView),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -357,6 +368,19 @@ pub struct SemaphoreView {
     pub created_at: Nanos,
     pub updated_at: Nanos,
     pub last_activity_at: Nanos,
+}
+
+/// A namespace's quotas and what it uses of them, with the state's budget and stored bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaView {
+    pub namespace: String,
+    pub quotas: super::quota::Quotas,
+    pub semaphores: u64,
+    pub leases: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    pub budget_bytes: u64,
+    pub state_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -300,6 +300,19 @@ impl Cmd {
             | Cmd::TokenCreate { .. }
             | Cmd::TokenRevoke { .. }
             | Cmd::AuthBootstrap { .. } => super::auth::validate(self).unwrap_or(Ok(())),
+            Cmd::SetQuotas { ns, quotas } => {
+                name(NAMESPACE_NAME, ns)?;
+                quotas.validate()
+            }
+            Cmd::SetBudget { bytes } => {
+                if *bytes > super::quota::BYTES_MAX {
+                    return Err(Error::invalid(format!(
+                        "budget_bytes must be at most {}, got {bytes}",
+                        super::quota::BYTES_MAX
+                    )));
+                }
+                Ok(())
+            }
         }
     }
 }
