@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/grackle.proto",
                 "proto/conch.proto",
                 "proto/auth.proto",
+                "proto/quota.proto",
             ],
             &["proto"],
         )?;

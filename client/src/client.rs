@@ -30,8 +30,11 @@ use std::time::{Duration, Instant};
 
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_api_client::ConchApiClient;
+use conch_proto::conch::conch_quota_client::ConchQuotaClient;
 use conch_proto::conch::{
-    ClusterStatusRequest, ClusterStatusResponse, ListSemaphoreWaitersRequest,
+    ClusterStatusRequest, ClusterStatusResponse, GetNamespaceQuotasRequest,
+    ListSemaphoreWaitersRequest, NamespaceQuotas, NamespaceQuotasResponse,
+    SetNamespaceQuotasRequest, SetStateBudgetRequest, StateBudgetResponse,
 };
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::{
@@ -718,6 +721,45 @@ impl Client {
             })
             .await?;
         resp.namespace.ok_or_else(|| missing(OP, "namespace"))
+    }
+
+    /// A namespace's quotas and what it uses of them, with the state's budget.
+    pub async fn namespace_quotas(&self, name: &str) -> Result<NamespaceQuotasResponse> {
+        const OP: &str = "get namespace quotas";
+        let req = GetNamespaceQuotasRequest {
+            namespace_name: name.to_string(),
+        };
+        self.unary(OP, self.default_options(), req, |ch, r| async move {
+            ConchQuotaClient::new(ch).get_namespace_quotas(r).await
+        })
+        .await
+    }
+
+    /// Sets all four quotas of a namespace (cluster-admin).
+    pub async fn set_namespace_quotas(
+        &self,
+        name: &str,
+        quotas: NamespaceQuotas,
+    ) -> Result<NamespaceQuotasResponse> {
+        const OP: &str = "set namespace quotas";
+        let req = SetNamespaceQuotasRequest {
+            namespace_name: name.to_string(),
+            quotas: Some(quotas),
+        };
+        self.unary(OP, self.default_options(), req, |ch, r| async move {
+            ConchQuotaClient::new(ch).set_namespace_quotas(r).await
+        })
+        .await
+    }
+
+    /// Sets the budget on the stored bytes of every namespace together (cluster-admin).
+    pub async fn set_state_budget(&self, budget_bytes: u64) -> Result<StateBudgetResponse> {
+        const OP: &str = "set state budget";
+        let req = SetStateBudgetRequest { budget_bytes };
+        self.unary(OP, self.default_options(), req, |ch, r| async move {
+            ConchQuotaClient::new(ch).set_state_budget(r).await
+        })
+        .await
     }
 
     /// Every namespace the caller may read, in name order (all pages).

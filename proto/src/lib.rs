@@ -3,8 +3,8 @@
 //! - [`grackle`]: the Grackle semaphore API (`com.evrblk.grackle.v1beta.GrackleApi`), with
 //!   conch's extension fields numbered from 100.
 //! - [`conch`]: conch's own services: `ConchApi` (waiter listing), `ConchAdmin` (cluster
-//!   status and membership), `ConchPeer` (node-to-node Raft traffic) and `ConchAuth` (access
-//!   control: roles and tokens).
+//!   status and membership), `ConchPeer` (node-to-node Raft traffic), `ConchAuth` (access
+//!   control: roles and tokens) and `ConchQuota` (namespace quotas and the state's budget).
 //! - [`backup`]: the backup file that `ConchAdmin.Backup` streams and `conchd restore` reads.
 
 #![allow(clippy::all, missing_docs)]

@@ -7,6 +7,7 @@ use conch_proto::conch::conch_admin_server::ConchAdminServer;
 use conch_proto::conch::conch_api_server::ConchApiServer;
 use conch_proto::conch::conch_auth_server::ConchAuthServer;
 use conch_proto::conch::conch_peer_server::ConchPeerServer;
+use conch_proto::conch::conch_quota_server::ConchQuotaServer;
 use conch_proto::grackle::grackle_api_server::GrackleApiServer;
 use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
@@ -26,6 +27,7 @@ pub mod health;
 pub mod holder_watch;
 pub mod membership;
 pub mod peer;
+pub mod quota;
 pub mod request_id;
 pub mod responses;
 pub mod status;
@@ -51,10 +53,14 @@ pub fn client_routes(node: &Arc<Node>) -> Routes {
     let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(node)))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let auth = InterceptedService::new(auth, unless_removed(node));
+    let quota = ConchQuotaServer::new(quota::QuotaService::new(Arc::clone(node)))
+        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    let quota = InterceptedService::new(quota, unless_removed(node));
     Routes::new(grackle)
         .add_service(conch_api)
         .add_service(admin_service(node))
         .add_service(auth)
+        .add_service(quota)
 }
 
 /// Administration, for clients and for admin calls other nodes forward here (those carry their

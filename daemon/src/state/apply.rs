@@ -217,7 +217,10 @@ impl State {
             }
             Cmd::SetBudget { bytes } => {
                 budget.bytes = *bytes;
-                Ok(Outcome::Done)
+                Ok(Outcome::Budget {
+                    budget_bytes: *bytes,
+                    state_bytes: ctx.stored_bytes(),
+                })
             }
             Cmd::Expire => Ok(Outcome::Done),
             Cmd::ExtendLeases => {

@@ -233,6 +233,11 @@ pub enum Outcome {
     Token(TokenView),
     AuthStatus(AuthStatusView),
     Quotas(QuotaView),
+    /// The state's budget and its stored bytes, after `SetBudget`.
+    Budget {
+        budget_bytes: u64,
+        state_bytes: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -209,6 +209,28 @@ pub enum NamespaceCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show a namespace's quotas and what it uses (read on it); with any of the options, set
+    /// those quotas and keep the others (cluster-admin). Growth past a quota is refused with
+    /// RESOURCE_EXHAUSTED naming it; a quota below what is in use refuses only growth.
+    Quota {
+        #[arg(value_parser = namespace_arg)]
+        name: String,
+        /// Most semaphores.
+        #[arg(long, value_name = "N")]
+        semaphores: Option<u64>,
+        /// Most leases.
+        #[arg(long, value_name = "N")]
+        leases: Option<u64>,
+        /// Most holders plus waiters over all its semaphores.
+        #[arg(long, value_name = "N")]
+        entries: Option<u64>,
+        /// Most stored bytes (e.g. 64MiB, 1GiB, 500000), by the size model in the README.
+        #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+        bytes: Option<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 const CERTS_EXAMPLES: &str = "\
@@ -368,6 +390,13 @@ pub enum ClusterCommand {
     Backup {
         /// Where to write the backup (`-`: stdout, the summary line then goes to stderr).
         file: String,
+    },
+    /// Set the budget on the stored bytes of every namespace together (cluster-admin): growth
+    /// past it is refused with RESOURCE_EXHAUSTED. Prints the budget and what is stored.
+    Budget {
+        /// The budget (e.g. 512MiB, 2GiB, 1000000).
+        #[arg(value_parser = size_arg)]
+        size: u64,
     },
 }
 
@@ -670,6 +699,34 @@ fn wait_arg(s: &str) -> Result<Wait, String> {
     }
 }
 
+/// A size in bytes: a number with an optional unit (`B`, `KiB`, `MiB`, `GiB`, or `KB`, `MB`,
+/// `GB` for powers of 1000).
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let number: u64 = number.parse().map_err(|_| {
+        format!("{s:?} is not a size: expected a number with an optional unit, e.g. 64MiB")
+    })?;
+    let factor: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?}: use B, KiB, MiB, GiB, KB, MB or GB"
+            ));
+        }
+    };
+    number
+        .checked_mul(factor)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
 fn namespace_arg(s: &str) -> Result<String, String> {
     conch_client::sema::validate_name("namespace", s)?;
     Ok(s.to_string())
@@ -703,6 +760,26 @@ mod tests {
     #[test]
     fn definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes_take_binary_and_decimal_units_and_refuse_the_rest() {
+        assert_eq!(size_arg("500000"), Ok(500_000));
+        assert_eq!(size_arg("64MiB"), Ok(64 << 20));
+        assert_eq!(size_arg("2GiB"), Ok(2 << 30));
+        assert_eq!(size_arg("3KB"), Ok(3_000));
+        assert_eq!(size_arg("7B"), Ok(7));
+        for bad in [
+            "",
+            "MiB",
+            "12 parsecs",
+            "1.5GiB",
+            "-3",
+            "99999999999999999999GiB",
+        ] {
+            assert!(size_arg(bad).is_err(), "{bad:?}");
+        }
+        assert!(size_arg("3mb").unwrap_err().contains("unknown size unit"));
     }
 
     #[test]

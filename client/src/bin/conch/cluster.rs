@@ -403,6 +403,14 @@ pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<
             Ok(ExitCode::SUCCESS)
         }
         ClusterCommand::Snapshot { node, all } => snapshot(client, node, all).await,
+        ClusterCommand::Budget { size } => {
+            let r = client.set_state_budget(size).await?;
+            crate::print_lines([format!(
+                "state budget {} bytes, {} stored",
+                r.budget_bytes, r.state_bytes
+            )])?;
+            Ok(ExitCode::SUCCESS)
+        }
         ClusterCommand::Backup { file } => crate::backup::run(client, &file).await,
     }
 }

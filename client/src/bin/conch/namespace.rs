@@ -1,4 +1,5 @@
-//! `conch namespace create | list`: the namespaces teams keep their semaphores in.
+//! `conch namespace create | list | quota`: the namespaces teams keep their semaphores in, and
+//! their quotas.
 //!
 //! One namespace per team, with the team's role allowed to write there and nowhere else, keeps
 //! one team's tokens from deleting or resizing another team's semaphores. Creating a namespace
@@ -8,6 +9,7 @@
 use std::process::ExitCode;
 
 use conch_client::Client;
+use conch_client::proto::conch::{NamespaceQuotas, NamespaceQuotasResponse};
 use conch_client::proto::grackle::Namespace;
 use serde::Serialize;
 
@@ -62,13 +64,117 @@ pub async fn run(client: &Client, command: NamespaceCommand) -> anyhow::Result<E
                 crate::print_lines(all.iter().map(line))?;
             }
         }
+        NamespaceCommand::Quota {
+            name,
+            semaphores,
+            leases,
+            entries,
+            bytes,
+            json,
+        } => {
+            let mut view = client.namespace_quotas(&name).await?;
+            if semaphores.is_some() || leases.is_some() || entries.is_some() || bytes.is_some() {
+                let now = view.quotas.unwrap_or_default();
+                let quotas = NamespaceQuotas {
+                    semaphores: semaphores.unwrap_or(now.semaphores),
+                    leases: leases.unwrap_or(now.leases),
+                    entries: entries.unwrap_or(now.entries),
+                    bytes: bytes.unwrap_or(now.bytes),
+                };
+                view = client.set_namespace_quotas(&name, quotas).await?;
+            }
+            let quota = QuotaJson::from(&view);
+            if json {
+                crate::print_lines([serde_json::to_string_pretty(&quota)?])?;
+            } else {
+                crate::print_lines(quota_lines(&quota))?;
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One quota: what is used and the most allowed.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Used {
+    pub used: u64,
+    pub quota: u64,
+}
+
+/// What `quota --json` prints.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct QuotaJson {
+    pub namespace: String,
+    pub semaphores: Used,
+    pub leases: Used,
+    pub entries: Used,
+    pub bytes: Used,
+    pub state_bytes: Used,
+}
+
+impl From<&NamespaceQuotasResponse> for QuotaJson {
+    fn from(v: &NamespaceQuotasResponse) -> Self {
+        let (q, u) = (v.quotas.unwrap_or_default(), v.usage.unwrap_or_default());
+        let used = |used, quota| Used { used, quota };
+        QuotaJson {
+            namespace: v.namespace_name.clone(),
+            semaphores: used(u.semaphores, q.semaphores),
+            leases: used(u.leases, q.leases),
+            entries: used(u.entries, q.entries),
+            bytes: used(u.bytes, q.bytes),
+            state_bytes: used(v.state_bytes, v.state_budget_bytes),
+        }
+    }
+}
+
+/// The text lines: `<quota>  <used> of <most>  (<percent>%)`, the state's budget last.
+pub fn quota_lines(q: &QuotaJson) -> Vec<String> {
+    let line = |what: &str, u: &Used| {
+        let percent = (u.used as f64 * 100.0 / u.quota.max(1) as f64).round();
+        format!("{what:<12} {} of {}  ({percent}%)", u.used, u.quota)
+    };
+    vec![
+        format!("namespace {}", q.namespace),
+        line("semaphores", &q.semaphores),
+        line("leases", &q.leases),
+        line("entries", &q.entries),
+        line("bytes", &q.bytes),
+        line("state bytes", &q.state_bytes),
+    ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quota_lines_show_use_against_each_quota() {
+        let q = QuotaJson {
+            namespace: "team-a".into(),
+            semaphores: Used { used: 3, quota: 10 },
+            leases: Used { used: 0, quota: 0 },
+            entries: Used { used: 1, quota: 4 },
+            bytes: Used {
+                used: 512,
+                quota: 1024,
+            },
+            state_bytes: Used {
+                used: 900,
+                quota: 9000,
+            },
+        };
+        assert_eq!(
+            quota_lines(&q),
+            [
+                "namespace team-a",
+                "semaphores   3 of 10  (30%)",
+                "leases       0 of 0  (0%)",
+                "entries      1 of 4  (25%)",
+                "bytes        512 of 1024  (50%)",
+                "state bytes  900 of 9000  (10%)",
+            ]
+        );
+    }
 
     #[test]
     fn lines_show_name_time_and_description() {
