@@ -862,3 +862,243 @@ async fn health_needs_a_token_not_the_most_powerful_one() -> anyhow::Result<()> 
     }
     Ok(())
 }
+
+/// `VmRSS` of a process, in bytes.
+fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS in /proc/PID/status")?;
+    Ok(kib * 1024)
+}
+
+/// A token with write on one namespace floods it with the largest semaphores it may create,
+/// from 32 callers at once: the namespace's byte quota stops it with RESOURCE_EXHAUSTED naming
+/// the quota, the token cannot raise its own quota, and every node's memory stays within what
+/// the README documents for a full namespace. The admin can still raise the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_token_flood_stops_at_the_namespace_quota() -> anyhow::Result<()> {
+    use conch_proto::conch::NamespaceQuotas;
+    use conch_proto::conch::conch_quota_client::ConchQuotaClient;
+    let (_work, cluster, admin) = cluster_with_admin(3).await?;
+    let admin = admin.as_str();
+    let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
+    let mut grackle = GrackleApiClient::new(channel(&cluster, 1)?);
+    let create = pb::CreateNamespaceRequest {
+        name: "flood".into(),
+        ..Default::default()
+    };
+    grackle
+        .create_namespace(with_token(create, Some(admin)))
+        .await?;
+    create_role(
+        &mut auth,
+        Some(admin),
+        "tenant",
+        false,
+        &[("flood", "write")],
+    )
+    .await?;
+    let (_, tenant) = create_token(&mut auth, Some(admin), "tenant", "tenant").await?;
+    cluster.wait_for_agreement(SHOW_UP).await?;
+    let rss_before: Vec<u64> = cluster
+        .nodes
+        .values()
+        .map(|n| rss_bytes(n.pid().context("running")?))
+        .collect::<anyhow::Result<_>>()?;
+
+    let metadata: std::collections::HashMap<String, String> = (0..32)
+        .map(|i| (format!("{i:0>128}"), "v".repeat(256)))
+        .collect();
+    let mut callers = tokio::task::JoinSet::new();
+    for caller in 0..32u64 {
+        let mut g = GrackleApiClient::new(channel(&cluster, 1 + caller % 3)?);
+        let (tenant, metadata) = (tenant.clone(), metadata.clone());
+        callers.spawn(async move {
+            for i in 0.. {
+                let request = pb::CreateSemaphoreRequest {
+                    namespace_name: "flood".into(),
+                    semaphore_name: format!("s{caller}-{i}"),
+                    description: "d".repeat(1024),
+                    permits: 1,
+                    metadata: metadata.clone(),
+                };
+                if let Err(status) = g.create_semaphore(with_token(request, Some(&tenant))).await {
+                    return (i, status);
+                }
+            }
+            unreachable!("the loop ends with a refusal")
+        });
+    }
+    let mut created = 0;
+    while let Some(joined) = callers.join_next().await {
+        let (count, status) = joined?;
+        created += count;
+        expect_code(
+            "a create past the quota",
+            Err::<(), _>(status),
+            Code::ResourceExhausted,
+            &["byte quota of namespace flood reached"],
+        )?;
+    }
+    // 64 MiB by default, each semaphore about 13.7 KB of stored bytes.
+    ensure!((4_000..5_000).contains(&created), "created {created}");
+
+    let mut quota = ConchQuotaClient::new(channel(&cluster, 2)?);
+    let own = NamespaceQuotas {
+        semaphores: 10_000,
+        leases: 10_000,
+        entries: 100_000,
+        bytes: 1 << 30,
+    };
+    expect_code(
+        "the tenant raising its own quota",
+        quota
+            .set_namespace_quotas(with_token(
+                conch_proto::conch::SetNamespaceQuotasRequest {
+                    namespace_name: "flood".into(),
+                    quotas: Some(own),
+                },
+                Some(&tenant),
+            ))
+            .await,
+        Code::PermissionDenied,
+        &[],
+    )?;
+    cluster.wait_for_agreement(SHOW_UP).await?;
+    // The README: a node's memory grows by about three times the stored bytes (the state, its
+    // log entries until the next snapshot, the snapshot being written).
+    const FULL_NAMESPACE: u64 = 3 * (64 << 20);
+    for ((id, node), before) in cluster.nodes.iter().zip(&rss_before) {
+        let rss = rss_bytes(node.pid().context("running")?)?;
+        ensure!(
+            rss <= before + FULL_NAMESPACE + 100_000_000,
+            "node {id}: RSS {} MiB after the flood, {} MiB before",
+            rss >> 20,
+            before >> 20
+        );
+    }
+    // The admin may raise it; the tenant's next create then succeeds.
+    let view = quota
+        .get_namespace_quotas(with_token(
+            conch_proto::conch::GetNamespaceQuotasRequest {
+                namespace_name: "flood".into(),
+            },
+            Some(&tenant),
+        ))
+        .await?
+        .into_inner();
+    let usage = view.usage.context("usage")?;
+    ensure!(usage.semaphores == created, "{view:?}");
+    let raised = NamespaceQuotas {
+        bytes: usage.bytes + (1 << 20),
+        ..view.quotas.context("quotas")?
+    };
+    quota
+        .set_namespace_quotas(with_token(
+            conch_proto::conch::SetNamespaceQuotasRequest {
+                namespace_name: "flood".into(),
+                quotas: Some(raised),
+            },
+            Some(admin),
+        ))
+        .await?;
+    let request = pb::CreateSemaphoreRequest {
+        namespace_name: "flood".into(),
+        semaphore_name: "after-the-raise".into(),
+        permits: 1,
+        ..Default::default()
+    };
+    grackle
+        .create_semaphore(with_token(request, Some(&tenant)))
+        .await?;
+    Ok(())
+}
+
+/// `conch namespace quota` shows a namespace's use against its quotas to a reader and sets
+/// them for a cluster admin, keeping the quotas not named; `conch cluster budget` sets the
+/// state's budget; a token without cluster-admin is refused (exit 77) and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_and_the_budget_from_the_cli() -> anyhow::Result<()> {
+    let (_work, cluster, admin) = cluster_with_admin(3).await?;
+    let mut auth = ConchAuthClient::new(channel(&cluster, 1)?);
+    let mut grackle = GrackleApiClient::new(channel(&cluster, 1)?);
+    let create = pb::CreateNamespaceRequest {
+        name: "team-a".into(),
+        ..Default::default()
+    };
+    grackle
+        .create_namespace(with_token(create, Some(&admin)))
+        .await?;
+    create_role(
+        &mut auth,
+        Some(&admin),
+        "jobs",
+        false,
+        &[("team-a", "write")],
+    )
+    .await?;
+    let (_, jobs) = create_token(&mut auth, Some(&admin), "jobs", "jobs").await?;
+    cluster.wait_for_agreement(SHOW_UP).await?;
+    let endpoints = cluster.endpoints().join(",");
+    let as_admin = [("CONCH_TOKEN", admin.as_str())];
+    let as_jobs = [("CONCH_TOKEN", jobs.as_str())];
+
+    let (code, out, err) = conch(
+        &endpoints,
+        &[
+            "namespace",
+            "quota",
+            "team-a",
+            "--semaphores",
+            "5",
+            "--bytes",
+            "1MiB",
+        ],
+        &as_admin,
+    )
+    .await?;
+    ensure!(code == 0, "set: {code} {out} {err}");
+    ensure!(
+        out.contains("semaphores   0 of 5  (0%)") && out.contains(&format!("of {}", 1 << 20)),
+        "{out}"
+    );
+    // The jobs token reads them (read on the namespace); the other quotas kept their defaults.
+    let (code, out, err) = conch(
+        &endpoints,
+        &["namespace", "quota", "team-a", "--json"],
+        &as_jobs,
+    )
+    .await?;
+    ensure!(code == 0, "read: {code} {out} {err}");
+    let json: serde_json::Value = serde_json::from_str(&out)?;
+    ensure!(
+        json["semaphores"]["quota"] == 5
+            && json["bytes"]["quota"] == 1 << 20
+            && json["leases"]["quota"] == 10_000,
+        "{json}"
+    );
+    let (code, _, err) = conch(
+        &endpoints,
+        &["namespace", "quota", "team-a", "--semaphores", "500"],
+        &as_jobs,
+    )
+    .await?;
+    ensure!(
+        code == EX_NO_PERMISSION && err.contains("cluster-admin"),
+        "{code} {err}"
+    );
+    let (code, out, err) = conch(&endpoints, &["cluster", "budget", "1GiB"], &as_admin).await?;
+    ensure!(
+        code == 0 && out.starts_with(&format!("state budget {} bytes, ", 1u64 << 30)),
+        "{code} {out} {err}"
+    );
+    let (code, _, err) = conch(&endpoints, &["cluster", "budget", "12 parsecs"], &as_admin).await?;
+    ensure!(
+        code == EX_USAGE && err.contains("unknown size unit"),
+        "{code} {err}"
+    );
+    Ok(())
+}

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::node::Node;
@@ -105,6 +105,9 @@ struct Gauges {
     leases: IntGauge,
     holders: IntGauge,
     waiters: IntGauge,
+    state_bytes: IntGauge,
+    state_budget_bytes: IntGauge,
+    quota_use: GaugeVec,
 }
 
 /// Creates metrics and registers them in one registry.
@@ -133,6 +136,12 @@ impl Builder {
 
     fn gauge(&self, name: &str, help: &str) -> IntGauge {
         self.register(IntGauge::new(name, help).unwrap_or_else(|_| invalid(name)))
+    }
+
+    fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+        self.register(
+            GaugeVec::new(Opts::new(name, help), labels).unwrap_or_else(|_| invalid(name)),
+        )
     }
 
     fn histogram(&self, name: &str, help: &str, buckets: &[f64]) -> Histogram {
@@ -264,6 +273,20 @@ impl Metrics {
                 "Holds (a lease holding permits of a semaphore).",
             ),
             waiters: b.gauge("conch_waiters", "Leases waiting in a queue."),
+            state_bytes: b.gauge(
+                "conch_state_bytes",
+                "Stored bytes of every namespace together, by the quotas' size model.",
+            ),
+            state_budget_bytes: b.gauge(
+                "conch_state_budget_bytes",
+                "The budget on conch_state_bytes; growth past it is refused.",
+            ),
+            quota_use: b.gauge_vec(
+                "conch_namespace_quota_use_ratio",
+                "The highest use of a quota over all namespaces, as a fraction of the quota, by \
+                 quota (semaphores, leases, entries, bytes); 1 means some namespace is full.",
+                &["quota"],
+            ),
         };
         let proposed_commands = b.counter(
             "conch_raft_proposed_commands_total",
@@ -350,6 +373,33 @@ impl Metrics {
         g.leases.set(clamp(stats.leases));
         g.holders.set(clamp(stats.holders));
         g.waiters.set(clamp(stats.waiters));
+        let (budget, bytes) = node.applied.read(|state| state.budget());
+        g.state_bytes.set(clamp(bytes));
+        g.state_budget_bytes.set(clamp(budget));
+        let quotas = node.applied.read(|state| state.all_quotas());
+        let ratio = |used: u64, quota: u64| match (used, quota) {
+            (0, _) => 0.0,
+            (_, 0) => 1.0,
+            (used, quota) => used as f64 / quota as f64,
+        };
+        let mut highest = [0.0f64; 4];
+        for q in &quotas {
+            let uses = [
+                ratio(q.semaphores, q.quotas.semaphores),
+                ratio(q.leases, q.quotas.leases),
+                ratio(q.entries, q.quotas.entries),
+                ratio(q.bytes, q.quotas.bytes),
+            ];
+            for (high, used) in highest.iter_mut().zip(uses) {
+                *high = high.max(used);
+            }
+        }
+        for (quota, high) in ["semaphores", "leases", "entries", "bytes"]
+            .iter()
+            .zip(highest)
+        {
+            g.quota_use.with_label_values(&[quota]).set(high);
+        }
     }
 }
 
