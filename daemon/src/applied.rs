@@ -1,7 +1,9 @@
 //! The applied state machine, shared between the Raft apply path and the API.
 //!
 //! Raft applies committed batches here; API handlers read from here, and the waits of queued
-//! acquires (`wait.rs`) are woken from here by the events each batch produces.
+//! acquires (`wait.rs`) are woken from here by the events each batch produces. Holder watches
+//! (`WaitHolderChange`) are woken only by a batch that changed their semaphore's holders, so a
+//! watcher costs nothing while other semaphores change.
 //!
 //! Invariants:
 //! - `applied_index` only moves forward, except when a snapshot replaces the state
@@ -10,8 +12,9 @@
 //!   write lock, so a reader holding the read lock sees the position of exactly the state it
 //!   reads ([`AppliedState::read_at`])
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
@@ -29,6 +32,66 @@ pub struct AppliedState {
     next_term: AtomicU64,
     /// (index, term) of the last entry applied; written only under the state's write lock.
     position: RwLock<(u64, u64)>,
+    holder_watches: HolderWatches,
+}
+
+/// The semaphores someone watches the holders of: per (namespace, semaphore), a counter of the
+/// applied batches that changed them. An entry lives while a [`HolderWatch`] holds it.
+#[derive(Default)]
+struct HolderWatches {
+    by_semaphore: Mutex<HashMap<(String, String), watch::Sender<u64>>>,
+}
+
+impl HolderWatches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), watch::Sender<u64>>> {
+        self.by_semaphore.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn changed<'a>(&self, semaphores: impl IntoIterator<Item = &'a (String, String)>) {
+        let map = self.lock();
+        if map.is_empty() {
+            return;
+        }
+        for key in semaphores {
+            if let Some(sender) = map.get(key) {
+                sender.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+    }
+
+    fn all_changed(&self) {
+        for sender in self.lock().values() {
+            sender.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
+/// A watch on one semaphore's holders: [`HolderWatch::changed`] resolves after an applied batch
+/// changed them (or the state was replaced). Dropping it ends the watch.
+pub struct HolderWatch {
+    applied: Arc<AppliedState>,
+    key: (String, String),
+    receiver: Option<watch::Receiver<u64>>,
+}
+
+impl HolderWatch {
+    /// Resolves at the next change after the last call (or after the watch began).
+    pub async fn changed(&mut self) {
+        if let Some(receiver) = self.receiver.as_mut() {
+            // The sender stays in the map while this receiver exists.
+            let _ = receiver.changed().await;
+        }
+    }
+}
+
+impl Drop for HolderWatch {
+    fn drop(&mut self) {
+        let mut map = self.applied.holder_watches.lock();
+        drop(self.receiver.take());
+        if map.get(&self.key).is_some_and(|s| s.receiver_count() == 0) {
+            map.remove(&self.key);
+        }
+    }
 }
 
 impl AppliedState {
@@ -45,6 +108,7 @@ impl AppliedState {
             metrics,
             next_term: AtomicU64::new(0),
             position: RwLock::new((applied_index, 0)),
+            holder_watches: HolderWatches::default(),
         })
     }
 
@@ -74,6 +138,7 @@ impl AppliedState {
         }
         let tally = state.take_tally();
         drop(state);
+        self.holder_watches.changed(&tally.holders_changed);
         self.count(batch, &tally);
         self.applied_index.send_replace(index);
         replies
@@ -111,6 +176,7 @@ impl AppliedState {
         self.set_position(index);
         self.waits.recheck_all(index);
         drop(current);
+        self.holder_watches.all_changed();
         self.applied_index.send_replace(index);
     }
 
@@ -143,6 +209,23 @@ impl AppliedState {
         *self.applied_index.borrow()
     }
 
+    /// Watches the holders of `ns/sem`. Watch before reading them, so no change between the
+    /// read and the wait is missed.
+    pub fn watch_holders(self: &Arc<Self>, ns: &str, sem: &str) -> HolderWatch {
+        let key = (ns.to_string(), sem.to_string());
+        let receiver = self
+            .holder_watches
+            .lock()
+            .entry(key.clone())
+            .or_insert_with(|| watch::Sender::new(0))
+            .subscribe();
+        HolderWatch {
+            applied: Arc::clone(self),
+            key,
+            receiver: Some(receiver),
+        }
+    }
+
     /// Watches the applied index.
     pub fn subscribe_applied(&self) -> watch::Receiver<u64> {
         self.applied_index.subscribe()
@@ -159,5 +242,81 @@ impl AppliedState {
     /// proposing the acquire.
     pub fn register_wait(&self, key: WaitKey) -> WaitTicket {
         self.waits.register(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::state::{Cmd, Metadata, Outcome};
+
+    fn batch(cmds: Vec<Cmd>) -> Batch {
+        Batch {
+            now_ns: 1,
+            cmds,
+            wall_ns: 1,
+        }
+    }
+
+    fn semaphore(name: &str) -> Cmd {
+        Cmd::CreateSemaphore {
+            ns: "n".into(),
+            name: name.into(),
+            description: String::new(),
+            permits: 1,
+            metadata: Metadata::new(),
+        }
+    }
+
+    /// A holder watch wakes for a change of its semaphore's holders and for nothing else:
+    /// neither other semaphores' holders nor entries that leave its holders as they are.
+    #[test]
+    fn a_holder_watch_wakes_only_for_its_semaphore() {
+        let applied = AppliedState::new(State::new(), 0);
+        let create_ns = Cmd::CreateNamespace {
+            name: "n".into(),
+            description: String::new(),
+            metadata: Metadata::new(),
+        };
+        let lease = Cmd::CreateLease {
+            ns: "n".into(),
+            process_id: String::new(),
+            ttl_s: 60,
+            metadata: Metadata::new(),
+            secret: 1,
+        };
+        let replies = applied.apply(
+            1,
+            &batch(vec![create_ns, semaphore("a"), semaphore("b"), lease]),
+        );
+        let Some(Ok(Outcome::Lease(lease))) = replies.last() else {
+            panic!("{replies:?}")
+        };
+        let acquire = |sem: &str| Cmd::Acquire {
+            ns: "n".into(),
+            sem: sem.into(),
+            lease: lease.lease_id.clone(),
+            weight: 1,
+            wait_ns: 0,
+            metadata: Metadata::new(),
+        };
+        let mut watch = applied.watch_holders("n", "a");
+        assert!(
+            watch.changed().now_or_never().is_none(),
+            "nothing changed yet"
+        );
+        applied.apply(2, &batch(vec![acquire("b"), semaphore("c")]));
+        assert!(
+            watch.changed().now_or_never().is_none(),
+            "b and c are not watched"
+        );
+        applied.apply(3, &batch(vec![acquire("a")]));
+        assert!(watch.changed().now_or_never().is_some(), "a's holder came");
+        assert!(watch.changed().now_or_never().is_none(), "seen once");
+        // The last watch of a semaphore gone, nothing is kept for it.
+        drop(watch);
+        assert!(applied.holder_watches.lock().is_empty());
     }
 }

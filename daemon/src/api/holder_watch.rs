@@ -3,9 +3,10 @@
 //! follows an election with it, without polling.
 //!
 //! The wait starts with a linearizable read (so an answer is never older than the call), then
-//! watches this node's applied index: every applied entry wakes the wait, which reads the one
-//! semaphore again. Nothing is proposed and no timer fires besides the call's own deadline. See
-//! `docs/design.md` (Holder-change waits).
+//! watches the one semaphore on this node's applied state: only an applied entry that changed
+//! its holders wakes the wait, which reads them again, so a watcher costs work per change of its
+//! semaphore, not per entry. Nothing is proposed and no timer fires besides the call's own
+//! deadline. See `docs/design.md` (Holder-change waits).
 
 use std::time::Duration;
 
@@ -54,20 +55,15 @@ pub async fn wait(
 ) -> Result<Holders, ApiError> {
     let deadline = tokio::time::Instant::now() + timeout.min(MAX_WAIT);
     node.linearizable().await?;
-    // Subscribe before reading, so no entry applied between the read and the wait is missed.
-    let mut applied = node.applied.subscribe_applied();
+    // Watch before reading, so no change applied between the read and the wait is missed.
+    let mut watch = node.applied.watch_holders(ns, sem);
     loop {
-        applied.borrow_and_update();
         let now = node.applied.read(|s| holders(s, ns, sem))?;
         if now.token() != known_token {
             return Ok(now);
         }
         tokio::select! {
-            changed = applied.changed() => {
-                if changed.is_err() {
-                    return Ok(now);
-                }
-            }
+            () = watch.changed() => {}
             _ = tokio::time::sleep_until(deadline) => return Ok(now),
             // The node stops: answer with what is known, the caller watches on elsewhere.
             () = node.tasks.stopping() => return Ok(now),

@@ -52,6 +52,9 @@ pub struct Tally {
     pub waits_ns: Vec<Nanos>,
     /// Leases revoked because their expiry passed.
     pub expirations: u64,
+    /// Semaphores, as (namespace, semaphore), whose holders changed: a hold added, replaced
+    /// or dropped, or the semaphore deleted. Holder watches wake on these only.
+    pub holders_changed: BTreeSet<(String, String)>,
 }
 
 /// The canonical data: what snapshots carry and `hash` covers.
@@ -455,6 +458,11 @@ impl Namespaces {
     pub(super) fn remove(&mut self, name: &str, ctx: &mut Ctx) -> Option<Namespace> {
         let ns = self.0.remove(name)?;
         ctx.index.namespace_names.remove(&ns.id);
+        ctx.tally.holders_changed.extend(
+            ns.semaphores
+                .keys()
+                .map(|sem| (ns.name.clone(), sem.clone())),
+        );
         ctx.index.remove_bytes(ns.usage.bytes);
         for (sem_name, sem) in &ns.semaphores {
             ctx.index.remove_holders(sem.holders.len() as u64);
@@ -654,6 +662,9 @@ impl Namespace {
     /// the caller can tell its waiters.
     pub(super) fn remove_semaphore(&mut self, name: &str, ctx: &mut Ctx) -> Option<Semaphore> {
         let sem = self.semaphores.remove(name)?;
+        ctx.tally
+            .holders_changed
+            .insert((self.name.clone(), name.to_string()));
         let entries = (sem.holders.len() + sem.waiters.len()) as u64;
         self.remove_usage(entries, sem.bytes(name), ctx);
         for seq in sem.holders.keys() {
@@ -686,6 +697,9 @@ impl Namespace {
         sem.holders_by_token.insert(holder.token, seq);
         let added = quota::entry_bytes(&holder.metadata);
         let old = sem.holders.insert(seq, holder);
+        ctx.tally
+            .holders_changed
+            .insert((self.name.clone(), sem_name.to_string()));
         match &old {
             Some(old) => {
                 sem.held = sem.held.saturating_sub(old.weight);
@@ -715,6 +729,9 @@ impl Namespace {
         let sem = self.semaphores.get_mut(sem_name)?;
         let old = sem.take_holder(seq)?;
         ctx.index.remove_holders(1);
+        ctx.tally
+            .holders_changed
+            .insert((self.name.clone(), sem_name.to_string()));
         self.remove_usage(1, quota::entry_bytes(&old.metadata), ctx);
         if let Some(lease) = self.leases.get_mut(&seq) {
             lease.holds.remove(sem_name);
