@@ -32,6 +32,19 @@ pub use crate::state::auth::CLI_NAMESPACE;
 /// A token (generated or from the bootstrap file) has at least this many characters.
 pub const TOKEN_MIN_CHARS: usize = 32;
 
+/// SHA-256 of the bearer token in `metadata`, if it carries one.
+pub fn token_hash(metadata: &MetadataMap) -> Option<TokenHash> {
+    metadata
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        })
+        .filter(|t| !t.trim().is_empty())
+        .map(hash_token)
+}
+
 /// SHA-256 of a token as presented (surrounding whitespace removed).
 pub fn hash_token(token: &str) -> TokenHash {
     Sha256::digest(token.trim().as_bytes()).into()
@@ -74,16 +87,9 @@ impl Caller {
     }
 
     pub fn from_metadata(_node: &Node, metadata: &MetadataMap) -> Caller {
-        let token = metadata
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                let (scheme, token) = v.trim().split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then_some(token)
-            })
-            .filter(|t| !t.trim().is_empty())
-            .map(hash_token);
-        Caller { token }
+        Caller {
+            token: token_hash(metadata),
+        }
     }
 
     /// Refuses the call unless its token grants `access` (always allowed while off), and while

@@ -21,11 +21,13 @@ use crate::state::auth::{Access, Permission};
 
 pub struct ConchApiService {
     node: Arc<Node>,
+    /// Holder watches per principal (see `admission.rs`).
+    waiting: Arc<super::admission::Waiting>,
 }
 
 impl ConchApiService {
-    pub fn new(node: Arc<Node>) -> Self {
-        ConchApiService { node }
+    pub fn new(node: Arc<Node>, waiting: Arc<super::admission::Waiting>) -> Self {
+        ConchApiService { node, waiting }
     }
 }
 
@@ -67,6 +69,7 @@ impl ConchApi for ConchApiService {
         &self,
         request: Request<cpb::WaitHolderChangeRequest>,
     ) -> Result<Response<cpb::WaitHolderChangeResponse>, Status> {
+        let principal = super::admission::Principal::of(&request);
         let caller = Caller::of(&self.node, &request);
         let r = request.into_inner();
         caller.allow(
@@ -74,6 +77,10 @@ impl ConchApi for ConchApiService {
             Access::Namespace(&r.namespace_name, Permission::Read),
         )?;
         let timeout = std::time::Duration::from_millis(r.timeout_ms);
+        let _waiting = match timeout.is_zero() {
+            true => None,
+            false => Some(self.waiting.enter(principal)?),
+        };
         let mut now = super::holder_watch::wait(
             &self.node,
             &r.namespace_name,

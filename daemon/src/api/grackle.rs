@@ -19,11 +19,13 @@ use crate::wait::{self, WaitKey};
 
 pub struct GrackleService {
     node: Arc<Node>,
+    /// Blocking acquires per principal (see `admission.rs`).
+    waiting: Arc<super::admission::Waiting>,
 }
 
 impl GrackleService {
-    pub fn new(node: Arc<Node>) -> Self {
-        GrackleService { node }
+    pub fn new(node: Arc<Node>, waiting: Arc<super::admission::Waiting>) -> Self {
+        GrackleService { node, waiting }
     }
 
     /// The request's message, once its caller may `need` on the namespace it names.
@@ -299,8 +301,15 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
+        let principal = super::admission::Principal::of(&request);
         let (write, r) = self.write_request(request)?;
         let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
+        // A call that may wait counts against its principal's waiting calls until it ends;
+        // one past the limit is refused before anything is proposed.
+        let _waiting = match wait_ns > 0 {
+            true => Some(self.waiting.enter(principal)?),
+            false => None,
+        };
         let key = WaitKey {
             ns: r.namespace_name,
             sem: r.semaphore_name,

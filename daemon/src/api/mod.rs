@@ -18,6 +18,7 @@ use crate::identity::CLUSTER_ID_HEADER;
 use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
+pub mod admission;
 pub mod auth;
 pub mod backup;
 pub mod conch;
@@ -44,10 +45,15 @@ pub const LEADER_HEADER: &str = "conch-leader";
 /// the in-process client (`embed::LocalClient`) both serve. Once this node was removed from the
 /// cluster, every call is answered UNAVAILABLE saying so (see `removal.rs`).
 pub fn client_routes(node: &Arc<Node>) -> Routes {
-    let grackle = GrackleApiServer::new(grackle::GrackleService::new(Arc::clone(node)))
-        .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
+    // One count of waiting calls per principal for every service whose calls wait.
+    let waiting = Arc::new(admission::Waiting::default());
+    let grackle = GrackleApiServer::new(grackle::GrackleService::new(
+        Arc::clone(node),
+        Arc::clone(&waiting),
+    ))
+    .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let grackle = InterceptedService::new(grackle, unless_removed(node));
-    let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(node)))
+    let conch_api = ConchApiServer::new(conch::ConchApiService::new(Arc::clone(node), waiting))
         .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES);
     let conch_api = InterceptedService::new(conch_api, unless_removed(node));
     let auth = ConchAuthServer::new(auth::AuthService::new(Arc::clone(node)))
@@ -158,6 +164,7 @@ pub async fn serve(
     let builder = || {
         Server::builder()
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+            .max_concurrent_streams(Some(admission::MAX_STREAMS_PER_CONNECTION))
             // Every call is counted; every client-facing response names the leader, errors too.
             .layer(responses::ResponseLayer::new(Arc::clone(&node)))
     };
@@ -190,16 +197,17 @@ async fn serve_on(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    use admission::{MAX_CONNECTIONS, limit_connections};
     if let Some(tls) = &node.config.tls {
         let incoming = crate::tls::incoming(listener, Arc::clone(tls), &node.tasks);
         return router
-            .serve_with_incoming_shutdown(incoming, shutdown)
+            .serve_with_incoming_shutdown(limit_connections(incoming, MAX_CONNECTIONS), shutdown)
             .await;
     }
     // Accepted sockets get TCP_NODELAY here: with a custom listener tonic ignores
     // `Server::tcp_nodelay`, and Nagle's algorithm with delayed ACKs stalls replies by ~40 ms.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     router
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(limit_connections(incoming, MAX_CONNECTIONS), shutdown)
         .await
 }
