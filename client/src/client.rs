@@ -51,6 +51,7 @@ use crate::backoff::Backoff;
 use crate::duration::format_duration;
 use crate::endpoint::{EndpointAddr, parse_endpoint};
 use crate::error::{Class, Error, Result, classify};
+pub use crate::request_id::request;
 use crate::request_id::{new_request_id, request_with_id};
 use crate::tls::ClientTls;
 
@@ -203,13 +204,6 @@ fn deadline_passed(status: &Status) -> bool {
         source = e.source();
     }
     false
-}
-
-/// Builds a request with a `grpc-timeout`.
-pub fn request<T>(message: T, timeout: Duration) -> Request<T> {
-    let mut r = Request::new(message);
-    r.set_timeout(timeout);
-    r
 }
 
 impl Client {

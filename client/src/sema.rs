@@ -111,6 +111,16 @@ pub enum SemaphoreKind {
 ///     Some(SemaphoreKind::HostLock { name: "video-encode".into(), max: 2 })
 /// );
 /// assert_eq!(semaphore_kind("video-encode"), None);
+
+/// The suffix that makes an election's semaphore name (`conch elect`, see `elect`).
+pub const ELECTION_SUFFIX: &str = ".elect";
+
+/// The election a semaphore name of the `conch` namespace belongs to, if it is one.
+pub fn election_name(semaphore: &str) -> Option<&str> {
+    semaphore
+        .strip_suffix(ELECTION_SUFFIX)
+        .filter(|n| !n.is_empty())
+}
 /// ```
 pub fn semaphore_kind(semaphore: &str) -> Option<SemaphoreKind> {
     let main = |full: &str| {
@@ -120,7 +130,7 @@ pub fn semaphore_kind(semaphore: &str) -> Option<SemaphoreKind> {
         }
         Some((name.to_string(), max.parse::<u64>().ok()?))
     };
-    if crate::elect::election_name(semaphore).is_some() {
+    if election_name(semaphore).is_some() {
         return None;
     }
     if let Some((prefix, _host)) = semaphore.rsplit_once(".host-")
