@@ -3,9 +3,9 @@
 use bincode::Options;
 
 use super::data::{Data, State, Tally};
+use super::hash::fnv1a64;
 use super::lease_id::{lease_id, lease_seq};
 use super::limits::*;
-use super::hash::fnv1a64;
 use super::snapshot::bincode_options;
 use super::types::*;
 
