@@ -523,7 +523,7 @@ fn peer_addresses(
 /// Reads a secret file for `flag` (surrounding whitespace ignored) and returns its SHA-256; one
 /// that group or others may read or change is refused.
 fn read_secret_file(flag: &str, path: &Path) -> Result<[u8; 32], ConfigError> {
-    use crate::api::auth::{TOKEN_MIN_CHARS, hash_token};
+    use crate::secret::{TOKEN_MIN_CHARS, hash_token};
     if let Some(problem) = crate::private_file::problem(path) {
         return Err(ConfigError::Invalid(format!(
             "{flag} {}: {problem}",
@@ -1136,13 +1136,13 @@ mod tests {
         assert!(config.peers_authenticate());
         assert_eq!(
             config.peer_secret,
-            Some(crate::api::auth::hash_token(
+            Some(crate::secret::hash_token(
                 "fedcba9876543210fedcba9876543210"
             ))
         );
         assert_eq!(
             config.bootstrap_admin_token,
-            Some(crate::api::auth::hash_token(
+            Some(crate::secret::hash_token(
                 "0123456789abcdef0123456789abcdef"
             ))
         );

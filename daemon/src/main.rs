@@ -228,7 +228,7 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
         );
         notify::ready(&format!("node {} serving on {listening}", config.id));
         // Removed from the cluster, the node stops as on SIGTERM, then exits with its own code.
-        let removed = conchd::removal::removed(Arc::clone(node.node()));
+        let removed = conchd::retire::removed(Arc::clone(node.node()));
         let mut removal = None;
         let shutdown = async {
             tokio::select! {

@@ -1,10 +1,11 @@
-//! Prometheus metrics: one registry per node, served as text on `/metrics` over HTTP/1.1.
+//! Prometheus metrics: one registry per node (served as text on `/metrics` over HTTP/1.1 by
+//! `metrics_http.rs`). A leaf: every layer records into it, it imports none of them.
 //!
 //! Three kinds of values:
 //! - counters and histograms the node updates as things happen (gRPC calls, proposals, log
 //!   appends, snapshots, grants, expirations), held in groups that the code paths own a clone
 //!   of ([`LogMetrics`], [`ApplyMetrics`], [`SnapshotMetrics`]; a clone shares its values);
-//! - gauges read at scrape time from Raft's metrics and the applied state ([`Metrics::render`]),
+//! - gauges set at scrape time from Raft's metrics and the applied state ([`Metrics::render`]),
 //!   so they are never stale and cost nothing between scrapes;
 //! - the process's resident memory, open files and CPU time (the crate's process collector).
 //!
@@ -12,7 +13,6 @@
 //! `_bytes`), `_total` for counters. Labels never carry user data (names of namespaces,
 //! semaphores or leases), so the series count stays fixed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::core::Collector;
@@ -21,7 +21,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::node::Node;
+use crate::state::Stats;
 
 /// Latency buckets from 100 µs to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -318,39 +318,45 @@ impl Metrics {
         self.commands_per_entry.observe(commands as f64);
     }
 
-    /// The text exposition of every metric, gauges read now from `node`.
-    pub fn render(&self, node: &Node) -> Result<String, prometheus::Error> {
-        self.read_gauges(node);
+    /// The text exposition of every metric, the gauges set from `raft` and `stats` (read by
+    /// the caller at scrape time).
+    pub fn render(&self, raft: &RaftGauges, stats: &Stats) -> Result<String, prometheus::Error> {
+        self.set_gauges(raft, stats);
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
     }
 
-    fn read_gauges(&self, node: &Node) {
+    fn set_gauges(&self, raft: &RaftGauges, stats: &Stats) {
         let g = &self.gauges;
-        {
-            let m = node.raft.metrics();
-            let m = m.borrow();
-            let leader = crate::node::known_leader(&m, node.id);
-            let last_log = m.last_log_index.unwrap_or(0);
-            let applied = m.last_applied.map_or(0, |l| l.index);
-            g.term.set(clamp(m.current_term));
-            g.leader_id.set(clamp(leader.unwrap_or(0)));
-            g.is_leader.set(i64::from(leader == Some(node.id)));
-            g.last_log_index.set(clamp(last_log));
-            g.applied_index.set(clamp(applied));
-            g.apply_lag.set(clamp(last_log.saturating_sub(applied)));
-            g.members.set(clamp(
-                m.membership_config.membership().voter_ids().count() as u64
-            ));
-        }
-        let stats = node.applied.read(|state| state.stats());
+        g.term.set(clamp(raft.term));
+        g.leader_id.set(clamp(raft.leader.unwrap_or(0)));
+        g.is_leader.set(i64::from(raft.is_leader));
+        g.last_log_index.set(clamp(raft.last_log_index));
+        g.applied_index.set(clamp(raft.applied_index));
+        g.apply_lag.set(clamp(
+            raft.last_log_index.saturating_sub(raft.applied_index),
+        ));
+        g.members.set(clamp(raft.members));
         g.namespaces.set(clamp(stats.namespaces));
         g.semaphores.set(clamp(stats.semaphores));
         g.leases.set(clamp(stats.leases));
         g.holders.set(clamp(stats.holders));
         g.waiters.set(clamp(stats.waiters));
     }
+}
+
+/// Raft's side of the gauges, as the node reads it at scrape time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RaftGauges {
+    pub term: u64,
+    /// The leader as this node knows it (see `node::known_leader`).
+    pub leader: Option<u64>,
+    pub is_leader: bool,
+    pub last_log_index: u64,
+    pub applied_index: u64,
+    /// Voters in the membership.
+    pub members: u64,
 }
 
 fn clamp(value: u64) -> i64 {
@@ -379,73 +385,6 @@ impl Default for SnapshotMetrics {
 /// Observes `duration` in seconds.
 pub fn observe(histogram: &Histogram, duration: Duration) {
     histogram.observe(duration.as_secs_f64());
-}
-
-/// Serves `/metrics` on `listener` until the node stops: HTTP/1.1, GET only.
-pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
-    use hyper::server::conn::http1;
-    use hyper_util::rt::TokioIo;
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics listener: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let tasks = node.tasks.clone();
-        let node = Arc::clone(&node);
-        tasks.spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let node = Arc::clone(&node);
-                async move { Ok::<_, std::convert::Infallible>(respond(&node, &request)) }
-            });
-            let connection = http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "metrics connection");
-            }
-        });
-    }
-}
-
-type Body = http_body_util::Full<hyper::body::Bytes>;
-
-fn respond<B>(node: &Node, request: &hyper::Request<B>) -> hyper::Response<Body> {
-    use hyper::{Method, StatusCode};
-    let reply = |status: StatusCode, content_type: &str, body: String| {
-        let mut response = hyper::Response::new(Body::from(body));
-        *response.status_mut() = status;
-        if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
-            response
-                .headers_mut()
-                .insert(hyper::header::CONTENT_TYPE, value);
-        }
-        response
-    };
-    match (request.method(), request.uri().path()) {
-        (&Method::GET, "/metrics") => match node.metrics.render(node) {
-            Ok(text) => reply(StatusCode::OK, prometheus::TEXT_FORMAT, text),
-            Err(e) => reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain; charset=utf-8",
-                format!("metrics: {e}\n"),
-            ),
-        },
-        (_, "/metrics") => reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "use GET\n".into(),
-        ),
-        _ => reply(
-            StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "conchd serves /metrics here\n".into(),
-        ),
-    }
 }
 
 #[cfg(test)]

@@ -15,12 +15,12 @@ use std::sync::Arc;
 
 use conch_proto::conch as cpb;
 use conch_proto::conch::conch_auth_server::ConchAuth;
-use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::status::ApiError;
-use crate::node::{Node, NodeError};
+use crate::error::NodeError;
+use crate::node::Node;
 use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView, access_of};
 use crate::state::{Cmd, Error, ErrorKind, Outcome};
 
@@ -28,14 +28,8 @@ use crate::state::{Cmd, Error, ErrorKind, Outcome};
 pub const AUTHORIZATION: &str = "authorization";
 /// Generated tokens start with this.
 pub const TOKEN_PREFIX: &str = "conch_";
+pub use crate::secret::{TOKEN_MIN_CHARS, hash_token};
 pub use crate::state::auth::CLI_NAMESPACE;
-/// A token (generated or from the bootstrap file) has at least this many characters.
-pub const TOKEN_MIN_CHARS: usize = 32;
-
-/// SHA-256 of a token as presented (surrounding whitespace removed).
-pub fn hash_token(token: &str) -> TokenHash {
-    Sha256::digest(token.trim().as_bytes()).into()
-}
 
 /// A new random token: `conch_` and 64 hex digits (256 bits).
 pub fn generate_token() -> Result<String, ApiError> {

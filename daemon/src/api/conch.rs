@@ -15,7 +15,8 @@ use super::auth::{Caller, forward};
 use super::convert;
 use super::membership;
 use super::status::ApiError;
-use crate::node::{Node, NodeError};
+use crate::error::NodeError;
+use crate::node::Node;
 use crate::state::Error;
 use crate::state::auth::{Access, Permission};
 
@@ -171,7 +172,7 @@ impl AdminService {
                 let removed =
                     removal.voters.contains(&member.id) || removal.learners.contains(&member.id);
                 if removed && member.id != self.node.id {
-                    crate::removal::tell(
+                    crate::retire::tell(
                         Arc::clone(&self.node),
                         member.id,
                         member.addr.clone(),

@@ -17,8 +17,9 @@ use tonic::{Request, Response, Status};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 
 use super::status::ApiError;
+use crate::error::NodeError;
 use crate::identity::{PEER_ID_HEADER, PEER_SECRET_HEADER};
-use crate::node::{Node, NodeError};
+use crate::node::Node;
 use crate::raft::network::{decode, encode};
 use crate::raft::{NodeId, TypeConfig, peer_target};
 use crate::state::Cmd;
@@ -236,6 +237,6 @@ impl ConchPeer for PeerService {
         for_this_node(&self.node, &request)?;
         from_member(&self.node, &request)?;
         let notice = decode_request(&request)?;
-        Ok(encode_reply(&crate::removal::notice(&self.node, notice))?)
+        Ok(encode_reply(&crate::retire::notice(&self.node, notice))?)
     }
 }
