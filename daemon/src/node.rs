@@ -43,8 +43,10 @@ use crate::storage_fault;
 use crate::tasks::Tasks;
 
 mod leader_wait;
+mod raft_view;
 
 use leader_wait::{LeaderWait, Woken};
+pub use raft_view::{Member, MembershipChange, MembershipChanged, RaftStatus, RaftWatch};
 
 /// Most commands put into one Raft entry.
 const BATCH_MAX_CMDS: usize = 4096;

@@ -186,7 +186,7 @@ impl ConchPeer for PeerService {
         sent_by(&request, rpc.vote.leader_id().voted_for())?;
         self.node.cluster_id.adopt_from(request.metadata());
         self.node.note_client_addr(from, request.metadata());
-        Ok(encode_reply(&self.node.raft.append_entries(rpc).await)?)
+        Ok(encode_reply(&self.node.append_entries(rpc).await)?)
     }
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
@@ -194,7 +194,7 @@ impl ConchPeer for PeerService {
         from_member(&self.node, &request)?;
         let rpc: VoteRequest<NodeId> = decode_request(&request)?;
         sent_by(&request, rpc.vote.leader_id().voted_for())?;
-        Ok(encode_reply(&self.node.raft.vote(rpc).await)?)
+        Ok(encode_reply(&self.node.vote(rpc).await)?)
     }
 
     async fn install_snapshot(
@@ -205,7 +205,7 @@ impl ConchPeer for PeerService {
         let rpc: InstallSnapshotRequest<TypeConfig> = decode_request(&request)?;
         sent_by(&request, rpc.vote.leader_id().voted_for())?;
         self.node.cluster_id.adopt_from(request.metadata());
-        Ok(encode_reply(&self.node.raft.install_snapshot(rpc).await)?)
+        Ok(encode_reply(&self.node.install_snapshot(rpc).await)?)
     }
 
     async fn propose(
