@@ -56,7 +56,7 @@ use crate::request_id::{new_request_id, request_with_id};
 use crate::tls::ClientTls;
 
 /// The response metadata key in which conchd names the leader's client address.
-pub const LEADER_METADATA_KEY: &str = "conch-leader";
+pub use conch_proto::wire::LEADER_HEADER as LEADER_METADATA_KEY;
 
 /// Page size used when listing holders and waiters.
 const PAGE_LIMIT: i32 = 250;

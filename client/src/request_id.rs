@@ -13,7 +13,7 @@ use tonic::Request;
 use tonic::metadata::MetadataValue;
 
 /// The request metadata key carrying a write's request id.
-pub const REQUEST_ID_METADATA_KEY: &str = "conch-request-id";
+pub use conch_proto::wire::REQUEST_ID_HEADER as REQUEST_ID_METADATA_KEY;
 
 /// A fresh request id: 128 bits in hex, from the process's randomly keyed hasher, the time
 /// and a counter (unique, not secret).
