@@ -399,11 +399,7 @@ fn paths(tokens: &[Token]) -> Vec<FoundPath> {
                 braces.push(opens_mod);
                 inline += usize::from(opens_mod);
             }
-            "}" => {
-                if braces.pop() == Some(true) {
-                    inline -= 1;
-                }
-            }
+            "}" if braces.pop() == Some(true) => inline -= 1,
             _ => {}
         }
         let starts = matches!(token.text.as_str(), "crate" | "super" | "self")

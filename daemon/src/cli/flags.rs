@@ -234,7 +234,7 @@ impl RestoreFlags {
         RestoreArgs {
             file: self.file.clone(),
             data_dir: self.data_dir.clone(),
-            id: self.id.clone(),
+            id: self.id,
             initial_cluster: self.initial_cluster.clone(),
             cluster_name: self.cluster_name.clone(),
         }
