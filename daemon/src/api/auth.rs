@@ -24,12 +24,10 @@ use crate::node::Node;
 use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView, access_of};
 use crate::state::{Cmd, Error, ErrorKind, Outcome};
 
-/// The metadata key carrying the token.
-pub const AUTHORIZATION: &str = "authorization";
+pub use conch_proto::wire::AUTHORIZATION;
 /// Generated tokens start with this.
 pub const TOKEN_PREFIX: &str = "conch_";
-pub use crate::secret::{TOKEN_MIN_CHARS, hash_token};
-pub use crate::state::auth::CLI_NAMESPACE;
+use crate::secret::hash_token;
 
 /// A new random token: `conch_` and 64 hex digits (256 bits).
 pub fn generate_token() -> Result<String, ApiError> {
@@ -456,6 +454,7 @@ impl ConchAuth for AuthService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::secret::TOKEN_MIN_CHARS;
 
     #[test]
     fn generated_tokens_are_long_random_and_hash_trimmed() {

@@ -69,7 +69,6 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, Entry, OptionalSend, RaftLogReader, StorageIOError, Vote};
 use serde::de::DeserializeOwned;
 
-pub use super::codec::CodecError;
 use super::codec::{decode_value, encode_value};
 use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
@@ -101,6 +100,7 @@ pub enum Durability {
     Fsync,
     /// Appends are written but not synced (sled's flush still runs for the vote): survives a
     /// process crash, not necessarily power loss. For tests and benchmarks on throwaway data.
+    #[allow(dead_code)]
     Flush,
 }
 
@@ -1013,6 +1013,7 @@ mod tests {
 
     use super::*;
     use crate::applied::AppliedState;
+    use crate::raft::codec::CodecError;
     use crate::raft::state_machine::StateMachine;
     use crate::state::{Batch, Cmd, State};
 

@@ -88,6 +88,7 @@ pub fn refresh_ttl_s(value: u64) -> Result<(), Error> {
 }
 
 /// An acquire's `timeout_seconds` as the API receives it: 0–300.
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn timeout_s(value: i64) -> Result<(), Error> {
     if (0..=TIMEOUT_MAX_S).contains(&value) {
         Ok(())
