@@ -54,11 +54,12 @@ use crate::backoff::Backoff;
 use crate::duration::format_duration;
 use crate::endpoint::{EndpointAddr, parse_endpoint};
 use crate::error::{Class, Error, Result, classify};
+pub use crate::request_id::request;
 use crate::request_id::{new_request_id, request_with_id};
 use crate::tls::ClientTls;
 
 /// The response metadata key in which conchd names the leader's client address.
-pub const LEADER_METADATA_KEY: &str = "conch-leader";
+pub use conch_proto::wire::LEADER_HEADER as LEADER_METADATA_KEY;
 
 /// Page size used when listing holders and waiters.
 const PAGE_LIMIT: i32 = 250;
@@ -206,13 +207,6 @@ fn deadline_passed(status: &Status) -> bool {
         source = e.source();
     }
     false
-}
-
-/// Builds a request with a `grpc-timeout`.
-pub fn request<T>(message: T, timeout: Duration) -> Request<T> {
-    let mut r = Request::new(message);
-    r.set_timeout(timeout);
-    r
 }
 
 impl Client {

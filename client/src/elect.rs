@@ -20,13 +20,10 @@ use conch_proto::grackle::SemaphoreHolder;
 use crate::sema::{MAX_NAME_LEN, validate_name};
 use crate::{CallOptions, Client, Result};
 
-pub use crate::sema::NAMESPACE;
+pub use crate::sema::{ELECTION_SUFFIX as SUFFIX, NAMESPACE, election_name};
 
 /// Holder/waiter metadata key: the candidate's `--value`.
 pub const META_VALUE: &str = "value";
-
-/// The suffix that makes an election's semaphore name.
-pub const SUFFIX: &str = ".elect";
 
 /// The semaphore of election `name`: `<name>.elect`.
 ///
@@ -45,11 +42,6 @@ pub fn semaphore_name(name: &str) -> std::result::Result<String, String> {
         ));
     }
     Ok(full)
-}
-
-/// The election a semaphore name of the `conch` namespace belongs to, if it is one.
-pub fn election_name(semaphore: &str) -> Option<&str> {
-    semaphore.strip_suffix(SUFFIX).filter(|n| !n.is_empty())
 }
 
 /// The holders of a semaphore after a [`Client::wait_holder_change`].

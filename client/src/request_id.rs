@@ -12,10 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tonic::Request;
 use tonic::metadata::MetadataValue;
 
-use crate::client::request;
-
 /// The request metadata key carrying a write's request id.
-pub const REQUEST_ID_METADATA_KEY: &str = "conch-request-id";
+pub use conch_proto::wire::REQUEST_ID_HEADER as REQUEST_ID_METADATA_KEY;
 
 /// A fresh request id: 128 bits in hex, from the process's randomly keyed hasher, the time
 /// and a counter (unique, not secret).
@@ -34,6 +32,13 @@ pub fn new_request_id() -> String {
         hasher.finish()
     };
     format!("{:016x}{:016x}", half(1), half(2))
+}
+
+/// Builds a request with a `grpc-timeout`.
+pub fn request<T>(message: T, timeout: Duration) -> Request<T> {
+    let mut r = Request::new(message);
+    r.set_timeout(timeout);
+    r
 }
 
 /// Builds a request with a `grpc-timeout` and the request id `id`.

@@ -24,13 +24,13 @@ pub const META_SINCE: &str = "since";
 pub const META_CMD: &str = "cmd";
 
 /// Longest namespace or semaphore name the server accepts.
-pub const MAX_NAME_LEN: usize = 128;
+pub const MAX_NAME_LEN: usize = conch_proto::wire::NAME_MAX_CHARS;
 /// The largest `--max`: the server's limit on a semaphore's permits.
-pub const MAX_PERMITS: u64 = u32::MAX as u64;
+pub const MAX_PERMITS: u64 = conch_proto::wire::PERMITS_MAX;
 /// Longest metadata value the server accepts, in bytes.
-pub const MAX_META_VALUE_LEN: usize = 256;
+pub const MAX_META_VALUE_LEN: usize = conch_proto::wire::METADATA_VALUE_MAX_BYTES;
 /// Longest lease `process_id` the server accepts, in bytes.
-pub const MAX_PROCESS_ID_LEN: usize = 128;
+pub const MAX_PROCESS_ID_LEN: usize = conch_proto::wire::PROCESS_ID_MAX_BYTES;
 
 fn legal_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
@@ -97,6 +97,16 @@ pub enum SemaphoreKind {
     },
 }
 
+/// The suffix that makes an election's semaphore name (`conch elect`, see `elect`).
+pub const ELECTION_SUFFIX: &str = ".elect";
+
+/// The election a semaphore name of the `conch` namespace belongs to, if it is one.
+pub fn election_name(semaphore: &str) -> Option<&str> {
+    semaphore
+        .strip_suffix(ELECTION_SUFFIX)
+        .filter(|n| !n.is_empty())
+}
+
 /// Reads a semaphore name of the `conch` namespace; `None` for a name `conch sema` does not make
 /// (an election's `<name>.elect` included).
 ///
@@ -120,7 +130,7 @@ pub fn semaphore_kind(semaphore: &str) -> Option<SemaphoreKind> {
         }
         Some((name.to_string(), max.parse::<u64>().ok()?))
     };
-    if crate::elect::election_name(semaphore).is_some() {
+    if election_name(semaphore).is_some() {
         return None;
     }
     if let Some((prefix, _host)) = semaphore.rsplit_once(".host-")

@@ -10,7 +10,7 @@ use tonic::{Request, Status};
 use crate::error::{Error, Result};
 
 /// The metadata key a token travels in.
-pub const AUTHORIZATION: &str = "authorization";
+pub use conch_proto::wire::AUTHORIZATION;
 
 /// A token for a cluster with access control on. Its `Debug` output hides the token.
 #[derive(Clone, PartialEq, Eq)]

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use crate::metrics::ApplyMetrics;
 use crate::state::{Batch, Reply, SnapshotError, State};
-use crate::wait::{Registry, WaitKey, WaitTicket};
+use crate::waiters::{Registry, WaitKey, WaitTicket};
 
 /// The in-memory state machine plus its applied index and the registry of waiting callers.
 pub struct AppliedState {

@@ -1,5 +1,6 @@
-//! Daemon configuration: flags, `CONCH_*` environment variables and an optional TOML file,
-//! validated once into a read-only [`Config`].
+//! Daemon configuration: [`Settings`] (from `conchd`'s flags and `CONCH_*` environment
+//! variables, or from an embedding program) and an optional TOML file, validated once into a
+//! read-only [`Config`]. The flags themselves are the binary's (`cli/flags.rs`).
 //!
 //! Precedence: flag > environment variable > config file > default.
 
@@ -9,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use serde::Deserialize;
 
 use crate::tls::{Tls, TlsFiles};
@@ -39,159 +39,39 @@ pub fn default_metrics_listen(listen: SocketAddr) -> String {
     format!("127.0.0.1:{port}")
 }
 
-/// conchd: a replicated semaphore daemon answering the Grackle semaphore API.
-///
-/// With no arguments it runs a single-node cluster on 127.0.0.1:7001 with its data in
-/// ./conch-data. To run three nodes, start each with its own --id, --listen and --data-dir and
-/// the same --initial-cluster.
-#[derive(Parser, Debug, Default)]
-#[command(name = "conchd", version = conch_proto::VERSION, about, long_about, after_help = EXAMPLES)]
-pub struct Flags {
-    /// This node's id (a positive integer, unique in the cluster).
-    #[arg(long, env = "CONCH_ID")]
+/// What a node is told, each setting as the `conchd` flag of the same name says (see
+/// `conchd --help`): `None` (or `false`) takes the flag's default, or the config file's value
+/// when `config` names one. [`Config::from_settings`] validates them. `conchd` builds this from
+/// its flags and `CONCH_*` variables; an embedding program through [`crate::NodeConfig`].
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
     pub id: Option<u64>,
-
-    /// Address to serve clients on (host:port); also peers, unless --peer-listen is given.
-    #[arg(long, env = "CONCH_LISTEN")]
     pub listen: Option<String>,
-
-    /// Address clients reach this node at (default: --listen); also peers, unless
-    /// --peer-listen is given.
-    #[arg(long, env = "CONCH_ADVERTISE")]
     pub advertise: Option<String>,
-
-    /// Serve the node-to-node (peer) service on its own address (host:port) instead of the
-    /// client port, so it can be firewalled apart. --initial-cluster and `conch cluster
-    /// add-learner` then name peer addresses.
-    #[arg(long, env = "CONCH_PEER_LISTEN")]
     pub peer_listen: Option<String>,
-
-    /// Address other nodes reach this node's peer service at (default: --peer-listen).
-    #[arg(long, env = "CONCH_PEER_ADVERTISE")]
     pub peer_advertise: Option<String>,
-
-    /// File holding a secret shared by every node (at least 32 characters, e.g. the output of
-    /// `openssl rand -hex 32`): a peer call must carry it. One way for peers to prove they are
-    /// members; mutual TLS (--peer-ca) is the other. Access control needs one of them.
-    #[arg(long, env = "CONCH_PEER_SECRET_FILE")]
     pub peer_secret_file: Option<PathBuf>,
-
-    /// Directory holding the Raft log, vote and snapshots.
-    #[arg(long, env = "CONCH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-
-    /// Initial members, as id=host:port pairs: 1=10.0.0.1:7001,2=10.0.0.2:7001,3=10.0.0.3:7001.
-    /// Used only to bootstrap an empty data directory; a restarted node ignores it.
-    #[arg(long, env = "CONCH_INITIAL_CLUSTER")]
     pub initial_cluster: Option<String>,
-
-    /// Reach these peers at other addresses than their advertised ones, as id=host:port pairs
-    /// (e.g. through a relay, a tunnel or a fault-injecting proxy).
-    #[arg(long, env = "CONCH_PEER_ROUTES")]
     pub peer_routes: Option<String>,
-
-    /// TOML file with any of these settings (keys as the long flags, with underscores).
-    #[arg(long, env = "CONCH_CONFIG")]
     pub config: Option<PathBuf>,
-
-    /// Raft heartbeat interval in milliseconds.
-    #[arg(long, env = "CONCH_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
-
-    /// Minimum election timeout in milliseconds (the maximum is twice this).
-    #[arg(long, env = "CONCH_ELECTION_TIMEOUT_MS")]
     pub election_timeout_ms: Option<u64>,
-
-    /// Take a snapshot (and compact the log) every this many log entries.
-    #[arg(long, env = "CONCH_SNAPSHOT_EVERY")]
     pub snapshot_every: Option<u64>,
-
-    /// How long a call waits for a leader during an election before answering Unavailable, in
-    /// milliseconds.
-    #[arg(long, env = "CONCH_LEADER_WAIT_MS")]
     pub leader_wait_ms: Option<u64>,
-
-    /// Log filter, e.g. debug, or conchd=debug,openraft=info [default: info,openraft=warn, and
-    /// openraft's line per retry to an unreachable peer off: conchd says it every 30 s].
-    #[arg(long, env = "CONCH_LOG")]
     pub log: Option<String>,
-
-    /// Serve TLS with this certificate chain (PEM); needs --tls-key. Re-read when the file
-    /// changes or on SIGHUP.
-    #[arg(long, env = "CONCH_TLS_CERT", help_heading = "TLS")]
     pub tls_cert: Option<PathBuf>,
-
-    /// The private key of --tls-cert (PEM).
-    #[arg(long, env = "CONCH_TLS_KEY", help_heading = "TLS")]
     pub tls_key: Option<PathBuf>,
-
-    /// Require a client certificate signed by this CA (PEM) on every connection.
-    #[arg(long, env = "CONCH_CLIENT_CA", help_heading = "TLS")]
     pub client_ca: Option<PathBuf>,
-
-    /// Mutual TLS between nodes: peers must present a node certificate signed by this CA (PEM),
-    /// and this node presents --tls-cert when it dials them. May be the same CA as --client-ca.
-    #[arg(long, env = "CONCH_PEER_CA", help_heading = "TLS")]
     pub peer_ca: Option<PathBuf>,
-
-    /// Certificate revocation lists of the peer CA (PEM, one or more; needs --peer-ca): a
-    /// revoked certificate is refused as a peer (and as a client). Re-read when the file changes
-    /// or on SIGHUP; `conch certs revoke` writes one.
-    #[arg(long, env = "CONCH_PEER_CRL", help_heading = "TLS")]
     pub peer_crl: Option<PathBuf>,
-
-    /// File holding the first cluster-admin token (at least 32 characters). Give it to every
-    /// node of a new cluster: the token's hash is installed with a cluster-admin role and access
-    /// control turned on, exactly once, and until that is committed the node answers no client
-    /// call. Needs peer authentication (--peer-secret-file or --peer-ca).
-    #[arg(long, env = "CONCH_BOOTSTRAP_ADMIN_TOKEN_FILE")]
     pub bootstrap_admin_token_file: Option<PathBuf>,
-
-    /// This node joins a running cluster: with an empty data directory it never bootstraps one
-    /// (whatever --initial-cluster says) and waits to be added with `conch cluster add-learner`.
-    #[arg(long, env = "CONCH_JOIN")]
     pub join: bool,
-
-    /// The cluster's name (1-64 characters of letters, digits, '-', '_', '.'), recorded in the
-    /// data directory when the node bootstraps or first joins. A later start with another
-    /// name is refused, and peers of another name are not listened to.
-    #[arg(long, env = "CONCH_CLUSTER_NAME")]
     pub cluster_name: Option<String>,
-
-    /// Serve Prometheus metrics over HTTP on host:port at /metrics [default: 127.0.0.1 at the
-    /// --listen port + 100, e.g. 7101 for 7001];
-    /// `off` serves none. /metrics has no access control: keep it on loopback or a
-    /// monitoring network.
-    #[arg(long, env = "CONCH_METRICS_LISTEN", help_heading = "Operations")]
     pub metrics_listen: Option<String>,
-
-    /// Log line format on stderr: `text` (default) or `json` (one object per line, for log
-    /// shippers).
-    #[arg(long, env = "CONCH_LOG_FORMAT", help_heading = "Operations")]
     pub log_format: Option<String>,
-
-    /// Threads that serve this node's calls and run Raft [default: one per CPU]. On a small
-    /// machine, 1 answers a lone client sooner (no thread switches within a write) while more
-    /// serve many clients faster; see the README's operations section for measurements.
-    #[arg(long, env = "CONCH_WORKER_THREADS", help_heading = "Operations")]
     pub worker_threads: Option<usize>,
-
-    /// A one-off task instead of serving (the flags above are then not used).
-    #[command(subcommand)]
-    pub command: Option<crate::restore::Command>,
 }
-
-const EXAMPLES: &str = "\
-Examples:
-  conchd                                   # single node on 127.0.0.1:7001, data in ./conch-data
-  conchd --id 1 --listen 127.0.0.1:7001 --data-dir /var/lib/conch/1 \\
-         --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
-  CONCH_CONFIG=/etc/conch/conchd.toml conchd
-  conchd --bootstrap-admin-token-file /etc/conch/admin.token \\
-         --peer-secret-file /etc/conch/peer.secret         # new cluster, access control on
-  conchd restore backup.conch --data-dir /var/lib/conch/1 --id 1 \\
-         --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
-";
 
 /// The same settings, read from a TOML file.
 #[derive(Deserialize, Debug, Default)]
@@ -287,7 +167,7 @@ pub enum ConfigError {
 }
 
 impl Config {
-    pub fn from_flags(flags: Flags) -> Result<Config, ConfigError> {
+    pub fn from_settings(flags: Settings) -> Result<Config, ConfigError> {
         let file = match &flags.config {
             Some(path) => read_file(path)?,
             None => FileConfig::default(),
@@ -523,7 +403,7 @@ fn peer_addresses(
 /// Reads a secret file for `flag` (surrounding whitespace ignored) and returns its SHA-256; one
 /// that group or others may read or change is refused.
 fn read_secret_file(flag: &str, path: &Path) -> Result<[u8; 32], ConfigError> {
-    use crate::api::auth::{TOKEN_MIN_CHARS, hash_token};
+    use crate::secret::{TOKEN_MIN_CHARS, hash_token};
     if let Some(problem) = crate::private_file::problem(path) {
         return Err(ConfigError::Invalid(format!(
             "{flag} {}: {problem}",
@@ -677,7 +557,7 @@ mod tests {
 
     #[test]
     fn no_flags_gives_the_embedded_single_node_default() {
-        let config = Config::from_flags(Flags::default()).expect("defaults are valid");
+        let config = Config::from_settings(Settings::default()).expect("defaults are valid");
         assert_eq!(config.id, 1);
         assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
         assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
@@ -694,11 +574,14 @@ mod tests {
 
     #[test]
     fn worker_threads_come_from_the_flag_or_the_file_and_are_bounded() -> anyhow::Result<()> {
-        assert_eq!(Config::from_flags(Flags::default())?.worker_threads, None);
+        assert_eq!(
+            Config::from_settings(Settings::default())?.worker_threads,
+            None
+        );
         let flag = |n: usize| {
-            Config::from_flags(Flags {
+            Config::from_settings(Settings {
                 worker_threads: Some(n),
-                ..Flags::default()
+                ..Settings::default()
             })
         };
         assert_eq!(flag(1)?.worker_threads, Some(1));
@@ -711,9 +594,9 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let file = dir.path().join("conchd.toml");
         std::fs::write(&file, "worker_threads = 3\n")?;
-        let from_file = Config::from_flags(Flags {
+        let from_file = Config::from_settings(Settings {
             config: Some(file),
-            ..Flags::default()
+            ..Settings::default()
         })?;
         assert_eq!(from_file.worker_threads, Some(3));
         Ok(())
@@ -722,10 +605,10 @@ mod tests {
     #[test]
     fn metrics_and_log_format_are_checked() {
         let with = |metrics: Option<&str>, format: Option<&str>| {
-            Config::from_flags(Flags {
+            Config::from_settings(Settings {
                 metrics_listen: metrics.map(str::to_string),
                 log_format: format.map(str::to_string),
-                ..Flags::default()
+                ..Settings::default()
             })
         };
         let off = with(Some("off"), Some("json")).expect("off and json are valid");
@@ -749,18 +632,18 @@ mod tests {
 
     #[test]
     fn listening_on_all_interfaces_needs_an_advertised_address() {
-        let flags = Flags {
+        let flags = Settings {
             listen: Some("0.0.0.0:7001".into()),
-            ..Flags::default()
+            ..Settings::default()
         };
-        let err = Config::from_flags(flags).expect_err("0.0.0.0 cannot be advertised");
+        let err = Config::from_settings(flags).expect_err("0.0.0.0 cannot be advertised");
         assert!(err.to_string().contains("--advertise"), "{err}");
-        let flags = Flags {
+        let flags = Settings {
             listen: Some("0.0.0.0:7001".into()),
             advertise: Some("127.0.0.1:7001".into()),
-            ..Flags::default()
+            ..Settings::default()
         };
-        assert!(Config::from_flags(flags).is_ok());
+        assert!(Config::from_settings(flags).is_ok());
     }
 
     #[test]
@@ -784,25 +667,28 @@ mod tests {
 
     #[test]
     fn the_cluster_name_comes_from_the_flag_or_the_file_and_is_checked() -> anyhow::Result<()> {
-        assert_eq!(Config::from_flags(Flags::default())?.cluster_name, None);
+        assert_eq!(
+            Config::from_settings(Settings::default())?.cluster_name,
+            None
+        );
         let dir = tempfile::tempdir()?;
         let file = dir.path().join("conchd.toml");
         std::fs::write(&file, "cluster_name = \"prod-a\"\n")?;
-        let from_file = Config::from_flags(Flags {
+        let from_file = Config::from_settings(Settings {
             config: Some(file.clone()),
-            ..Flags::default()
+            ..Settings::default()
         })?;
         assert_eq!(from_file.cluster_name.as_deref(), Some("prod-a"));
-        let flag_wins = Config::from_flags(Flags {
+        let flag_wins = Config::from_settings(Settings {
             config: Some(file),
             cluster_name: Some("prod-b".into()),
-            ..Flags::default()
+            ..Settings::default()
         })?;
         assert_eq!(flag_wins.cluster_name.as_deref(), Some("prod-b"));
         for bad in ["", "prod a", "x/y", &"n".repeat(65)] {
-            let refused = Config::from_flags(Flags {
+            let refused = Config::from_settings(Settings {
                 cluster_name: Some(bad.to_string()),
-                ..Flags::default()
+                ..Settings::default()
             });
             let Err(ConfigError::Invalid(message)) = refused else {
                 anyhow::bail!("{bad:?} was accepted");
@@ -814,20 +700,20 @@ mod tests {
 
     #[test]
     fn join_comes_from_the_flag_or_the_config_file() {
-        let plain = Config::from_flags(Flags::default()).expect("valid");
+        let plain = Config::from_settings(Settings::default()).expect("valid");
         assert!(!plain.join, "a node bootstraps unless told to join");
-        let flag = Config::from_flags(Flags {
+        let flag = Config::from_settings(Settings {
             join: true,
-            ..Flags::default()
+            ..Settings::default()
         })
         .expect("valid");
         assert!(flag.join);
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("conchd.toml");
         std::fs::write(&file, "join = true\n").expect("write config");
-        let from_file = Config::from_flags(Flags {
+        let from_file = Config::from_settings(Settings {
             config: Some(file),
-            ..Flags::default()
+            ..Settings::default()
         })
         .expect("valid");
         assert!(from_file.join);
@@ -835,12 +721,12 @@ mod tests {
 
     #[test]
     fn node_must_be_in_its_initial_cluster() {
-        let flags = Flags {
+        let flags = Settings {
             id: Some(4),
             initial_cluster: Some("1=127.0.0.1:7001".into()),
-            ..Flags::default()
+            ..Settings::default()
         };
-        let err = Config::from_flags(flags).expect_err("node 4 is not a member");
+        let err = Config::from_settings(flags).expect_err("node 4 is not a member");
         assert!(err.to_string().contains("does not include"), "{err}");
     }
 
@@ -853,21 +739,21 @@ mod tests {
             "id = 2\nlisten = \"127.0.0.1:7002\"\nheartbeat_ms = 50\nelection_timeout_ms = 400\n",
         )
         .expect("write config");
-        let flags = Flags {
+        let flags = Settings {
             config: Some(path.clone()),
             heartbeat_ms: Some(80),
             initial_cluster: Some("2=127.0.0.1:7002".into()),
-            ..Flags::default()
+            ..Settings::default()
         };
-        let config = Config::from_flags(flags).expect("valid");
+        let config = Config::from_settings(flags).expect("valid");
         assert_eq!(config.id, 2);
         assert_eq!(config.heartbeat, Duration::from_millis(80));
         assert_eq!(config.election_timeout, Duration::from_millis(400));
 
         std::fs::write(&path, "bogus_key = 1\n").expect("write config");
-        let err = Config::from_flags(Flags {
+        let err = Config::from_settings(Settings {
             config: Some(path.clone()),
-            ..Flags::default()
+            ..Settings::default()
         })
         .expect_err("unknown key");
         assert!(err.to_string().contains("bogus_key"), "{err}");
@@ -875,9 +761,9 @@ mod tests {
         assert!(!err.to_string().contains('\n'), "one line: {err}");
 
         std::fs::write(&path, "id = 2\nheartbeat_ms = \"fast\"\n").expect("write config");
-        let err = Config::from_flags(Flags {
+        let err = Config::from_settings(Settings {
             config: Some(path),
-            ..Flags::default()
+            ..Settings::default()
         })
         .expect_err("a string for a number");
         assert!(err.to_string().contains("line 2"), "{err}");
@@ -900,11 +786,11 @@ mod tests {
         (cert_path, key_path)
     }
 
-    fn tls_flags(cert: Option<&Path>, key: Option<&Path>) -> Flags {
-        Flags {
+    fn tls_flags(cert: Option<&Path>, key: Option<&Path>) -> Settings {
+        Settings {
             tls_cert: cert.map(Path::to_path_buf),
             tls_key: key.map(Path::to_path_buf),
-            ..Flags::default()
+            ..Settings::default()
         }
     }
 
@@ -917,27 +803,29 @@ mod tests {
         std::fs::write(&garbage, "hello").expect("write");
         let missing = dir.path().join("missing.pem");
 
-        let config = Config::from_flags(tls_flags(Some(&cert), Some(&key))).expect("valid");
+        let config = Config::from_settings(tls_flags(Some(&cert), Some(&key))).expect("valid");
         let tls = config.tls.expect("TLS on");
         assert!(!tls.peer_mtls() && !tls.client_certs_required());
         assert!(
-            Config::from_flags(Flags::default())
+            Config::from_settings(Settings::default())
                 .expect("valid")
                 .tls
                 .is_none()
         );
 
-        let refused = |flags: Flags, expected: &str| {
-            let err = Config::from_flags(flags).expect_err(expected).to_string();
+        let refused = |flags: Settings, expected: &str| {
+            let err = Config::from_settings(flags)
+                .expect_err(expected)
+                .to_string();
             assert!(err.contains(expected), "{expected}: {err}");
             assert!(!err.contains('\n'), "one line: {err}");
         };
         refused(tls_flags(Some(&cert), None), "--tls-cert needs --tls-key");
         refused(tls_flags(None, Some(&key)), "--tls-key needs --tls-cert");
         refused(
-            Flags {
+            Settings {
                 client_ca: Some(cert.clone()),
-                ..Flags::default()
+                ..Settings::default()
             },
             "--client-ca needs --tls-cert",
         );
@@ -959,21 +847,21 @@ mod tests {
             "does not fit --tls-cert",
         );
         refused(
-            Flags {
+            Settings {
                 peer_ca: Some(garbage.clone()),
                 ..tls_flags(Some(&cert), Some(&key))
             },
             "--peer-ca",
         );
         refused(
-            Flags {
+            Settings {
                 peer_crl: Some(garbage.clone()),
                 ..tls_flags(Some(&cert), Some(&key))
             },
             "--peer-crl needs --peer-ca",
         );
         refused(
-            Flags {
+            Settings {
                 peer_ca: Some(cert.clone()),
                 peer_crl: Some(garbage.clone()),
                 ..tls_flags(Some(&cert), Some(&key))
@@ -981,7 +869,7 @@ mod tests {
             "--peer-crl",
         );
         refused(
-            Flags {
+            Settings {
                 initial_cluster: Some("1=127.0.0.1:7001,2=127.0.0.1:7002".into()),
                 ..tls_flags(Some(&cert), Some(&key))
             },
@@ -1001,9 +889,9 @@ mod tests {
             ),
         )
         .expect("write config");
-        let config = Config::from_flags(Flags {
+        let config = Config::from_settings(Settings {
             config: Some(file),
-            ..Flags::default()
+            ..Settings::default()
         })
         .expect("valid");
         let tls = config.tls.expect("TLS on");
@@ -1034,9 +922,9 @@ mod tests {
     #[test]
     fn nodes_on_one_host_get_metrics_ports_of_their_own() {
         let metrics = |listen: &str| {
-            Config::from_flags(Flags {
+            Config::from_settings(Settings {
                 listen: Some(listen.into()),
-                ..Flags::default()
+                ..Settings::default()
             })
             .expect("valid")
             .metrics_listen
@@ -1064,16 +952,16 @@ mod tests {
 
     #[test]
     fn a_separate_peer_port_is_the_address_in_the_membership() {
-        let flags = |peer_listen: Option<&str>, peer_advertise: Option<&str>| Flags {
+        let flags = |peer_listen: Option<&str>, peer_advertise: Option<&str>| Settings {
             listen: Some("127.0.0.1:7001".into()),
             peer_listen: peer_listen.map(str::to_string),
             peer_advertise: peer_advertise.map(str::to_string),
-            ..Flags::default()
+            ..Settings::default()
         };
-        let shared = Config::from_flags(flags(None, None)).expect("valid");
+        let shared = Config::from_settings(flags(None, None)).expect("valid");
         assert_eq!(shared.peer_listen, None);
         assert_eq!(shared.peer_advertise, "127.0.0.1:7001");
-        let split = Config::from_flags(flags(Some("127.0.0.1:7201"), None)).expect("valid");
+        let split = Config::from_settings(flags(Some("127.0.0.1:7201"), None)).expect("valid");
         assert_eq!(split.peer_advertise, "127.0.0.1:7201");
         assert_eq!(split.advertise, "127.0.0.1:7001");
         assert_eq!(
@@ -1085,11 +973,11 @@ mod tests {
             (None, Some("127.0.0.1:7201"), "needs --peer-listen"),
             (Some("0.0.0.0:7201"), None, "--peer-advertise"),
         ] {
-            let err = Config::from_flags(flags(listen, advertise)).expect_err("refused");
+            let err = Config::from_settings(flags(listen, advertise)).expect_err("refused");
             assert!(err.to_string().contains(says), "{err}");
         }
         // --initial-cluster names the peer address.
-        let err = Config::from_flags(Flags {
+        let err = Config::from_settings(Settings {
             initial_cluster: Some("1=127.0.0.1:7001,2=127.0.0.1:7002".into()),
             ..flags(Some("127.0.0.1:7201"), None)
         })
@@ -1113,9 +1001,9 @@ mod tests {
         );
         std::fs::write(&toml, &key).expect("write config");
         // Access control without peer authentication cannot exist: refused in one line.
-        let err = Config::from_flags(Flags {
+        let err = Config::from_settings(Settings {
             config: Some(toml.clone()),
-            ..Flags::default()
+            ..Settings::default()
         })
         .expect_err("no peer authentication");
         assert!(
@@ -1128,21 +1016,21 @@ mod tests {
             secret.display().to_string()
         );
         std::fs::write(&toml, key).expect("write config");
-        let config = Config::from_flags(Flags {
+        let config = Config::from_settings(Settings {
             config: Some(toml),
-            ..Flags::default()
+            ..Settings::default()
         })
         .expect("valid");
         assert!(config.peers_authenticate());
         assert_eq!(
             config.peer_secret,
-            Some(crate::api::auth::hash_token(
+            Some(crate::secret::hash_token(
                 "fedcba9876543210fedcba9876543210"
             ))
         );
         assert_eq!(
             config.bootstrap_admin_token,
-            Some(crate::api::auth::hash_token(
+            Some(crate::secret::hash_token(
                 "0123456789abcdef0123456789abcdef"
             ))
         );
@@ -1152,17 +1040,17 @@ mod tests {
         std::fs::write(&shared, "0123456789abcdef0123456789abcdef\n").expect("write token");
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         for flags in [
-            Flags {
+            Settings {
                 bootstrap_admin_token_file: Some(shared.clone()),
                 peer_secret_file: Some(secret.clone()),
-                ..Flags::default()
+                ..Settings::default()
             },
-            Flags {
+            Settings {
                 peer_secret_file: Some(shared.clone()),
-                ..Flags::default()
+                ..Settings::default()
             },
         ] {
-            let err = Config::from_flags(flags).expect_err("refused");
+            let err = Config::from_settings(flags).expect_err("refused");
             let text = err.to_string();
             assert!(
                 text.contains("mode 0644") && text.contains("chmod 600") && !text.contains('\n'),
@@ -1172,10 +1060,10 @@ mod tests {
         crate::private_file::write(&token, "short\n").expect("write token");
         let missing = dir.path().join("missing.token");
         for (path, says) in [(&token, "at least 32"), (&missing, "missing.token")] {
-            let err = Config::from_flags(Flags {
+            let err = Config::from_settings(Settings {
                 bootstrap_admin_token_file: Some(path.clone()),
                 peer_secret_file: Some(secret.clone()),
-                ..Flags::default()
+                ..Settings::default()
             })
             .expect_err("refused");
             assert!(err.to_string().contains(says), "{err}");

@@ -125,7 +125,6 @@ pub fn check_cluster_name(name: &str) -> Result<(), String> {
 /// An open data directory: locked for this process, and known to belong to this node.
 #[derive(Debug)]
 pub struct DataDir {
-    path: PathBuf,
     cluster_name: Option<String>,
     /// Holds the lock; closing it releases the lock.
     _lock: File,
@@ -190,14 +189,9 @@ impl DataDir {
             (None, None) => None,
         };
         Ok(DataDir {
-            path: path.to_path_buf(),
             cluster_name,
             _lock: lock,
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// The cluster name recorded in the directory, if any.

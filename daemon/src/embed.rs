@@ -48,7 +48,7 @@ use tokio::task::JoinHandle;
 use tonic::service::Routes;
 
 use crate::api;
-use crate::config::{Config, ConfigError, Flags};
+use crate::config::{Config, ConfigError, Settings};
 use crate::node::Node;
 use crate::server::{self, StartError};
 
@@ -76,7 +76,7 @@ enum Listen {
 #[derive(Debug)]
 pub struct NodeConfig {
     listen: Listen,
-    flags: Flags,
+    flags: Settings,
 }
 
 impl NodeConfig {
@@ -91,11 +91,11 @@ impl NodeConfig {
     pub fn new(id: u64, listen: impl Into<String>, data_dir: impl Into<PathBuf>) -> NodeConfig {
         NodeConfig {
             listen: Listen::Addr(listen.into()),
-            flags: Flags {
+            flags: Settings {
                 id: Some(id),
                 data_dir: Some(data_dir.into()),
                 metrics_listen: Some("off".into()),
-                ..Flags::default()
+                ..Settings::default()
             },
         }
     }
@@ -268,7 +268,7 @@ impl NodeConfig {
             error,
         })?;
         flags.listen = Some(bound.to_string());
-        Ok((Config::from_flags(flags)?, listener))
+        Ok((Config::from_settings(flags)?, listener))
     }
 }
 

@@ -26,17 +26,10 @@ use std::time::{Duration, Instant};
 use tonic::codegen::http;
 use tonic::metadata::MetadataMap;
 
-/// Metadata key carrying the sender's cluster id on peer RPCs.
-pub const CLUSTER_ID_HEADER: &str = "conch-cluster-id";
-/// Metadata key carrying the sender's node id on peer RPCs.
-pub const PEER_ID_HEADER: &str = "conch-peer-id";
-/// Metadata key carrying the peer secret (its SHA-256, hex) on peer RPCs.
-pub const PEER_SECRET_HEADER: &str = "conch-peer-secret";
-/// Metadata key carrying the sender's client address on peer RPCs, so a follower can point
-/// clients at the leader's client port when peers have a port of their own.
-pub const CLIENT_ADDR_HEADER: &str = "conch-client-addr";
-/// Metadata key carrying the sender's cluster name on peer RPCs, when it has one.
-pub const CLUSTER_NAME_HEADER: &str = "conch-cluster-name";
+/// The metadata keys of peer calls.
+pub use conch_proto::wire::{
+    CLIENT_ADDR_HEADER, CLUSTER_ID_HEADER, CLUSTER_NAME_HEADER, PEER_ID_HEADER, PEER_SECRET_HEADER,
+};
 /// The file in the data directory holding the cluster id.
 pub const CLUSTER_ID_FILE: &str = "cluster-id";
 /// A refusal is logged at most this often per foreign id.

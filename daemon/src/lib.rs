@@ -1,4 +1,5 @@
-//! conchd: the conch daemon. See the module docs for who owns what.
+//! conchd: the conch daemon. See the module docs for who owns what, and docs/design.md
+//! ("Module graph") for which way the modules import each other.
 //!
 //! The crate is also a library for running a node inside another program: [`NodeConfig`]
 //! describes the node, [`ConchNode::start`] runs it (exactly as the `conchd` binary does),
@@ -6,28 +7,45 @@
 //! See [`embed`] for the guarantees and [`ConchNode`] for an example. The protocol messages and
 //! generated clients are re-exported as [`proto`].
 
-pub mod api;
-pub mod applied;
-pub mod clock;
+// The embedding API and what its signatures name.
 pub mod config;
-pub mod data_dir;
 pub mod embed;
-pub mod expiry;
-pub mod identity;
-pub mod log_limit;
-pub mod metrics;
-pub mod node;
-pub mod notify;
-pub mod private_file;
-pub mod raft;
-pub mod removal;
-pub mod restore;
 pub mod server;
-pub mod state;
-pub mod storage_fault;
-pub mod tasks;
-pub mod tls;
-pub mod wait;
 
 pub use conch_proto as proto;
 pub use embed::{ConchNode, EmbedError, LocalClient, NodeConfig};
+
+// What the `conchd` binary and the workspace's tests use besides; not part of the embedding
+// API.
+#[doc(hidden)]
+pub mod node;
+#[doc(hidden)]
+pub mod notify;
+#[doc(hidden)]
+pub mod private_file;
+#[doc(hidden)]
+pub mod removal;
+#[doc(hidden)]
+pub mod restore;
+#[doc(hidden)]
+pub mod retire;
+#[doc(hidden)]
+pub mod storage_fault;
+
+mod api;
+mod applied;
+mod clock;
+mod data_dir;
+mod error;
+mod expiry;
+mod identity;
+mod log_limit;
+mod metrics;
+mod metrics_http;
+mod raft;
+mod secret;
+mod state;
+mod tasks;
+mod tls;
+mod wait;
+mod waiters;

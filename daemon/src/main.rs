@@ -16,11 +16,16 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
-use conchd::config::{Config, Flags, LogFormat};
+use conchd::config::{Config, LogFormat};
 use conchd::removal::{EXIT_REMOVED, Removed};
 use conchd::server::StartError;
 use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
 use conchd::{ConchNode, notify};
+use flags::{Command, Flags};
+
+// The command line (also compiled into `xtask` for the man page and completions).
+#[path = "cli/flags.rs"]
+mod flags;
 
 /// Exit status of a usage error: a bad flag or configuration value.
 const EXIT_USAGE: u8 = 64;
@@ -87,9 +92,10 @@ fn main() -> ExitCode {
 
 /// Runs a subcommand: one line on stdout when done, one line on stderr when not (exit 64 when
 /// it was refused before anything was written, 1 when writing failed).
-fn run_command(command: &conchd::restore::Command) -> ExitCode {
-    let conchd::restore::Command::Restore(args) = command;
-    match conchd::restore::run(args) {
+fn run_command(command: &Command) -> ExitCode {
+    let Command::Restore(flags) = command;
+    let args = flags.to_args();
+    match conchd::restore::run(&args) {
         Ok(r) => {
             let name = args
                 .cluster_name
@@ -190,7 +196,7 @@ fn one_line(e: &anyhow::Error) -> String {
 /// Everything that can only fail because of what the operator wrote: the configuration and the
 /// log filter.
 fn configure(flags: Flags) -> anyhow::Result<Arc<Config>> {
-    let config = Config::from_flags(flags)?;
+    let config = Config::from_settings(flags.into_settings())?;
     init_logging(&config.log, config.log_format)?;
     Ok(Arc::new(config))
 }
@@ -228,7 +234,7 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
         );
         notify::ready(&format!("node {} serving on {listening}", config.id));
         // Removed from the cluster, the node stops as on SIGTERM, then exits with its own code.
-        let removed = conchd::removal::removed(Arc::clone(node.node()));
+        let removed = conchd::retire::removed(Arc::clone(node.node()));
         let mut removal = None;
         let shutdown = async {
             tokio::select! {

@@ -1,10 +1,11 @@
-//! Prometheus metrics: one registry per node, served as text on `/metrics` over HTTP/1.1.
+//! Prometheus metrics: one registry per node (served as text on `/metrics` over HTTP/1.1 by
+//! `metrics_http.rs`). A leaf: every layer records into it, it imports none of them.
 //!
 //! Three kinds of values:
 //! - counters and histograms the node updates as things happen (gRPC calls, proposals, log
 //!   appends, snapshots, grants, expirations), held in groups that the code paths own a clone
 //!   of ([`LogMetrics`], [`ApplyMetrics`], [`SnapshotMetrics`]; a clone shares its values);
-//! - gauges read at scrape time from Raft's metrics and the applied state ([`Metrics::render`]),
+//! - gauges set at scrape time from Raft's metrics and the applied state ([`Metrics::render`]),
 //!   so they are never stale and cost nothing between scrapes;
 //! - the process's resident memory, open files and CPU time (the crate's process collector).
 //!
@@ -12,7 +13,6 @@
 //! `_bytes`), `_total` for counters. Labels never carry user data (names of namespaces,
 //! semaphores or leases), so the series count stays fixed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::core::Collector;
@@ -21,7 +21,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use crate::node::Node;
+use crate::state::{QuotaView, Stats};
 
 /// Latency buckets from 100 µs to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -341,66 +341,95 @@ impl Metrics {
         self.commands_per_entry.observe(commands as f64);
     }
 
-    /// The text exposition of every metric, gauges read now from `node`.
-    pub fn render(&self, node: &Node) -> Result<String, prometheus::Error> {
-        self.read_gauges(node);
+    /// The text exposition of every metric, the gauges set from `raft` and `stats` (read by
+    /// the caller at scrape time).
+    pub fn render(
+        &self,
+        raft: &RaftGauges,
+        stats: &Stats,
+        quotas: &QuotaGauges,
+    ) -> Result<String, prometheus::Error> {
+        self.set_gauges(raft, stats, quotas);
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
     }
 
-    fn read_gauges(&self, node: &Node) {
+    fn set_gauges(&self, raft: &RaftGauges, stats: &Stats, quotas: &QuotaGauges) {
         let g = &self.gauges;
-        {
-            let m = node.raft.metrics();
-            let m = m.borrow();
-            let leader = crate::node::known_leader(&m, node.id);
-            let last_log = m.last_log_index.unwrap_or(0);
-            let applied = m.last_applied.map_or(0, |l| l.index);
-            g.term.set(clamp(m.current_term));
-            g.leader_id.set(clamp(leader.unwrap_or(0)));
-            g.is_leader.set(i64::from(leader == Some(node.id)));
-            g.last_log_index.set(clamp(last_log));
-            g.applied_index.set(clamp(applied));
-            g.apply_lag.set(clamp(last_log.saturating_sub(applied)));
-            g.members.set(clamp(
-                m.membership_config.membership().voter_ids().count() as u64
-            ));
-        }
-        let stats = node.applied.read(|state| state.stats());
+        g.term.set(clamp(raft.term));
+        g.leader_id.set(clamp(raft.leader.unwrap_or(0)));
+        g.is_leader.set(i64::from(raft.is_leader));
+        g.last_log_index.set(clamp(raft.last_log_index));
+        g.applied_index.set(clamp(raft.applied_index));
+        g.apply_lag.set(clamp(
+            raft.last_log_index.saturating_sub(raft.applied_index),
+        ));
+        g.members.set(clamp(raft.members));
         g.namespaces.set(clamp(stats.namespaces));
         g.semaphores.set(clamp(stats.semaphores));
         g.leases.set(clamp(stats.leases));
         g.holders.set(clamp(stats.holders));
         g.waiters.set(clamp(stats.waiters));
-        let (budget, bytes) = node.applied.read(|state| state.budget());
-        g.state_bytes.set(clamp(bytes));
-        g.state_budget_bytes.set(clamp(budget));
-        let quotas = node.applied.read(|state| state.all_quotas());
+        g.state_bytes.set(clamp(quotas.state_bytes));
+        g.state_budget_bytes.set(clamp(quotas.budget_bytes));
+        for (quota, high) in QUOTAS.iter().zip(quotas.highest_use) {
+            g.quota_use.with_label_values(&[quota]).set(high);
+        }
+    }
+}
+
+/// The quotas `conch_namespace_quota_use_ratio` reports, in [`QuotaGauges::highest_use`] order.
+const QUOTAS: [&str; 4] = ["semaphores", "leases", "entries", "bytes"];
+
+/// The state's quota gauges, as the node reads them at scrape time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QuotaGauges {
+    pub state_bytes: u64,
+    pub budget_bytes: u64,
+    /// Per quota (semaphores, leases, entries, bytes): the highest use over all namespaces, as
+    /// a fraction of the quota (a quota of 0 with something in use counts as full).
+    pub highest_use: [f64; 4],
+}
+
+impl QuotaGauges {
+    pub fn new(budget_bytes: u64, state_bytes: u64, namespaces: &[QuotaView]) -> QuotaGauges {
         let ratio = |used: u64, quota: u64| match (used, quota) {
             (0, _) => 0.0,
             (_, 0) => 1.0,
             (used, quota) => used as f64 / quota as f64,
         };
-        let mut highest = [0.0f64; 4];
-        for q in &quotas {
+        let mut highest_use = [0.0f64; 4];
+        for q in namespaces {
             let uses = [
                 ratio(q.semaphores, q.quotas.semaphores),
                 ratio(q.leases, q.quotas.leases),
                 ratio(q.entries, q.quotas.entries),
                 ratio(q.bytes, q.quotas.bytes),
             ];
-            for (high, used) in highest.iter_mut().zip(uses) {
+            for (high, used) in highest_use.iter_mut().zip(uses) {
                 *high = high.max(used);
             }
         }
-        for (quota, high) in ["semaphores", "leases", "entries", "bytes"]
-            .iter()
-            .zip(highest)
-        {
-            g.quota_use.with_label_values(&[quota]).set(high);
+        QuotaGauges {
+            state_bytes,
+            budget_bytes,
+            highest_use,
         }
     }
+}
+
+/// Raft's side of the gauges, as the node reads it at scrape time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RaftGauges {
+    pub term: u64,
+    /// The leader as this node knows it (see `node::known_leader`).
+    pub leader: Option<u64>,
+    pub is_leader: bool,
+    pub last_log_index: u64,
+    pub applied_index: u64,
+    /// Voters in the membership.
+    pub members: u64,
 }
 
 fn clamp(value: u64) -> i64 {
@@ -429,73 +458,6 @@ impl Default for SnapshotMetrics {
 /// Observes `duration` in seconds.
 pub fn observe(histogram: &Histogram, duration: Duration) {
     histogram.observe(duration.as_secs_f64());
-}
-
-/// Serves `/metrics` on `listener` until the node stops: HTTP/1.1, GET only.
-pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
-    use hyper::server::conn::http1;
-    use hyper_util::rt::TokioIo;
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics listener: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let tasks = node.tasks.clone();
-        let node = Arc::clone(&node);
-        tasks.spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let node = Arc::clone(&node);
-                async move { Ok::<_, std::convert::Infallible>(respond(&node, &request)) }
-            });
-            let connection = http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "metrics connection");
-            }
-        });
-    }
-}
-
-type Body = http_body_util::Full<hyper::body::Bytes>;
-
-fn respond<B>(node: &Node, request: &hyper::Request<B>) -> hyper::Response<Body> {
-    use hyper::{Method, StatusCode};
-    let reply = |status: StatusCode, content_type: &str, body: String| {
-        let mut response = hyper::Response::new(Body::from(body));
-        *response.status_mut() = status;
-        if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
-            response
-                .headers_mut()
-                .insert(hyper::header::CONTENT_TYPE, value);
-        }
-        response
-    };
-    match (request.method(), request.uri().path()) {
-        (&Method::GET, "/metrics") => match node.metrics.render(node) {
-            Ok(text) => reply(StatusCode::OK, prometheus::TEXT_FORMAT, text),
-            Err(e) => reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain; charset=utf-8",
-                format!("metrics: {e}\n"),
-            ),
-        },
-        (_, "/metrics") => reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "use GET\n".into(),
-        ),
-        _ => reply(
-            StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "conchd serves /metrics here\n".into(),
-        ),
-    }
 }
 
 #[cfg(test)]

@@ -27,12 +27,12 @@ use conch_proto::conch::PeerMessage;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_peer_client::ConchPeerClient;
 use openraft::ServerState;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::applied::AppliedState;
 use crate::clock::{LeaseClock, wall_ns};
 use crate::config::Config;
+use crate::error::NodeError;
 use crate::identity::ClusterId;
 use crate::log_limit::LogLimit;
 use crate::metrics::Metrics;
@@ -43,8 +43,10 @@ use crate::storage_fault;
 use crate::tasks::Tasks;
 
 mod leader_wait;
+mod raft_view;
 
 use leader_wait::{LeaderWait, Woken};
+pub use raft_view::{Member, MembershipChange, MembershipChanged, RaftStatus, RaftWatch};
 
 /// Most commands put into one Raft entry.
 const BATCH_MAX_CMDS: usize = 4096;
@@ -55,21 +57,6 @@ const BATCHES_IN_FLIGHT: usize = 3;
 const FORWARDS_IN_FLIGHT: usize = 3;
 /// Bound on connecting to another node for a forwarded call.
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Why a write or read could not be served.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum NodeError {
-    #[error("{0}")]
-    Unavailable(String),
-    /// A forwarded proposal reached a node that is not the leader.
-    #[error("node {node} is not the leader")]
-    NotLeader { node: NodeId },
-    #[error("{0}")]
-    Internal(String),
-    /// This node's storage failed (e.g. its disk is full); it is about to exit.
-    #[error("{0}")]
-    StorageFailed(String),
-}
 
 /// The leader as this node currently sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -42,34 +42,19 @@ use crate::raft::log_store::{DATA_FORMAT, LogStore};
 use crate::raft::state_machine::{SnapshotMeta, StateMachine, StoredMembership, encode_envelope};
 use crate::state::State;
 
-/// conchd's subcommands (without one, conchd serves).
-#[derive(clap::Subcommand, Debug)]
-pub enum Command {
-    /// Seed a new, empty data directory from a backup file (`conch cluster backup`).
-    ///
-    /// Restore every node of the new cluster with its own --id and the same --initial-cluster,
-    /// then start each with the usual flags: the new cluster starts with the backed-up state and
-    /// a new cluster id. Refused (exit 64, nothing written) for a damaged or foreign backup file
-    /// or a data directory that is not empty.
-    Restore(RestoreArgs),
-}
-
-#[derive(clap::Args, Debug)]
+/// What `conchd restore` is given (its flags, see `conchd restore --help`).
+#[derive(Clone, Debug)]
 pub struct RestoreArgs {
     /// The backup file.
     pub file: PathBuf,
     /// The new node's data directory: absent or empty.
-    #[arg(long)]
     pub data_dir: PathBuf,
     /// The new node's id (a member of --initial-cluster).
-    #[arg(long)]
     pub id: u64,
     /// The new cluster's members, as id=host:port pairs, the same on every restored node.
-    #[arg(long)]
     pub initial_cluster: String,
     /// The new cluster's name, recorded in the data directory (start the nodes with the same
     /// --cluster-name, or none).
-    #[arg(long)]
     pub cluster_name: Option<String>,
 }
 

@@ -271,7 +271,7 @@ pub async fn start_with_listener(
             let addr = listener.local_addr().ok();
             metrics.register_process();
             node.tasks
-                .spawn(crate::metrics::serve(Arc::clone(&node), listener));
+                .spawn(crate::metrics_http::serve(Arc::clone(&node), listener));
             addr
         }
         None => None,
@@ -281,7 +281,7 @@ pub async fn start_with_listener(
     }
     node.tasks.spawn(expiry::run(Arc::clone(&node)));
     node.tasks.spawn(log_leader_changes(Arc::clone(&node)));
-    node.tasks.spawn(crate::removal::watch(Arc::clone(&node)));
+    node.tasks.spawn(crate::retire::watch(Arc::clone(&node)));
     if let Some(hash) = config.bootstrap_admin_token {
         node.tasks
             .spawn(api::auth::bootstrap(Arc::clone(&node), hash));

@@ -6,10 +6,12 @@
 //!   status and membership), `ConchPeer` (node-to-node Raft traffic), `ConchAuth` (access
 //!   control: roles and tokens) and `ConchQuota` (namespace quotas and the state's budget).
 //! - [`backup`]: the backup file that `ConchAdmin.Backup` streams and `conchd restore` reads.
+//! - [`wire`]: the metadata keys and request limits that conchd and its clients share.
 
 #![allow(clippy::all, missing_docs)]
 
 pub mod backup;
+pub mod wire;
 
 /// Modules laid out like the protobuf packages, so cross-package references resolve.
 pub mod packages {

@@ -7,8 +7,8 @@
 //! ```
 //!
 //! A crate of its own (not a hidden subcommand of the programs) so that the man page generator
-//! never enters the shipped binaries' dependency trees. The `conch` definition is the CLI's own
-//! source file, compiled in here as a module.
+//! never enters the shipped binaries' dependency trees. The `conch` and `conchd` definitions are
+//! the programs' own source files, compiled in here as modules.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,10 @@ mod cli;
 #[allow(dead_code)]
 #[path = "../../client/src/bin/conch/duration.rs"]
 mod duration;
+// The command line of `conchd`, likewise.
+#[allow(dead_code)]
+#[path = "../../daemon/src/cli/flags.rs"]
+mod conchd_flags;
 
 const USAGE: &str = "usage: xtask man DIR [--date YYYY-MM-DD] | xtask completions DIR";
 
@@ -69,7 +73,7 @@ fn conch() -> clap::Command {
 }
 
 fn conchd() -> clap::Command {
-    conchd::config::Flags::command()
+    conchd_flags::Flags::command()
 }
 
 /// Writes the man pages, all in section 1 (the systemd unit's documentation link is

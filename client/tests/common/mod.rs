@@ -19,7 +19,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use conch_proto::conch::ClusterStatusRequest;
 use conch_proto::conch::ListSemaphoreWaitersRequest;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
@@ -27,7 +26,7 @@ use conch_proto::conch::conch_api_client::ConchApiClient;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::*;
 use conch_testkit::{LinkMode, LinkProxy, free_port};
-use conchd::config::{Config, Flags};
+use conchd::config::{Config, Settings};
 use conchd::server::{self, StartError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -158,26 +157,17 @@ impl Cluster {
                 links.insert((i, j), link);
             }
             let data_dir = dir.join(format!("node{}", i + 1));
-            let mut argv = vec![
-                "conchd".to_string(),
-                "--id".into(),
-                (i + 1).to_string(),
-                "--listen".into(),
-                real[i].to_string(),
-                "--advertise".into(),
-                client_proxy.addr.to_string(),
-                "--data-dir".into(),
-                data_dir.display().to_string(),
-                "--initial-cluster".into(),
-                initial_cluster.clone(),
-                "--metrics-listen".into(),
-                "off".into(),
-            ];
-            if !routes.is_empty() {
-                argv.extend(["--peer-routes".into(), routes.join(",")]);
-            }
-            let flags = Flags::try_parse_from(&argv).expect("conchd flags");
-            let config = Config::from_flags(flags).expect("conchd config");
+            let settings = Settings {
+                id: Some(i as u64 + 1),
+                listen: Some(real[i].to_string()),
+                advertise: Some(client_proxy.addr.to_string()),
+                data_dir: Some(data_dir),
+                initial_cluster: Some(initial_cluster.clone()),
+                peer_routes: (!routes.is_empty()).then(|| routes.join(",")),
+                metrics_listen: Some("off".into()),
+                ..Settings::default()
+            };
+            let config = Config::from_settings(settings).expect("conchd config");
             let running = match server::start(Arc::new(config)).await {
                 Ok(running) => running,
                 Err(e) => {

@@ -15,22 +15,19 @@ use std::sync::Arc;
 
 use conch_proto::conch as cpb;
 use conch_proto::conch::conch_auth_server::ConchAuth;
-use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::status::ApiError;
-use crate::node::{Node, NodeError};
+use crate::error::NodeError;
+use crate::node::Node;
 use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView, access_of};
 use crate::state::{Cmd, Error, ErrorKind, Outcome};
 
-/// The metadata key carrying the token.
-pub const AUTHORIZATION: &str = "authorization";
+pub use conch_proto::wire::AUTHORIZATION;
 /// Generated tokens start with this.
 pub const TOKEN_PREFIX: &str = "conch_";
-pub use crate::state::auth::CLI_NAMESPACE;
-/// A token (generated or from the bootstrap file) has at least this many characters.
-pub const TOKEN_MIN_CHARS: usize = 32;
+use crate::secret::hash_token;
 
 /// SHA-256 of the bearer token in `metadata`, if it carries one.
 pub fn token_hash(metadata: &MetadataMap) -> Option<TokenHash> {
@@ -43,11 +40,6 @@ pub fn token_hash(metadata: &MetadataMap) -> Option<TokenHash> {
         })
         .filter(|t| !t.trim().is_empty())
         .map(hash_token)
-}
-
-/// SHA-256 of a token as presented (surrounding whitespace removed).
-pub fn hash_token(token: &str) -> TokenHash {
-    Sha256::digest(token.trim().as_bytes()).into()
 }
 
 /// 64 random bits from the operating system (a new lease id's secret part).
@@ -491,6 +483,7 @@ impl ConchAuth for AuthService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::secret::TOKEN_MIN_CHARS;
 
     #[test]
     fn generated_tokens_are_long_random_and_hash_trimmed() {

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use conch_proto::conch as cpb;
 use conch_proto::conch::conch_admin_server::ConchAdmin;
 use conch_proto::conch::conch_api_server::ConchApi;
-use openraft::{BasicNode, ChangeMembers};
 use tonic::{Request, Response, Status};
 
 use super::auth::{Caller, forward};
 use super::convert;
 use super::membership;
 use super::status::ApiError;
-use crate::node::{Node, NodeError};
+use crate::error::NodeError;
+use crate::node::{MembershipChange, Node};
 use crate::state::Error;
 use crate::state::auth::{Access, Permission};
 
@@ -111,16 +111,13 @@ impl AdminService {
     }
 
     fn members(&self) -> Vec<cpb::Member> {
-        let metrics = self.node.raft.metrics();
-        let metrics = metrics.borrow();
-        let membership = metrics.membership_config.membership();
-        let voters: BTreeSet<u64> = membership.voter_ids().collect();
-        membership
-            .nodes()
-            .map(|(id, node)| cpb::Member {
-                id: *id,
-                addr: node.addr.clone(),
-                voter: voters.contains(id),
+        self.node
+            .members()
+            .into_iter()
+            .map(|m| cpb::Member {
+                id: m.id,
+                addr: m.addr,
+                voter: m.voter,
             })
             .collect()
     }
@@ -148,49 +145,52 @@ impl AdminService {
         );
         let removal =
             membership::plan_removal(&voters, &learners, remove).map_err(ApiError::from)?;
-        let mut changes: Vec<(&'static str, ChangeMembers<u64, BasicNode>, bool)> = Vec::new();
+        let mut changes: Vec<(&'static str, MembershipChange, bool)> = Vec::new();
         if removal.voters.contains(&self.node.id) {
             if !removal.learners.is_empty() {
                 let learners = removal.learners.clone();
                 changes.push((
                     "remove learners",
-                    ChangeMembers::RemoveNodes(learners),
+                    MembershipChange::RemoveNodes(learners),
                     false,
                 ));
             }
             let voters = removal.voters.clone();
-            changes.push(("remove voters", ChangeMembers::RemoveVoters(voters), false));
+            changes.push((
+                "remove voters",
+                MembershipChange::RemoveVoters(voters),
+                false,
+            ));
         } else {
             if !removal.voters.is_empty() {
                 let voters = removal.voters.clone();
-                changes.push(("demote voters", ChangeMembers::RemoveVoters(voters), true));
+                changes.push((
+                    "demote voters",
+                    MembershipChange::RemoveVoters(voters),
+                    true,
+                ));
             }
             let all = removal.voters.union(&removal.learners).copied().collect();
-            changes.push(("remove members", ChangeMembers::RemoveNodes(all), false));
+            changes.push(("remove members", MembershipChange::RemoveNodes(all), false));
         }
         let mut last = None;
         for (action, change, retain) in changes {
-            let response = self
+            let changed = self
                 .node
-                .raft
                 .change_membership(change, retain)
                 .await
                 .map_err(|e| ApiError::raft(action, e))?;
-            last = Some(response);
+            last = Some(changed);
         }
         let Some(last) = last else {
             return Ok(Response::new(self.membership_response(0)));
         };
-        if let Some(membership) = last.membership {
-            let notice = crate::removal::RemovedNotice {
-                log_id: last.log_id,
-                membership,
-            };
+        if let Some(notice) = last.notice {
             for member in &members {
                 let removed =
                     removal.voters.contains(&member.id) || removal.learners.contains(&member.id);
                 if removed && member.id != self.node.id {
-                    crate::removal::tell(
+                    crate::retire::tell(
                         Arc::clone(&self.node),
                         member.id,
                         member.addr.clone(),
@@ -199,7 +199,7 @@ impl AdminService {
                 }
             }
         }
-        Ok(Response::new(self.membership_response(last.log_id.index)))
+        Ok(Response::new(self.membership_response(last.log_index)))
     }
 }
 
@@ -219,15 +219,14 @@ impl ConchAdmin for AdminService {
         // endpoint health): it shows roles, indexes and members, nothing of the namespaces.
         Caller::of(&self.node, &request).authenticated(&self.node)?;
         let (term, state, last_log_index, applied_index, snapshot_index, leader_id) = {
-            let metrics = self.node.raft.metrics();
-            let m = metrics.borrow();
+            let m = self.node.raft_status();
             (
-                m.current_term,
-                format!("{:?}", m.state),
-                m.last_log_index.unwrap_or(0),
-                m.last_applied.map(|l| l.index).unwrap_or(0),
-                m.snapshot.map(|l| l.index).unwrap_or(0),
-                crate::node::known_leader(&m, self.node.id).unwrap_or(0),
+                m.term,
+                m.state,
+                m.last_log_index,
+                m.applied_index,
+                m.snapshot_index,
+                m.known_leader.unwrap_or(0),
             )
         };
         let leader_addr = self
@@ -277,15 +276,12 @@ impl ConchAdmin for AdminService {
             return forwarded(leader.add_learner(forward(&metadata, r)).await);
         }
         membership::probe_new_member(&self.node, r.node_id, &r.addr, &metadata).await?;
-        let response = self
+        let log_index = self
             .node
-            .raft
-            .add_learner(r.node_id, BasicNode { addr: r.addr }, true)
+            .add_learner(r.node_id, r.addr)
             .await
             .map_err(|e| ApiError::raft("add learner", e))?;
-        Ok(Response::new(
-            self.membership_response(response.log_id.index),
-        ))
+        Ok(Response::new(self.membership_response(log_index)))
     }
 
     async fn change_membership(
@@ -306,15 +302,12 @@ impl ConchAdmin for AdminService {
             return self.remove_members(&r.remove).await;
         }
         let voters: BTreeSet<u64> = r.voters.into_iter().collect();
-        let response = self
+        let changed = self
             .node
-            .raft
-            .change_membership(voters, false)
+            .change_membership(MembershipChange::Voters(voters), false)
             .await
             .map_err(|e| ApiError::raft("change membership", e))?;
-        Ok(Response::new(
-            self.membership_response(response.log_id.index),
-        ))
+        Ok(Response::new(self.membership_response(changed.log_index)))
     }
 
     async fn transfer_leader(
@@ -348,24 +341,21 @@ impl ConchAdmin for AdminService {
                     )
                 })?
                 .map_err(ApiError::from)?;
-            let mut metrics = self.node.raft.metrics();
-            metrics.borrow_and_update();
+            let mut raft = self.node.watch_raft();
+            raft.status();
             let mut next_campaign = tokio::time::Instant::now();
             loop {
                 if tokio::time::Instant::now() >= next_campaign {
                     self.node
-                        .raft
-                        .trigger()
-                        .elect()
+                        .campaign()
                         .await
                         .map_err(|e| ApiError::raft("start election", e))?;
                     next_campaign = tokio::time::Instant::now() + self.node.config.election_timeout;
                 }
                 // Leading, and confirmed by a quorum since (as `ClusterStatus` reports it).
                 let led = {
-                    let m = metrics.borrow_and_update();
-                    (crate::node::known_leader(&m, self.node.id) == Some(self.node.id))
-                        .then_some(m.current_term)
+                    let m = raft.status();
+                    (m.known_leader == Some(self.node.id)).then_some(m.term)
                 };
                 if let Some(term) = led {
                     return Ok(Response::new(cpb::TransferLeaderResponse {
@@ -373,8 +363,7 @@ impl ConchAdmin for AdminService {
                         term,
                     }));
                 }
-                match tokio::time::timeout_at(deadline.min(next_campaign), metrics.changed()).await
-                {
+                match tokio::time::timeout_at(deadline.min(next_campaign), raft.changed()).await {
                     Ok(Ok(())) => continue,
                     Ok(Err(_)) => {
                         return Err(ApiError::Node(NodeError::Unavailable(
@@ -438,32 +427,19 @@ impl ConchAdmin for AdminService {
             let mut target = self.node.admin_of(to, addr).map_err(ApiError::from)?;
             return forwarded(target.trigger_snapshot(forward(&metadata, r)).await);
         }
-        let before = self
-            .node
-            .raft
-            .metrics()
-            .borrow()
-            .snapshot
-            .map(|l| l.index)
-            .unwrap_or(0);
+        let before = self.node.raft_status().snapshot_index;
         self.node
-            .raft
-            .trigger()
-            .snapshot()
+            .trigger_snapshot()
             .await
             .map_err(|e| ApiError::raft("trigger snapshot", e))?;
         let applied = self.node.applied.applied_index();
-        let mut metrics = self.node.raft.metrics();
+        let mut raft = self.node.watch_raft();
         let snapshot_index = loop {
-            let current = metrics
-                .borrow_and_update()
-                .snapshot
-                .map(|l| l.index)
-                .unwrap_or(0);
+            let current = raft.status().snapshot_index;
             if current >= applied || current > before {
                 break current;
             }
-            if tokio::time::timeout(std::time::Duration::from_secs(10), metrics.changed())
+            if tokio::time::timeout(std::time::Duration::from_secs(10), raft.changed())
                 .await
                 .is_err()
             {

@@ -15,7 +15,8 @@ use crate::state::auth::{Access, Permission};
 use crate::state::{
     AcquireStatus, Cmd, Error, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
 };
-use crate::wait::{self, WaitKey};
+use crate::wait;
+use crate::waiters::WaitKey;
 
 pub struct GrackleService {
     node: Arc<Node>,
@@ -75,7 +76,7 @@ impl GrackleService {
     async fn wait_for_grant(
         &self,
         key: WaitKey,
-        ticket: wait::WaitTicket,
+        ticket: crate::waiters::WaitTicket,
         deadline_ns: Nanos,
         index: u64,
     ) -> Result<pb::AcquireSemaphoreResponse, ApiError> {

@@ -28,20 +28,20 @@ pub fn serving(leader_known: bool, last_log_index: u64, last_applied_index: u64)
 /// Keeps the health statuses in step with the node's view of the cluster until Raft stops (a
 /// node removed from the cluster reports NOT_SERVING from then on).
 pub async fn follow(node: Arc<Node>, reporter: HealthReporter) {
-    let mut metrics = node.raft.metrics();
+    let mut raft = node.watch_raft();
     let mut reported = None;
     // The longest election timeout: by then the others have started an election.
     let cut_off_after = node.config.election_timeout * 2;
     loop {
         let now = {
-            let m = metrics.borrow_and_update();
-            let cut_off = m.state == openraft::ServerState::Leader
+            let m = raft.status();
+            let cut_off = m.leading
                 && m.millis_since_quorum_ack
                     .is_none_or(|ms| u128::from(ms) > cut_off_after.as_millis());
             serving(
                 m.current_leader.is_some() && !cut_off,
-                m.last_log_index.unwrap_or(0),
-                m.last_applied.map(|l| l.index).unwrap_or(0),
+                m.last_log_index,
+                m.applied_index,
             ) && node.removal.removed().is_none()
         };
         if reported != Some(now) {
@@ -49,7 +49,7 @@ pub async fn follow(node: Arc<Node>, reporter: HealthReporter) {
             reported = Some(now);
         }
         tokio::select! {
-            changed = metrics.changed() => if changed.is_err() {
+            changed = raft.changed() => if changed.is_err() {
                 if node.removal.removed().is_some() && reported != Some(false) {
                     report(&reporter, false).await;
                 }

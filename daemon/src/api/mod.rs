@@ -37,8 +37,7 @@ pub mod status;
 /// message length too large") before a handler sees it.
 pub const CLIENT_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 
-/// Response metadata naming the leader's address, so clients can go there directly.
-pub const LEADER_HEADER: &str = "conch-leader";
+pub use conch_proto::wire::LEADER_HEADER;
 
 /// The client-facing services, limited and guarded as clients meet them: the Grackle API,
 /// conch's extensions, administration and access control. The one list that the node's port and

@@ -17,8 +17,9 @@ use tonic::{Request, Response, Status};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 
 use super::status::ApiError;
+use crate::error::NodeError;
 use crate::identity::{PEER_ID_HEADER, PEER_SECRET_HEADER};
-use crate::node::{Node, NodeError};
+use crate::node::Node;
 use crate::raft::network::{decode, encode};
 use crate::raft::{NodeId, TypeConfig, peer_target};
 use crate::state::Cmd;
@@ -185,7 +186,7 @@ impl ConchPeer for PeerService {
         sent_by(&request, rpc.vote.leader_id().voted_for())?;
         self.node.cluster_id.adopt_from(request.metadata());
         self.node.note_client_addr(from, request.metadata());
-        Ok(encode_reply(&self.node.raft.append_entries(rpc).await)?)
+        Ok(encode_reply(&self.node.append_entries(rpc).await)?)
     }
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
@@ -193,7 +194,7 @@ impl ConchPeer for PeerService {
         from_member(&self.node, &request)?;
         let rpc: VoteRequest<NodeId> = decode_request(&request)?;
         sent_by(&request, rpc.vote.leader_id().voted_for())?;
-        Ok(encode_reply(&self.node.raft.vote(rpc).await)?)
+        Ok(encode_reply(&self.node.vote(rpc).await)?)
     }
 
     async fn install_snapshot(
@@ -204,7 +205,7 @@ impl ConchPeer for PeerService {
         let rpc: InstallSnapshotRequest<TypeConfig> = decode_request(&request)?;
         sent_by(&request, rpc.vote.leader_id().voted_for())?;
         self.node.cluster_id.adopt_from(request.metadata());
-        Ok(encode_reply(&self.node.raft.install_snapshot(rpc).await)?)
+        Ok(encode_reply(&self.node.install_snapshot(rpc).await)?)
     }
 
     async fn propose(
@@ -236,6 +237,6 @@ impl ConchPeer for PeerService {
         for_this_node(&self.node, &request)?;
         from_member(&self.node, &request)?;
         let notice = decode_request(&request)?;
-        Ok(encode_reply(&crate::removal::notice(&self.node, notice))?)
+        Ok(encode_reply(&crate::retire::notice(&self.node, notice))?)
     }
 }

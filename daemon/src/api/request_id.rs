@@ -8,8 +8,7 @@ use tonic::{Request, Status};
 use super::status::ApiError;
 use crate::state::{Cmd, validate};
 
-/// Request metadata naming the logical operation a write belongs to.
-pub const REQUEST_ID_HEADER: &str = "conch-request-id";
+pub use conch_proto::wire::REQUEST_ID_HEADER;
 
 /// The request's id, if it carries one (refused when it is not a valid id), and its message.
 pub fn split<T>(request: Request<T>) -> Result<(Option<String>, T), Status> {

@@ -25,7 +25,7 @@
 
 use tonic::{Code, Status};
 
-use crate::node::NodeError;
+use crate::error::NodeError;
 use crate::state::{Error, ErrorKind};
 use crate::wait::WaitError;
 

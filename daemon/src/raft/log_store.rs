@@ -67,9 +67,9 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, Entry, OptionalSend, RaftLogReader, StorageIOError, Vote};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::codec::{decode_value, encode_value};
 use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::metrics::{LogMetrics, observe};
@@ -100,6 +100,7 @@ pub enum Durability {
     Fsync,
     /// Appends are written but not synced (sled's flush still runs for the vote): survives a
     /// process crash, not necessarily power loss. For tests and benchmarks on throwaway data.
+    #[allow(dead_code)]
     Flush,
 }
 
@@ -137,41 +138,6 @@ impl OpenError {
         matches!(self, OpenError::Sled { source: sled::Error::Io(e), .. }
             if e.to_string().contains("could not acquire lock"))
     }
-}
-
-/// Why a stored value could not be decoded.
-#[derive(Debug, thiserror::Error)]
-pub enum CodecError {
-    #[error("value too short for its checksum ({len} bytes)")]
-    TooShort { len: usize },
-    #[error("checksum mismatch (stored {stored:#018x}, computed {computed:#018x})")]
-    Checksum { stored: u64, computed: u64 },
-    #[error("decode: {0}")]
-    Decode(bincode::Error),
-    #[error("encode: {0}")]
-    Encode(bincode::Error),
-}
-
-pub(super) fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
-    let mut bytes = bincode::serialize(value).map_err(CodecError::Encode)?;
-    let checksum = fnv1a64(&bytes);
-    bytes.extend_from_slice(&checksum.to_le_bytes());
-    Ok(bytes)
-}
-
-pub(super) fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
-    let Some(split) = bytes.len().checked_sub(8) else {
-        return Err(CodecError::TooShort { len: bytes.len() });
-    };
-    let (payload, trailer) = bytes.split_at(split);
-    let mut stored = [0u8; 8];
-    stored.copy_from_slice(trailer);
-    let stored = u64::from_le_bytes(stored);
-    let computed = fnv1a64(payload);
-    if stored != computed {
-        return Err(CodecError::Checksum { stored, computed });
-    }
-    bincode::deserialize(payload).map_err(CodecError::Decode)
 }
 
 fn entry_key(index: u64) -> [u8; 9] {
@@ -1047,6 +1013,7 @@ mod tests {
 
     use super::*;
     use crate::applied::AppliedState;
+    use crate::raft::codec::CodecError;
     use crate::raft::state_machine::StateMachine;
     use crate::state::{Batch, Cmd, State};
 

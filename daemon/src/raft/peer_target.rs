@@ -17,8 +17,7 @@ use tonic::metadata::MetadataMap;
 
 use super::NodeId;
 
-/// Metadata key naming the node a Raft RPC is meant for.
-pub const PEER_TARGET_HEADER: &str = "conch-peer-target";
+pub use conch_proto::wire::PEER_TARGET_HEADER;
 /// A refusal is logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 

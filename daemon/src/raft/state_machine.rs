@@ -420,11 +420,6 @@ impl StateMachine {
         Ok(sm)
     }
 
-    /// The shared applied state.
-    pub fn applied(&self) -> &Arc<AppliedState> {
-        &self.applied
-    }
-
     /// The last log id applied (or restored from a snapshot).
     pub fn last_applied(&self) -> Option<LogId> {
         self.last_applied

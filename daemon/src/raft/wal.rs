@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use openraft::Entry;
 
 use super::TypeConfig;
-use super::log_store::{decode_value, encode_value};
+use super::codec::{decode_value, encode_value};
 
 /// The size a segment is created with; an append that starts past it opens a new segment.
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;

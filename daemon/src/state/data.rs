@@ -26,9 +26,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::auth::Auth;
+use super::hash::fnv1a64;
 use super::quota::{self, Budget, Quotas, Usage};
 use super::requests::Requests;
-use super::snapshot::fnv1a64;
 use super::types::*;
 
 /// The whole replicated state. Same state + same batch => same replies and events, on every

@@ -1,26 +1,37 @@
-//! The limits every request is checked against (Grackle's where it has one).
+//! The limits every request is checked against (Grackle's where it has one). Those a client
+//! checks too are the wire contract's (`conch_proto::wire`), the one constant-only thing the
+//! state takes from outside std, serde and bincode.
 
-pub const NAME_MAX_CHARS: usize = 128;
+pub const NAME_MAX_CHARS: usize = conch_proto::wire::NAME_MAX_CHARS;
 pub const DESCRIPTION_MAX_BYTES: usize = 1024;
 pub const METADATA_MAX_ENTRIES: usize = 32;
 pub const METADATA_KEY_MAX_BYTES: usize = 128;
-pub const METADATA_VALUE_MAX_BYTES: usize = 256;
-pub const PROCESS_ID_MAX_BYTES: usize = 128;
+pub const METADATA_VALUE_MAX_BYTES: usize = conch_proto::wire::METADATA_VALUE_MAX_BYTES;
+pub const PROCESS_ID_MAX_BYTES: usize = conch_proto::wire::PROCESS_ID_MAX_BYTES;
 pub const LEASE_ID_MAX_BYTES: usize = 128;
 pub const TTL_MIN_S: u64 = 1;
 pub const TTL_MAX_S: u64 = 300;
 pub const TIMEOUT_MAX_S: i64 = 300;
 pub const PAGE_LIMIT_DEFAULT: usize = 100;
 pub const PAGE_LIMIT_MAX: i32 = 250;
-pub const PERMITS_MAX: u64 = u32::MAX as u64;
+pub const PERMITS_MAX: u64 = conch_proto::wire::PERMITS_MAX;
 pub const HOLDERS_PER_SEMAPHORE_MAX: usize = 1000;
 pub const WAITERS_PER_SEMAPHORE_MAX: usize = 10_000;
 pub const SEMAPHORES_PER_NAMESPACE_MAX: usize = 1_000_000;
 pub const LEASES_PER_NAMESPACE_MAX: usize = 1_000_000;
 pub const NAMESPACES_MAX: usize = 100_000;
 /// A request id (`conch-request-id`): 1 to 64 ASCII letters, digits, `-` or `_`.
-pub const REQUEST_ID_MAX_BYTES: usize = 64;
+pub const REQUEST_ID_MAX_BYTES: usize = conch_proto::wire::REQUEST_ID_MAX_BYTES;
 /// Most request ids the state remembers; the oldest is forgotten first.
 pub const REQUESTS_REMEMBERED_MAX: usize = 100_000;
 /// How long (state clock) a request id is remembered after its command ran.
 pub const REQUEST_RETENTION_NS: i64 = 120 * 1_000_000_000;
+
+/// Quotas of a new namespace (see `quota.rs`): enough for thousands of jobs, small enough that one namespace
+/// stays well inside a small node's memory.
+pub const DEFAULT_SEMAPHORES: u64 = 10_000;
+pub const DEFAULT_LEASES: u64 = 10_000;
+pub const DEFAULT_ENTRIES: u64 = 100_000;
+pub const DEFAULT_NAMESPACE_BYTES: u64 = 64 << 20;
+/// The default budget of the whole state's stored bytes.
+pub const DEFAULT_STATE_BUDGET_BYTES: u64 = 512 << 20;

@@ -14,11 +14,13 @@
 //! - `apply`: command dispatch, reaping, extending leases, the other commands
 //! - `read`: lookups, views and the reads served from the state
 //! - `snapshot`: the canonical encoding, the state hash, snapshots
+//! - `hash`: FNV-1a 64, the function of the state hash and of the storage checksums
 //! - `invariants`: the check of every rule the state keeps (see there for the list)
 //! - `requests`: the remembered request ids and their replies, with their own indexes
 //! - `once`: running a write with a request id at most once, and settling queued acquires
 //! - `auth`: access control: roles, token hashes, the enabled flag, and the permission check
 //! - `quota`: the namespaces' quotas, the state's byte budget and the size model they count by
+//! - `validate`: the checks of single fields; `validate_cmd`: [`Cmd::validate`], of a whole command
 //!
 //! # Cost
 //!
@@ -59,6 +61,7 @@ pub mod auth;
 #[cfg(test)]
 mod auth_tests;
 mod data;
+mod hash;
 mod invariants;
 mod lease_id;
 pub mod limits;
@@ -77,7 +80,8 @@ mod tests;
 mod tests_once;
 mod types;
 pub mod validate;
+mod validate_cmd;
 
 pub use data::{State, Tally};
-pub use snapshot::fnv1a64;
+pub use hash::fnv1a64;
 pub use types::*;

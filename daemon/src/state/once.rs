@@ -20,7 +20,8 @@
 //!   writes nothing. A retry later than that runs again, as without an id.
 
 use super::data::State;
-use super::snapshot::{bincode_options, fnv1a64};
+use super::hash::fnv1a64;
+use super::snapshot::bincode_options;
 use super::types::*;
 use bincode::Options;
 

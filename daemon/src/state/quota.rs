@@ -1,6 +1,6 @@
 //! Quotas: how much one namespace, and the whole state, may hold.
 //!
-//! Every namespace has [`Quotas`] (replicated, set by a cluster admin, defaults below) on its
+//! Every namespace has [`Quotas`] (replicated, set by a cluster admin, defaults in `limits.rs`) on its
 //! semaphores, leases, entries (holders plus waiters) and stored bytes; the state has a budget
 //! on the stored bytes of all namespaces together. A command that would go past one is refused
 //! with `ResourceExhausted` naming the quota, and changes nothing; lowering a quota below what
@@ -18,6 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::types::Quotas;
 use super::types::{Error, Metadata};
 
 /// What a namespace, semaphore or lease costs besides its strings.
@@ -25,38 +26,9 @@ pub const OBJECT_BYTES: u64 = 256;
 /// What a holder or waiter costs besides its metadata.
 pub const ENTRY_BYTES: u64 = 128;
 
-/// Defaults of a new namespace: enough for thousands of jobs, small enough that one namespace
-/// stays well inside a small node's memory.
-pub const DEFAULT_SEMAPHORES: u64 = 10_000;
-pub const DEFAULT_LEASES: u64 = 10_000;
-pub const DEFAULT_ENTRIES: u64 = 100_000;
-pub const DEFAULT_NAMESPACE_BYTES: u64 = 64 << 20;
-/// The default budget of the whole state's stored bytes.
-pub const DEFAULT_STATE_BUDGET_BYTES: u64 = 512 << 20;
+use super::limits::DEFAULT_STATE_BUDGET_BYTES;
 /// The largest value a byte quota or the budget may be set to.
 pub const BYTES_MAX: u64 = 64 << 30;
-
-/// A namespace's quotas.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Quotas {
-    pub semaphores: u64,
-    pub leases: u64,
-    /// Holders plus waiters over all semaphores of the namespace.
-    pub entries: u64,
-    /// Stored bytes, by the size model above.
-    pub bytes: u64,
-}
-
-impl Default for Quotas {
-    fn default() -> Self {
-        Quotas {
-            semaphores: DEFAULT_SEMAPHORES,
-            leases: DEFAULT_LEASES,
-            entries: DEFAULT_ENTRIES,
-            bytes: DEFAULT_NAMESPACE_BYTES,
-        }
-    }
-}
 
 impl Quotas {
     /// Refuses quotas beyond what the state can hold at all.

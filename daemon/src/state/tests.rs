@@ -3,9 +3,10 @@
 use bincode::Options;
 
 use super::data::{Data, State, Tally};
+use super::hash::fnv1a64;
 use super::lease_id::{lease_id, parse_lease_id};
 use super::limits::*;
-use super::snapshot::{bincode_options, fnv1a64};
+use super::snapshot::bincode_options;
 use super::types::*;
 
 const S: Nanos = NANOS_PER_SEC;

@@ -8,8 +8,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::auth::{AuthStatusView, Permission, RoleView, TokenHash, TokenView};
-
 /// Free-form string map carried by namespaces, semaphores, leases, holders and waiters.
 pub type Metadata = BTreeMap<String, String>;
 
@@ -176,7 +174,7 @@ pub enum Cmd {
     /// growth.
     SetQuotas {
         ns: String,
-        quotas: super::quota::Quotas,
+        quotas: Quotas,
     },
     /// Sets the budget on the stored bytes of all namespaces together (cluster admin).
     SetBudget {
@@ -375,11 +373,33 @@ pub struct SemaphoreView {
     pub last_activity_at: Nanos,
 }
 
+/// A namespace's quotas (see `quota.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quotas {
+    pub semaphores: u64,
+    pub leases: u64,
+    /// Holders plus waiters over all semaphores of the namespace.
+    pub entries: u64,
+    /// Stored bytes, by the size model above.
+    pub bytes: u64,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Quotas {
+            semaphores: super::limits::DEFAULT_SEMAPHORES,
+            leases: super::limits::DEFAULT_LEASES,
+            entries: super::limits::DEFAULT_ENTRIES,
+            bytes: super::limits::DEFAULT_NAMESPACE_BYTES,
+        }
+    }
+}
+
 /// A namespace's quotas and what it uses of them, with the state's budget and stored bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaView {
     pub namespace: String,
-    pub quotas: super::quota::Quotas,
+    pub quotas: Quotas,
     pub semaphores: u64,
     pub leases: u64,
     pub entries: u64,
@@ -464,4 +484,94 @@ pub enum SnapshotError {
     Decode(String),
     #[error("state snapshot is inconsistent: {0}")]
     Inconsistent(String),
+}
+
+/// SHA-256 of a token.
+pub type TokenHash = [u8; 32];
+
+/// A permission on a namespace; each includes the ones below it: read < acquire < write <
+/// admin. (Declared in the order they were added, which the encoding keeps; [`Ord`] follows
+/// [`Permission::rank`].)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Permission {
+    /// Get and list.
+    Read,
+    /// Also: create, update and delete semaphores.
+    Write,
+    /// Also: create, update and delete the namespace itself.
+    Admin,
+    /// Also (over read): leases, acquire and release, and creating a semaphore that does not
+    /// exist yet; what `conch sema` and `conch elect` need, and nothing that changes what
+    /// others hold.
+    Acquire,
+}
+
+impl Permission {
+    /// Its place in the order of inclusion.
+    pub fn rank(self) -> u8 {
+        match self {
+            Permission::Read => 0,
+            Permission::Acquire => 1,
+            Permission::Write => 2,
+            Permission::Admin => 3,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Permission::Read => "read",
+            Permission::Acquire => "acquire",
+            Permission::Write => "write",
+            Permission::Admin => "admin",
+        }
+    }
+
+    pub fn parse(value: &str) -> Result<Permission, Error> {
+        match value {
+            "read" => Ok(Permission::Read),
+            "acquire" => Ok(Permission::Acquire),
+            "write" => Ok(Permission::Write),
+            "admin" => Ok(Permission::Admin),
+            _ => Err(Error::invalid(
+                "permission must be one of read, acquire, write, admin",
+            )),
+        }
+    }
+}
+
+impl PartialOrd for Permission {
+    fn partial_cmp(&self, other: &Permission) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Permission {
+    fn cmp(&self, other: &Permission) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleView {
+    pub name: String,
+    pub cluster_admin: bool,
+    /// Namespace (or `*`) -> permission.
+    pub grants: BTreeMap<String, Permission>,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenView {
+    pub id: String,
+    pub name: String,
+    pub role: String,
+    pub created_at: Nanos,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthStatusView {
+    pub enabled: bool,
+    pub roles: u64,
+    pub tokens: u64,
 }

@@ -8,7 +8,7 @@
 //! `semaphore_name`, `lease_id`, `ttl_seconds`, `timeout_seconds`, ...).
 
 use super::limits::*;
-use super::types::{Cmd, Error, Metadata, NANOS_PER_SEC, Nanos};
+use super::types::{Error, Metadata, NANOS_PER_SEC, Nanos};
 
 /// A namespace or semaphore name: 1–128 characters of `[-_.0-9a-zA-Z]`. `field` is the request
 /// field that carried it (`name`, `namespace_name`, `semaphore_name`).
@@ -88,6 +88,7 @@ pub fn refresh_ttl_s(value: u64) -> Result<(), Error> {
 }
 
 /// An acquire's `timeout_seconds` as the API receives it: 0–300.
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn timeout_s(value: i64) -> Result<(), Error> {
     if (0..=TIMEOUT_MAX_S).contains(&value) {
         Ok(())
@@ -159,164 +160,6 @@ pub fn page_limit(value: i32) -> Result<usize, Error> {
     }
 }
 
-const NAMESPACE_NAME: &str = "namespace_name";
-const SEMAPHORE_NAME: &str = "semaphore_name";
-
-impl Cmd {
-    /// Checks everything about the command that does not depend on the state.
-    pub fn validate(&self) -> Result<(), Error> {
-        match self {
-            // CreateNamespaceRequest calls it `name`; every later request `namespace_name`.
-            Cmd::CreateNamespace {
-                name: n,
-                description: d,
-                metadata: m,
-            } => {
-                name("name", n)?;
-                description(d)?;
-                metadata(m)
-            }
-            Cmd::UpdateNamespace {
-                name: n,
-                description: d,
-                metadata: m,
-                ..
-            } => {
-                name(NAMESPACE_NAME, n)?;
-                description(d)?;
-                metadata(m)
-            }
-            Cmd::DeleteNamespace { name: n } => name(NAMESPACE_NAME, n),
-            Cmd::CreateSemaphore {
-                ns,
-                name: n,
-                description: d,
-                permits: p,
-                metadata: m,
-            }
-            | Cmd::UpdateSemaphore {
-                ns,
-                name: n,
-                description: d,
-                permits: p,
-                metadata: m,
-                ..
-            } => {
-                name(NAMESPACE_NAME, ns)?;
-                name(SEMAPHORE_NAME, n)?;
-                description(d)?;
-                permits(*p)?;
-                metadata(m)
-            }
-            Cmd::DeleteSemaphore { ns, name: n } => {
-                name(NAMESPACE_NAME, ns)?;
-                name(SEMAPHORE_NAME, n)
-            }
-            Cmd::CreateLease {
-                ns,
-                process_id: p,
-                ttl_s: t,
-                metadata: m,
-                secret: _,
-            } => {
-                name(NAMESPACE_NAME, ns)?;
-                process_id(p)?;
-                ttl_s(*t)?;
-                metadata(m)
-            }
-            Cmd::RefreshLease {
-                ns,
-                lease,
-                ttl_s: t,
-            } => {
-                name(NAMESPACE_NAME, ns)?;
-                lease_id(lease)?;
-                refresh_ttl_s(*t)
-            }
-            Cmd::RevokeLease { ns, lease } => {
-                name(NAMESPACE_NAME, ns)?;
-                lease_id(lease)
-            }
-            Cmd::Acquire {
-                ns,
-                sem,
-                lease,
-                weight: w,
-                wait_ns: wait,
-                metadata: m,
-            } => {
-                name(NAMESPACE_NAME, ns)?;
-                name(SEMAPHORE_NAME, sem)?;
-                lease_id(lease)?;
-                weight(*w)?;
-                wait_ns(*wait)?;
-                metadata(m)
-            }
-            Cmd::Release { ns, sem, lease } => {
-                name(NAMESPACE_NAME, ns)?;
-                name(SEMAPHORE_NAME, sem)?;
-                lease_id(lease)
-            }
-            Cmd::GiveUp {
-                ns,
-                sem,
-                lease,
-                linger_ns,
-                ..
-            } => {
-                name(NAMESPACE_NAME, ns)?;
-                name(SEMAPHORE_NAME, sem)?;
-                lease_id(lease)?;
-                wait_ns(*linger_ns)
-            }
-            Cmd::Expire | Cmd::ExtendLeases => Ok(()),
-            Cmd::Once {
-                request_id: id,
-                cmd,
-            } => {
-                request_id(id)?;
-                match *cmd.unwrapped() {
-                    Cmd::Once { .. } | Cmd::GiveUp { .. } | Cmd::Expire | Cmd::ExtendLeases => Err(
-                        Error::invalid("conch-request-id applies to client writes only"),
-                    ),
-                    _ => cmd.validate(),
-                }
-            }
-            Cmd::As { cmd, .. } => match **cmd {
-                Cmd::As { .. } | Cmd::Once { .. } => {
-                    Err(Error::invalid("a token wraps one client command"))
-                }
-                _ if super::auth::access_of(cmd).is_none() => {
-                    Err(Error::invalid("a token wraps client commands only"))
-                }
-                _ => cmd.validate(),
-            },
-            Cmd::AuthEnable
-            | Cmd::AuthDisable
-            | Cmd::RoleCreate { .. }
-            | Cmd::RoleGrant { .. }
-            | Cmd::RoleRevoke { .. }
-            | Cmd::RoleDelete { .. }
-            | Cmd::TokenCreate { .. }
-            | Cmd::TokenRevoke { .. }
-            | Cmd::AuthBootstrap { .. } => super::auth::validate(self).unwrap_or(Ok(())),
-            Cmd::SetQuotas { ns, quotas } => {
-                name(NAMESPACE_NAME, ns)?;
-                quotas.validate()
-            }
-            Cmd::SetBudget { bytes } => {
-                if *bytes > super::quota::BYTES_MAX {
-                    return Err(Error::invalid(format!(
-                        "budget_bytes must be at most {}, got {bytes}",
-                        super::quota::BYTES_MAX
-                    )));
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
 /// A request id: 1 to 64 ASCII letters, digits, `-` or `_`.
 pub fn request_id(value: &str) -> Result<(), Error> {
     let ok = !value.is_empty()
@@ -336,7 +179,7 @@ pub fn request_id(value: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::ErrorKind;
+    use crate::state::{Cmd, ErrorKind};
 
     fn message(r: Result<(), Error>) -> String {
         let e = r.expect_err("must be refused");

@@ -15,6 +15,7 @@ mod certs;
 mod child;
 mod cli;
 mod cluster;
+mod cluster_admin;
 mod duration;
 mod elect;
 mod exit;
@@ -220,7 +221,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cluster {
             command: ClusterCommand::Status { json },
         } => cluster::status(&client, json).await,
-        Command::Cluster { command } => cluster::change(&client, command).await,
+        Command::Cluster { command } => cluster_admin::change(&client, command).await,
         Command::Auth { command } => auth::run(&client, command).await,
         Command::Elect(args) if args.who => elect::who(&client, &args).await,
         Command::Elect(args) if args.observe => elect::observe(&client, &args).await,

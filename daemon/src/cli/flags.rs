@@ -1,0 +1,242 @@
+//! `conchd`'s command line: its flags (each with its `CONCH_*` environment variable, the doc
+//! comments being the `--help` text) and its subcommand, turned into the library's plain
+//! [`Settings`] and [`RestoreArgs`]. The binary's alone; `xtask` compiles it in as well to
+//! write the man page and completions.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use conchd::config::Settings;
+use conchd::restore::RestoreArgs;
+
+/// conchd: a replicated semaphore daemon answering the Grackle semaphore API.
+///
+/// With no arguments it runs a single-node cluster on 127.0.0.1:7001 with its data in
+/// ./conch-data. To run three nodes, start each with its own --id, --listen and --data-dir and
+/// the same --initial-cluster.
+#[derive(Parser, Debug)]
+#[command(name = "conchd", version = conchd::proto::VERSION, about, long_about, after_help = EXAMPLES)]
+pub struct Flags {
+    /// This node's id (a positive integer, unique in the cluster).
+    #[arg(long, env = "CONCH_ID")]
+    pub id: Option<u64>,
+
+    /// Address to serve clients on (host:port); also peers, unless --peer-listen is given.
+    #[arg(long, env = "CONCH_LISTEN")]
+    pub listen: Option<String>,
+
+    /// Address clients reach this node at (default: --listen); also peers, unless
+    /// --peer-listen is given.
+    #[arg(long, env = "CONCH_ADVERTISE")]
+    pub advertise: Option<String>,
+
+    /// Serve the node-to-node (peer) service on its own address (host:port) instead of the
+    /// client port, so it can be firewalled apart. --initial-cluster and `conch cluster
+    /// add-learner` then name peer addresses.
+    #[arg(long, env = "CONCH_PEER_LISTEN")]
+    pub peer_listen: Option<String>,
+
+    /// Address other nodes reach this node's peer service at (default: --peer-listen).
+    #[arg(long, env = "CONCH_PEER_ADVERTISE")]
+    pub peer_advertise: Option<String>,
+
+    /// File holding a secret shared by every node (at least 32 characters, e.g. the output of
+    /// `openssl rand -hex 32`): a peer call must carry it. One way for peers to prove they are
+    /// members; mutual TLS (--peer-ca) is the other. Access control needs one of them.
+    #[arg(long, env = "CONCH_PEER_SECRET_FILE")]
+    pub peer_secret_file: Option<PathBuf>,
+
+    /// Directory holding the Raft log, vote and snapshots.
+    #[arg(long, env = "CONCH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Initial members, as id=host:port pairs: 1=10.0.0.1:7001,2=10.0.0.2:7001,3=10.0.0.3:7001.
+    /// Used only to bootstrap an empty data directory; a restarted node ignores it.
+    #[arg(long, env = "CONCH_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+
+    /// Reach these peers at other addresses than their advertised ones, as id=host:port pairs
+    /// (e.g. through a relay, a tunnel or a fault-injecting proxy).
+    #[arg(long, env = "CONCH_PEER_ROUTES")]
+    pub peer_routes: Option<String>,
+
+    /// TOML file with any of these settings (keys as the long flags, with underscores).
+    #[arg(long, env = "CONCH_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Raft heartbeat interval in milliseconds.
+    #[arg(long, env = "CONCH_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+
+    /// Minimum election timeout in milliseconds (the maximum is twice this).
+    #[arg(long, env = "CONCH_ELECTION_TIMEOUT_MS")]
+    pub election_timeout_ms: Option<u64>,
+
+    /// Take a snapshot (and compact the log) every this many log entries.
+    #[arg(long, env = "CONCH_SNAPSHOT_EVERY")]
+    pub snapshot_every: Option<u64>,
+
+    /// How long a call waits for a leader during an election before answering Unavailable, in
+    /// milliseconds.
+    #[arg(long, env = "CONCH_LEADER_WAIT_MS")]
+    pub leader_wait_ms: Option<u64>,
+
+    /// Log filter, e.g. debug, or conchd=debug,openraft=info [default: info,openraft=warn, and
+    /// openraft's line per retry to an unreachable peer off: conchd says it every 30 s].
+    #[arg(long, env = "CONCH_LOG")]
+    pub log: Option<String>,
+
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key. Re-read when the file
+    /// changes or on SIGHUP.
+    #[arg(long, env = "CONCH_TLS_CERT", help_heading = "TLS")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "CONCH_TLS_KEY", help_heading = "TLS")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require a client certificate signed by this CA (PEM) on every connection.
+    #[arg(long, env = "CONCH_CLIENT_CA", help_heading = "TLS")]
+    pub client_ca: Option<PathBuf>,
+
+    /// Mutual TLS between nodes: peers must present a node certificate signed by this CA (PEM),
+    /// and this node presents --tls-cert when it dials them. May be the same CA as --client-ca.
+    #[arg(long, env = "CONCH_PEER_CA", help_heading = "TLS")]
+    pub peer_ca: Option<PathBuf>,
+
+    /// Certificate revocation lists of the peer CA (PEM, one or more; needs --peer-ca): a
+    /// revoked certificate is refused as a peer (and as a client). Re-read when the file changes
+    /// or on SIGHUP; `conch certs revoke` writes one.
+    #[arg(long, env = "CONCH_PEER_CRL", help_heading = "TLS")]
+    pub peer_crl: Option<PathBuf>,
+
+    /// File holding the first cluster-admin token (at least 32 characters). Give it to every
+    /// node of a new cluster: the token's hash is installed with a cluster-admin role and access
+    /// control turned on, exactly once, and until that is committed the node answers no client
+    /// call. Needs peer authentication (--peer-secret-file or --peer-ca).
+    #[arg(long, env = "CONCH_BOOTSTRAP_ADMIN_TOKEN_FILE")]
+    pub bootstrap_admin_token_file: Option<PathBuf>,
+
+    /// This node joins a running cluster: with an empty data directory it never bootstraps one
+    /// (whatever --initial-cluster says) and waits to be added with `conch cluster add-learner`.
+    #[arg(long, env = "CONCH_JOIN")]
+    pub join: bool,
+
+    /// The cluster's name (1-64 characters of letters, digits, '-', '_', '.'), recorded in the
+    /// data directory when the node bootstraps or first joins. A later start with another
+    /// name is refused, and peers of another name are not listened to.
+    #[arg(long, env = "CONCH_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+
+    /// Serve Prometheus metrics over HTTP on host:port at /metrics [default: 127.0.0.1 at the
+    /// --listen port + 100, e.g. 7101 for 7001];
+    /// `off` serves none. /metrics has no access control: keep it on loopback or a
+    /// monitoring network.
+    #[arg(long, env = "CONCH_METRICS_LISTEN", help_heading = "Operations")]
+    pub metrics_listen: Option<String>,
+
+    /// Log line format on stderr: `text` (default) or `json` (one object per line, for log
+    /// shippers).
+    #[arg(long, env = "CONCH_LOG_FORMAT", help_heading = "Operations")]
+    pub log_format: Option<String>,
+
+    /// Threads that serve this node's calls and run Raft [default: one per CPU]. On a small
+    /// machine, 1 answers a lone client sooner (no thread switches within a write) while more
+    /// serve many clients faster; see the README's operations section for measurements.
+    #[arg(long, env = "CONCH_WORKER_THREADS", help_heading = "Operations")]
+    pub worker_threads: Option<usize>,
+
+    /// A one-off task instead of serving (the flags above are then not used).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+impl Flags {
+    /// The serving settings the flags (and their environment variables) give.
+    pub fn into_settings(self) -> Settings {
+        Settings {
+            id: self.id,
+            listen: self.listen,
+            advertise: self.advertise,
+            peer_listen: self.peer_listen,
+            peer_advertise: self.peer_advertise,
+            peer_secret_file: self.peer_secret_file,
+            data_dir: self.data_dir,
+            initial_cluster: self.initial_cluster,
+            peer_routes: self.peer_routes,
+            config: self.config,
+            heartbeat_ms: self.heartbeat_ms,
+            election_timeout_ms: self.election_timeout_ms,
+            snapshot_every: self.snapshot_every,
+            leader_wait_ms: self.leader_wait_ms,
+            log: self.log,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
+            client_ca: self.client_ca,
+            peer_ca: self.peer_ca,
+            peer_crl: self.peer_crl,
+            bootstrap_admin_token_file: self.bootstrap_admin_token_file,
+            join: self.join,
+            cluster_name: self.cluster_name,
+            metrics_listen: self.metrics_listen,
+            log_format: self.log_format,
+            worker_threads: self.worker_threads,
+        }
+    }
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  conchd                                   # single node on 127.0.0.1:7001, data in ./conch-data
+  conchd --id 1 --listen 127.0.0.1:7001 --data-dir /var/lib/conch/1 \\
+         --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
+  CONCH_CONFIG=/etc/conch/conchd.toml conchd
+  conchd --bootstrap-admin-token-file /etc/conch/admin.token \\
+         --peer-secret-file /etc/conch/peer.secret         # new cluster, access control on
+  conchd restore backup.conch --data-dir /var/lib/conch/1 --id 1 \\
+         --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003
+";
+
+/// conchd's subcommands (without one, conchd serves).
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Seed a new, empty data directory from a backup file (`conch cluster backup`).
+    ///
+    /// Restore every node of the new cluster with its own --id and the same --initial-cluster,
+    /// then start each with the usual flags: the new cluster starts with the backed-up state and
+    /// a new cluster id. Refused (exit 64, nothing written) for a damaged or foreign backup file
+    /// or a data directory that is not empty.
+    Restore(RestoreFlags),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RestoreFlags {
+    /// The backup file.
+    pub file: PathBuf,
+    /// The new node's data directory: absent or empty.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// The new node's id (a member of --initial-cluster).
+    #[arg(long)]
+    pub id: u64,
+    /// The new cluster's members, as id=host:port pairs, the same on every restored node.
+    #[arg(long)]
+    pub initial_cluster: String,
+    /// The new cluster's name, recorded in the data directory (start the nodes with the same
+    /// --cluster-name, or none).
+    #[arg(long)]
+    pub cluster_name: Option<String>,
+}
+
+impl RestoreFlags {
+    /// What the library's restore is given.
+    pub fn to_args(&self) -> RestoreArgs {
+        RestoreArgs {
+            file: self.file.clone(),
+            data_dir: self.data_dir.clone(),
+            id: self.id,
+            initial_cluster: self.initial_cluster.clone(),
+            cluster_name: self.cluster_name.clone(),
+        }
+    }
+}

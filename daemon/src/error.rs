@@ -1,0 +1,21 @@
+//! The error of a write or read through the node, shared by every layer that passes it on
+//! (the node, the waits, the API's one map to a status). A leaf: it names nothing above it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::raft::NodeId;
+
+/// Why a write or read could not be served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum NodeError {
+    #[error("{0}")]
+    Unavailable(String),
+    /// A forwarded proposal reached a node that is not the leader.
+    #[error("node {node} is not the leader")]
+    NotLeader { node: NodeId },
+    #[error("{0}")]
+    Internal(String),
+    /// This node's storage failed (e.g. its disk is full); it is about to exit.
+    #[error("{0}")]
+    StorageFailed(String),
+}

@@ -1,0 +1,98 @@
+//! `/metrics` over HTTP/1.1 (GET only): the node's registry (`metrics.rs`) as Prometheus text,
+//! its gauges read from Raft and the applied state at scrape time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::metrics::RaftGauges;
+use crate::node::Node;
+
+/// Serves `/metrics` on `listener` until the node stops: HTTP/1.1, GET only.
+pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
+    use hyper::server::conn::http1;
+    use hyper_util::rt::TokioIo;
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let tasks = node.tasks.clone();
+        let node = Arc::clone(&node);
+        tasks.spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let node = Arc::clone(&node);
+                async move { Ok::<_, std::convert::Infallible>(respond(&node, &request)) }
+            });
+            let connection = http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "metrics connection");
+            }
+        });
+    }
+}
+
+type Body = http_body_util::Full<hyper::body::Bytes>;
+
+fn respond<B>(node: &Node, request: &hyper::Request<B>) -> hyper::Response<Body> {
+    use hyper::{Method, StatusCode};
+    let reply = |status: StatusCode, content_type: &str, body: String| {
+        let mut response = hyper::Response::new(Body::from(body));
+        *response.status_mut() = status;
+        if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, value);
+        }
+        response
+    };
+    match (request.method(), request.uri().path()) {
+        (&Method::GET, "/metrics") => match render(node) {
+            Ok(text) => reply(StatusCode::OK, prometheus::TEXT_FORMAT, text),
+            Err(e) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain; charset=utf-8",
+                format!("metrics: {e}\n"),
+            ),
+        },
+        (_, "/metrics") => reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "use GET\n".into(),
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "conchd serves /metrics here\n".into(),
+        ),
+    }
+}
+
+/// Every metric of `node`, the gauges read now.
+fn render(node: &Node) -> Result<String, prometheus::Error> {
+    let raft = {
+        let m = node.raft.metrics();
+        let m = m.borrow();
+        let leader = crate::node::known_leader(&m, node.id);
+        RaftGauges {
+            term: m.current_term,
+            leader,
+            is_leader: leader == Some(node.id),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            members: m.membership_config.membership().voter_ids().count() as u64,
+        }
+    };
+    let (stats, quotas) = node.applied.read(|state| {
+        let (budget, bytes) = state.budget();
+        let quotas = crate::metrics::QuotaGauges::new(budget, bytes, &state.all_quotas());
+        (state.stats(), quotas)
+    });
+    node.metrics.render(&raft, &stats, &quotas)
+}

@@ -1,0 +1,221 @@
+//! The callers waiting on this node, by the waiter they wait for: registered by the waiting
+//! call (`wait.rs`) before it proposes its acquire, fed by the apply path (`applied.rs`) with
+//! the events of every applied entry.
+//!
+//! Invariants:
+//! - a ticket receives every event about its waiter delivered between its registration and its
+//!   drop, in log order
+//! - a dropped ticket is deregistered; no key is left without a ticket
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::mpsc;
+
+use crate::state::{Event, WaitEnd};
+
+/// Identifies a waiter: (namespace, semaphore, lease).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WaitKey {
+    pub ns: String,
+    pub sem: String,
+    pub lease: String,
+}
+
+/// How a registered wait ended, as applied on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitOutcome {
+    Granted {
+        token: u64,
+        weight: u64,
+    },
+    Ended(WaitEnd),
+    /// The state was replaced wholesale (snapshot install): look at it again.
+    Recheck,
+}
+
+/// An event about a wait, stamped with the log index that produced it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitEvent {
+    pub index: u64,
+    pub outcome: WaitOutcome,
+}
+
+type WaitSenders = Vec<(u64, mpsc::UnboundedSender<WaitEvent>)>;
+
+#[derive(Default)]
+struct Waits {
+    by_key: HashMap<WaitKey, WaitSenders>,
+    next_id: u64,
+}
+
+/// The callers waiting on this node, by the waiter they wait for.
+#[derive(Clone, Default)]
+pub struct Registry {
+    waits: Arc<Mutex<Waits>>,
+}
+
+impl Registry {
+    /// Subscribes to the events of the wait `key` until the ticket is dropped. Register before
+    /// proposing the acquire.
+    pub fn register(&self, key: WaitKey) -> WaitTicket {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = {
+            let mut waits = self.lock();
+            waits.next_id += 1;
+            let id = waits.next_id;
+            waits.by_key.entry(key.clone()).or_default().push((id, tx));
+            id
+        };
+        WaitTicket {
+            registry: self.clone(),
+            key,
+            id,
+            rx,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Waits> {
+        self.waits
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Hands the events of the entry at `index` to the callers they concern. The apply path
+    /// calls this while it still holds the state lock.
+    pub fn deliver(&self, index: u64, events: Vec<Event>) {
+        let waits = self.lock();
+        if waits.by_key.is_empty() {
+            return;
+        }
+        for event in events {
+            let (key, outcome) = match event {
+                Event::Granted {
+                    ns,
+                    sem,
+                    lease,
+                    token,
+                    weight,
+                } => (
+                    WaitKey { ns, sem, lease },
+                    WaitOutcome::Granted { token, weight },
+                ),
+                Event::WaitEnded {
+                    ns,
+                    sem,
+                    lease,
+                    reason,
+                } => (WaitKey { ns, sem, lease }, WaitOutcome::Ended(reason)),
+            };
+            for (_, tx) in waits.by_key.get(&key).into_iter().flatten() {
+                let _ = tx.send(WaitEvent { index, outcome });
+            }
+        }
+    }
+
+    /// Tells every waiting caller to look at the state again: it was replaced at `index`, and
+    /// the events between the old and the new state were never seen here.
+    pub fn recheck_all(&self, index: u64) {
+        for (_, tx) in self.lock().by_key.values().flatten() {
+            let _ = tx.send(WaitEvent {
+                index,
+                outcome: WaitOutcome::Recheck,
+            });
+        }
+    }
+}
+
+/// A subscription to one wait's events; dropping it deregisters.
+pub struct WaitTicket {
+    registry: Registry,
+    key: WaitKey,
+    id: u64,
+    rx: mpsc::UnboundedReceiver<WaitEvent>,
+}
+
+impl WaitTicket {
+    /// The next event, waiting for one.
+    pub async fn next(&mut self) -> Option<WaitEvent> {
+        self.rx.recv().await
+    }
+
+    /// The next event already delivered, if any.
+    pub fn try_next(&mut self) -> Option<WaitEvent> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Drop for WaitTicket {
+    fn drop(&mut self) {
+        let mut waits = self.registry.lock();
+        if let Some(senders) = waits.by_key.get_mut(&self.key) {
+            senders.retain(|(id, _)| *id != self.id);
+            if senders.is_empty() {
+                waits.by_key.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(lease: &str) -> WaitKey {
+        WaitKey {
+            ns: "ns".into(),
+            sem: "sem".into(),
+            lease: lease.into(),
+        }
+    }
+
+    fn granted(lease: &str, token: u64) -> Event {
+        Event::Granted {
+            ns: "ns".into(),
+            sem: "sem".into(),
+            lease: lease.into(),
+            token,
+            weight: 1,
+        }
+    }
+
+    #[test]
+    fn events_reach_exactly_the_tickets_of_their_waiter() {
+        let registry = Registry::default();
+        let mut a1 = registry.register(key("a"));
+        let mut a2 = registry.register(key("a"));
+        let mut b = registry.register(key("b"));
+        registry.deliver(7, vec![granted("a", 3)]);
+        let expected = WaitEvent {
+            index: 7,
+            outcome: WaitOutcome::Granted {
+                token: 3,
+                weight: 1,
+            },
+        };
+        assert_eq!(a1.try_next(), Some(expected));
+        assert_eq!(a2.try_next(), Some(expected));
+        assert_eq!(b.try_next(), None);
+
+        registry.recheck_all(9);
+        let recheck = WaitEvent {
+            index: 9,
+            outcome: WaitOutcome::Recheck,
+        };
+        assert_eq!(b.try_next(), Some(recheck));
+        assert_eq!(a1.try_next(), Some(recheck));
+    }
+
+    #[test]
+    fn a_dropped_ticket_deregisters_and_others_stay() {
+        let registry = Registry::default();
+        let first = registry.register(key("a"));
+        let mut second = registry.register(key("a"));
+        drop(first);
+        assert_eq!(registry.lock().by_key.get(&key("a")).map(Vec::len), Some(1));
+        registry.deliver(2, vec![granted("a", 5)]);
+        assert!(second.try_next().is_some());
+        drop(second);
+        assert!(registry.lock().by_key.is_empty());
+    }
+}
