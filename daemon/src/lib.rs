@@ -14,6 +14,7 @@ pub mod data_dir;
 pub mod embed;
 pub mod expiry;
 pub mod identity;
+pub mod listen_fds;
 pub mod log_limit;
 pub mod metrics;
 pub mod node;
