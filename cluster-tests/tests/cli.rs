@@ -1651,17 +1651,14 @@ async fn usage_errors_exit_64_and_an_unreachable_cluster_69() -> anyhow::Result<
         assert_eq!(err.lines().count(), 1, "{args:?}: {err:?}");
         assert!(err.starts_with("conch: "), "{args:?}: {err:?}");
     }
-    // Nobody listens on these ports.
-    let nobody = format!(
-        "127.0.0.1:{},127.0.0.1:{}",
-        cluster_tests::free_port(),
-        cluster_tests::free_port()
-    );
-    let t0 = Instant::now();
+    // Nobody listens on these ports (held, not listening: connections are refused). That it
+    // gives up at all, with 69, is the point; how fast is the client tests' business.
+    let (_held1, nobody1) = cluster_tests::sockets::closed_port()?;
+    let (_held2, nobody2) = cluster_tests::sockets::closed_port()?;
+    let nobody = format!("{nobody1},{nobody2}");
     let (code, err) = run(&["sema", "x", "--max", "1", "--", "true"], &nobody);
     assert_eq!(code, Some(EX_UNAVAILABLE), "{err:?}");
     assert_eq!(err.lines().count(), 1, "{err:?}");
-    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     let (code, err) = run(&["sema", "x", "--max", "1", "--who"], &nobody);
     assert_eq!(code, Some(EX_UNAVAILABLE), "{err:?}");
     assert_eq!(err.lines().count(), 1, "{err:?}");
