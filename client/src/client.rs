@@ -26,7 +26,11 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Tokio's clock (the system's unless a test pauses it), so tests of routing, hedging and
+// retries run in virtual time.
+use tokio::time::Instant;
 
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_api_client::ConchApiClient;
@@ -149,7 +153,12 @@ impl std::fmt::Debug for Client {
 struct Inner {
     config: ClientConfig,
     nodes: Mutex<Nodes>,
+    /// Makes the channel to an endpoint (configured or learned from a hint).
+    dial: Dial,
 }
+
+/// How channels to endpoints are made: [`make_channel`], or a fake transport in tests.
+pub(crate) type Dial = Arc<dyn Fn(&EndpointAddr, &ClientConfig) -> Result<Channel> + Send + Sync>;
 
 struct Node {
     addr: String,
@@ -231,6 +240,19 @@ impl Client {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Client::connect_dialing(endpoints, config, Arc::new(make_channel))
+    }
+
+    /// [`Client::connect_with`], its channels made by `dial`.
+    pub(crate) fn connect_dialing<I, S>(
+        endpoints: I,
+        config: ClientConfig,
+        dial: Dial,
+    ) -> Result<Client>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
         let mut parsed: Vec<EndpointAddr> = Vec::new();
         for e in endpoints {
             let ep = parse_endpoint(e.as_ref())?;
@@ -247,7 +269,7 @@ impl Client {
         let mut list = Vec::with_capacity(parsed.len());
         for ep in parsed {
             list.push(Node {
-                channel: make_channel(&ep, &config)?,
+                channel: dial(&ep, &config)?,
                 addr: ep.addr,
                 configured: true,
                 down_until: None,
@@ -261,6 +283,7 @@ impl Client {
                     leader: None,
                     preferred: 0,
                 }),
+                dial,
             }),
         })
     }
@@ -376,7 +399,7 @@ impl Client {
         if nodes.list.len() >= MAX_NODES {
             return;
         }
-        match make_channel(&ep, &self.inner.config) {
+        match (self.inner.dial)(&ep, &self.inner.config) {
             Ok(channel) => {
                 debug!(leader = %ep.addr, "learned leader address");
                 nodes.list.push(Node {
@@ -980,7 +1003,7 @@ impl Client {
         };
         let channel = match &existing {
             Some((_, ch)) => ch.clone(),
-            None => make_channel(&ep, &self.inner.config)?,
+            None => (self.inner.dial)(&ep, &self.inner.config)?,
         };
         let timeout = self.inner.config.request_timeout;
         let mut admin = ConchAdminClient::new(self.intercepted(channel));
@@ -1156,49 +1179,174 @@ mod tests {
         assert_eq!(c.leader_hint(), None);
     }
 
-    #[tokio::test]
-    async fn nothing_listening_fails_fast_as_unavailable() {
-        // Port 1 on loopback: connection refused at once.
-        let c = Client::connect(["127.0.0.1:1"]).await.unwrap();
-        let t0 = Instant::now();
-        let err = c.get_semaphore("conch", "x.1").await.unwrap_err();
-        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    use crate::fake::{self, Behaviour, Event, Fake};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn answer() -> Behaviour {
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        }
+    }
+
+    fn options(timeout: Duration, retry_for: Duration) -> CallOptions {
+        CallOptions { timeout, retry_for }
+    }
+
+    // The routing tests below run in paused (virtual) time against fake nodes: times are
+    // exact, whatever the machine's speed.
+
+    #[tokio::test(start_paused = true)]
+    async fn refused_connections_are_given_up_after_two_rounds_one_backoff_apart() {
+        let fake = Fake::new(&[("a:1", Behaviour::Refuse)]);
+        let c = fake.client(ClientConfig::default());
+        let err = fake::check(&c, c.default_options()).await.unwrap_err();
         match &err {
             Error::Unavailable { endpoints, op, .. } => {
-                assert_eq!(endpoints, &["127.0.0.1:1"]);
-                assert_eq!(*op, "get semaphore");
+                assert_eq!(endpoints, &["a:1"]);
+                assert_eq!(*op, "check");
             }
             other => panic!("expected Unavailable, got {other:?}"),
         }
-        assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+        assert!(err.to_string().contains("a:1"), "{err}");
+        // Two rounds, not the 15 s retry budget: the first backoff (25..=50 ms) between them.
+        let dials: Vec<Duration> = fake.events().into_iter().map(|(t, _)| t).collect();
+        assert_eq!(dials.len(), 2, "{:?}", fake.events());
+        assert_eq!(dials[0], Duration::ZERO);
+        assert!((25 * MS..=50 * MS).contains(&dials[1]), "{dials:?}");
+        assert_eq!(
+            fake.elapsed(),
+            dials[1],
+            "gave up right after the second round"
+        );
     }
 
-    #[tokio::test]
-    async fn silent_endpoints_are_tried_together_and_reported_within_about_one_timeout() {
-        // Listening sockets that never accept: connections are made, nothing ever answers,
-        // like nodes stopped with SIGSTOP.
-        let mut silent = Vec::new();
-        for _ in 0..3 {
-            silent.push(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
-        }
-        let addrs: Vec<String> = silent
-            .iter()
-            .map(|l| l.local_addr().unwrap().to_string())
-            .collect();
-        let config = ClientConfig {
-            request_timeout: Duration::from_secs(1),
-            ..ClientConfig::default()
-        };
-        let c = Client::connect_with(&addrs, config).await.unwrap();
-        let t0 = Instant::now();
-        let err = c.get_semaphore("conch", "x.1").await.unwrap_err();
-        let took = t0.elapsed();
-        // One after the other: 3 s; with the retry budget: 15 s.
-        assert!(took < Duration::from_millis(2500), "{took:?}: {err}");
+    #[tokio::test(start_paused = true)]
+    async fn silent_endpoints_are_tried_250_ms_apart_and_reported_after_one_timeout() {
+        // Like nodes stopped with SIGSTOP: nothing ever answers.
+        let fake = Fake::new(&[
+            ("a:1", Behaviour::Silent),
+            ("b:2", Behaviour::Silent),
+            ("c:3", Behaviour::Silent),
+        ]);
+        let c = fake.client(ClientConfig::default());
+        let opts = options(Duration::from_secs(1), Duration::from_secs(15));
+        let err = fake::check(&c, opts).await.unwrap_err();
         match &err {
             Error::Unavailable { endpoints, .. } => assert_eq!(endpoints.len(), 3, "{err}"),
             other => panic!("expected Unavailable, got {other:?}"),
         }
+        let dial = |node: &str| Event::Dial(node.into());
+        assert_eq!(
+            fake.events(),
+            [
+                (Duration::ZERO, dial("a:1")),
+                (250 * MS, dial("b:2")),
+                (500 * MS, dial("c:3")),
+            ]
+        );
+        // The last one started at 500 ms times out 1 s later; no second round (one after the
+        // other would take 3 s, the retry budget 15 s).
+        assert_eq!(fake.elapsed(), 1500 * MS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_endpoint_is_overtaken_after_250_ms_and_the_first_answer_wins() {
+        let fake = Fake::new(&[
+            (
+                "a:1",
+                Behaviour::Answer {
+                    delay: Duration::from_secs(3),
+                },
+            ),
+            ("b:2", answer()),
+        ]);
+        let c = fake.client(ClientConfig::default());
+        let opts = options(Duration::from_secs(5), Duration::from_secs(15));
+        assert_eq!(fake::check(&c, opts).await.unwrap(), "b:2");
+        assert_eq!(
+            fake.calls(),
+            [(Duration::ZERO, "a:1".into()), (250 * MS, "b:2".into())]
+        );
+        assert_eq!(
+            fake.elapsed(),
+            250 * MS,
+            "a's late answer was not waited for"
+        );
+
+        // The endpoint that answered goes first next time: one call, no hedge.
+        assert_eq!(fake::check(&c, opts).await.unwrap(), "b:2");
+        assert_eq!(fake.calls().len(), 3);
+        assert_eq!(fake.calls()[2], (250 * MS, "b:2".into()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_hint_sends_the_call_and_the_next_ones_to_the_leader() {
+        // a has no leader but names c (not a configured endpoint); b is down.
+        let fake = Fake::new(&[
+            (
+                "a:1",
+                Behaviour::NoLeader {
+                    leader: Some("c:3".into()),
+                },
+            ),
+            ("b:2", Behaviour::Refuse),
+        ]);
+        fake.add("c:3", answer());
+        let c = fake.client(ClientConfig::default());
+        assert_eq!(fake::check(&c, c.default_options()).await.unwrap(), "c:3");
+        let nodes: Vec<String> = fake.calls().into_iter().map(|(_, n)| n).collect();
+        assert_eq!(nodes, ["a:1", "c:3"]);
+        assert_eq!(
+            fake.elapsed(),
+            Duration::ZERO,
+            "no backoff: the hint was followed at once"
+        );
+        assert_eq!(c.leader_hint().as_deref(), Some("c:3"));
+        assert_eq!(fake::check(&c, c.default_options()).await.unwrap(), "c:3");
+        assert_eq!(fake.calls().len(), 3, "straight to the leader");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_leader_rounds_repeat_with_growing_backoff_until_retry_for() {
+        let no_leader = Behaviour::NoLeader { leader: None };
+        let fake = Fake::new(&[("a:1", no_leader.clone()), ("b:2", no_leader)]);
+        let c = fake.client(ClientConfig::default());
+        let retry_for = Duration::from_secs(2);
+        let err = fake::check(&c, options(Duration::from_secs(1), retry_for))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+        assert_eq!(
+            fake.elapsed(),
+            retry_for,
+            "the last pause ends with the budget"
+        );
+        // Each round asks both nodes at the same instant (a answers at once, so b follows).
+        let calls = fake.calls();
+        assert_eq!(calls.len() % 2, 0, "{calls:?}");
+        let rounds: Vec<Duration> = calls
+            .chunks(2)
+            .map(|pair| {
+                assert_eq!(pair[0].0, pair[1].0, "{calls:?}");
+                assert_eq!((pair[0].1.as_str(), pair[1].1.as_str()), ("a:1", "b:2"));
+                pair[0].0
+            })
+            .collect();
+        // Pause k lies in [c/2, c], c = min(1 s, 50 ms * 2^k); the last one is cut short by
+        // the budget, and its round is the last.
+        let backoff = crate::Backoff::new(50 * MS, Duration::from_secs(1));
+        let gaps: Vec<Duration> = rounds.windows(2).map(|w| w[1] - w[0]).collect();
+        for (k, gap) in gaps.iter().enumerate() {
+            let ceiling = backoff.ceiling(k as u32);
+            let last = k + 1 == gaps.len();
+            assert!(
+                *gap <= ceiling && (last || *gap >= ceiling / 2),
+                "pause {k}: {gap:?} (ceiling {ceiling:?}) in {rounds:?}"
+            );
+        }
+        assert_eq!(rounds.last(), Some(&retry_for), "{rounds:?}");
+        assert!(rounds.len() >= 5, "{rounds:?}");
     }
 
     #[tokio::test]

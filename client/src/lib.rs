@@ -69,6 +69,8 @@ mod duration;
 pub mod elect;
 mod endpoint;
 mod error;
+#[cfg(test)]
+mod fake;
 pub mod lease;
 pub mod private_file;
 pub mod request_id;
