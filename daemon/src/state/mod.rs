@@ -73,6 +73,8 @@ mod snapshot;
 mod tests;
 #[cfg(test)]
 mod tests_once;
+#[cfg(test)]
+mod timeline;
 mod types;
 pub mod validate;
 
