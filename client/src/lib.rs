@@ -69,9 +69,13 @@ mod duration;
 pub mod elect;
 mod endpoint;
 mod error;
+#[cfg(test)]
+mod fake;
 pub mod lease;
 pub mod private_file;
 pub mod request_id;
+#[cfg(test)]
+mod routing_tests;
 pub mod sema;
 mod tls;
 mod token;

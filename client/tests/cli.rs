@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Cluster, eventually, file_appears};
 use conch_client::sema::{self, META_HOST, META_PID, META_SINCE, NAMESPACE};
@@ -153,79 +153,6 @@ async fn the_command_runs_with_rev_and_lease_and_its_status_comes_back() {
     )
     .await;
     assert_eq!(code(&o), 143);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_slot_exits_75_at_once_or_after_the_wait() {
-    let cluster = Cluster::start(1).await;
-    let (_c, _l) = hold(&cluster, "certs-renew.1", 1, "node9", 1).await;
-
-    let t0 = Instant::now();
-    let o = run(
-        &cluster,
-        &[
-            "sema",
-            "certs-renew",
-            "--max",
-            "1",
-            "--nonblock",
-            "--",
-            "true",
-        ],
-    )
-    .await;
-    assert_eq!(code(&o), 75);
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
-    let err = stderr(&o);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("conch: no free slot"), "{err}");
-
-    let t0 = Instant::now();
-    let o = run(
-        &cluster,
-        &[
-            "sema",
-            "certs-renew",
-            "--max",
-            "1",
-            "--wait",
-            "1s",
-            "--",
-            "true",
-        ],
-    )
-    .await;
-    let took = t0.elapsed();
-    assert_eq!(code(&o), 75, "{}", stderr(&o));
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(6),
-        "{took:?}"
-    );
-    assert!(
-        cluster.queue(NAMESPACE, "certs-renew.1").await.is_empty(),
-        "no waiter left behind"
-    );
-    assert_eq!(
-        cluster.lease_count(NAMESPACE).await,
-        1,
-        "only the holder's lease remains"
-    );
-
-    // The seed's example as written.
-    let o = conch(&cluster, &[])
-        .args([
-            "sema",
-            "certs-renew",
-            "--max",
-            "1",
-            "--nonblock",
-            "--",
-            "./renew.sh",
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(code(&o), 75);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -413,11 +340,9 @@ async fn a_lost_slot_stops_the_command_and_exits_79() {
         "the command set its trap"
     );
     let lease = cluster.holders(NAMESPACE, "job.1").await[0].clone();
-    let t0 = Instant::now();
     cluster.revoke(NAMESPACE, &lease).await;
     let o = exited(child).await;
     assert_eq!(code(&o), 79, "{}", stderr(&o));
-    assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
     assert!(
         stdout(&o).contains("got-term"),
         "the command got SIGTERM: {}",
@@ -560,32 +485,8 @@ async fn failures_map_to_documented_exit_codes() {
     assert!(stderr(&o).starts_with("conch: cannot run /nonexistent/cmd"));
     assert_eq!(cluster.lease_count(NAMESPACE).await, 0);
 
-    let o = run(&cluster, &["sema", "bad/name", "--max", "1", "--", "true"]).await;
-    assert_eq!(code(&o), 64);
-    let o = run(
-        &cluster,
-        &["sema", "job", "--max", "1", "--wait", "soon", "--", "true"],
-    )
-    .await;
-    assert_eq!(code(&o), 64);
-    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
-
-    let o = Command::new(env!("CARGO_BIN_EXE_conch"))
-        .args([
-            "--endpoints",
-            "127.0.0.1:1",
-            "sema",
-            "job",
-            "--max",
-            "1",
-            "--",
-            "true",
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(code(&o), 69, "{}", stderr(&o));
-    assert_eq!(stderr(&o).lines().count(), 1);
+    // Usage errors (64) and an unreachable cluster (69): cluster-tests/tests/cli.rs
+    // (`usage_errors_exit_64_and_an_unreachable_cluster_69`).
 
     let o = run(&cluster, &["cluster", "status"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));

@@ -127,17 +127,20 @@ async fn a_forever_wait_keeps_its_place_across_many_rpcs() {
     queued(&cluster, 2).await;
     let head = cluster.queue(NS, "s").await[0].clone();
 
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(3) {
+    // Until the waits have been chained over at least ten more RPCs (each ends after 600 ms
+    // and is re-attached), the queue keeps both waiters, the head first.
+    let rpcs = cluster.requests(0);
+    let chained = eventually(Duration::from_secs(60), async || {
         let q = cluster.queue(NS, "s").await;
         assert_eq!(q.len(), 2, "a waiter fell out of the queue: {q:?}");
         assert_eq!(q[0], head, "the head changed");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let rpcs_before = cluster.requests(0);
+        cluster.requests(0) >= rpcs + 10
+    })
+    .await;
     assert!(
-        rpcs_before >= 10,
-        "expected chained acquire RPCs, saw {rpcs_before} requests"
+        chained,
+        "expected chained acquire RPCs, saw {}",
+        cluster.requests(0) - rpcs
     );
 
     ga.release().await.unwrap();
@@ -164,14 +167,18 @@ async fn a_bounded_wait_ends_on_time_and_leaves_no_waiter() {
     let (la, lb) = (lease(&c, 10).await, lease(&c, 10).await);
     let _ga = hold(&c, &la).await;
 
-    // Non-blocking: at once.
-    let t0 = Instant::now();
+    // Non-blocking: one RPC, answered without waiting.
+    let rpcs = cluster.requests(0);
     let none = c
         .acquire(&lb, NS, "s", 1, Some(Duration::ZERO), HashMap::new())
         .await
         .unwrap();
     assert!(none.is_none());
-    assert!(t0.elapsed() < Duration::from_millis(500));
+    assert_eq!(
+        cluster.requests(0),
+        rpcs + 1,
+        "one acquire, no chained wait"
+    );
 
     // 1.5s spans three chained RPCs and ends with the last one's TIMED_OUT.
     let t0 = Instant::now();
@@ -188,10 +195,8 @@ async fn a_bounded_wait_ends_on_time_and_leaves_no_waiter() {
         .unwrap();
     let took = t0.elapsed();
     assert!(none.is_none());
-    assert!(
-        took >= Duration::from_millis(1400) && took < Duration::from_secs(5),
-        "{took:?}"
-    );
+    // It waited the whole time it was given (how much longer it took is the machine's).
+    assert!(took >= Duration::from_millis(1400), "{took:?}");
     assert!(
         cluster.queue(NS, "s").await.is_empty(),
         "the waiter is gone"
@@ -266,8 +271,18 @@ async fn a_stalled_node_is_abandoned_by_waiters_and_refreshes() {
     // The leader freezes like a SIGSTOPped process: bytes stop, connections stay open (to its
     // clients and its peers, so the others elect a new leader).
     cluster.set_mode(leader, Mode::Stall);
-    // Longer than the 5s TTL: only refreshes through the other nodes keep the leases alive.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    let stalled_at = Instant::now();
+    // A refresh that succeeds more than the 5 s TTL after the stall can only have gone
+    // through another node, and shows the lease outlived its TTL there.
+    let mut refreshed = la.refreshed();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        refreshed.wait_for(|at| *at > stalled_at + Duration::from_secs(5)),
+    )
+    .await
+    .expect("A's lease was refreshed past its TTL")
+    .expect("the lease's refresher is running");
+    drop(refreshed);
     assert!(!la.is_lost(), "A's lease survived through the other nodes");
     assert_eq!(
         cluster.queue(NS, "s").await.first(),
@@ -292,20 +307,26 @@ async fn losing_every_node_loses_the_lease_before_the_server_expires_it() {
     let _g = hold(&c, &l).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     cluster.set_mode(0, Mode::Down);
-    let t0 = Instant::now();
     let loss = tokio::time::timeout(Duration::from_secs(5), l.lost())
         .await
         .expect("lost in time");
     assert!(matches!(loss, LeaseLoss::NoRefresh { .. }), "{loss:?}");
-    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // Before the server expired it: the lease is still there.
     assert!(
         cluster.lease_exists(NS, l.id()).await,
         "the client gave up before the server expired the lease"
     );
     assert!(l.is_lost());
-    // A lost lease stays lost even once the nodes are back.
+    // A lost lease stays lost even once the nodes are back (and answer this client again).
     cluster.set_mode(0, Mode::Up);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        eventually(Duration::from_secs(10), async || c
+            .get_semaphore(NS, "s")
+            .await
+            .is_ok())
+        .await,
+        "the node answers again"
+    );
     assert!(l.is_lost());
     let err = c
         .acquire(&l, NS, "s", 1, None, HashMap::new())
@@ -396,16 +417,15 @@ async fn calls_follow_the_leader_hint_and_fail_over() {
     let after: u64 = others.iter().map(|i| cluster.requests(*i)).sum();
     assert!(after >= before + 2, "traffic moved to the other nodes");
 
-    // Everything dies: Unavailable naming the endpoints, quickly.
+    // Everything dies: Unavailable naming the endpoints (how soon is the routing tests' part,
+    // in client.rs, in virtual time).
     for i in 0..3 {
         cluster.set_mode(i, Mode::Down);
     }
-    let t0 = Instant::now();
     match c.get_semaphore(NS, "s").await {
         Err(Error::Unavailable { endpoints, .. }) => assert_eq!(endpoints.len(), 3),
         other => panic!("expected Unavailable, got {other:?}"),
     }
-    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,62 @@
 //! `Client::wait_holder_change` against real conchd nodes run in-process (tests/common): the
 //! server answers when the holder changes, not before, and a missing semaphore counts as nobody.
+//!
+//! The test sees a wait parked on the server (conchd's `parked` debug event) before it changes
+//! the holder, so an answer carrying the new holder is the wake-up, never a wait that started
+//! late and found the change already made.
 
 mod common;
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::Cluster;
+use common::{Cluster, eventually};
 use conch_client::{Client, ClientConfig};
+use tracing::subscriber::Interest;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+/// Counts the holder-change waits conchd parks (each time one finds nothing changed and waits).
+#[derive(Clone, Default)]
+struct Parked(Arc<AtomicUsize>);
+
+const WAIT_TARGET: &str = "conchd::api::holder_watch";
+
+impl<S: tracing::Subscriber> Layer<S> for Parked {
+    fn register_callsite(&self, meta: &'static tracing::Metadata<'static>) -> Interest {
+        match meta.target() == WAIT_TARGET {
+            true => Interest::always(),
+            false => Interest::never(),
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if event.metadata().fields().field("parked").is_some() {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Parked {
+    /// Installs the counter for the whole process (the nodes run on the runtime's threads).
+    fn install() -> Parked {
+        let parked = Parked::default();
+        let subscriber = tracing_subscriber::registry().with(parked.clone());
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber per process");
+        parked
+    }
+
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Waits until a wait was parked after `before` parkings were counted.
+    async fn after(&self, before: usize) {
+        let parked = eventually(Duration::from_secs(30), async || self.count() > before).await;
+        assert!(parked, "no holder-change wait parked on the server");
+    }
+}
 
 const NS: &str = "t";
 
@@ -24,6 +73,7 @@ async fn client(cluster: &Cluster) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wait_ends_when_the_holder_changes_and_not_before() {
+    let parked = Parked::install();
     let cluster = Cluster::start(3).await;
     let c = client(&cluster).await;
 
@@ -50,34 +100,33 @@ async fn the_wait_ends_when_the_holder_changes_and_not_before() {
         t0.elapsed()
     );
 
-    // A grant ends a long wait long before its timeout, with the new holder.
-    let waiter = {
-        let c = c.clone();
-        tokio::spawn(async move {
-            let t0 = Instant::now();
-            let r = c
-                .wait_holder_change(NS, "s", 0, Duration::from_secs(30))
-                .await;
-            (r, t0.elapsed())
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A grant wakes a parked wait, which answers with the new holder (a wait that ran to its
+    // timeout would answer with the holders it last read: nobody).
     let lease = c
         .create_lease(NS, "test", Duration::from_secs(10), HashMap::new())
         .await
         .expect("lease");
+    let before = parked.count();
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.wait_holder_change(NS, "s", 0, Duration::from_secs(60))
+                .await
+        })
+    };
+    parked.after(before).await;
+    assert!(!waiter.is_finished(), "answered before anything changed");
     let guard = c
         .acquire(&lease, NS, "s", 1, None, HashMap::new())
         .await
         .expect("acquire")
         .expect("granted");
-    let (r, took) = waiter.await.expect("join");
-    let changed = r.expect("wait");
+    let changed = waiter.await.expect("join").expect("wait");
     assert_eq!(changed.token(), guard.fencing_token());
     assert_eq!(changed.holders[0].lease_id, lease.id());
-    assert!(took < Duration::from_secs(20), "{took:?}");
 
     // Asking with the current holder waits for its release.
+    let before = parked.count();
     let waiter = {
         let c = c.clone();
         let known = guard.fencing_token();
@@ -86,7 +135,7 @@ async fn the_wait_ends_when_the_holder_changes_and_not_before() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    parked.after(before).await;
     assert!(!waiter.is_finished(), "answered before anything changed");
     guard.release().await.expect("release");
     let after = waiter.await.expect("join").expect("wait");

@@ -1,5 +1,9 @@
 //! A cluster of real `conchd` processes on loopback ports chosen at run time.
 //!
+//! The harness binds every node's port itself and hands the listening socket to the node
+//! ([`crate::sockets`]), so no node can lose its port to a parallel test; a restarted node gets
+//! its old address bound again.
+//!
 //! Peer links are direct, or (for fault injection) each directed link `i → j` passes through
 //! its own [`LinkProxy`]: node `i` is then started with `--peer-routes j=<proxy i→j>` for every
 //! other `j`, so a test can cut, black-hole or slow any directed link. Clients talk to the
@@ -24,7 +28,8 @@ use nix::sys::signal::Signal;
 use crate::disk::SmallDisk;
 use crate::net::{channel, lazy_channel};
 use crate::pki::{HARNESS_CLIENT, Pki};
-use crate::{conchd_command, free_port, send_signal, wait_for};
+use crate::sockets::Port;
+use crate::{conchd_command, send_signal, wait_for};
 
 pub struct NodeProc {
     pub id: u64,
@@ -32,6 +37,8 @@ pub struct NodeProc {
     pub data_dir: PathBuf,
     pub log_path: PathBuf,
     args: Vec<String>,
+    /// The node's port until its first start hands it over.
+    port: Option<Port>,
     /// Environment variables set for this node's process (e.g. a faked wall clock).
     env: Vec<(String, String)>,
     child: Option<Child>,
@@ -73,10 +80,6 @@ impl Cluster {
     }
 
     /// Like [`Cluster::start`], with `extra_args` for every node.
-    ///
-    /// Ports are picked free and released before `conchd` binds them, so a parallel test can
-    /// take one in between; a node that exits at startup makes the whole start try again with
-    /// new ports.
     pub async fn start_with(n: u64, extra_args: &[&str]) -> anyhow::Result<Cluster> {
         Self::start_opts(n, extra_args, false).await
     }
@@ -84,24 +87,16 @@ impl Cluster {
     /// Like [`Cluster::start_with`]; with `tls`, a TLS cluster (see [`Cluster::launch_opts`]).
     pub async fn start_opts(n: u64, extra_args: &[&str], tls: bool) -> anyhow::Result<Cluster> {
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
-        let mut attempt = 1;
-        loop {
-            let mut cluster = Self::launch_opts(n, &extra_args, false, tls).await?;
-            let started = cluster.wait_for_leader(Duration::from_secs(20)).await;
-            let exited = cluster.exited_nodes();
-            match (started, exited.is_empty()) {
-                (Ok(_), true) => return Ok(cluster),
-                (result, _) if attempt < 3 && !exited.is_empty() => {
-                    eprintln!(
-                        "cluster start attempt {attempt}: nodes {exited:?} exited ({result:?}); retrying with new ports"
-                    );
-                }
-                (Ok(_), false) => anyhow::bail!("nodes {exited:?} exited at startup"),
-                (Err(e), _) => {
-                    return Err(e.context(format!("start {n} nodes: {}", cluster.logs_tail())));
-                }
-            }
-            attempt += 1;
+        let mut cluster = Self::launch_opts(n, &extra_args, false, tls).await?;
+        let started = cluster.wait_for_leader(Duration::from_secs(20)).await;
+        let exited = cluster.exited_nodes();
+        match (started, exited.is_empty()) {
+            (Ok(_), true) => Ok(cluster),
+            (Ok(_), false) => anyhow::bail!(
+                "nodes {exited:?} exited at startup: {}",
+                cluster.logs_tail()
+            ),
+            (Err(e), _) => Err(e.context(format!("start {n} nodes: {}", cluster.logs_tail()))),
         }
     }
 
@@ -188,11 +183,14 @@ impl Cluster {
             None
         };
         let ids: Vec<u64> = (1..=n).collect();
-        // The nodes' ports lie outside the kernel's ephemeral range, so no proxy of this
-        // cluster (which binds port 0) can take one of them.
-        let addrs: BTreeMap<u64, String> = ids
+        // Bound here and held until each node takes its own.
+        let mut ports = BTreeMap::new();
+        for &id in &ids {
+            ports.insert(id, Port::bind()?);
+        }
+        let addrs: BTreeMap<u64, String> = ports
             .iter()
-            .map(|id| (*id, format!("127.0.0.1:{}", free_port())))
+            .map(|(id, port)| (*id, port.addr().to_string()))
             .collect();
         let mut proxies = BTreeMap::new();
         if proxied {
@@ -223,8 +221,6 @@ impl Cluster {
             let mut args: Vec<String> = vec![
                 "--id".into(),
                 id.to_string(),
-                "--listen".into(),
-                addrs[&id].clone(),
                 "--data-dir".into(),
                 data_dir.display().to_string(),
                 "--initial-cluster".into(),
@@ -255,6 +251,7 @@ impl Cluster {
                     data_dir,
                     log_path: dir.path().join(format!("node{id}.log")),
                     args,
+                    port: ports.remove(&id),
                     env: env(id, dir.path()),
                     child: None,
                     paused: false,
@@ -300,12 +297,18 @@ impl Cluster {
             .append(true)
             .open(&node.log_path)
             .context("open node log")?;
-        let child = crate::spawn(
-            conchd_command(&node.args)
-                .envs(node.env.iter().map(|(k, v)| (k, v)))
-                .stdout(log.try_clone().context("clone log handle")?)
-                .stderr(log),
-        )?;
+        let port = match node.port.take() {
+            Some(port) => port,
+            None => Port::bind_at(&node.addr)
+                .with_context(|| format!("restart node {id} at its address"))?,
+        };
+        let mut command = conchd_command(&node.args);
+        command
+            .envs(node.env.iter().map(|(k, v)| (k, v)))
+            .stdout(log.try_clone().context("clone log handle")?)
+            .stderr(log);
+        crate::sockets::pass(&mut command, vec![("client", port)])?;
+        let child = crate::spawn(&mut command)?;
         node.child = Some(child);
         node.paused = false;
         Ok(())

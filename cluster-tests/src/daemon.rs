@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
+use crate::sockets::Port;
 use crate::{conchd_command, send_signal};
 
 /// One `conchd` process started with explicit arguments; killed on drop.
@@ -27,18 +28,36 @@ impl Daemon {
         cwd: &Path,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Daemon> {
+        Self::spawn_with(args, cwd, env, Vec::new())
+    }
+
+    /// Like [`Daemon::spawn`], serving clients on `port`, which the test bound (passed as the
+    /// `client` socket: no `--listen` needed).
+    pub fn spawn_on(port: Port, args: &[&str], cwd: &Path) -> anyhow::Result<Daemon> {
+        Self::spawn_with(args, cwd, &[], vec![("client", port)])
+    }
+
+    /// Like [`Daemon::spawn_with_env`], with listening sockets the test bound, by name
+    /// (`client`, `peer`, `metrics`; see [`crate::sockets::pass`]).
+    pub fn spawn_with(
+        args: &[&str],
+        cwd: &Path,
+        env: &[(&str, &str)],
+        sockets: Vec<(&'static str, Port)>,
+    ) -> anyhow::Result<Daemon> {
         static SPAWNED: AtomicU64 = AtomicU64::new(0);
         let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
         let stdout_path = cwd.join(format!("conchd-{}-{n}.out", std::process::id()));
         let stderr_path = stdout_path.with_extension("err");
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let child = crate::spawn(
-            conchd_command(&args)
-                .envs(env.iter().copied())
-                .current_dir(cwd)
-                .stdout(std::fs::File::create(&stdout_path)?)
-                .stderr(std::fs::File::create(&stderr_path)?),
-        )?;
+        let mut command = conchd_command(&args);
+        command
+            .envs(env.iter().copied())
+            .current_dir(cwd)
+            .stdout(std::fs::File::create(&stdout_path)?)
+            .stderr(std::fs::File::create(&stderr_path)?);
+        crate::sockets::pass(&mut command, sockets)?;
+        let child = crate::spawn(&mut command)?;
         Ok(Daemon {
             child: Some(child),
             stdout_path,

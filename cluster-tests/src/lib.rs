@@ -1,6 +1,8 @@
 //! Process-level harness of conch: real `conchd` processes on loopback ports chosen at run
 //! time, and the tools built on it.
 //!
+//! - [`sockets`]: every node's port is bound by the test and handed to `conchd` as a passed
+//!   socket (socket activation), so no port is ever free between choosing it and serving it;
 //! - [`cluster`]: a cluster of `conchd` processes, its peer links optionally through fault
 //!   proxies ([`conch_testkit::LinkProxy`]); [`daemon`]: one `conchd` started with explicit arguments;
 //! - [`net`]: every channel to a node is built here, including the failover client;
@@ -28,6 +30,7 @@ pub mod pki;
 pub mod proc;
 pub mod rng;
 pub mod scrape;
+pub mod sockets;
 
 use std::future::Future;
 use std::os::unix::process::CommandExt;
@@ -39,9 +42,9 @@ use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 
 pub use cluster::{Cluster, NodeProc};
-pub use conch_testkit::{free_port, free_ports};
 pub use daemon::Daemon;
 pub use net::channel;
+pub use sockets::Port;
 
 /// Path of a workspace binary (`conchd`, `conch`), built next to the running executable.
 /// `CONCHD_BIN` / `CONCH_BIN` override it.

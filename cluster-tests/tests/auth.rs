@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use cluster_tests::net::NodeChannel as Channel;
-use cluster_tests::{Cluster, Daemon, free_port, wait_for};
+use cluster_tests::{Cluster, Daemon, Port, wait_for};
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_auth_client::ConchAuthClient;
 use conch_proto::conch::{
@@ -432,17 +432,10 @@ async fn a_missing_short_or_shared_bootstrap_token_file_is_a_usage_error() -> an
         (&short, "at least 32"),
         (&shared, "chmod 600"),
     ] {
-        let listen = format!("127.0.0.1:{}", free_port());
         let path = file.display().to_string();
-        let mut daemon = Daemon::spawn(
-            &[
-                "--listen",
-                &listen,
-                "--data-dir",
-                "data",
-                "--bootstrap-admin-token-file",
-                &path,
-            ],
+        let mut daemon = Daemon::spawn_on(
+            Port::bind()?,
+            &["--data-dir", "data", "--bootstrap-admin-token-file", &path],
             dir.path(),
         )?;
         let code = daemon.wait_exit(SHOW_UP).await?;

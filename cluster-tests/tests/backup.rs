@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use cluster_tests::net::{NodeChannel, lazy_channel, status};
 use cluster_tests::ops::{self, Grackle};
-use cluster_tests::{Cluster, Daemon, binary, channel, free_port, wait_for};
+use cluster_tests::{Cluster, Daemon, Port, binary, channel, wait_for};
 use conch_proto::conch::ListSemaphoreWaitersRequest;
 use conch_proto::conch::conch_api_client::ConchApiClient;
 use conch_proto::grackle::GetNamespaceRequest;
@@ -244,10 +244,15 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
         "restore of a gzipped backup: {code} {stderr}"
     );
 
-    // New members on new ports.
-    let addrs: BTreeMap<u64, String> = (1..=3)
-        .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+    // New members on new ports, held until each node's first start.
+    let ports: BTreeMap<u64, Port> = (1..=3)
+        .map(|id| Ok((id, Port::bind()?)))
+        .collect::<anyhow::Result<_>>()?;
+    let addrs: BTreeMap<u64, String> = ports
+        .iter()
+        .map(|(id, port)| (*id, port.addr().to_string()))
         .collect();
+    let ports = std::cell::RefCell::new(ports);
     let members = addrs
         .iter()
         .map(|(id, addr)| format!("{id}={addr}"))
@@ -338,12 +343,13 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
 
     let spawn = |id: u64| {
         let data_dir = dir_of(id).display().to_string();
-        Daemon::spawn(
+        let port = ports.borrow_mut().remove(&id);
+        let port = port.map_or_else(|| Port::bind_at(&addrs[&id]), Ok)?;
+        Daemon::spawn_on(
+            port,
             &[
                 "--id",
                 &id.to_string(),
-                "--listen",
-                &addrs[&id],
                 "--data-dir",
                 &data_dir,
                 "--initial-cluster",

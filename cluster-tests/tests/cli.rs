@@ -567,8 +567,9 @@ async fn five_contenders_share_two_slots_in_fifo_order() -> anyhow::Result<()> {
     f.passed()
 }
 
-/// While the lock is held, `--nonblock` exits 75 at once and `--wait 1s` after about a second;
-/// neither runs its command nor leaves a waiter behind.
+/// While the lock is held, `--nonblock` exits 75 without waiting and `--wait 1s` after waiting
+/// that second, queued meanwhile; neither runs its command nor leaves a waiter behind. (The
+/// CLI's no-slot behaviour is tested here only.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_slot_exits_75_and_leaves_no_waiter() -> anyhow::Result<()> {
     let f = Fixture::start().await?;
@@ -577,18 +578,12 @@ async fn no_slot_exits_75_and_leaves_no_waiter() -> anyhow::Result<()> {
     let seen = parse_seen(&f.wait_file("holder", |_| true).await?)?;
 
     let ran = r#"echo ran >> "$T/ran""#;
-    let t0 = Instant::now();
+    // (How soon it exits is the machine's business, not asserted.)
     let mut nb = f.conch(&sh_c("sema x --max 1 --nonblock", ran))?;
     nb.expect_code(EX_NO_SLOT, EXIT_TIMEOUT).await?;
-    let nonblock_took = t0.elapsed();
-    eprintln!("--nonblock exited 75 after {nonblock_took:?}");
-    assert!(
-        nonblock_took < Duration::from_secs(15),
-        "--nonblock took {nonblock_took:?}"
-    );
     let err = nb.stderr();
     assert_eq!(err.lines().count(), 1, "one line on stderr: {err:?}");
-    assert!(err.starts_with("conch: "), "{err:?}");
+    assert!(err.starts_with("conch: no free slot"), "{err:?}");
 
     let t0 = Instant::now();
     let mut w = f.conch(&[
@@ -598,9 +593,9 @@ async fn no_slot_exits_75_and_leaves_no_waiter() -> anyhow::Result<()> {
     f.wait_queue("x.1", &[w.pid()]).await?;
     w.expect_code(EX_NO_SLOT, EXIT_TIMEOUT).await?;
     let wait_took = t0.elapsed();
-    eprintln!("--wait 1s exited 75 after {wait_took:?}");
+    // It waited the second it was given.
     assert!(
-        wait_took >= Duration::from_millis(900) && wait_took < Duration::from_secs(10),
+        wait_took >= Duration::from_millis(900),
         "--wait 1s took {wait_took:?}"
     );
     // A forever-waiter interrupted by SIGINT exits 128+SIGINT and leaves no waiter either.
@@ -714,9 +709,11 @@ async fn a_killed_holders_slot_comes_back_after_the_ttl() -> anyhow::Result<()> 
     let granted_at: i128 = f.read("b").trim().parse()?;
     let after = Duration::from_nanos((granted_at - killed_at).max(0) as u64);
     eprintln!("the slot came back {after:?} after kill -9 (TTL 2s)");
-    // The last refresh was at most a refresh interval (< 1 s for a 2 s TTL) before the kill.
+    // The last refresh was at most a refresh interval (< 1 s for a 2 s TTL) before the kill,
+    // so the slot cannot come back sooner than 1 s after it (that it comes back at all is
+    // b's exit 0 above).
     assert!(
-        after >= Duration::from_secs(1) && after < Duration::from_secs(15),
+        after >= Duration::from_secs(1),
         "the slot came back {after:?} after the kill (TTL 2s)"
     );
     eprintln!(
@@ -1651,17 +1648,14 @@ async fn usage_errors_exit_64_and_an_unreachable_cluster_69() -> anyhow::Result<
         assert_eq!(err.lines().count(), 1, "{args:?}: {err:?}");
         assert!(err.starts_with("conch: "), "{args:?}: {err:?}");
     }
-    // Nobody listens on these ports.
-    let nobody = format!(
-        "127.0.0.1:{},127.0.0.1:{}",
-        cluster_tests::free_port(),
-        cluster_tests::free_port()
-    );
-    let t0 = Instant::now();
+    // Nobody listens on these ports (held, not listening: connections are refused). That it
+    // gives up at all, with 69, is the point; how fast is the client tests' business.
+    let (_held1, nobody1) = cluster_tests::sockets::closed_port()?;
+    let (_held2, nobody2) = cluster_tests::sockets::closed_port()?;
+    let nobody = format!("{nobody1},{nobody2}");
     let (code, err) = run(&["sema", "x", "--max", "1", "--", "true"], &nobody);
     assert_eq!(code, Some(EX_UNAVAILABLE), "{err:?}");
     assert_eq!(err.lines().count(), 1, "{err:?}");
-    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     let (code, err) = run(&["sema", "x", "--max", "1", "--who"], &nobody);
     assert_eq!(code, Some(EX_UNAVAILABLE), "{err:?}");
     assert_eq!(err.lines().count(), 1, "{err:?}");

@@ -430,19 +430,19 @@ async fn a_fourth_node_joins_as_a_learner_then_votes() -> anyhow::Result<()> {
 
     // The new node names the members and itself; with the highest id it does not bootstrap.
     let dir = tempfile::tempdir()?;
-    let addr = format!("127.0.0.1:{}", cluster_tests::free_port());
+    let port = cluster_tests::Port::bind()?;
+    let addr = port.addr().to_string();
     let members: Vec<String> = (1..=3)
         .map(|id| format!("{id}={}", cluster.addr(id)))
         .collect();
     let initial = format!("{},4={addr}", members.join(","));
     let data_dir = dir.path().join("node4");
     let data_dir = data_dir.to_string_lossy();
-    let _node4 = cluster_tests::Daemon::spawn(
+    let _node4 = cluster_tests::Daemon::spawn_on(
+        port,
         &[
             "--id",
             "4",
-            "--listen",
-            &addr,
             "--data-dir",
             &data_dir,
             "--initial-cluster",

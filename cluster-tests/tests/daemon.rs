@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use cluster_tests::{Daemon, channel, free_port, ops, wait_for};
+use cluster_tests::{Daemon, Port, channel, ops, wait_for};
 use conch_proto::conch::TriggerSnapshotRequest;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
@@ -40,8 +40,9 @@ async fn create_namespace_when_ready(
 async fn conchd_without_cluster_flags_runs_one_node_with_data_in_the_working_directory()
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    let port = Port::bind()?;
+    let addr = port.addr().to_string();
+    let mut daemon = Daemon::spawn_on(port, &[], dir.path())?;
     let mut client = serving(&addr).await?;
     create_namespace_when_ready(&mut client, "hello").await?;
 
@@ -59,8 +60,8 @@ async fn conchd_without_cluster_flags_runs_one_node_with_data_in_the_working_dir
         daemon.stderr()
     );
 
-    // Restarted from the same directory, it still has the namespace.
-    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    // Restarted from the same directory (and address), it still has the namespace.
+    let mut daemon = Daemon::spawn_on(Port::bind_at(&addr)?, &[], dir.path())?;
     let client = serving(&addr).await?;
     let found = wait_for(
         "the namespace after restart",
@@ -169,8 +170,9 @@ async fn bad_flags_exit_64() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_snapshot_refuses_to_start() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    let port = Port::bind()?;
+    let addr = port.addr().to_string();
+    let mut daemon = Daemon::spawn_on(port, &[], dir.path())?;
     let mut client = serving(&addr).await?;
     create_namespace_when_ready(&mut client, "snap").await?;
     let mut admin = ConchAdminClient::new(channel(&addr).await?);
@@ -194,7 +196,7 @@ async fn a_corrupt_snapshot_refuses_to_start() -> anyhow::Result<()> {
     }
     assert!(corrupted > 0, "no snapshot file in {}", snapshots.display());
 
-    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    let mut daemon = Daemon::spawn_on(Port::bind()?, &[], dir.path())?;
     let code = daemon.wait_exit(Duration::from_secs(20)).await?;
     assert_eq!(code, Some(1));
     let stderr = daemon.stderr();
@@ -206,8 +208,9 @@ async fn a_corrupt_snapshot_refuses_to_start() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_raft_log_refuses_to_start() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    let port = Port::bind()?;
+    let addr = port.addr().to_string();
+    let mut daemon = Daemon::spawn_on(port, &[], dir.path())?;
     let mut client = serving(&addr).await?;
     create_namespace_when_ready(&mut client, "kept").await?;
     daemon.signal(Signal::SIGTERM);
@@ -220,7 +223,7 @@ async fn a_damaged_raft_log_refuses_to_start() -> anyhow::Result<()> {
         bytes[offset] ^= 0x5a;
     }
     std::fs::write(&db, bytes)?;
-    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    let mut daemon = Daemon::spawn_on(Port::bind()?, &[], dir.path())?;
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(1));
     let stderr = daemon.stderr();
     assert!(
@@ -230,7 +233,7 @@ async fn a_damaged_raft_log_refuses_to_start() -> anyhow::Result<()> {
 
     // The log directory gone altogether: refused too, never a fresh empty node.
     std::fs::remove_dir_all(dir.path().join("conch-data").join("raft"))?;
-    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    let mut daemon = Daemon::spawn_on(Port::bind()?, &[], dir.path())?;
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(1));
     assert!(daemon.stderr().contains("lost data"), "{}", daemon.stderr());
     Ok(())
@@ -242,8 +245,9 @@ async fn a_damaged_raft_log_refuses_to_start() -> anyhow::Result<()> {
 async fn reflection_answers_v1_and_v1alpha() -> anyhow::Result<()> {
     use tonic_reflection::pb::{v1, v1alpha};
     let dir = tempfile::tempdir()?;
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut daemon = Daemon::spawn(&["--listen", &addr], dir.path())?;
+    let port = Port::bind()?;
+    let addr = port.addr().to_string();
+    let mut daemon = Daemon::spawn_on(port, &[], dir.path())?;
     serving(&addr).await?;
     let expected = [
         "com.evrblk.grackle.v1beta.GrackleApi",
@@ -338,5 +342,77 @@ fn versions_name_the_commit() -> anyhow::Result<()> {
             None => assert!(!commit.is_empty(), "{program} --version: {line:?}"),
         }
     }
+    Ok(())
+}
+
+/// Socket activation: the ports a service manager (here the test) bound are served, named by
+/// `LISTEN_FDNAMES`, and the client port is the advertised address; `--listen` is not needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passed_sockets_are_served_and_the_client_one_is_advertised() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (client, metrics) = (Port::bind()?, Port::bind()?);
+    let (addr, metrics_addr) = (client.addr().to_string(), metrics.addr().to_string());
+    // Named out of order: the names decide, not the positions.
+    let mut daemon = Daemon::spawn_with(
+        &[],
+        dir.path(),
+        &[],
+        vec![("metrics", metrics), ("client", client)],
+    )?;
+    let mut grackle = serving(&addr).await?;
+    create_namespace_when_ready(&mut grackle, "activated").await?;
+    let stdout = daemon.stdout();
+    assert!(stdout.contains(&format!("listening on {addr}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("metrics on http://{metrics_addr}/metrics")),
+        "{stdout}"
+    );
+    let mut admin = ConchAdminClient::new(channel(&addr).await?);
+    let status = admin
+        .cluster_status(conch_proto::conch::ClusterStatusRequest::default())
+        .await?
+        .into_inner();
+    let addrs: Vec<&str> = status.members.iter().map(|m| m.addr.as_str()).collect();
+    assert_eq!(addrs, [addr.as_str()], "{status:?}");
+    let scraped = cluster_tests::scrape::scrape(&metrics_addr).await?;
+    assert!(
+        scraped.has_metric("conch_raft_committed_index"),
+        "metrics on the passed port"
+    );
+    daemon.signal(Signal::SIGTERM);
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(0));
+    Ok(())
+}
+
+/// Sockets that cannot be used are refused before anything starts, with exit 64 and a line
+/// naming what is wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_passed_sockets_exit_64_naming_the_problem() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    // Meant for another process (the variables leaked from a parent).
+    let mut daemon = Daemon::spawn_with_env(
+        &["--listen", "127.0.0.1:0"],
+        dir.path(),
+        &[("LISTEN_FDS", "1"), ("LISTEN_PID", "1")],
+    )?;
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
+    let stderr = daemon.stderr();
+    assert!(
+        stderr.contains("LISTEN_PID=\"1\" is not this process"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+
+    // A name conchd does not know beside one it does (names that are all unknown, like
+    // systemd's default of the unit's name, mean "by order").
+    let sockets = vec![("client", Port::bind()?), ("admin", Port::bind()?)];
+    let mut daemon = Daemon::spawn_with(&[], dir.path(), &[], sockets)?;
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
+    let stderr = daemon.stderr();
+    assert!(stderr.contains("socket name \"admin\""), "{stderr}");
+    assert!(
+        !dir.path().join("conch-data").exists(),
+        "nothing was opened"
+    );
     Ok(())
 }

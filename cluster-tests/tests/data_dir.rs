@@ -4,19 +4,18 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cluster_tests::{Cluster, Daemon, free_port, wait_for};
+use cluster_tests::{Cluster, Daemon, Port, wait_for};
 use nix::sys::signal::Signal;
 
 const LONG: Duration = Duration::from_secs(20);
 
-/// `conchd --id <id> --data-dir <dir>` on a free port, with `extra` flags.
+/// `conchd --id <id> --data-dir <dir>` on a port of its own, with `extra` flags.
 fn spawn_on(dir: &Path, cwd: &Path, id: u64, extra: &[&str]) -> anyhow::Result<Daemon> {
-    let addr = format!("127.0.0.1:{}", free_port());
     let dir = dir.display().to_string();
     let id = id.to_string();
-    let mut args = vec!["--id", &id, "--listen", &addr, "--data-dir", &dir];
+    let mut args = vec!["--id", &id, "--data-dir", &dir];
     args.extend_from_slice(extra);
-    Daemon::spawn(&args, cwd)
+    Daemon::spawn_on(Port::bind()?, &args, cwd)
 }
 
 /// Waits until the daemon has opened its directory and serves (its startup line).
@@ -111,15 +110,11 @@ async fn another_cluster_name_on_a_directory_is_refused() -> anyhow::Result<()> 
     first.signal(Signal::SIGTERM);
     assert_eq!(first.wait_exit(LONG).await?, Some(0), "{}", first.stderr());
 
-    let mut other = Daemon::spawn_with_env(
-        &[
-            "--listen",
-            &format!("127.0.0.1:{}", free_port()),
-            "--data-dir",
-            &data_dir.display().to_string(),
-        ],
+    let mut other = Daemon::spawn_with(
+        &["--data-dir", &data_dir.display().to_string()],
         tmp.path(),
         &[("CONCH_CLUSTER_NAME", "prod-b")],
+        vec![("client", Port::bind()?)],
     )?;
     let line = refused(&mut other).await?;
     assert_eq!(

@@ -14,15 +14,16 @@ use conch_proto::conch::{
 };
 use conch_proto::grackle as pb;
 
-/// Starts node `id` on a free port with its own data directory under `dir`.
+/// Starts node `id` on a port of its own with its own data directory under `dir`.
 fn spawn_node(dir: &Path, id: u64, extra: &[&str]) -> anyhow::Result<(Daemon, String)> {
-    let addr = format!("127.0.0.1:{}", cluster_tests::free_port());
+    let port = cluster_tests::Port::bind()?;
+    let addr = port.addr().to_string();
     let data_dir = dir.join(format!("node{id}"));
     let data_dir = data_dir.to_string_lossy();
     let id = id.to_string();
-    let mut args = vec!["--id", &id, "--listen", &addr, "--data-dir", &data_dir];
+    let mut args = vec!["--id", &id, "--data-dir", &data_dir];
     args.extend_from_slice(extra);
-    let daemon = Daemon::spawn(&args, dir)?;
+    let daemon = Daemon::spawn_on(port, &args, dir)?;
     Ok((daemon, addr))
 }
 
@@ -232,8 +233,8 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
         text(&cli.stderr)
     );
 
-    // Nothing listening.
-    let nowhere = format!("127.0.0.1:{}", cluster_tests::free_port());
+    // Nothing listening (and nothing can start listening there during the test).
+    let (_held, nowhere) = cluster_tests::sockets::closed_port()?;
     let refused = admin
         .add_learner(AddLearnerRequest {
             node_id: 7,

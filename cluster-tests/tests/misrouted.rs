@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cluster_tests::ops;
-use cluster_tests::{Daemon, free_port, wait_for};
+use cluster_tests::{Daemon, Port, wait_for};
 use conch_proto::conch::ClusterStatusRequest;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 
@@ -18,8 +18,11 @@ const REFUSAL: &str = "this is node 2, not node 3";
 /// Nodes 2 and 3, then node 1 (the one that bootstraps and so campaigns first), which reaches
 /// "node 3" at node 2's address. Returned in id order with their addresses.
 fn launch(dir: &Path) -> anyhow::Result<(Vec<Daemon>, Vec<String>)> {
-    let addrs: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
+    let mut ports: Vec<Option<Port>> = Port::bind_many(3)?.into_iter().map(Some).collect();
+    let addrs: Vec<String> = ports
+        .iter()
+        .flatten()
+        .map(|p| p.addr().to_string())
         .collect();
     let initial = (1..=3)
         .map(|id| format!("{id}={}", addrs[id - 1]))
@@ -33,8 +36,6 @@ fn launch(dir: &Path) -> anyhow::Result<(Vec<Daemon>, Vec<String>)> {
         let mut args = vec![
             "--id",
             &id_text,
-            "--listen",
-            &addrs[id - 1],
             "--data-dir",
             &data,
             "--initial-cluster",
@@ -43,7 +44,8 @@ fn launch(dir: &Path) -> anyhow::Result<(Vec<Daemon>, Vec<String>)> {
         if id == 1 {
             args.extend(["--peer-routes", &wrong]);
         }
-        nodes.push((id, Daemon::spawn(&args, dir)?));
+        let port = ports[id - 1].take().expect("each node starts once");
+        nodes.push((id, Daemon::spawn_on(port, &args, dir)?));
     }
     nodes.sort_by_key(|(id, _)| *id);
     Ok((nodes.into_iter().map(|(_, d)| d).collect(), addrs))

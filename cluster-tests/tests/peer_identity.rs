@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use cluster_tests::jepsen::adversary::{auth_disable_proposal, create_namespace_proposal};
 use cluster_tests::net::{NodeChannel as Channel, lazy_channel};
-use cluster_tests::{Cluster, Daemon, free_port, wait_for};
+use cluster_tests::{Cluster, Daemon, Port, wait_for};
 use conch_proto::conch::conch_auth_client::ConchAuthClient;
 use conch_proto::conch::conch_peer_client::ConchPeerClient;
 use conch_proto::conch::{
@@ -49,11 +49,19 @@ fn secured(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
     Ok(args)
 }
 
-/// `n` loopback addresses on free ports.
-fn free_addrs(n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect()
+/// `n` ports held by the test, and their addresses.
+fn ports(n: usize) -> anyhow::Result<(Vec<Option<Port>>, Vec<String>)> {
+    let ports = Port::bind_many(n)?;
+    let addrs = ports.iter().map(|p| p.addr().to_string()).collect();
+    Ok((ports.into_iter().map(Some).collect(), addrs))
+}
+
+/// The held port `i` on its first use; its address bound again after (a restart).
+fn port(ports: &mut [Option<Port>], addrs: &[String], i: usize) -> anyhow::Result<Port> {
+    match ports[i].take() {
+        Some(port) => Ok(port),
+        None => Port::bind_at(&addrs[i]),
+    }
 }
 
 /// `1=addr1,2=addr2,…`, as `--initial-cluster` takes them.
@@ -66,14 +74,12 @@ fn members_of(addrs: &[String]) -> String {
         .join(",")
 }
 
-/// The flags of node `id` listening on `listen`, its data in `node<id>` under the working
-/// directory, metrics off, then `extra`.
-fn node_args(id: usize, listen: &str, members: &str, extra: &[String]) -> Vec<String> {
+/// The flags of node `id`, its data in `node<id>` under the working directory, metrics off,
+/// then `extra`.
+fn node_args(id: usize, members: &str, extra: &[String]) -> Vec<String> {
     let mut args: Vec<String> = [
         "--id",
         &id.to_string(),
-        "--listen",
-        listen,
         "--data-dir",
         &format!("node{id}"),
         "--initial-cluster",
@@ -87,9 +93,14 @@ fn node_args(id: usize, listen: &str, members: &str, extra: &[String]) -> Vec<St
     args
 }
 
-fn spawn(args: &[String], dir: &std::path::Path) -> anyhow::Result<Daemon> {
+/// Starts a node on the sockets given (`client`, `peer`).
+fn spawn(
+    sockets: Vec<(&'static str, Port)>,
+    args: &[String],
+    dir: &std::path::Path,
+) -> anyhow::Result<Daemon> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Daemon::spawn(&args, dir)
+    Daemon::spawn_with(&args, dir, &[], sockets)
 }
 
 async fn auth_enabled(channel: Channel) -> anyhow::Result<bool> {
@@ -115,12 +126,10 @@ async fn access_control_without_peer_authentication_cannot_exist() -> anyhow::Re
     let dir = tempfile::tempdir()?;
     let token = dir.path().join("admin.token");
     cluster_tests::auth::write_secret(&token, ADMIN)?;
-    let listen = format!("127.0.0.1:{}", free_port());
     let token_path = token.display().to_string();
-    let mut daemon = Daemon::spawn(
+    let mut daemon = Daemon::spawn_on(
+        Port::bind()?,
         &[
-            "--listen",
-            &listen,
             "--data-dir",
             "data",
             "--metrics-listen",
@@ -272,11 +281,12 @@ async fn the_bootstrap_completes_whenever_the_first_node_was_stopped() -> anyhow
     ] {
         let work = tempfile::tempdir()?;
         let auth_args = secured(work.path())?;
-        let addrs = free_addrs(3);
+        let (mut ports, addrs) = ports(3)?;
         let members = members_of(&addrs);
-        let start = |i: usize| {
+        let mut start = |i: usize| {
             spawn(
-                &node_args(i + 1, &addrs[i], &members, &auth_args),
+                vec![("client", port(&mut ports, &addrs, i)?)],
+                &node_args(i + 1, &members, &auth_args),
                 work.path(),
             )
         };
@@ -326,15 +336,19 @@ async fn the_bootstrap_completes_whenever_the_first_node_was_stopped() -> anyhow
 async fn peers_on_their_own_port() -> anyhow::Result<()> {
     let work = tempfile::tempdir()?;
     let secret = cluster_tests::auth::peer_secret_args(work.path())?;
-    let client = free_addrs(3);
-    let peer = free_addrs(3);
+    let (mut client_ports, client) = ports(3)?;
+    let (mut peer_ports, peer) = ports(3)?;
     let members = members_of(&peer);
     let mut nodes = Vec::new();
     for i in 0..3 {
-        let mut extra = vec!["--peer-listen".to_string(), peer[i].clone()];
-        extra.extend(secret.iter().cloned());
+        // The peer socket alone turns the peer port on (no --peer-listen needed).
+        let sockets = vec![
+            ("client", port(&mut client_ports, &client, i)?),
+            ("peer", port(&mut peer_ports, &peer, i)?),
+        ];
         nodes.push(spawn(
-            &node_args(i + 1, &client[i], &members, &extra),
+            sockets,
+            &node_args(i + 1, &members, &secret),
             work.path(),
         )?);
     }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use cluster_tests::{binary, free_ports, wait_for};
+use cluster_tests::{binary, wait_for};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -37,6 +37,28 @@ impl Drop for Stopper {
     }
 }
 
+/// `n` loopback listeners on consecutive ports.
+fn consecutive_ports(n: u16) -> anyhow::Result<Vec<std::net::TcpListener>> {
+    for _ in 0..100 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let base = first.local_addr()?.port();
+        let mut held = vec![first];
+        for i in 1..n {
+            match base
+                .checked_add(i)
+                .map(|port| std::net::TcpListener::bind(("127.0.0.1", port)))
+            {
+                Some(Ok(listener)) => held.push(listener),
+                _ => break,
+            }
+        }
+        if held.len() == usize::from(n) {
+            return Ok(held);
+        }
+    }
+    anyhow::bail!("no {n} consecutive free loopback ports")
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -48,7 +70,12 @@ async fn the_cluster_script_takes_its_ports_from_conch_cluster_port() -> anyhow:
     assert_eq!(bad.status.code(), Some(64), "{bad:?}");
     assert!(text(&bad.stderr).contains("CONCH_CLUSTER_PORT"), "{bad:?}");
 
-    let base = free_ports(3);
+    // The script binds its ports itself (from CONCH_CLUSTER_PORT on): three consecutive ports
+    // are held here and let go just before it starts, the one window left where another
+    // process could take one.
+    let held = consecutive_ports(3)?;
+    let base = held[0].local_addr()?.port();
+    drop(held);
     let _stop = Stopper(dir.path().to_path_buf());
     let started = run_script(&["start"], &base.to_string(), dir.path())?;
     let out = text(&started.stdout);

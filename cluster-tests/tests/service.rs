@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use cluster_tests::{Daemon, free_port};
+use cluster_tests::{Daemon, Port};
 use nix::sys::signal::Signal;
 
 /// Waits for the next datagram on `socket` (non-blocking socket, polled until `timeout`).
@@ -34,16 +34,16 @@ async fn the_example_config_runs_a_node_that_notifies_its_service_manager() -> a
     let socket = UnixDatagram::bind(&socket_path)?;
     socket.set_nonblocking(true)?;
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/conchd.toml");
-    let listen = format!("127.0.0.1:{}", free_port());
+    // Passed as the socket-activated unit passes it: the file's `listen` gives way to it.
+    let port = Port::bind()?;
+    let listen = port.addr().to_string();
     let data_dir = dir.path().join("data").display().to_string();
     let config_arg = config.display().to_string();
     // The file's settings, with the addresses and directory of this test.
-    let mut daemon = Daemon::spawn_with_env(
+    let mut daemon = Daemon::spawn_with(
         &[
             "--config",
             &config_arg,
-            "--listen",
-            &listen,
             "--data-dir",
             &data_dir,
             "--metrics-listen",
@@ -53,6 +53,7 @@ async fn the_example_config_runs_a_node_that_notifies_its_service_manager() -> a
         ],
         dir.path(),
         &[("NOTIFY_SOCKET", &socket_path.display().to_string())],
+        vec![("client", port)],
     )?;
     let pid = daemon.pid().context("conchd pid")?;
 

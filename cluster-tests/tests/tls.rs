@@ -12,7 +12,7 @@ use std::time::Duration;
 use std::path::{Path, PathBuf};
 
 use cluster_tests::pki::{HARNESS_CLIENT, Pki};
-use cluster_tests::{Cluster, Daemon, free_port, ops, wait_for};
+use cluster_tests::{Cluster, Daemon, Port, ops, wait_for};
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_peer_client::ConchPeerClient;
 use conch_proto::conch::{AddLearnerRequest, ClusterStatusRequest, PeerMessage};
@@ -151,7 +151,8 @@ async fn a_node_with_another_cas_certificate_cannot_join_or_disturb() -> anyhow:
     let dir = tempfile::tempdir()?;
     let other = Pki::create(&dir.path().join("other"))?;
     let (cert, key) = other.node(1)?;
-    let impostor_addr = format!("127.0.0.1:{}", free_port());
+    let impostor_port = Port::bind()?;
+    let impostor_addr = impostor_port.addr().to_string();
     let initial = format!(
         "1={impostor_addr},2={},3={}",
         cluster.addr(2),
@@ -162,8 +163,6 @@ async fn a_node_with_another_cas_certificate_cannot_join_or_disturb() -> anyhow:
     let args = [
         "--id",
         "1",
-        "--listen",
-        &impostor_addr,
         "--data-dir",
         &data.display().to_string(),
         "--initial-cluster",
@@ -179,7 +178,7 @@ async fn a_node_with_another_cas_certificate_cannot_join_or_disturb() -> anyhow:
     ]
     .map(String::from);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let impostor = Daemon::spawn(&args, dir.path())?;
+    let impostor = Daemon::spawn_on(impostor_port, &args, dir.path())?;
 
     // Wait until nodes 2 and 3 have refused it several times (it retries every election).
     wait_for("the good nodes to refuse the impostor", LONG, || async {
@@ -421,7 +420,8 @@ async fn a_node_whose_certificate_names_another_id_cannot_join() -> anyhow::Resu
     let pki = cluster.pki.clone().expect("PKI");
     let leader = cluster.wait_for_leader(LONG).await?;
     let dir = tempfile::tempdir()?;
-    let addr4 = format!("127.0.0.1:{}", free_port());
+    let port4 = std::cell::RefCell::new(Some(Port::bind()?));
+    let addr4 = port4.borrow().as_ref().expect("bound").addr().to_string();
     let ca = pki.ca_cert().display().to_string();
     let crl = pki.crl().display().to_string();
     let spawn4 = |(cert, key): (PathBuf, PathBuf), data: &str| {
@@ -430,8 +430,6 @@ async fn a_node_whose_certificate_names_another_id_cannot_join() -> anyhow::Resu
         let args = [
             "--id",
             "4",
-            "--listen",
-            &addr4,
             "--data-dir",
             &data,
             "--join",
@@ -446,7 +444,13 @@ async fn a_node_whose_certificate_names_another_id_cannot_join() -> anyhow::Resu
             "--peer-crl",
             &crl,
         ];
-        Daemon::spawn(&args, dir.path())
+        // The held port for the first node 4, its address bound again for the second.
+        let port = port4.borrow_mut().take();
+        Daemon::spawn_on(
+            port.map_or_else(|| Port::bind_at(&addr4), Ok)?,
+            &args,
+            dir.path(),
+        )
     };
     cluster_tests::pki::register(&addr4, pki.client_tls(HARNESS_CLIENT)?);
     let answers = || async { cluster_tests::net::status(&addr4).await.ok() };

@@ -319,16 +319,64 @@ impl ConchNode {
         ConchNode::start_bound(config, listener).await
     }
 
+    /// Like [`ConchNode::start_config`], on the listeners a service manager passed (see
+    /// [`crate::listen_fds`]); a listener it did not pass is bound at its configured address.
+    /// `config` should name the passed listeners' addresses (as `conchd` builds it).
+    pub async fn start_inherited(
+        config: Arc<Config>,
+        inherited: crate::listen_fds::Inherited,
+    ) -> Result<ConchNode, StartError> {
+        let crate::listen_fds::Inherited {
+            client,
+            peer,
+            metrics,
+        } = inherited;
+        let adopt = |listener: Option<std::net::TcpListener>,
+                     bind_error: fn(String, std::io::Error) -> StartError| {
+            listener
+                .map(|l| {
+                    let addr = local_addr_text(&l);
+                    tokio::net::TcpListener::from_std(l).map_err(|error| bind_error(addr, error))
+                })
+                .transpose()
+        };
+        let client = adopt(client, |addr, error| StartError::Bind { addr, error })?;
+        let peer = adopt(peer, |addr, error| StartError::BindPeer { addr, error })?;
+        let metrics = adopt(metrics, |addr, error| StartError::BindMetrics {
+            addr,
+            error,
+        })?;
+        let listener = match client {
+            Some(listener) => listener,
+            None => tokio::net::TcpListener::bind(config.listen)
+                .await
+                .map_err(|error| StartError::Bind {
+                    addr: config.listen.to_string(),
+                    error,
+                })?,
+        };
+        ConchNode::start_bound_with(config, listener, peer, metrics).await
+    }
+
     async fn start_bound(
         config: Arc<Config>,
         listener: tokio::net::TcpListener,
+    ) -> Result<ConchNode, StartError> {
+        ConchNode::start_bound_with(config, listener, None, None).await
+    }
+
+    async fn start_bound_with(
+        config: Arc<Config>,
+        listener: tokio::net::TcpListener,
+        peer: Option<tokio::net::TcpListener>,
+        metrics: Option<tokio::net::TcpListener>,
     ) -> Result<ConchNode, StartError> {
         // Asked before anything starts: nothing is left running when it fails.
         let local_addr = listener.local_addr().map_err(|error| StartError::Bind {
             addr: config.listen.to_string(),
             error,
         })?;
-        let running = server::start_with_listener(config, listener).await?;
+        let running = server::start_with_listeners(config, listener, peer, metrics).await?;
         let metrics_addr = running.metrics_addr();
         let node = Arc::clone(&running.node);
         let (stop, stopped) = oneshot::channel::<()>();

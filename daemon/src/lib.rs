@@ -18,6 +18,8 @@ pub use embed::{ConchNode, EmbedError, LocalClient, NodeConfig};
 // What the `conchd` binary and the workspace's tests use besides; not part of the embedding
 // API.
 #[doc(hidden)]
+pub mod listen_fds;
+#[doc(hidden)]
 pub mod node;
 #[doc(hidden)]
 pub mod notify;

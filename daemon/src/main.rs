@@ -8,6 +8,11 @@
 //! stops on an internal error; 78 once the node was removed from its cluster, and for a start
 //! on a removed node's data directory. Every failure is one line on stderr.
 //!
+//! A service manager may pass the listening sockets (systemd socket activation: `LISTEN_FDS`,
+//! names `client`, `peer`, `metrics`; see `conchd::listen_fds`): each replaces its flag's
+//! address. Sockets that cannot be used (meant for another pid, names or counts that do not
+//! match) exit 64 too.
+//!
 //! `conchd restore …` seeds a data directory from a backup instead of serving (see `restore`).
 
 use std::process::ExitCode;
@@ -17,6 +22,7 @@ use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use conchd::config::{Config, LogFormat};
+use conchd::listen_fds::{self, Inherited, ListenFdsError};
 use conchd::removal::{EXIT_REMOVED, Removed};
 use conchd::server::StartError;
 use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
@@ -34,7 +40,7 @@ fn main() -> ExitCode {
     let parsed = Flags::command()
         .try_get_matches()
         .and_then(|matches| Flags::from_arg_matches(&matches).map(|flags| (flags, matches)));
-    let (flags, matches) = match parsed {
+    let (mut flags, matches) = match parsed {
         Ok(parsed) => parsed,
         Err(e) if e.use_stderr() => {
             eprintln!("conchd: {}", usage_line(&e));
@@ -60,6 +66,13 @@ fn main() -> ExitCode {
         }
         return run_command(command);
     }
+    let inherited = match inherited_listeners(&mut flags) {
+        Ok(inherited) => inherited,
+        Err(e) => {
+            eprintln!("conchd: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let config = match configure(flags) {
         Ok(config) => config,
         Err(e) => {
@@ -67,7 +80,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    match run(config) {
+    match run(config, inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("conchd: {}", one_line(&e));
@@ -88,6 +101,29 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Takes the listening sockets a service manager passed, and removes its variables so no child
+/// inherits them; each socket's address replaces its flag (`--listen`, `--peer-listen`,
+/// `--metrics-listen`).
+fn inherited_listeners(flags: &mut Flags) -> Result<Inherited, ListenFdsError> {
+    // SAFETY: no thread has been started yet.
+    let vars = unsafe { listen_fds::Vars::take_from_env() };
+    let roles = listen_fds::roles(&vars, std::process::id())?;
+    // SAFETY: `roles` checked that the descriptors were passed to this process, and nothing in
+    // it has touched them yet.
+    let inherited = unsafe { listen_fds::take(&roles)? };
+    let addr = |listener| Inherited::addr(listener).map(|a| a.to_string());
+    if let Some(a) = addr(&inherited.client) {
+        flags.listen = Some(a);
+    }
+    if let Some(a) = addr(&inherited.peer) {
+        flags.peer_listen = Some(a);
+    }
+    if let Some(a) = addr(&inherited.metrics) {
+        flags.metrics_listen = Some(a);
+    }
+    Ok(inherited)
 }
 
 /// Runs a subcommand: one line on stdout when done, one line on stderr when not (exit 64 when
@@ -201,7 +237,7 @@ fn configure(flags: Flags) -> anyhow::Result<Arc<Config>> {
     Ok(Arc::new(config))
 }
 
-fn run(config: Arc<Config>) -> anyhow::Result<()> {
+fn run(config: Arc<Config>, inherited: Inherited) -> anyhow::Result<()> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = config.worker_threads {
         builder.worker_threads(threads);
@@ -213,7 +249,7 @@ fn run(config: Arc<Config>) -> anyhow::Result<()> {
     runtime.block_on(async move {
         // Install the handlers first: a signal during startup must stop, not kill, the node.
         let shutdown = shutdown_signal()?;
-        let node = ConchNode::start_config(Arc::clone(&config)).await?;
+        let node = ConchNode::start_inherited(Arc::clone(&config), inherited).await?;
         // SIGHUP re-reads the TLS files at once (the node also polls them).
         let hangup = reload_tls_on_hangup(&node)?;
         let data_dir =

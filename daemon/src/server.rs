@@ -160,23 +160,37 @@ pub async fn start_with_listener(
     config: Arc<Config>,
     listener: tokio::net::TcpListener,
 ) -> Result<Running, StartError> {
-    let peer_listener = match config.peer_listen {
-        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|error| {
+    start_with_listeners(config, listener, None, None).await
+}
+
+/// [`start_with_listener`], also with the peer and metrics ports already bound when given
+/// (sockets a service manager passed, see `listen_fds.rs`); those not given are bound at
+/// `config.peer_listen` and `config.metrics_listen`.
+pub async fn start_with_listeners(
+    config: Arc<Config>,
+    listener: tokio::net::TcpListener,
+    peer: Option<tokio::net::TcpListener>,
+    metrics: Option<tokio::net::TcpListener>,
+) -> Result<Running, StartError> {
+    let peer_listener = match (peer, config.peer_listen) {
+        (Some(listener), _) => Some(listener),
+        (None, Some(addr)) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|error| {
             StartError::BindPeer {
                 addr: addr.to_string(),
                 error,
             }
         })?),
-        None => None,
+        (None, None) => None,
     };
-    let metrics_listener = match config.metrics_listen {
-        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|error| {
+    let metrics_listener = match (metrics, config.metrics_listen) {
+        (Some(listener), _) => Some(listener),
+        (None, Some(addr)) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|error| {
             StartError::BindMetrics {
                 addr: addr.to_string(),
                 error,
             }
         })?),
-        None => None,
+        (None, None) => None,
     };
     let data_dir = DataDir::open(&config.data_dir, config.id, config.cluster_name.as_deref())?;
 

@@ -25,7 +25,7 @@ use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_api_client::ConchApiClient;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::*;
-use conch_testkit::{LinkMode, LinkProxy, free_port};
+use conch_testkit::{LinkMode, LinkProxy};
 use conchd::config::{Config, Settings};
 use conchd::server::{self, StartError};
 use tokio::sync::oneshot;
@@ -93,26 +93,19 @@ impl Cluster {
     /// tests (or by the client) as they need them.
     pub async fn start(n: usize) -> Cluster {
         let dir = tempfile::tempdir().expect("temporary directory");
-        for attempt in 0..5 {
-            match Cluster::try_start(n, &dir.path().join(attempt.to_string())).await {
-                Ok((nodes, links, tasks)) => {
-                    let cluster = Cluster {
-                        nodes,
-                        modes: Mutex::new(vec![Mode::Up; n]),
-                        links,
-                        tasks,
-                        _dir: dir,
-                    };
-                    cluster.wait_ready().await;
-                    return cluster;
-                }
-                Err(StartError::Bind { addr, error }) => {
-                    eprintln!("port {addr} was taken ({error}); starting again on new ports");
-                }
-                Err(e) => panic!("start conchd: {e}"),
-            }
-        }
-        panic!("could not find free ports for {n} nodes");
+        let (nodes, links, tasks) = match Cluster::try_start(n, dir.path()).await {
+            Ok(started) => started,
+            Err(e) => panic!("start conchd: {e}"),
+        };
+        let cluster = Cluster {
+            nodes,
+            modes: Mutex::new(vec![Mode::Up; n]),
+            links,
+            tasks,
+            _dir: dir,
+        };
+        cluster.wait_ready().await;
+        cluster
     }
 
     #[allow(clippy::type_complexity)]
@@ -128,8 +121,21 @@ impl Cluster {
         StartError,
     > {
         let mut tasks: Vec<JoinHandle<()>> = Vec::new();
-        let real: Vec<SocketAddr> = (0..n)
-            .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+        // Every node's port is bound here and held until the node serves on it.
+        let mut listeners = Vec::new();
+        for _ in 0..n {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(|error| StartError::Bind {
+                    addr: "127.0.0.1:0".into(),
+                    error,
+                })?;
+            listeners.push(Some(listener));
+        }
+        let real: Vec<SocketAddr> = listeners
+            .iter()
+            .flatten()
+            .map(|l| l.local_addr().expect("a bound listener has an address"))
             .collect();
         let mut client_proxies = Vec::new();
         for addr in &real {
@@ -168,7 +174,8 @@ impl Cluster {
                 ..Settings::default()
             };
             let config = Config::from_settings(settings).expect("conchd config");
-            let running = match server::start(Arc::new(config)).await {
+            let listener = listeners[i].take().expect("each node starts once");
+            let running = match server::start_with_listener(Arc::new(config), listener).await {
                 Ok(running) => running,
                 Err(e) => {
                     for t in &tasks {

@@ -62,6 +62,15 @@ impl Drop for EtcdCluster {
     }
 }
 
+/// A loopback port the kernel picked and that is free again. etcd binds its ports itself
+/// (it takes no passed sockets), so another process may take the port before it does; a
+/// benchmark run is not a test, and a member that cannot bind shows in `start`'s error.
+fn unused_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 impl EtcdCluster {
     /// Starts `n` members with default durability (every write fsynced on a majority) and
     /// waits until they elect a leader.
@@ -70,8 +79,8 @@ impl EtcdCluster {
             .prefix("conch-bench-etcd-")
             .tempdir()?;
         let ports: Vec<(u16, u16)> = (0..n)
-            .map(|_| (crate::free_port(), crate::free_port()))
-            .collect();
+            .map(|_| Ok((unused_port()?, unused_port()?)))
+            .collect::<anyhow::Result<_>>()?;
         let initial = ports
             .iter()
             .enumerate()

@@ -62,6 +62,14 @@ pub async fn wait(
         if now.token() != known_token {
             return Ok(now);
         }
+        // A test sees the wait parked by this event (`parked`), before it changes the holder.
+        tracing::debug!(
+            parked = true,
+            ns,
+            sem,
+            known_token,
+            "holder-change wait parked"
+        );
         tokio::select! {
             () = watch.changed() => {}
             _ = tokio::time::sleep_until(deadline) => return Ok(now),

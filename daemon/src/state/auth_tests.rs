@@ -3,65 +3,12 @@
 
 use super::State;
 use super::auth::{Access, Denied, Permission};
+use super::timeline::Timeline;
 use super::types::*;
 
 const S: Nanos = NANOS_PER_SEC;
 
-struct Timeline {
-    state: State,
-    now_ns: Nanos,
-    /// The token commands are sent with (`None`: none, an anonymous caller).
-    caller: Option<u8>,
-}
-
 impl Timeline {
-    fn new() -> Self {
-        Timeline {
-            state: State::new(),
-            now_ns: S,
-            caller: None,
-        }
-    }
-
-    fn run(&mut self, cmd: Cmd) -> Reply {
-        self.now_ns += S;
-        self.run_now(cmd)
-    }
-
-    /// Runs at the current time (the clock does not move).
-    fn run_now(&mut self, cmd: Cmd) -> Reply {
-        let batch = Batch {
-            now_ns: self.now_ns,
-            wall_ns: self.now_ns,
-            cmds: vec![cmd.with_token(self.caller.map(|b| [b; 32]))],
-        };
-        let mut replies = self.state.apply_batch(&batch, &mut Vec::new());
-        self.state.check_invariants().expect("invariants hold");
-        replies.remove(0)
-    }
-
-    fn ok(&mut self, cmd: Cmd) -> Outcome {
-        self.run(cmd).expect("command succeeds")
-    }
-
-    fn err(&mut self, cmd: Cmd) -> Error {
-        self.now_ns += S;
-        let tick = Batch {
-            now_ns: self.now_ns,
-            wall_ns: self.now_ns,
-            cmds: Vec::new(),
-        };
-        self.state.apply_batch(&tick, &mut Vec::new());
-        let before = self.state.hash();
-        let e = self.run_now(cmd).expect_err("command is refused");
-        assert_eq!(
-            self.state.hash(),
-            before,
-            "a refused command changes nothing"
-        );
-        e
-    }
-
     fn role(&mut self, name: &str, cluster_admin: bool) {
         self.ok(Cmd::RoleCreate {
             name: name.into(),
@@ -122,7 +69,7 @@ fn acquire_one(lease: &str) -> Cmd {
 
 #[test]
 fn off_by_default_allows_everything() {
-    let t = Timeline::new();
+    let t = Timeline::stepping(S);
     assert!(!t.state.auth().enabled());
     assert_eq!(t.check(None, Access::ClusterAdmin), Ok(()));
     assert_eq!(
@@ -133,7 +80,7 @@ fn off_by_default_allows_everything() {
 
 #[test]
 fn enable_needs_a_cluster_admin_token() {
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     let e = t.err(Cmd::AuthEnable);
     assert_eq!(e.kind, ErrorKind::FailedPrecondition);
     assert!(e.message.contains("cluster-admin"), "{}", e.message);
@@ -155,7 +102,7 @@ fn enable_needs_a_cluster_admin_token() {
 
 #[test]
 fn permissions_by_namespace_and_level() {
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     t.role("root", true);
     t.token("root", 1);
     t.role("app", false);
@@ -227,7 +174,7 @@ fn permissions_by_namespace_and_level() {
 
 #[test]
 fn revoked_tokens_are_unknown_and_the_last_admin_token_stays() {
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     t.role("root", true);
     let root = t.token("root", 1);
     t.role("app", false);
@@ -257,7 +204,7 @@ fn revoked_tokens_are_unknown_and_the_last_admin_token_stays() {
 
 #[test]
 fn roles_in_use_cannot_be_deleted_and_names_are_checked() {
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     t.role("app", false);
     assert_eq!(
         t.err(Cmd::RoleCreate {
@@ -306,7 +253,7 @@ fn roles_in_use_cannot_be_deleted_and_names_are_checked() {
 
 #[test]
 fn bootstrap_happens_once_and_turns_access_control_on() {
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     t.ok(Cmd::AuthBootstrap { hash: [1; 32] });
     assert!(t.state.auth().enabled() && t.state.auth().bootstrapped());
     assert_eq!(t.check(Some(1), Access::ClusterAdmin), Ok(()));
@@ -323,7 +270,7 @@ fn bootstrap_happens_once_and_turns_access_control_on() {
 
 #[test]
 fn the_store_survives_a_snapshot_and_changes_the_hash() {
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     let empty = t.state.hash();
     t.role("app", false);
     t.grant("app", "a", Permission::Write);
@@ -344,7 +291,7 @@ fn the_store_survives_a_snapshot_and_changes_the_hash() {
 
 #[test]
 fn the_store_survives_a_snapshot_round_trip_empty_or_used() {
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     t.ok(Cmd::CreateNamespace {
         name: "a".into(),
         description: String::new(),
@@ -367,7 +314,7 @@ fn the_store_survives_a_snapshot_round_trip_empty_or_used() {
 #[test]
 fn a_write_is_authorized_by_the_store_where_it_applies() {
     // t=0   roles root (token 1) and app (token 2, write on namespace a); access control on
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     t.role("root", true);
     let _root = t.token("root", 1);
     t.role("app", false);
@@ -431,7 +378,7 @@ fn a_write_is_authorized_by_the_store_where_it_applies() {
 #[test]
 fn a_retry_under_a_request_id_answers_only_a_caller_who_may_ask() {
     // t=0   root (1), app (2, write on a), other (3, write on b); access control on
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     t.role("root", true);
     t.token("root", 1);
     t.role("app", false);
@@ -494,7 +441,7 @@ fn a_token_wraps_one_client_command() {
 #[test]
 fn acquire_runs_jobs_without_changing_what_others_hold() {
     // t=0   root (1); job (2) with acquire on a; access control on
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     t.role("root", true);
     t.token("root", 1);
     t.role("job", false);
@@ -555,7 +502,7 @@ fn acquire_runs_jobs_without_changing_what_others_hold() {
 #[test]
 fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
     // t=0   root (1); jobs A (2) and B (3) with acquire on a; admin of a (4); access on
-    let mut t = Timeline::new();
+    let mut t = Timeline::stepping(S);
     t.role("root", true);
     t.token("root", 1);
     t.role("job", false);

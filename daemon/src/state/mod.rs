@@ -78,6 +78,8 @@ mod snapshot;
 mod tests;
 #[cfg(test)]
 mod tests_once;
+#[cfg(test)]
+mod timeline;
 mod types;
 pub mod validate;
 mod validate_cmd;

@@ -7,6 +7,7 @@ use super::hash::fnv1a64;
 use super::lease_id::{lease_id, parse_lease_id};
 use super::limits::*;
 use super::snapshot::bincode_options;
+use super::timeline::Timeline;
 use super::types::*;
 
 const S: Nanos = NANOS_PER_SEC;
@@ -20,100 +21,12 @@ fn meta(k: &str, v: &str) -> Metadata {
     [(k.to_string(), v.to_string())].into()
 }
 
-/// A state driven one command per batch at a settable time.
-struct Timeline {
-    state: State,
-    now_ns: Nanos,
-    /// The wall clock minus the lease clock: what the leader's wall clock stamps read.
-    wall_offset_ns: Nanos,
-    events: Vec<Event>,
-}
-
 impl Timeline {
-    fn new() -> Self {
-        Timeline {
-            state: State::new(),
-            now_ns: 0,
-            wall_offset_ns: 0,
-            events: Vec::new(),
-        }
-    }
-
     /// A timeline with namespace "n" created at t=0.
     fn with_ns() -> Self {
         let mut t = Self::new();
         t.create_ns(NS);
         t
-    }
-
-    fn at(&mut self, now_ns: Nanos) -> &mut Self {
-        self.now_ns = now_ns;
-        self
-    }
-
-    /// Steps the wall clock the next batches carry to `offset` from the lease clock.
-    fn wall_offset(&mut self, offset_ns: Nanos) -> &mut Self {
-        self.wall_offset_ns = offset_ns;
-        self
-    }
-
-    fn wall_ns(&self) -> Nanos {
-        self.now_ns.saturating_add(self.wall_offset_ns)
-    }
-
-    /// The state as a read sees it once an (empty) batch stamped `now_ns` is applied: the clock
-    /// moves, nothing is reaped. The timeline itself is left as it was.
-    fn read_at(&self, now_ns: Nanos) -> State {
-        let mut state = self.state.clone();
-        state.apply_batch(
-            &Batch {
-                now_ns,
-                cmds: Vec::new(),
-                wall_ns: now_ns.saturating_add(self.wall_offset_ns),
-            },
-            &mut Vec::new(),
-        );
-        state
-    }
-
-    fn run(&mut self, cmd: Cmd) -> Reply {
-        let batch = Batch {
-            now_ns: self.now_ns,
-            cmds: vec![cmd],
-            wall_ns: self.wall_ns(),
-        };
-        let mut replies = self.state.apply_batch(&batch, &mut self.events);
-        assert_eq!(replies.len(), 1);
-        self.state.check_invariants().expect("invariants hold");
-        replies.remove(0)
-    }
-
-    fn ok(&mut self, cmd: Cmd) -> Outcome {
-        self.run(cmd).expect("command succeeds")
-    }
-
-    fn err(&mut self, cmd: Cmd) -> Error {
-        // Let time advance first (an empty batch moves the clock and reaps nothing).
-        self.state.apply_batch(
-            &Batch {
-                now_ns: self.now_ns,
-                cmds: Vec::new(),
-                wall_ns: self.wall_ns(),
-            },
-            &mut self.events,
-        );
-        let before = self.state.hash();
-        let err = self.run(cmd).expect_err("command is refused");
-        assert_eq!(
-            self.state.hash(),
-            before,
-            "a refused command changes nothing"
-        );
-        err
-    }
-
-    fn take_events(&mut self) -> Vec<Event> {
-        std::mem::take(&mut self.events)
     }
 
     fn create_ns(&mut self, name: &str) -> NamespaceView {
@@ -2157,7 +2070,7 @@ fn snapshot_round_trip_keeps_hash_and_behaviour() {
         state: restored,
         now_ns: t.now_ns,
         wall_offset_ns: t.wall_offset_ns,
-        events: Vec::new(),
+        ..Timeline::new()
     };
     // drive both through the same future: expiry, releases, new acquires
     for now in [5 * S, 10 * S, 25 * S, 31 * S, 70 * S] {

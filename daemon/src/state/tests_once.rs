@@ -4,6 +4,7 @@
 
 use super::data::State;
 use super::limits::*;
+use super::timeline::Timeline;
 use super::types::*;
 
 const S: Nanos = NANOS_PER_SEC;
@@ -16,48 +17,9 @@ fn once(id: &str, cmd: Cmd) -> Cmd {
     }
 }
 
-struct Timeline {
-    state: State,
-    now_ns: Nanos,
-    events: Vec<Event>,
-}
-
 impl Timeline {
-    fn new() -> Self {
-        Timeline {
-            state: State::new(),
-            now_ns: 0,
-            events: Vec::new(),
-        }
-    }
-
-    fn run(&mut self, cmd: Cmd) -> Reply {
-        let batch = Batch {
-            now_ns: self.now_ns,
-            wall_ns: self.now_ns,
-            cmds: vec![cmd],
-        };
-        self.events.clear();
-        let mut replies = self.state.apply_batch(&batch, &mut self.events);
-        self.state.check_invariants().expect("invariants hold");
-        replies.remove(0)
-    }
-
-    fn ok(&mut self, cmd: Cmd) -> Outcome {
-        self.run(cmd).expect("command succeeds")
-    }
-
-    /// Runs `cmd` again at the same time: it must answer `first`, emit nothing and leave the
-    /// state exactly as it was.
-    fn repeat(&mut self, cmd: Cmd, first: &Reply) {
-        let before = self.state.hash();
-        let again = self.run(cmd);
-        assert_eq!(&again, first, "a repeat answers the first reply");
-        assert!(self.events.is_empty(), "a repeat emits nothing");
-        assert_eq!(self.state.hash(), before, "a repeat changes nothing");
-    }
-
-    fn lease(&mut self, id: &str, ttl_s: u64) -> String {
+    /// A lease created by request `id`.
+    fn once_lease(&mut self, id: &str, ttl_s: u64) -> String {
         match self.ok(once(id, create_lease(ttl_s))) {
             Outcome::Lease(view) => view.lease_id,
             other => panic!("not a lease: {other:?}"),
@@ -263,8 +225,8 @@ fn a_refused_command_is_not_remembered() {
 #[test]
 fn a_queued_acquire_repeated_after_its_grant_sees_that_grant() {
     let mut t = with_sem(1);
-    let a = t.lease("la", 30);
-    let b = t.lease("lb", 30);
+    let a = t.once_lease("la", 30);
+    let b = t.once_lease("lb", 30);
     t.ok(once("a-acq", acquire(&a, 1, 0)));
     let b_acquire = once("b-acq", acquire(&b, 1, 10 * S));
     let queued = t.ok(b_acquire.clone());
@@ -275,9 +237,10 @@ fn a_queued_acquire_repeated_after_its_grant_sees_that_grant() {
     assert_eq!(t.state.stats().waiters, 1);
     // The grant comes from someone else's release (without a request id).
     t.now_ns = S;
+    t.take_events();
     t.ok(release(&a));
     let granted = t
-        .events
+        .take_events()
         .iter()
         .find_map(|e| match e {
             Event::Granted { token, .. } => Some(*token),
@@ -295,8 +258,8 @@ fn a_queued_acquire_repeated_after_its_grant_sees_that_grant() {
 #[test]
 fn a_queued_acquire_repeated_after_its_wait_ended_runs_again() {
     let mut t = with_sem(1);
-    let a = t.lease("la", 30);
-    let b = t.lease("lb", 30);
+    let a = t.once_lease("la", 30);
+    let b = t.once_lease("lb", 30);
     t.ok(once("a-acq", acquire(&a, 1, 0)));
     let b_acquire = once("b-acq", acquire(&b, 1, 2 * S));
     assert!(matches!(
@@ -363,8 +326,8 @@ fn ids_beyond_the_cap_are_forgotten_oldest_first() {
 #[test]
 fn snapshots_keep_the_remembered_ids() {
     let mut t = with_sem(1);
-    let a = t.lease("la", 30);
-    let b = t.lease("lb", 30);
+    let a = t.once_lease("la", 30);
+    let b = t.once_lease("lb", 30);
     t.ok(once("a-acq", acquire(&a, 1, 0)));
     let b_acquire = once("b-acq", acquire(&b, 1, 10 * S));
     t.ok(b_acquire.clone());
@@ -387,8 +350,8 @@ fn snapshots_keep_the_remembered_ids() {
 #[test]
 fn an_acquire_retried_with_what_is_left_of_its_wait_is_the_same_request() {
     let mut t = with_sem(1);
-    let a = t.lease("la", 30);
-    let b = t.lease("lb", 30);
+    let a = t.once_lease("la", 30);
+    let b = t.once_lease("lb", 30);
     t.ok(once("a-acq", acquire(&a, 1, 0)));
     assert!(matches!(
         status(&t.ok(once("b-acq", acquire(&b, 1, 10 * S)))),
