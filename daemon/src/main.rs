@@ -80,6 +80,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    raise_open_file_limit();
     match run(config, inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -100,6 +101,23 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one: every client connection is a file, and
+/// a soft limit of 1 024 (a common default) would refuse connections long before the node's own
+/// limit (see the README, "One client cannot take a node"). A failure is logged and changes
+/// nothing.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(soft, hard, error = %e, "could not raise the open-file limit");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
     }
 }
 

@@ -50,6 +50,10 @@ pub struct Metrics {
     /// Calls this node forwarded to the leader, by kind (`write`, `read`).
     pub forwarded: IntCounterVec,
     pub leader_changes: IntCounter,
+    /// Calls waiting on this node now (blocking acquires, holder watches).
+    pub waiting_calls: IntGauge,
+    /// Connections closed at once because a listener had as many as it takes.
+    pub connections_refused: IntCounter,
     gauges: Gauges,
 }
 
@@ -310,6 +314,14 @@ impl Metrics {
             "conch_raft_leader_changes_total",
             "Changes of leader this node has seen.",
         );
+        let waiting_calls = b.gauge(
+            "conch_waiting_calls",
+            "Calls waiting on this node now: blocking acquires and holder watches.",
+        );
+        let connections_refused = b.counter(
+            "conch_connections_refused_total",
+            "Connections closed at once because their listener had as many as it takes.",
+        );
         Metrics {
             registry: b.registry,
             log,
@@ -321,6 +333,8 @@ impl Metrics {
             commands_per_entry,
             forwarded,
             leader_changes,
+            waiting_calls,
+            connections_refused,
             gauges,
         }
     }

@@ -56,9 +56,10 @@ impl Principal {
 }
 
 /// Counts the waiting calls of each principal.
-#[derive(Default)]
 pub struct Waiting {
     by_principal: Mutex<HashMap<Principal, usize>>,
+    /// All of them, for metrics.
+    total: prometheus::IntGauge,
 }
 
 /// One waiting call; dropping it ends its count.
@@ -68,6 +69,14 @@ pub struct WaitPermit {
 }
 
 impl Waiting {
+    /// Counting into `total` too (`conch_waiting_calls`).
+    pub fn new(total: prometheus::IntGauge) -> Waiting {
+        Waiting {
+            by_principal: Mutex::default(),
+            total,
+        }
+    }
+
     /// Counts one more waiting call of `principal`, or refuses it past the limit.
     pub fn enter(self: &Arc<Self>, principal: Principal) -> Result<WaitPermit, ApiError> {
         self.enter_with_limit(principal, MAX_WAITING_PER_PRINCIPAL)
@@ -91,6 +100,7 @@ impl Waiting {
             ))));
         }
         *count += 1;
+        self.total.inc();
         Ok(WaitPermit {
             waiting: Arc::clone(self),
             principal,
@@ -112,6 +122,7 @@ impl Drop for WaitPermit {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if let Some(count) = map.get_mut(&self.principal) {
+            self.waiting.total.dec();
             *count = count.saturating_sub(1);
             if *count == 0 {
                 map.remove(&self.principal);
@@ -126,18 +137,20 @@ pub struct Limited<IO> {
     _permit: OwnedSemaphorePermit,
 }
 
-/// `incoming` with at most `max` connections open at once: one past it is closed at once.
+/// `incoming` with at most `max` connections open at once: one past it is closed at once and
+/// counted in `refused`.
 pub fn limit_connections<S, IO>(
     incoming: S,
     max: usize,
+    refused: prometheus::IntCounter,
 ) -> impl Stream<Item = io::Result<Limited<IO>>>
 where
     S: Stream<Item = io::Result<IO>>,
 {
     let open = Arc::new(Semaphore::new(max));
-    let refused = Arc::new(LogLimit::new(std::time::Duration::from_secs(10)));
+    let log = Arc::new(LogLimit::new(std::time::Duration::from_secs(10)));
     incoming.filter_map(move |accepted| {
-        let (open, refused) = (Arc::clone(&open), Arc::clone(&refused));
+        let (open, log, refused) = (Arc::clone(&open), Arc::clone(&log), refused.clone());
         async move {
             match accepted {
                 Err(e) => Some(Err(e)),
@@ -147,7 +160,8 @@ where
                         _permit: permit,
                     })),
                     Err(_) => {
-                        if refused.due() {
+                        refused.inc();
+                        if log.due() {
                             tracing::warn!(
                                 max,
                                 "connection limit reached: new connections are closed at once"
@@ -217,7 +231,9 @@ mod tests {
 
     #[test]
     fn waiting_calls_are_counted_per_principal_and_given_back() {
-        let waiting = Arc::new(Waiting::default());
+        let waiting = Arc::new(Waiting::new(
+            prometheus::IntGauge::new("w", "w").expect("gauge"),
+        ));
         let a = Principal::Token([1; 32]);
         let b = Principal::Address(IpAddr::from([127, 0, 0, 1]));
         let first = waiting.enter_with_limit(a.clone(), 2).ok();
@@ -247,7 +263,8 @@ mod tests {
     async fn a_connection_past_the_limit_is_closed_and_a_closed_one_makes_room() {
         let (tx, rx) =
             tokio::sync::mpsc::unbounded_channel::<io::Result<tokio::io::DuplexStream>>();
-        let mut limited = Box::pin(limit_connections(tokio_stream_from(rx), 1));
+        let refused = prometheus::IntCounter::new("r", "r").expect("counter");
+        let mut limited = Box::pin(limit_connections(tokio_stream_from(rx), 1, refused.clone()));
         let (a, mut a_peer) = tokio::io::duplex(64);
         let (b, mut b_peer) = tokio::io::duplex(64);
         let (c, _c_peer) = tokio::io::duplex(64);
@@ -257,6 +274,7 @@ mod tests {
         // The second, while the first is open, is closed at once and never served.
         tx.send(Ok(b)).ok();
         assert!(limited.next().now_or_never().is_none(), "nothing served");
+        assert_eq!(refused.get(), 1);
         use tokio::io::AsyncReadExt;
         let mut buf = [0u8; 1];
         assert_eq!(b_peer.read(&mut buf).await.ok(), Some(0), "b was closed");

@@ -45,7 +45,7 @@ pub use conch_proto::wire::LEADER_HEADER;
 /// cluster, every call is answered UNAVAILABLE saying so (see `removal.rs`).
 pub fn client_routes(node: &Arc<Node>) -> Routes {
     // One count of waiting calls per principal for every service whose calls wait.
-    let waiting = Arc::new(admission::Waiting::default());
+    let waiting = Arc::new(admission::Waiting::new(node.metrics.waiting_calls.clone()));
     let grackle = GrackleApiServer::new(grackle::GrackleService::new(
         Arc::clone(node),
         Arc::clone(&waiting),
@@ -200,13 +200,27 @@ async fn serve_on(
     if let Some(tls) = &node.config.tls {
         let incoming = crate::tls::incoming(listener, Arc::clone(tls), &node.tasks);
         return router
-            .serve_with_incoming_shutdown(limit_connections(incoming, MAX_CONNECTIONS), shutdown)
+            .serve_with_incoming_shutdown(
+                limit_connections(
+                    incoming,
+                    MAX_CONNECTIONS,
+                    node.metrics.connections_refused.clone(),
+                ),
+                shutdown,
+            )
             .await;
     }
     // Accepted sockets get TCP_NODELAY here: with a custom listener tonic ignores
     // `Server::tcp_nodelay`, and Nagle's algorithm with delayed ACKs stalls replies by ~40 ms.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     router
-        .serve_with_incoming_shutdown(limit_connections(incoming, MAX_CONNECTIONS), shutdown)
+        .serve_with_incoming_shutdown(
+            limit_connections(
+                incoming,
+                MAX_CONNECTIONS,
+                node.metrics.connections_refused.clone(),
+            ),
+            shutdown,
+        )
         .await
 }
