@@ -90,6 +90,8 @@ man1=$(for page in $pages; do echo "./share/man/man1/$page.1"; done)
 expected_tar=$(
 	{
 		printf '%s\n' ./README.md ./bin/conch ./bin/conchd ./deploy/conchd.service ./deploy/conchd.toml \
+			./deploy/socket-activated/conchd.socket \
+			./deploy/socket-activated/conchd.service.d/socket-activated.conf \
 			./share/bash-completion/completions/conch ./share/bash-completion/completions/conchd \
 			./share/zsh/site-functions/_conch ./share/zsh/site-functions/_conchd \
 			./share/fish/vendor_completions.d/conch.fish ./share/fish/vendor_completions.d/conchd.fish
@@ -170,6 +172,8 @@ expected_deb=$(
 	{
 		printf '%s\n' ./usr/bin/conch ./usr/bin/conchd ./lib/systemd/system/conchd.service \
 			./etc/conch/conchd.toml ./usr/share/doc/conch/README.md ./usr/share/doc/conch/copyright \
+			./usr/share/doc/conch/socket-activated/conchd.socket \
+			./usr/share/doc/conch/socket-activated/conchd.service.d/socket-activated.conf \
 			./usr/share/bash-completion/completions/conch ./usr/share/bash-completion/completions/conchd \
 			./usr/share/zsh/vendor-completions/_conch ./usr/share/zsh/vendor-completions/_conchd \
 			./usr/share/fish/vendor_completions.d/conch.fish ./usr/share/fish/vendor_completions.d/conchd.fish

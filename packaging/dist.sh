@@ -48,6 +48,8 @@ SOURCE_FILES=(
 	"LICENSE?:LICENSE"
 	"deploy/conchd.service:deploy/conchd.service"
 	"deploy/conchd.toml:deploy/conchd.toml"
+	"deploy/socket-activated/conchd.socket:deploy/socket-activated/conchd.socket"
+	"deploy/socket-activated/conchd.service.d/socket-activated.conf:deploy/socket-activated/conchd.service.d/socket-activated.conf"
 )
 
 step() { echo "dist: $*" >&2; }
