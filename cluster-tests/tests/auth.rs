@@ -945,6 +945,7 @@ async fn a_write_token_flood_stops_at_the_namespace_quota() -> anyhow::Result<()
         leases: 10_000,
         entries: 100_000,
         bytes: 1 << 30,
+        request_ids: 10_000,
     };
     expect_code(
         "the tenant raising its own quota",
@@ -1070,7 +1071,8 @@ async fn quotas_and_the_budget_from_the_cli() -> anyhow::Result<()> {
     ensure!(
         json["semaphores"]["quota"] == 5
             && json["bytes"]["quota"] == 1 << 20
-            && json["leases"]["quota"] == 10_000,
+            && json["leases"]["quota"] == 10_000
+            && json["request_ids"]["quota"] == 10_000,
         "{json}"
     );
     let (code, _, err) = conch(

@@ -38,6 +38,7 @@ fn quotas_message(q: &Quotas) -> cpb::NamespaceQuotas {
         leases: q.leases,
         entries: q.entries,
         bytes: q.bytes,
+        request_ids: q.request_ids,
     }
 }
 
@@ -50,6 +51,7 @@ fn quotas_response(v: QuotaView) -> cpb::NamespaceQuotasResponse {
             leases: v.leases,
             entries: v.entries,
             bytes: v.bytes,
+            request_ids: v.request_ids,
         }),
         state_budget_bytes: v.budget_bytes,
         state_bytes: v.state_bytes,
@@ -89,7 +91,7 @@ impl ConchQuota for QuotaService {
         let r = request.into_inner();
         let q = r.quotas.ok_or_else(|| {
             ApiError::from(crate::state::Error::invalid(
-                "quotas must be given (all four: semaphores, leases, entries, bytes)",
+                "quotas must be given (all five: semaphores, leases, entries, bytes, request_ids)",
             ))
         })?;
         let cmd = Cmd::SetQuotas {
@@ -99,6 +101,7 @@ impl ConchQuota for QuotaService {
                 leases: q.leases,
                 entries: q.entries,
                 bytes: q.bytes,
+                request_ids: q.request_ids,
             },
         };
         match self.write(&caller, cmd).await? {

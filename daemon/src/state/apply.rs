@@ -54,6 +54,7 @@ impl State {
             mut ctx,
             auth,
             budget,
+            requests,
         } = self.parts(events);
         if !matches!(cmd, Cmd::ExtendLeases) {
             reap(namespaces, &mut ctx);
@@ -213,7 +214,9 @@ impl State {
             Cmd::SetQuotas { ns, quotas } => {
                 let ns = ns_mut(namespaces, ns)?;
                 ns.set_quotas(*quotas);
-                Ok(Outcome::Quotas(ns.quota_view(ctx)))
+                Ok(Outcome::Quotas(
+                    ns.quota_view(ctx, requests.count(ns.name())),
+                ))
             }
             Cmd::SetBudget { bytes } => {
                 budget.bytes = *bytes;

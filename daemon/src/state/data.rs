@@ -211,6 +211,8 @@ pub(super) struct Parts<'a> {
     pub(super) ctx: Ctx<'a>,
     pub(super) auth: &'a mut Auth,
     pub(super) budget: &'a mut Budget,
+    /// Read only: the remembered request ids (`once.rs` changes them, around a command).
+    pub(super) requests: &'a Requests,
 }
 
 /// The key of a process id in `leases_by_process`.
@@ -238,6 +240,7 @@ impl State {
             wall_ns,
             auth,
             budget,
+            requests,
             ..
         } = &mut self.data;
         Parts {
@@ -255,6 +258,7 @@ impl State {
             },
             auth,
             budget,
+            requests,
         }
     }
 

@@ -33,5 +33,8 @@ pub const DEFAULT_SEMAPHORES: u64 = 10_000;
 pub const DEFAULT_LEASES: u64 = 10_000;
 pub const DEFAULT_ENTRIES: u64 = 100_000;
 pub const DEFAULT_NAMESPACE_BYTES: u64 = 64 << 20;
+/// Request ids remembered for one namespace's writes; past it, that namespace's oldest is
+/// forgotten first, so one namespace's retries never push out another's.
+pub const DEFAULT_REQUEST_IDS: u64 = 10_000;
 /// The default budget of the whole state's stored bytes.
 pub const DEFAULT_STATE_BUDGET_BYTES: u64 = 512 << 20;

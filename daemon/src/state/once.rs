@@ -21,6 +21,7 @@
 
 use super::data::State;
 use super::hash::fnv1a64;
+use super::limits::{DEFAULT_REQUEST_IDS, REQUESTS_REMEMBERED_MAX};
 use super::snapshot::bincode_options;
 use super::types::*;
 use bincode::Options;
@@ -100,9 +101,26 @@ impl State {
             _ => None,
         };
         let clock_ns = self.data.clock_ns;
-        self.data
-            .requests
-            .remember(id, clock_ns, digest, reply.clone(), waiter);
+        // Counted against the namespace the command is about (its quota as it is now: one
+        // just created or deleted has the default), or, about none, only against the cap.
+        let namespace = cmd.namespace().unwrap_or("");
+        let quota = match namespace {
+            "" => REQUESTS_REMEMBERED_MAX as u64,
+            name => self
+                .data
+                .namespaces
+                .get(name)
+                .map_or(DEFAULT_REQUEST_IDS, |ns| ns.quotas().request_ids),
+        };
+        self.data.requests.remember(
+            id,
+            namespace,
+            quota,
+            clock_ns,
+            digest,
+            reply.clone(),
+            waiter,
+        );
         Ok(reply)
     }
 

@@ -397,6 +397,9 @@ impl Harness {
                     leases,
                     entries,
                     bytes,
+                    // The model predicts repeats by retention only; forgetting past this
+                    // quota has its own timeline tests (`tests_once.rs`).
+                    request_ids: super::limits::DEFAULT_REQUEST_IDS,
                 },
             },
             GenCmd::SetBudget(bytes) => Cmd::SetBudget { bytes },

@@ -44,6 +44,11 @@ impl Quotas {
             ("leases", self.leases, LEASES_PER_NAMESPACE_MAX as u64),
             ("entries", self.entries, entries_max),
             ("bytes", self.bytes, BYTES_MAX),
+            (
+                "request_ids",
+                self.request_ids,
+                super::limits::REQUESTS_REMEMBERED_MAX as u64,
+            ),
         ] {
             if value > max {
                 return Err(Error::invalid(format!(

@@ -145,11 +145,18 @@ impl Namespace {
     }
 
     /// Its quotas and usage, with the state's budget as `ctx` has it.
-    pub(super) fn quota_view(&self, ctx: &Ctx) -> QuotaView {
-        self.quota_view_with(ctx.budget_bytes, ctx.stored_bytes())
+    /// Its quotas and usage, with the state's budget as `ctx` has it and `request_ids`
+    /// remembered for it.
+    pub(super) fn quota_view(&self, ctx: &Ctx, request_ids: u64) -> QuotaView {
+        self.quota_view_with(ctx.budget_bytes, ctx.stored_bytes(), request_ids)
     }
 
-    pub(super) fn quota_view_with(&self, budget_bytes: u64, state_bytes: u64) -> QuotaView {
+    pub(super) fn quota_view_with(
+        &self,
+        budget_bytes: u64,
+        state_bytes: u64,
+        request_ids: u64,
+    ) -> QuotaView {
         let usage = self.usage();
         QuotaView {
             namespace: self.name().to_string(),
@@ -158,6 +165,7 @@ impl Namespace {
             leases: self.leases().len() as u64,
             entries: usage.entries,
             bytes: usage.bytes,
+            request_ids,
             budget_bytes,
             state_bytes,
         }
@@ -503,9 +511,11 @@ impl State {
     /// Namespace `ns`'s quotas and usage.
     pub fn quotas(&self, ns: &str) -> Result<QuotaView, Error> {
         validate::name("namespace_name", ns)?;
-        Ok(self
-            .namespace(ns)?
-            .quota_view_with(self.data.budget.bytes, self.index().bytes()))
+        Ok(self.namespace(ns)?.quota_view_with(
+            self.data.budget.bytes,
+            self.index().bytes(),
+            self.data.requests.count(ns),
+        ))
     }
 
     /// Every namespace's quotas and usage, by name (for metrics).
@@ -515,7 +525,7 @@ impl State {
             .namespaces
             .map()
             .values()
-            .map(|ns| ns.quota_view_with(budget, bytes))
+            .map(|ns| ns.quota_view_with(budget, bytes, self.data.requests.count(ns.name())))
             .collect()
     }
 

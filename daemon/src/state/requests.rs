@@ -34,6 +34,9 @@ pub(super) struct Requests {
     /// Derived: waiter -> the request ids whose queued acquire waits as it.
     #[serde(skip)]
     waiting: BTreeMap<WaiterRef, BTreeSet<String>>,
+    /// Derived: namespace ("" for commands about none) -> the `seq`s of its entries.
+    #[serde(skip)]
+    by_namespace: BTreeMap<String, BTreeSet<u64>>,
 }
 
 /// Reached only through `&` outside this module.
@@ -43,6 +46,8 @@ pub(super) struct Remembered {
     pub(super) at_ns: Nanos,
     /// FNV-1a 64 of the command's canonical encoding: a repeat must be the same command.
     pub(super) digest: u64,
+    /// The namespace the command was about ("" for none): its quota bounds its entries.
+    pub(super) namespace: String,
     pub(super) reply: Outcome,
     /// While `reply` is a queued acquire still waiting: the waiter it waits as.
     pub(super) waiter: Option<WaiterRef>,
@@ -63,11 +68,22 @@ impl Requests {
         !self.waiting.is_empty()
     }
 
-    /// Remembers `reply` under `id` (replacing what was there) as the newest entry, forgetting
-    /// the oldest entries beyond the cap.
+    /// Entries remembered for commands about `namespace`.
+    pub(super) fn count(&self, namespace: &str) -> u64 {
+        self.by_namespace
+            .get(namespace)
+            .map_or(0, |s| s.len() as u64)
+    }
+
+    /// Remembers `reply` under `id` (replacing what was there) as the newest entry of
+    /// `namespace`, forgetting that namespace's oldest entries beyond `quota`, then the oldest
+    /// of all beyond the cap.
+    #[allow(clippy::too_many_arguments)] // one entry's fields, and where it counts
     pub(super) fn remember(
         &mut self,
         id: &str,
+        namespace: &str,
+        quota: u64,
         at_ns: Nanos,
         digest: u64,
         reply: Outcome,
@@ -76,6 +92,10 @@ impl Requests {
         self.forget(id);
         self.last_seq = self.last_seq.saturating_add(1);
         let seq = self.last_seq;
+        self.by_namespace
+            .entry(namespace.to_string())
+            .or_default()
+            .insert(seq);
         if let Some(waiter) = &waiter {
             self.waiting
                 .entry(waiter.clone())
@@ -89,10 +109,23 @@ impl Requests {
                 seq,
                 at_ns,
                 digest,
+                namespace: namespace.to_string(),
                 reply,
                 waiter,
             },
         );
+        while self.count(namespace) > quota {
+            let oldest = self
+                .by_namespace
+                .get(namespace)
+                .and_then(|seqs| seqs.first())
+                .and_then(|seq| self.order.get(seq))
+                .cloned();
+            let Some(oldest) = oldest else {
+                break;
+            };
+            self.forget(&oldest);
+        }
         while self.entries.len() > REQUESTS_REMEMBERED_MAX {
             let Some((_, oldest)) = self.order.first_key_value() else {
                 break;
@@ -108,6 +141,12 @@ impl Requests {
             return;
         };
         self.order.remove(&entry.seq);
+        if let Some(seqs) = self.by_namespace.get_mut(&entry.namespace) {
+            seqs.remove(&entry.seq);
+            if seqs.is_empty() {
+                self.by_namespace.remove(&entry.namespace);
+            }
+        }
         if let Some(waiter) = &entry.waiter {
             self.unlink(waiter, id);
         }
@@ -165,10 +204,15 @@ impl Requests {
     pub(super) fn rebuild(&mut self) -> Result<(), String> {
         self.order.clear();
         self.waiting.clear();
+        self.by_namespace.clear();
         for (id, entry) in &self.entries {
             if self.order.insert(entry.seq, id.clone()).is_some() {
                 return Err(format!("request sequence {} is used twice", entry.seq));
             }
+            self.by_namespace
+                .entry(entry.namespace.clone())
+                .or_default()
+                .insert(entry.seq);
             if let Some(waiter) = &entry.waiter {
                 self.waiting
                     .entry(waiter.clone())
@@ -191,6 +235,7 @@ impl Requests {
         }
         let mut order = BTreeMap::new();
         let mut waiting: BTreeMap<WaiterRef, BTreeSet<String>> = BTreeMap::new();
+        let mut by_namespace: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
         let horizon = clock_ns.saturating_sub(REQUEST_RETENTION_NS);
         for (id, entry) in &self.entries {
             let at = |what: &str| format!("request id {id}: {what}");
@@ -201,6 +246,10 @@ impl Requests {
             {
                 return Err(at("sequence reused or not from the counter"));
             }
+            by_namespace
+                .entry(entry.namespace.clone())
+                .or_default()
+                .insert(entry.seq);
             if entry.at_ns > clock_ns || entry.at_ns <= horizon {
                 return Err(at("remembered in the future or past its retention"));
             }
@@ -233,7 +282,7 @@ impl Requests {
             .into_iter()
             .map(|(seq, id)| (seq, id.clone()))
             .collect();
-        if order != self.order || waiting != self.waiting {
+        if order != self.order || waiting != self.waiting || by_namespace != self.by_namespace {
             return Err("request id indexes do not match the entries".into());
         }
         Ok(())

@@ -298,8 +298,13 @@ fn ids_expire_by_the_state_clock() {
 #[test]
 fn ids_beyond_the_cap_are_forgotten_oldest_first() {
     let mut state = State::new();
+    // Spread over enough namespaces that none reaches its own quota first.
+    let namespaces = REQUESTS_REMEMBERED_MAX / DEFAULT_REQUEST_IDS as usize + 1;
     let cmds: Vec<Cmd> = (0..=REQUESTS_REMEMBERED_MAX)
-        .map(|i| once(&format!("r{i}"), Cmd::DeleteNamespace { name: NS.into() }))
+        .map(|i| {
+            let name = format!("n{}", i % namespaces);
+            once(&format!("r{i}"), Cmd::DeleteNamespace { name })
+        })
         .collect();
     let mut events = Vec::new();
     state.apply_batch(
@@ -368,4 +373,60 @@ fn an_acquire_retried_with_what_is_left_of_its_wait_is_the_same_request() {
         .run(once("b-acq", acquire(&b, 2, 3 * S)))
         .expect_err("refused");
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
+}
+
+/// A namespace remembers at most its quota of request ids: past it, its own oldest is
+/// forgotten first (a repeat of it runs again), and another namespace's are kept.
+#[test]
+fn each_namespace_forgets_its_own_oldest_request_ids_past_its_quota() {
+    let mut t = Timeline::new();
+    t.ok(create_ns(NS));
+    t.ok(create_ns("other"));
+    t.ok(Cmd::SetQuotas {
+        ns: NS.into(),
+        quotas: super::quota::Quotas {
+            request_ids: 2,
+            ..Default::default()
+        },
+    });
+    let kept = t.ok(once(
+        "other-1",
+        Cmd::CreateLease {
+            ns: "other".into(),
+            process_id: "p".into(),
+            ttl_s: 60,
+            metadata: Metadata::new(),
+            secret: 9,
+        },
+    ));
+    let first = t.once_lease("a", 60);
+    t.once_lease("b", 60);
+    t.once_lease("c", 60);
+    assert_eq!(t.state.quotas(NS).expect("quotas").request_ids, 2);
+    assert_eq!(t.state.quotas("other").expect("quotas").request_ids, 1);
+    // "a" was forgotten: its repeat creates another lease.
+    assert_ne!(
+        t.once_lease("a", 60),
+        first,
+        "a is forgotten, so it runs again"
+    );
+    // "c" is remembered: its repeat answers the same lease, creating nothing.
+    let leases = t.state.stats().leases;
+    let c = t.once_lease("c", 60);
+    assert_eq!(t.state.stats().leases, leases);
+    assert_eq!(c, t.once_lease("c", 60));
+    // The other namespace's id survived all of this.
+    assert_eq!(
+        t.ok(once(
+            "other-1",
+            Cmd::CreateLease {
+                ns: "other".into(),
+                process_id: "p".into(),
+                ttl_s: 60,
+                metadata: Metadata::new(),
+                secret: 9,
+            },
+        )),
+        kept
+    );
 }

@@ -195,6 +195,28 @@ impl Cmd {
         }
     }
 
+    /// The namespace a command is about, if it is about one (the remembered request ids of its
+    /// writes count against that namespace's quota).
+    pub fn namespace(&self) -> Option<&str> {
+        match self {
+            Cmd::CreateNamespace { name, .. }
+            | Cmd::UpdateNamespace { name, .. }
+            | Cmd::DeleteNamespace { name } => Some(name),
+            Cmd::CreateSemaphore { ns, .. }
+            | Cmd::UpdateSemaphore { ns, .. }
+            | Cmd::DeleteSemaphore { ns, .. }
+            | Cmd::CreateLease { ns, .. }
+            | Cmd::RefreshLease { ns, .. }
+            | Cmd::RevokeLease { ns, .. }
+            | Cmd::Acquire { ns, .. }
+            | Cmd::Release { ns, .. }
+            | Cmd::GiveUp { ns, .. }
+            | Cmd::SetQuotas { ns, .. } => Some(ns),
+            Cmd::As { cmd, .. } | Cmd::Once { cmd, .. } => cmd.namespace(),
+            _ => None,
+        }
+    }
+
     /// The command inside an [`Cmd::As`], or this one.
     pub fn unwrapped(&self) -> &Cmd {
         match self {
@@ -382,6 +404,9 @@ pub struct Quotas {
     pub entries: u64,
     /// Stored bytes, by the size model above.
     pub bytes: u64,
+    /// Request ids remembered for its writes (`conch-request-id`); past it the namespace's
+    /// oldest is forgotten first (a repeat of it then runs again), nothing is refused.
+    pub request_ids: u64,
 }
 
 impl Default for Quotas {
@@ -391,6 +416,7 @@ impl Default for Quotas {
             leases: super::limits::DEFAULT_LEASES,
             entries: super::limits::DEFAULT_ENTRIES,
             bytes: super::limits::DEFAULT_NAMESPACE_BYTES,
+            request_ids: super::limits::DEFAULT_REQUEST_IDS,
         }
     }
 }
@@ -404,6 +430,7 @@ pub struct QuotaView {
     pub leases: u64,
     pub entries: u64,
     pub bytes: u64,
+    pub request_ids: u64,
     pub budget_bytes: u64,
     pub state_bytes: u64,
 }

@@ -227,6 +227,9 @@ pub enum NamespaceCommand {
         /// Most stored bytes (e.g. 64MiB, 1GiB, 500000), by the size model in the README.
         #[arg(long, value_name = "SIZE", value_parser = size_arg)]
         bytes: Option<u64>,
+        /// Most request ids remembered for its writes (past it, its oldest is forgotten).
+        #[arg(long, value_name = "N")]
+        request_ids: Option<u64>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -70,16 +70,19 @@ pub async fn run(client: &Client, command: NamespaceCommand) -> anyhow::Result<E
             leases,
             entries,
             bytes,
+            request_ids,
             json,
         } => {
             let mut view = client.namespace_quotas(&name).await?;
-            if semaphores.is_some() || leases.is_some() || entries.is_some() || bytes.is_some() {
+            let changes = [semaphores, leases, entries, bytes, request_ids];
+            if changes.iter().any(Option::is_some) {
                 let now = view.quotas.unwrap_or_default();
                 let quotas = NamespaceQuotas {
                     semaphores: semaphores.unwrap_or(now.semaphores),
                     leases: leases.unwrap_or(now.leases),
                     entries: entries.unwrap_or(now.entries),
                     bytes: bytes.unwrap_or(now.bytes),
+                    request_ids: request_ids.unwrap_or(now.request_ids),
                 };
                 view = client.set_namespace_quotas(&name, quotas).await?;
             }
@@ -109,6 +112,7 @@ pub struct QuotaJson {
     pub leases: Used,
     pub entries: Used,
     pub bytes: Used,
+    pub request_ids: Used,
     pub state_bytes: Used,
 }
 
@@ -122,6 +126,7 @@ impl From<&NamespaceQuotasResponse> for QuotaJson {
             leases: used(u.leases, q.leases),
             entries: used(u.entries, q.entries),
             bytes: used(u.bytes, q.bytes),
+            request_ids: used(u.request_ids, q.request_ids),
             state_bytes: used(v.state_bytes, v.state_budget_bytes),
         }
     }
@@ -139,6 +144,7 @@ pub fn quota_lines(q: &QuotaJson) -> Vec<String> {
         line("leases", &q.leases),
         line("entries", &q.entries),
         line("bytes", &q.bytes),
+        line("request ids", &q.request_ids),
         line("state bytes", &q.state_bytes),
     ]
 }
@@ -158,6 +164,7 @@ mod tests {
                 used: 512,
                 quota: 1024,
             },
+            request_ids: Used { used: 2, quota: 8 },
             state_bytes: Used {
                 used: 900,
                 quota: 9000,
@@ -171,6 +178,7 @@ mod tests {
                 "leases       0 of 0  (0%)",
                 "entries      1 of 4  (25%)",
                 "bytes        512 of 1024  (50%)",
+                "request ids  2 of 8  (25%)",
                 "state bytes  900 of 9000  (10%)",
             ]
         );
