@@ -1,5 +1,8 @@
-//! The `conch` binary against real conchd nodes run in-process (tests/common): exit codes, the
-//! child's environment and status, signals, `--who`, `--spread`, a lost slot.
+//! The `conch` binary against real conchd nodes run in-process (tests/common), for what needs
+//! the in-process harness: the child's environment, a slot lost to a cut link, a signal during
+//! a wait, `--spread` across faked hosts, `--who` of holders with chosen metadata. Queueing and
+//! FIFO order, the command's status and the no-slot exits against conchd processes are in
+//! cluster-tests/tests/cli.rs, once.
 
 mod common;
 
@@ -7,7 +10,7 @@ use std::collections::HashMap;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use common::{Cluster, eventually, file_appears};
+use common::{Cluster, file_appears};
 use conch_client::sema::{self, META_HOST, META_PID, META_SINCE, NAMESPACE};
 use conch_client::{Client, Lease};
 use nix::sys::signal::{Signal, kill};
@@ -153,74 +156,6 @@ async fn the_command_runs_with_rev_and_lease_and_its_status_comes_back() {
     )
     .await;
     assert_eq!(code(&o), 143);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runs_queue_in_order_and_never_overlap() {
-    let cluster = Cluster::start(2).await;
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let script = format!(
-        "echo start $1 $(date +%s%N) >> {0}; sleep 0.3; echo end $1 $(date +%s%N) >> {0}",
-        log.display()
-    );
-    let mut children = Vec::new();
-    for i in 0..4 {
-        let child = conch(
-            &cluster,
-            &[
-                "sema",
-                "x",
-                "--max",
-                "1",
-                "--",
-                "sh",
-                "-c",
-                &script,
-                "sh",
-                &i.to_string(),
-            ],
-        )
-        .spawn()
-        .unwrap();
-        children.push(child);
-        // Start them in a known order.
-        assert!(
-            eventually(Duration::from_secs(10), async || {
-                // Queued, holding, or already done.
-                let done = std::fs::read_to_string(&log)
-                    .map(|t| t.lines().filter(|l| l.starts_with("end")).count())
-                    .unwrap_or(0);
-                cluster.holders(NAMESPACE, "x.1").await.len()
-                    + cluster.queue(NAMESPACE, "x.1").await.len()
-                    + done
-                    == i + 1
-            })
-            .await
-        );
-    }
-    for c in children {
-        let o = c.wait_with_output().await.unwrap();
-        assert_eq!(code(&o), 0, "{}", stderr(&o));
-    }
-    let text = std::fs::read_to_string(&log).unwrap();
-    let events: Vec<(String, String)> = text
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f[0].to_string(), f[1].to_string())
-        })
-        .collect();
-    // start/end strictly alternate (never two at once), in FIFO order 0,1,2,3.
-    let expected: Vec<(String, String)> = (0..4)
-        .flat_map(|i| {
-            [
-                ("start".to_string(), i.to_string()),
-                ("end".to_string(), i.to_string()),
-            ]
-        })
-        .collect();
-    assert_eq!(events, expected, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,11 +30,21 @@ use bincode::Options;
 /// retries and re-attaches of one acquire ask for what is left of its wait.
 fn digest(cmd: &Cmd) -> u64 {
     // The token is left out too: it is who asks, not what is asked.
-    let bytes = match cmd.unwrapped() {
+    let cmd = cmd.unwrapped();
+    let bytes = match cmd {
         Cmd::Acquire { .. } => {
             let mut cmd = cmd.clone();
             if let Cmd::Acquire { wait_ns, .. } = &mut cmd {
                 *wait_ns = 0;
+            }
+            bincode_options().serialize(&cmd)
+        }
+        // The lease id's secret is drawn by the node that took each attempt: a retry through
+        // any node is the same request.
+        Cmd::CreateLease { .. } => {
+            let mut cmd = cmd.clone();
+            if let Cmd::CreateLease { secret, .. } = &mut cmd {
+                *secret = 0;
             }
             bincode_options().serialize(&cmd)
         }

@@ -430,3 +430,24 @@ fn each_namespace_forgets_its_own_oldest_request_ids_past_its_quota() {
         kept
     );
 }
+
+/// A retried create of a lease is the same request whatever secret the node that took each
+/// attempt drew, and whatever token it came with: the first lease answers, nothing is created.
+#[test]
+fn a_retried_lease_create_is_the_same_request_whichever_node_took_it() {
+    let mut t = Timeline::new();
+    t.ok(create_ns(NS));
+    let attempt = |secret| {
+        let cmd = Cmd::CreateLease {
+            ns: NS.into(),
+            process_id: "p".into(),
+            ttl_s: 60,
+            metadata: Metadata::new(),
+            secret,
+        };
+        once("lease-1", cmd.with_token(Some([3; 32])))
+    };
+    let first = t.ok(attempt(1));
+    assert_eq!(t.ok(attempt(2)), first);
+    assert_eq!(t.state.stats().leases, 1);
+}
