@@ -320,8 +320,11 @@ async fn signals_reach_the_command_and_interrupt_a_wait() {
     let cluster = Cluster::start(1).await;
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready");
+    // The shell may take the signal only after it started `sleep` (it runs a trap once the
+    // command in progress ends): the trap ends that sleep too, and the sleep holds none of the
+    // test's pipes, so nothing outlives the script.
     let script = format!(
-        "trap 'exit 7' TERM; touch {}; sleep 30 & wait",
+        "trap 'kill $! 2>/dev/null; exit 7' TERM; touch {}; sleep 30 >/dev/null 2>&1 & wait",
         ready.display()
     );
     let child = conch(
