@@ -175,8 +175,10 @@ impl Target {
                 .call(move |mut c| async move { c.create_namespace(request).await })
                 .await
             {
-                Ok(_) => return Ok(()),
-                Err(s) if s.code() == tonic::Code::AlreadyExists => return Ok(()),
+                Ok(_) => return self.lift_quotas(&leader.addr).await,
+                Err(s) if s.code() == tonic::Code::AlreadyExists => {
+                    return self.lift_quotas(&leader.addr).await;
+                }
                 Err(s) if is_failover(s.code()) => last = Some(s),
                 Err(s) => return Err(s).with_context(|| format!("create namespace {}", self.ns)),
             }
@@ -184,6 +186,49 @@ impl Target {
         }
         Err(last.unwrap_or_else(|| Status::unknown("no attempt")))
             .with_context(|| format!("create namespace {}", self.ns))
+    }
+
+    /// Raises the bench namespace's quotas and the state's budget to what the state can hold:
+    /// W4 and W5 measure scale past the defaults. Against external endpoints whose token may not
+    /// set quotas, says so and goes on with the quotas as they are.
+    async fn lift_quotas(&self, leader: &str) -> anyhow::Result<()> {
+        use conch_proto::conch::conch_quota_client::ConchQuotaClient;
+        use conch_proto::conch::{
+            NamespaceQuotas, SetNamespaceQuotasRequest, SetStateBudgetRequest,
+        };
+        const MAX_BYTES: u64 = 64 << 30;
+        let channel = connect(leader, Duration::from_secs(5)).await?;
+        let mut quota = ConchQuotaClient::new(channel);
+        let lifted = async {
+            quota
+                .set_state_budget(SetStateBudgetRequest {
+                    budget_bytes: MAX_BYTES,
+                })
+                .await?;
+            quota
+                .set_namespace_quotas(SetNamespaceQuotasRequest {
+                    namespace_name: self.ns.clone(),
+                    quotas: Some(NamespaceQuotas {
+                        semaphores: 1_000_000,
+                        leases: 1_000_000,
+                        entries: 100_000_000,
+                        bytes: MAX_BYTES,
+                        request_ids: 100_000,
+                    }),
+                })
+                .await
+        };
+        match lifted.await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == tonic::Code::PermissionDenied && self.cluster.is_none() => {
+                eprintln!(
+                    "conch-bench: this token may not lift the quotas of {}: W4 and W5 may meet them",
+                    self.ns
+                );
+                Ok(())
+            }
+            Err(s) => Err(s).with_context(|| format!("lift the quotas of {}", self.ns)),
+        }
     }
 
     /// Status of the current leader, as the leader reports it (waits up to 10 s for one).
