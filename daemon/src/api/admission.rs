@@ -43,14 +43,18 @@ pub enum Principal {
 }
 
 impl Principal {
-    /// The token of `request`, or else the address it came from.
-    pub fn of<T>(request: &Request<T>) -> Principal {
-        if let Some(token) = super::auth::token_hash(request.metadata()) {
-            return Principal::Token(token);
-        }
-        match request.remote_addr() {
-            Some(addr) => Principal::Address(addr.ip()),
-            None => Principal::Unknown,
+    /// The caller's token (as [`Caller`](super::auth::Caller) read it), or else the address
+    /// `request` came from.
+    pub fn of<T>(caller: &super::auth::Caller, request: &Request<T>) -> Principal {
+        Principal::new(caller.token(), request.remote_addr())
+    }
+
+    /// `token` if there is one, else `remote`'s address.
+    pub fn new(token: Option<[u8; 32]>, remote: Option<std::net::SocketAddr>) -> Principal {
+        match (token, remote) {
+            (Some(token), _) => Principal::Token(token),
+            (None, Some(addr)) => Principal::Address(addr.ip()),
+            (None, None) => Principal::Unknown,
         }
     }
 }

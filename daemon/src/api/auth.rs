@@ -30,7 +30,7 @@ pub const TOKEN_PREFIX: &str = "conch_";
 use crate::secret::hash_token;
 
 /// SHA-256 of the bearer token in `metadata`, if it carries one.
-pub fn token_hash(metadata: &MetadataMap) -> Option<TokenHash> {
+fn token_hash(metadata: &MetadataMap) -> Option<TokenHash> {
     metadata
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -76,6 +76,11 @@ pub struct Caller {
 impl Caller {
     pub fn of<T>(node: &Node, request: &Request<T>) -> Caller {
         Caller::from_metadata(node, request.metadata())
+    }
+
+    /// The SHA-256 of the call's token, if it carried one.
+    pub fn token(&self) -> Option<TokenHash> {
+        self.token
     }
 
     pub fn from_metadata(_node: &Node, metadata: &MetadataMap) -> Caller {

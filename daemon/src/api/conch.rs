@@ -69,8 +69,8 @@ impl ConchApi for ConchApiService {
         &self,
         request: Request<cpb::WaitHolderChangeRequest>,
     ) -> Result<Response<cpb::WaitHolderChangeResponse>, Status> {
-        let principal = super::admission::Principal::of(&request);
         let caller = Caller::of(&self.node, &request);
+        let principal = super::admission::Principal::of(&caller, &request);
         let r = request.into_inner();
         caller.allow(
             &self.node,

@@ -302,13 +302,16 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
-        let principal = super::admission::Principal::of(&request);
+        let remote = request.remote_addr();
         let (write, r) = self.write_request(request)?;
         let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
         // A call that may wait counts against its principal's waiting calls until it ends;
         // one past the limit is refused before anything is proposed.
         let _waiting = match wait_ns > 0 {
-            true => Some(self.waiting.enter(principal)?),
+            true => Some(self.waiting.enter(super::admission::Principal::new(
+                write.caller.token(),
+                remote,
+            ))?),
             false => None,
         };
         let key = WaitKey {

@@ -564,25 +564,25 @@ impl Namespace {
         let q = self.quotas;
         let name = &self.name;
         quota::check(
-            &format!("semaphore quota of namespace {name}"),
+            format_args!("semaphore quota of namespace {name}"),
             self.semaphores.len() as u64,
             semaphores,
             q.semaphores,
         )?;
         quota::check(
-            &format!("lease quota of namespace {name}"),
+            format_args!("lease quota of namespace {name}"),
             self.leases.len() as u64,
             leases,
             q.leases,
         )?;
         quota::check(
-            &format!("holder and waiter quota of namespace {name}"),
+            format_args!("holder and waiter quota of namespace {name}"),
             self.usage.entries,
             entries,
             q.entries,
         )?;
         quota::check(
-            &format!("byte quota of namespace {name}"),
+            format_args!("byte quota of namespace {name}"),
             self.usage.bytes,
             bytes,
             q.bytes,

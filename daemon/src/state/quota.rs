@@ -13,7 +13,7 @@
 //! indexes around each object.
 //!
 //! What always holds: each namespace's [`Usage`] equals what its data implies
-//! ([`Namespace::computed_usage`](super::data::Namespace::computed_usage)), and the state's
+//! (`Namespace::computed_usage` in `data.rs`), and the state's
 //! stored bytes are the sum over its namespaces.
 
 use serde::{Deserialize, Serialize};
@@ -87,8 +87,14 @@ pub(super) fn entry_bytes(metadata: &Metadata) -> u64 {
     ENTRY_BYTES.saturating_add(metadata_bytes(metadata))
 }
 
-/// `ResourceExhausted` naming the quota that `wanted` would pass.
-pub(super) fn check(quota: &str, used: u64, more: u64, limit: u64) -> Result<(), Error> {
+/// `ResourceExhausted` naming the quota that `more` would pass. `quota` is formatted only then:
+/// the check runs on every growing command.
+pub(super) fn check(
+    quota: impl std::fmt::Display,
+    used: u64,
+    more: u64,
+    limit: u64,
+) -> Result<(), Error> {
     if more > 0 && used.saturating_add(more) > limit {
         return Err(Error::exhausted(format!(
             "{quota} reached: {used} in use, {more} more asked, at most {limit}"

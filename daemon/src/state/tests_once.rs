@@ -389,16 +389,19 @@ fn each_namespace_forgets_its_own_oldest_request_ids_past_its_quota() {
             ..Default::default()
         },
     });
-    let kept = t.ok(once(
-        "other-1",
-        Cmd::CreateLease {
-            ns: "other".into(),
-            process_id: "p".into(),
-            ttl_s: 60,
-            metadata: Metadata::new(),
-            secret: 9,
-        },
-    ));
+    let other_lease = || {
+        once(
+            "other-1",
+            Cmd::CreateLease {
+                ns: "other".into(),
+                process_id: "p".into(),
+                ttl_s: 60,
+                metadata: Metadata::new(),
+                secret: 9,
+            },
+        )
+    };
+    let kept = t.ok(other_lease());
     let first = t.once_lease("a", 60);
     t.once_lease("b", 60);
     t.once_lease("c", 60);
@@ -416,19 +419,7 @@ fn each_namespace_forgets_its_own_oldest_request_ids_past_its_quota() {
     assert_eq!(t.state.stats().leases, leases);
     assert_eq!(c, t.once_lease("c", 60));
     // The other namespace's id survived all of this.
-    assert_eq!(
-        t.ok(once(
-            "other-1",
-            Cmd::CreateLease {
-                ns: "other".into(),
-                process_id: "p".into(),
-                ttl_s: 60,
-                metadata: Metadata::new(),
-                secret: 9,
-            },
-        )),
-        kept
-    );
+    assert_eq!(t.ok(other_lease()), kept);
 }
 
 /// A retried create of a lease is the same request whatever secret the node that took each
