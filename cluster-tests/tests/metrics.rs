@@ -99,6 +99,9 @@ async fn counters_move_as_the_operations_did() -> anyhow::Result<()> {
                 if s.value("conch_grants_total") != 3.0
                     || s.value("conch_lease_expirations_total") != 1.0
                     || s.value("conch_leases") != 2.0
+                    // The leader keeps writing (its lease clock ticks): wait for a scrape taken
+                    // between an append and the next one.
+                    || s.value("conch_raft_applied_index") != s.value("conch_raft_last_log_index")
                 {
                     return None;
                 }
