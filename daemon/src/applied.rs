@@ -282,6 +282,7 @@ mod tests {
         };
         let lease = Cmd::CreateLease {
             ns: "n".into(),
+            kind: crate::state::LeaseKind::Semaphore,
             process_id: String::new(),
             ttl_s: 60,
             metadata: Metadata::new(),

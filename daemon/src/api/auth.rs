@@ -69,6 +69,7 @@ pub fn generate_token() -> Result<String, ApiError> {
 /// refusals without a trip through the log. The one that decides is made again by the state
 /// machine where the write applies (the token travels with the command, see [`Caller::sign`]),
 /// so a node that has not yet applied a revocation cannot let a revoked token write.
+#[derive(Clone)]
 pub struct Caller {
     token: Option<TokenHash>,
 }

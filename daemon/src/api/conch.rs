@@ -65,6 +65,37 @@ impl ConchApi for ConchApiService {
         }))
     }
 
+    async fn list_lock_waiters(
+        &self,
+        request: Request<cpb::ListLockWaitersRequest>,
+    ) -> Result<Response<cpb::ListLockWaitersResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
+        let r = request.into_inner();
+        caller.allow(
+            &self.node,
+            Access::Namespace(&r.namespace_name, Permission::Read),
+        )?;
+        self.node.linearizable().await.map_err(ApiError::from)?;
+        let page = convert::page(r.pagination_token, r.limit);
+        let ns = r.namespace_name.as_str();
+        let page = self
+            .node
+            .applied
+            .read(|s| {
+                let mut page = s.list_lock_waiters(ns, &r.lock_name, &page)?;
+                for w in &mut page.items {
+                    caller.hide_lease_id(s, ns, &mut w.lease_id, w.owner);
+                }
+                Ok::<_, crate::state::Error>(page)
+            })
+            .map_err(ApiError::from)?;
+        Ok(Response::new(cpb::ListLockWaitersResponse {
+            waiters: page.items.into_iter().map(convert::lock_waiter).collect(),
+            next_pagination_token: page.next_token,
+            previous_pagination_token: page.previous_token,
+        }))
+    }
+
     async fn wait_holder_change(
         &self,
         request: Request<cpb::WaitHolderChangeRequest>,

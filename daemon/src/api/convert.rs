@@ -6,7 +6,8 @@ use conch_proto::conch as cpb;
 use conch_proto::grackle as pb;
 
 use crate::state::{
-    HolderView, LeaseView, Metadata, NamespaceView, PageRequest, SemaphoreView, WaiterView,
+    AcquireLockReply, AcquireStatus, Contention, HolderView, LeaseView, LockView, LockWaiterView, Metadata, NamespaceView,
+    PageRequest, SemaphoreView, WaiterView,
 };
 
 pub fn metadata(map: HashMap<String, String>) -> Metadata {
@@ -76,5 +77,74 @@ pub fn waiter(v: WaiterView) -> cpb::SemaphoreWaiter {
         queued_at: v.queued_at,
         metadata: wire_metadata(v.metadata),
         position: v.position,
+    }
+}
+
+pub fn lock(v: LockView) -> pb::Lock {
+    let state = match v.exclusive {
+        None => pb::LockState::Unlocked,
+        Some(false) => pb::LockState::SharedLocked,
+        Some(true) => pb::LockState::ExclusiveLocked,
+    };
+    pb::Lock {
+        name: v.name,
+        state: state as i32,
+        locked_at: v.locked_at,
+        lock_holders: v
+            .holders
+            .into_iter()
+            .map(|h| pb::LockHolder {
+                lease_id: h.lease_id,
+                locked_at: h.locked_at,
+                metadata: wire_metadata(h.metadata),
+                fencing_token: h.token,
+                exclusive: h.exclusive,
+            })
+            .collect(),
+        last_activity_at: v.last_activity_at,
+        waiters_count: v.waiters,
+    }
+}
+
+pub fn contention(reason: Contention) -> pb::ContentionReason {
+    match reason {
+        Contention::None => pb::ContentionReason::Unspecified,
+        Contention::Peer => pb::ContentionReason::Peer,
+        Contention::Ancestor => pb::ContentionReason::Ancestor,
+        Contention::Descendant => pb::ContentionReason::Descendant,
+    }
+}
+
+pub fn lock_waiter(v: LockWaiterView) -> cpb::LockWaiter {
+    cpb::LockWaiter {
+        lease_id: v.lease_id,
+        lock_name: v.path,
+        exclusive: v.exclusive,
+        queued_at: v.queued_at,
+        metadata: wire_metadata(v.metadata),
+        position: v.position,
+    }
+}
+
+/// An acquire's answer: a queued status here means the wait ran out (`TIMED_OUT`).
+pub fn acquire_lock(reply: AcquireLockReply) -> pb::AcquireLockResponse {
+    let (outcome, token) = match reply.status {
+        AcquireStatus::Acquired { token } => (pb::AcquireOutcome::Acquired, token),
+        AcquireStatus::Unavailable => (pb::AcquireOutcome::Unavailable, 0),
+        AcquireStatus::Queued { .. } => (pb::AcquireOutcome::TimedOut, 0),
+    };
+    let acquired = token != 0;
+    pb::AcquireLockResponse {
+        lock: Some(lock(reply.lock)),
+        outcome: outcome as i32,
+        reason: match acquired {
+            true => pb::ContentionReason::Unspecified,
+            false => contention(reply.reason),
+        } as i32,
+        blocking_locks: match acquired {
+            true => Vec::new(),
+            false => reply.blocking.into_iter().map(lock).collect(),
+        },
+        fencing_token: token,
     }
 }

@@ -13,10 +13,13 @@ use super::{convert, request_id};
 use crate::node::Node;
 use crate::state::auth::{Access, Permission};
 use crate::state::{
-    AcquireStatus, Cmd, Error, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
+    AcquireStatus, Cmd, Error, LeaseKind, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State,
+    limits,
 };
 use crate::wait;
 use crate::waiters::WaitKey;
+
+mod locks;
 
 pub struct GrackleService {
     node: Arc<Node>,
@@ -137,15 +140,15 @@ fn acquire_message(
 }
 
 /// Wait requested by an acquire, in ns: `timeout_ms` (conch) wins over `timeout_seconds`.
-fn wait_ns(request: &pb::AcquireSemaphoreRequest) -> Result<Nanos, Error> {
-    if request.timeout_ms > 0 {
+fn wait_ns(timeout_ms: u64, timeout_seconds: i32) -> Result<Nanos, Error> {
+    if timeout_ms > 0 {
         let max_ms = limits::TIMEOUT_MAX_S as u64 * 1000;
-        if request.timeout_ms > max_ms {
+        if timeout_ms > max_ms {
             return Err(Error::invalid(format!("timeout_ms must be 0-{max_ms}")));
         }
-        return Ok(request.timeout_ms as i64 * NANOS_PER_MS);
+        return Ok(timeout_ms as i64 * NANOS_PER_MS);
     }
-    let seconds = i64::from(request.timeout_seconds);
+    let seconds = i64::from(timeout_seconds);
     if !(0..=limits::TIMEOUT_MAX_S).contains(&seconds) {
         return Err(Error::invalid(format!(
             "timeout_seconds must be 0-{}",
@@ -304,7 +307,7 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
         let remote = request.remote_addr();
         let (write, r) = self.write_request(request)?;
-        let wait_ns = wait_ns(&r).map_err(ApiError::from)?;
+        let wait_ns = wait_ns(r.timeout_ms, r.timeout_seconds).map_err(ApiError::from)?;
         // A call that may wait counts against its principal's waiting calls until it ends;
         // one past the limit is refused before anything is proposed.
         let _waiting = match wait_ns > 0 {
@@ -438,19 +441,10 @@ impl GrackleApi for GrackleService {
         request: Request<pb::CreateSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::CreateSemaphoreLeaseResponse>, Status> {
         let (write, r) = self.write_request(request)?;
-        let cmd = Cmd::CreateLease {
-            ns: r.namespace_name,
-            process_id: r.process_id,
-            ttl_s: r.ttl_seconds,
-            metadata: convert::metadata(r.metadata),
-            secret: crate::api::auth::random_u64()?,
-        };
-        match self.write(write, cmd).await? {
-            Outcome::Lease(lease) => self.reply(pb::CreateSemaphoreLeaseResponse {
-                lease: Some(convert::lease(lease)),
-            }),
-            other => Err(unexpected(other)),
-        }
+        let lease = self
+            .create_lease(write, LeaseKind::Semaphore, r.namespace_name, r.process_id, r.ttl_seconds, r.metadata)
+            .await?;
+        self.reply(pb::CreateSemaphoreLeaseResponse { lease: Some(lease) })
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(ns = %request.get_ref().namespace_name))]
@@ -459,14 +453,12 @@ impl GrackleApi for GrackleService {
         request: Request<pb::RevokeSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RevokeSemaphoreLeaseResponse>, Status> {
         let (write, r) = self.write_request(request)?;
-        self.write(
-            write,
-            Cmd::RevokeLease {
-                ns: r.namespace_name,
-                lease: r.lease_id,
-            },
-        )
-        .await?;
+        let cmd = Cmd::RevokeLease {
+            ns: r.namespace_name,
+            kind: LeaseKind::Semaphore,
+            lease: r.lease_id,
+        };
+        self.write(write, cmd).await?;
         self.reply(pb::RevokeSemaphoreLeaseResponse {})
     }
 
@@ -475,17 +467,10 @@ impl GrackleApi for GrackleService {
         request: Request<pb::RefreshSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::RefreshSemaphoreLeaseResponse>, Status> {
         let (write, r) = self.write_request(request)?;
-        let cmd = Cmd::RefreshLease {
-            ns: r.namespace_name,
-            lease: r.lease_id,
-            ttl_s: r.ttl_seconds,
-        };
-        match self.write(write, cmd).await? {
-            Outcome::Lease(lease) => self.reply(pb::RefreshSemaphoreLeaseResponse {
-                lease: Some(convert::lease(lease)),
-            }),
-            other => Err(unexpected(other)),
-        }
+        let lease = self
+            .refresh_lease(write, LeaseKind::Semaphore, r.namespace_name, r.lease_id, r.ttl_seconds)
+            .await?;
+        self.reply(pb::RefreshSemaphoreLeaseResponse { lease: Some(lease) })
     }
 
     async fn list_semaphore_leases(
@@ -494,15 +479,8 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::ListSemaphoreLeasesResponse>, Status> {
         let (caller, r) = self.permitted_caller(request, Permission::Read)?;
         let page = convert::page(r.pagination_token, r.limit);
-        let process_id = (!r.process_id.is_empty()).then_some(r.process_id.as_str());
-        let ns = r.namespace_name.as_str();
-        // Other tokens' leases only with admin on the namespace.
         let page = self
-            .read(|s| {
-                s.list_leases_visible(ns, process_id, &page, |owner| {
-                    caller.may_see_lease(s, ns, owner)
-                })
-            })
+            .list_leases(&caller, &r.namespace_name, LeaseKind::Semaphore, &r.process_id, &page)
             .await?;
         self.reply(pb::ListSemaphoreLeasesResponse {
             leases: page.items.into_iter().map(convert::lease).collect(),
@@ -516,22 +494,197 @@ impl GrackleApi for GrackleService {
         request: Request<pb::GetSemaphoreLeaseRequest>,
     ) -> Result<Response<pb::GetSemaphoreLeaseResponse>, Status> {
         let (caller, r) = self.permitted_caller(request, Permission::Read)?;
-        let ns = r.namespace_name.as_str();
-        // Another token's lease is not there for this caller, unless it has admin.
+        let lease = self
+            .get_lease(&caller, &r.namespace_name, LeaseKind::Semaphore, &r.lease_id)
+            .await?;
+        self.reply(pb::GetSemaphoreLeaseResponse { lease: Some(lease) })
+    }
+
+    async fn acquire_lock(
+        &self,
+        request: Request<pb::AcquireLockRequest>,
+    ) -> Result<Response<pb::AcquireLockResponse>, Status> {
+        self.acquire_lock_call(request).await
+    }
+
+    async fn release_lock(
+        &self,
+        request: Request<pb::ReleaseLockRequest>,
+    ) -> Result<Response<pb::ReleaseLockResponse>, Status> {
+        self.release_lock_call(request).await
+    }
+
+    async fn get_lock(
+        &self,
+        request: Request<pb::GetLockRequest>,
+    ) -> Result<Response<pb::GetLockResponse>, Status> {
+        self.get_lock_call(request).await
+    }
+
+    async fn delete_lock(
+        &self,
+        request: Request<pb::DeleteLockRequest>,
+    ) -> Result<Response<pb::DeleteLockResponse>, Status> {
+        self.delete_lock_call(request).await
+    }
+
+    async fn list_locks(
+        &self,
+        request: Request<pb::ListLocksRequest>,
+    ) -> Result<Response<pb::ListLocksResponse>, Status> {
+        self.list_locks_call(request).await
+    }
+
+    async fn create_lock_lease(
+        &self,
+        request: Request<pb::CreateLockLeaseRequest>,
+    ) -> Result<Response<pb::CreateLockLeaseResponse>, Status> {
+        let (write, r) = self.write_request(request)?;
+        let lease = self
+            .create_lease(write, LeaseKind::Lock, r.namespace_name, r.process_id, r.ttl_seconds, r.metadata)
+            .await?;
+        self.reply(pb::CreateLockLeaseResponse { lease: Some(lease) })
+    }
+
+    async fn revoke_lock_lease(
+        &self,
+        request: Request<pb::RevokeLockLeaseRequest>,
+    ) -> Result<Response<pb::RevokeLockLeaseResponse>, Status> {
+        let (write, r) = self.write_request(request)?;
+        let cmd = Cmd::RevokeLease {
+            ns: r.namespace_name,
+            kind: LeaseKind::Lock,
+            lease: r.lease_id,
+        };
+        self.write(write, cmd).await?;
+        self.reply(pb::RevokeLockLeaseResponse {})
+    }
+
+    async fn refresh_lock_lease(
+        &self,
+        request: Request<pb::RefreshLockLeaseRequest>,
+    ) -> Result<Response<pb::RefreshLockLeaseResponse>, Status> {
+        let (write, r) = self.write_request(request)?;
+        let lease = self
+            .refresh_lease(write, LeaseKind::Lock, r.namespace_name, r.lease_id, r.ttl_seconds)
+            .await?;
+        self.reply(pb::RefreshLockLeaseResponse { lease: Some(lease) })
+    }
+
+    async fn list_lock_leases(
+        &self,
+        request: Request<pb::ListLockLeasesRequest>,
+    ) -> Result<Response<pb::ListLockLeasesResponse>, Status> {
+        let (caller, r) = self.permitted_caller(request, Permission::Read)?;
+        let page = convert::page(r.pagination_token, r.limit);
+        let page = self
+            .list_leases(&caller, &r.namespace_name, LeaseKind::Lock, &r.process_id, &page)
+            .await?;
+        self.reply(pb::ListLockLeasesResponse {
+            leases: page.items.into_iter().map(convert::lease).collect(),
+            next_pagination_token: page.next_token,
+            previous_pagination_token: page.previous_token,
+        })
+    }
+
+    async fn get_lock_lease(
+        &self,
+        request: Request<pb::GetLockLeaseRequest>,
+    ) -> Result<Response<pb::GetLockLeaseResponse>, Status> {
+        let (caller, r) = self.permitted_caller(request, Permission::Read)?;
+        let lease = self
+            .get_lease(&caller, &r.namespace_name, LeaseKind::Lock, &r.lease_id)
+            .await?;
+        self.reply(pb::GetLockLeaseResponse { lease: Some(lease) })
+    }
+}
+
+/// The lease calls, shared by both kinds of lease.
+impl GrackleService {
+    async fn create_lease(
+        &self,
+        write: Write,
+        kind: LeaseKind,
+        ns: String,
+        process_id: String,
+        ttl_s: u64,
+        metadata: std::collections::HashMap<String, String>,
+    ) -> Result<pb::Lease, Status> {
+        let cmd = Cmd::CreateLease {
+            ns,
+            kind,
+            process_id,
+            ttl_s,
+            metadata: convert::metadata(metadata),
+            secret: crate::api::auth::random_u64()?,
+        };
+        match self.write(write, cmd).await? {
+            Outcome::Lease(lease) => Ok(convert::lease(lease)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn refresh_lease(
+        &self,
+        write: Write,
+        kind: LeaseKind,
+        ns: String,
+        lease: String,
+        ttl_s: u64,
+    ) -> Result<pb::Lease, Status> {
+        let cmd = Cmd::RefreshLease {
+            ns,
+            kind,
+            lease,
+            ttl_s,
+        };
+        match self.write(write, cmd).await? {
+            Outcome::Lease(lease) => Ok(convert::lease(lease)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The leases of `kind` the caller may see (other tokens' only with admin on the
+    /// namespace), optionally only those of one process.
+    async fn list_leases(
+        &self,
+        caller: &Caller,
+        ns: &str,
+        kind: LeaseKind,
+        process_id: &str,
+        page: &crate::state::PageRequest,
+    ) -> Result<crate::state::Page<crate::state::LeaseView>, Status> {
+        let process_id = (!process_id.is_empty()).then_some(process_id);
+        Ok(self
+            .read(|s| {
+                s.list_leases_visible(ns, kind, process_id, page, |owner| {
+                    caller.may_see_lease(s, ns, owner)
+                })
+            })
+            .await?)
+    }
+
+    /// Lease `id` of `kind`; another token's lease is not there for this caller, unless it has
+    /// admin.
+    async fn get_lease(
+        &self,
+        caller: &Caller,
+        ns: &str,
+        kind: LeaseKind,
+        id: &str,
+    ) -> Result<pb::Lease, Status> {
         let lease = self
             .read(|s| {
-                s.get_lease(ns, &r.lease_id).and_then(|lease| {
+                s.get_lease(ns, kind, id).and_then(|lease| {
                     if caller.may_see_lease(s, ns, lease.owner) {
                         Ok(lease)
                     } else {
-                        Err(Error::not_found(format!("lease {} not found", r.lease_id)))
+                        Err(Error::not_found(format!("{} {id} not found", kind.noun())))
                     }
                 })
             })
             .await?;
-        self.reply(pb::GetSemaphoreLeaseResponse {
-            lease: Some(convert::lease(lease)),
-        })
+        Ok(convert::lease(lease))
     }
 }
 
@@ -567,4 +720,14 @@ in_namespace!(
     pb::RefreshSemaphoreLeaseRequest,
     pb::ListSemaphoreLeasesRequest,
     pb::GetSemaphoreLeaseRequest,
+    pb::AcquireLockRequest,
+    pb::ReleaseLockRequest,
+    pb::GetLockRequest,
+    pb::DeleteLockRequest,
+    pb::ListLocksRequest,
+    pb::CreateLockLeaseRequest,
+    pb::RevokeLockLeaseRequest,
+    pb::RefreshLockLeaseRequest,
+    pb::ListLockLeasesRequest,
+    pb::GetLockLeaseRequest,
 );

@@ -6,7 +6,7 @@
 //! granted; a command refused by validation or by its handler changes nothing besides that
 //! reaping; and every change goes through the index-keeping methods of the data.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::data::{Ctx, Lease, Namespace, Namespaces, Parts, Semaphore, State};
 use super::limits::*;
@@ -135,6 +135,10 @@ impl State {
                             ns.wait_ended(sem_name, ns.lease_id(*seq), WaitEnd::SemaphoreGone, ctx);
                         }
                     }
+                    for waiter in ns.locks().queue().values() {
+                        let object = lock_object(&waiter.path);
+                        ns.wait_ended(&object, ns.lease_id(waiter.seq), WaitEnd::SemaphoreGone, ctx);
+                    }
                 }
                 Ok(Outcome::Done)
             }
@@ -168,13 +172,14 @@ impl State {
             }
             Cmd::CreateLease {
                 ns,
+                kind,
                 process_id,
                 ttl_s,
                 metadata,
                 secret,
             } => {
                 let expires_at = ctx.clock_ns.saturating_add(ttl_ns(*ttl_s));
-                let lease = Lease::new(
+                let mut lease = Lease::new(
                     process_id,
                     *ttl_s,
                     metadata,
@@ -183,12 +188,32 @@ impl State {
                     caller,
                     *secret,
                 );
+                lease.kind = *kind;
                 ns_mut(namespaces, ns)?.create_lease(lease, last_lease_seq, ctx)
             }
-            Cmd::RefreshLease { ns, lease, ttl_s } => {
-                ns_mut(namespaces, ns)?.refresh_lease(lease, *ttl_s, ctx)
+            Cmd::RefreshLease {
+                ns,
+                kind,
+                lease,
+                ttl_s,
+            } => ns_mut(namespaces, ns)?.refresh_lease(*kind, lease, *ttl_s, ctx),
+            Cmd::RevokeLease { ns, kind, lease } => {
+                ns_mut(namespaces, ns)?.revoke_lease(*kind, lease, ctx)
             }
-            Cmd::RevokeLease { ns, lease } => ns_mut(namespaces, ns)?.revoke_lease(lease, ctx),
+            Cmd::AcquireLock {
+                ns,
+                path,
+                lease,
+                exclusive,
+                wait_ns,
+                metadata,
+            } => ns_mut(namespaces, ns)?.acquire_lock(
+                path, lease, *exclusive, *wait_ns, metadata, ctx,
+            ),
+            Cmd::ReleaseLock { ns, path, lease } => {
+                ns_mut(namespaces, ns)?.release_lock(path, lease, ctx)
+            }
+            Cmd::DeleteLock { ns, path } => ns_mut(namespaces, ns)?.delete_lock(path, ctx),
             Cmd::Acquire {
                 ns,
                 sem,
@@ -275,12 +300,19 @@ fn reap(namespaces: &mut Namespaces, ctx: &mut Ctx) {
         let Some(ns) = namespaces.get_mut(&name) else {
             continue;
         };
-        ns.end_wait(&sem, seq, WaitEnd::TimedOut, ctx);
+        match lock_path(&sem) {
+            Some(path) => ns.end_lock_wait(path, seq, WaitEnd::TimedOut, ctx),
+            None => ns.end_wait(&sem, seq, WaitEnd::TimedOut, ctx),
+        };
         affected.insert((name, sem));
     }
-    for (name, sem) in affected {
+    let mut by_namespace: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, object) in affected {
+        by_namespace.entry(name).or_default().insert(object);
+    }
+    for (name, objects) in by_namespace {
         if let Some(ns) = namespaces.get_mut(&name) {
-            ns.grant_from_head(&sem, ctx);
+            ns.move_queues(&objects, ctx);
         }
     }
 }
@@ -381,8 +413,8 @@ impl Namespace {
         Ok(Outcome::Lease(view))
     }
 
-    fn refresh_lease(&mut self, id: &str, ttl_s: u64, ctx: &mut Ctx) -> Reply {
-        let seq = self.find_lease(id)?;
+    fn refresh_lease(&mut self, kind: LeaseKind, id: &str, ttl_s: u64, ctx: &mut Ctx) -> Reply {
+        let seq = self.find_lease_of(kind, id)?;
         if ttl_s != 0 {
             self.set_lease_ttl(seq, ttl_s);
         }

@@ -122,10 +122,13 @@ pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
         | Cmd::RefreshLease { ns, .. }
         | Cmd::RevokeLease { ns, .. }
         | Cmd::Acquire { ns, .. }
-        | Cmd::Release { ns, .. } => Access::Namespace(ns, Acquire),
-        Cmd::UpdateSemaphore { ns, .. } | Cmd::DeleteSemaphore { ns, .. } => {
-            Access::Namespace(ns, Write)
-        }
+        | Cmd::Release { ns, .. }
+        | Cmd::AcquireLock { ns, .. }
+        | Cmd::ReleaseLock { ns, .. } => Access::Namespace(ns, Acquire),
+        // Deleting a lock drops other leases' holds.
+        Cmd::UpdateSemaphore { ns, .. }
+        | Cmd::DeleteSemaphore { ns, .. }
+        | Cmd::DeleteLock { ns, .. } => Access::Namespace(ns, Write),
         Cmd::AuthEnable
         | Cmd::AuthDisable
         | Cmd::RoleCreate { .. }

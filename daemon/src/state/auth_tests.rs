@@ -39,6 +39,7 @@ impl Timeline {
     fn lease(&mut self, ns: &str, process_id: &str) -> LeaseView {
         match self.ok(Cmd::CreateLease {
             ns: ns.into(),
+            kind: LeaseKind::Semaphore,
             process_id: process_id.into(),
             ttl_s: 60,
             metadata: Metadata::new(),
@@ -399,6 +400,7 @@ fn a_retry_under_a_request_id_answers_only_a_caller_who_may_ask() {
         cmd: Box::new(
             Cmd::CreateLease {
                 ns: "a".into(),
+                kind: LeaseKind::Semaphore,
                 process_id: "p".into(),
                 ttl_s: 10,
                 metadata: Metadata::new(),
@@ -537,6 +539,7 @@ fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
     for cmd in [
         Cmd::RefreshLease {
             ns: "a".into(),
+            kind: LeaseKind::Semaphore,
             lease: id.clone(),
             ttl_s: 0,
         },
@@ -548,6 +551,7 @@ fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
         },
         Cmd::RevokeLease {
             ns: "a".into(),
+            kind: LeaseKind::Semaphore,
             lease: id.clone(),
         },
     ] {
@@ -563,6 +567,7 @@ fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
     t.caller = Some(4);
     t.ok(Cmd::RevokeLease {
         ns: "a".into(),
+        kind: LeaseKind::Semaphore,
         lease: id,
     });
     // A lease created without a token (access control off then) stays usable by any job.

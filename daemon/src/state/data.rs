@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Auth;
 use super::hash::fnv1a64;
+use super::lock_data::{LockHolder, LockTable, LockWaiter};
 use super::quota::{self, Budget, Quotas, Usage};
 use super::requests::Requests;
 use super::types::*;
@@ -113,6 +114,7 @@ pub(super) struct Namespace {
     /// leases.
     leases: BTreeMap<u64, Box<Lease>>,
     quotas: Quotas,
+    locks: LockTable,
     /// Derived: `(process_key(process_id), lease seq)`; a hash, not the string, so the index
     /// costs 16 bytes per lease. Readers compare the actual process id.
     #[serde(skip)]
@@ -180,10 +182,11 @@ pub(super) struct Lease {
     pub(super) owner: Option<u64>,
     /// The secret part of the lease's id (see `lease_id.rs`).
     pub(super) secret: u64,
-    /// Derived: semaphores this lease holds.
+    pub(super) kind: LeaseKind,
+    /// Derived: what this lease holds: semaphore names, or lock objects ([`lock_object`]).
     #[serde(skip)]
     pub(super) holds: BTreeSet<String>,
-    /// Derived: semaphores this lease waits for.
+    /// Derived: what this lease waits for, named as in `holds`.
     #[serde(skip)]
     pub(super) waits: BTreeSet<String>,
 }
@@ -303,6 +306,22 @@ impl State {
                     lease.waits.insert(sem_name.clone());
                 }
             }
+            ns.locks.rebuild()?;
+            for (path, lock) in ns.locks.held() {
+                for seq in lock.holders().keys() {
+                    index.add_holders(1);
+                    lease_of_kind(&mut ns.leases, *seq, LeaseKind::Lock, name, path)?
+                        .holds
+                        .insert(lock_object(path));
+                }
+            }
+            for waiter in ns.locks.queue().values() {
+                let object = lock_object(&waiter.path);
+                index.add_waiter_deadline(ns.id, &object, waiter.seq, waiter.deadline_ns);
+                lease_of_kind(&mut ns.leases, waiter.seq, LeaseKind::Lock, name, &waiter.path)?
+                    .waits
+                    .insert(object);
+            }
             ns.usage = ns.computed_usage();
             index.add_bytes(ns.usage.bytes);
         }
@@ -311,6 +330,24 @@ impl State {
             index,
             tally: Tally::default(),
         })
+    }
+}
+
+/// The lease `seq` of namespace `ns`, which a hold or wait on lock `path` names; an error if it
+/// is missing or of another kind.
+fn lease_of_kind<'a>(
+    leases: &'a mut BTreeMap<u64, Box<Lease>>,
+    seq: u64,
+    kind: LeaseKind,
+    ns: &str,
+    path: &str,
+) -> Result<&'a mut Lease, String> {
+    match leases.get_mut(&seq) {
+        Some(lease) if lease.kind == kind => Ok(lease),
+        Some(_) => Err(format!(
+            "lease number {seq} on lock {ns}/{path} is not a lock lease"
+        )),
+        None => Err(format!("lease number {seq} on lock {ns}/{path} has no lease")),
     }
 }
 
@@ -475,6 +512,17 @@ impl Namespaces {
                     .remove_waiter_deadline(ns.id, sem_name, *seq, waiter.deadline_ns);
             }
         }
+        for lock in ns.locks.held().values() {
+            ctx.index.remove_holders(lock.holders().len() as u64);
+        }
+        for waiter in ns.locks.queue().values() {
+            ctx.index.remove_waiter_deadline(
+                ns.id,
+                &lock_object(&waiter.path),
+                waiter.seq,
+                waiter.deadline_ns,
+            );
+        }
         for (seq, lease) in &ns.leases {
             ctx.index.remove_lease_expiry(ns.id, *seq, lease.expires_at);
         }
@@ -501,6 +549,7 @@ impl Namespace {
             semaphores: BTreeMap::new(),
             leases: BTreeMap::new(),
             quotas: Quotas::default(),
+            locks: LockTable::default(),
             leases_by_process: BTreeSet::new(),
             usage: Usage {
                 entries: 0,
@@ -523,6 +572,20 @@ impl Namespace {
         }
         for lease in self.leases.values() {
             usage.bytes = usage.bytes.saturating_add(lease.bytes());
+        }
+        for (path, lock) in self.locks.held() {
+            for holder in lock.holders().values() {
+                usage.entries = usage.entries.saturating_add(1);
+                usage.bytes = usage
+                    .bytes
+                    .saturating_add(lock_entry_bytes(path, &holder.metadata));
+            }
+        }
+        for waiter in self.locks.queue().values() {
+            usage.entries = usage.entries.saturating_add(1);
+            usage.bytes = usage
+                .bytes
+                .saturating_add(lock_entry_bytes(&waiter.path, &waiter.metadata));
         }
         usage
     }
@@ -854,13 +917,145 @@ impl Namespace {
         self.remove_usage(0, lease.bytes(), ctx);
         self.leases_by_process
             .remove(&(process_key(&lease.process_id), seq));
-        for sem_name in &lease.holds {
-            self.remove_holder(sem_name, seq, ctx);
+        for object in &lease.holds {
+            match lock_path(object) {
+                Some(path) => drop(self.remove_lock_holder(path, seq, ctx)),
+                None => drop(self.remove_holder(object, seq, ctx)),
+            }
         }
-        for sem_name in &lease.waits {
-            self.remove_waiter(sem_name, seq, ctx);
+        for object in &lease.waits {
+            match lock_path(object) {
+                Some(path) => drop(self.remove_lock_waiter(path, seq, ctx)),
+                None => drop(self.remove_waiter(object, seq, ctx)),
+            }
         }
         Some(lease)
+    }
+
+    pub(super) fn locks(&self) -> &LockTable {
+        &self.locks
+    }
+
+    /// Makes `seq` a holder of lock `path` (replacing its hold there, if any); returns the hold
+    /// replaced.
+    pub(super) fn add_lock_holder(
+        &mut self,
+        path: &str,
+        seq: u64,
+        holder: LockHolder,
+        ctx: &mut Ctx,
+    ) -> Option<LockHolder> {
+        let added = lock_entry_bytes(path, &holder.metadata);
+        let old = self.locks.put_holder(path, seq, holder);
+        match &old {
+            Some(old) => {
+                self.remove_usage(0, lock_entry_bytes(path, &old.metadata), ctx);
+                self.add_usage(0, added, ctx);
+            }
+            None => {
+                self.add_usage(1, added, ctx);
+                ctx.index.add_holders(1);
+                if let Some(lease) = self.leases.get_mut(&seq) {
+                    lease.holds.insert(lock_object(path));
+                }
+            }
+        }
+        old
+    }
+
+    /// Drops the hold of `seq` on lock `path`, if it has one.
+    pub(super) fn remove_lock_holder(
+        &mut self,
+        path: &str,
+        seq: u64,
+        ctx: &mut Ctx,
+    ) -> Option<LockHolder> {
+        let old = self.locks.take_holder(path, seq)?;
+        ctx.index.remove_holders(1);
+        self.remove_usage(1, lock_entry_bytes(path, &old.metadata), ctx);
+        if let Some(lease) = self.leases.get_mut(&seq) {
+            lease.holds.remove(&lock_object(path));
+        }
+        Some(old)
+    }
+
+    /// Drops every hold on lock `path`; returns how many there were.
+    pub(super) fn remove_lock(&mut self, path: &str, ctx: &mut Ctx) -> usize {
+        let holders: Vec<u64> = self
+            .locks
+            .held()
+            .get(path)
+            .map(|lock| lock.holders().keys().copied().collect())
+            .unwrap_or_default();
+        for seq in &holders {
+            self.remove_lock_holder(path, *seq, ctx);
+        }
+        holders.len()
+    }
+
+    /// Queues `waiter` at the end of the lock queue (the caller checked its lease does not wait
+    /// for that path yet).
+    pub(super) fn add_lock_waiter(&mut self, waiter: LockWaiter, ctx: &mut Ctx) {
+        let object = lock_object(&waiter.path);
+        ctx.index
+            .add_waiter_deadline(self.id, &object, waiter.seq, waiter.deadline_ns);
+        self.add_usage(1, lock_entry_bytes(&waiter.path, &waiter.metadata), ctx);
+        if let Some(lease) = self.leases.get_mut(&waiter.seq) {
+            lease.waits.insert(object);
+        }
+        self.locks.push_waiter(waiter);
+    }
+
+    /// Takes the queued acquire of `seq` for lock `path` out of the queue, if there is one.
+    pub(super) fn remove_lock_waiter(
+        &mut self,
+        path: &str,
+        seq: u64,
+        ctx: &mut Ctx,
+    ) -> Option<LockWaiter> {
+        let waiter = self.locks.take_waiter(path, seq)?;
+        let object = lock_object(path);
+        ctx.index
+            .remove_waiter_deadline(self.id, &object, seq, waiter.deadline_ns);
+        self.remove_usage(1, lock_entry_bytes(path, &waiter.metadata), ctx);
+        if let Some(lease) = self.leases.get_mut(&seq) {
+            lease.waits.remove(&object);
+        }
+        Some(waiter)
+    }
+
+    /// Changes what the queued acquire of `seq` for `path` asks for and until when (its place
+    /// stays).
+    pub(super) fn set_lock_waiter(
+        &mut self,
+        path: &str,
+        seq: u64,
+        exclusive: bool,
+        deadline_ns: Nanos,
+        metadata: &Metadata,
+        ctx: &mut Ctx,
+    ) {
+        let ns_id = self.id;
+        let Some(waiter) = self.locks.waiter_mut(path, seq) else {
+            return;
+        };
+        let object = lock_object(path);
+        ctx.index
+            .remove_waiter_deadline(ns_id, &object, seq, waiter.deadline_ns);
+        ctx.index
+            .add_waiter_deadline(ns_id, &object, seq, deadline_ns);
+        let before = lock_entry_bytes(path, &waiter.metadata);
+        waiter.exclusive = exclusive;
+        waiter.deadline_ns = deadline_ns;
+        waiter.metadata = metadata.clone();
+        let after = lock_entry_bytes(path, &waiter.metadata);
+        self.remove_usage(0, before, ctx);
+        self.add_usage(0, after, ctx);
+    }
+
+    /// Records an acquire attempt on a held lock (a display time).
+    pub(super) fn touch_lock(&mut self, path: &str, wall_ns: Nanos) {
+        self.locks.set_last_activity(path, wall_ns);
     }
 
     /// Sets the TTL a lease is refreshed and extended by (its expiry does not move).
@@ -1000,8 +1195,14 @@ impl Lease {
             ttl_s,
             owner,
             secret,
+            kind: LeaseKind::Semaphore,
             holds: BTreeSet::new(),
             waits: BTreeSet::new(),
         }
     }
+}
+
+/// The stored bytes of a lock holder or queued acquire on `path` (it keeps the path).
+pub(super) fn lock_entry_bytes(path: &str, metadata: &Metadata) -> u64 {
+    quota::entry_bytes(metadata).saturating_add(path.len() as u64)
 }

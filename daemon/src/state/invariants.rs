@@ -20,8 +20,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::data::{Index, State, process_key};
+use super::data::{Index, Namespace, State, process_key};
 use super::limits::*;
+use super::locks::ancestors;
+use super::types::{LeaseKind, lock_object, lock_path};
 
 impl State {
     /// Verifies every invariant listed in the module docs, and that indexes match the data.
@@ -44,8 +46,8 @@ impl State {
                 return Err(at("version 0"));
             }
             // What each lease should list, from the semaphores' side.
-            let mut lease_holds: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
-            let mut lease_waits: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
+            let mut lease_holds: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+            let mut lease_waits: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
             for (sem_name, sem) in ns.semaphores() {
                 let at = |what: &str| format!("semaphore {name}/{sem_name}: {what}");
                 if !(1..=PERMITS_MAX).contains(&sem.permits) {
@@ -71,7 +73,7 @@ impl State {
                     }
                     held = held.saturating_add(h.weight);
                     by_token.insert(h.token, *seq);
-                    lease_holds.entry(*seq).or_default().insert(sem_name);
+                    lease_holds.entry(*seq).or_default().insert(sem_name.clone());
                 }
                 if held > sem.permits {
                     return Err(at(&format!(
@@ -105,7 +107,7 @@ impl State {
                         return Err(at("queue ticket reused or not from the counter"));
                     }
                     expected.add_waiter_deadline(ns.id(), sem_name, *seq, w.deadline_ns);
-                    lease_waits.entry(*seq).or_default().insert(sem_name);
+                    lease_waits.entry(*seq).or_default().insert(sem_name.clone());
                 }
                 if queue != *sem.queue() {
                     return Err(at("queue index does not match the waiters"));
@@ -118,6 +120,7 @@ impl State {
                 }
                 expected.add_holders(sem.holders().len() as u64);
             }
+            self.check_locks(ns, &mut expected, &mut tokens, &mut lease_holds, &mut lease_waits)?;
             let mut by_process = BTreeSet::new();
             for (seq, lease) in ns.leases() {
                 let at = |what: &str| format!("lease number {seq} in {name}: {what}");
@@ -127,10 +130,14 @@ impl State {
                 if !(TTL_MIN_S..=TTL_MAX_S).contains(&lease.ttl_s) {
                     return Err(at("ttl out of range"));
                 }
-                let holds: BTreeSet<&str> = lease.holds.iter().map(String::as_str).collect();
-                let waits: BTreeSet<&str> = lease.waits.iter().map(String::as_str).collect();
-                if holds != lease_holds.remove(seq).unwrap_or_default()
-                    || waits != lease_waits.remove(seq).unwrap_or_default()
+                let semaphores = lease.holds.iter().chain(&lease.waits);
+                if lease.kind == LeaseKind::Lock && semaphores.clone().any(|o| lock_path(o).is_none())
+                    || lease.kind == LeaseKind::Semaphore && semaphores.clone().any(|o| lock_path(o).is_some())
+                {
+                    return Err(at("holds or waits for what its kind cannot"));
+                }
+                if lease.holds != lease_holds.remove(seq).unwrap_or_default()
+                    || lease.waits != lease_waits.remove(seq).unwrap_or_default()
                 {
                     return Err(at("holds/waits do not match the semaphores"));
                 }
@@ -154,13 +161,100 @@ impl State {
         }
         data.requests.check(data.clock_ns, |(ns, sem, lease)| {
             data.namespaces.get(ns).is_some_and(|ns| {
-                ns.lease_seq(lease).is_some_and(|seq| {
-                    ns.semaphores()
+                ns.lease_seq(lease).is_some_and(|seq| match lock_path(sem) {
+                    Some(path) => ns.locks().waiter(path, seq).is_some(),
+                    None => ns
+                        .semaphores()
                         .get(sem)
-                        .is_some_and(|sem| sem.waiters().contains_key(&seq))
+                        .is_some_and(|sem| sem.waiters().contains_key(&seq)),
                 })
             })
         })?;
         data.auth.check_invariants()
+    }
+}
+
+impl State {
+    /// The locks of `ns`: every holder and queued acquire belongs to a lock lease of the
+    /// namespace (recorded in `lease_holds`/`lease_waits` for the leases' check); a lock held
+    /// exclusive has one holder and at most 1000 hold one shared; no two leases hold
+    /// conflicting modes on the same path or on a path and its ancestor; tokens are unique;
+    /// tickets are from the counter; and no queued acquire could be granted now.
+    fn check_locks(
+        &self,
+        ns: &Namespace,
+        expected: &mut Index,
+        tokens: &mut BTreeSet<u64>,
+        lease_holds: &mut BTreeMap<u64, BTreeSet<String>>,
+        lease_waits: &mut BTreeMap<u64, BTreeSet<String>>,
+    ) -> Result<(), String> {
+        let locks = ns.locks();
+        let name = ns.name();
+        for (path, lock) in locks.held() {
+            let at = |what: &str| format!("lock {name}/{path}: {what}");
+            if lock.holders().is_empty() {
+                return Err(at("held by nobody"));
+            }
+            if lock.exclusive() && lock.holders().len() != 1 {
+                return Err(at("exclusive with more than one holder"));
+            }
+            if lock.holders().len() > HOLDERS_PER_LOCK_MAX {
+                return Err(at("over the holder quota"));
+            }
+            for (seq, h) in lock.holders() {
+                if ns.leases().get(seq).is_none_or(|l| l.kind != LeaseKind::Lock) {
+                    return Err(at(&format!("holder of lease number {seq} has no lock lease")));
+                }
+                if h.token == 0 || h.token > self.data.last_token || !tokens.insert(h.token) {
+                    return Err(at(&format!(
+                        "fencing token {} reused or not from the counter",
+                        h.token
+                    )));
+                }
+                lease_holds.entry(*seq).or_default().insert(lock_object(path));
+                // Conflicts are checked from the descendant's side: each of its ancestors.
+                for ancestor in ancestors(path) {
+                    if let Some(above) = locks.held().get(ancestor)
+                        && above.holders().iter().any(|(other, a)| {
+                            other != seq && (a.exclusive || h.exclusive)
+                        })
+                    {
+                        return Err(at(&format!("held beside a conflicting hold on {ancestor}")));
+                    }
+                }
+            }
+            expected.add_holders(lock.holders().len() as u64);
+        }
+        let mut waiting = BTreeMap::new();
+        for (ticket, w) in locks.queue() {
+            let at = |what: &str| format!("lock {name}/{}: {what}", w.path);
+            if *ticket == 0 || *ticket > locks.last_ticket() {
+                return Err(at("queue ticket not from the counter"));
+            }
+            if ns.leases().get(&w.seq).is_none_or(|l| l.kind != LeaseKind::Lock) {
+                return Err(at(&format!("waiter of lease number {} has no lock lease", w.seq)));
+            }
+            if locks
+                .holder(&w.path, w.seq)
+                .is_some_and(|h| h.exclusive || !w.exclusive)
+            {
+                return Err(at("a queued acquire of a lease that holds it at least as strongly"));
+            }
+            if waiting.insert((w.path.clone(), w.seq), *ticket).is_some() {
+                return Err(at("a lease queued twice for one path"));
+            }
+            let object = lock_object(&w.path);
+            expected.add_waiter_deadline(ns.id(), &object, w.seq, w.deadline_ns);
+            lease_waits.entry(w.seq).or_default().insert(object);
+        }
+        if waiting != *locks.waiting() {
+            return Err(format!("lock queue index of namespace {name} does not match the queue"));
+        }
+        if let Some(path) = ns.grantable_lock() {
+            return Err(format!(
+                "lock {name}/{path}: a queued acquire could be granted but was not"
+            ));
+        }
+        Ok(())
     }
 }

@@ -16,6 +16,12 @@ pub const PAGE_LIMIT_DEFAULT: usize = 100;
 pub const PAGE_LIMIT_MAX: i32 = 250;
 pub const PERMITS_MAX: u64 = conch_proto::wire::PERMITS_MAX;
 pub const HOLDERS_PER_SEMAPHORE_MAX: usize = 1000;
+/// A lock name: 1-256 characters of `[-_.0-9a-zA-Z/]`.
+pub const LOCK_NAME_MAX_CHARS: usize = 256;
+pub const HOLDERS_PER_LOCK_MAX: usize = 1000;
+pub const WAITERS_PER_LOCK_MAX: usize = 10_000;
+/// Most conflicting locks an acquire's answer lists.
+pub const BLOCKING_LOCKS_MAX: usize = 50;
 pub const WAITERS_PER_SEMAPHORE_MAX: usize = 10_000;
 pub const SEMAPHORES_PER_NAMESPACE_MAX: usize = 1_000_000;
 pub const LEASES_PER_NAMESPACE_MAX: usize = 1_000_000;

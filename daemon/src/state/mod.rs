@@ -11,6 +11,8 @@
 //!   every index consistent
 //! - `lease_id`: lease ids and the sequence numbers behind them
 //! - `queue`: acquire, release, give up, and the one grant path
+//! - `locks` (with `lock_data`, the lock table): hierarchical read/write locks, their queue
+//!   and their grants
 //! - `apply`: command dispatch, reaping, extending leases, the other commands
 //! - `read`: lookups, views and the reads served from the state
 //! - `snapshot`: the canonical encoding, the state hash, snapshots
@@ -65,6 +67,10 @@ mod hash;
 mod invariants;
 mod lease_id;
 pub mod limits;
+mod lock_data;
+#[cfg(test)]
+mod lock_tests;
+mod locks;
 mod once;
 mod paging;
 #[cfg(test)]

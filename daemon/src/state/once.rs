@@ -32,9 +32,9 @@ fn digest(cmd: &Cmd) -> u64 {
     // The token is left out too: it is who asks, not what is asked.
     let cmd = cmd.unwrapped();
     let bytes = match cmd {
-        Cmd::Acquire { .. } => {
+        Cmd::Acquire { .. } | Cmd::AcquireLock { .. } => {
             let mut cmd = cmd.clone();
-            if let Cmd::Acquire { wait_ns, .. } = &mut cmd {
+            if let Cmd::Acquire { wait_ns, .. } | Cmd::AcquireLock { wait_ns, .. } = &mut cmd {
                 *wait_ns = 0;
             }
             bincode_options().serialize(&cmd)
@@ -57,6 +57,9 @@ fn is_pending(reply: &Outcome) -> bool {
     matches!(
         reply,
         Outcome::Acquire(AcquireReply {
+            status: AcquireStatus::Queued { .. },
+            ..
+        }) | Outcome::AcquireLock(AcquireLockReply {
             status: AcquireStatus::Queued { .. },
             ..
         })
@@ -107,6 +110,9 @@ impl State {
         let waiter = match (cmd.unwrapped(), &reply) {
             (Cmd::Acquire { ns, sem, lease, .. }, reply) if is_pending(reply) => {
                 Some((ns.clone(), sem.clone(), lease.clone()))
+            }
+            (Cmd::AcquireLock { ns, path, lease, .. }, reply) if is_pending(reply) => {
+                Some((ns.clone(), lock_object(path), lease.clone()))
             }
             _ => None,
         };
@@ -161,6 +167,20 @@ impl State {
                     ..
                 } => {
                     let waiter = (ns.clone(), sem.clone(), lease.clone());
+                    if let Some(path) = lock_path(sem) {
+                        let Some(namespace) = self.data.namespaces.get(ns) else {
+                            self.data.requests.settle_ended(&waiter);
+                            continue;
+                        };
+                        let reply = Outcome::AcquireLock(AcquireLockReply {
+                            status: AcquireStatus::Acquired { token: *token },
+                            lock: namespace.lock_view(path),
+                            reason: Contention::None,
+                            blocking: Vec::new(),
+                        });
+                        self.data.requests.settle_granted(&waiter, &reply);
+                        continue;
+                    }
                     let view = self
                         .data
                         .namespaces

@@ -326,6 +326,7 @@ impl Harness {
             },
             GenCmd::CreateLease(n, t, p) => Cmd::CreateLease {
                 ns: ns(n),
+                kind: LeaseKind::Semaphore,
                 process_id: format!("p{p}"),
                 ttl_s: t,
                 metadata: Metadata::new(),
@@ -333,11 +334,13 @@ impl Harness {
             },
             GenCmd::RefreshLease(n, l, t) => Cmd::RefreshLease {
                 ns: ns(n),
+                kind: LeaseKind::Semaphore,
                 lease: self.lease(&ns(n), l),
                 ttl_s: t,
             },
             GenCmd::RevokeLease(n, l) => Cmd::RevokeLease {
                 ns: ns(n),
+                kind: LeaseKind::Semaphore,
                 lease: self.lease(&ns(n), l),
             },
             GenCmd::Acquire(n, s, l, w, t) => Cmd::Acquire {
@@ -772,10 +775,10 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
                 let _ = whole.list_semaphores(ns, &request);
                 let _ = whole.list_holders(ns, sem, &request);
                 let _ = whole.list_waiters(ns, sem, &request);
-                let _ = whole.list_leases(ns, Some("p1"), &request);
-                let _ = whole.list_leases(ns, None, &request);
+                let _ = whole.list_leases(ns, LeaseKind::Semaphore, Some("p1"), &request);
+                let _ = whole.list_leases(ns, LeaseKind::Lock, None, &request);
                 let _ = whole.get_semaphore(ns, sem);
-                let _ = whole.get_lease(ns, &harness.lease(ns, 0));
+                let _ = whole.get_lease(ns, LeaseKind::Semaphore, &harness.lease(ns, 0));
             }
             Op::Batch { dt_ns, cmds } => {
                 harness.now_ns = harness.now_ns.saturating_add(*dt_ns);

@@ -140,14 +140,29 @@ impl Namespace {
         }
     }
 
-    pub(super) fn revoke_lease(&mut self, id: &str, ctx: &mut Ctx) -> Reply {
-        let seq = self.find_lease(id)?;
+    pub(super) fn revoke_lease(&mut self, kind: LeaseKind, id: &str, ctx: &mut Ctx) -> Reply {
+        let seq = self.find_lease_of(kind, id)?;
         let mut affected = BTreeSet::new();
         self.end_lease(seq, ctx, &mut affected);
-        for sem in &affected {
-            self.grant_from_head(sem, ctx);
-        }
+        self.move_queues(&affected, ctx);
         Ok(Outcome::Done)
+    }
+
+    /// Grants what can be granted now in the queues of `affected` (semaphore names and lock
+    /// objects): from the head of each semaphore's queue, and one pass over the lock queue if
+    /// any lock is among them.
+    pub(super) fn move_queues(&mut self, affected: &BTreeSet<String>, ctx: &mut Ctx) {
+        let mut locks = false;
+        for object in affected {
+            if lock_path(object).is_some() {
+                locks = true;
+            } else {
+                self.grant_from_head(object, ctx);
+            }
+        }
+        if locks {
+            self.grant_locks(ctx);
+        }
     }
 
     pub(super) fn acquire(
@@ -161,7 +176,7 @@ impl Namespace {
     ) -> Reply {
         let weight = weight.max(1);
         let permits = self.find_semaphore(sem_name)?.permits;
-        let seq = self.find_lease(id)?;
+        let seq = self.find_lease_of(LeaseKind::Semaphore, id)?;
         if weight > permits {
             return Err(validate::weight_exceeds_permits());
         }
@@ -294,7 +309,7 @@ impl Namespace {
 
     pub(super) fn release(&mut self, sem_name: &str, id: &str, ctx: &mut Ctx) -> Reply {
         self.find_semaphore(sem_name)?;
-        let seq = self.find_lease(id)?;
+        let seq = self.find_lease_of(LeaseKind::Semaphore, id)?;
         let released = self.remove_holder(sem_name, seq, ctx).is_some();
         let dequeued = self.end_wait(sem_name, seq, WaitEnd::GaveUp, ctx);
         self.touch(sem_name, ctx.wall_ns);
@@ -315,6 +330,9 @@ impl Namespace {
         let Some(seq) = self.lease_seq(id) else {
             return GiveUpReply::NotQueued;
         };
+        if let Some(path) = lock_path(sem_name) {
+            return self.give_up_lock(path, seq, deadline_ns, linger_ns, ctx);
+        }
         let Some(sem) = self.semaphores().get(sem_name) else {
             return GiveUpReply::NotQueued;
         };

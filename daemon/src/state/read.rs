@@ -61,6 +61,10 @@ pub(super) fn lease_not_found(id: &str) -> Error {
     Error::not_found(format!("lease {id} not found"))
 }
 
+pub(super) fn lease_of_kind_not_found(kind: LeaseKind, id: &str) -> Error {
+    Error::not_found(format!("{} {id} not found", kind.noun()))
+}
+
 pub(super) fn version_mismatch(expected: u64, found: u64) -> Error {
     Error::invalid(format!(
         "version mismatch: expected {expected}, found {found}"
@@ -192,9 +196,12 @@ impl Namespace {
         lease_id(seq, self.leases().get(&seq).map_or(0, |lease| lease.secret))
     }
 
-    /// The sequence number of a lease of this namespace, or `NotFound`.
-    pub(super) fn find_lease(&self, id: &str) -> Result<u64, Error> {
-        self.lease_seq(id).ok_or_else(|| lease_not_found(id))
+    /// The sequence number of a lease of this namespace of `kind`, or `NotFound` (a lease of
+    /// the other kind is not one, as in Grackle, where the two kinds are kept apart).
+    pub(super) fn find_lease_of(&self, kind: LeaseKind, id: &str) -> Result<u64, Error> {
+        self.lease_seq(id)
+            .filter(|seq| self.leases().get(seq).is_some_and(|l| l.kind == kind))
+            .ok_or_else(|| lease_of_kind_not_found(kind, id))
     }
 
     pub(super) fn find_semaphore(&self, name: &str) -> Result<&Semaphore, Error> {
@@ -401,7 +408,8 @@ impl State {
         Ok((namespace.semaphore_view(sem, semaphore, vis), waiters))
     }
 
-    pub fn get_lease(&self, ns: &str, lease: &str) -> Result<LeaseView, Error> {
+    /// Lease `lease` of `kind` in `ns`, if alive at the state's clock.
+    pub fn get_lease(&self, ns: &str, kind: LeaseKind, lease: &str) -> Result<LeaseView, Error> {
         validate::name("namespace_name", ns)?;
         validate::lease_id(lease)?;
         let namespace = self.namespace(ns)?;
@@ -409,9 +417,101 @@ impl State {
         namespace
             .lease_seq(lease)
             .and_then(|seq| Some((seq, namespace.leases().get(&seq)?)))
-            .filter(|(_, l)| l.expires_at > now_ns)
+            .filter(|(_, l)| l.expires_at > now_ns && l.kind == kind)
             .map(|(seq, l)| l.view(seq, times))
-            .ok_or_else(|| lease_not_found(lease))
+            .ok_or_else(|| lease_of_kind_not_found(kind, lease))
+    }
+
+    /// Lock `path` of `ns` as a read shows it (unlocked when nobody alive holds it).
+    pub fn get_lock(&self, ns: &str, path: &str) -> Result<LockView, Error> {
+        validate::name("namespace_name", ns)?;
+        validate::lock_name(path)?;
+        let namespace = self.namespace(ns)?;
+        let vis = self.visibility();
+        Ok(namespace.lock_view_where(path, |seq| namespace.lease_visible(seq, vis)))
+    }
+
+    /// The held locks of `ns`, by path.
+    pub fn list_locks(&self, ns: &str, page: &PageRequest) -> Result<Page<LockView>, Error> {
+        validate::name("namespace_name", ns)?;
+        let namespace = self.namespace(ns)?;
+        let vis = self.visibility();
+        paginate(page, |lo, hi| {
+            namespace
+                .locks()
+                .held()
+                .range((lo, hi))
+                .map(move |(path, _)| {
+                    let view =
+                        namespace.lock_view_where(path, |seq| namespace.lease_visible(seq, vis));
+                    (path.clone(), view)
+                })
+                .filter(|(_, view)| !view.holders.is_empty())
+        })
+    }
+
+    /// The queued lock acquires of `ns` in queue order: all of them (`path` empty), or those
+    /// for `path`, its ancestors and its descendants.
+    pub fn list_lock_waiters(
+        &self,
+        ns: &str,
+        path: &str,
+        page: &PageRequest,
+    ) -> Result<Page<LockWaiterView>, Error> {
+        validate::name("namespace_name", ns)?;
+        if !path.is_empty() {
+            validate::lock_name(path)?;
+        }
+        let namespace = self.namespace(ns)?;
+        let vis = self.visibility();
+        let related = move |p: &str| {
+            path.is_empty()
+                || p == path
+                || p.strip_prefix(path).is_some_and(|rest| rest.starts_with('/'))
+                || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))
+        };
+        let queue = namespace.locks().queue();
+        let shown = move |w: &super::lock_data::LockWaiter| {
+            related(&w.path)
+                && (vis.everything
+                    || (w.deadline_ns > vis.now_ns && namespace.lease_visible(w.seq, vis)))
+        };
+        let mut page = paginate(page, |lo, hi| {
+            queue
+                .range((lo, hi))
+                .filter(move |(_, w)| shown(w))
+                .map(|(ticket, w)| (*ticket, (*ticket, w)))
+        })?;
+        // Positions count every visible queued acquire ahead in the namespace's queue.
+        let items = page
+            .items
+            .drain(..)
+            .map(|(ticket, w)| {
+                let position = queue
+                    .range(..ticket)
+                    .filter(|(_, other)| {
+                        vis.everything
+                            || (other.deadline_ns > vis.now_ns
+                                && namespace.lease_visible(other.seq, vis))
+                    })
+                    .count() as u64;
+                LockWaiterView {
+                    lease_id: namespace.lease_id(w.seq),
+                    path: w.path.clone(),
+                    exclusive: w.exclusive,
+                    queued_at: w.queued_at,
+                    deadline_ns: w.deadline_ns,
+                    metadata: w.metadata.clone(),
+                    position,
+                    owner: namespace.leases().get(&w.seq).and_then(|l| l.owner),
+                }
+            })
+            .collect();
+        Ok(Page {
+            items,
+            next_token: page.next_token,
+            previous_token: page.previous_token,
+        })
     }
 
     /// Refuses `cmd` if it uses an existing lease that `token` may not use (see
@@ -438,10 +538,11 @@ impl State {
     pub fn list_leases(
         &self,
         ns: &str,
+        kind: LeaseKind,
         process_id: Option<&str>,
         page: &PageRequest,
     ) -> Result<Page<LeaseView>, Error> {
-        self.list_leases_visible(ns, process_id, page, |_| true)
+        self.list_leases_visible(ns, kind, process_id, page, |_| true)
     }
 
     /// [`State::list_leases`] of the leases whose owner `visible` admits, paged among
@@ -449,6 +550,7 @@ impl State {
     pub fn list_leases_visible(
         &self,
         ns: &str,
+        kind: LeaseKind,
         process_id: Option<&str>,
         page: &PageRequest,
         visible: impl Fn(Option<u64>) -> bool + Copy,
@@ -459,7 +561,9 @@ impl State {
         }
         let namespace = self.namespace(ns)?;
         let (now_ns, times) = (self.data.clock_ns, self.times());
-        let alive = move |lease: &Lease| lease.expires_at > now_ns && visible(lease.owner);
+        let alive = move |lease: &Lease| {
+            lease.expires_at > now_ns && lease.kind == kind && visible(lease.owner)
+        };
         match process_id {
             None => paginate(page, |lo, hi| {
                 namespace
@@ -491,16 +595,44 @@ impl State {
         }
     }
 
-    /// The holder of `sem` owned by `lease`, if it holds (no expiry filtering).
+    /// The hold of `lease` on `sem` (a semaphore, or a lock's wait object), if it holds (no
+    /// expiry filtering). A lock hold shows weight 1 when exclusive, 0 when shared.
     pub fn holder(&self, ns: &str, sem: &str, lease: &str) -> Option<HolderView> {
         let namespace = self.data.namespaces.get(ns)?;
         let seq = namespace.lease_seq(lease)?;
+        if let Some(path) = lock_path(sem) {
+            let h = namespace.locks().holder(path, seq)?;
+            return Some(HolderView {
+                lease_id: namespace.lease_id(seq),
+                weight: u64::from(h.exclusive),
+                locked_at: h.locked_at,
+                metadata: h.metadata.clone(),
+                token: h.token,
+                owner: namespace.leases().get(&seq).and_then(|l| l.owner),
+            });
+        }
         namespace.semaphores().get(sem)?.holder_view(seq, namespace)
     }
 
-    /// The waiter of `sem` owned by `lease`, if queued (no expiry filtering).
+    /// The queued acquire of `lease` for `sem` (a semaphore, or a lock's wait object), if
+    /// queued (no expiry filtering).
     pub fn waiter(&self, ns: &str, sem: &str, lease: &str) -> Option<WaiterView> {
         let namespace = self.data.namespaces.get(ns)?;
+        if let Some(path) = lock_path(sem) {
+            let seq = namespace.lease_seq(lease)?;
+            let w = namespace.locks().waiter(path, seq)?;
+            let ticket = namespace.locks().waiting().get(&(path.to_string(), seq))?;
+            let position = namespace.locks().queue().range(..*ticket).count() as u64;
+            return Some(WaiterView {
+                lease_id: namespace.lease_id(seq),
+                weight: u64::from(w.exclusive),
+                queued_at: w.queued_at,
+                deadline_ns: w.deadline_ns,
+                metadata: w.metadata.clone(),
+                position,
+                owner: namespace.leases().get(&seq).and_then(|l| l.owner),
+            });
+        }
         let semaphore = namespace.semaphores().get(sem)?;
         let seq = namespace.lease_seq(lease)?;
         let waiter = semaphore.waiters().get(&seq)?;

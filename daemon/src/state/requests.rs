@@ -259,6 +259,9 @@ impl Requests {
                     Outcome::Acquire(AcquireReply {
                         status: AcquireStatus::Queued { .. },
                         ..
+                    }) | Outcome::AcquireLock(AcquireLockReply {
+                        status: AcquireStatus::Queued { .. },
+                        ..
                     })
                 );
                 if !queued || !waits(waiter) {

@@ -61,6 +61,7 @@ impl Timeline {
     fn create_lease_for(&mut self, process_id: &str, ttl_s: u64) -> LeaseView {
         let cmd = Cmd::CreateLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             process_id: process_id.into(),
             ttl_s,
             metadata: none(),
@@ -266,6 +267,7 @@ fn deleting_a_namespace_removes_everything_in_it() {
     t.create_ns("other");
     t.ok(Cmd::CreateLease {
         ns: "other".into(),
+        kind: LeaseKind::Semaphore,
         process_id: String::new(),
         ttl_s: 20,
         metadata: none(),
@@ -300,6 +302,7 @@ fn deleting_a_namespace_removes_everything_in_it() {
     assert_eq!(
         t.err(Cmd::RevokeLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease: l1.clone()
         })
         .kind,
@@ -658,6 +661,7 @@ fn deleting_a_semaphore_drops_holders_and_waiters() {
     assert_eq!(
         t.ok(Cmd::RevokeLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease: l1
         }),
         Outcome::Done
@@ -771,6 +775,7 @@ fn lease_ids_carry_the_commands_secret_are_unique_and_in_creation_order() {
     // The secret is whatever the command carried.
     let c = match t.ok(Cmd::CreateLease {
         ns: NS.into(),
+        kind: LeaseKind::Semaphore,
         process_id: String::new(),
         ttl_s: 60,
         metadata: none(),
@@ -792,6 +797,7 @@ fn lease_ids_carry_the_commands_secret_are_unique_and_in_creation_order() {
     ] {
         let e = t.err(Cmd::RevokeLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease: id.into(),
         });
         assert_eq!(e.kind, ErrorKind::NotFound, "{id}");
@@ -799,6 +805,7 @@ fn lease_ids_carry_the_commands_secret_are_unique_and_in_creation_order() {
     assert_eq!(
         t.err(Cmd::RevokeLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease: String::new()
         })
         .kind,
@@ -807,6 +814,7 @@ fn lease_ids_carry_the_commands_secret_are_unique_and_in_creation_order() {
     // ttl out of range; namespace missing
     let create = |ns: &str, ttl_s| Cmd::CreateLease {
         ns: ns.into(),
+        kind: LeaseKind::Semaphore,
         process_id: String::new(),
         ttl_s,
         metadata: none(),
@@ -824,6 +832,7 @@ fn refresh_extends_and_may_change_the_ttl() {
     let l = t.create_lease(10);
     let refresh = |ttl_s| Cmd::RefreshLease {
         ns: NS.into(),
+        kind: LeaseKind::Semaphore,
         lease: l.clone(),
         ttl_s,
     };
@@ -844,12 +853,13 @@ fn refresh_extends_and_may_change_the_ttl() {
         panic!()
     };
     assert_eq!(v.expires_at, 36 * S);
-    assert_eq!(t.read_at(6 * S).get_lease(NS, &l), Ok(v));
+    assert_eq!(t.read_at(6 * S).get_lease(NS, LeaseKind::Semaphore, &l), Ok(v));
     assert_eq!(t.state.next_due_ns(), Some(36 * S));
     assert!(t.err(refresh(301)).message.starts_with("ttl_seconds "));
     assert_eq!(
         t.err(Cmd::RefreshLease {
             ns: "x".into(),
+            kind: LeaseKind::Semaphore,
             lease: l.clone(),
             ttl_s: 0
         })
@@ -869,10 +879,10 @@ fn refreshing_an_expired_lease_revokes_it_and_is_not_found() {
     t.acquire("db", &w, 1, 60 * S);
     t.take_events();
     // t=9s  reads still show L
-    assert!(t.read_at(9 * S).get_lease(NS, &l).is_ok());
+    assert!(t.read_at(9 * S).get_lease(NS, LeaseKind::Semaphore, &l).is_ok());
     // t=10s a read hides L and its hold even before anything is reaped
     assert_eq!(
-        t.read_at(10 * S).get_lease(NS, &l).map_err(|e| e.kind),
+        t.read_at(10 * S).get_lease(NS, LeaseKind::Semaphore, &l).map_err(|e| e.kind),
         Err(ErrorKind::NotFound)
     );
     assert_eq!(
@@ -890,6 +900,7 @@ fn refreshing_an_expired_lease_revokes_it_and_is_not_found() {
     let e = t
         .run(Cmd::RefreshLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease: l.clone(),
             ttl_s: 0,
         })
@@ -922,6 +933,7 @@ fn revoke_releases_everything_atomically() {
     assert_eq!(
         t.ok(Cmd::RevokeLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease: l.clone()
         }),
         Outcome::Done
@@ -944,6 +956,7 @@ fn revoke_releases_everything_atomically() {
     assert_eq!(
         t.err(Cmd::RevokeLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease: l.clone()
         })
         .kind,
@@ -973,6 +986,7 @@ fn lease_list_filters_by_process_and_hides_expired() {
         t.read_at(now_ns)
             .list_leases(
                 NS,
+                LeaseKind::Semaphore,
                 pid,
                 &PageRequest {
                     token: token.into(),
@@ -1019,7 +1033,7 @@ fn lease_list_filters_by_process_and_hides_expired() {
     assert!(start.items.is_empty());
     assert!(
         t.read_at(0)
-            .list_leases(NS, Some(&"p".repeat(129)), &PageRequest::default())
+            .list_leases(NS, LeaseKind::Semaphore, Some(&"p".repeat(129)), &PageRequest::default())
             .is_err()
     );
 }
@@ -1382,6 +1396,7 @@ fn holder_and_waiter_quotas_are_resource_exhausted() {
         cmds: (0..n)
             .map(|_| Cmd::CreateLease {
                 ns: NS.into(),
+                kind: LeaseKind::Semaphore,
                 process_id: String::new(),
                 ttl_s: 300,
                 metadata: none(),
@@ -1473,6 +1488,7 @@ fn a_head_without_a_holder_slot_waits_for_one() {
     let cmds = (0..=HOLDERS_PER_SEMAPHORE_MAX)
         .map(|_| Cmd::CreateLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             process_id: String::new(),
             ttl_s: 300,
             metadata: none(),
@@ -1773,11 +1789,11 @@ fn extend_leases_gives_every_lease_its_ttl_from_now_and_leaves_waiters_alone() {
     t.state.check_invariants().expect("invariants hold");
     // A lives until 40s (it was due at 10s but survived), B until 130s; B's wait timed out
     assert_eq!(
-        t.read_at(30 * S).get_lease(NS, &a).map(|l| l.expires_at),
+        t.read_at(30 * S).get_lease(NS, LeaseKind::Semaphore, &a).map(|l| l.expires_at),
         Ok(40 * S)
     );
     assert_eq!(
-        t.read_at(30 * S).get_lease(NS, &b).map(|l| l.expires_at),
+        t.read_at(30 * S).get_lease(NS, LeaseKind::Semaphore, &b).map(|l| l.expires_at),
         Ok(130 * S)
     );
     assert_eq!(events, vec![wait_ended("db", &b, WaitEnd::TimedOut)]);
@@ -1798,6 +1814,7 @@ fn extreme_times_and_inputs_do_not_panic() {
     assert_eq!(
         t.err(Cmd::RefreshLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease: l,
             ttl_s: 0
         })
@@ -1819,6 +1836,7 @@ fn extreme_times_and_inputs_do_not_panic() {
             t.read_at(0)
                 .list_leases(
                     NS,
+                    LeaseKind::Semaphore,
                     None,
                     &PageRequest {
                         token: String::new(),
@@ -1862,7 +1880,7 @@ fn reads_hide_expired_holders_before_they_are_reaped() {
     assert_eq!(t.holders("db"), vec![hold(&a, 1), hold(&b, 2)]);
     assert_eq!(
         t.read_at(5 * S)
-            .list_leases(NS, None, &PageRequest::default())
+            .list_leases(NS, LeaseKind::Semaphore, None, &PageRequest::default())
             .map(|p| p.items.len()),
         Ok(2)
     );
@@ -2011,6 +2029,7 @@ fn a_batch_is_the_same_as_its_commands_one_by_one() {
         },
         Cmd::CreateLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             process_id: String::new(),
             ttl_s: 5,
             metadata: none(),
@@ -2018,6 +2037,7 @@ fn a_batch_is_the_same_as_its_commands_one_by_one() {
         },
         Cmd::CreateLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             process_id: String::new(),
             ttl_s: 50,
             metadata: none(),
@@ -2228,6 +2248,7 @@ fn one_million_leases_fit_in_memory() {
         let cmds = (0..1000)
             .map(|i| Cmd::CreateLease {
                 ns: NS.into(),
+                kind: LeaseKind::Semaphore,
                 process_id: format!("host-{}/pid-{}", chunk % 100, i),
                 ttl_s: 60,
                 metadata: none(),
@@ -2381,6 +2402,29 @@ fn pinned_timeline() -> Timeline {
         ns: NS.into(),
         name: "gone".into(),
     });
+    // A lock held exclusive and a shared acquire queued under it.
+    let locker = |t: &mut Timeline, secret| match t.ok(Cmd::CreateLease {
+        ns: NS.into(),
+        kind: LeaseKind::Lock,
+        process_id: "host-c/3".into(),
+        ttl_s: 40,
+        metadata: none(),
+        secret,
+    }) {
+        Outcome::Lease(v) => v.lease_id,
+        other => panic!("unexpected {other:?}"),
+    };
+    let (x, y) = (locker(&mut t, 0x77), locker(&mut t, 0x78));
+    for (path, lease, exclusive, wait_ns) in [("a/b", &x, true, 0), ("a", &y, false, 9 * S)] {
+        t.ok(Cmd::AcquireLock {
+            ns: NS.into(),
+            path: path.into(),
+            lease: lease.clone(),
+            exclusive,
+            wait_ns,
+            metadata: meta("k", "v"),
+        });
+    }
     t
 }
 
@@ -2389,21 +2433,24 @@ fn pinned_timeline() -> Timeline {
 #[test]
 fn the_hash_and_the_encoded_bytes_are_pinned() {
     const DATA: &str = concat!(
-        "fc0094357702020202016e01016e0d746865206e616d65737061636501047465616d05696e667261",
+        "fc0094357703040202016e01016e0d746865206e616d65737061636501047465616d05696e667261",
         "fd00204aa9d1010000fd00204aa9d101000001010264620e646174616261736520736c6f74730104",
         "7469657201310301fd00204aa9d1010000fd00204aa9d1010000fd00b47f20d2010000010102fd00",
         "eae4e4d101000001036a6f620234320102010203fd00b47f20d2010000fd007841cb020000000002",
-        "0102fd00eae4e4d1010000fd00e40b54020000000002020108686f73742d612f3100fd00204aa9d1",
-        "010000fd005847f80d0000001e00070208686f73742d622f3200fd00204aa9d1010000fd00c817a8",
-        "040000000a0007fb1027fb1027fca0860100fc00000004fb1027056f7468657202056f7468657200",
-        "00fd00204aa9d1010000fd00204aa9d1010000010000fb1027fb1027fca0860100fc00000004fb10",
-        "270000fd00b47f20d20100000000000000fc00000020",
+        "0102fd00eae4e4d1010000fd00e40b54020000000002040108686f73742d612f3100fd00204aa9d1",
+        "010000fd005847f80d0000001e0007000208686f73742d622f3200fd00204aa9d1010000fd00c817",
+        "a8040000000a0007000308686f73742d632f3300fd00b47f20d2010000fd00b49417130000002800",
+        "77010408686f73742d632f3300fd00b47f20d2010000fd00b494171300000028007801fb1027fb10",
+        "27fca0860100fc00000004fb10270103612f62fd00b47f20d2010000010301fd00b47f20d2010000",
+        "01016b017603010104016100fd00b47f20d2010000fd00c817a80400000001016b017601056f7468",
+        "657202056f746865720000fd00204aa9d1010000fd00204aa9d1010000010000fb1027fb1027fca0",
+        "860100fc00000004fb10270000000000fd00b47f20d20100000000000000fc00000020",
     );
     let t = pinned_timeline();
     let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let data = bincode_options().serialize(&t.state.data).expect("encodes");
     assert_eq!(hex(&data), DATA);
-    assert_eq!(t.state.hash(), 0xc755_cc91_bbf4_37b9);
+    assert_eq!(t.state.hash(), 0x9fba_4e6a_1bb9_7250);
     assert_eq!(
         fnv1a64(&data),
         t.state.hash(),
@@ -2453,7 +2500,7 @@ fn display_times_follow_the_wall_stamp_and_expiry_the_lease_clock() {
     // The displayed expiry is the newest wall stamp plus the lease clock time left: 6 s.
     assert_eq!(
         t.read_at(4 * S)
-            .get_lease(NS, &l.lease_id)
+            .get_lease(NS, LeaseKind::Semaphore, &l.lease_id)
             .map(|v| v.expires_at),
         Ok(WALL + HOUR + 10 * S)
     );
@@ -2478,6 +2525,7 @@ fn wall_clock_steps_neither_expire_leases_nor_freeze_expiry() {
     // every 3 s of lease-clock time: the lease never expires and the waiter is never granted.
     let refresh = |lease: &str| Cmd::RefreshLease {
         ns: NS.into(),
+        kind: LeaseKind::Semaphore,
         lease: lease.into(),
         ttl_s: 0,
     };
@@ -2487,7 +2535,7 @@ fn wall_clock_steps_neither_expire_leases_nor_freeze_expiry() {
         t.ok(Cmd::Expire);
         assert_eq!(t.holders("db"), vec![hold(&holder, 1)]);
         assert_eq!(t.waiters("db"), vec![hold(&waiter, 1)]);
-        assert!(t.read_at(step * S).get_lease(NS, &holder).is_ok());
+        assert!(t.read_at(step * S).get_lease(NS, LeaseKind::Semaphore, &holder).is_ok());
     }
     assert!(t.take_events().is_empty(), "nothing was granted or ended");
     // The holder stops refreshing (crashed): with the wall clock far behind, the lease still
@@ -2503,7 +2551,7 @@ fn wall_clock_steps_neither_expire_leases_nor_freeze_expiry() {
     t.ok(Cmd::Expire);
     assert_eq!(t.holders("db"), vec![hold(&waiter, 1)]);
     assert_eq!(
-        t.read_at(22 * S).get_lease(NS, &holder).map_err(|e| e.kind),
+        t.read_at(22 * S).get_lease(NS, LeaseKind::Semaphore, &holder).map_err(|e| e.kind),
         Err(ErrorKind::NotFound)
     );
 }
@@ -2524,7 +2572,7 @@ fn reads_decide_by_the_state_clock_alone() {
         let state = t.read_at(6 * S);
         let sem = state.get_semaphore(NS, "db").expect("ok");
         let leases = state
-            .list_leases(NS, None, &PageRequest::default())
+            .list_leases(NS, LeaseKind::Semaphore, None, &PageRequest::default())
             .expect("ok");
         (
             (sem.active_holds, sem.active_holders_count),
@@ -2533,7 +2581,7 @@ fn reads_decide_by_the_state_clock_alone() {
                 .iter()
                 .map(|l| l.lease_id.clone())
                 .collect::<Vec<_>>(),
-            state.get_lease(NS, &a).is_err(),
+            state.get_lease(NS, LeaseKind::Semaphore, &a).is_err(),
         )
     };
     let ahead = run(WALL + HOUR);
@@ -2604,6 +2652,7 @@ fn stored_bytes_follow_the_size_model() {
     });
     t.ok(Cmd::RevokeLease {
         ns: NS.into(),
+        kind: LeaseKind::Semaphore,
         lease: l,
     });
     let view = t.state.quotas(NS).expect("quotas");
@@ -2639,6 +2688,7 @@ fn each_quota_refuses_growth_past_it_naming_it_and_changes_nothing() {
     let l2 = t.create_lease(60);
     let e = t.err(Cmd::CreateLease {
         ns: NS.into(),
+        kind: LeaseKind::Semaphore,
         process_id: String::new(),
         ttl_s: 60,
         metadata: none(),

@@ -48,6 +48,7 @@ fn create_sem(name: &str, permits: u64) -> Cmd {
 fn create_lease(ttl_s: u64) -> Cmd {
     Cmd::CreateLease {
         ns: NS.into(),
+        kind: LeaseKind::Semaphore,
         process_id: "p".into(),
         ttl_s,
         metadata: Metadata::new(),
@@ -133,6 +134,7 @@ fn every_write_repeated_answers_its_first_reply_and_changes_nothing() {
         "refresh",
         Cmd::RefreshLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease: lease.clone(),
             ttl_s: 0,
         },
@@ -153,6 +155,7 @@ fn every_write_repeated_answers_its_first_reply_and_changes_nothing() {
         "revoke",
         Cmd::RevokeLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             lease,
         },
     );
@@ -394,6 +397,7 @@ fn each_namespace_forgets_its_own_oldest_request_ids_past_its_quota() {
             "other-1",
             Cmd::CreateLease {
                 ns: "other".into(),
+                kind: LeaseKind::Semaphore,
                 process_id: "p".into(),
                 ttl_s: 60,
                 metadata: Metadata::new(),
@@ -431,6 +435,7 @@ fn a_retried_lease_create_is_the_same_request_whichever_node_took_it() {
     let attempt = |secret| {
         let cmd = Cmd::CreateLease {
             ns: NS.into(),
+            kind: LeaseKind::Semaphore,
             process_id: "p".into(),
             ttl_s: 60,
             metadata: Metadata::new(),

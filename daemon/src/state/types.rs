@@ -72,6 +72,9 @@ pub enum Cmd {
     },
     CreateLease {
         ns: String,
+        /// Semaphore leases hold semaphores, lock leases hold locks; each kind's calls see only
+        /// leases of that kind.
+        kind: LeaseKind,
         process_id: String,
         ttl_s: u64,
         metadata: Metadata,
@@ -82,11 +85,13 @@ pub enum Cmd {
     /// Extends the lease to `now + ttl` (`ttl_s` 0 means the lease's own TTL).
     RefreshLease {
         ns: String,
+        kind: LeaseKind,
         lease: String,
         ttl_s: u64,
     },
     RevokeLease {
         ns: String,
+        kind: LeaseKind,
         lease: String,
     },
     /// `wait_ns` 0 is a non-blocking acquire; otherwise the lease queues for up to `wait_ns`.
@@ -115,6 +120,28 @@ pub enum Cmd {
         lease: String,
         deadline_ns: Nanos,
         linger_ns: Nanos,
+    },
+    /// A lock lease takes lock `path` shared or exclusive. `wait_ns` 0 is non-blocking;
+    /// otherwise a conflicting acquire queues for up to `wait_ns` (see `locks.rs` for the
+    /// order in which queued acquires are granted).
+    AcquireLock {
+        ns: String,
+        path: String,
+        lease: String,
+        exclusive: bool,
+        wait_ns: Nanos,
+        metadata: Metadata,
+    },
+    /// Releases the lease's hold on `path` (and its queued acquire of it, if any).
+    ReleaseLock {
+        ns: String,
+        path: String,
+        lease: String,
+    },
+    /// Drops every hold on `path` (an administrator's forced unlock); queued acquires stay.
+    DeleteLock {
+        ns: String,
+        path: String,
     },
     /// Reaps leases and waiters that are due at the batch's time.
     Expire,
@@ -188,9 +215,11 @@ impl Cmd {
     pub fn lease_used(&self) -> Option<(&str, &str)> {
         match self {
             Cmd::RefreshLease { ns, lease, .. }
-            | Cmd::RevokeLease { ns, lease }
+            | Cmd::RevokeLease { ns, lease, .. }
             | Cmd::Acquire { ns, lease, .. }
-            | Cmd::Release { ns, lease, .. } => Some((ns, lease)),
+            | Cmd::Release { ns, lease, .. }
+            | Cmd::AcquireLock { ns, lease, .. }
+            | Cmd::ReleaseLock { ns, lease, .. } => Some((ns, lease)),
             _ => None,
         }
     }
@@ -211,6 +240,9 @@ impl Cmd {
             | Cmd::Acquire { ns, .. }
             | Cmd::Release { ns, .. }
             | Cmd::GiveUp { ns, .. }
+            | Cmd::AcquireLock { ns, .. }
+            | Cmd::ReleaseLock { ns, .. }
+            | Cmd::DeleteLock { ns, .. }
             | Cmd::SetQuotas { ns, .. } => Some(ns),
             Cmd::As { cmd, .. } | Cmd::Once { cmd, .. } => cmd.namespace(),
             _ => None,
@@ -247,6 +279,8 @@ pub enum Outcome {
     Lease(LeaseView),
     Acquire(AcquireReply),
     GiveUp(GiveUpReply),
+    Lock(LockView),
+    AcquireLock(AcquireLockReply),
     /// Deletes, revokes, expiry and lease extension.
     Done,
     Role(RoleView),
@@ -276,6 +310,109 @@ pub enum AcquireStatus {
     Queued { deadline_ns: Nanos },
     /// Non-blocking and not grantable now.
     Unavailable,
+}
+
+/// Which calls a lease serves: Grackle keeps semaphore leases and lock leases apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum LeaseKind {
+    #[default]
+    Semaphore,
+    Lock,
+}
+
+impl LeaseKind {
+    /// How messages name a lease of this kind.
+    pub fn noun(self) -> &'static str {
+        match self {
+            LeaseKind::Semaphore => "lease",
+            LeaseKind::Lock => "lock lease",
+        }
+    }
+}
+
+/// What a queued acquire waits for, as [`Event`]s, [`Cmd::GiveUp`] and the waiting callers name
+/// it: a semaphore's name, or [`LOCK_OBJECT_PREFIX`] and a lock's path. The prefix holds a
+/// character no semaphore name may contain, so the two never meet.
+pub const LOCK_OBJECT_PREFIX: &str = "lock:";
+
+/// The wait object of lock `path`.
+pub fn lock_object(path: &str) -> String {
+    format!("{LOCK_OBJECT_PREFIX}{path}")
+}
+
+/// The lock path of a wait object, if it names a lock.
+pub fn lock_path(object: &str) -> Option<&str> {
+    object.strip_prefix(LOCK_OBJECT_PREFIX)
+}
+
+/// Why an acquire of a lock could not be granted now, by where the conflict is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Contention {
+    /// Granted: nothing stood in the way.
+    #[default]
+    None,
+    /// The path itself is held (or queued for) in a conflicting mode.
+    Peer,
+    /// An ancestor path is.
+    Ancestor,
+    /// A descendant path is.
+    Descendant,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockHolderView {
+    pub lease_id: String,
+    pub exclusive: bool,
+    pub locked_at: Nanos,
+    pub metadata: Metadata,
+    /// The grant's fencing token: strictly increasing per path (they come from the state's one
+    /// token counter).
+    pub token: u64,
+    /// As [`HolderView::owner`].
+    pub owner: Option<u64>,
+}
+
+/// A lock: held (shared by one or more leases, or exclusive by one) or, with no holders,
+/// unlocked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockView {
+    pub name: String,
+    /// `None`: unlocked; `Some(true)`: held exclusive; `Some(false)`: held shared.
+    pub exclusive: Option<bool>,
+    /// When the current holders' earliest grant was made (0 when unlocked).
+    pub locked_at: Nanos,
+    /// In grant order.
+    pub holders: Vec<LockHolderView>,
+    /// The latest acquire attempt while the lock was held (0 when unlocked).
+    pub last_activity_at: Nanos,
+    /// Acquires queued for exactly this path.
+    pub waiters: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireLockReply {
+    pub status: AcquireStatus,
+    /// The lock after the command.
+    pub lock: LockView,
+    /// When not acquired: where the first conflict is.
+    pub reason: Contention,
+    /// When not acquired: the held locks on other paths (ancestors or descendants) that
+    /// conflict, at most [`BLOCKING_LOCKS_MAX`](super::limits::BLOCKING_LOCKS_MAX).
+    pub blocking: Vec<LockView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockWaiterView {
+    pub lease_id: String,
+    pub path: String,
+    pub exclusive: bool,
+    pub queued_at: Nanos,
+    /// On the lease clock.
+    pub deadline_ns: Nanos,
+    pub metadata: Metadata,
+    /// 0 = the oldest queued lock acquire of the namespace.
+    pub position: u64,
+    pub owner: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -400,7 +537,7 @@ pub struct SemaphoreView {
 pub struct Quotas {
     pub semaphores: u64,
     pub leases: u64,
-    /// Holders plus waiters over all semaphores of the namespace.
+    /// Holders plus waiters over all semaphores and locks of the namespace.
     pub entries: u64,
     /// Stored bytes, by the size model above.
     pub bytes: u64,

@@ -27,6 +27,31 @@ pub fn name(field: &str, value: &str) -> Result<(), Error> {
     }
 }
 
+/// A lock name: 1-256 characters of `[-_.0-9a-zA-Z/]`, a `/`-separated path.
+pub fn lock_name(value: &str) -> Result<(), Error> {
+    let ok = !value.is_empty()
+        && value.len() <= LOCK_NAME_MAX_CHARS
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "lock_name must be 1-{LOCK_NAME_MAX_CHARS} characters of [-_.0-9a-zA-Z/]"
+        )))
+    }
+}
+
+/// What a queued acquire waits for ([`Cmd::GiveUp`](super::Cmd::GiveUp)'s `sem`): a
+/// semaphore name, or a lock's wait object.
+pub fn wait_object(value: &str) -> Result<(), Error> {
+    match super::types::lock_path(value) {
+        Some(path) => lock_name(path),
+        None => name("semaphore_name", value),
+    }
+}
+
 /// A description: at most 1024 bytes.
 pub fn description(value: &str) -> Result<(), Error> {
     if value.len() <= DESCRIPTION_MAX_BYTES {
@@ -298,6 +323,7 @@ mod tests {
         assert!(m(sem).starts_with("permits "));
         let lease = Cmd::CreateLease {
             ns: "n".into(),
+            kind: crate::state::LeaseKind::Semaphore,
             process_id: String::new(),
             ttl_s: 0,
             metadata: Metadata::new(),
@@ -306,6 +332,7 @@ mod tests {
         assert!(m(lease).starts_with("ttl_seconds "));
         let refresh = Cmd::RefreshLease {
             ns: "n".into(),
+            kind: crate::state::LeaseKind::Semaphore,
             lease: "l".into(),
             ttl_s: 0,
         };

@@ -65,6 +65,7 @@ impl Cmd {
                 ttl_s: t,
                 metadata: m,
                 secret: _,
+                kind: _,
             } => {
                 name(NAMESPACE_NAME, ns)?;
                 process_id(p)?;
@@ -75,12 +76,13 @@ impl Cmd {
                 ns,
                 lease,
                 ttl_s: t,
+                kind: _,
             } => {
                 name(NAMESPACE_NAME, ns)?;
                 lease_id(lease)?;
                 refresh_ttl_s(*t)
             }
-            Cmd::RevokeLease { ns, lease } => {
+            Cmd::RevokeLease { ns, lease, .. } => {
                 name(NAMESPACE_NAME, ns)?;
                 lease_id(lease)
             }
@@ -112,9 +114,32 @@ impl Cmd {
                 ..
             } => {
                 name(NAMESPACE_NAME, ns)?;
-                name(SEMAPHORE_NAME, sem)?;
+                wait_object(sem)?;
                 lease_id(lease)?;
                 wait_ns(*linger_ns)
+            }
+            Cmd::AcquireLock {
+                ns,
+                path,
+                lease,
+                wait_ns: wait,
+                metadata: m,
+                exclusive: _,
+            } => {
+                name(NAMESPACE_NAME, ns)?;
+                lock_name(path)?;
+                lease_id(lease)?;
+                wait_ns(*wait)?;
+                metadata(m)
+            }
+            Cmd::ReleaseLock { ns, path, lease } => {
+                name(NAMESPACE_NAME, ns)?;
+                lock_name(path)?;
+                lease_id(lease)
+            }
+            Cmd::DeleteLock { ns, path } => {
+                name(NAMESPACE_NAME, ns)?;
+                lock_name(path)
             }
             Cmd::Expire | Cmd::ExtendLeases => Ok(()),
             Cmd::Once {
