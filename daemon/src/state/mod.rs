@@ -69,6 +69,8 @@ mod lease_id;
 pub mod limits;
 mod lock_data;
 #[cfg(test)]
+mod lock_proptests;
+#[cfg(test)]
 mod lock_tests;
 mod locks;
 mod once;
