@@ -1,8 +1,9 @@
-//! [`Client::acquire`] and its [`Guard`].
+//! [`Client::acquire`] (semaphores), [`Client::acquire_lock`] (locks) and their [`Guard`].
 //!
-//! A wait longer than one RPC keeps its place in the server's FIFO queue: the server identifies
-//! a waiter by (semaphore, lease), and a second `AcquireSemaphore` from the same lease while it
-//! is queued *re-attaches* — same position, deadline `max(old, now + timeout)`. So:
+//! Both waits are one loop ([`Client::wait_grant`]) over the two acquire calls. A wait longer
+//! than one RPC keeps its place in the server's FIFO queue: the server identifies a waiter by
+//! (semaphore or lock path, lease), and a second acquire from the same lease while it is
+//! queued *re-attaches* — same position, deadline `max(old, now + timeout)`. So:
 //!
 //! 1. send an acquire whose server-side wait is at most [`ClientConfig::acquire_rpc_wait`]
 //!    (or the remaining wait, if shorter);
@@ -22,11 +23,16 @@
 //! [`ClientConfig::reattach_margin`]: crate::ClientConfig::reattach_margin
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
-use conch_proto::grackle::{AcquireOutcome, AcquireSemaphoreRequest, AcquireSemaphoreResponse};
+use conch_proto::grackle::{
+    AcquireLockRequest, AcquireLockResponse, AcquireOutcome, AcquireSemaphoreRequest,
+    AcquireSemaphoreResponse,
+};
 use tokio::task::JoinSet;
+use tonic::{Request, Response, Status};
 use tracing::debug;
 
 use crate::backoff::Backoff;
@@ -34,67 +40,103 @@ use crate::client::{Attempt, Client};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::request_id::{new_request_id, request_with_id};
+use crate::token::NodeChannel;
 
-const OP: &str = "acquire semaphore";
+/// What a [`Guard`] holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// `weight` permits of a semaphore.
+    Semaphore {
+        /// The semaphore.
+        name: String,
+        /// The permits held.
+        weight: u64,
+    },
+    /// A lock path, shared or exclusive.
+    Lock {
+        /// The lock's path.
+        path: String,
+        /// Whether the hold is exclusive.
+        exclusive: bool,
+    },
+}
 
-/// Permits held through a lease, released by [`Guard::release`] or, best effort, on drop.
+/// Permits or a lock held through a lease, released by [`Guard::release`] or, best effort, on
+/// drop.
 #[derive(Debug)]
-#[must_use = "dropping a Guard releases the permits"]
+#[must_use = "dropping a Guard releases what it holds"]
 pub struct Guard {
     client: Client,
     namespace: String,
-    semaphore: String,
+    held: Held,
     lease_id: String,
-    weight: u64,
     fencing_token: u64,
     released: bool,
 }
 
 impl Guard {
-    /// The weight held.
+    /// The weight held (1 for a lock).
     pub fn weight(&self) -> u64 {
-        self.weight
+        match &self.held {
+            Held::Semaphore { weight, .. } => *weight,
+            Held::Lock { .. } => 1,
+        }
     }
 
-    /// The grant's fencing token: unique and strictly increasing cluster-wide. Pass it to
-    /// whatever the permits protect so it can refuse stale holders (0 if the server sent none).
+    /// The grant's fencing token: strictly increasing cluster-wide (so also per semaphore and
+    /// per lock path). Pass it to whatever the guard protects so it can refuse stale holders
+    /// (0 if the server sent none).
     pub fn fencing_token(&self) -> u64 {
         self.fencing_token
     }
 
-    /// The semaphore held.
+    /// The semaphore held; for a lock guard, the lock's path.
     pub fn semaphore(&self) -> &str {
-        &self.semaphore
+        match &self.held {
+            Held::Semaphore { name, .. } => name,
+            Held::Lock { path, .. } => path,
+        }
     }
 
-    /// The namespace of the semaphore.
+    /// What is held.
+    pub fn held(&self) -> &Held {
+        &self.held
+    }
+
+    /// The namespace of the semaphore or lock.
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
 
-    /// The lease holding the permits.
+    /// The lease holding it.
     pub fn lease_id(&self) -> &str {
         &self.lease_id
     }
 
-    /// Gives up the handle without releasing: the permits stay held until the lease is revoked
-    /// (which releases everything it holds) or expires.
+    /// Gives up the handle without releasing: what it holds stays held until the lease is
+    /// revoked (which releases everything it holds) or expires.
     pub fn forget(mut self) {
         self.released = true;
     }
 
-    /// Releases the permits. If the lease or semaphore is already gone, nothing is held and
-    /// this succeeds.
+    /// Releases the permits or the lock. If the lease (or semaphore) is already gone, nothing
+    /// is held and this succeeds.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        match self
-            .client
-            .release(&self.namespace, &self.semaphore, &self.lease_id)
-            .await
-        {
+        match release_held(&self.client, &self.namespace, &self.held, &self.lease_id).await {
             Err(e) if e.is_not_found() => Ok(()),
             other => other,
         }
+    }
+}
+
+async fn release_held(client: &Client, namespace: &str, held: &Held, lease_id: &str) -> Result<()> {
+    match held {
+        Held::Semaphore { name, .. } => client.release(namespace, name, lease_id).await,
+        Held::Lock { path, .. } => client
+            .release_lock(namespace, path, lease_id)
+            .await
+            .map(|_| ()),
     }
 }
 
@@ -105,18 +147,98 @@ impl Drop for Guard {
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let client = self.client.clone();
-            let (ns, sem, lease) = (
+            let (ns, held, lease) = (
                 self.namespace.clone(),
-                self.semaphore.clone(),
+                self.held.clone(),
                 self.lease_id.clone(),
             );
             rt.spawn(async move {
-                if let Err(e) = client.release(&ns, &sem, &lease).await {
-                    debug!(semaphore = %sem, error = %e, "release on drop failed");
+                if let Err(e) = release_held(&client, &ns, &held, &lease).await {
+                    debug!(?held, error = %e, "release on drop failed");
                 }
             });
         }
     }
+}
+
+/// An acquire request the wait loop can send: `AcquireSemaphore` or `AcquireLock`.
+pub(crate) trait AcquireCall: Clone + Send + Sync + 'static {
+    /// The answer.
+    type Reply: Send + 'static;
+    /// The operation, in errors.
+    const OP: &'static str;
+    /// This request asking the server to wait up to `wait`.
+    fn waiting(&self, wait: Duration) -> Self;
+    /// What the answer says.
+    fn outcome(reply: &Self::Reply) -> AcquireOutcome;
+    /// Sends it.
+    fn send(
+        channel: NodeChannel,
+        request: Request<Self>,
+    ) -> impl Future<Output = std::result::Result<Response<Self::Reply>, Status>> + Send;
+}
+
+/// `timeout_ms` and `timeout_seconds` for a server-side wait of `wait`.
+fn wait_fields(wait: Duration) -> (u64, i32) {
+    (
+        u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        wait.as_secs_f64().ceil().min(300.0) as i32,
+    )
+}
+
+/// An answer's outcome; one this client does not know counts as not acquired.
+fn known_outcome(outcome: i32) -> AcquireOutcome {
+    AcquireOutcome::try_from(outcome).unwrap_or(AcquireOutcome::Invalid)
+}
+
+impl AcquireCall for AcquireSemaphoreRequest {
+    type Reply = AcquireSemaphoreResponse;
+    const OP: &'static str = "acquire semaphore";
+    fn waiting(&self, wait: Duration) -> Self {
+        let (timeout_ms, timeout_seconds) = wait_fields(wait);
+        AcquireSemaphoreRequest {
+            timeout_ms,
+            timeout_seconds,
+            ..self.clone()
+        }
+    }
+    fn outcome(reply: &Self::Reply) -> AcquireOutcome {
+        known_outcome(reply.outcome)
+    }
+    async fn send(
+        channel: NodeChannel,
+        request: Request<Self>,
+    ) -> std::result::Result<Response<Self::Reply>, Status> {
+        GrackleApiClient::new(channel).acquire_semaphore(request).await
+    }
+}
+
+impl AcquireCall for AcquireLockRequest {
+    type Reply = AcquireLockResponse;
+    const OP: &'static str = "acquire lock";
+    fn waiting(&self, wait: Duration) -> Self {
+        let (timeout_ms, timeout_seconds) = wait_fields(wait);
+        AcquireLockRequest {
+            timeout_ms,
+            timeout_seconds,
+            ..self.clone()
+        }
+    }
+    fn outcome(reply: &Self::Reply) -> AcquireOutcome {
+        known_outcome(reply.outcome)
+    }
+    async fn send(
+        channel: NodeChannel,
+        request: Request<Self>,
+    ) -> std::result::Result<Response<Self::Reply>, Status> {
+        GrackleApiClient::new(channel).acquire_lock(request).await
+    }
+}
+
+/// How a wait ended: granted, or not (the last answer, which says why for a lock).
+pub(crate) enum Waited<T> {
+    Granted(T),
+    NotGranted(T),
 }
 
 /// Why an acquire RPC did not produce an answer.
@@ -162,11 +284,6 @@ pub(crate) fn plan_rpc(
     }
 }
 
-/// The answer's outcome; one this client does not know counts as not acquired.
-fn outcome(resp: &AcquireSemaphoreResponse) -> AcquireOutcome {
-    AcquireOutcome::try_from(resp.outcome).unwrap_or(AcquireOutcome::Invalid)
-}
-
 impl Client {
     /// Acquires `weight` permits of `semaphore` for `lease`, waiting up to `wait`
     /// (`None`: until granted; `Some(Duration::ZERO)`: only if free now, flock -n style).
@@ -205,14 +322,6 @@ impl Client {
         wait: Option<Duration>,
         metadata: HashMap<String, String>,
     ) -> Result<Option<Guard>> {
-        let lease_lost = |loss| Error::LeaseLost {
-            op: OP,
-            lease_id: lease.id().to_string(),
-            reason: loss,
-        };
-        if let crate::LeaseState::Lost(loss) = lease.state() {
-            return Err(lease_lost(loss));
-        }
         let base = AcquireSemaphoreRequest {
             namespace_name: namespace.to_string(),
             semaphore_name: semaphore.to_string(),
@@ -222,44 +331,79 @@ impl Client {
             metadata,
             timeout_ms: 0,
         };
+        Ok(match self.wait_grant(lease, base, wait).await? {
+            Waited::Granted(reply) => Some(self.guard(
+                lease,
+                namespace,
+                Held::Semaphore {
+                    name: semaphore.to_string(),
+                    weight: weight.max(1),
+                },
+                reply.fencing_token,
+            )),
+            Waited::NotGranted(_) => None,
+        })
+    }
+
+    /// The guard of a grant.
+    pub(crate) fn guard(
+        &self,
+        lease: &Lease,
+        namespace: &str,
+        held: Held,
+        fencing_token: u64,
+    ) -> Guard {
+        Guard {
+            client: self.clone(),
+            namespace: namespace.to_string(),
+            held,
+            lease_id: lease.id().to_string(),
+            fencing_token,
+            released: false,
+        }
+    }
+
+    /// The wait of an acquire (see the [module docs](crate::acquire)): `base` (its wait fields
+    /// unset) sent once for `Some(Duration::ZERO)`, else as a chain of overlapping RPCs for up
+    /// to `wait` (`None`: until granted), all with one request id.
+    pub(crate) async fn wait_grant<R: AcquireCall>(
+        &self,
+        lease: &Lease,
+        base: R,
+        wait: Option<Duration>,
+    ) -> Result<Waited<R::Reply>> {
+        let op = R::OP;
+        let lease_lost = |loss| Error::LeaseLost {
+            op,
+            lease_id: lease.id().to_string(),
+            reason: loss,
+        };
+        if let crate::LeaseState::Lost(loss) = lease.state() {
+            return Err(lease_lost(loss));
+        }
         // One id for the whole acquire: every attempt and re-attach is the same operation, so a
         // grant whose reply was lost is answered again (same token), never granted twice.
         let id = new_request_id();
-        let guard = |resp: &AcquireSemaphoreResponse| Guard {
-            client: self.clone(),
-            namespace: namespace.to_string(),
-            semaphore: semaphore.to_string(),
-            lease_id: lease.id().to_string(),
-            weight: weight.max(1),
-            fencing_token: resp.fencing_token,
-            released: false,
-        };
 
         if wait == Some(Duration::ZERO) {
-            let call = self.call(OP, self.default_options(), |ch, t| {
+            let call = self.call(op, self.default_options(), |ch, t| {
                 let (req, id) = (base.clone(), id.clone());
-                async move {
-                    GrackleApiClient::new(ch)
-                        .acquire_semaphore(request_with_id(req, t, &id))
-                        .await
-                }
+                async move { R::send(ch, request_with_id(req, t, &id)).await }
             });
             let resp = tokio::select! {
                 r = call => r?,
                 loss = lease.lost() => return Err(lease_lost(loss)),
             };
-            return Ok(match outcome(&resp) {
-                AcquireOutcome::Acquired => Some(guard(&resp)),
-                _ => None,
+            return Ok(match R::outcome(&resp) {
+                AcquireOutcome::Acquired => Waited::Granted(resp),
+                _ => Waited::NotGranted(resp),
             });
         }
 
         let config = self.config();
         let deadline = wait.map(|w| Instant::now() + w);
-        let mut inflight: JoinSet<(
-            u64,
-            std::result::Result<AcquireSemaphoreResponse, RpcFailure>,
-        )> = JoinSet::new();
+        let mut inflight: JoinSet<(u64, std::result::Result<R::Reply, RpcFailure>)> =
+            JoinSet::new();
         let mut seq = 0u64;
         let mut newest: Option<Issued> = None;
         let mut next_at: Option<Instant> = Some(Instant::now());
@@ -279,23 +423,15 @@ impl Client {
                 if remaining == Some(Duration::ZERO) {
                     // The wait ran out while no call was covering it (failures only).
                     return Err(Error::Unavailable {
-                        op: OP,
+                        op,
                         endpoints: self.endpoints(),
                         last: last_error,
                     });
                 }
                 let plan = plan_rpc(remaining, config.acquire_rpc_wait, config.reattach_margin);
                 seq += 1;
-                let mut req = base.clone();
-                req.timeout_ms = u64::try_from(plan.wait.as_millis()).unwrap_or(u64::MAX);
-                req.timeout_seconds = plan.wait.as_secs_f64().ceil().min(300.0) as i32;
-                debug!(
-                    semaphore,
-                    seq,
-                    wait_ms = req.timeout_ms,
-                    last = plan.last,
-                    "acquire rpc"
-                );
+                let req = base.waiting(plan.wait);
+                debug!(op, seq, wait = ?plan.wait, last = plan.last, "acquire rpc");
                 inflight.spawn(rpc(
                     self.clone(),
                     seq,
@@ -323,16 +459,16 @@ impl Client {
                         Ok(resp) => {
                             failures = 0;
                             backoff.reset();
-                            match outcome(&resp) {
-                                AcquireOutcome::Acquired => return Ok(Some(guard(&resp))),
+                            match R::outcome(&resp) {
+                                AcquireOutcome::Acquired => return Ok(Waited::Granted(resp)),
                                 _ if !is_newest => {
-                                    debug!(semaphore, seq = done, "older acquire rpc ended; a newer one holds the place");
+                                    debug!(op, seq = done, "older acquire rpc ended; a newer one holds the place");
                                 }
-                                _ if newest.is_some_and(|n| n.last) => return Ok(None),
+                                _ if newest.is_some_and(|n| n.last) => return Ok(Waited::NotGranted(resp)),
                                 _ => {
                                     // Our waiter's deadline passed before the re-attach reached
                                     // the server: queue again, now.
-                                    debug!(semaphore, seq = done, "waiter expired early; re-queueing");
+                                    debug!(op, seq = done, "waiter expired early; re-queueing");
                                     next_at = Some(Instant::now());
                                 }
                             }
@@ -349,7 +485,7 @@ impl Client {
                                 } else {
                                     backoff.next_delay()
                                 };
-                                debug!(semaphore, seq = done, error = %last_error, ?pause, "acquire rpc failed; re-attaching");
+                                debug!(op, seq = done, error = %last_error, ?pause, "acquire rpc failed; re-attaching");
                                 next_at = Some(Instant::now() + pause);
                                 if let Some(d) = deadline {
                                     next_at = next_at.map(|t| t.min(d));
@@ -366,22 +502,18 @@ impl Client {
 }
 
 /// One acquire RPC on the best node, as a task of its own.
-async fn rpc(
+async fn rpc<R: AcquireCall>(
     client: Client,
     seq: u64,
-    req: AcquireSemaphoreRequest,
+    req: R,
     id: String,
     timeout: Duration,
-) -> (
-    u64,
-    std::result::Result<AcquireSemaphoreResponse, RpcFailure>,
-) {
+) -> (u64, std::result::Result<R::Reply, RpcFailure>) {
     let Some((idx, addr, channel)) = client.pick(&[]) else {
         return (seq, Err(RpcFailure::Retry("no endpoints".to_string())));
     };
-    let mut grackle = GrackleApiClient::new(channel);
-    let fut = grackle.acquire_semaphore(request_with_id(req, timeout, &id));
-    let result = match client.attempt(idx, &addr, OP, timeout, fut).await {
+    let fut = R::send(channel, request_with_id(req, timeout, &id));
+    let result = match client.attempt(idx, &addr, R::OP, timeout, fut).await {
         Attempt::Ok(resp) => Ok(resp),
         Attempt::Retry { error, .. } => Err(RpcFailure::Retry(format!("{addr}: {error}"))),
         Attempt::Fail(e) => Err(RpcFailure::Fatal(e)),
@@ -452,6 +584,7 @@ mod tests {
             outcome: AcquireOutcome::TimedOut as i32,
             ..Default::default()
         };
+        let outcome = <AcquireSemaphoreRequest as AcquireCall>::outcome;
         assert_eq!(outcome(&r), AcquireOutcome::TimedOut);
         r.outcome = AcquireOutcome::Unavailable as i32;
         assert_eq!(outcome(&r), AcquireOutcome::Unavailable);
@@ -462,5 +595,14 @@ mod tests {
         assert_eq!(outcome(&r), AcquireOutcome::Invalid);
         r.outcome = 42;
         assert_eq!(outcome(&r), AcquireOutcome::Invalid);
+        let lock = AcquireLockResponse {
+            outcome: 42,
+            fencing_token: 7,
+            ..Default::default()
+        };
+        assert_eq!(
+            <AcquireLockRequest as AcquireCall>::outcome(&lock),
+            AcquireOutcome::Invalid
+        );
     }
 }

@@ -42,10 +42,11 @@ use conch_proto::conch::{
 };
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::{
-    CreateNamespaceRequest, CreateSemaphoreRequest, GetNamespaceRequest, GetSemaphoreLeaseRequest,
-    GetSemaphoreRequest, ListNamespacesRequest, ListSemaphoreHoldersRequest, ListSemaphoresRequest,
-    Namespace, RefreshSemaphoreLeaseRequest, ReleaseSemaphoreRequest, RevokeSemaphoreLeaseRequest,
-    Semaphore, SemaphoreHolder,
+    CreateNamespaceRequest, CreateSemaphoreRequest, GetLockLeaseRequest, GetNamespaceRequest,
+    GetSemaphoreLeaseRequest, GetSemaphoreRequest, ListLockLeasesRequest, ListNamespacesRequest,
+    ListSemaphoreHoldersRequest, ListSemaphoreLeasesRequest, ListSemaphoresRequest, Namespace,
+    RefreshLockLeaseRequest, RefreshSemaphoreLeaseRequest, ReleaseSemaphoreRequest,
+    RevokeLockLeaseRequest, RevokeSemaphoreLeaseRequest, Semaphore, SemaphoreHolder,
 };
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
@@ -58,6 +59,7 @@ use crate::backoff::Backoff;
 use crate::duration::format_duration;
 use crate::endpoint::{EndpointAddr, parse_endpoint};
 use crate::error::{Class, Error, Result, classify};
+use crate::lease::LeaseKind;
 pub use crate::request_id::request;
 use crate::request_id::{new_request_id, request_with_id};
 use crate::tls::ClientTls;
@@ -66,7 +68,7 @@ use crate::tls::ClientTls;
 pub use conch_proto::wire::LEADER_HEADER as LEADER_METADATA_KEY;
 
 /// Page size used when listing holders and waiters.
-const PAGE_LIMIT: i32 = 250;
+pub(crate) const PAGE_LIMIT: i32 = 250;
 /// Most nodes a client remembers (configured endpoints plus leader hints).
 const MAX_NODES: usize = 64;
 /// How long an endpoint with a transport failure is tried last.
@@ -955,8 +957,8 @@ impl Client {
 
     // ----- leases -----------------------------------------------------------------------------
 
-    /// Refreshes a lease once (`ttl_seconds` 0 keeps the lease's TTL). [`Lease`](crate::Lease)
-    /// does this by itself.
+    /// Refreshes a semaphore lease once (`ttl_seconds` 0 keeps the lease's TTL).
+    /// [`Lease`](crate::Lease) does this by itself.
     pub async fn refresh_lease(
         &self,
         namespace: &str,
@@ -964,51 +966,196 @@ impl Client {
         ttl_seconds: u64,
         opts: CallOptions,
     ) -> Result<conch_proto::grackle::Lease> {
-        const OP: &str = "refresh lease";
-        let req = RefreshSemaphoreLeaseRequest {
-            namespace_name: namespace.to_string(),
-            lease_id: lease_id.to_string(),
-            ttl_seconds,
-        };
-        let resp = self
-            .unary(OP, opts, req, |ch, r| async move {
-                GrackleApiClient::new(ch).refresh_semaphore_lease(r).await
-            })
-            .await?;
-        resp.lease.ok_or_else(|| missing(OP, "lease"))
+        self.refresh_lease_of(LeaseKind::Semaphore, namespace, lease_id, ttl_seconds, opts)
+            .await
     }
 
-    /// Revokes a lease: everything it holds or waits for is released at once.
+    /// Refreshes a lease of `kind` once (`ttl_seconds` 0 keeps the lease's TTL).
+    pub async fn refresh_lease_of(
+        &self,
+        kind: LeaseKind,
+        namespace: &str,
+        lease_id: &str,
+        ttl_seconds: u64,
+        opts: CallOptions,
+    ) -> Result<conch_proto::grackle::Lease> {
+        let (namespace_name, lease_id) = (namespace.to_string(), lease_id.to_string());
+        match kind {
+            LeaseKind::Semaphore => {
+                const OP: &str = "refresh lease";
+                let req = RefreshSemaphoreLeaseRequest {
+                    namespace_name,
+                    lease_id,
+                    ttl_seconds,
+                };
+                self.unary(OP, opts, req, |ch, r| async move {
+                    GrackleApiClient::new(ch).refresh_semaphore_lease(r).await
+                })
+                .await?
+                .lease
+                .ok_or_else(|| missing(OP, "lease"))
+            }
+            LeaseKind::Lock => {
+                const OP: &str = "refresh lock lease";
+                let req = RefreshLockLeaseRequest {
+                    namespace_name,
+                    lease_id,
+                    ttl_seconds,
+                };
+                self.unary(OP, opts, req, |ch, r| async move {
+                    GrackleApiClient::new(ch).refresh_lock_lease(r).await
+                })
+                .await?
+                .lease
+                .ok_or_else(|| missing(OP, "lease"))
+            }
+        }
+    }
+
+    /// Revokes a semaphore lease: everything it holds or waits for is released at once.
     pub async fn revoke_lease(&self, namespace: &str, lease_id: &str) -> Result<()> {
-        const OP: &str = "revoke lease";
-        let req = RevokeSemaphoreLeaseRequest {
-            namespace_name: namespace.to_string(),
-            lease_id: lease_id.to_string(),
-        };
-        self.unary_once(OP, self.default_options(), req, |ch, r| async move {
-            GrackleApiClient::new(ch).revoke_semaphore_lease(r).await
-        })
-        .await?;
+        self.revoke_lease_of(LeaseKind::Semaphore, namespace, lease_id)
+            .await
+    }
+
+    /// Revokes a lease of `kind`: everything it holds or waits for is released at once.
+    pub async fn revoke_lease_of(
+        &self,
+        kind: LeaseKind,
+        namespace: &str,
+        lease_id: &str,
+    ) -> Result<()> {
+        let (namespace_name, lease_id) = (namespace.to_string(), lease_id.to_string());
+        match kind {
+            LeaseKind::Semaphore => {
+                let req = RevokeSemaphoreLeaseRequest {
+                    namespace_name,
+                    lease_id,
+                };
+                self.unary_once(
+                    "revoke lease",
+                    self.default_options(),
+                    req,
+                    |ch, r| async move { GrackleApiClient::new(ch).revoke_semaphore_lease(r).await },
+                )
+                .await?;
+            }
+            LeaseKind::Lock => {
+                let req = RevokeLockLeaseRequest {
+                    namespace_name,
+                    lease_id,
+                };
+                self.unary_once(
+                    "revoke lock lease",
+                    self.default_options(),
+                    req,
+                    |ch, r| async move { GrackleApiClient::new(ch).revoke_lock_lease(r).await },
+                )
+                .await?;
+            }
+        }
         Ok(())
     }
 
-    /// Reads a lease.
+    /// Reads a semaphore lease.
     pub async fn get_lease(
         &self,
         namespace: &str,
         lease_id: &str,
     ) -> Result<conch_proto::grackle::Lease> {
-        const OP: &str = "get lease";
-        let req = GetSemaphoreLeaseRequest {
-            namespace_name: namespace.to_string(),
-            lease_id: lease_id.to_string(),
-        };
-        let resp = self
-            .unary(OP, self.default_options(), req, |ch, r| async move {
-                GrackleApiClient::new(ch).get_semaphore_lease(r).await
-            })
-            .await?;
-        resp.lease.ok_or_else(|| missing(OP, "lease"))
+        self.get_lease_of(LeaseKind::Semaphore, namespace, lease_id)
+            .await
+    }
+
+    /// Reads a lease of `kind`.
+    pub async fn get_lease_of(
+        &self,
+        kind: LeaseKind,
+        namespace: &str,
+        lease_id: &str,
+    ) -> Result<conch_proto::grackle::Lease> {
+        let (namespace_name, lease_id) = (namespace.to_string(), lease_id.to_string());
+        match kind {
+            LeaseKind::Semaphore => {
+                const OP: &str = "get lease";
+                let req = GetSemaphoreLeaseRequest {
+                    namespace_name,
+                    lease_id,
+                };
+                self.unary(OP, self.default_options(), req, |ch, r| async move {
+                    GrackleApiClient::new(ch).get_semaphore_lease(r).await
+                })
+                .await?
+                .lease
+                .ok_or_else(|| missing(OP, "lease"))
+            }
+            LeaseKind::Lock => {
+                const OP: &str = "get lock lease";
+                let req = GetLockLeaseRequest {
+                    namespace_name,
+                    lease_id,
+                };
+                self.unary(OP, self.default_options(), req, |ch, r| async move {
+                    GrackleApiClient::new(ch).get_lock_lease(r).await
+                })
+                .await?
+                .lease
+                .ok_or_else(|| missing(OP, "lease"))
+            }
+        }
+    }
+
+    /// The leases of `kind` in a namespace (all pages); with a non-empty `process_id`, only
+    /// that owner's.
+    pub async fn list_leases_of(
+        &self,
+        kind: LeaseKind,
+        namespace: &str,
+        process_id: &str,
+    ) -> Result<Vec<conch_proto::grackle::Lease>> {
+        all_pages(async |pagination_token| {
+            let (namespace_name, process_id) = (namespace.to_string(), process_id.to_string());
+            let (leases, next) = match kind {
+                LeaseKind::Semaphore => {
+                    let req = ListSemaphoreLeasesRequest {
+                        namespace_name,
+                        pagination_token,
+                        limit: PAGE_LIMIT,
+                        process_id,
+                    };
+                    let r = self
+                        .unary(
+                            "list leases",
+                            self.default_options(),
+                            req,
+                            |ch, r| async move {
+                                GrackleApiClient::new(ch).list_semaphore_leases(r).await
+                            },
+                        )
+                        .await?;
+                    (r.leases, r.next_pagination_token)
+                }
+                LeaseKind::Lock => {
+                    let req = ListLockLeasesRequest {
+                        namespace_name,
+                        pagination_token,
+                        limit: PAGE_LIMIT,
+                        process_id,
+                    };
+                    let r = self
+                        .unary(
+                            "list lock leases",
+                            self.default_options(),
+                            req,
+                            |ch, r| async move { GrackleApiClient::new(ch).list_lock_leases(r).await },
+                        )
+                        .await?;
+                    (r.leases, r.next_pagination_token)
+                }
+            };
+            Ok((leases, next))
+        })
+        .await
     }
 
     // ----- cluster ----------------------------------------------------------------------------
@@ -1076,7 +1223,7 @@ pub struct Waiters {
 /// Reads every page of a listing: `page(token)` fetches the page at `token` (empty: the first)
 /// and returns its items and the next page's token. Stops at an empty page, an empty or
 /// repeated token, or after 10 000 pages.
-async fn all_pages<T>(
+pub(crate) async fn all_pages<T>(
     mut page: impl AsyncFnMut(String) -> Result<(Vec<T>, String)>,
 ) -> Result<Vec<T>> {
     let mut out = Vec::new();

@@ -1,4 +1,9 @@
-//! [`Lease`]: a semaphore lease that keeps itself alive and says at once when it is lost.
+//! [`Lease`]: a semaphore or lock lease that keeps itself alive and says at once when it is
+//! lost.
+//!
+//! Semaphore leases and lock leases are separate kinds on the server (a lock lease cannot hold
+//! permits, nor a semaphore lease locks); [`LeaseKind`] says which calls a lease is kept alive,
+//! read and revoked with. Everything else below holds for both.
 //!
 //! Timeline for a lease with TTL `T` (all times measured from when a request was *sent*, which
 //! is never later than when the server applied it):
@@ -19,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conch_proto::grackle::CreateSemaphoreLeaseRequest;
+use conch_proto::grackle::{CreateLockLeaseRequest, CreateSemaphoreLeaseRequest};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -31,6 +36,25 @@ use crate::error::{Error, LeaseLoss, Result};
 
 /// Longest TTL the server accepts.
 pub const MAX_TTL: Duration = Duration::from_secs(300);
+
+/// Which kind of lease: the server keeps semaphore leases and lock leases apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseKind {
+    /// Holds semaphore permits (`CreateSemaphoreLease`, ...).
+    Semaphore,
+    /// Holds locks (`CreateLockLease`, ...).
+    Lock,
+}
+
+impl LeaseKind {
+    /// `"semaphore lease"` or `"lock lease"`, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            LeaseKind::Semaphore => "semaphore lease",
+            LeaseKind::Lock => "lock lease",
+        }
+    }
+}
 
 /// State of a [`Lease`] as seen by its keep-alive task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,9 +115,10 @@ pub fn validate_ttl(ttl: Duration) -> std::result::Result<u64, String> {
     Ok(ttl.as_secs())
 }
 
-/// A semaphore lease kept alive in the background.
+/// A semaphore or lock lease kept alive in the background.
 ///
-/// Created by [`Client::create_lease`]. Permits acquired with it are held as long as it lives;
+/// Created by [`Client::create_lease`] (semaphores) or [`Client::create_lock_lease`] (locks).
+/// Permits or locks acquired with it are held as long as it lives;
 /// [`Lease::revoke`] releases all of them at once. Dropping the handle stops the keep-alive
 /// and revokes the lease in the background (best effort; the server expires it after its TTL
 /// anyway).
@@ -125,6 +150,7 @@ pub fn validate_ttl(ttl: Duration) -> std::result::Result<u64, String> {
 /// ```
 pub struct Lease {
     client: Client,
+    kind: LeaseKind,
     namespace: String,
     id: String,
     ttl: Duration,
@@ -138,6 +164,7 @@ pub struct Lease {
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
+            .field("kind", &self.kind)
             .field("namespace", &self.namespace)
             .field("id", &self.id)
             .field("ttl", &self.ttl)
@@ -147,7 +174,7 @@ impl std::fmt::Debug for Lease {
 }
 
 impl Client {
-    /// Creates a lease with `ttl` (whole seconds, 1–300) and starts keeping it alive.
+    /// Creates a semaphore lease with `ttl` (whole seconds, 1–300) and starts keeping it alive.
     ///
     /// `process_id` (≤ 128 bytes) identifies the owner in `ListSemaphoreLeases`; `metadata` is
     /// stored with the lease. The create is retried on failover like every other call, with one
@@ -159,30 +186,78 @@ impl Client {
         ttl: Duration,
         metadata: HashMap<String, String>,
     ) -> Result<Lease> {
-        const OP: &str = "create lease";
-        let ttl_seconds =
-            validate_ttl(ttl).map_err(|message| Error::InvalidArgument { op: OP, message })?;
-        let req = CreateSemaphoreLeaseRequest {
-            namespace_name: namespace.to_string(),
-            process_id: process_id.to_string(),
-            ttl_seconds,
-            metadata,
+        self.create_lease_of(LeaseKind::Semaphore, namespace, process_id, ttl, metadata)
+            .await
+    }
+
+    /// Creates a lock lease (for [`Client::acquire_lock`]) with `ttl` and starts keeping it
+    /// alive; otherwise as [`Client::create_lease`].
+    pub async fn create_lock_lease(
+        &self,
+        namespace: &str,
+        process_id: &str,
+        ttl: Duration,
+        metadata: HashMap<String, String>,
+    ) -> Result<Lease> {
+        self.create_lease_of(LeaseKind::Lock, namespace, process_id, ttl, metadata)
+            .await
+    }
+
+    /// Creates a lease of `kind`: [`Client::create_lease`] or [`Client::create_lock_lease`].
+    pub async fn create_lease_of(
+        &self,
+        kind: LeaseKind,
+        namespace: &str,
+        process_id: &str,
+        ttl: Duration,
+        metadata: HashMap<String, String>,
+    ) -> Result<Lease> {
+        let op = match kind {
+            LeaseKind::Semaphore => "create lease",
+            LeaseKind::Lock => "create lock lease",
         };
+        let ttl_seconds =
+            validate_ttl(ttl).map_err(|message| Error::InvalidArgument { op, message })?;
         // The lease cannot expire earlier than `ttl` after this instant.
         let sent = Instant::now();
-        let resp = self
-            .unary_once(OP, self.default_options(), req, |ch, r| async move {
-                GrackleApiClient::new(ch).create_semaphore_lease(r).await
-            })
-            .await?;
-        let info = resp.lease.ok_or_else(|| missing(OP, "lease"))?;
+        let (namespace_name, process_id) = (namespace.to_string(), process_id.to_string());
+        let lease = match kind {
+            LeaseKind::Semaphore => {
+                let req = CreateSemaphoreLeaseRequest {
+                    namespace_name,
+                    process_id,
+                    ttl_seconds,
+                    metadata,
+                };
+                self.unary_once(op, self.default_options(), req, |ch, r| async move {
+                    GrackleApiClient::new(ch).create_semaphore_lease(r).await
+                })
+                .await?
+                .lease
+            }
+            LeaseKind::Lock => {
+                let req = CreateLockLeaseRequest {
+                    namespace_name,
+                    process_id,
+                    ttl_seconds,
+                    metadata,
+                };
+                self.unary_once(op, self.default_options(), req, |ch, r| async move {
+                    GrackleApiClient::new(ch).create_lock_lease(r).await
+                })
+                .await?
+                .lease
+            }
+        };
+        let info = lease.ok_or_else(|| missing(op, "lease"))?;
         if info.lease_id.is_empty() {
-            return Err(missing(OP, "lease_id"));
+            return Err(missing(op, "lease_id"));
         }
         let state = Arc::new(watch::Sender::new(LeaseState::Alive));
         let refreshed = Arc::new(watch::Sender::new(sent));
         let keepalive = tokio::spawn(keep_alive(
             self.clone(),
+            kind,
             namespace.to_string(),
             info.lease_id.clone(),
             ttl,
@@ -190,9 +265,10 @@ impl Client {
             sent,
             refreshed.clone(),
         ));
-        debug!(lease = %info.lease_id, ttl_s = ttl_seconds, "lease created");
+        debug!(lease = %info.lease_id, ?kind, ttl_s = ttl_seconds, "lease created");
         Ok(Lease {
             client: self.clone(),
+            kind,
             namespace: namespace.to_string(),
             id: info.lease_id.clone(),
             ttl,
@@ -209,6 +285,11 @@ impl Lease {
     /// The lease id (e.g. `ls_…`), as exported by the CLI in `CONCH_LEASE`.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Semaphore lease or lock lease.
+    pub fn kind(&self) -> LeaseKind {
+        self.kind
     }
 
     /// The namespace the lease lives in.
@@ -281,7 +362,11 @@ impl Lease {
             }
             alive
         });
-        match self.client.revoke_lease(&self.namespace, &self.id).await {
+        match self
+            .client
+            .revoke_lease_of(self.kind, &self.namespace, &self.id)
+            .await
+        {
             Ok(()) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
@@ -299,9 +384,9 @@ impl Drop for Lease {
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let client = self.client.clone();
-            let (ns, id) = (self.namespace.clone(), self.id.clone());
+            let (kind, ns, id) = (self.kind, self.namespace.clone(), self.id.clone());
             rt.spawn(async move {
-                if let Err(e) = client.revoke_lease(&ns, &id).await {
+                if let Err(e) = client.revoke_lease_of(kind, &ns, &id).await {
                     debug!(lease = %id, error = %e, "revoke on drop failed");
                 }
             });
@@ -320,8 +405,10 @@ fn lose(state: &watch::Sender<LeaseState>, loss: LeaseLoss) {
 }
 
 /// The keep-alive loop (see the module docs for the timeline).
+#[allow(clippy::too_many_arguments)]
 async fn keep_alive(
     client: Client,
+    kind: LeaseKind,
     namespace: String,
     id: String,
     ttl: Duration,
@@ -353,7 +440,7 @@ async fn keep_alive(
             timeout: attempt_timeout.min(budget),
             retry_for: budget,
         };
-        let refresh = client.refresh_lease(&namespace, &id, ttl.as_secs(), opts);
+        let refresh = client.refresh_lease_of(kind, &namespace, &id, ttl.as_secs(), opts);
         match tokio::time::timeout(budget, refresh).await {
             Ok(Ok(_)) => {
                 last_ok = sent;

@@ -1,16 +1,19 @@
 //! Rust client for conch, the self-hosted coordination daemon.
 //!
 //! A conch cluster is 1, 3 or 5 `conchd` nodes that replicate Grackle-style semaphores through
-//! Raft; any node answers. This crate gives you:
+//! Raft; any node answers (hierarchical read/write locks too, see [`lock`]). This crate gives
+//! you:
 //!
 //! - [`Client`]: a list of endpoints with failover, the leader hint (`conch-leader` response
 //!   metadata) to skip the follower hop, deadlines on every call, retries of what is safe to
 //!   retry, and typed wrappers of the RPCs ([`Client::call`] and the raw generated clients for
 //!   the rest);
-//! - [`Lease`]: a semaphore lease that refreshes itself in the background and tells its owner
+//! - [`Lease`]: a semaphore or lock lease that refreshes itself in the background and tells its owner
 //!   at once when it is lost — *before* the server could give its permits to someone else;
 //! - [`Client::acquire`]: waits in the server's FIFO queue for permits, keeping its place
 //!   across RPC timeouts and node failover, and returns a [`Guard`] with the fencing token;
+//!   [`Client::acquire_lock`] does the same for a lock path, shared or exclusive, and says
+//!   what blocks it when it does not get it ([`Blocked`]);
 //! - [`sema`]: the naming scheme of `conch sema` (namespace `conch` by default, semaphore
 //!   `<name>.<max>`);
 //! - [`BearerToken`]: for a cluster with access control on, set [`ClientConfig::token`] and every
@@ -72,6 +75,7 @@ mod error;
 #[cfg(test)]
 mod fake;
 pub mod lease;
+pub mod lock;
 pub mod private_file;
 pub mod request_id;
 #[cfg(test)]
@@ -80,13 +84,14 @@ pub mod sema;
 mod tls;
 mod token;
 
-pub use acquire::Guard;
+pub use acquire::{Guard, Held};
 pub use backoff::Backoff;
 pub use client::{CallOptions, Client, ClientConfig, LEADER_METADATA_KEY, Waiters, request};
 pub use duration::format_duration;
 pub use endpoint::{DEFAULT_ENDPOINT, DEFAULT_PORT, EndpointAddr, parse_endpoint, parse_endpoints};
 pub use error::{Error, LeaseLoss, Result};
-pub use lease::{Lease, LeaseState, loss_after, refresh_interval};
+pub use lease::{Lease, LeaseKind, LeaseState, loss_after, refresh_interval};
+pub use lock::{Blocked, LockOutcome};
 pub use request_id::{REQUEST_ID_METADATA_KEY, new_request_id, request_with_id};
 pub use tls::ClientTls;
 pub use token::{AUTHORIZATION, BearerToken, NodeChannel, TokenInterceptor};

@@ -54,18 +54,22 @@ Examples:
   conch sema certs-renew --max 1 --nonblock -- ./renew.sh || echo \"already running elsewhere\"
   conch sema heavy-jobs --max 2 -- /usr/local/bin/run-job.sh
   conch sema heavy-jobs --max 2 --who
+  conch lock db/orders -- ./migrate-orders.sh        # exclusive: waits for db and db/orders/*
+  conch lock db/orders/2026 --shared -- ./report.sh
+  conch lock db --who
   conch elect billing --value \"$(hostname):8080\" -- ./scheduler
   conch --endpoints node1:7001,node2:7001,node3:7001 cluster status
   CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh   # access control on
   conch sema nightly --namespace team-a --max 1 -- ./backup.sh          # a team's namespace
   conch completions bash > /etc/bash_completion.d/conch
 
-Exit status: 64 usage error, 69 no conch node answered, 75 no slot in time, 77 no token or
-no permission, 79 slot (or leadership, for elect) lost while running (lease lost, semaphore
-deleted or resized); otherwise the command's own status (see `conch sema --help`, `conch
-elect --help`).";
+Exit status: 64 usage error, 69 no conch node answered, 75 no slot (or lock) in time, 77 no
+token or no permission, 79 slot, lock or leadership lost while running (lease lost, semaphore
+deleted or resized, lock hold dropped); otherwise the command's own status (see `conch sema
+--help`, `conch lock --help`, `conch elect --help`).";
 
-/// conch: cluster-wide semaphores for shell scripts and cron jobs, served by conchd.
+/// conch: cluster-wide semaphores, locks and elections for shell scripts and cron jobs, served
+/// by conchd.
 #[derive(Debug, Parser)]
 #[command(
     name = "conch",
@@ -149,6 +153,10 @@ pub enum Command {
     /// Run a command while holding one of N cluster-wide slots, or show who holds them.
     #[command(after_help = SEMA_EXAMPLES)]
     Sema(SemaArgs),
+    /// Run a command while holding a hierarchical lock (exclusive or shared), or show who holds
+    /// and waits.
+    #[command(after_help = LOCK_EXAMPLES)]
+    Lock(LockArgs),
     /// Inspect and change the cluster: status, membership, leadership, snapshots, backups.
     Cluster {
         #[command(subcommand)]
@@ -579,6 +587,129 @@ pub struct SemaArgs {
     pub command: Vec<String>,
 }
 
+const LOCK_EXAMPLES: &str = "\
+Examples:
+  # one migration of the orders tables at a time; it also waits for (and holds off) anything
+  # under db/orders, and an exclusive hold of db
+  conch lock db/orders -- ./migrate-orders.sh
+
+  # readers share: many reports at once, but no migration of db/orders while they run
+  conch lock db/orders/2026 --shared -- ./report.sh 2026
+
+  # cron: skip this run if the lock is busy, saying what holds it
+  conch lock backups/nightly --nonblock -- ./backup.sh || echo \"busy, skipped\"
+
+  # who holds db, its ancestors and descendants, who waits, and what would block
+  conch lock db --who
+  conch lock db --who --json
+
+Paths are '/'-separated (letters, digits, '-', '_', '.'; at most 256 characters) in the
+namespace conch, or --namespace NS (CONCH_NAMESPACE). An exclusive hold (the default)
+conflicts with every other hold on the same path, its ancestors (db of db/orders) and its
+descendants (db/orders/2026); a --shared hold only with exclusive ones there. Siblings never
+conflict. Waiters queue in one FIFO queue per namespace: a waiting exclusive acquire holds
+back later shared ones that conflict with it, so a stream of readers cannot starve a writer.
+
+The command runs with, in its environment:
+  CONCH_REV         the grant's fencing token: strictly increasing per path (and cluster-wide)
+                    from one holder to the next; pass it to what the lock protects so it can
+                    refuse a stale holder
+  CONCH_LEASE       the lock lease id
+  CONCH_LOCK        the path
+  CONCH_LOCK_MODE   exclusive or shared
+in a process group of its own: conch forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and
+SIGUSR2 to that group, so the command cannot read from the terminal. It does not see
+CONCH_TOKEN, CONCH_TOKEN_FILE, CONCH_CERT or CONCH_KEY. While conch waits, a status line on a
+terminal says where it stands and what blocks it (-v: plain lines).
+
+If the lease cannot be kept alive while the command runs (the cluster is unreachable for
+about the TTL, or the lease was revoked), or the hold is dropped (DeleteLock, checked about
+every TTL/3), conch says so on stderr, sends SIGTERM to the command's process group, SIGKILL
+after --kill-after, and exits 79. It gives up before the server can expire the lease, but a
+new holder may start while the old command is still stopping: check CONCH_REV where it
+matters.
+
+Exit status:
+  the command's     the command ran (128+N if it was killed by signal N)
+  0 / 1             --who: the path, an ancestor or a descendant is held / none is
+  64                usage error (a bad path, --json without --who, ...)
+  69                no conch node answered
+  75                no lock within --wait (at once with --nonblock); the message names
+                    the reason (peer, ancestor, descendant) and the paths in the way
+  77                access control: no token, an unknown or revoked one, no permission on
+                    the namespace, or a namespace that does not exist and that this token
+                    may not create
+  79                lock lost while running: lease lost, or the hold dropped (DeleteLock)
+  126 / 127         the command could not be executed / was not found";
+
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// Lock path: '/'-separated segments of letters, digits, '-', '_' and '.'.
+    #[arg(value_name = "PATH", value_parser = lock_path_arg)]
+    pub path: String,
+
+    /// The namespace the lock, its lease and holders live in (one per team keeps teams apart;
+    /// see `conch namespace --help`).
+    #[arg(long, value_name = "NS", env = "CONCH_NAMESPACE", default_value = conch_client::sema::NAMESPACE, value_parser = namespace_arg)]
+    pub namespace: String,
+
+    /// Hold the lock shared (readers): other shared holds of the path, its ancestors and
+    /// descendants may run beside it, exclusive ones may not. Without it the hold is exclusive.
+    #[arg(long)]
+    pub shared: bool,
+
+    /// Lease time to live (whole seconds, 1s-300s): a crashed conch's lock comes back after
+    /// about this long.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = ttl_arg)]
+    pub ttl: Duration,
+
+    /// Longest wait for the lock [default: forever]; exit 75 if it does not come in time. The
+    /// wait keeps its place in the FIFO queue across request timeouts and node failover.
+    #[arg(long, value_name = "DURATION", value_parser = wait_arg, conflicts_with = "nonblock")]
+    pub wait: Option<Wait>,
+
+    /// Do not wait: run only if the lock is free now, else exit 75 (same as --wait 0).
+    #[arg(long, short = 'n')]
+    pub nonblock: bool,
+
+    /// When the lock is lost while the command runs: time between SIGTERM and SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
+    pub kill_after: Duration,
+
+    /// Show the holds on the path, its ancestors and descendants, the acquires queued there,
+    /// and what an acquire of the path (exclusive, or --shared) would wait for; exit 0 if
+    /// anything there is held, 1 if nothing is.
+    #[arg(long, conflicts_with_all = ["wait", "nonblock", "command"])]
+    pub who: bool,
+
+    /// With --who: print JSON.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The command to run, after `--`.
+    #[arg(value_name = "CMD", last = true, required_unless_present = "who")]
+    pub command: Vec<String>,
+}
+
+impl LockArgs {
+    /// Checks what clap cannot express.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.json && !self.who {
+            return Err("--json goes with --who".to_string());
+        }
+        Ok(())
+    }
+
+    /// The wait bound: `None` is forever.
+    pub fn wait_bound(&self) -> Option<Duration> {
+        if self.nonblock {
+            Some(Duration::ZERO)
+        } else {
+            self.wait.and_then(|w| w.0)
+        }
+    }
+}
+
 const ELECT_EXAMPLES: &str = "\
 Examples:
   # run the billing scheduler on exactly one of the hosts that run this line
@@ -732,6 +863,11 @@ pub fn size_arg(s: &str) -> Result<u64, String> {
 
 fn namespace_arg(s: &str) -> Result<String, String> {
     conch_client::sema::validate_name("namespace", s)?;
+    Ok(s.to_string())
+}
+
+fn lock_path_arg(s: &str) -> Result<String, String> {
+    conch_client::lock::validate_path(s)?;
     Ok(s.to_string())
 }
 
@@ -1001,6 +1137,75 @@ mod tests {
         for needle in ["CONCH_LEADER_VALUE", "--observe", "79", "billing.elect"] {
             assert!(help.contains(needle), "elect --help lacks {needle:?}");
         }
+    }
+
+    fn lock(args: &[&str]) -> Result<LockArgs, String> {
+        match parse(args).map_err(|e| e.to_string())?.command {
+            Command::Lock(l) => l.validate().map(|()| l),
+            other => panic!("not lock: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lock_parses_modes_waits_and_who() {
+        let l = lock(&["lock", "db/orders", "--", "./m.sh", "-x"]).unwrap();
+        assert_eq!(l.path, "db/orders");
+        assert!(!l.shared);
+        assert_eq!(l.wait_bound(), None);
+        assert_eq!(l.command, ["./m.sh", "-x"]);
+        assert_eq!(l.namespace, "conch");
+        assert_eq!(l.ttl, Duration::from_secs(10));
+        let l = lock(&["lock", "a/b", "--shared", "--wait", "30s", "--", "true"]).unwrap();
+        assert!(l.shared);
+        assert_eq!(l.wait_bound(), Some(Duration::from_secs(30)));
+        let l = lock(&["lock", "a", "-n", "--ttl", "3s", "--", "true"]).unwrap();
+        assert_eq!(l.wait_bound(), Some(Duration::ZERO));
+        assert_eq!(l.ttl, Duration::from_secs(3));
+        let l = lock(&["lock", "a", "--who", "--json", "--shared"]).unwrap();
+        assert!(l.who && l.json && l.shared);
+        let bad: &[&[&str]] = &[
+            &["lock", "a"],
+            &["lock", "a//b", "--", "true"],
+            &["lock", "/a", "--", "true"],
+            &["lock", "a b", "--", "true"],
+            &["lock", "a", "--json", "--", "true"],
+            &["lock", "a", "--who", "--", "true"],
+            &["lock", "a", "--nonblock", "--wait", "1s", "--", "true"],
+            &["lock", "a", "--ttl", "0s", "--", "true"],
+            &["lock", "a", "--namespace", "x/y", "--who"],
+            &["lock", "a", "sh", "-c", "true"],
+        ];
+        for args in bad {
+            assert!(lock(args).is_err(), "{args:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn lock_help_documents_the_variables_examples_and_exit_codes() {
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("lock")
+            .expect("lock subcommand")
+            .render_long_help()
+            .to_string();
+        for needle in [
+            "conch lock db/orders -- ./migrate-orders.sh",
+            "--shared",
+            "--nonblock",
+            "conch lock db --who --json",
+            "CONCH_REV",
+            "CONCH_LEASE",
+            "CONCH_LOCK",
+            "CONCH_LOCK_MODE",
+            "DeleteLock",
+            "75",
+            "79",
+        ] {
+            assert!(help.contains(needle), "lock --help lacks {needle:?}:\n{help}");
+        }
+        let top = Cli::command().render_long_help().to_string();
+        assert!(top.contains("conch lock"), "{top}");
+        assert!(top.contains("lock"), "{top}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! An election is a 1-permit semaphore `<name>.elect` in the namespace `conch`, or
 //! `--namespace` (see
 //! [`conch_client::elect`]). A candidate is a `conch sema` run on it: the same lease, FIFO queue,
-//! refresh, self-fencing and guard ([`crate::sema::hold`]), with the candidate's `--value` in the
+//! refresh, self-fencing and guard ([`crate::runner::hold`]), with the candidate's `--value` in the
 //! lease and acquire metadata and in the command's environment as `CONCH_LEADER_VALUE`.
 //!
 //! `--observe` asks the server to wait until the leader differs from the one it knows
@@ -29,7 +29,8 @@ use serde::Serialize;
 use crate::child::Signals;
 use crate::cli::ElectArgs;
 use crate::exit;
-use crate::sema::{Identity, Plan, Spec, hold};
+use crate::runner::{Spec, hold};
+use crate::sema::{Identity, Plan, SemaTarget};
 use crate::timefmt::now_rfc3339;
 use crate::who::{self, Entry};
 
@@ -56,13 +57,17 @@ pub async fn run(
     }
     let mut metadata = me.metadata();
     metadata.insert(META_VALUE.to_string(), value.clone());
-    let spec = Spec {
-        namespace: args.namespace.clone(),
-        plan: Plan {
+    let mut target = SemaTarget::new(
+        Plan {
             main: semaphore,
             host: None,
         },
-        permits: 1,
+        1,
+        format!("leadership of {}", args.name),
+        format!("not leader of {} (another candidate leads)", args.name),
+    );
+    let spec = Spec {
+        namespace: args.namespace.clone(),
         ttl: args.ttl,
         kill_after: args.kill_after,
         wait: args.wait.and_then(|w| w.0),
@@ -71,11 +76,9 @@ pub async fn run(
         metadata,
         env: vec![("CONCH_LEADER_VALUE", value)],
         label: format!("election {}", args.name),
-        wanted: format!("leadership of {}", args.name),
-        busy: format!("not leader of {} (another candidate leads)", args.name),
         slot: "leadership",
     };
-    hold(client, &spec, signals).await
+    hold(client, &spec, &mut target, signals).await
 }
 
 /// What `--who --json` prints.

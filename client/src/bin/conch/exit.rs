@@ -9,9 +9,9 @@
 //! | 65 | the cluster refused what was asked: something named does not exist (`NOT_FOUND`) or already exists (`ALREADY_EXISTS`) (EX_DATAERR) |
 //! | 69 | no conch node answered (EX_UNAVAILABLE) |
 //! | 70 | internal error: an answer conch cannot use, or a semaphore without the `--max` permits it should have (EX_SOFTWARE) |
-//! | 75 | no slot within `--wait` (EX_TEMPFAIL) |
+//! | 75 | no slot (`conch lock`: no lock) within `--wait` (EX_TEMPFAIL) |
 //! | 77 | access control refused the call: no token, an unknown or revoked one, or no permission; or a namespace that does not exist and the token may not create (EX_NOPERM) |
-//! | 79 | slot (`conch elect`: leadership) lost while the command ran: the lease could not be kept, or the semaphore was deleted or its permits changed |
+//! | 79 | slot (`conch elect`: leadership; `conch lock`: lock) lost while the command ran: the lease could not be kept, or the semaphore was deleted or its permits changed, or the lock's hold was dropped (`DeleteLock`) |
 //! | 126 / 127 | the command could not be executed / was not found (as in shells) |
 
 use std::process::ExitStatus;

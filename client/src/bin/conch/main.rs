@@ -1,8 +1,9 @@
-//! `conch`: run commands under cluster-wide semaphores served by conchd.
+//! `conch`: run commands under cluster-wide semaphores, locks and elections served by conchd.
 //!
 //! `Cli` parsed → `run() -> anyhow::Result<ExitCode>`. Every failure prints one line,
 //! `conch: …`, and exits with the code [`exit`] documents (64 usage, 69 no node answered,
-//! 75 no slot, 77 no token or no permission, 79 slot (or leadership) lost while running;
+//! 75 no slot or lock, 77 no token or no permission, 79 slot, lock or leadership lost while
+//! running;
 //! otherwise the command's own status).
 //!
 //! Secrets stay out of sight: `--token` on the command line is refused (the process list shows
@@ -21,7 +22,9 @@ mod elect;
 mod exit;
 mod guard;
 mod health;
+mod lock;
 mod namespace;
+mod runner;
 mod sema;
 mod status;
 mod timefmt;
@@ -156,6 +159,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Elect(args) = &cli.command {
         args.validate().map_err(exit::usage)?;
     }
+    if let Command::Lock(args) = &cli.command {
+        args.validate().map_err(exit::usage)?;
+        lock::check_path(&args.path)?;
+    }
     if let Command::Completions { shell } = cli.command {
         let mut script = Vec::new();
         clap_complete::generate(shell, &mut Cli::command(), "conch", &mut script);
@@ -217,6 +224,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // the wait cleanly instead of leaving a waiter behind until the TTL.
             let mut signals = child::Signals::install().context("install signal handlers")?;
             sema::run(&client, &args, &mut signals).await
+        }
+        Command::Lock(args) if args.who => lock::who(&client, &args).await,
+        Command::Lock(args) => {
+            let mut signals = child::Signals::install().context("install signal handlers")?;
+            lock::run(&client, &args, &mut signals).await
         }
         Command::Cluster {
             command: ClusterCommand::Status { json },

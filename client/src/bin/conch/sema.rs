@@ -1,40 +1,28 @@
 //! `conch sema <name> --max N -- cmd…`: hold one of N cluster-wide slots while `cmd` runs.
 //!
-//! 1. Make sure `<ns>/<name>.<N>` exists (and, with `--spread`, `<ns>/<name>.<N>.host-<h>`),
-//!    `<ns>` being `--namespace` (default `conch`). A namespace that does not exist is made
-//!    where the token may; where it may not, conch says so in one line (exit 77). A semaphore
-//!    that exists with other permits than N (changed through the API) is refused (exit 70).
-//! 2. Create a lease (`--ttl`) and queue for one permit (the host semaphore first, with the
-//!    same lease and what is left of the same wait). The queue position survives RPC timeouts
-//!    and node failover; a lease lost while waiting re-enters with a new lease (back of the
-//!    queue) while `--wait` allows, else exit 75.
-//! 3. Check that the semaphore is still the one queued in, then run the command in its own
-//!    process group with `CONCH_REV` and `CONCH_LEASE` (and without the variables that hold
-//!    or name conch's credentials), forwarding signals, while the lease keeps itself alive and
-//!    the semaphore is watched ([`crate::watch`]).
-//! 4. Command exits: revoke the lease (releasing its permits in one request), exit with the
-//!    command's status. Lease lost, or the semaphore deleted or resized, first: SIGTERM the
-//!    group, SIGKILL after `--kill-after`, revoke, exit 79.
+//! The run itself is [`crate::runner::hold`], shared with `conch elect` and `conch lock`;
+//! what is particular to `conch sema` is [`SemaTarget`]:
 //!
-//! Beside the command runs a [`guard`](crate::guard) process, renewed on every refresh: should
-//! conch itself not run (stopped, stuck) past the point where the lease is safe, the guard
-//! stops the command, and conch, once it runs again, says so and exits 79.
+//! - make sure `<ns>/<name>.<N>` exists (and, with `--spread`, `<ns>/<name>.<N>.host-<h>`),
+//!   `<ns>` being `--namespace` (default `conch`). A semaphore that exists with other permits
+//!   than N (changed through the API) is refused (exit 70);
+//! - queue for one permit of each (the host semaphore first, with the same lease and what is
+//!   left of the same wait);
+//! - while the command runs, the semaphore is watched ([`crate::watch`]): deleted or resized,
+//!   the slot is lost (exit 79).
 
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE, NAMESPACE};
-use conch_client::{Client, Guard, Lease, format_duration, refresh_interval};
-use tonic::Code;
-use tracing::{debug, info};
+use conch_client::sema::{self, META_CMD, META_HOST, META_PID, META_SINCE};
+use conch_client::{Client, Guard, Lease, LeaseKind, format_duration};
 
-use crate::child::{self, Signals};
+use crate::child::Signals;
 use crate::cli::SemaArgs;
 use crate::exit::{self, Exit};
-use crate::guard;
-use crate::status;
+use crate::runner::{Spec, Target, hold, remaining, setup_error};
+use crate::status::{self, Standing};
 use crate::timefmt::now_rfc3339;
 use crate::watch::Held;
 
@@ -105,86 +93,88 @@ impl Plan {
     }
 }
 
-/// What is left of a wait that ends at `deadline` (`None`: forever).
-fn remaining(deadline: Option<Instant>) -> Option<Duration> {
-    deadline.map(|d| d.saturating_duration_since(Instant::now()))
-}
-
-/// One run under a slot, as `conch sema` and `conch elect` describe it: which semaphores, how
-/// long to wait, what to run, and the words the messages use.
-pub struct Spec<'a> {
-    /// The namespace everything lives in (`--namespace`).
-    pub namespace: String,
+/// The slots of a `conch sema` (or `conch elect`) run: the plan's semaphores, each with one
+/// permit, all taken with one lease.
+pub struct SemaTarget {
     pub plan: Plan,
     /// Permits of the main semaphore.
     pub permits: u64,
-    pub ttl: Duration,
-    pub kill_after: Duration,
-    /// `None`: forever.
-    pub wait: Option<Duration>,
-    pub command: &'a [String],
-    pub me: Identity,
-    /// Metadata of the lease and the acquires (the identity's, plus what the caller adds).
-    pub metadata: HashMap<String, String>,
-    /// Environment for the command besides `CONCH_REV` and `CONCH_LEASE`.
-    pub env: Vec<(&'static str, String)>,
-    /// What is queued for, in messages: `video-encode[2]`, `election billing`.
-    pub label: String,
     /// What is wanted, in "no … within": `slot in video-encode[2]`, `leadership of billing`.
     pub wanted: String,
     /// The message when there is none to take at once.
     pub busy: String,
-    /// What is held, in messages: `slot`, `leadership`.
-    pub slot: &'static str,
+    /// The main semaphore as read when conch queued (set by `prepare`).
+    held: Option<Held>,
+    namespace: String,
 }
 
-fn no_slot(spec: &Spec, wait: Option<Duration>) -> anyhow::Error {
-    let wanted = &spec.wanted;
-    let message = match wait {
-        Some(w) if w.is_zero() => spec.busy.clone(),
-        Some(w) => format!("no {wanted} within {}", format_duration(w)),
-        None => format!("no {wanted}"),
-    };
-    Exit {
-        code: exit::NO_SLOT,
-        message,
-    }
-    .into()
-}
-
-/// What to say when `namespace` does not exist and the token may not create it.
-pub fn missing_namespace(namespace: &str) -> String {
-    if namespace == NAMESPACE {
-        format!(
-            "namespace {namespace} does not exist, and this token may not create it: a token \
-             with acquire permission on {namespace} creates it on first use"
-        )
-    } else {
-        format!(
-            "namespace {namespace} does not exist; an admin creates it with: conch namespace \
-             create {namespace}"
-        )
-    }
-}
-
-/// A failure to set up `namespace/semaphore`, as one line: a refusal because the namespace does
-/// not exist (and this token may not create it) says so, exit 77.
-async fn setup_error(
-    client: &Client,
-    namespace: &str,
-    semaphore: &str,
-    e: conch_client::Error,
-) -> anyhow::Error {
-    if e.code() == Some(Code::PermissionDenied)
-        && matches!(client.get_namespace(namespace).await, Err(ref g) if g.is_not_found())
-    {
-        return Exit {
-            code: exit::NO_PERMISSION,
-            message: missing_namespace(namespace),
+impl SemaTarget {
+    pub fn new(plan: Plan, permits: u64, wanted: String, busy: String) -> SemaTarget {
+        SemaTarget {
+            plan,
+            permits,
+            wanted,
+            busy,
+            held: None,
+            namespace: String::new(),
         }
-        .into();
     }
-    anyhow::Error::new(e).context(format!("set up semaphore {namespace}/{semaphore}"))
+
+    fn held(&self) -> conch_client::Result<&Held> {
+        self.held.as_ref().ok_or_else(|| conch_client::Error::Protocol {
+            op: "check semaphore",
+            message: "the semaphore was not read before queueing".to_string(),
+        })
+    }
+}
+
+impl Target for SemaTarget {
+    fn lease_kind(&self) -> LeaseKind {
+        LeaseKind::Semaphore
+    }
+
+    async fn prepare(&mut self, client: &Client, namespace: &str) -> anyhow::Result<()> {
+        self.namespace = namespace.to_string();
+        self.held = Some(ensure_semaphores(client, namespace, &self.plan, self.permits).await?);
+        Ok(())
+    }
+
+    async fn take(
+        &self,
+        client: &Client,
+        lease: &Lease,
+        namespace: &str,
+        deadline: Option<Instant>,
+        metadata: &HashMap<String, String>,
+    ) -> conch_client::Result<Option<Vec<Guard>>> {
+        take_slots(client, lease, namespace, &self.plan, deadline, metadata).await
+    }
+
+    fn not_taken(&self, wait: Option<Duration>) -> String {
+        let wanted = &self.wanted;
+        match wait {
+            Some(w) if w.is_zero() => self.busy.clone(),
+            Some(w) => format!("no {wanted} within {}", format_duration(w)),
+            None => format!("no {wanted}"),
+        }
+    }
+
+    async fn check(&self, client: &Client, _token: u64) -> conch_client::Result<Option<String>> {
+        let held = self.held()?;
+        Ok(held.check(client).await?.map(|c| held.describe(&c)))
+    }
+
+    async fn lost(&self, client: &Client, _token: u64, every: Duration) -> String {
+        match self.held() {
+            Ok(held) => held.describe(&held.changed(client, every).await),
+            // Cannot happen (`prepare` ran); never resolving leaves the lease in charge.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    async fn standing(&self, client: &Client, lease_id: &str) -> Option<Standing> {
+        status::semaphore_standing(client, &self.namespace, &self.plan.main, lease_id).await
+    }
 }
 
 /// Makes sure the plan's semaphores exist in `namespace` (and the namespace, where the token
@@ -198,7 +188,10 @@ async fn ensure_semaphores(
 ) -> anyhow::Result<Held> {
     let main = match client.ensure_semaphore(namespace, &plan.main, max).await {
         Ok(s) => s,
-        Err(e) => return Err(setup_error(client, namespace, &plan.main, e).await),
+        Err(e) => {
+            let what = format!("semaphore {namespace}/{}", plan.main);
+            return Err(setup_error(client, namespace, &what, e).await);
+        }
     };
     if main.permits != max {
         return Err(Exit {
@@ -215,7 +208,8 @@ async fn ensure_semaphores(
     if let Some(host) = &plan.host
         && let Err(e) = client.ensure_semaphore(namespace, host, 1).await
     {
-        return Err(setup_error(client, namespace, host, e).await);
+        let what = format!("semaphore {namespace}/{host}");
+        return Err(setup_error(client, namespace, &what, e).await);
     }
     Ok(Held::new(namespace, &main, max))
 }
@@ -247,35 +241,6 @@ async fn take_slots(
     Ok(Some(guards))
 }
 
-/// How long the final revoke may take when the command is done: the slot comes back after
-/// the TTL anyway, so conch does not hang around an unreachable cluster.
-const REVOKE_BUDGET: Duration = Duration::from_secs(3);
-
-/// How long conch tries to revoke a lease it could not refresh, after its command was stopped.
-const LAST_REVOKE_TRY: Duration = Duration::from_millis(300);
-
-/// Revokes a lease, which releases everything it holds or waits for in one write; says so if
-/// it could not be done (the slot then comes back within the TTL).
-async fn revoke(lease: Lease) {
-    let id = lease.id().to_string();
-    let ttl = lease.ttl();
-    let why = match tokio::time::timeout(REVOKE_BUDGET, lease.revoke()).await {
-        Ok(Ok(())) => return,
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => format!("no answer within {}", format_duration(REVOKE_BUDGET)),
-    };
-    eprintln!(
-        "conch: warning: could not revoke lease {id} ({why}); its slot comes back within {}",
-        format_duration(ttl)
-    );
-}
-
-/// Frees the slot: revoking the lease releases every guard taken with it, in one request.
-async fn release_all(guards: Vec<Guard>, lease: Lease) {
-    guards.into_iter().for_each(Guard::forget);
-    revoke(lease).await;
-}
-
 pub async fn run(
     client: &Client,
     args: &SemaArgs,
@@ -283,10 +248,24 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     let me = Identity::current(&args.command);
     let plan = Plan::new(&args.name, args.max, args.spread, &me.host).map_err(exit::usage)?;
+    let busy = format!(
+        "no free slot in {}[{}] (all taken{})",
+        args.name,
+        args.max,
+        if args.spread {
+            " or this host already holds one"
+        } else {
+            ""
+        }
+    );
+    let mut target = SemaTarget::new(
+        plan,
+        args.max,
+        format!("slot in {}[{}]", args.name, args.max),
+        busy,
+    );
     let spec = Spec {
         namespace: args.namespace.clone(),
-        plan,
-        permits: args.max,
         ttl: args.ttl,
         kill_after: args.kill_after,
         wait: args.wait_bound(),
@@ -295,243 +274,9 @@ pub async fn run(
         me,
         env: Vec::new(),
         label: format!("{}[{}]", args.name, args.max),
-        wanted: format!("slot in {}[{}]", args.name, args.max),
-        busy: format!(
-            "no free slot in {}[{}] (all taken{})",
-            args.name,
-            args.max,
-            if args.spread {
-                " or this host already holds one"
-            } else {
-                ""
-            }
-        ),
         slot: "slot",
     };
-    hold(client, &spec, signals).await
-}
-
-/// Queues for the spec's slot, runs its command while holding it, and gives it back; the
-/// lease, refresh, self-fencing and guard machinery of `conch sema` and `conch elect`.
-pub async fn hold(
-    client: &Client,
-    spec: &Spec<'_>,
-    signals: &mut Signals,
-) -> anyhow::Result<ExitCode> {
-    let namespace = spec.namespace.as_str();
-    let plan = &spec.plan;
-    let wait = spec.wait;
-    let deadline = wait.map(|w| Instant::now() + w);
-    let metadata = &spec.metadata;
-    let process_id = spec.me.process_id();
-
-    let mut held = tokio::select! {
-        r = ensure_semaphores(client, namespace, plan, spec.permits) => r?,
-        sig = signals.recv() => return Ok(exit::signal_exit(sig)),
-    };
-
-    // Queue for the slot; a lost lease re-enters with a new one while the wait allows.
-    let (lease, guards) = loop {
-        let lease = tokio::select! {
-            r = client.create_lease(namespace, &process_id, spec.ttl, metadata.clone()) => {
-                r.context("create lease")?
-            }
-            sig = signals.recv() => return Ok(exit::signal_exit(sig)),
-        };
-        debug!(lease = lease.id(), "lease created; queueing");
-        let taken = tokio::select! {
-            r = status::show_while(
-                client,
-                namespace,
-                &spec.label,
-                &plan.main,
-                lease.id(),
-                take_slots(client, &lease, namespace, plan, deadline, metadata),
-            ) => r,
-            sig = signals.recv() => {
-                // Dropping the acquire cancels the wait; revoking leaves nothing behind.
-                revoke(lease).await;
-                return Ok(exit::signal_exit(sig));
-            }
-        };
-        match taken {
-            Ok(Some(guards)) if !lease.is_lost() => break (lease, guards),
-            Ok(Some(guards)) => {
-                guards.into_iter().for_each(Guard::forget);
-                revoke(lease).await;
-                if remaining(deadline).is_some_and(|r| r.is_zero()) {
-                    return Err(no_slot(spec, wait));
-                }
-                eprintln!(
-                    "conch: lease lost just after the grant; queueing again with a new lease"
-                );
-            }
-            Ok(None) => {
-                revoke(lease).await;
-                return Err(no_slot(spec, wait));
-            }
-            Err(e) if e.is_lease_lost() || e.is_not_found() => {
-                revoke(lease).await;
-                if remaining(deadline).is_some_and(|r| r.is_zero()) {
-                    return Err(no_slot(spec, wait)).context(e.to_string());
-                }
-                eprintln!(
-                    "conch: lost the lease while waiting ({e}); queueing again with a new lease"
-                );
-                // The semaphore may be what disappeared.
-                held = ensure_semaphores(client, namespace, plan, spec.permits).await?;
-            }
-            Err(e) => {
-                revoke(lease).await;
-                return Err(e).context(format!("queue for {}", spec.label));
-            }
-        }
-    };
-
-    // The semaphore may have been deleted or resized while conch queued: then the slot is not
-    // the one asked for, and the command does not start.
-    let before = tokio::select! {
-        r = held.check(client) => r,
-        sig = signals.recv() => {
-            release_all(guards, lease).await;
-            return Ok(exit::signal_exit(sig));
-        }
-    };
-    if let Ok(Some(change)) = before {
-        release_all(guards, lease).await;
-        return Err(Exit {
-            code: exit::SLOT_LOST,
-            message: held.describe(&change, "while queued; the command was not started"),
-        }
-        .into());
-    }
-
-    let token = guards.last().map_or(0, |g| g.fencing_token());
-    info!(
-        lease = lease.id(),
-        rev = token,
-        "slot acquired; starting the command"
-    );
-    let mut env = vec![
-        ("CONCH_REV", token.to_string()),
-        ("CONCH_LEASE", lease.id().to_string()),
-    ];
-    env.extend(spec.env.iter().cloned());
-    let mut watchdog = match guard::Guard::start(spec.ttl, spec.kill_after) {
-        Ok(g) => g,
-        Err(e) => {
-            release_all(guards, lease).await;
-            return Err(Exit {
-                code: exit::SOFTWARE,
-                message: format!("cannot start the guard process: {e}"),
-            }
-            .into());
-        }
-    };
-    let mut refreshed = lease.refreshed();
-    let mut child = match child::spawn(spec.command, &env) {
-        Ok(c) => c,
-        Err(e) => {
-            watchdog.finish().await;
-            release_all(guards, lease).await;
-            let code = if e.kind() == std::io::ErrorKind::NotFound {
-                exit::COMMAND_NOT_FOUND
-            } else {
-                exit::CANNOT_EXECUTE
-            };
-            let program = spec.command.first().map_or("", String::as_str);
-            return Err(Exit {
-                code,
-                message: format!("cannot run {program}: {e}"),
-            }
-            .into());
-        }
-    };
-    let pgid = child.id().map_or(0, |id| id as i32);
-    watchdog.watch(pgid, *refreshed.borrow_and_update());
-
-    enum End {
-        Exited(std::process::ExitStatus),
-        Lost(conch_client::LeaseLoss),
-        Changed(crate::watch::Change),
-    }
-    // One future for the whole run, so the checks keep their pace whatever else wakes the loop.
-    let semaphore_changed = held.changed(client, refresh_interval(spec.ttl));
-    tokio::pin!(semaphore_changed);
-    let end = loop {
-        tokio::select! {
-            status = child.wait() => break End::Exited(status.context("wait for the command")?),
-            sig = signals.recv() => child::signal_group(pgid, sig),
-            loss = lease.lost() => break End::Lost(loss),
-            change = &mut semaphore_changed => break End::Changed(change),
-            Ok(()) = refreshed.changed() => watchdog.renew(*refreshed.borrow_and_update()),
-        }
-    };
-    if watchdog.fired() {
-        // conch did not run while the lease ran out (stopped, or stuck): the guard sent SIGTERM
-        // and sends SIGKILL after --kill-after; conch sees the group gone, or finishes the job.
-        eprintln!(
-            "conch: {} lost while conch was paused (lease {} not refreshed in time); the command was stopped (SIGTERM, SIGKILL after {})",
-            spec.slot,
-            lease.id(),
-            format_duration(spec.kill_after)
-        );
-        let status = child::finish_stopping(&mut child, pgid, spec.kill_after, signals)
-            .await
-            .context("stop the command")?;
-        debug!(?status, "command stopped by the guard");
-        watchdog.finish().await;
-        guards.into_iter().for_each(Guard::forget);
-        // The server may not have expired the lease yet: one quick, silent try to free it.
-        let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
-        return Ok(ExitCode::from(exit::SLOT_LOST));
-    }
-    match end {
-        End::Exited(status) => {
-            watchdog.finish().await;
-            release_all(guards, lease).await;
-            Ok(ExitCode::from(exit::code_for_status(status)))
-        }
-        End::Lost(loss) => {
-            eprintln!(
-                "conch: {} lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
-                spec.slot,
-                lease.id(),
-                format_duration(spec.kill_after)
-            );
-            watchdog.stopping();
-            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
-                .await
-                .context("stop the command")?;
-            debug!(?status, "command stopped");
-            watchdog.finish().await;
-            guards.into_iter().for_each(Guard::forget);
-            // The command is gone. A lease the server no longer knows needs no revoke; one that
-            // could not be refreshed gets one quick, silent try (the cluster was unreachable a
-            // moment ago), so the next holder may get in before the TTL. Either way conch exits
-            // now, having said one line.
-            if matches!(loss, conch_client::LeaseLoss::NoRefresh { .. }) {
-                let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
-            }
-            Ok(ExitCode::from(exit::SLOT_LOST))
-        }
-        End::Changed(change) => {
-            eprintln!(
-                "conch: {}; stopping the command (SIGTERM, SIGKILL after {})",
-                held.describe(&change, "while held"),
-                format_duration(spec.kill_after)
-            );
-            watchdog.stopping();
-            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
-                .await
-                .context("stop the command")?;
-            debug!(?status, "command stopped");
-            watchdog.finish().await;
-            // The lease is still alive: revoking it gives back whatever else it holds.
-            release_all(guards, lease).await;
-            Ok(ExitCode::from(exit::SLOT_LOST))
-        }
-    }
+    hold(client, &spec, &mut target, signals).await
 }
 
 #[cfg(test)]
@@ -572,14 +317,5 @@ mod tests {
         assert_eq!(m[META_SINCE], "2026-06-12T10:15:00Z");
         assert_eq!(m[META_CMD].len(), sema::MAX_META_VALUE_LEN);
         assert_eq!(me.process_id(), "node2/pid-4242");
-    }
-
-    #[test]
-    fn remaining_wait_counts_down_and_forever_stays_forever() {
-        assert_eq!(remaining(None), None);
-        let past = Instant::now() - Duration::from_secs(1);
-        assert_eq!(remaining(Some(past)), Some(Duration::ZERO));
-        let r = remaining(Some(Instant::now() + Duration::from_secs(10))).unwrap();
-        assert!(r > Duration::from_secs(9) && r <= Duration::from_secs(10));
     }
 }

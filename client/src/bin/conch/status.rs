@@ -1,6 +1,6 @@
-//! The wait you can see: while `conch sema` or `conch elect` queues, one status line on stderr
-//! says where it stands (position in the queue, who holds the slots and for how long, how long
-//! it has waited), redrawn in place and cleared when the slot comes.
+//! The wait you can see: while `conch sema`, `conch elect` or `conch lock` queues, one status
+//! line on stderr says where it stands (position in the queue, what blocks a lock, who holds
+//! and for how long, how long it has waited), redrawn in place and cleared when the wait ends.
 //!
 //! Only when stderr is a terminal; with `-v` (terminal or not) it prints plain lines instead,
 //! at most one every [`PLAIN_EVERY`]; otherwise nothing, so scripts see what they always saw.
@@ -61,6 +61,8 @@ pub struct Standing {
     /// 0 = next; `None`: not (yet) in this semaphore's queue.
     pub position: Option<u64>,
     pub queued: usize,
+    /// A lock blocked by holds on other paths: `blocked by descendant a/b`.
+    pub blocked: Option<String>,
     /// (host, pid, held for) of each holder, in grant order.
     pub holders: Vec<(String, String, Duration)>,
 }
@@ -85,6 +87,10 @@ pub fn render(label: &str, waited: Duration, standing: Option<&Standing>) -> Str
         Some(p) => text.push_str(&format!(": position {} of {}", p + 1, s.queued)),
         None => text.push_str(": queueing"),
     }
+    if let Some(blocked) = &s.blocked {
+        text.push_str("; ");
+        text.push_str(blocked);
+    }
     if !s.holders.is_empty() {
         let held: Vec<String> = s
             .holders
@@ -96,23 +102,34 @@ pub fn render(label: &str, waited: Duration, standing: Option<&Standing>) -> Str
     text
 }
 
+/// (host, pid) of a holder or waiter, from the metadata conch gives it (`?` where missing).
+pub fn host_pid(m: &std::collections::HashMap<String, String>) -> (String, String) {
+    use conch_client::sema::{META_HOST, META_PID};
+    let get = |k: &str| m.get(k).cloned().unwrap_or_else(|| "?".to_string());
+    (get(META_HOST), get(META_PID))
+}
+
+/// How long ago `at_nanos` (ns since the Unix epoch) was.
+pub fn since_nanos(at_nanos: i64) -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    Duration::from_nanos(now.saturating_sub(at_nanos).max(0) as u64)
+}
+
 /// Reads the queue and holders of `semaphore` for the line.
-async fn fetch(
+pub async fn semaphore_standing(
     client: &Client,
     namespace: &str,
     semaphore: &str,
     lease_id: &str,
 ) -> Option<Standing> {
-    use conch_client::sema::{META_HOST, META_PID};
     let read = async {
         let holders = client.list_holders(namespace, semaphore).await.ok()?;
         let waiters = client.list_waiters(namespace, semaphore).await.ok()?;
         Some((holders, waiters))
     };
     let (holders, waiters) = tokio::time::timeout(FETCH_TIMEOUT, read).await.ok()??;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64);
     let position = waiters
         .waiters
         .iter()
@@ -125,21 +142,15 @@ async fn fetch(
                 w.position
             }
         });
-    let meta = |m: &std::collections::HashMap<String, String>, k: &str| {
-        m.get(k).cloned().unwrap_or_else(|| "?".to_string())
-    };
     Some(Standing {
         position,
         queued: waiters.waiters.len(),
+        blocked: None,
         holders: holders
             .iter()
             .map(|h| {
-                let held = Duration::from_nanos(now.saturating_sub(h.locked_at).max(0) as u64);
-                (
-                    meta(&h.metadata, META_HOST),
-                    meta(&h.metadata, META_PID),
-                    held,
-                )
+                let (host, pid) = host_pid(&h.metadata);
+                (host, pid, since_nanos(h.locked_at))
             })
             .collect(),
     })
@@ -190,13 +201,11 @@ impl Drop for Line {
     }
 }
 
-/// Runs `wait` (the queueing for a slot), showing where it stands meanwhile as the mode says.
-pub async fn show_while<F: Future>(
-    client: &Client,
-    namespace: &str,
+/// Runs `wait` (the queueing), showing where it stands meanwhile as the mode says; `fetch`
+/// reads where it stands.
+pub async fn show_while<F: Future, S: Future<Output = Option<Standing>>>(
     label: &str,
-    semaphore: &str,
-    lease_id: &str,
+    fetch: impl Fn() -> S,
     wait: F,
 ) -> F::Output {
     let mode = mode();
@@ -218,7 +227,8 @@ pub async fn show_while<F: Future>(
         if now >= next_fetch {
             tokio::select! {
                 out = &mut wait => return out,
-                s = fetch(client, namespace, semaphore, lease_id) => {
+                s = tokio::time::timeout(FETCH_TIMEOUT, fetch()) => {
+                    let s = s.ok().flatten();
                     if s.is_some() {
                         standing = s;
                     }
@@ -252,6 +262,7 @@ mod tests {
         let s = Standing {
             position: Some(1),
             queued: 3,
+            blocked: None,
             holders: vec![("node2".into(), "4242".into(), Duration::from_millis(72_400))],
         };
         assert_eq!(
@@ -261,6 +272,7 @@ mod tests {
         let next = Standing {
             position: Some(0),
             queued: 1,
+            blocked: None,
             holders: vec![],
         };
         assert_eq!(
@@ -270,6 +282,16 @@ mod tests {
         assert_eq!(
             render("election b", Duration::from_secs(3), None),
             "conch: waiting 3s for election b"
+        );
+        let lock = Standing {
+            position: Some(0),
+            queued: 2,
+            blocked: Some("blocked by descendant a/b".into()),
+            holders: vec![("node3".into(), "77".into(), Duration::from_secs(4))],
+        };
+        assert_eq!(
+            render("lock a (exclusive)", Duration::from_secs(2), Some(&lock)),
+            "conch: waiting 2s for lock a (exclusive): next in line; blocked by descendant a/b; held by node3 pid 77 for 4s"
         );
     }
 }

@@ -61,17 +61,14 @@ impl Held {
         }
     }
 
-    /// The line that says what happened, after `conch: `: `semaphore conch/x.1 was deleted
-    /// while held` or `semaphore conch/x.1 permits changed from 1 to 5 while held`.
-    pub fn describe(&self, change: &Change, when: &str) -> String {
+    /// What happened, for a line after `conch: ` that goes on with when it happened:
+    /// `semaphore conch/x.1 was deleted` or `semaphore conch/x.1 permits changed from 1 to 5`.
+    pub fn describe(&self, change: &Change) -> String {
         let what = match change {
             Change::Deleted => "was deleted".to_string(),
             Change::Permits { now } => format!("permits changed from {} to {now}", self.permits),
         };
-        format!(
-            "semaphore {}/{} {what} {when}",
-            self.namespace, self.semaphore
-        )
+        format!("semaphore {}/{} {what}", self.namespace, self.semaphore)
     }
 
     /// Reads the semaphore once: `Ok(Some(change))` if it is no longer the one held.
@@ -147,12 +144,12 @@ mod tests {
     fn the_line_names_the_semaphore_and_the_change() {
         let held = Held::new("conch", &semaphore(1, 100), 1);
         assert_eq!(
-            held.describe(&Change::Deleted, "while held"),
-            "semaphore conch/jobs.1 was deleted while held"
+            held.describe(&Change::Deleted),
+            "semaphore conch/jobs.1 was deleted"
         );
         assert_eq!(
-            held.describe(&Change::Permits { now: 5 }, "while held"),
-            "semaphore conch/jobs.1 permits changed from 1 to 5 while held"
+            held.describe(&Change::Permits { now: 5 }),
+            "semaphore conch/jobs.1 permits changed from 1 to 5"
         );
     }
 }

@@ -1,0 +1,421 @@
+//! The runner of `conch sema`, `conch elect` and `conch lock`: queue for what is to be held,
+//! run the command while holding it, give it back.
+//!
+//! What is held is a [`Target`]: semaphore slots (`conch sema`, `conch elect`: see
+//! [`crate::sema::SemaTarget`]) or a lock path (`conch lock`: [`crate::lock::LockTarget`]).
+//! Everything else is this one code path:
+//!
+//! 1. [`Target::prepare`]: make sure what the acquire needs exists (a namespace that does not
+//!    exist is made where the token may; where it may not, conch says so in one line, exit 77).
+//! 2. Create a lease of the target's kind (`--ttl`) and queue ([`Target::take`]). The queue
+//!    position survives RPC timeouts and node failover; a lease lost while waiting re-enters
+//!    with a new lease (back of the queue) while `--wait` allows, else exit 75. While it
+//!    waits, a status line says where it stands ([`crate::status`]).
+//! 3. Check that the hold is still there ([`Target::check`]), then run the command in its own
+//!    process group with `CONCH_REV` (the grant's fencing token) and `CONCH_LEASE` (and
+//!    without the variables that hold or name conch's credentials), forwarding signals, while
+//!    the lease keeps itself alive and the hold is watched ([`Target::lost`]).
+//! 4. Command exits: revoke the lease (releasing everything in one request), exit with the
+//!    command's status. Lease lost, or the hold gone (a semaphore deleted or resized, a lock's
+//!    hold dropped by `DeleteLock`), first: SIGTERM the group, SIGKILL after `--kill-after`,
+//!    revoke, exit 79.
+//!
+//! Beside the command runs a [`guard`](crate::guard) process, renewed on every refresh: should
+//! conch itself not run (stopped, stuck) past the point where the lease is safe, the guard
+//! stops the command, and conch, once it runs again, says so and exits 79.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use conch_client::sema::NAMESPACE;
+use conch_client::{Client, Guard, Lease, LeaseKind, format_duration, refresh_interval};
+use tonic::Code;
+use tracing::{debug, info};
+
+use crate::child::{self, Signals};
+use crate::exit::{self, Exit};
+use crate::guard;
+use crate::sema::Identity;
+use crate::status::{self, Standing};
+
+/// What a run holds, and how it is taken, checked and shown.
+pub trait Target {
+    /// The kind of lease that holds it.
+    fn lease_kind(&self) -> LeaseKind;
+
+    /// Makes sure what the acquire needs exists in `namespace`; called before queueing, and
+    /// again when a lease was lost while waiting (what it waited for may be what went).
+    async fn prepare(&mut self, client: &Client, namespace: &str) -> anyhow::Result<()>;
+
+    /// Takes it with `lease`, waiting until `deadline` (`None`: forever): all of it, or
+    /// nothing (`Ok(None)`; revoking the lease, as the caller does, frees any part taken).
+    async fn take(
+        &self,
+        client: &Client,
+        lease: &Lease,
+        namespace: &str,
+        deadline: Option<Instant>,
+        metadata: &HashMap<String, String>,
+    ) -> conch_client::Result<Option<Vec<Guard>>>;
+
+    /// The message when nothing came within `wait` (`Some(0)`: busy now).
+    fn not_taken(&self, wait: Option<Duration>) -> String;
+
+    /// Reads once whether the grant with `token` still stands: `Ok(Some(what happened))` if
+    /// not (`semaphore conch/x.1 was deleted`).
+    async fn check(&self, client: &Client, token: u64) -> conch_client::Result<Option<String>>;
+
+    /// Reads every `every` until the grant with `token` no longer stands, and says what
+    /// happened. Never resolves while it stands (or cannot be read).
+    async fn lost(&self, client: &Client, token: u64, every: Duration) -> String;
+
+    /// Where a wait of `lease_id` stands, for the status line (`None`: cannot tell now).
+    async fn standing(&self, client: &Client, lease_id: &str) -> Option<Standing>;
+}
+
+/// What is left of a wait that ends at `deadline` (`None`: forever).
+pub fn remaining(deadline: Option<Instant>) -> Option<Duration> {
+    deadline.map(|d| d.saturating_duration_since(Instant::now()))
+}
+
+/// One run: where, how long to wait, what to run, and the words the messages use.
+pub struct Spec<'a> {
+    /// The namespace everything lives in (`--namespace`).
+    pub namespace: String,
+    pub ttl: Duration,
+    pub kill_after: Duration,
+    /// `None`: forever.
+    pub wait: Option<Duration>,
+    pub command: &'a [String],
+    pub me: Identity,
+    /// Metadata of the lease and the acquires (the identity's, plus what the caller adds).
+    pub metadata: HashMap<String, String>,
+    /// Environment for the command besides `CONCH_REV` and `CONCH_LEASE`.
+    pub env: Vec<(&'static str, String)>,
+    /// What is queued for, in the status line: `video-encode[2]`, `election billing`,
+    /// `lock db/orders (exclusive)`.
+    pub label: String,
+    /// What is held, in messages: `slot`, `leadership`, `lock`.
+    pub slot: &'static str,
+}
+
+fn no_slot(target: &impl Target, wait: Option<Duration>) -> anyhow::Error {
+    Exit {
+        code: exit::NO_SLOT,
+        message: target.not_taken(wait),
+    }
+    .into()
+}
+
+/// What to say when `namespace` does not exist and the token may not create it.
+pub fn missing_namespace(namespace: &str) -> String {
+    if namespace == NAMESPACE {
+        format!(
+            "namespace {namespace} does not exist, and this token may not create it: a token \
+             with acquire permission on {namespace} creates it on first use"
+        )
+    } else {
+        format!(
+            "namespace {namespace} does not exist; an admin creates it with: conch namespace \
+             create {namespace}"
+        )
+    }
+}
+
+/// A failure to set up `what` in `namespace`, as one line: a refusal because the namespace
+/// does not exist (and this token may not create it) says so, exit 77.
+pub async fn setup_error(
+    client: &Client,
+    namespace: &str,
+    what: &str,
+    e: conch_client::Error,
+) -> anyhow::Error {
+    if e.code() == Some(Code::PermissionDenied)
+        && matches!(client.get_namespace(namespace).await, Err(ref g) if g.is_not_found())
+    {
+        return Exit {
+            code: exit::NO_PERMISSION,
+            message: missing_namespace(namespace),
+        }
+        .into();
+    }
+    anyhow::Error::new(e).context(format!("set up {what}"))
+}
+
+/// How long the final revoke may take when the command is done: what was held comes back
+/// after the TTL anyway, so conch does not hang around an unreachable cluster.
+const REVOKE_BUDGET: Duration = Duration::from_secs(3);
+
+/// How long conch tries to revoke a lease it could not refresh, after its command was stopped.
+const LAST_REVOKE_TRY: Duration = Duration::from_millis(300);
+
+/// Revokes a lease, which releases everything it holds or waits for in one write; says so if
+/// it could not be done (what it held then comes back within the TTL).
+async fn revoke(lease: Lease, slot: &str) {
+    let id = lease.id().to_string();
+    let ttl = lease.ttl();
+    let why = match tokio::time::timeout(REVOKE_BUDGET, lease.revoke()).await {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("no answer within {}", format_duration(REVOKE_BUDGET)),
+    };
+    eprintln!(
+        "conch: warning: could not revoke lease {id} ({why}); its {slot} comes back within {}",
+        format_duration(ttl)
+    );
+}
+
+/// Gives back what was held: revoking the lease releases every guard taken with it, in one
+/// request.
+async fn release_all(guards: Vec<Guard>, lease: Lease, slot: &str) {
+    guards.into_iter().for_each(Guard::forget);
+    revoke(lease, slot).await;
+}
+
+/// Queues for `target`, runs the spec's command while holding it, and gives it back; the
+/// lease, refresh, self-fencing and guard machinery of `conch sema`, `conch elect` and
+/// `conch lock`.
+pub async fn hold(
+    client: &Client,
+    spec: &Spec<'_>,
+    target: &mut impl Target,
+    signals: &mut Signals,
+) -> anyhow::Result<ExitCode> {
+    let namespace = spec.namespace.as_str();
+    let slot = spec.slot;
+    let wait = spec.wait;
+    let deadline = wait.map(|w| Instant::now() + w);
+    let metadata = &spec.metadata;
+    let process_id = spec.me.process_id();
+
+    tokio::select! {
+        r = target.prepare(client, namespace) => r?,
+        sig = signals.recv() => return Ok(exit::signal_exit(sig)),
+    };
+
+    // Queue; a lost lease re-enters with a new one while the wait allows.
+    let (lease, guards) = loop {
+        let kind = target.lease_kind();
+        let lease = tokio::select! {
+            r = client.create_lease_of(kind, namespace, &process_id, spec.ttl, metadata.clone()) => {
+                r.context("create lease")?
+            }
+            sig = signals.recv() => return Ok(exit::signal_exit(sig)),
+        };
+        debug!(lease = lease.id(), "lease created; queueing");
+        let taken = {
+            let lease_id = lease.id().to_string();
+            let shown = &*target;
+            tokio::select! {
+                r = status::show_while(
+                    &spec.label,
+                    || shown.standing(client, &lease_id),
+                    shown.take(client, &lease, namespace, deadline, metadata),
+                ) => r,
+                sig = signals.recv() => {
+                    // Dropping the acquire cancels the wait; revoking leaves nothing behind.
+                    revoke(lease, slot).await;
+                    return Ok(exit::signal_exit(sig));
+                }
+            }
+        };
+        match taken {
+            Ok(Some(guards)) if !lease.is_lost() => break (lease, guards),
+            Ok(Some(guards)) => {
+                guards.into_iter().for_each(Guard::forget);
+                revoke(lease, slot).await;
+                if remaining(deadline).is_some_and(|r| r.is_zero()) {
+                    return Err(no_slot(target, wait));
+                }
+                eprintln!(
+                    "conch: lease lost just after the grant; queueing again with a new lease"
+                );
+            }
+            Ok(None) => {
+                revoke(lease, slot).await;
+                return Err(no_slot(target, wait));
+            }
+            Err(e) if e.is_lease_lost() || e.is_not_found() => {
+                revoke(lease, slot).await;
+                if remaining(deadline).is_some_and(|r| r.is_zero()) {
+                    return Err(no_slot(target, wait)).context(e.to_string());
+                }
+                eprintln!(
+                    "conch: lost the lease while waiting ({e}); queueing again with a new lease"
+                );
+                target.prepare(client, namespace).await?;
+            }
+            Err(e) => {
+                revoke(lease, slot).await;
+                return Err(e).context(format!("queue for {}", spec.label));
+            }
+        }
+    };
+
+    // What was queued for may have gone while conch queued (a semaphore deleted or resized, a
+    // lock's hold dropped): then the command does not start.
+    let token = guards.last().map_or(0, |g| g.fencing_token());
+    let before = tokio::select! {
+        r = target.check(client, token) => r,
+        sig = signals.recv() => {
+            release_all(guards, lease, slot).await;
+            return Ok(exit::signal_exit(sig));
+        }
+    };
+    if let Ok(Some(what)) = before {
+        release_all(guards, lease, slot).await;
+        return Err(Exit {
+            code: exit::SLOT_LOST,
+            message: format!("{what} while queued; the command was not started"),
+        }
+        .into());
+    }
+
+    info!(
+        lease = lease.id(),
+        rev = token,
+        "{slot} acquired; starting the command"
+    );
+    let mut env = vec![
+        ("CONCH_REV", token.to_string()),
+        ("CONCH_LEASE", lease.id().to_string()),
+    ];
+    env.extend(spec.env.iter().cloned());
+    let mut watchdog = match guard::Guard::start(spec.ttl, spec.kill_after) {
+        Ok(g) => g,
+        Err(e) => {
+            release_all(guards, lease, slot).await;
+            return Err(Exit {
+                code: exit::SOFTWARE,
+                message: format!("cannot start the guard process: {e}"),
+            }
+            .into());
+        }
+    };
+    let mut refreshed = lease.refreshed();
+    let mut child = match child::spawn(spec.command, &env) {
+        Ok(c) => c,
+        Err(e) => {
+            watchdog.finish().await;
+            release_all(guards, lease, slot).await;
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                exit::COMMAND_NOT_FOUND
+            } else {
+                exit::CANNOT_EXECUTE
+            };
+            let program = spec.command.first().map_or("", String::as_str);
+            return Err(Exit {
+                code,
+                message: format!("cannot run {program}: {e}"),
+            }
+            .into());
+        }
+    };
+    let pgid = child.id().map_or(0, |id| id as i32);
+    watchdog.watch(pgid, *refreshed.borrow_and_update());
+
+    enum End {
+        Exited(std::process::ExitStatus),
+        Lost(conch_client::LeaseLoss),
+        Gone(String),
+    }
+    let end = {
+        // One future for the whole run, so the checks keep their pace whatever else wakes the
+        // loop.
+        let gone = target.lost(client, token, refresh_interval(spec.ttl));
+        tokio::pin!(gone);
+        loop {
+            tokio::select! {
+                status = child.wait() => break End::Exited(status.context("wait for the command")?),
+                sig = signals.recv() => child::signal_group(pgid, sig),
+                loss = lease.lost() => break End::Lost(loss),
+                what = &mut gone => break End::Gone(what),
+                Ok(()) = refreshed.changed() => watchdog.renew(*refreshed.borrow_and_update()),
+            }
+        }
+    };
+    if watchdog.fired() {
+        // conch did not run while the lease ran out (stopped, or stuck): the guard sent SIGTERM
+        // and sends SIGKILL after --kill-after; conch sees the group gone, or finishes the job.
+        eprintln!(
+            "conch: {slot} lost while conch was paused (lease {} not refreshed in time); the command was stopped (SIGTERM, SIGKILL after {})",
+            lease.id(),
+            format_duration(spec.kill_after)
+        );
+        let status = child::finish_stopping(&mut child, pgid, spec.kill_after, signals)
+            .await
+            .context("stop the command")?;
+        debug!(?status, "command stopped by the guard");
+        watchdog.finish().await;
+        guards.into_iter().for_each(Guard::forget);
+        // The server may not have expired the lease yet: one quick, silent try to free it.
+        let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
+        return Ok(ExitCode::from(exit::SLOT_LOST));
+    }
+    match end {
+        End::Exited(status) => {
+            watchdog.finish().await;
+            release_all(guards, lease, slot).await;
+            Ok(ExitCode::from(exit::code_for_status(status)))
+        }
+        End::Lost(loss) => {
+            eprintln!(
+                "conch: {slot} lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
+                lease.id(),
+                format_duration(spec.kill_after)
+            );
+            watchdog.stopping();
+            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
+                .await
+                .context("stop the command")?;
+            debug!(?status, "command stopped");
+            watchdog.finish().await;
+            guards.into_iter().for_each(Guard::forget);
+            // The command is gone. A lease the server no longer knows needs no revoke; one that
+            // could not be refreshed gets one quick, silent try (the cluster was unreachable a
+            // moment ago), so the next holder may get in before the TTL. Either way conch exits
+            // now, having said one line.
+            if matches!(loss, conch_client::LeaseLoss::NoRefresh { .. }) {
+                let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
+            }
+            Ok(ExitCode::from(exit::SLOT_LOST))
+        }
+        End::Gone(what) => {
+            eprintln!(
+                "conch: {what} while held; stopping the command (SIGTERM, SIGKILL after {})",
+                format_duration(spec.kill_after)
+            );
+            watchdog.stopping();
+            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
+                .await
+                .context("stop the command")?;
+            debug!(?status, "command stopped");
+            watchdog.finish().await;
+            // The lease is still alive: revoking it gives back whatever else it holds.
+            release_all(guards, lease, slot).await;
+            Ok(ExitCode::from(exit::SLOT_LOST))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remaining_wait_counts_down_and_forever_stays_forever() {
+        assert_eq!(remaining(None), None);
+        let past = Instant::now() - Duration::from_secs(1);
+        assert_eq!(remaining(Some(past)), Some(Duration::ZERO));
+        let r = remaining(Some(Instant::now() + Duration::from_secs(10))).unwrap();
+        assert!(r > Duration::from_secs(9) && r <= Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_missing_namespace_says_who_may_make_it() {
+        assert!(missing_namespace("conch").contains("creates it on first use"));
+        assert!(missing_namespace("team-a").contains("conch namespace create team-a"));
+    }
+}
