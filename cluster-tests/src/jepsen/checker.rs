@@ -107,7 +107,7 @@ impl CheckResult {
         self.per_check.values().sum()
     }
 
-    fn add(&mut self, check: &'static str, message: String, ops: Vec<&Op>) {
+    pub(super) fn add(&mut self, check: &'static str, message: String, ops: Vec<&Op>) {
         let n = self.per_check.entry(check).or_default();
         *n += 1;
         if *n <= MAX_PER_CHECK {
@@ -122,37 +122,37 @@ impl CheckResult {
 
 /// What the history says about one lease.
 #[derive(Debug)]
-struct LeaseBelief {
-    create: usize,
+pub(super) struct LeaseBelief {
+    pub(super) create: usize,
     /// The create was acknowledged.
-    since: Micros,
+    pub(super) since: Micros,
     /// Belief ends (exclusive).
-    until: Micros,
+    pub(super) until: Micros,
     /// First acknowledged revoke.
-    revoked_at: Option<(Micros, usize)>,
+    pub(super) revoked_at: Option<(Micros, usize)>,
 }
 
 #[derive(Debug, Clone)]
-struct Hold {
-    acquire: usize,
-    release: Option<usize>,
-    lease: String,
-    sem: String,
-    weight: u64,
-    token: u64,
-    start: Micros,
-    end: Micros,
+pub(super) struct Hold {
+    pub(super) acquire: usize,
+    pub(super) release: Option<usize>,
+    pub(super) lease: String,
+    pub(super) sem: String,
+    pub(super) weight: u64,
+    pub(super) token: u64,
+    pub(super) start: Micros,
+    pub(super) end: Micros,
 }
 
-fn micros(d: Duration) -> Micros {
+pub(super) fn micros(d: Duration) -> Micros {
     d.as_micros() as Micros
 }
 
-fn is_not_sent(op: &Op) -> bool {
+pub(super) fn is_not_sent(op: &Op) -> bool {
     matches!(&op.outcome, Outcome::Fail { code, .. } if code == "NotSent")
 }
 
-fn lease_beliefs(ops: &[Op], loss_after: Micros) -> BTreeMap<String, LeaseBelief> {
+pub(super) fn lease_beliefs(ops: &[Op], loss_after: Micros) -> BTreeMap<String, LeaseBelief> {
     let mut beliefs = BTreeMap::new();
     for op in ops {
         if let (OpKind::CreateLease { .. }, Outcome::Ok(OkValue::Lease { lease })) =
@@ -210,7 +210,7 @@ fn lease_beliefs(ops: &[Op], loss_after: Micros) -> BTreeMap<String, LeaseBelief
     beliefs
 }
 
-fn holds(ops: &[Op], beliefs: &BTreeMap<String, LeaseBelief>) -> Vec<Hold> {
+pub(super) fn holds(ops: &[Op], beliefs: &BTreeMap<String, LeaseBelief>) -> Vec<Hold> {
     // (lease, sem) -> releases sent, in send order
     let mut releases: BTreeMap<(&str, &str), Vec<&Op>> = BTreeMap::new();
     for op in ops {

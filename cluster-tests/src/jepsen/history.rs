@@ -49,6 +49,30 @@ pub enum OpKind {
     },
     /// Linearizable `ListSemaphoreLeases` (all pages).
     ReadLeases,
+    /// `CreateLockLease` (the lock workload; see [`super::locks`]).
+    LockCreateLease {
+        ttl_s: u64,
+    },
+    LockRefresh {
+        lease: String,
+    },
+    LockRevoke {
+        lease: String,
+    },
+    AcquireLock {
+        lease: String,
+        path: String,
+        exclusive: bool,
+        timeout_ms: u64,
+    },
+    ReleaseLock {
+        lease: String,
+        path: String,
+    },
+    /// Linearizable `ListLocks` (all pages).
+    ReadLocks,
+    /// Linearizable `ListLockLeases` (all pages).
+    ReadLockLeases,
 }
 
 impl OpKind {
@@ -61,6 +85,20 @@ impl OpKind {
             | OpKind::Release { lease, .. } => Some(lease),
             _ => None,
         }
+    }
+
+    /// Whether this is an operation of the lock workload.
+    pub fn is_lock(&self) -> bool {
+        matches!(
+            self,
+            OpKind::LockCreateLease { .. }
+                | OpKind::LockRefresh { .. }
+                | OpKind::LockRevoke { .. }
+                | OpKind::AcquireLock { .. }
+                | OpKind::ReleaseLock { .. }
+                | OpKind::ReadLocks
+                | OpKind::ReadLockLeases
+        )
     }
 
     pub fn sem(&self) -> Option<&str> {
@@ -78,6 +116,23 @@ pub struct HolderSeen {
     pub lease: String,
     pub weight: u64,
     pub token: u64,
+}
+
+/// One holder of a lock as a read shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockHolderSeen {
+    pub lease: String,
+    pub exclusive: bool,
+    pub token: u64,
+}
+
+/// One held lock as a read shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockSeen {
+    pub path: String,
+    /// `LOCK_STATE_…` name.
+    pub state: String,
+    pub holders: Vec<LockHolderSeen>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,6 +161,17 @@ pub enum OkValue {
     },
     Leases {
         leases: Vec<String>,
+    },
+    LockAcquired {
+        token: u64,
+    },
+    /// `UNAVAILABLE` or `TIMED_OUT`, with the contention reason.
+    LockNotAcquired {
+        outcome: String,
+        reason: String,
+    },
+    Locks {
+        locks: Vec<LockSeen>,
     },
 }
 
@@ -197,6 +263,22 @@ impl fmt::Display for Op {
             OpKind::Release { lease, sem } => write!(f, "release {sem} {lease}")?,
             OpKind::ReadHolders { sem } => write!(f, "read-holders {sem}")?,
             OpKind::ReadLeases => write!(f, "read-leases")?,
+            OpKind::LockCreateLease { ttl_s } => write!(f, "create-lock-lease ttl={ttl_s}s")?,
+            OpKind::LockRefresh { lease } => write!(f, "refresh-lock-lease {lease}")?,
+            OpKind::LockRevoke { lease } => write!(f, "revoke-lock-lease {lease}")?,
+            OpKind::AcquireLock {
+                lease,
+                path,
+                exclusive,
+                timeout_ms,
+            } => write!(
+                f,
+                "acquire-lock {path} {} wait={timeout_ms}ms {lease}",
+                if *exclusive { "exclusive" } else { "shared" }
+            )?,
+            OpKind::ReleaseLock { lease, path } => write!(f, "release-lock {path} {lease}")?,
+            OpKind::ReadLocks => write!(f, "read-locks")?,
+            OpKind::ReadLockLeases => write!(f, "read-lock-leases")?,
         }
         write!(f, " -> ")?;
         match &self.outcome {
@@ -234,6 +316,24 @@ impl fmt::Display for Op {
                     write!(f, "]")
                 }
                 OkValue::Leases { leases } => write!(f, "ok {} leases", leases.len()),
+                OkValue::LockAcquired { token } => write!(f, "ok ACQUIRED token={token}"),
+                OkValue::LockNotAcquired { outcome, reason } => {
+                    write!(f, "ok {outcome} ({reason})")
+                }
+                OkValue::Locks { locks } => {
+                    write!(f, "ok [")?;
+                    for (i, lock) in locks.iter().enumerate() {
+                        if i > 0 {
+                            write!(f, "; ")?;
+                        }
+                        write!(f, "{}:", lock.path)?;
+                        for h in &lock.holders {
+                            let mode = if h.exclusive { "x" } else { "s" };
+                            write!(f, " {}/{mode}/token={}", h.lease, h.token)?;
+                        }
+                    }
+                    write!(f, "]")
+                }
             },
         }
     }

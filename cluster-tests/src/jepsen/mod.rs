@@ -5,6 +5,8 @@
 //! - [`nemesis`]: a seeded sequence of faults (kill -9, SIGSTOP, partitions either way, slow
 //!   links, wall-clock steps, a full data disk);
 //! - [`workload`]: ≥16 clients with kept-alive leases acquiring and releasing small weights;
+//! - [`locks`]: lock clients beside them, shared and exclusive locks on a small tree of paths,
+//!   and the lock checks;
 //! - [`history`]: every operation as invoke / ok / fail / unknown;
 //! - [`checker`]: the safety checks on the history;
 //! - [`run`]: one run end to end, with the final drain, agreement and liveness checks;
@@ -17,6 +19,7 @@ pub mod adversary;
 pub mod checker;
 pub mod cli_holders;
 pub mod history;
+pub mod locks;
 pub mod nemesis;
 pub mod run;
 pub mod workload;
