@@ -1,9 +1,12 @@
-//! conch-jepsen: beat a real conchd cluster with faults while clients contend for semaphores,
-//! then check the safety rules on the history and the nodes' final state.
+//! conch-jepsen: beat a real conchd cluster with faults while clients contend for semaphores
+//! and for hierarchical locks, then check the safety rules on the history and the nodes' final
+//! state.
 //!
 //! Prints the seed first; `CONCH_SEED=<seed>` (or `--seed`) replays the same fault schedule
 //! and client choices. Ends with one line
-//! `jepsen: ops=… ok=… fail=… unknown=… faults=… violations=N` and exits 1 when N > 0.
+//! `jepsen: ops=… ok=… fail=… unknown=… faults=… violations=N` and exits 1 when N > 0; the
+//! line before it, `jepsen: locks: …`, gives the lock workload's share of those (its ops and
+//! the violations of the lock checks).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -32,6 +35,10 @@ struct Cli {
     /// Concurrent clients.
     #[arg(long, default_value_t = 16)]
     clients: usize,
+
+    /// Concurrent lock clients beside the semaphore ones (0: no lock workload).
+    #[arg(long, default_value_t = 8)]
+    lock_clients: usize,
 
     /// Lease TTL of the clients, in seconds.
     #[arg(long, default_value_t = 4)]
@@ -93,6 +100,7 @@ async fn main() -> ExitCode {
     }
     let mut opts = RunOptions::new(cli.nodes, Duration::from_secs(cli.duration), seed);
     opts.clients = cli.clients;
+    opts.lock_clients = cli.lock_clients;
     opts.ttl = Duration::from_secs(cli.ttl);
     opts.keep = cli.keep;
     let known: Vec<&str> = jepsen::nemesis::MENU

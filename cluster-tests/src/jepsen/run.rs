@@ -17,6 +17,12 @@
 //!    election timeout, 1 s, plus 5 s) and every node serves a linearizable read within
 //!    `recovery_bound + 5 s`; in the healed tail every semaphore grants at least once.
 //!
+//! The lock workload ([`super::locks`], on unless `lock_clients` is 0) runs beside the
+//! semaphore one and stops with it; its locks and lock leases are read in step 2 and its leases
+//! revoked in step 3, the drain covers its holders, waiters and leases, and after the agreement
+//! every node must list the same locks and lock waiters, and none. Its history checks join
+//! step 6, and in the healed tail every lock path must be granted at least once.
+//!
 //! How soon writes resume *during* a fault (failover) is measured and reported, not checked:
 //! holds are 1–5 s, shorter than any fair bound.
 
@@ -36,6 +42,7 @@ use tokio::time::Instant;
 
 use super::checker::{self, CheckConfig, CheckResult, Violation};
 use super::history::{CHECKER_PROCESS, History, Micros, OkValue, Op, OpKind, Outcome, fmt_micros};
+use super::locks::{self, LockStats, LockWorkload};
 use super::nemesis::{Fault, FaultRecord, Nemesis};
 use super::workload::{MAX_WAIT_MS, Shared, Workload, WorkloadConfig};
 
@@ -72,6 +79,8 @@ pub struct RunOptions {
     /// A caller that is not a member forges peer messages throughout (see `adversary`); the
     /// nodes then authenticate their peers (a peer secret, or node certificates with `tls`).
     pub adversary: bool,
+    /// Lock clients beside the semaphore ones (see [`super::locks`]); 0: no lock workload.
+    pub lock_clients: usize,
 }
 
 /// Size of each node's data disk when `disk-full` is in the menu: far more than a run writes
@@ -111,6 +120,7 @@ impl RunOptions {
             cli_holders: true,
             cycle: Vec::new(),
             adversary: false,
+            lock_clients: 8,
         }
     }
 }
@@ -132,6 +142,19 @@ pub struct RunReport {
     pub exclude: Vec<String>,
     /// What the `conch sema` holders did, if they ran.
     pub cli: Option<super::cli_holders::Stats>,
+    /// What the lock workload did, if it ran.
+    pub locks: Option<LockSummary>,
+}
+
+/// The lock workload's share of a run.
+#[derive(Clone, Debug, Default)]
+pub struct LockSummary {
+    pub clients: usize,
+    pub ops: usize,
+    pub ok: usize,
+    pub fail: usize,
+    pub unknown: usize,
+    pub stats: LockStats,
 }
 
 impl RunReport {
@@ -149,6 +172,36 @@ impl RunReport {
             self.faults.len(),
             self.violations()
         )
+    }
+
+    /// Violations of the lock checks (those named `lock-…`).
+    pub fn lock_violations(&self) -> usize {
+        self.check
+            .per_check
+            .iter()
+            .filter(|(name, _)| name.starts_with("lock-"))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// `jepsen: locks: …`, when the lock workload ran: its ops (also counted in the summary
+    /// line) and the violations of the lock checks (also counted there).
+    pub fn lock_line(&self) -> Option<String> {
+        let l = self.locks.as_ref()?;
+        Some(format!(
+            "jepsen: locks: clients={} ops={} ok={} fail={} unknown={} grants={} hold-intervals={} reads={} lease-reads={} max-shared={} violations={}",
+            l.clients,
+            l.ops,
+            l.ok,
+            l.fail,
+            l.unknown,
+            l.stats.grants,
+            l.stats.hold_intervals,
+            l.stats.reads_checked,
+            l.stats.lease_reads_checked,
+            l.stats.max_shared,
+            self.lock_violations()
+        ))
     }
 
     /// Recovery times per fault kind: how many, then max and mean of the time from the heal to
@@ -248,6 +301,10 @@ impl RunReport {
                 "jepsen: node logs and history kept in {}\n",
                 dir.display()
             ));
+        }
+        if let Some(line) = self.lock_line() {
+            out.push_str(&line);
+            out.push('\n');
         }
         out
     }
@@ -486,6 +543,19 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     });
     let workload = Workload::start(&shared);
     say(progress, start, format!("{} clients started", opts.clients));
+    let lock_workload =
+        (opts.lock_clients > 0).then(|| LockWorkload::start(&shared, opts.lock_clients));
+    if lock_workload.is_some() {
+        say(
+            progress,
+            start,
+            format!(
+                "{} lock clients started on {:?}",
+                opts.lock_clients,
+                locks::PATHS
+            ),
+        );
+    }
     let adversary = if opts.adversary {
         let cluster_id = cluster.status(cluster.ids()[0]).await?.cluster_id;
         let eku_less = match &cluster.pki {
@@ -649,9 +719,15 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         }
     }
     say(progress, start, "stopping the workload");
-    let leases = workload
-        .stop(Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(10))
-        .await;
+    let stop_bound = Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(10);
+    if let Some(w) = &lock_workload {
+        w.signal_stop();
+    }
+    let leases = workload.stop(stop_bound).await;
+    let lock_leases = match lock_workload {
+        Some(w) => w.stop(stop_bound).await,
+        None => Vec::new(),
+    };
 
     let cli = match cli {
         Some(h) => {
@@ -694,6 +770,15 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
                         .await;
                 }));
             }
+            if opts.lock_clients > 0 {
+                // Leases first: a lock held by a lease this read does not list is an orphan.
+                let shared = Arc::clone(&shared);
+                let channel = channel.clone();
+                reads.push(tokio::spawn(async move {
+                    locks::read_lock_leases(&shared, CHECKER_PROCESS, id, channel.clone()).await;
+                    locks::read_locks(&shared, CHECKER_PROCESS, id, channel).await;
+                }));
+            }
             let shared = Arc::clone(&shared);
             reads.push(tokio::spawn(async move {
                 shared.read_leases(CHECKER_PROCESS, id, channel).await;
@@ -708,8 +793,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         lease.stop_keepalive();
     }
     drop(leases);
+    for lease in &lock_leases {
+        lease.stop_keepalive();
+    }
+    drop(lock_leases);
     let to_revoke = leases_to_revoke(&history.snapshot());
+    let locks_to_revoke = locks::leases_to_revoke(&history.snapshot());
     {
+        use futures::FutureExt;
         let revokes = to_revoke.iter().enumerate().map(|(i, lease)| {
             let shared = Arc::clone(&shared);
             let mut rng = Rng::derive(opts.seed, u64::MAX - 1 - i as u64);
@@ -721,8 +812,22 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
                     }
                 }
             }
+            .boxed()
         });
-        let all = futures::stream::iter(revokes)
+        let lock_revokes = locks_to_revoke.iter().enumerate().map(|(i, lease)| {
+            let shared = Arc::clone(&shared);
+            let mut rng = Rng::derive(opts.seed, (u64::MAX >> 1) - i as u64);
+            async move {
+                for _ in 0..3 {
+                    let outcome = locks::revoke(&shared, CHECKER_PROCESS, lease, &mut rng).await;
+                    if outcome.is_ok() || outcome.is_not_found() {
+                        break;
+                    }
+                }
+            }
+            .boxed()
+        });
+        let all = futures::stream::iter(revokes.chain(lock_revokes))
             .buffer_unordered(16)
             .collect::<Vec<()>>();
         if tokio::time::timeout(REVOKE_ALL_BOUND, all).await.is_err() {
@@ -736,7 +841,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     say(
         progress,
         start,
-        format!("revoked {} leases; waiting for the drain", to_revoke.len()),
+        format!(
+            "revoked {} leases and {} lock leases; waiting for the drain",
+            to_revoke.len(),
+            locks_to_revoke.len()
+        ),
     );
     // 4. drain
     let drain_bound = opts.ttl * 2 + Duration::from_secs(10);
@@ -782,6 +891,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
             format!("nodes did not converge on one applied index and state hash: {last}"),
         ),
     }
+    if opts.lock_clients > 0 {
+        for (name, message) in locks::check_final_state(&shared, &cluster.channels()).await {
+            run_violation(&mut check, name, message);
+        }
+    }
 
     // 6. history
     let ops = history.snapshot();
@@ -797,6 +911,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     }
     check.violations.extend(result.violations);
     check.stats = result.stats;
+    let lock_stats = (opts.lock_clients > 0).then(|| {
+        let (result, stats) = locks::check(&ops, config.loss_after());
+        for (name, n) in &result.per_check {
+            *check.per_check.entry(name).or_default() += n;
+        }
+        check.violations.extend(result.violations);
+        stats
+    });
 
     // 7. liveness
     let all_nodes_bound = opts.recovery_bound + Duration::from_secs(5);
@@ -849,6 +971,35 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         }
     }
 
+    if opts.lock_clients > 0 {
+        for path in locks::paths_not_granted(&ops, tail_start, tail_end) {
+            run_violation(
+                &mut check,
+                "lock-liveness",
+                format!(
+                    "no grant of lock {path} in the healed tail {}..{}",
+                    fmt_micros(tail_start),
+                    fmt_micros(tail_end)
+                ),
+            );
+        }
+    }
+    let locks = lock_stats.map(|stats| {
+        let mut summary = LockSummary {
+            clients: opts.lock_clients,
+            stats,
+            ..LockSummary::default()
+        };
+        for op in ops.iter().filter(|op| op.kind.is_lock()) {
+            summary.ops += 1;
+            match op.outcome {
+                Outcome::Ok(_) => summary.ok += 1,
+                Outcome::Fail { .. } => summary.fail += 1,
+                Outcome::Unknown { .. } | Outcome::Pending => summary.unknown += 1,
+            }
+        }
+        summary
+    });
     let (mut ok, mut fail, mut unknown) = (0, 0, 0);
     for op in &ops {
         match op.outcome {
@@ -879,6 +1030,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         permits: config.permits(),
         exclude,
         cli,
+        locks,
     })
 }
 
