@@ -441,8 +441,8 @@ these commands. While access control is on, every command needs a token that all
 
 Tokens: --out writes one to a file only its owner may read; conch refuses a --token-file (or
 --key) that group or others may read, and `--token` on the command line (use --token-file or
-CONCH_TOKEN). The command run by `conch sema` and `conch elect` does not see CONCH_TOKEN,
-CONCH_TOKEN_FILE, CONCH_CERT or CONCH_KEY.
+CONCH_TOKEN). The command run by `conch sema`, `conch lock` and `conch elect` does not see
+CONCH_TOKEN, CONCH_TOKEN_FILE, CONCH_CERT or CONCH_KEY.
 
 Exit status: 0 done, 64 refused request (e.g. enable without a cluster-admin token), 65 a role
 or token that does not exist (or already does), 69 no conch node answered, 77 no token, an
@@ -485,12 +485,12 @@ pub enum RoleCommand {
     /// Give a role a permission on a namespace (replacing the one it had there).
     Grant {
         role: String,
-        /// A namespace name, or * for every namespace (`conch sema` and `conch elect` use the
-        /// namespace conch unless told --namespace).
+        /// A namespace name, or * for every namespace (`conch sema`, `conch lock` and `conch
+        /// elect` use the namespace conch unless told --namespace).
         namespace: String,
-        /// read < acquire < write < admin: acquire runs `conch sema`/`conch elect` (leases,
-        /// acquire, release, creating a missing semaphore); write also changes and deletes
-        /// semaphores; admin also the namespace itself.
+        /// read < acquire < write < admin: acquire runs `conch sema`/`conch lock`/`conch
+        /// elect` (leases, acquire, release, creating a missing semaphore); write also changes
+        /// and deletes semaphores and deletes locks; admin also the namespace itself.
         #[arg(value_parser = ["read", "acquire", "write", "admin"])]
         permission: String,
     },
