@@ -495,6 +495,18 @@ impl Auth {
             }
             None => true,
         };
+        // A token with this hash already (a retried bootstrap, or one created while access
+        // control was off) must be a cluster admin's: turning access control on with no
+        // cluster-admin token would lock everyone out for good.
+        if let Some(token) = self.by_hash.get(hash).and_then(|id| self.tokens.get(id))
+            && !self.roles.get(&token.role).is_some_and(|r| r.cluster_admin)
+        {
+            return Err(failed_precondition(format!(
+                "the bootstrap admin token is already token {} of role {}, which is not \
+                 cluster-admin; revoke it (access control is off) and start again",
+                token.name, token.role
+            )));
+        }
         let create_token = !self.by_hash.contains_key(hash);
         if create_token
             && (self.tokens.len() >= TOKENS_MAX || self.last_token_id.checked_add(1).is_none())

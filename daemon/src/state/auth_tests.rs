@@ -269,6 +269,26 @@ fn bootstrap_happens_once_and_turns_access_control_on() {
     assert!(t.check(Some(2), Access::ClusterAdmin).is_err());
 }
 
+/// Found by the auth-heavy property test: a bootstrap whose hash is already a token of a role
+/// without cluster-admin turned access control on with no cluster-admin token, locking out
+/// everyone for good.
+#[test]
+fn a_bootstrap_with_a_non_admin_tokens_hash_is_refused() {
+    let mut t = Timeline::stepping(S);
+    t.role("jobs", false);
+    t.token("jobs", 4);
+    let e = t.err(Cmd::AuthBootstrap { hash: [4; 32] });
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    assert!(e.message.contains("not cluster-admin"), "{}", e.message);
+    assert!(!t.state.auth().enabled() && !t.state.auth().bootstrapped());
+    // A token of a cluster-admin role may be the bootstrap token (a bootstrap that is retried).
+    t.role("admins", true);
+    t.token("admins", 5);
+    t.ok(Cmd::AuthBootstrap { hash: [5; 32] });
+    assert!(t.state.auth().enabled());
+    assert_eq!(t.check(Some(5), Access::ClusterAdmin), Ok(()));
+}
+
 #[test]
 fn the_store_survives_a_snapshot_and_changes_the_hash() {
     let mut t = Timeline::stepping(S);
