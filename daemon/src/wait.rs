@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::error::NodeError;
 use crate::node::Node;
-use crate::state::{Cmd, Error, GiveUpReply, NANOS_PER_SEC, Nanos, Outcome, WaitEnd};
+use crate::state::{Cmd, Error, GiveUpReply, NANOS_PER_SEC, Nanos, Outcome, WaitEnd, lock_path};
 use crate::waiters::{WaitEvent, WaitKey, WaitOutcome, WaitTicket};
 
 /// How long after its deadline a waiting call gives up on its own if the leader's clock has not
@@ -147,12 +147,17 @@ fn ended(node: &Node, key: &WaitKey, last: Option<WaitOutcome>) -> Result<Option
     match last {
         Some(WaitOutcome::Granted { token, .. }) => Ok(Some(token)),
         Some(WaitOutcome::Ended(WaitEnd::LeaseGone)) => Err(Error::not_found(format!(
-            "lease {} expired or was revoked while waiting for semaphore {}",
-            key.lease, key.sem
+            "lease {} expired or was revoked while waiting for {}",
+            key.lease,
+            waited_for(&key.sem)
         ))
         .into()),
         Some(WaitOutcome::Ended(WaitEnd::SemaphoreGone)) => {
-            Err(Error::not_found(format!("semaphore {} was deleted while waiting", key.sem)).into())
+            Err(Error::not_found(match lock_path(&key.sem) {
+                Some(path) => format!("the namespace of lock {path} was deleted while waiting"),
+                None => format!("semaphore {} was deleted while waiting", key.sem),
+            })
+            .into())
         }
         Some(WaitOutcome::Ended(WaitEnd::TimedOut | WaitEnd::GaveUp)) => Ok(None),
         // No event seen (state replaced by a snapshot): the holder table decides.
@@ -160,6 +165,14 @@ fn ended(node: &Node, key: &WaitKey, last: Option<WaitOutcome>) -> Result<Option
             .applied
             .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
             .map(|h| h.token)),
+    }
+}
+
+/// How messages name what a wait is for: a semaphore, or a lock (by its wait object).
+fn waited_for(object: &str) -> String {
+    match lock_path(object) {
+        Some(path) => format!("lock {path}"),
+        None => format!("semaphore {object}"),
     }
 }
 

@@ -6,8 +6,8 @@ use conch_proto::conch as cpb;
 use conch_proto::grackle as pb;
 
 use crate::state::{
-    AcquireLockReply, AcquireStatus, Contention, HolderView, LeaseView, LockView, LockWaiterView, Metadata, NamespaceView,
-    PageRequest, SemaphoreView, WaiterView,
+    AcquireLockReply, AcquireStatus, Contention, HolderView, LeaseView, LockView, LockWaiterView,
+    Metadata, NamespaceView, PageRequest, SemaphoreView, WaiterView,
 };
 
 pub fn metadata(map: HashMap<String, String>) -> Metadata {

@@ -442,7 +442,14 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::CreateSemaphoreLeaseResponse>, Status> {
         let (write, r) = self.write_request(request)?;
         let lease = self
-            .create_lease(write, LeaseKind::Semaphore, r.namespace_name, r.process_id, r.ttl_seconds, r.metadata)
+            .create_lease(
+                write,
+                LeaseKind::Semaphore,
+                r.namespace_name,
+                r.process_id,
+                r.ttl_seconds,
+                r.metadata,
+            )
             .await?;
         self.reply(pb::CreateSemaphoreLeaseResponse { lease: Some(lease) })
     }
@@ -468,7 +475,13 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::RefreshSemaphoreLeaseResponse>, Status> {
         let (write, r) = self.write_request(request)?;
         let lease = self
-            .refresh_lease(write, LeaseKind::Semaphore, r.namespace_name, r.lease_id, r.ttl_seconds)
+            .refresh_lease(
+                write,
+                LeaseKind::Semaphore,
+                r.namespace_name,
+                r.lease_id,
+                r.ttl_seconds,
+            )
             .await?;
         self.reply(pb::RefreshSemaphoreLeaseResponse { lease: Some(lease) })
     }
@@ -480,7 +493,13 @@ impl GrackleApi for GrackleService {
         let (caller, r) = self.permitted_caller(request, Permission::Read)?;
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
-            .list_leases(&caller, &r.namespace_name, LeaseKind::Semaphore, &r.process_id, &page)
+            .list_leases(
+                &caller,
+                &r.namespace_name,
+                LeaseKind::Semaphore,
+                &r.process_id,
+                &page,
+            )
             .await?;
         self.reply(pb::ListSemaphoreLeasesResponse {
             leases: page.items.into_iter().map(convert::lease).collect(),
@@ -495,7 +514,12 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::GetSemaphoreLeaseResponse>, Status> {
         let (caller, r) = self.permitted_caller(request, Permission::Read)?;
         let lease = self
-            .get_lease(&caller, &r.namespace_name, LeaseKind::Semaphore, &r.lease_id)
+            .get_lease(
+                &caller,
+                &r.namespace_name,
+                LeaseKind::Semaphore,
+                &r.lease_id,
+            )
             .await?;
         self.reply(pb::GetSemaphoreLeaseResponse { lease: Some(lease) })
     }
@@ -541,7 +565,14 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::CreateLockLeaseResponse>, Status> {
         let (write, r) = self.write_request(request)?;
         let lease = self
-            .create_lease(write, LeaseKind::Lock, r.namespace_name, r.process_id, r.ttl_seconds, r.metadata)
+            .create_lease(
+                write,
+                LeaseKind::Lock,
+                r.namespace_name,
+                r.process_id,
+                r.ttl_seconds,
+                r.metadata,
+            )
             .await?;
         self.reply(pb::CreateLockLeaseResponse { lease: Some(lease) })
     }
@@ -566,7 +597,13 @@ impl GrackleApi for GrackleService {
     ) -> Result<Response<pb::RefreshLockLeaseResponse>, Status> {
         let (write, r) = self.write_request(request)?;
         let lease = self
-            .refresh_lease(write, LeaseKind::Lock, r.namespace_name, r.lease_id, r.ttl_seconds)
+            .refresh_lease(
+                write,
+                LeaseKind::Lock,
+                r.namespace_name,
+                r.lease_id,
+                r.ttl_seconds,
+            )
             .await?;
         self.reply(pb::RefreshLockLeaseResponse { lease: Some(lease) })
     }
@@ -578,7 +615,13 @@ impl GrackleApi for GrackleService {
         let (caller, r) = self.permitted_caller(request, Permission::Read)?;
         let page = convert::page(r.pagination_token, r.limit);
         let page = self
-            .list_leases(&caller, &r.namespace_name, LeaseKind::Lock, &r.process_id, &page)
+            .list_leases(
+                &caller,
+                &r.namespace_name,
+                LeaseKind::Lock,
+                &r.process_id,
+                &page,
+            )
             .await?;
         self.reply(pb::ListLockLeasesResponse {
             leases: page.items.into_iter().map(convert::lease).collect(),

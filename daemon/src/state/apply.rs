@@ -137,7 +137,12 @@ impl State {
                     }
                     for waiter in ns.locks().queue().values() {
                         let object = lock_object(&waiter.path);
-                        ns.wait_ended(&object, ns.lease_id(waiter.seq), WaitEnd::SemaphoreGone, ctx);
+                        ns.wait_ended(
+                            &object,
+                            ns.lease_id(waiter.seq),
+                            WaitEnd::SemaphoreGone,
+                            ctx,
+                        );
                     }
                 }
                 Ok(Outcome::Done)
@@ -207,9 +212,8 @@ impl State {
                 exclusive,
                 wait_ns,
                 metadata,
-            } => ns_mut(namespaces, ns)?.acquire_lock(
-                path, lease, *exclusive, *wait_ns, metadata, ctx,
-            ),
+            } => ns_mut(namespaces, ns)?
+                .acquire_lock(path, lease, *exclusive, *wait_ns, metadata, ctx),
             Cmd::ReleaseLock { ns, path, lease } => {
                 ns_mut(namespaces, ns)?.release_lock(path, lease, ctx)
             }

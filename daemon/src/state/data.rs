@@ -318,9 +318,15 @@ impl State {
             for waiter in ns.locks.queue().values() {
                 let object = lock_object(&waiter.path);
                 index.add_waiter_deadline(ns.id, &object, waiter.seq, waiter.deadline_ns);
-                lease_of_kind(&mut ns.leases, waiter.seq, LeaseKind::Lock, name, &waiter.path)?
-                    .waits
-                    .insert(object);
+                lease_of_kind(
+                    &mut ns.leases,
+                    waiter.seq,
+                    LeaseKind::Lock,
+                    name,
+                    &waiter.path,
+                )?
+                .waits
+                .insert(object);
             }
             ns.usage = ns.computed_usage();
             index.add_bytes(ns.usage.bytes);
@@ -347,7 +353,9 @@ fn lease_of_kind<'a>(
         Some(_) => Err(format!(
             "lease number {seq} on lock {ns}/{path} is not a lock lease"
         )),
-        None => Err(format!("lease number {seq} on lock {ns}/{path} has no lease")),
+        None => Err(format!(
+            "lease number {seq} on lock {ns}/{path} has no lease"
+        )),
     }
 }
 

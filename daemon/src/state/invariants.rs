@@ -73,7 +73,10 @@ impl State {
                     }
                     held = held.saturating_add(h.weight);
                     by_token.insert(h.token, *seq);
-                    lease_holds.entry(*seq).or_default().insert(sem_name.clone());
+                    lease_holds
+                        .entry(*seq)
+                        .or_default()
+                        .insert(sem_name.clone());
                 }
                 if held > sem.permits {
                     return Err(at(&format!(
@@ -107,7 +110,10 @@ impl State {
                         return Err(at("queue ticket reused or not from the counter"));
                     }
                     expected.add_waiter_deadline(ns.id(), sem_name, *seq, w.deadline_ns);
-                    lease_waits.entry(*seq).or_default().insert(sem_name.clone());
+                    lease_waits
+                        .entry(*seq)
+                        .or_default()
+                        .insert(sem_name.clone());
                 }
                 if queue != *sem.queue() {
                     return Err(at("queue index does not match the waiters"));
@@ -120,7 +126,13 @@ impl State {
                 }
                 expected.add_holders(sem.holders().len() as u64);
             }
-            self.check_locks(ns, &mut expected, &mut tokens, &mut lease_holds, &mut lease_waits)?;
+            self.check_locks(
+                ns,
+                &mut expected,
+                &mut tokens,
+                &mut lease_holds,
+                &mut lease_waits,
+            )?;
             let mut by_process = BTreeSet::new();
             for (seq, lease) in ns.leases() {
                 let at = |what: &str| format!("lease number {seq} in {name}: {what}");
@@ -131,8 +143,10 @@ impl State {
                     return Err(at("ttl out of range"));
                 }
                 let semaphores = lease.holds.iter().chain(&lease.waits);
-                if lease.kind == LeaseKind::Lock && semaphores.clone().any(|o| lock_path(o).is_none())
-                    || lease.kind == LeaseKind::Semaphore && semaphores.clone().any(|o| lock_path(o).is_some())
+                if lease.kind == LeaseKind::Lock
+                    && semaphores.clone().any(|o| lock_path(o).is_none())
+                    || lease.kind == LeaseKind::Semaphore
+                        && semaphores.clone().any(|o| lock_path(o).is_some())
                 {
                     return Err(at("holds or waits for what its kind cannot"));
                 }
@@ -202,8 +216,14 @@ impl State {
                 return Err(at("over the holder quota"));
             }
             for (seq, h) in lock.holders() {
-                if ns.leases().get(seq).is_none_or(|l| l.kind != LeaseKind::Lock) {
-                    return Err(at(&format!("holder of lease number {seq} has no lock lease")));
+                if ns
+                    .leases()
+                    .get(seq)
+                    .is_none_or(|l| l.kind != LeaseKind::Lock)
+                {
+                    return Err(at(&format!(
+                        "holder of lease number {seq} has no lock lease"
+                    )));
                 }
                 if h.token == 0 || h.token > self.data.last_token || !tokens.insert(h.token) {
                     return Err(at(&format!(
@@ -211,13 +231,17 @@ impl State {
                         h.token
                     )));
                 }
-                lease_holds.entry(*seq).or_default().insert(lock_object(path));
+                lease_holds
+                    .entry(*seq)
+                    .or_default()
+                    .insert(lock_object(path));
                 // Conflicts are checked from the descendant's side: each of its ancestors.
                 for ancestor in ancestors(path) {
                     if let Some(above) = locks.held().get(ancestor)
-                        && above.holders().iter().any(|(other, a)| {
-                            other != seq && (a.exclusive || h.exclusive)
-                        })
+                        && above
+                            .holders()
+                            .iter()
+                            .any(|(other, a)| other != seq && (a.exclusive || h.exclusive))
                     {
                         return Err(at(&format!("held beside a conflicting hold on {ancestor}")));
                     }
@@ -231,14 +255,23 @@ impl State {
             if *ticket == 0 || *ticket > locks.last_ticket() {
                 return Err(at("queue ticket not from the counter"));
             }
-            if ns.leases().get(&w.seq).is_none_or(|l| l.kind != LeaseKind::Lock) {
-                return Err(at(&format!("waiter of lease number {} has no lock lease", w.seq)));
+            if ns
+                .leases()
+                .get(&w.seq)
+                .is_none_or(|l| l.kind != LeaseKind::Lock)
+            {
+                return Err(at(&format!(
+                    "waiter of lease number {} has no lock lease",
+                    w.seq
+                )));
             }
             if locks
                 .holder(&w.path, w.seq)
                 .is_some_and(|h| h.exclusive || !w.exclusive)
             {
-                return Err(at("a queued acquire of a lease that holds it at least as strongly"));
+                return Err(at(
+                    "a queued acquire of a lease that holds it at least as strongly",
+                ));
             }
             if waiting.insert((w.path.clone(), w.seq), *ticket).is_some() {
                 return Err(at("a lease queued twice for one path"));
@@ -248,7 +281,9 @@ impl State {
             lease_waits.entry(w.seq).or_default().insert(object);
         }
         if waiting != *locks.waiting() {
-            return Err(format!("lock queue index of namespace {name} does not match the queue"));
+            return Err(format!(
+                "lock queue index of namespace {name} does not match the queue"
+            ));
         }
         if let Some(path) = ns.grantable_lock() {
             return Err(format!(

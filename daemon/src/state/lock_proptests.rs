@@ -169,16 +169,18 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         metadata: Metadata::new(),
     });
     let mut leases: Vec<String> = (0..LEASES)
-        .map(|i| match t.ok(Cmd::CreateLease {
-            ns: NS.into(),
-            kind: LeaseKind::Lock,
-            process_id: String::new(),
-            ttl_s: 300,
-            metadata: Metadata::new(),
-            secret: i as u64,
-        }) {
-            Outcome::Lease(v) => v.lease_id,
-            other => panic!("unexpected {other:?}"),
+        .map(|i| {
+            match t.ok(Cmd::CreateLease {
+                ns: NS.into(),
+                kind: LeaseKind::Lock,
+                process_id: String::new(),
+                ttl_s: 300,
+                metadata: Metadata::new(),
+                secret: i as u64,
+            }) {
+                Outcome::Lease(v) => v.lease_id,
+                other => panic!("unexpected {other:?}"),
+            }
         })
         .collect();
     let mut model = Model::default();
@@ -281,7 +283,10 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         let lease_slot = |id: &str| leases.iter().position(|l| l == id);
         let mut holds = BTreeMap::new();
         for path in PATHS {
-            let view = t.state.get_lock(NS, path).map_err(|e| TestCaseError::fail(e.message))?;
+            let view = t
+                .state
+                .get_lock(NS, path)
+                .map_err(|e| TestCaseError::fail(e.message))?;
             for h in &view.holders {
                 let slot = lease_slot(&h.lease_id);
                 prop_assert!(slot.is_some(), "holder {} is no current lease", h.lease_id);
@@ -289,7 +294,12 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 // A grant not seen before has a token above every earlier one on the path.
                 if seen.insert((path, h.token)) {
                     let last = last_token.entry(path).or_insert(0);
-                    prop_assert!(h.token > *last, "{path}: new token {} after {}", h.token, *last);
+                    prop_assert!(
+                        h.token > *last,
+                        "{path}: new token {} after {}",
+                        h.token,
+                        *last
+                    );
                     *last = h.token;
                 }
             }
@@ -297,15 +307,31 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         prop_assert_eq!(&holds, &model.holds);
         let page = t
             .state
-            .list_lock_waiters(NS, "", &PageRequest { token: String::new(), limit: 250 })
+            .list_lock_waiters(
+                NS,
+                "",
+                &PageRequest {
+                    token: String::new(),
+                    limit: 250,
+                },
+            )
             .map_err(|e| TestCaseError::fail(e.message))?;
         let queue: Vec<(usize, &str, bool)> = page
             .items
             .iter()
-            .map(|w| (lease_slot(&w.lease_id).unwrap_or(usize::MAX), w.path.as_str(), w.exclusive))
+            .map(|w| {
+                (
+                    lease_slot(&w.lease_id).unwrap_or(usize::MAX),
+                    w.path.as_str(),
+                    w.exclusive,
+                )
+            })
             .collect();
-        let want: Vec<(usize, &str, bool)> =
-            model.queue.iter().map(|w| (w.lease, w.path, w.exclusive)).collect();
+        let want: Vec<(usize, &str, bool)> = model
+            .queue
+            .iter()
+            .map(|w| (w.lease, w.path, w.exclusive))
+            .collect();
         prop_assert_eq!(queue, want);
     }
     Ok(())

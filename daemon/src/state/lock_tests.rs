@@ -48,7 +48,13 @@ impl Timeline {
         }
     }
 
-    fn lock(&mut self, path: &str, lease: &str, exclusive: bool, wait_ns: Nanos) -> AcquireLockReply {
+    fn lock(
+        &mut self,
+        path: &str,
+        lease: &str,
+        exclusive: bool,
+        wait_ns: Nanos,
+    ) -> AcquireLockReply {
         match self.ok(Self::lock_cmd(path, lease, exclusive, wait_ns)) {
             Outcome::AcquireLock(r) => r,
             other => panic!("unexpected {other:?}"),
@@ -112,12 +118,22 @@ fn shared_holds_coexist_and_exclusive_holds_exclude() {
     let refused = t.lock("db", &c, true, 0);
     assert_eq!(refused.status, AcquireStatus::Unavailable);
     assert_eq!(refused.reason, Contention::Peer);
-    assert!(refused.blocking.is_empty(), "a peer conflict lists no other lock");
+    assert!(
+        refused.blocking.is_empty(),
+        "a peer conflict lists no other lock"
+    );
     t.unlock("db", &a);
     t.unlock("db", &b);
-    assert_eq!(t.lock_view("db").exclusive, None, "a lock goes with its last holder");
+    assert_eq!(
+        t.lock_view("db").exclusive,
+        None,
+        "a lock goes with its last holder"
+    );
     t.locked("db", &c, true);
-    assert_eq!(t.lock("db", &a, false, 0).status, AcquireStatus::Unavailable);
+    assert_eq!(
+        t.lock("db", &a, false, 0).status,
+        AcquireStatus::Unavailable
+    );
 }
 
 #[test]
@@ -130,7 +146,10 @@ fn a_hold_conflicts_up_and_down_the_path_but_not_with_siblings() {
     let up = t.lock("users", &b, false, 0);
     assert_eq!(up.reason, Contention::Descendant);
     assert_eq!(
-        up.blocking.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+        up.blocking
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect::<Vec<_>>(),
         ["users/1/profile"],
         "only the other lease's conflicting locks block it"
     );
@@ -155,7 +174,10 @@ fn a_waiting_writer_is_not_starved_by_later_readers() {
     assert!(queued(&late), "a reader behind a waiting writer waits");
     assert_eq!(late.reason, Contention::Peer);
     // Not even a non-blocking reader jumps the queue.
-    assert_eq!(t.lock("cfg", &r2, false, 0).status, AcquireStatus::Unavailable);
+    assert_eq!(
+        t.lock("cfg", &r2, false, 0).status,
+        AcquireStatus::Unavailable
+    );
     t.take_events();
     t.unlock("cfg", &r1);
     let grants = t.lock_grants();
@@ -170,7 +192,12 @@ fn a_waiting_writer_is_not_starved_by_later_readers() {
 #[test]
 fn the_queue_is_fifo_across_the_hierarchy() {
     let mut t = Timeline::locks();
-    let (x, y, z, other) = (t.lock_lease(), t.lock_lease(), t.lock_lease(), t.lock_lease());
+    let (x, y, z, other) = (
+        t.lock_lease(),
+        t.lock_lease(),
+        t.lock_lease(),
+        t.lock_lease(),
+    );
     t.locked("a/b", &x, true);
     let y_reply = t.lock("a", &y, true, 30 * S);
     assert!(queued(&y_reply));
@@ -185,10 +212,16 @@ fn the_queue_is_fifo_across_the_hierarchy() {
     t.take_events();
     t.unlock("a/b", &x);
     let grants = t.lock_grants();
-    assert_eq!(grants.iter().map(|g| g.0.as_str()).collect::<Vec<_>>(), ["a"]);
+    assert_eq!(
+        grants.iter().map(|g| g.0.as_str()).collect::<Vec<_>>(),
+        ["a"]
+    );
     t.unlock("a", &y);
     let grants = t.lock_grants();
-    assert_eq!(grants.iter().map(|g| g.0.as_str()).collect::<Vec<_>>(), ["a/c"]);
+    assert_eq!(
+        grants.iter().map(|g| g.0.as_str()).collect::<Vec<_>>(),
+        ["a/c"]
+    );
 }
 
 #[test]
@@ -257,7 +290,11 @@ fn lock_leases_and_semaphore_leases_are_kept_apart() {
     });
     assert_eq!(e.kind, ErrorKind::NotFound);
     for kind in [LeaseKind::Semaphore, LeaseKind::Lock] {
-        let other = if kind == LeaseKind::Lock { &sem_lease } else { &lock_lease };
+        let other = if kind == LeaseKind::Lock {
+            &sem_lease
+        } else {
+            &lock_lease
+        };
         let e = t.err(Cmd::RefreshLease {
             ns: NS.into(),
             kind,
@@ -266,7 +303,19 @@ fn lock_leases_and_semaphore_leases_are_kept_apart() {
         });
         assert_eq!(e.kind, ErrorKind::NotFound);
         assert!(t.state.get_lease(NS, kind, other).is_err());
-        assert!(t.state.get_lease(NS, kind, if kind == LeaseKind::Lock { &lock_lease } else { &sem_lease }).is_ok());
+        assert!(
+            t.state
+                .get_lease(
+                    NS,
+                    kind,
+                    if kind == LeaseKind::Lock {
+                        &lock_lease
+                    } else {
+                        &sem_lease
+                    }
+                )
+                .is_ok()
+        );
     }
     let page = t
         .state
@@ -284,7 +333,11 @@ fn upgrades_queue_and_downgrades_are_immediate() {
     t.locked("r", &b, false);
     let up = t.lock("r", &a, true, 30 * S);
     assert!(queued(&up), "an upgrade waits for the other reader");
-    assert_eq!(t.lock_view("r").holders.len(), 2, "the shared hold stays meanwhile");
+    assert_eq!(
+        t.lock_view("r").holders.len(),
+        2,
+        "the shared hold stays meanwhile"
+    );
     t.take_events();
     t.unlock("r", &b);
     let grants = t.lock_grants();
@@ -305,7 +358,12 @@ fn a_re_attach_keeps_the_place_and_the_later_deadline() {
     assert!(queued(&t.lock("q", &w2, true, 50 * S)));
     t.at(5 * S);
     let again = t.lock("q", &w1, true, 20 * S);
-    assert_eq!(again.status, AcquireStatus::Queued { deadline_ns: 25 * S });
+    assert_eq!(
+        again.status,
+        AcquireStatus::Queued {
+            deadline_ns: 25 * S
+        }
+    );
     // A non-blocking re-attach answers UNAVAILABLE and stays queued.
     assert_eq!(t.lock("q", &w1, true, 0).status, AcquireStatus::Unavailable);
     t.take_events();
@@ -348,7 +406,10 @@ fn give_up_settles_against_a_grant() {
     t.unlock("g", &h);
     // The grant came first: the give-up reports it.
     let token = t.lock_view("g").holders[0].token;
-    assert_eq!(t.ok(give_up(&w)), Outcome::GiveUp(GiveUpReply::Granted { token }));
+    assert_eq!(
+        t.ok(give_up(&w)),
+        Outcome::GiveUp(GiveUpReply::Granted { token })
+    );
     t.unlock("g", &w);
     t.locked("g", &h, true);
     assert!(queued(&t.lock("g", &w, true, 30 * S)));
@@ -408,7 +469,11 @@ fn snapshots_keep_the_locks_and_their_queue() {
     t.state = restored;
     t.take_events();
     t.unlock("s/1", &a);
-    assert_eq!(t.lock_grants().len(), 2, "both readers go once the writer leaves");
+    assert_eq!(
+        t.lock_grants().len(),
+        2,
+        "both readers go once the writer leaves"
+    );
 }
 
 #[test]
@@ -426,7 +491,11 @@ fn lock_holders_count_against_the_entries_quota() {
     assert!(queued(&t.lock("e", &b, true, 30 * S)));
     let e = t.err(Timeline::lock_cmd("f", &c, false, 0));
     assert_eq!(e.kind, ErrorKind::ResourceExhausted);
-    assert!(e.message.contains("holder and waiter quota"), "{}", e.message);
+    assert!(
+        e.message.contains("holder and waiter quota"),
+        "{}",
+        e.message
+    );
     // A non-blocking attempt that finds the lock taken adds nothing, so no quota refuses it.
     assert_eq!(t.lock("e", &c, false, 0).status, AcquireStatus::Unavailable);
     t.unlock("e/1", &a);
@@ -439,7 +508,11 @@ fn lock_names_are_paths_of_the_allowed_characters() {
     let a = t.lock_lease();
     for bad in ["", "a b", "a:b", &"x".repeat(LOCK_NAME_MAX_CHARS + 1)] {
         let e = t.err(Timeline::lock_cmd(bad, &a, true, 0));
-        assert!(e.message.starts_with("lock_name "), "{bad:?}: {}", e.message);
+        assert!(
+            e.message.starts_with("lock_name "),
+            "{bad:?}: {}",
+            e.message
+        );
     }
     t.locked(&"x".repeat(LOCK_NAME_MAX_CHARS), &a, true);
     t.locked("A-z_0.9/b", &a, true);

@@ -39,8 +39,8 @@
 use std::collections::BTreeMap;
 
 use super::data::{Ctx, Namespace, lock_entry_bytes};
-use super::lock_data::{LockHolder, LockWaiter};
 use super::limits::*;
+use super::lock_data::{LockHolder, LockWaiter};
 use super::types::*;
 
 /// The ancestors of `path`, nearest last.
@@ -301,13 +301,10 @@ impl Namespace {
     ) -> Reply {
         let seq = self.find_lock_lease(id)?;
         let (clock, wall) = (ctx.clock_ns, ctx.wall_ns);
-        let held = self.locks().holder(path, seq).map(|h| {
-            (
-                h.exclusive,
-                lock_entry_bytes(path, &h.metadata),
-                h.token,
-            )
-        });
+        let held = self
+            .locks()
+            .holder(path, seq)
+            .map(|h| (h.exclusive, lock_entry_bytes(path, &h.metadata), h.token));
         let queued = self
             .locks()
             .waiter(path, seq)

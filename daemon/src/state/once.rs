@@ -111,9 +111,12 @@ impl State {
             (Cmd::Acquire { ns, sem, lease, .. }, reply) if is_pending(reply) => {
                 Some((ns.clone(), sem.clone(), lease.clone()))
             }
-            (Cmd::AcquireLock { ns, path, lease, .. }, reply) if is_pending(reply) => {
-                Some((ns.clone(), lock_object(path), lease.clone()))
-            }
+            (
+                Cmd::AcquireLock {
+                    ns, path, lease, ..
+                },
+                reply,
+            ) if is_pending(reply) => Some((ns.clone(), lock_object(path), lease.clone())),
             _ => None,
         };
         let clock_ns = self.data.clock_ns;

@@ -467,8 +467,11 @@ impl State {
         let related = move |p: &str| {
             path.is_empty()
                 || p == path
-                || p.strip_prefix(path).is_some_and(|rest| rest.starts_with('/'))
-                || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))
+                || p.strip_prefix(path)
+                    .is_some_and(|rest| rest.starts_with('/'))
+                || path
+                    .strip_prefix(p)
+                    .is_some_and(|rest| rest.starts_with('/'))
         };
         let queue = namespace.locks().queue();
         let shown = move |w: &super::lock_data::LockWaiter| {

@@ -853,7 +853,10 @@ fn refresh_extends_and_may_change_the_ttl() {
         panic!()
     };
     assert_eq!(v.expires_at, 36 * S);
-    assert_eq!(t.read_at(6 * S).get_lease(NS, LeaseKind::Semaphore, &l), Ok(v));
+    assert_eq!(
+        t.read_at(6 * S).get_lease(NS, LeaseKind::Semaphore, &l),
+        Ok(v)
+    );
     assert_eq!(t.state.next_due_ns(), Some(36 * S));
     assert!(t.err(refresh(301)).message.starts_with("ttl_seconds "));
     assert_eq!(
@@ -879,10 +882,16 @@ fn refreshing_an_expired_lease_revokes_it_and_is_not_found() {
     t.acquire("db", &w, 1, 60 * S);
     t.take_events();
     // t=9s  reads still show L
-    assert!(t.read_at(9 * S).get_lease(NS, LeaseKind::Semaphore, &l).is_ok());
+    assert!(
+        t.read_at(9 * S)
+            .get_lease(NS, LeaseKind::Semaphore, &l)
+            .is_ok()
+    );
     // t=10s a read hides L and its hold even before anything is reaped
     assert_eq!(
-        t.read_at(10 * S).get_lease(NS, LeaseKind::Semaphore, &l).map_err(|e| e.kind),
+        t.read_at(10 * S)
+            .get_lease(NS, LeaseKind::Semaphore, &l)
+            .map_err(|e| e.kind),
         Err(ErrorKind::NotFound)
     );
     assert_eq!(
@@ -1033,7 +1042,12 @@ fn lease_list_filters_by_process_and_hides_expired() {
     assert!(start.items.is_empty());
     assert!(
         t.read_at(0)
-            .list_leases(NS, LeaseKind::Semaphore, Some(&"p".repeat(129)), &PageRequest::default())
+            .list_leases(
+                NS,
+                LeaseKind::Semaphore,
+                Some(&"p".repeat(129)),
+                &PageRequest::default()
+            )
             .is_err()
     );
 }
@@ -1789,11 +1803,15 @@ fn extend_leases_gives_every_lease_its_ttl_from_now_and_leaves_waiters_alone() {
     t.state.check_invariants().expect("invariants hold");
     // A lives until 40s (it was due at 10s but survived), B until 130s; B's wait timed out
     assert_eq!(
-        t.read_at(30 * S).get_lease(NS, LeaseKind::Semaphore, &a).map(|l| l.expires_at),
+        t.read_at(30 * S)
+            .get_lease(NS, LeaseKind::Semaphore, &a)
+            .map(|l| l.expires_at),
         Ok(40 * S)
     );
     assert_eq!(
-        t.read_at(30 * S).get_lease(NS, LeaseKind::Semaphore, &b).map(|l| l.expires_at),
+        t.read_at(30 * S)
+            .get_lease(NS, LeaseKind::Semaphore, &b)
+            .map(|l| l.expires_at),
         Ok(130 * S)
     );
     assert_eq!(events, vec![wait_ended("db", &b, WaitEnd::TimedOut)]);
@@ -2535,7 +2553,11 @@ fn wall_clock_steps_neither_expire_leases_nor_freeze_expiry() {
         t.ok(Cmd::Expire);
         assert_eq!(t.holders("db"), vec![hold(&holder, 1)]);
         assert_eq!(t.waiters("db"), vec![hold(&waiter, 1)]);
-        assert!(t.read_at(step * S).get_lease(NS, LeaseKind::Semaphore, &holder).is_ok());
+        assert!(
+            t.read_at(step * S)
+                .get_lease(NS, LeaseKind::Semaphore, &holder)
+                .is_ok()
+        );
     }
     assert!(t.take_events().is_empty(), "nothing was granted or ended");
     // The holder stops refreshing (crashed): with the wall clock far behind, the lease still
@@ -2551,7 +2573,9 @@ fn wall_clock_steps_neither_expire_leases_nor_freeze_expiry() {
     t.ok(Cmd::Expire);
     assert_eq!(t.holders("db"), vec![hold(&waiter, 1)]);
     assert_eq!(
-        t.read_at(22 * S).get_lease(NS, LeaseKind::Semaphore, &holder).map_err(|e| e.kind),
+        t.read_at(22 * S)
+            .get_lease(NS, LeaseKind::Semaphore, &holder)
+            .map_err(|e| e.kind),
         Err(ErrorKind::NotFound)
     );
 }

@@ -6,10 +6,10 @@ use tonic::{Request, Response, Status};
 
 use super::{GrackleService, unexpected, wait_ns};
 use crate::api::admission::Principal;
+use crate::api::auth::Caller;
 use crate::api::convert;
 use crate::api::status::ApiError;
 use crate::state::auth::Permission;
-use crate::api::auth::Caller;
 use crate::state::{AcquireLockReply, AcquireStatus, Cmd, Contention, Outcome, lock_object};
 use crate::wait;
 use crate::waiters::WaitKey;
