@@ -122,7 +122,7 @@ pub struct Blocked {
 }
 
 impl Blocked {
-    /// One line on what blocks: `held exclusive by node2 pid 4242 (rev 17)`,
+    /// One line on what blocks: `held exclusive by node2 pid 4242 rev 17`,
     /// `a descendant a/b (held exclusive by …)`, `an acquire queued before it on an ancestor`.
     pub fn describe(&self) -> String {
         let holders = |lock: &Lock| {
@@ -180,7 +180,7 @@ pub fn reason_word(reason: ContentionReason) -> &'static str {
     }
 }
 
-/// `node2 pid 4242 (rev 17)` from a holder's metadata (as `conch lock` sets it), or its lease.
+/// `node2 pid 4242 rev 17` from a holder's metadata (as `conch lock` sets it), or its lease.
 pub fn describe_holder(h: &LockHolder) -> String {
     use crate::sema::{META_HOST, META_PID};
     let who = match (h.metadata.get(META_HOST), h.metadata.get(META_PID)) {
@@ -189,7 +189,7 @@ pub fn describe_holder(h: &LockHolder) -> String {
         _ if !h.lease_id.is_empty() => format!("lease {}", h.lease_id),
         _ => "another lease".to_string(),
     };
-    format!("{who} (rev {})", h.fencing_token)
+    format!("{who} rev {}", h.fencing_token)
 }
 
 /// What an acquire of a lock came to.
@@ -522,7 +522,7 @@ mod tests {
             blocking: vec![],
             lock: Some(lock("a", vec![h.clone()])),
         };
-        assert_eq!(peer.describe(), "held exclusive by node2 pid 4242 (rev 17)");
+        assert_eq!(peer.describe(), "held exclusive by node2 pid 4242 rev 17");
         assert_eq!(peer.reason_word(), "peer");
         let below = Blocked {
             reason: ContentionReason::Descendant,
@@ -531,7 +531,7 @@ mod tests {
         };
         assert_eq!(
             below.describe(),
-            "a descendant a/b (held exclusive by node2 pid 4242 (rev 17))"
+            "a descendant a/b (held exclusive by node2 pid 4242 rev 17)"
         );
         let queued = Blocked {
             reason: ContentionReason::Ancestor,

@@ -551,7 +551,7 @@ mod tests {
         });
         assert_eq!(
             t.not_taken(Some(Duration::ZERO)),
-            "lock a is busy (exclusive wanted): a descendant a/b (held exclusive by node2 pid 4242 (rev 17))"
+            "lock a is busy (exclusive wanted): a descendant a/b (held exclusive by node2 pid 4242 rev 17)"
         );
         assert!(
             t.not_taken(Some(Duration::from_secs(5)))
