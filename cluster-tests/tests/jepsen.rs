@@ -147,8 +147,8 @@ async fn jepsen_wall_clock_steps_one_way_partitions_and_a_full_disk_keep_every_i
     Ok(())
 }
 
-/// The lock workload with more clients than the semaphore one, through a leader kill and a
-/// paused leader (unknown outcomes, leases lost while holding, waiters whose calls go away):
+/// The lock workload with more clients than the semaphore one, through leader kills and
+/// isolated leaders (unknown outcomes, leases lost while holding, waiters whose calls go away):
 /// every lock check holds, and the run did take, hold and read locks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jepsen_locks_keep_every_invariant_under_faults() -> anyhow::Result<()> {
@@ -162,7 +162,7 @@ async fn jepsen_locks_keep_every_invariant_under_faults() -> anyhow::Result<()> 
     opts.lock_clients = 12;
     opts.tail = Duration::from_secs(8);
     opts.cli_holders = false;
-    opts.cycle = vec!["kill-leader".into(), "pause-leader".into()];
+    opts.cycle = vec!["kill-leader".into(), "isolate-leader".into()];
     let report = run(opts).await?;
     print!("{}", report.details());
     println!("{}", report.summary_line());
