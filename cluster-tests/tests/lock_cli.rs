@@ -185,10 +185,11 @@ fn gate(name: &str) -> String {
     format!(r#"while [ ! -e "$T/{name}" ]; do sleep 0.02; done"#)
 }
 
-/// Writes `$CONCH_REV $CONCH_LOCK $CONCH_LOCK_MODE $$` to `$T/<file>` (atomically).
+/// Writes `$CONCH_REV $CONCH_LOCK $CONCH_LOCK_MODE $$ $CONCH_LEASE` to `$T/<file>`
+/// (atomically).
 fn report(file: &str) -> String {
     format!(
-        r#"echo "$CONCH_REV $CONCH_LOCK $CONCH_LOCK_MODE $$" > "$T/{file}.tmp" && mv "$T/{file}.tmp" "$T/{file}""#
+        r#"echo "$CONCH_REV $CONCH_LOCK $CONCH_LOCK_MODE $$ $CONCH_LEASE" > "$T/{file}.tmp" && mv "$T/{file}.tmp" "$T/{file}""#
     )
 }
 
@@ -415,6 +416,43 @@ async fn deleting_a_held_lock_stops_the_holder_with_79() -> anyhow::Result<()> {
     .await?;
     let (code, _, err) = f.run(&["lock", "ops/deploy", "--nonblock", "--", "true"]).await?;
     ensure!(code == 0, "the lock is free after the holder stopped: {err:?}");
+    f.passed()
+}
+
+/// A lock lease revoked through the API stops the holder: its keep-alive learns the lease is
+/// gone, conch stops the command and exits 79.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lock_lease_stops_the_holder_with_79() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let body = format!("{}; exec sleep 600", report("held"));
+    let mut holder = f.conch(&[], &sh_c("lock q --ttl 3s --kill-after 2s", &body))?;
+    let seen = f.wait_file("held", |t| t.ends_with('\n')).await?;
+    let command = pid_in(&seen)?;
+    let lease = seen
+        .split_whitespace()
+        .nth(4)
+        .context("CONCH_LEASE in the report")?
+        .to_string();
+    ensure!(
+        f.client
+            .get_lease_of(conch_client::LeaseKind::Lock, NS, &lease)
+            .await
+            .is_ok(),
+        "CONCH_LEASE names a lock lease: {seen:?}"
+    );
+    f.client
+        .revoke_lease_of(conch_client::LeaseKind::Lock, NS, &lease)
+        .await?;
+    holder.expect_code(EX_SLOT_LOST, EXIT_TIMEOUT).await?;
+    ensure!(
+        holder.stderr().contains("lock lost while running"),
+        "{:?}",
+        holder.stderr()
+    );
+    wait_for("the command to be gone", SHOW_UP, || async {
+        (!pid_alive(command)).then_some(())
+    })
+    .await?;
     f.passed()
 }
 
