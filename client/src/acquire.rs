@@ -1,6 +1,6 @@
 //! [`Client::acquire`] (semaphores), [`Client::acquire_lock`] (locks) and their [`Guard`].
 //!
-//! Both waits are one loop ([`Client::wait_grant`]) over the two acquire calls. A wait longer
+//! Both waits are one loop (`Client::wait_grant`) over the two acquire calls. A wait longer
 //! than one RPC keeps its place in the server's FIFO queue: the server identifies a waiter by
 //! (semaphore or lock path, lease), and a second acquire from the same lease while it is
 //! queued *re-attaches* — same position, deadline `max(old, now + timeout)`. So:

@@ -54,7 +54,7 @@ Examples:
   conch sema certs-renew --max 1 --nonblock -- ./renew.sh || echo \"already running elsewhere\"
   conch sema heavy-jobs --max 2 -- /usr/local/bin/run-job.sh
   conch sema heavy-jobs --max 2 --who
-  conch lock db/orders -- ./migrate-orders.sh        # exclusive: waits for db and db/orders/*
+  conch lock db/orders -- ./migrate-orders.sh        # exclusive: also against db, db/orders/…
   conch lock db/orders/2026 --shared -- ./report.sh
   conch lock db --who
   conch elect billing --value \"$(hostname):8080\" -- ./scheduler

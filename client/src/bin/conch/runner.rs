@@ -20,7 +20,7 @@
 //!    hold dropped by `DeleteLock`), first: SIGTERM the group, SIGKILL after `--kill-after`,
 //!    revoke, exit 79.
 //!
-//! Beside the command runs a [`guard`](crate::guard) process, renewed on every refresh: should
+//! Beside the command runs a guard process ([`crate::guard`]), renewed on every refresh: should
 //! conch itself not run (stopped, stuck) past the point where the lease is safe, the guard
 //! stops the command, and conch, once it runs again, says so and exits 79.
 
