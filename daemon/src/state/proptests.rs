@@ -68,7 +68,15 @@ enum GenCmd {
     /// Quotas for a namespace: semaphores, leases, entries, bytes (small, so they bind).
     SetQuotas(usize, u64, u64, u64, u64),
     SetBudget(u64),
+    /// A lock lease in a namespace, with a TTL.
+    CreateLockLease(usize, u64),
+    /// Namespace, lock path (index into `LOCK_PATHS`), lock lease slot, exclusive, wait.
+    AcquireLock(usize, usize, usize, bool, Nanos),
+    ReleaseLock(usize, usize, usize),
+    DeleteLock(usize, usize),
 }
+
+const LOCK_PATHS: [&str; 3] = ["l", "l/x", "m"];
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -155,6 +163,11 @@ fn gen_cmd() -> impl Strategy<Value = GenCmd> {
         2 => (ns_index(), 0..4u64, 0..6u64, 0..8u64, prop_oneof![Just(0u64), 300..3_000u64, Just(64u64 << 20)])
             .prop_map(|(n, s, l, e, b)| GenCmd::SetQuotas(n, s, l, e, b)),
         1 => prop_oneof![500..5_000u64, Just(512u64 << 20)].prop_map(GenCmd::SetBudget),
+        4 => (ns_index(), ttl_s()).prop_map(|(n, t)| GenCmd::CreateLockLease(n, t)),
+        10 => (ns_index(), 0..LOCK_PATHS.len(), lease_slot(), any::<bool>(), wait_ns())
+            .prop_map(|(n, p, l, e, t)| GenCmd::AcquireLock(n, p, l, e, t)),
+        4 => (ns_index(), 0..LOCK_PATHS.len(), lease_slot()).prop_map(|(n, p, l)| GenCmd::ReleaseLock(n, p, l)),
+        1 => (ns_index(), 0..LOCK_PATHS.len()).prop_map(|(n, p)| GenCmd::DeleteLock(n, p)),
     ]
 }
 
@@ -259,6 +272,8 @@ fn op() -> impl Strategy<Value = Op> {
 struct Harness {
     /// Lease ids per namespace name, in creation order.
     leases: BTreeMap<String, Vec<String>>,
+    /// Lock lease ids per namespace name, in creation order.
+    lock_leases: BTreeMap<String, Vec<String>>,
     now_ns: Nanos,
     /// Every command sent with a request id, in order.
     onces: RefCell<Vec<Cmd>>,
@@ -425,7 +440,44 @@ impl Harness {
                     .unwrap_or(Cmd::Expire)
             }
             GenCmd::Auth(cmd) => cmd,
+            GenCmd::CreateLockLease(n, t) => Cmd::CreateLease {
+                ns: ns(n),
+                kind: LeaseKind::Lock,
+                process_id: "locker".into(),
+                ttl_s: t,
+                metadata: Metadata::new(),
+                secret: t ^ 0x5a5a,
+            },
+            GenCmd::AcquireLock(n, p, l, exclusive, t) => Cmd::AcquireLock {
+                ns: ns(n),
+                path: LOCK_PATHS[p].into(),
+                lease: self.lock_lease(&ns(n), l),
+                exclusive,
+                wait_ns: t,
+                metadata: [("pid".to_string(), l.to_string())].into(),
+            },
+            GenCmd::ReleaseLock(n, p, l) => Cmd::ReleaseLock {
+                ns: ns(n),
+                path: LOCK_PATHS[p].into(),
+                lease: self.lock_lease(&ns(n), l),
+            },
+            GenCmd::DeleteLock(n, p) => Cmd::DeleteLock {
+                ns: ns(n),
+                path: LOCK_PATHS[p].into(),
+            },
         }
+    }
+
+    /// The k-th most recent lock lease of `ns` (a semaphore lease's id, or garbage, past 3).
+    fn lock_lease(&self, ns: &str, slot: usize) -> String {
+        if slot >= 3 {
+            return self.lease(ns, 0);
+        }
+        self.lock_leases
+            .get(ns)
+            .and_then(|ids| ids.len().checked_sub(slot + 1).and_then(|i| ids.get(i)))
+            .cloned()
+            .unwrap_or_else(|| "ls_00000000000000630badf00d".to_string())
     }
 
     /// The reply a repeat of `cmd` must answer at `clock_ns`, if the model knows it.
@@ -459,6 +511,9 @@ impl Harness {
             Outcome::Acquire(AcquireReply {
                 status: AcquireStatus::Queued { .. },
                 ..
+            }) | Outcome::AcquireLock(AcquireLockReply {
+                status: AcquireStatus::Queued { .. },
+                ..
             })
         );
         let first = (!queued).then(|| (outcome.clone(), clock_ns));
@@ -490,14 +545,18 @@ impl Harness {
             cmd => cmd,
         };
         match (cmd, reply) {
-            (Cmd::CreateLease { ns, .. }, Ok(Outcome::Lease(view))) => {
-                let ids = self.leases.entry(ns.clone()).or_default();
+            (Cmd::CreateLease { ns, kind, .. }, Ok(Outcome::Lease(view))) => {
+                let ids = match kind {
+                    LeaseKind::Semaphore => self.leases.entry(ns.clone()).or_default(),
+                    LeaseKind::Lock => self.lock_leases.entry(ns.clone()).or_default(),
+                };
                 if !ids.contains(&view.lease_id) {
                     ids.push(view.lease_id.clone());
                 }
             }
             (Cmd::DeleteNamespace { name }, _) => {
                 self.leases.remove(name);
+                self.lock_leases.remove(name);
             }
             _ => {}
         }
@@ -553,6 +612,11 @@ fn check_command(
     let mut event_tokens = Vec::new();
     for event in events {
         match event {
+            // Lock queues have their own model (`lock_proptests.rs`).
+            Event::WaitEnded { sem, .. } if lock_path(sem).is_some() => {}
+            Event::Granted { sem, token, .. } if lock_path(sem).is_some() => {
+                event_tokens.push(*token);
+            }
             Event::WaitEnded { ns, sem, lease, .. } => {
                 let queue = model.get_mut(&(ns.clone(), sem.clone()));
                 let pos = queue
@@ -605,6 +669,15 @@ fn check_command(
         "event tokens not increasing: {event_tokens:?}"
     );
     let mut tokens = event_tokens.clone();
+    if let Ok(Outcome::AcquireLock(AcquireLockReply {
+        status: AcquireStatus::Acquired { token },
+        ..
+    })) = reply
+        && !event_tokens.contains(token)
+        && !(once && *token <= *last_token)
+    {
+        tokens.push(*token);
+    }
     if let Ok(Outcome::Acquire(AcquireReply {
         status: AcquireStatus::Acquired { token },
         ..
@@ -698,6 +771,19 @@ fn wall_ns(now_ns: Nanos, variant: i64) -> Nanos {
     1_700_000_000 * S + jump * HOUR + variant * 13 * HOUR
 }
 
+/// What a lock view says, without its display times.
+fn lock_decision(v: &LockView) -> String {
+    let holders: Vec<String> = v
+        .holders
+        .iter()
+        .map(|h| format!("{}:{}:{}", h.lease_id, h.exclusive, h.token))
+        .collect();
+    format!(
+        "lock {} {:?} {:?} w{}",
+        v.name, v.exclusive, holders, v.waiters
+    )
+}
+
 /// What a reply decided, without the display times in it.
 fn decision(reply: &Reply) -> String {
     match reply {
@@ -713,6 +799,18 @@ fn decision(reply: &Reply) -> String {
         ),
         Ok(Outcome::Role(v)) => format!("role {} admin {} {:?}", v.name, v.cluster_admin, v.grants),
         Ok(Outcome::Token(v)) => format!("token {} {} {}", v.id, v.name, v.role),
+        Ok(Outcome::Lock(v)) => lock_decision(v),
+        Ok(Outcome::AcquireLock(a)) => format!(
+            "{:?} {:?} {} [{}]",
+            a.status,
+            a.reason,
+            lock_decision(&a.lock),
+            a.blocking
+                .iter()
+                .map(lock_decision)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         other => format!("{other:?}"),
     }
 }
@@ -723,6 +821,7 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
     let mut split = State::new();
     let mut harness = Harness {
         leases: BTreeMap::new(),
+        lock_leases: BTreeMap::new(),
         now_ns: 0,
         onces: RefCell::new(Vec::new()),
         first_replies: BTreeMap::new(),
