@@ -174,7 +174,7 @@ impl EtcdCluster {
     }
 }
 
-async fn connect(addr: &str) -> anyhow::Result<Channel> {
+pub(super) async fn connect(addr: &str) -> anyhow::Result<Channel> {
     Ok(Channel::from_shared(format!("http://{addr}"))?
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
@@ -302,12 +302,12 @@ struct SemaClient {
     session: Option<i64>,
 }
 
-fn status_code(s: &tonic::Status) -> String {
+pub(super) fn status_code(s: &tonic::Status) -> String {
     format!("{:?}", s.code())
 }
 
 /// The end of the range of every key under `prefix`.
-fn prefix_end(prefix: &str) -> Vec<u8> {
+pub(super) fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
     if let Some(last) = end.last_mut() {
         *last += 1;
@@ -590,7 +590,7 @@ impl SemaClient {
 }
 
 /// Watches `key` from `revision` until it is deleted (at once if it already was since).
-async fn wait_deleted(
+pub(super) async fn wait_deleted(
     watch: &mut pb::watch_client::WatchClient<Channel>,
     key: Vec<u8>,
     revision: i64,

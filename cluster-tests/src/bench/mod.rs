@@ -7,6 +7,8 @@
 
 pub mod compare;
 pub mod etcd;
+pub mod etcd_locks;
+pub mod locks;
 pub mod stats;
 pub mod w1;
 pub mod w2;

@@ -127,6 +127,7 @@ fn headline(row: &Row) -> (String, String) {
         "ratio",
         "syncs_per_s",
         "grants_per_s",
+        "reader_cycles_per_s",
         "refreshes_per_s",
         "rss_mb",
     ] {

@@ -161,16 +161,15 @@ pub async fn run(
     Ok(row)
 }
 
-/// The W2 row from every client's grants and releases (any system): grants per second in the
-/// window, and the handoff gap, pairing the n-th release sent with the grant it freed.
-pub fn handoff_row(
+/// The grants observed in the window and their handoff gaps (any system, any number of
+/// slots): in time order, each grant is paired with the oldest release not yet paired, so the
+/// n-th release sent frees the n-th grant after the first `permits` (those find no release
+/// before them and have no gap). Grants outside the window still consume their release.
+pub fn handoff_gaps(
     mut events: Vec<(Instant, Event)>,
-    opts: &Opts,
     window_start: Instant,
     window_end: Instant,
-    hold_max_ms: u64,
-    errors: Errors,
-) -> Row {
+) -> (u64, Latencies) {
     events.sort_unstable();
     let mut releases: VecDeque<Instant> = VecDeque::new();
     let mut gaps = Latencies::default();
@@ -190,6 +189,20 @@ pub fn handoff_row(
             }
         }
     }
+    (grants, gaps)
+}
+
+/// The W2 row from every client's grants and releases (any system): grants per second in the
+/// window, and the handoff gap, pairing the n-th release sent with the grant it freed.
+pub fn handoff_row(
+    events: Vec<(Instant, Event)>,
+    opts: &Opts,
+    window_start: Instant,
+    window_end: Instant,
+    hold_max_ms: u64,
+    errors: Errors,
+) -> Row {
+    let (grants, mut gaps) = handoff_gaps(events, window_start, window_end);
     let hold = if hold_max_ms == 0 {
         "0".to_string()
     } else {

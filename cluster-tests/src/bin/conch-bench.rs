@@ -13,15 +13,21 @@ use cluster_tests::bench;
 use cluster_tests::bench::stats::{Row, print_table};
 use cluster_tests::bench::{Opts, Placement, Target};
 
+/// The workloads run without `--only`.
 const WORKLOADS: [&str; 6] = ["W1", "W1b", "W2", "W3", "W4", "W5"];
+/// Workloads run only when `--only` names them: the locks (issue 24).
+const LOCK_WORKLOADS: [&str; 3] = ["L1", "L2", "L3"];
 
 /// Benchmark a conch cluster: W1 uncontended cycles, W1b cycles with lease create/revoke, W2
 /// contended handoff, W3 leader failover, W4 lease refresh, W5 scale (memory, snapshot,
-/// restart).
+/// restart); with `--only`, also L1 uncontended lock cycles, L2 contended lock hand-off, L3
+/// readers and a writer on one lock.
 #[derive(Parser, Debug)]
 #[command(name = "conch-bench", after_help = EXAMPLES)]
 struct Cli {
-    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5).
+    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5,L1,L2,L3; the lock
+    /// workloads L1-L3 run only when named). With --baseline etcd: which of W1,W1b,W2,W3,L1,
+    /// L2,L3 to compare (default W1,W1b,W2,W3).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 
@@ -67,7 +73,7 @@ struct Cli {
     #[arg(long)]
     auth: bool,
 
-    /// Where the clients of W1, W1b and W2 connect: `leader` (following the leader hint) or
+    /// Where the clients of W1, W1b, W2 and L1-L3 connect: `leader` (following the leader hint) or
     /// `spread` (clients dealt over all nodes starting at the node after the leader, so one
     /// client is on a follower; never following a hint, as a plain Grackle client does).
     #[arg(long, default_value = "leader", value_parser = ["leader", "spread"])]
@@ -81,8 +87,9 @@ struct Cli {
     /// Compare with etcd in the same run: W1, W1b and W2 on a 3-node etcd (Debian's
     /// etcd-server, see scripts/install-bench-deps.sh) and on conch, each row in both client
     /// placements (on the leader, spread over all nodes), then W3; the ratio per row and the
-    /// disk's sync rate.
-    #[arg(long, value_parser = ["etcd"], conflicts_with_all = ["only", "endpoints"])]
+    /// disk's sync rate. With `--only L1,L2,L3`: the lock workloads against etcd's
+    /// `concurrency.Mutex` and `recipes.RWMutex`.
+    #[arg(long, value_parser = ["etcd"], conflicts_with = "endpoints")]
     baseline: Option<String>,
 }
 
@@ -97,23 +104,41 @@ Examples:
   target/release/conch-bench --only W1 --placement spread    # clients on every node
   target/release/conch-bench --only W1,W1b --clients 1      # one row each, one client
   make bench-etcd                              # conch / etcd ratios, measured in one run
+  target/release/conch-bench --only L1,L2,L3   # the lock workloads on conch
+  target/release/conch-bench --baseline etcd --only L1,L2,L3 --duration-s 15   # locks vs etcd
 
 conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let (known, default): (Vec<&str>, Vec<&str>) = if cli.baseline.is_some() {
+        (
+            bench::compare::WORKLOADS.to_vec(),
+            bench::compare::DEFAULT_WORKLOADS.to_vec(),
+        )
+    } else {
+        (
+            WORKLOADS.iter().chain(&LOCK_WORKLOADS).copied().collect(),
+            WORKLOADS.to_vec(),
+        )
+    };
     let selected: Vec<&str> = if cli.only.is_empty() {
-        WORKLOADS.to_vec()
+        default
     } else {
         let mut out = Vec::new();
         for w in &cli.only {
-            match WORKLOADS.iter().find(|k| k.eq_ignore_ascii_case(w.trim())) {
+            match known.iter().find(|k| k.eq_ignore_ascii_case(w.trim())) {
                 Some(k) => out.push(*k),
                 None => {
                     eprintln!(
-                        "conch-bench: unknown workload {w:?} (known: {})",
-                        WORKLOADS.join(", ")
+                        "conch-bench: unknown workload {w:?} (known{}: {})",
+                        if cli.baseline.is_some() {
+                            " with --baseline"
+                        } else {
+                            ""
+                        },
+                        known.join(", ")
                     );
                     return ExitCode::from(64);
                 }
@@ -151,7 +176,7 @@ async fn main() -> ExitCode {
         eprintln!("conch-bench: clusters run with TLS, client certificates and peer mutual TLS");
     }
     if cli.baseline.is_some() {
-        return match bench::compare::run(&opts).await {
+        return match bench::compare::run(&opts, &selected).await {
             Ok(rows) => {
                 for row in &rows {
                     if cli.json {
@@ -251,6 +276,13 @@ async fn run(
         "W3" => rows.push(bench::w1::failover(&mut target, opts).await?),
         "W4" => rows.push(bench::w4::run(&target, opts).await?),
         "W5" => rows.push(bench::w5::run(&mut target, opts).await?),
+        "L1" => {
+            for clients in bench::locks::L1_CLIENTS {
+                rows.push(bench::locks::l1(&target, opts, clients, placement).await?);
+            }
+        }
+        "L2" => rows.push(bench::locks::l2(&target, opts, placement).await?),
+        "L3" => rows.push(bench::locks::l3(&target, opts, placement).await?),
         other => anyhow::bail!("unknown workload {other}"),
     }
     Ok(rows)
