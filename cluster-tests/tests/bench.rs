@@ -1,12 +1,13 @@
 //! The benchmark's harness works end to end: the etcd baseline runs the `conch sema` recipe on a
 //! real 3-node etcd (W1 and the contended W2 with watches), and conch's W1 and W2 run with
 //! clients spread over the nodes without following the leader hint. Only correctness is checked here (every cycle succeeds, placement holds);
-//! speed is what `conch-bench` measures.
+//! speed is what `conch-bench` measures. The lock workloads (L1-L3) run the same way: etcd's
+//! `concurrency.Mutex` and `recipes.RWMutex` recipes, and conch's locks.
 
 use std::time::Duration;
 
 use cluster_tests::bench::etcd::{self, EtcdCluster};
-use cluster_tests::bench::{Opts, Placement, Target, w1, w2};
+use cluster_tests::bench::{Opts, Placement, Target, etcd_locks, locks, w1, w2};
 
 fn opts() -> Opts {
     Opts {
@@ -55,7 +56,38 @@ async fn the_etcd_baseline_runs_the_recipe_in_both_placements() -> anyhow::Resul
         "{}",
         row.json()
     );
+    // The lock recipes: Mutex uncontended and contended, RWMutex with readers and a writer.
+    let row = etcd_locks::l1(&cluster, &opts(), 3, Placement::Spread).await?;
+    lock_rows_ok(&row, "cycles_per_s");
+    let row = etcd_locks::l2(&cluster, &opts(), Placement::Leader).await?;
+    lock_rows_ok(&row, "grants_per_s");
+    let row = etcd_locks::l3(&cluster, &opts(), Placement::Spread).await?;
+    lock_rows_ok(&row, "reader_cycles_per_s");
     Ok(())
+}
+
+/// A lock row without errors, with `rate` above zero, and (L2, L3) with waits measured.
+fn lock_rows_ok(row: &cluster_tests::bench::stats::Row, rate: &str) {
+    assert_eq!(field(row, "errors"), 0, "{}", row.json());
+    assert!(
+        field(row, rate).as_f64().is_some_and(|r| r > 0.0),
+        "{}",
+        row.json()
+    );
+    if rate == "grants_per_s" {
+        assert!(
+            field(row, "handoffs").as_u64().is_some_and(|h| h > 0),
+            "{}",
+            row.json()
+        );
+    }
+    if rate == "reader_cycles_per_s" {
+        assert!(
+            field(row, "writer_wait_p99_ms").is_number(),
+            "the writer got the lock: {}",
+            row.json()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,5 +117,13 @@ async fn spread_conch_clients_stay_where_they_are_put() -> anyhow::Result<()> {
         "{}",
         row.json()
     );
+    // The lock workloads: spread clients stay put too.
+    let row = locks::l1(&target, &opts(), 3, Placement::Spread).await?;
+    lock_rows_ok(&row, "cycles_per_s");
+    assert_eq!(field(&row, "redirects"), 0, "{}", row.json());
+    let row = locks::l2(&target, &opts(), Placement::Spread).await?;
+    lock_rows_ok(&row, "grants_per_s");
+    let row = locks::l3(&target, &opts(), Placement::Leader).await?;
+    lock_rows_ok(&row, "reader_cycles_per_s");
     Ok(())
 }
