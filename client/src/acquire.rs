@@ -209,7 +209,9 @@ impl AcquireCall for AcquireSemaphoreRequest {
         channel: NodeChannel,
         request: Request<Self>,
     ) -> std::result::Result<Response<Self::Reply>, Status> {
-        GrackleApiClient::new(channel).acquire_semaphore(request).await
+        GrackleApiClient::new(channel)
+            .acquire_semaphore(request)
+            .await
     }
 }
 

@@ -24,8 +24,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conch_proto::grackle::{CreateLockLeaseRequest, CreateSemaphoreLeaseRequest};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use conch_proto::grackle::{CreateLockLeaseRequest, CreateSemaphoreLeaseRequest};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};

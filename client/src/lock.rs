@@ -94,9 +94,7 @@ pub enum Relation {
 /// ```
 pub fn relation(path: &str, other: &str) -> Relation {
     let under = |long: &str, short: &str| {
-        long.len() > short.len()
-            && long.starts_with(short)
-            && long.as_bytes()[short.len()] == b'/'
+        long.len() > short.len() && long.starts_with(short) && long.as_bytes()[short.len()] == b'/'
     };
     if path == other {
         Relation::Same

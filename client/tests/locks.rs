@@ -85,7 +85,11 @@ async fn lock_leases_are_their_own_kind_and_are_kept_alive() {
 async fn a_blocked_acquire_says_why_and_a_chained_wait_keeps_its_place() {
     let cluster = Cluster::start(1).await;
     let c = client(&cluster).await;
-    let (la, lb, lc) = (lease(&c, 10).await, lease(&c, 10).await, lease(&c, 10).await);
+    let (la, lb, lc) = (
+        lease(&c, 10).await,
+        lease(&c, 10).await,
+        lease(&c, 10).await,
+    );
     // A holds a/b exclusive.
     let ga = acquired(
         c.acquire_lock(&la, NS, "a/b", true, Some(Duration::ZERO), HashMap::new())
@@ -129,7 +133,9 @@ async fn a_blocked_acquire_says_why_and_a_chained_wait_keeps_its_place() {
     let wait = |l: Lease, path: &'static str| {
         let c = c.clone();
         tokio::spawn(async move {
-            let r = c.acquire_lock(&l, NS, path, true, None, HashMap::new()).await;
+            let r = c
+                .acquire_lock(&l, NS, path, true, None, HashMap::new())
+                .await;
             (r, l)
         })
     };

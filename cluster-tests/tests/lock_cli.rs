@@ -46,7 +46,11 @@ impl Drop for Fixture {
             let read = |ext: &str| {
                 std::fs::read_to_string(self.path(&format!("proc{n}.{ext}"))).unwrap_or_default()
             };
-            eprintln!("proc {n}: stdout {:?} stderr {:?}", read("out"), read("err"));
+            eprintln!(
+                "proc {n}: stdout {:?} stderr {:?}",
+                read("out"),
+                read("err")
+            );
         }
         eprintln!("{}", self.cluster.logs_tail());
     }
@@ -116,10 +120,14 @@ impl Fixture {
     /// Waits until file `name` exists and `pred` holds for its contents; returns them.
     async fn wait_file(&self, name: &str, pred: impl Fn(&str) -> bool) -> anyhow::Result<String> {
         let path = self.path(name);
-        wait_for(&format!("{} to be written", path.display()), SHOW_UP, || {
-            let text = std::fs::read_to_string(&path).ok().filter(|t| pred(t));
-            async move { text }
-        })
+        wait_for(
+            &format!("{} to be written", path.display()),
+            SHOW_UP,
+            || {
+                let text = std::fs::read_to_string(&path).ok().filter(|t| pred(t));
+                async move { text }
+            },
+        )
         .await
         .with_context(|| format!("{name} holds {:?}", self.read(name)))
     }
@@ -215,7 +223,9 @@ fn events(text: &str) -> anyhow::Result<Vec<Event>> {
                 },
                 id: f[1].to_string(),
                 ns: f[2].parse().with_context(|| format!("time in {l:?}"))?,
-                rev: f[3].parse().with_context(|| format!("CONCH_REV in {l:?}"))?,
+                rev: f[3]
+                    .parse()
+                    .with_context(|| format!("CONCH_REV in {l:?}"))?,
             })
         })
         .collect()
@@ -275,18 +285,24 @@ async fn exclusive_runs_on_one_path_never_overlap_and_their_tokens_increase() ->
     ensure!(holders[0]["mode"] == "exclusive", "{who}");
     ensure!(holders[0]["path"] == "jobs/x", "{who}");
     let waiters = who["waiters"].as_array().context("waiters")?;
-    ensure!(waiters.len() == 1 && waiters[0]["pid"] == b.pid(), "b waits: {who}");
+    ensure!(
+        waiters.len() == 1 && waiters[0]["pid"] == b.pid(),
+        "b waits: {who}"
+    );
     ensure!(who["blocked"]["reason"] == "peer", "{who}");
     // The text form says the same.
     let (code, text, _) = f.run(&["lock", "jobs/x", "--who"]).await?;
     ensure!(code == 0, "--who text exits 0: {text}");
     ensure!(
-        text.lines().next().is_some_and(|l| l.starts_with("jobs/x HELD exclusive")
-            && l.contains(&format!("pid={}", a.pid()))),
+        text.lines()
+            .next()
+            .is_some_and(|l| l.starts_with("jobs/x HELD exclusive")
+                && l.contains(&format!("pid={}", a.pid()))),
         "{text}"
     );
     ensure!(
-        text.lines().any(|l| l.contains("WAIT") && l.contains(&format!("pid={}", b.pid()))),
+        text.lines()
+            .any(|l| l.contains("WAIT") && l.contains(&format!("pid={}", b.pid()))),
         "{text}"
     );
 
@@ -327,7 +343,11 @@ async fn shared_runs_coexist_and_hold_off_an_exclusive_one() -> anyhow::Result<(
         let seen = f.wait_file(s, |t| t.ends_with('\n')).await?;
         ensure!(seen.contains(" shared "), "CONCH_LOCK_MODE: {seen:?}");
     }
-    ensure!(f.read("s3").contains(" db shared "), "CONCH_LOCK: {:?}", f.read("s3"));
+    ensure!(
+        f.read("s3").contains(" db shared "),
+        "CONCH_LOCK: {:?}",
+        f.read("s3")
+    );
     // Every shared command is running now (none ends before the gate opens); an exclusive
     // one on the ancestor waits for them.
     let mut x = f.conch(&[], &sh_c("lock db", &report("x")))?;
@@ -354,7 +374,10 @@ async fn an_exclusive_parent_waits_for_a_child_holder() -> anyhow::Result<()> {
     f.wait_file("child", |t| t.ends_with('\n')).await?;
 
     let (code, out, err) = f.run(&["lock", "a", "--nonblock", "--", "true"]).await?;
-    ensure!(code == EX_NO_SLOT, "--nonblock on a busy parent exits 75: {code} {out:?} {err:?}");
+    ensure!(
+        code == EX_NO_SLOT,
+        "--nonblock on a busy parent exits 75: {code} {out:?} {err:?}"
+    );
     ensure!(
         err.contains("descendant") && err.contains("a/b"),
         "the message names the reason and the blocking path: {err:?}"
@@ -369,7 +392,10 @@ async fn an_exclusive_parent_waits_for_a_child_holder() -> anyhow::Result<()> {
     ensure!(code == 0, "something under a is held: {who}");
     ensure!(who["state"] == "unlocked", "a itself is not held: {who}");
     ensure!(who["blocked"]["reason"] == "descendant", "{who}");
-    ensure!(who["blocked"]["blocking"] == serde_json::json!(["a/b"]), "{who}");
+    ensure!(
+        who["blocked"]["blocking"] == serde_json::json!(["a/b"]),
+        "{who}"
+    );
     ensure!(who["holders"][0]["path"] == "a/b", "{who}");
     ensure!(who["waiters"][0]["pid"] == parent.pid(), "{who}");
     ensure!(who["waiters"][0]["path"] == "a", "{who}");
@@ -385,7 +411,10 @@ async fn an_exclusive_parent_waits_for_a_child_holder() -> anyhow::Result<()> {
             .and_then(|r| r.parse().ok())
             .with_context(|| format!("no CONCH_REV in {name}: {text:?}"))
     };
-    ensure!(rev("parent")? > rev("child")?, "tokens increase cluster-wide");
+    ensure!(
+        rev("parent")? > rev("child")?,
+        "tokens increase cluster-wide"
+    );
     f.passed()
 }
 
@@ -414,8 +443,13 @@ async fn deleting_a_held_lock_stops_the_holder_with_79() -> anyhow::Result<()> {
         (!pid_alive(command)).then_some(())
     })
     .await?;
-    let (code, _, err) = f.run(&["lock", "ops/deploy", "--nonblock", "--", "true"]).await?;
-    ensure!(code == 0, "the lock is free after the holder stopped: {err:?}");
+    let (code, _, err) = f
+        .run(&["lock", "ops/deploy", "--nonblock", "--", "true"])
+        .await?;
+    ensure!(
+        code == 0,
+        "the lock is free after the holder stopped: {err:?}"
+    );
     f.passed()
 }
 
@@ -460,7 +494,10 @@ async fn a_revoked_lock_lease_stops_the_holder_with_79() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nonblock_on_a_held_path_and_bad_paths_are_refused() -> anyhow::Result<()> {
     let f = Fixture::start().await?;
-    let mut a = f.conch(&[], &sh_c("lock p", &format!("{}; {}", report("a"), gate("go"))))?;
+    let mut a = f.conch(
+        &[],
+        &sh_c("lock p", &format!("{}; {}", report("a"), gate("go"))),
+    )?;
     f.wait_file("a", |t| t.ends_with('\n')).await?;
     let (code, _, err) = f.run(&["lock", "p", "--nonblock", "--", "true"]).await?;
     ensure!(code == EX_NO_SLOT, "{code} {err:?}");
@@ -469,11 +506,19 @@ async fn nonblock_on_a_held_path_and_bad_paths_are_refused() -> anyhow::Result<(
         "names the holder: {err:?}"
     );
     // Shared is refused too while an exclusive hold stands, and an ancestor exclusive as well.
-    let (code, _, err) = f.run(&["lock", "p/q", "--shared", "-n", "--", "true"]).await?;
-    ensure!(code == EX_NO_SLOT && err.contains("ancestor"), "{code} {err:?}");
+    let (code, _, err) = f
+        .run(&["lock", "p/q", "--shared", "-n", "--", "true"])
+        .await?;
+    ensure!(
+        code == EX_NO_SLOT && err.contains("ancestor"),
+        "{code} {err:?}"
+    );
     f.touch("go")?;
     a.expect_code(0, EXIT_TIMEOUT).await?;
     let (code, _, err) = f.run(&["lock", "a//b", "--", "true"]).await?;
-    ensure!(code == 64 && err.contains("empty segment"), "{code} {err:?}");
+    ensure!(
+        code == 64 && err.contains("empty segment"),
+        "{code} {err:?}"
+    );
     f.passed()
 }

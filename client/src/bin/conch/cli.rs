@@ -1201,7 +1201,10 @@ mod tests {
             "75",
             "79",
         ] {
-            assert!(help.contains(needle), "lock --help lacks {needle:?}:\n{help}");
+            assert!(
+                help.contains(needle),
+                "lock --help lacks {needle:?}:\n{help}"
+            );
         }
         let top = Cli::command().render_long_help().to_string();
         assert!(top.contains("conch lock"), "{top}");

@@ -88,7 +88,9 @@ impl Target for LockTarget {
         self.namespace = namespace.to_string();
         match client.ensure_namespace(namespace).await {
             Ok(()) => Ok(()),
-            Err(e) => Err(setup_error(client, namespace, &format!("namespace {namespace}"), e).await),
+            Err(e) => {
+                Err(setup_error(client, namespace, &format!("namespace {namespace}"), e).await)
+            }
         }
     }
 
@@ -311,7 +313,13 @@ pub fn holder_entry(path: &str, h: &LockHolder) -> LockEntry {
 pub fn waiter_entry(w: &LockWaiter) -> LockEntry {
     LockEntry {
         position: Some(w.position),
-        ..entry(&w.lock_name, w.exclusive, &w.lease_id, &w.metadata, w.queued_at)
+        ..entry(
+            &w.lock_name,
+            w.exclusive,
+            &w.lease_id,
+            &w.metadata,
+            w.queued_at,
+        )
     }
 }
 
@@ -537,7 +545,10 @@ mod tests {
         let lock = held("a", true, 17, "node2", "1");
         assert_eq!(t.judge(Some(&lock), 17), None);
         let gone = t.judge(Some(&lock), 18).unwrap();
-        assert!(gone.contains("conch/a") && gone.contains("rev 18"), "{gone}");
+        assert!(
+            gone.contains("conch/a") && gone.contains("rev 18"),
+            "{gone}"
+        );
         assert!(t.judge(None, 17).is_some());
     }
 

@@ -121,10 +121,12 @@ impl SemaTarget {
     }
 
     fn held(&self) -> conch_client::Result<&Held> {
-        self.held.as_ref().ok_or_else(|| conch_client::Error::Protocol {
-            op: "check semaphore",
-            message: "the semaphore was not read before queueing".to_string(),
-        })
+        self.held
+            .as_ref()
+            .ok_or_else(|| conch_client::Error::Protocol {
+                op: "check semaphore",
+                message: "the semaphore was not read before queueing".to_string(),
+            })
     }
 }
 
