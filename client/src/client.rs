@@ -59,7 +59,7 @@ use crate::backoff::Backoff;
 use crate::duration::format_duration;
 use crate::endpoint::{EndpointAddr, parse_endpoint};
 use crate::error::{Class, Error, Result, classify};
-use crate::lease::LeaseKind;
+use crate::lease_kind::LeaseKind;
 pub use crate::request_id::request;
 use crate::request_id::{new_request_id, request_with_id};
 use crate::tls::ClientTls;

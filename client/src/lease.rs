@@ -37,24 +37,7 @@ use crate::error::{Error, LeaseLoss, Result};
 /// Longest TTL the server accepts.
 pub const MAX_TTL: Duration = Duration::from_secs(300);
 
-/// Which kind of lease: the server keeps semaphore leases and lock leases apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LeaseKind {
-    /// Holds semaphore permits (`CreateSemaphoreLease`, ...).
-    Semaphore,
-    /// Holds locks (`CreateLockLease`, ...).
-    Lock,
-}
-
-impl LeaseKind {
-    /// `"semaphore lease"` or `"lock lease"`, for messages.
-    pub fn describe(self) -> &'static str {
-        match self {
-            LeaseKind::Semaphore => "semaphore lease",
-            LeaseKind::Lock => "lock lease",
-        }
-    }
-}
+pub use crate::lease_kind::LeaseKind;
 
 /// State of a [`Lease`] as seen by its keep-alive task.
 #[derive(Debug, Clone, PartialEq, Eq)]

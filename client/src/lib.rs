@@ -75,6 +75,7 @@ mod error;
 #[cfg(test)]
 mod fake;
 pub mod lease;
+mod lease_kind;
 pub mod lock;
 pub mod private_file;
 pub mod request_id;

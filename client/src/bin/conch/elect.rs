@@ -29,8 +29,9 @@ use serde::Serialize;
 use crate::child::Signals;
 use crate::cli::ElectArgs;
 use crate::exit;
+use crate::identity::Identity;
 use crate::runner::{Spec, hold};
-use crate::sema::{Identity, Plan, SemaTarget};
+use crate::sema::{Plan, SemaTarget};
 use crate::timefmt::now_rfc3339;
 use crate::who::{self, Entry};
 

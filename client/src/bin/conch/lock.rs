@@ -37,8 +37,8 @@ use tracing::debug;
 use crate::child::Signals;
 use crate::cli::LockArgs;
 use crate::exit;
+use crate::identity::Identity;
 use crate::runner::{Spec, Target, hold, remaining, setup_error};
-use crate::sema::Identity;
 use crate::status::{Standing, host_pid, since_nanos};
 use crate::timefmt::format_unix_nanos;
 

@@ -22,6 +22,7 @@ mod elect;
 mod exit;
 mod guard;
 mod health;
+mod identity;
 mod lock;
 mod namespace;
 mod runner;

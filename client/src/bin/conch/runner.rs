@@ -37,7 +37,7 @@ use tracing::{debug, info};
 use crate::child::{self, Signals};
 use crate::exit::{self, Exit};
 use crate::guard;
-use crate::sema::Identity;
+use crate::identity::Identity;
 use crate::status::{self, Standing};
 
 /// What a run holds, and how it is taken, checked and shown.
