@@ -164,6 +164,13 @@ pub async fn serve(
         Server::builder()
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
             .max_concurrent_streams(Some(admission::MAX_STREAMS_PER_CONNECTION))
+            // Calls a client cancels before the server took them (a node paused or busy, its
+            // callers timing out) are reset streams waiting to be accepted; past h2's default of
+            // 20 the whole connection is closed, failing every call on it as RESOURCE_EXHAUSTED.
+            // Allow as many as a connection may have streams.
+            .http2_max_pending_accept_reset_streams(Some(
+                admission::MAX_STREAMS_PER_CONNECTION as usize,
+            ))
             // Every call is counted; every client-facing response names the leader, errors too.
             .layer(responses::ResponseLayer::new(Arc::clone(&node)))
     };
