@@ -73,7 +73,7 @@ pub async fn wait_for_grant(
     };
     if caught_up.is_err() {
         give_up.disarm();
-        return give_up_now(node, &key, deadline_ns).await;
+        return give_up_now(node, &key, deadline_ns, &mut ticket, index).await;
     }
     // Events from before this acquire's entry concern an earlier wait of the same lease.
     let mut last = None;
@@ -99,12 +99,12 @@ pub async fn wait_for_grant(
                 Some(event) => note(event, &mut last),
                 None => {
                     give_up.disarm();
-                    return give_up_now(node, &key, deadline_ns).await;
+                    return give_up_now(node, &key, deadline_ns, &mut ticket, index).await;
                 }
             },
             _ = tokio::time::sleep_until(local_deadline) => {
                 give_up.disarm();
-                return give_up_now(node, &key, deadline_ns).await;
+                return give_up_now(node, &key, deadline_ns, &mut ticket, index).await;
             }
             // The node stops: the caller re-attaches through another node and keeps its place
             // (the waiter stays queued until its lease or its deadline ends it).
@@ -122,11 +122,21 @@ fn stopping() -> NodeError {
     )
 }
 
-/// Ends this call's wait through the log: the answer says whether the grant came first.
+/// How long a give-up that committed waits for this node to apply it, to read the events
+/// before it (a node that committed it is normally there within milliseconds).
+const GIVE_UP_APPLY_WAIT: Duration = Duration::from_secs(5);
+
+/// Ends this call's wait through the log: the answer says whether the grant came first. A grant
+/// that came first and was undone before the give-up (the lease expired or was revoked while
+/// this node was cut off) is still the answer: it was granted, and the caller learns of the
+/// lease from its refresh. So the events up to the give-up, in `ticket` from the acquire's
+/// entry `index` on, are read once this node has applied it.
 async fn give_up_now(
     node: &Node,
     key: &WaitKey,
     deadline_ns: Nanos,
+    ticket: &mut WaitTicket,
+    index: u64,
 ) -> Result<Option<u64>, WaitError> {
     let cmd = Cmd::GiveUp {
         ns: key.ns.clone(),
@@ -136,10 +146,25 @@ async fn give_up_now(
         linger_ns: 0,
     };
     cmd.validate()?;
-    match node.write_one(cmd).await?? {
-        Outcome::GiveUp(GiveUpReply::Granted { token }) => Ok(Some(token)),
-        _ => Ok(None),
+    let (reply, at) = node.write_one_at(cmd).await?;
+    if let Outcome::GiveUp(GiveUpReply::Granted { token }) = reply? {
+        return Ok(Some(token));
     }
+    let applied = tokio::time::timeout(GIVE_UP_APPLY_WAIT, node.applied.wait_applied(at)).await;
+    let mut granted = None;
+    while let Some(event) = ticket.try_next() {
+        if let (true, WaitOutcome::Granted { token, .. }) = (event.index >= index, event.outcome) {
+            granted = Some(token);
+        }
+    }
+    if granted.is_none() && applied.is_err() {
+        tracing::warn!(
+            object = %key.sem,
+            lease = %key.lease,
+            "a give-up committed but this node did not apply it in time: answered as timed out"
+        );
+    }
+    Ok(granted)
 }
 
 /// How a wait that left the queue ended.
