@@ -63,7 +63,12 @@ async fn waiters(cluster: &Cluster, id: u64, ns: &str, path: &str) -> Vec<String
         })
         .await
     {
-        Ok(r) => r.into_inner().waiters.into_iter().map(|w| w.lease_id).collect(),
+        Ok(r) => r
+            .into_inner()
+            .waiters
+            .into_iter()
+            .map(|w| w.lease_id)
+            .collect(),
         Err(_) => vec![],
     }
 }
@@ -138,13 +143,20 @@ async fn every_lock_call_answers_through_a_follower() -> anyhow::Result<()> {
     assert_eq!(outcome(&r), pb::AcquireOutcome::Unavailable);
     assert_eq!(r.reason(), pb::ContentionReason::Descendant);
     assert_eq!(
-        r.blocking_locks.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+        r.blocking_locks
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect::<Vec<_>>(),
         ["users/1"]
     );
     let r = acquire(&mut c, "app", "users/1/x", &b, false, 0).await?;
     assert_eq!(r.reason(), pb::ContentionReason::Ancestor);
     let r = acquire(&mut c, "app", "users/2", &b, true, 0).await?;
-    assert_eq!(outcome(&r), pb::AcquireOutcome::Acquired, "siblings are independent");
+    assert_eq!(
+        outcome(&r),
+        pb::AcquireOutcome::Acquired,
+        "siblings are independent"
+    );
 
     // Every node answers the same reads.
     for id in cluster.ids() {
@@ -207,7 +219,11 @@ async fn every_lock_call_answers_through_a_follower() -> anyhow::Result<()> {
     })
     .await?;
     let r = acquire(&mut c, "app", "users", &b, true, 0).await?;
-    assert_eq!(outcome(&r), pb::AcquireOutcome::Acquired, "a revoke frees its locks");
+    assert_eq!(
+        outcome(&r),
+        pb::AcquireOutcome::Acquired,
+        "a revoke frees its locks"
+    );
 
     // Bad input is refused naming the field, and changes nothing.
     let err = acquire(&mut c, "app", "bad name", &b, true, 0)
@@ -234,17 +250,23 @@ async fn a_writer_queued_behind_readers_is_granted_before_later_readers() -> any
     // The writer waits through node 2, then a reader through node 3.
     let mut n2 = cluster.grackle(2).await?;
     let w_lease = w.clone();
-    let writer = tokio::spawn(async move { acquire(&mut n2, "app", "cfg", &w_lease, true, 60).await });
+    let writer =
+        tokio::spawn(async move { acquire(&mut n2, "app", "cfg", &w_lease, true, 60).await });
     wait_for("the writer to queue", Duration::from_secs(10), || async {
         (waiters(&cluster, 1, "app", "cfg").await == [w.clone()]).then_some(())
     })
     .await?;
     let mut n3 = cluster.grackle(3).await?;
     let r2_lease = r2.clone();
-    let reader = tokio::spawn(async move { acquire(&mut n3, "app", "cfg", &r2_lease, false, 60).await });
-    wait_for("the reader to queue behind it", Duration::from_secs(10), || async {
-        (waiters(&cluster, 1, "app", "cfg").await == [w.clone(), r2.clone()]).then_some(())
-    })
+    let reader =
+        tokio::spawn(async move { acquire(&mut n3, "app", "cfg", &r2_lease, false, 60).await });
+    wait_for(
+        "the reader to queue behind it",
+        Duration::from_secs(10),
+        || async {
+            (waiters(&cluster, 1, "app", "cfg").await == [w.clone(), r2.clone()]).then_some(())
+        },
+    )
     .await?;
 
     c.release_lock(pb::ReleaseLockRequest {
@@ -254,8 +276,15 @@ async fn a_writer_queued_behind_readers_is_granted_before_later_readers() -> any
     })
     .await?;
     let granted = writer.await??;
-    assert_eq!(outcome(&granted), pb::AcquireOutcome::Acquired, "{granted:?}");
-    assert!(!reader.is_finished(), "the later reader still waits for the writer");
+    assert_eq!(
+        outcome(&granted),
+        pb::AcquireOutcome::Acquired,
+        "{granted:?}"
+    );
+    assert!(
+        !reader.is_finished(),
+        "the later reader still waits for the writer"
+    );
     let lock = c
         .get_lock(pb::GetLockRequest {
             namespace_name: "app".into(),
@@ -275,7 +304,10 @@ async fn a_writer_queued_behind_readers_is_granted_before_later_readers() -> any
     .await?;
     let read = reader.await??;
     assert_eq!(outcome(&read), pb::AcquireOutcome::Acquired);
-    assert!(read.fencing_token > granted.fencing_token, "tokens rise per path");
+    assert!(
+        read.fencing_token > granted.fencing_token,
+        "tokens rise per path"
+    );
     Ok(())
 }
 
@@ -283,7 +315,11 @@ async fn a_writer_queued_behind_readers_is_granted_before_later_readers() -> any
 async fn locks_and_their_queue_survive_a_leader_kill() -> anyhow::Result<()> {
     let mut cluster = Cluster::start(3).await?;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
-    let others: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != leader).collect();
+    let others: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
     let (f1, f2) = (others[0], others[1]);
     let mut c = cluster.grackle(f1).await?;
     cluster_tests::ops::namespace(&mut c, "app").await?;
@@ -295,7 +331,8 @@ async fn locks_and_their_queue_survive_a_leader_kill() -> anyhow::Result<()> {
     assert_eq!(outcome(&held), pb::AcquireOutcome::Acquired);
     let mut n2 = cluster.grackle(f2).await?;
     let w_lease = w.clone();
-    let waiter = tokio::spawn(async move { acquire(&mut n2, "app", "db", &w_lease, true, 120).await });
+    let waiter =
+        tokio::spawn(async move { acquire(&mut n2, "app", "db", &w_lease, true, 120).await });
     wait_for("the waiter to queue", Duration::from_secs(10), || async {
         (waiters(&cluster, f1, "app", "db").await == [w.clone()]).then_some(())
     })
@@ -315,7 +352,10 @@ async fn locks_and_their_queue_survive_a_leader_kill() -> anyhow::Result<()> {
         .lock
         .unwrap_or_default();
     assert_eq!(lock.lock_holders.len(), 1, "the hold survives: {lock:?}");
-    assert_eq!(waiters(&cluster, f1, "app", "db").await, [w.clone()]);
+    assert_eq!(
+        waiters(&cluster, f1, "app", "db").await,
+        std::slice::from_ref(&w)
+    );
 
     // The release through the new cluster wakes the waiter on the other follower.
     c.release_lock(pb::ReleaseLockRequest {
@@ -325,7 +365,11 @@ async fn locks_and_their_queue_survive_a_leader_kill() -> anyhow::Result<()> {
     })
     .await?;
     let granted = waiter.await??;
-    assert_eq!(outcome(&granted), pb::AcquireOutcome::Acquired, "{granted:?}");
+    assert_eq!(
+        outcome(&granted),
+        pb::AcquireOutcome::Acquired,
+        "{granted:?}"
+    );
     assert!(granted.fencing_token > held.fencing_token);
     Ok(())
 }
@@ -344,6 +388,9 @@ async fn a_blocked_acquire_times_out_with_its_reason() -> anyhow::Result<()> {
     assert_eq!(outcome(&r), pb::AcquireOutcome::TimedOut, "{r:?}");
     assert_eq!(r.reason(), pb::ContentionReason::Descendant);
     assert_eq!(r.blocking_locks[0].name, "a/b");
-    assert!(waiters(&cluster, 1, "app", "a").await.is_empty(), "the timed-out acquire left");
+    assert!(
+        waiters(&cluster, 1, "app", "a").await.is_empty(),
+        "the timed-out acquire left"
+    );
     Ok(())
 }
