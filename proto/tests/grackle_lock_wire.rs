@@ -364,7 +364,10 @@ fn conchs_lock_enums_are_grackles() {
     for (conch, grackle) in [
         (pb::LockState::Invalid, upstream::LockState::Invalid),
         (pb::LockState::Unlocked, upstream::LockState::Unlocked),
-        (pb::LockState::SharedLocked, upstream::LockState::SharedLocked),
+        (
+            pb::LockState::SharedLocked,
+            upstream::LockState::SharedLocked,
+        ),
         (
             pb::LockState::ExclusiveLocked,
             upstream::LockState::ExclusiveLocked,
@@ -372,7 +375,10 @@ fn conchs_lock_enums_are_grackles() {
     ] {
         assert_eq!(conch as i32, grackle as i32, "{conch:?}");
     }
-    assert_eq!(pb::LockState::SharedLocked.as_str_name(), "LOCK_STATE_SHARED_LOCKED");
+    assert_eq!(
+        pb::LockState::SharedLocked.as_str_name(),
+        "LOCK_STATE_SHARED_LOCKED"
+    );
     for (conch, grackle) in [
         (
             pb::ContentionReason::Unspecified,
