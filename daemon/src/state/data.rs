@@ -31,6 +31,9 @@ use super::quota::{self, Budget, Quotas, Usage};
 use super::requests::Requests;
 use super::types::*;
 
+mod sync;
+pub(super) use sync::{Barrier, Job, Participant, WaitGroup};
+
 /// The whole replicated state. Same state + same batch => same replies and events, on every
 /// node and every replay.
 #[derive(Clone, Debug, Default)]
@@ -92,6 +95,8 @@ pub(super) struct Index {
     holders: u64,
     /// Stored bytes of all namespaces (`quota.rs`).
     bytes: u64,
+    /// When something is due for each wait group and barrier (`data/sync.rs`).
+    sync_due: sync::SyncDue,
 }
 
 /// The namespaces by name. Serialized exactly as the map it wraps.
@@ -113,6 +118,8 @@ pub(super) struct Namespace {
     /// leases.
     leases: BTreeMap<u64, Box<Lease>>,
     quotas: Quotas,
+    /// Wait groups and barriers (`data/sync.rs`).
+    sync: sync::SyncObjects,
     /// Derived: `(process_key(process_id), lease seq)`; a hash, not the string, so the index
     /// costs 16 bytes per lease. Readers compare the actual process id.
     #[serde(skip)]
@@ -303,6 +310,7 @@ impl State {
                     lease.waits.insert(sem_name.clone());
                 }
             }
+            ns.sync.rebuild(ns.id, &mut index);
             ns.usage = ns.computed_usage();
             index.add_bytes(ns.usage.bytes);
         }
@@ -380,10 +388,10 @@ impl Index {
     pub(super) fn next_due_ns(&self) -> Option<Nanos> {
         let lease = self.lease_expiry.first().map(|e| e.0);
         let waiter = self.waiter_deadlines.first().map(|e| e.0);
-        match (lease, waiter) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [lease, waiter, self.next_sync_due()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 
@@ -478,6 +486,7 @@ impl Namespaces {
         for (seq, lease) in &ns.leases {
             ctx.index.remove_lease_expiry(ns.id, *seq, lease.expires_at);
         }
+        ns.sync.unindex(ns.id, ctx.index);
         Some(ns)
     }
 }
@@ -501,6 +510,7 @@ impl Namespace {
             semaphores: BTreeMap::new(),
             leases: BTreeMap::new(),
             quotas: Quotas::default(),
+            sync: sync::SyncObjects::default(),
             leases_by_process: BTreeSet::new(),
             usage: Usage {
                 entries: 0,
@@ -524,6 +534,7 @@ impl Namespace {
         for lease in self.leases.values() {
             usage.bytes = usage.bytes.saturating_add(lease.bytes());
         }
+        self.sync.add_computed_usage(&mut usage);
         usage
     }
 

@@ -182,6 +182,7 @@ impl State {
                     let waiter = (ns.clone(), sem.clone(), lease.clone());
                     self.data.requests.settle_ended(&waiter);
                 }
+                Event::Synced { .. } => {}
             }
         }
     }

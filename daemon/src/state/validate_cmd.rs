@@ -116,6 +116,8 @@ impl Cmd {
                 lease_id(lease)?;
                 wait_ns(*linger_ns)
             }
+            Cmd::WaitGroup(cmd) => super::validate_sync::wait_group(cmd),
+            Cmd::Barrier(cmd) => super::validate_sync::barrier(cmd),
             Cmd::Expire | Cmd::ExtendLeases => Ok(()),
             Cmd::Once {
                 request_id: id,
