@@ -1076,7 +1076,7 @@ pub struct Waiters {
 /// Reads every page of a listing: `page(token)` fetches the page at `token` (empty: the first)
 /// and returns its items and the next page's token. Stops at an empty page, an empty or
 /// repeated token, or after 10 000 pages.
-async fn all_pages<T>(
+pub(crate) async fn all_pages<T>(
     mut page: impl AsyncFnMut(String) -> Result<(Vec<T>, String)>,
 ) -> Result<Vec<T>> {
     let mut out = Vec::new();

@@ -181,6 +181,18 @@ pub enum Command {
         #[command(subcommand)]
         command: NamespaceCommand,
     },
+    /// Wait groups: N jobs report in, and whoever waits learns when all of them did.
+    #[command(after_help = crate::waitgroup::EXAMPLES)]
+    WaitGroup {
+        #[command(subcommand)]
+        command: crate::waitgroup::WaitGroupCommand,
+    },
+    /// Barriers: N processes meet, then all go on together.
+    #[command(after_help = crate::barrier::EXAMPLES)]
+    Barrier {
+        #[command(subcommand)]
+        command: crate::barrier::BarrierCommand,
+    },
 }
 
 const NAMESPACE_EXAMPLES: &str = "\

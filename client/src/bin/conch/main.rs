@@ -11,6 +11,7 @@
 
 mod auth;
 mod backup;
+mod barrier;
 mod certs;
 mod child;
 mod cli;
@@ -25,6 +26,7 @@ mod namespace;
 mod sema;
 mod status;
 mod timefmt;
+mod waitgroup;
 mod watch;
 mod who;
 
@@ -230,6 +232,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             elect::run(&client, &args, &mut signals).await
         }
         Command::Namespace { command } => namespace::run(&client, command).await,
+        Command::WaitGroup { command } => waitgroup::run(&client, command).await,
+        Command::Barrier { command } => barrier::run(&client, command).await,
         Command::Completions { .. } | Command::Certs { .. } => Ok(ExitCode::SUCCESS),
     }
 }
