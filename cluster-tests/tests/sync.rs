@@ -664,14 +664,12 @@ async fn the_cli_creates_reports_waits_and_meets() -> anyhow::Result<()> {
         "-c",
         "echo gen=$CONCH_BARRIER_GENERATION",
     ]));
-    wait_for("the first party's arrival", WAIT, || {
-        async move {
-            let (_, out, _) = conch(vec!["barrier", "wait", "meet", "--who", "--json"])
-                .await
-                .ok()?;
-            let json: serde_json::Value = serde_json::from_str(out.trim()).ok()?;
-            (json["arrived"] == serde_json::json!(["a"])).then_some(())
-        }
+    wait_for("the first party's arrival", WAIT, || async move {
+        let (_, out, _) = conch(vec!["barrier", "wait", "meet", "--who", "--json"])
+            .await
+            .ok()?;
+        let json: serde_json::Value = serde_json::from_str(out.trim()).ok()?;
+        (json["arrived"] == serde_json::json!(["a"])).then_some(())
     })
     .await?;
     let (code, out, err) = conch(vec![
