@@ -529,3 +529,47 @@ fn snapshots_of_a_large_group_decode_to_the_same_state_in_linear_size() {
         2000
     );
 }
+
+/// Measures a wait group of 100 000 completed jobs: the state's stored bytes by the size model,
+/// the snapshot's size, and the time to encode and decode it. Run it with
+/// `cargo nextest run -p conchd --release --run-ignored only measure_100k`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn measure_100k_completed_jobs() {
+    let mut t = timeline();
+    t.ok(Cmd::SetQuotas {
+        ns: NS.into(),
+        quotas: Quotas {
+            entries: 1_000_000,
+            bytes: 1 << 30,
+            ..Quotas::default()
+        },
+    });
+    t.ok(create_wg("g", 1_000_000, 3600 * S, t.wall_ns()));
+    let empty = t.state.encode_snapshot().unwrap().len();
+    for batch in 0..2000 {
+        let ids: Vec<String> = (0..JOBS_PER_CALL_MAX)
+            .map(|i| format!("job-{batch:05}-{i:02}"))
+            .collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        t.ok(complete("g", &refs));
+    }
+    let started = std::time::Instant::now();
+    let bytes = t.state.encode_snapshot().unwrap();
+    let encoded = started.elapsed();
+    let started = std::time::Instant::now();
+    let decoded = State::decode_snapshot(&bytes).unwrap();
+    let decoded_in = started.elapsed();
+    assert_eq!(
+        decoded.get_wait_group(NS, "g").unwrap().completed_jobs,
+        100_000
+    );
+    eprintln!(
+        "100000 jobs: stored bytes (size model) {}, snapshot {} bytes ({} per job), encode {:?}, decode+check {:?}",
+        t.state.quotas(NS).unwrap().bytes,
+        bytes.len(),
+        (bytes.len() - empty) / 100_000,
+        encoded,
+        decoded_in
+    );
+}
