@@ -708,3 +708,77 @@ async fn the_cli_creates_reports_waits_and_meets() -> anyhow::Result<()> {
     assert_eq!(code, 75, "the other party never came");
     Ok(())
 }
+
+/// Measures a barrier of 64 parties on a 3-node cluster, each arriving and then waiting
+/// through a node of its own choosing (round robin): per round, the time from the moment the
+/// last arrival was sent to the moment the last waiter was released; p50 and p99 over the
+/// rounds. Run with `cargo nextest run -p cluster-tests --run-ignored only barrier_of_64`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn barrier_of_64_release_latency() -> anyhow::Result<()> {
+    const PARTIES: usize = 64;
+    const ROUNDS: i64 = 30;
+    let cluster = Cluster::start(3).await?;
+    cluster.wait_for_leader(WAIT).await?;
+    let mut clients = Vec::new();
+    for id in cluster.ids() {
+        clients.push(cluster.grackle(id).await?);
+    }
+    ops::namespace(&mut clients[0].clone(), "bench").await?;
+    clients[0]
+        .clone()
+        .create_barrier(pb::CreateBarrierRequest {
+            namespace_name: "bench".into(),
+            barrier_name: "b".into(),
+            expected_processes: PARTIES as i64,
+            delete_inactive_after_seconds: 600,
+            ..Default::default()
+        })
+        .await?;
+    let mut per_round = Vec::new();
+    for generation in 1..=ROUNDS {
+        let mut parties = Vec::new();
+        for p in 0..PARTIES {
+            let mut c = clients[p % clients.len()].clone();
+            parties.push(tokio::spawn(async move {
+                let sent = std::time::Instant::now();
+                c.arrive_at_barrier(pb::ArriveAtBarrierRequest {
+                    namespace_name: "bench".into(),
+                    barrier_name: "b".into(),
+                    process_id: format!("p{p}"),
+                    expected_generation: generation,
+                    metadata: Default::default(),
+                })
+                .await?;
+                let r = c
+                    .wait_at_barrier(pb::WaitAtBarrierRequest {
+                        namespace_name: "bench".into(),
+                        barrier_name: "b".into(),
+                        expected_generation: generation,
+                        timeout_seconds: LONG,
+                    })
+                    .await?
+                    .into_inner();
+                anyhow::ensure!(r.outcome == pb::BarrierWaitOutcome::Tripped as i32);
+                Ok::<_, anyhow::Error>((sent, std::time::Instant::now()))
+            }));
+        }
+        let mut times = Vec::new();
+        for party in parties {
+            times.push(tokio::time::timeout(WAIT, party).await???);
+        }
+        let last_sent = times.iter().map(|t| t.0).max();
+        let last_released = times.iter().map(|t| t.1).max();
+        if let (Some(sent), Some(released)) = (last_sent, last_released) {
+            per_round.push(released.saturating_duration_since(sent));
+        }
+    }
+    per_round.sort();
+    let at = |q: f64| per_round[((per_round.len() - 1) as f64 * q).round() as usize];
+    eprintln!(
+        "barrier of {PARTIES}, {ROUNDS} rounds: last arrival sent -> last waiter released p50 {:?}, p99 {:?}",
+        at(0.5),
+        at(0.99)
+    );
+    Ok(())
+}
