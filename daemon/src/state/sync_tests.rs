@@ -573,3 +573,67 @@ fn measure_100k_completed_jobs() {
         decoded_in
     );
 }
+
+/// While access control is on, every wait group and barrier write needs `write` on the
+/// namespace, decided where the command applies: `read` and `acquire` are refused and change
+/// nothing.
+#[test]
+fn writes_need_write_on_the_namespace() {
+    use super::auth::Permission;
+    let mut t = timeline();
+    t.ok(Cmd::RoleCreate {
+        name: "admin".into(),
+        cluster_admin: true,
+    });
+    for (role, perm) in [
+        ("reader", Permission::Read),
+        ("jobs", Permission::Acquire),
+        ("writer", Permission::Write),
+    ] {
+        t.ok(Cmd::RoleCreate {
+            name: role.into(),
+            cluster_admin: false,
+        });
+        t.ok(Cmd::RoleGrant {
+            role: role.into(),
+            ns: NS.into(),
+            perm,
+        });
+    }
+    for (byte, role) in [(1u8, "admin"), (2, "reader"), (3, "jobs"), (4, "writer")] {
+        t.ok(Cmd::TokenCreate {
+            name: format!("t{byte}"),
+            role: role.into(),
+            hash: [byte; 32],
+        });
+    }
+    t.caller = Some(1);
+    t.ok(Cmd::AuthEnable);
+    let writes = [
+        create_wg("g", 2, 3600 * S, t.wall_ns()),
+        create_barrier("b", 2),
+    ];
+    for caller in [2, 3] {
+        t.caller = Some(caller);
+        for cmd in writes.clone() {
+            assert_eq!(t.err(cmd).kind, ErrorKind::PermissionDenied);
+        }
+    }
+    t.caller = None;
+    assert_eq!(
+        t.err(complete("g", &["a"])).kind,
+        ErrorKind::Unauthenticated
+    );
+    t.caller = Some(4);
+    for cmd in writes {
+        t.ok(cmd);
+    }
+    t.ok(complete("g", &["a"]));
+    t.ok(arrive("b", "p", 1));
+    t.caller = Some(2);
+    assert_eq!(
+        t.err(complete("g", &["b"])).kind,
+        ErrorKind::PermissionDenied
+    );
+    assert_eq!(t.err(arrive("b", "q", 1)).kind, ErrorKind::PermissionDenied);
+}
