@@ -19,6 +19,7 @@ pub mod cli_holders;
 pub mod history;
 pub mod nemesis;
 pub mod run;
+pub mod sync_workload;
 pub mod workload;
 
 /// The seed to use: `--seed`, else `CONCH_SEED`, else a fresh one.
