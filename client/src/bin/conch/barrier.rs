@@ -15,83 +15,16 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Subcommand;
 use conch_client::Client;
 use conch_client::proto::grackle::{Barrier, BarrierWaitOutcome};
 use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::child::Signals;
-use crate::duration::parse_duration;
 use crate::exit::{self, Exit};
+use crate::sync_args::BarrierCommand;
 use crate::timefmt;
-use crate::waitgroup::{NamespaceArg, hostname, retention_arg, run_command};
-
-pub const EXAMPLES: &str = "\
-Examples:
-  # four shards meet at the end of the map phase
-  conch barrier create map-done --parties 4
-
-  # on each shard: arrive, wait for all four, then run the reduce step
-  conch barrier wait map-done --id \"$(hostname)\" --timeout 30m -- ./reduce.sh
-
-  # who has arrived in the current round
-  conch barrier wait map-done --who
-
-The barrier is reusable: each time the last party arrives it trips, every waiter of that
-round is released together, and the next round (generation) starts empty. The command runs
-with CONCH_BARRIER_GENERATION (the round it waited for) in its environment.
-
-Exit status:
-  0                 the barrier tripped (create, --who: done)
-  the command's     the barrier tripped and the command ran: its own status
-  64                usage error, or the cluster refused the request
-  65                no such barrier (create: it exists already)
-  69                no conch node answered
-  75                --timeout passed before every party arrived
-  77                access control: no token or no permission on the namespace
-  126 / 127         the command could not be executed / was not found";
-
-#[derive(Debug, Subcommand)]
-pub enum BarrierCommand {
-    /// Create a barrier for N parties.
-    Create {
-        /// Barrier name: letters, digits, '-', '_' and '.'.
-        name: String,
-        /// How many parties trip it.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
-        parties: u64,
-        /// Deleted after this long without an arrival (at least 60s).
-        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = retention_arg)]
-        keep: Duration,
-        /// Free-form description.
-        #[arg(long, default_value = "")]
-        description: String,
-        #[command(flatten)]
-        ns: NamespaceArg,
-    },
-    /// Arrive as --id and wait until every party has, then run the command (if any).
-    Wait {
-        name: String,
-        /// Who arrives: unique among the parties (letters, digits, '-', '_' and '.').
-        #[arg(long, value_name = "ID", required_unless_present = "who")]
-        id: Option<String>,
-        /// Longest wait [default: forever]; exit 75 when it passes first.
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-        timeout: Option<Duration>,
-        /// Show who has arrived in the current round (and the last one) instead.
-        #[arg(long, conflicts_with_all = ["id", "timeout", "command"])]
-        who: bool,
-        /// With --who: print JSON.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        ns: NamespaceArg,
-        /// The command to run once the barrier tripped, after `--`.
-        #[arg(value_name = "CMD", last = true)]
-        command: Vec<String>,
-    },
-}
+use crate::waitgroup::{hostname, run_command};
 
 /// What `--who --json` prints.
 #[derive(Debug, Serialize, PartialEq)]

@@ -182,16 +182,16 @@ pub enum Command {
         command: NamespaceCommand,
     },
     /// Wait groups: N jobs report in, and whoever waits learns when all of them did.
-    #[command(after_help = crate::waitgroup::EXAMPLES)]
+    #[command(after_help = crate::sync_args::WAIT_GROUP_EXAMPLES)]
     WaitGroup {
         #[command(subcommand)]
-        command: crate::waitgroup::WaitGroupCommand,
+        command: crate::sync_args::WaitGroupCommand,
     },
     /// Barriers: N processes meet, then all go on together.
-    #[command(after_help = crate::barrier::EXAMPLES)]
+    #[command(after_help = crate::sync_args::BARRIER_EXAMPLES)]
     Barrier {
         #[command(subcommand)]
-        command: crate::barrier::BarrierCommand,
+        command: crate::sync_args::BarrierCommand,
     },
 }
 

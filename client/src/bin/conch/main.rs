@@ -25,6 +25,7 @@ mod health;
 mod namespace;
 mod sema;
 mod status;
+mod sync_args;
 mod timefmt;
 mod waitgroup;
 mod watch;
