@@ -82,6 +82,7 @@ pub mod request_id;
 #[cfg(test)]
 mod routing_tests;
 pub mod sema;
+pub mod sync;
 mod tls;
 mod token;
 

@@ -1097,3 +1097,174 @@ async fn quotas_and_the_budget_from_the_cli() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Wait groups and barriers: gets, lists and waits need `read` on the namespace, every other
+/// call `write`; no token is `UNAUTHENTICATED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_groups_and_barriers_need_read_to_look_and_write_to_change() -> anyhow::Result<()> {
+    let (_work, cluster, admin) = cluster_with_admin(1).await?;
+    let ch = channel(&cluster, 1)?;
+    let mut auth = ConchAuthClient::new(ch.clone());
+    let mut grackle = GrackleApiClient::new(ch.clone());
+    let create_ns = pb::CreateNamespaceRequest {
+        name: "sync".into(),
+        ..Default::default()
+    };
+    grackle
+        .create_namespace(with_token(create_ns, Some(&admin)))
+        .await?;
+    create_role(
+        &mut auth,
+        Some(&admin),
+        "viewer",
+        false,
+        &[("sync", "read")],
+    )
+    .await?;
+    create_role(
+        &mut auth,
+        Some(&admin),
+        "editor",
+        false,
+        &[("sync", "write")],
+    )
+    .await?;
+    let (_, viewer) = create_token(&mut auth, Some(&admin), "v", "viewer").await?;
+    let (_, editor) = create_token(&mut auth, Some(&admin), "e", "editor").await?;
+
+    let group = pb::CreateWaitGroupRequest {
+        namespace_name: "sync".into(),
+        wait_group_name: "g".into(),
+        counter: 2,
+        expires_at: i64::MAX,
+        delete_after_finished_seconds: 60,
+        ..Default::default()
+    };
+    let barrier = pb::CreateBarrierRequest {
+        namespace_name: "sync".into(),
+        barrier_name: "b".into(),
+        expected_processes: 2,
+        delete_inactive_after_seconds: 60,
+        ..Default::default()
+    };
+    expect_code(
+        "a viewer creates a wait group",
+        grackle
+            .create_wait_group(with_token(group.clone(), Some(&viewer)))
+            .await,
+        Code::PermissionDenied,
+        &["sync"],
+    )?;
+    expect_code(
+        "no token creates a barrier",
+        grackle
+            .create_barrier(with_token(barrier.clone(), None))
+            .await,
+        Code::Unauthenticated,
+        &[],
+    )?;
+    grackle
+        .create_wait_group(with_token(group, Some(&editor)))
+        .await?;
+    grackle
+        .create_barrier(with_token(barrier, Some(&editor)))
+        .await?;
+
+    let complete = pb::CompleteJobsFromWaitGroupRequest {
+        namespace_name: "sync".into(),
+        wait_group_name: "g".into(),
+        jobs: vec![pb::CompleteJobRequest {
+            job_id: "j".into(),
+            metadata: Default::default(),
+        }],
+    };
+    expect_code(
+        "a viewer completes a job",
+        grackle
+            .complete_jobs_from_wait_group(with_token(complete.clone(), Some(&viewer)))
+            .await,
+        Code::PermissionDenied,
+        &[],
+    )?;
+    grackle
+        .complete_jobs_from_wait_group(with_token(complete, Some(&editor)))
+        .await?;
+    let arrive = pb::ArriveAtBarrierRequest {
+        namespace_name: "sync".into(),
+        barrier_name: "b".into(),
+        process_id: "p".into(),
+        expected_generation: 1,
+        metadata: Default::default(),
+    };
+    expect_code(
+        "a viewer arrives",
+        grackle
+            .arrive_at_barrier(with_token(arrive.clone(), Some(&viewer)))
+            .await,
+        Code::PermissionDenied,
+        &[],
+    )?;
+    grackle
+        .arrive_at_barrier(with_token(arrive, Some(&editor)))
+        .await?;
+
+    // The viewer reads and waits.
+    let wg = grackle
+        .get_wait_group(with_token(
+            pb::GetWaitGroupRequest {
+                namespace_name: "sync".into(),
+                wait_group_name: "g".into(),
+            },
+            Some(&viewer),
+        ))
+        .await?
+        .into_inner()
+        .wait_group;
+    ensure!(
+        wg.is_some_and(|w| w.completed_jobs == 1),
+        "the viewer reads the group"
+    );
+    let waited = grackle
+        .wait_for_wait_group(with_token(
+            pb::WaitForWaitGroupRequest {
+                namespace_name: "sync".into(),
+                wait_group_name: "g".into(),
+                timeout_seconds: 0,
+            },
+            Some(&viewer),
+        ))
+        .await?
+        .into_inner();
+    ensure!(waited.outcome == pb::WaitGroupWaitOutcome::TimedOut as i32);
+    let who = grackle
+        .list_barrier_participants(with_token(
+            pb::ListBarrierParticipantsRequest {
+                namespace_name: "sync".into(),
+                barrier_name: "b".into(),
+                generation: 1,
+                ..Default::default()
+            },
+            Some(&viewer),
+        ))
+        .await?
+        .into_inner()
+        .participants;
+    ensure!(who.len() == 1, "the viewer lists the participants");
+    expect_code(
+        "no token waits",
+        grackle
+            .wait_at_barrier(with_token(
+                pb::WaitAtBarrierRequest {
+                    namespace_name: "sync".into(),
+                    barrier_name: "b".into(),
+                    expected_generation: 1,
+                    timeout_seconds: 0,
+                },
+                None,
+            ))
+            .await,
+        Code::Unauthenticated,
+        &[],
+    )?;
+    Ok(())
+}

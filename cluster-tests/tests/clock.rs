@@ -404,3 +404,72 @@ async fn crashed_slot_comes_back(cluster: &mut Cluster) -> anyhow::Result<()> {
     ensure!(holders(cluster, new_leader).await? == vec![next.clone()]);
     Ok(())
 }
+
+/// Wait group expiry and barrier deletion follow the lease clock: every node's wall clock
+/// stepped two hours ahead (past the group's `expires_at` and the barrier's inactivity window)
+/// and later two hours back expires and deletes nothing. Each check follows a write, so the
+/// reaping that would have done it ran after the step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wall_clock_steps_never_expire_a_wait_group_or_delete_a_barrier() -> anyhow::Result<()> {
+    let cluster = start(3).await?;
+    let first = leader(&cluster).await?;
+    let mut c = cluster.grackle(first).await?;
+    ops::namespace(&mut c, NS).await?;
+    let in_an_hour = (real_now_s() + HOUR) * 1_000_000_000;
+    c.create_wait_group(pb::CreateWaitGroupRequest {
+        namespace_name: NS.into(),
+        wait_group_name: "g".into(),
+        counter: 10,
+        expires_at: in_an_hour,
+        delete_after_finished_seconds: 60,
+        ..Default::default()
+    })
+    .await?;
+    c.create_barrier(pb::CreateBarrierRequest {
+        namespace_name: NS.into(),
+        barrier_name: "b".into(),
+        expected_processes: 10,
+        delete_inactive_after_seconds: 60,
+        ..Default::default()
+    })
+    .await?;
+    for (round, offset) in [(1, 2 * HOUR), (2, -2 * HOUR)] {
+        for id in cluster.ids() {
+            step(&cluster, id, offset)?;
+        }
+        let now_leader = leader(&cluster).await?;
+        let mut c = cluster.grackle(now_leader).await?;
+        let wg = c
+            .complete_jobs_from_wait_group(pb::CompleteJobsFromWaitGroupRequest {
+                namespace_name: NS.into(),
+                wait_group_name: "g".into(),
+                jobs: vec![pb::CompleteJobRequest {
+                    job_id: format!("job-{round}"),
+                    metadata: Default::default(),
+                }],
+            })
+            .await?
+            .into_inner()
+            .wait_group
+            .unwrap_or_default();
+        ensure!(
+            wg.status == pb::WaitGroupStatus::Active as i32,
+            "round {round}: the group is {wg:?}"
+        );
+        let b = c
+            .arrive_at_barrier(pb::ArriveAtBarrierRequest {
+                namespace_name: NS.into(),
+                barrier_name: "b".into(),
+                process_id: format!("p{round}"),
+                expected_generation: 1,
+                metadata: Default::default(),
+            })
+            .await?
+            .into_inner();
+        ensure!(
+            b.barrier.is_some_and(|b| b.arrived_processes == round),
+            "round {round}: the barrier kept its arrivals"
+        );
+    }
+    Ok(())
+}

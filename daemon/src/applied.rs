@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch;
 
 use crate::metrics::ApplyMetrics;
-use crate::state::{Batch, Reply, SnapshotError, State};
+use crate::state::{Batch, Reply, SnapshotError, State, SyncKind};
+use crate::sync_watch::{SyncWatch, SyncWatches};
 use crate::waiters::{Registry, WaitKey, WaitTicket};
 
 /// The in-memory state machine plus its applied index and the registry of waiting callers.
@@ -33,6 +34,8 @@ pub struct AppliedState {
     /// (index, term) of the last entry applied; written only under the state's write lock.
     position: RwLock<(u64, u64)>,
     holder_watches: HolderWatches,
+    /// Waits on wait groups and barriers (`sync_watch.rs`).
+    sync_watches: SyncWatches,
 }
 
 /// The semaphores someone watches the holders of: per (namespace, semaphore), a counter of the
@@ -109,6 +112,7 @@ impl AppliedState {
             next_term: AtomicU64::new(0),
             position: RwLock::new((applied_index, 0)),
             holder_watches: HolderWatches::default(),
+            sync_watches: SyncWatches::default(),
         })
     }
 
@@ -134,6 +138,7 @@ impl AppliedState {
         self.set_position(index);
         // Still under the state lock: nobody reads this state before its events are queued.
         if !events.is_empty() {
+            self.sync_watches.notify(&events);
             self.waits.deliver(index, events);
         }
         let tally = state.take_tally();
@@ -175,6 +180,7 @@ impl AppliedState {
         *current = state;
         self.set_position(index);
         self.waits.recheck_all(index);
+        self.sync_watches.all_changed();
         drop(current);
         self.holder_watches.all_changed();
         self.applied_index.send_replace(index);
@@ -224,6 +230,12 @@ impl AppliedState {
             key,
             receiver: Some(receiver),
         }
+    }
+
+    /// Watches a wait group or barrier: woken by the entries that finish, trip or delete it.
+    /// Watch before reading it, so no change between the read and the wait is missed.
+    pub fn watch_sync(&self, kind: SyncKind, ns: &str, name: &str) -> SyncWatch {
+        self.sync_watches.watch(kind, ns, name)
     }
 
     /// Watches the applied index.

@@ -47,6 +47,7 @@ mod metrics_http;
 mod raft;
 mod secret;
 mod state;
+mod sync_watch;
 mod tasks;
 mod tls;
 mod wait;

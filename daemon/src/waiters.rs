@@ -106,6 +106,8 @@ impl Registry {
                     lease,
                     reason,
                 } => (WaitKey { ns, sem, lease }, WaitOutcome::Ended(reason)),
+                // Wait group and barrier waits are woken by `sync_watch.rs`.
+                Event::Synced { .. } => continue,
             };
             for (_, tx) in waits.by_key.get(&key).into_iter().flatten() {
                 let _ = tx.send(WaitEvent { index, outcome });

@@ -24,6 +24,8 @@ mod cli;
 #[allow(dead_code)]
 #[path = "../../client/src/bin/conch/duration.rs"]
 mod duration;
+#[path = "../../client/src/bin/conch/sync_args.rs"]
+mod sync_args;
 // The command line of `conchd`, likewise.
 #[allow(dead_code)]
 #[path = "../../daemon/src/cli/flags.rs"]

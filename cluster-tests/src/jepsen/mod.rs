@@ -22,6 +22,7 @@ pub mod history;
 pub mod locks;
 pub mod nemesis;
 pub mod run;
+pub mod sync_workload;
 pub mod workload;
 
 /// The seed to use: `--seed`, else `CONCH_SEED`, else a fresh one.

@@ -81,6 +81,8 @@ pub struct RunOptions {
     pub adversary: bool,
     /// Lock clients beside the semaphore ones (see [`super::locks`]); 0: no lock workload.
     pub lock_clients: usize,
+    /// Wait groups and barriers beside the semaphore workload (see `sync_workload`).
+    pub sync: bool,
 }
 
 /// Size of each node's data disk when `disk-full` is in the menu: far more than a run writes
@@ -121,6 +123,7 @@ impl RunOptions {
             cycle: Vec::new(),
             adversary: false,
             lock_clients: 8,
+            sync: true,
         }
     }
 }
@@ -556,6 +559,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
             ),
         );
     }
+    let sync = opts.sync.then(|| {
+        super::sync_workload::SyncWorkload::start(
+            &namespace,
+            cluster.channels().into_iter().collect(),
+            opts.seed,
+        )
+    });
     let adversary = if opts.adversary {
         let cluster_id = cluster.status(cluster.ids()[0]).await?.cluster_id;
         let eku_less = match &cluster.pki {
@@ -716,6 +726,25 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
                     format!("could not list namespaces to look for forged ones: {e}"),
                 ),
             }
+        }
+    }
+    if let Some(sync) = sync {
+        let report = sync.stop(Duration::from_secs(30)).await;
+        say(
+            progress,
+            start,
+            format!(
+                "wait groups and barriers: {} rounds, {} calls, {} violations",
+                report.rounds,
+                report.calls,
+                report.violations.len()
+            ),
+        );
+        if report.rounds == 0 {
+            run_violation(&mut check, "sync", "no wait group round ran".into());
+        }
+        for v in report.violations {
+            run_violation(&mut check, "sync", v);
         }
     }
     say(progress, start, "stopping the workload");

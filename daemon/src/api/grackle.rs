@@ -32,6 +32,11 @@ impl GrackleService {
         GrackleService { node, waiting }
     }
 
+    /// The wait group and barrier calls (`sync.rs`).
+    fn sync(&self) -> super::sync::SyncApi {
+        super::sync::SyncApi::new(Arc::clone(&self.node), Arc::clone(&self.waiting))
+    }
+
     /// The request's message, once its caller may `need` on the namespace it names.
     fn permitted<T: InNamespace>(
         &self,
@@ -639,6 +644,118 @@ impl GrackleApi for GrackleService {
             .get_lease(&caller, &r.namespace_name, LeaseKind::Lock, &r.lease_id)
             .await?;
         self.reply(pb::GetLockLeaseResponse { lease: Some(lease) })
+    }
+    // Wait groups and barriers: `sync.rs`.
+    async fn create_wait_group(
+        &self,
+        request: Request<pb::CreateWaitGroupRequest>,
+    ) -> Result<Response<pb::CreateWaitGroupResponse>, Status> {
+        self.sync().create_wait_group(request).await
+    }
+
+    async fn update_wait_group(
+        &self,
+        request: Request<pb::UpdateWaitGroupRequest>,
+    ) -> Result<Response<pb::UpdateWaitGroupResponse>, Status> {
+        self.sync().update_wait_group(request).await
+    }
+
+    async fn list_wait_groups(
+        &self,
+        request: Request<pb::ListWaitGroupsRequest>,
+    ) -> Result<Response<pb::ListWaitGroupsResponse>, Status> {
+        self.sync().list_wait_groups(request).await
+    }
+
+    async fn get_wait_group(
+        &self,
+        request: Request<pb::GetWaitGroupRequest>,
+    ) -> Result<Response<pb::GetWaitGroupResponse>, Status> {
+        self.sync().get_wait_group(request).await
+    }
+
+    async fn delete_wait_group(
+        &self,
+        request: Request<pb::DeleteWaitGroupRequest>,
+    ) -> Result<Response<pb::DeleteWaitGroupResponse>, Status> {
+        self.sync().delete_wait_group(request).await
+    }
+
+    async fn complete_jobs_from_wait_group(
+        &self,
+        request: Request<pb::CompleteJobsFromWaitGroupRequest>,
+    ) -> Result<Response<pb::CompleteJobsFromWaitGroupResponse>, Status> {
+        self.sync().complete_jobs(request).await
+    }
+
+    async fn list_wait_group_completed_jobs(
+        &self,
+        request: Request<pb::ListWaitGroupCompletedJobsRequest>,
+    ) -> Result<Response<pb::ListWaitGroupCompletedJobsResponse>, Status> {
+        self.sync().list_completed_jobs(request).await
+    }
+
+    async fn wait_for_wait_group(
+        &self,
+        request: Request<pb::WaitForWaitGroupRequest>,
+    ) -> Result<Response<pb::WaitForWaitGroupResponse>, Status> {
+        self.sync().wait_for_wait_group(request).await
+    }
+
+    async fn create_barrier(
+        &self,
+        request: Request<pb::CreateBarrierRequest>,
+    ) -> Result<Response<pb::CreateBarrierResponse>, Status> {
+        self.sync().create_barrier(request).await
+    }
+
+    async fn list_barriers(
+        &self,
+        request: Request<pb::ListBarriersRequest>,
+    ) -> Result<Response<pb::ListBarriersResponse>, Status> {
+        self.sync().list_barriers(request).await
+    }
+
+    async fn get_barrier(
+        &self,
+        request: Request<pb::GetBarrierRequest>,
+    ) -> Result<Response<pb::GetBarrierResponse>, Status> {
+        self.sync().get_barrier(request).await
+    }
+
+    async fn delete_barrier(
+        &self,
+        request: Request<pb::DeleteBarrierRequest>,
+    ) -> Result<Response<pb::DeleteBarrierResponse>, Status> {
+        self.sync().delete_barrier(request).await
+    }
+
+    async fn update_barrier(
+        &self,
+        request: Request<pb::UpdateBarrierRequest>,
+    ) -> Result<Response<pb::UpdateBarrierResponse>, Status> {
+        self.sync().update_barrier(request).await
+    }
+
+    async fn arrive_at_barrier(
+        &self,
+        request: Request<pb::ArriveAtBarrierRequest>,
+    ) -> Result<Response<pb::ArriveAtBarrierResponse>, Status> {
+        self.sync().arrive_at_barrier(request).await
+    }
+
+    async fn wait_at_barrier(
+        &self,
+        request: Request<pb::WaitAtBarrierRequest>,
+    ) -> Result<Response<pb::WaitAtBarrierResponse>, Status> {
+        self.sync().wait_at_barrier(request).await
+    }
+
+    async fn list_barrier_participants(
+        &self,
+        request: Request<pb::ListBarrierParticipantsRequest>,
+    ) -> Result<Response<pb::ListBarrierParticipantsResponse>, Status> {
+        self.sync().list_participants(request).await
     }
 }
 

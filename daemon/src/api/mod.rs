@@ -32,6 +32,7 @@ pub mod quota;
 pub mod request_id;
 pub mod responses;
 pub mod status;
+pub mod sync;
 
 /// Largest client request accepted; tonic refuses anything bigger with OUT_OF_RANGE ("decoded
 /// message length too large") before a handler sees it.

@@ -58,6 +58,7 @@ impl State {
         } = self.parts(events);
         if !matches!(cmd, Cmd::ExtendLeases) {
             reap(namespaces, &mut ctx);
+            super::sync::reap(namespaces, &mut ctx);
         }
         cmd.validate()?;
         let (token, cmd) = match cmd {
@@ -129,6 +130,7 @@ impl State {
             }
             Cmd::DeleteNamespace { name } => {
                 if let Some(ns) = namespaces.remove(name, ctx) {
+                    super::sync::namespace_gone(&ns, ctx);
                     // Its waiters' callers learn that the semaphore is gone.
                     for (sem_name, sem) in ns.semaphores() {
                         for seq in sem.queue().values() {
@@ -254,6 +256,8 @@ impl State {
                     state_bytes: ctx.stored_bytes(),
                 })
             }
+            Cmd::WaitGroup(cmd) => super::sync::apply_wait_group(namespaces, cmd, ctx),
+            Cmd::Barrier(cmd) => super::sync::apply_barrier(namespaces, cmd, ctx),
             Cmd::Expire => Ok(Outcome::Done),
             Cmd::ExtendLeases => {
                 extend_leases(namespaces, ctx);

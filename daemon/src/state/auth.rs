@@ -129,6 +129,9 @@ pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
         Cmd::UpdateSemaphore { ns, .. }
         | Cmd::DeleteSemaphore { ns, .. }
         | Cmd::DeleteLock { ns, .. } => Access::Namespace(ns, Write),
+        // Wait groups and barriers: every write needs write, as semaphore changes do.
+        Cmd::WaitGroup(cmd) => Access::Namespace(cmd.ns(), Write),
+        Cmd::Barrier(cmd) => Access::Namespace(cmd.ns(), Write),
         Cmd::AuthEnable
         | Cmd::AuthDisable
         | Cmd::RoleCreate { .. }

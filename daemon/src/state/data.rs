@@ -32,6 +32,9 @@ use super::quota::{self, Budget, Quotas, Usage};
 use super::requests::Requests;
 use super::types::*;
 
+mod sync;
+pub(super) use sync::{Barrier, Job, Participant, WaitGroup};
+
 /// The whole replicated state. Same state + same batch => same replies and events, on every
 /// node and every replay.
 #[derive(Clone, Debug, Default)]
@@ -93,6 +96,8 @@ pub(super) struct Index {
     holders: u64,
     /// Stored bytes of all namespaces (`quota.rs`).
     bytes: u64,
+    /// When something is due for each wait group and barrier (`data/sync.rs`).
+    sync_due: sync::SyncDue,
 }
 
 /// The namespaces by name. Serialized exactly as the map it wraps.
@@ -115,6 +120,8 @@ pub(super) struct Namespace {
     leases: BTreeMap<u64, Box<Lease>>,
     quotas: Quotas,
     locks: LockTable,
+    /// Wait groups and barriers (`data/sync.rs`).
+    sync: sync::SyncObjects,
     /// Derived: `(process_key(process_id), lease seq)`; a hash, not the string, so the index
     /// costs 16 bytes per lease. Readers compare the actual process id.
     #[serde(skip)]
@@ -328,6 +335,7 @@ impl State {
                 .waits
                 .insert(object);
             }
+            ns.sync.rebuild(ns.id, &mut index);
             ns.usage = ns.computed_usage();
             index.add_bytes(ns.usage.bytes);
         }
@@ -425,10 +433,10 @@ impl Index {
     pub(super) fn next_due_ns(&self) -> Option<Nanos> {
         let lease = self.lease_expiry.first().map(|e| e.0);
         let waiter = self.waiter_deadlines.first().map(|e| e.0);
-        match (lease, waiter) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [lease, waiter, self.next_sync_due()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 
@@ -534,6 +542,7 @@ impl Namespaces {
         for (seq, lease) in &ns.leases {
             ctx.index.remove_lease_expiry(ns.id, *seq, lease.expires_at);
         }
+        ns.sync.unindex(ns.id, ctx.index);
         Some(ns)
     }
 }
@@ -558,6 +567,7 @@ impl Namespace {
             leases: BTreeMap::new(),
             quotas: Quotas::default(),
             locks: LockTable::default(),
+            sync: sync::SyncObjects::default(),
             leases_by_process: BTreeSet::new(),
             usage: Usage {
                 entries: 0,
@@ -595,6 +605,7 @@ impl Namespace {
                 .bytes
                 .saturating_add(lock_entry_bytes(&waiter.path, &waiter.metadata));
         }
+        self.sync.add_computed_usage(&mut usage);
         usage
     }
 

@@ -17,6 +17,7 @@
 //!   a link only from a queued acquire to a waiter that waits)
 //! - access control keeps its own rules (see `auth`): tokens name existing roles, hashes are
 //!   unique, and while it is on a cluster-admin token exists
+//! - wait groups and barriers keep the rules of `sync.rs` ([`super::sync::check`])
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -161,6 +162,8 @@ impl State {
             if by_process != *ns.leases_by_process() {
                 return Err(at("process index does not match the leases"));
             }
+            ns.sync_objects().check_derived(ns.id(), &mut expected)?;
+            super::sync::check(ns)?;
             let usage = ns.computed_usage();
             if usage != ns.usage() {
                 return Err(at(&format!(

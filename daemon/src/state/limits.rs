@@ -44,3 +44,15 @@ pub const DEFAULT_NAMESPACE_BYTES: u64 = 64 << 20;
 pub const DEFAULT_REQUEST_IDS: u64 = 10_000;
 /// The default budget of the whole state's stored bytes.
 pub const DEFAULT_STATE_BUDGET_BYTES: u64 = 512 << 20;
+
+/// Wait groups and barriers (Grackle's limits where it has them).
+/// A wait group's `delete_after_finished_seconds` and a barrier's
+/// `delete_inactive_after_seconds`: at least a minute.
+pub const SYNC_RETENTION_MIN_S: u64 = 60;
+/// Jobs one `CompleteJobsFromWaitGroup` may report.
+pub const JOBS_PER_CALL_MAX: usize = 50;
+pub const WAIT_GROUPS_PER_NAMESPACE_MAX: usize = 1_000_000;
+pub const BARRIERS_PER_NAMESPACE_MAX: usize = 1_000_000;
+/// Generations whose participants a barrier keeps: the current one and the one that tripped
+/// last. Older records go at the trip that makes them older.
+pub const BARRIER_GENERATIONS_KEPT: u64 = 2;

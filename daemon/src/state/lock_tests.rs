@@ -96,7 +96,7 @@ impl Timeline {
                     weight,
                     ..
                 } => Some((lock_path(&sem)?.to_string(), lease, weight == 1, token)),
-                Event::WaitEnded { .. } => None,
+                _ => None,
             })
             .collect()
     }

@@ -23,6 +23,8 @@
 //! - `auth`: access control: roles, token hashes, the enabled flag, and the permission check
 //! - `quota`: the namespaces' quotas, the state's byte budget and the size model they count by
 //! - `validate`: the checks of single fields; `validate_cmd`: [`Cmd::validate`], of a whole command
+//! - `waitgroup`, `barrier`: wait groups and barriers (their vocabulary in `sync_types`, their
+//!   storage in `data/sync.rs`); `sync`: their dispatch, reaping and events
 //!
 //! # Cost
 //!
@@ -62,6 +64,7 @@ mod apply;
 pub mod auth;
 #[cfg(test)]
 mod auth_tests;
+mod barrier;
 mod data;
 mod hash;
 mod invariants;
@@ -82,6 +85,12 @@ pub mod quota;
 mod read;
 mod requests;
 mod snapshot;
+mod sync;
+#[cfg(test)]
+mod sync_proptests;
+#[cfg(test)]
+mod sync_tests;
+mod sync_types;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -91,7 +100,10 @@ mod timeline;
 mod types;
 pub mod validate;
 mod validate_cmd;
+mod validate_sync;
+mod waitgroup;
 
 pub use data::{State, Tally};
 pub use hash::fnv1a64;
+pub use sync_types::*;
 pub use types::*;

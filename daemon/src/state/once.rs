@@ -205,6 +205,7 @@ impl State {
                     let waiter = (ns.clone(), sem.clone(), lease.clone());
                     self.data.requests.settle_ended(&waiter);
                 }
+                Event::Synced { .. } => {}
             }
         }
     }

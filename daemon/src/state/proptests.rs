@@ -660,6 +660,8 @@ fn check_command(
                 holds.insert((ns.clone(), sem.clone(), lease.clone()), *weight);
                 event_tokens.push(*token);
             }
+            // Wait groups and barriers: `sync_proptests.rs`.
+            Event::Synced { .. } => {}
         }
     }
     // Grants from the queues take tokens in event order; an immediate grant's token (not in

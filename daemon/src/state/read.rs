@@ -26,7 +26,7 @@ pub(super) struct Times {
 
 impl Times {
     /// A lease-clock instant shown on the wall clock.
-    fn display(self, lease_clock_ns: Nanos) -> Nanos {
+    pub(super) fn display(self, lease_clock_ns: Nanos) -> Nanos {
         self.wall_ns
             .saturating_add(lease_clock_ns.saturating_sub(self.clock_ns))
     }
@@ -261,7 +261,7 @@ impl State {
         self.data.wall_ns
     }
 
-    fn times(&self) -> Times {
+    pub(super) fn times(&self) -> Times {
         Times {
             clock_ns: self.data.clock_ns,
             wall_ns: self.data.wall_ns,
@@ -279,7 +279,7 @@ impl State {
         Visibility { now_ns, everything }
     }
 
-    fn namespace(&self, name: &str) -> Result<&Namespace, Error> {
+    pub(super) fn namespace(&self, name: &str) -> Result<&Namespace, Error> {
         self.data
             .namespaces
             .get(name)

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::sync_types::{BarrierCmd, BarrierReply, SyncKind, WaitGroupCmd, WaitGroupView};
+
 /// Free-form string map carried by namespaces, semaphores, leases, holders and waiters.
 pub type Metadata = BTreeMap<String, String>;
 
@@ -207,6 +209,10 @@ pub enum Cmd {
     SetBudget {
         bytes: u64,
     },
+    /// Wait groups (`waitgroup.rs`).
+    WaitGroup(WaitGroupCmd),
+    /// Barriers (`barrier.rs`).
+    Barrier(BarrierCmd),
 }
 
 impl Cmd {
@@ -244,6 +250,8 @@ impl Cmd {
             | Cmd::ReleaseLock { ns, .. }
             | Cmd::DeleteLock { ns, .. }
             | Cmd::SetQuotas { ns, .. } => Some(ns),
+            Cmd::WaitGroup(cmd) => Some(cmd.ns()),
+            Cmd::Barrier(cmd) => Some(cmd.ns()),
             Cmd::As { cmd, .. } | Cmd::Once { cmd, .. } => cmd.namespace(),
             _ => None,
         }
@@ -292,6 +300,8 @@ pub enum Outcome {
         budget_bytes: u64,
         state_bytes: u64,
     },
+    WaitGroup(WaitGroupView),
+    Barrier(BarrierReply),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -492,6 +502,13 @@ pub enum Event {
         sem: String,
         lease: String,
         reason: WaitEnd,
+    },
+    /// A wait group finished or went away, or a barrier tripped or went away: the callers
+    /// waiting on it look at it again.
+    Synced {
+        ns: String,
+        kind: SyncKind,
+        name: String,
     },
 }
 

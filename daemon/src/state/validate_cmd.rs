@@ -141,6 +141,8 @@ impl Cmd {
                 name(NAMESPACE_NAME, ns)?;
                 lock_name(path)
             }
+            Cmd::WaitGroup(cmd) => super::validate_sync::wait_group(cmd),
+            Cmd::Barrier(cmd) => super::validate_sync::barrier(cmd),
             Cmd::Expire | Cmd::ExtendLeases => Ok(()),
             Cmd::Once {
                 request_id: id,

@@ -189,6 +189,18 @@ pub enum Command {
         #[command(subcommand)]
         command: NamespaceCommand,
     },
+    /// Wait groups: N jobs report in, and whoever waits learns when all of them did.
+    #[command(after_help = crate::sync_args::WAIT_GROUP_EXAMPLES)]
+    WaitGroup {
+        #[command(subcommand)]
+        command: crate::sync_args::WaitGroupCommand,
+    },
+    /// Barriers: N processes meet, then all go on together.
+    #[command(after_help = crate::sync_args::BARRIER_EXAMPLES)]
+    Barrier {
+        #[command(subcommand)]
+        command: crate::sync_args::BarrierCommand,
+    },
 }
 
 const NAMESPACE_EXAMPLES: &str = "\

@@ -3,13 +3,13 @@
 //! | code | meaning |
 //! | --- | --- |
 //! | the command's | the command ran; 128+N if it was killed by signal N |
-//! | 0 / 1 | `--who`: somebody holds / nobody holds |
-//! | 0 / 1 / 2 | `cluster status`: every node up with a leader / degraded, the leader answered / no leader or no node answered |
+//! | 0 / 1 | `--who`: somebody holds / nobody holds; `wait-group wait`: completed / expired |
+//! | 0 / 1 / 2 | `wait-group status`: completed / expired / active; `cluster status`: every node up with a leader / degraded, the leader answered / no leader or no node answered |
 //! | 64 | usage error (EX_USAGE): a bad flag or value, or a request the cluster refuses as invalid or not possible now (`INVALID_ARGUMENT`, `FAILED_PRECONDITION`), including `--token` on the command line and a `--token-file` or `--key` that group or others may read |
 //! | 65 | the cluster refused what was asked: something named does not exist (`NOT_FOUND`) or already exists (`ALREADY_EXISTS`) (EX_DATAERR) |
 //! | 69 | no conch node answered (EX_UNAVAILABLE) |
 //! | 70 | internal error: an answer conch cannot use, or a semaphore without the `--max` permits it should have (EX_SOFTWARE) |
-//! | 75 | no slot (`conch lock`: no lock) within `--wait` (EX_TEMPFAIL) |
+//! | 75 | no slot (`conch lock`: no lock) within `--wait`; `wait-group wait`, `barrier wait`: `--timeout` passed first (EX_TEMPFAIL) |
 //! | 77 | access control refused the call: no token, an unknown or revoked one, or no permission; or a namespace that does not exist and the token may not create (EX_NOPERM) |
 //! | 79 | slot (`conch elect`: leadership; `conch lock`: lock) lost while the command ran: the lease could not be kept, or the semaphore was deleted or its permits changed, or the lock's hold was dropped (`DeleteLock`) |
 //! | 126 / 127 | the command could not be executed / was not found (as in shells) |

@@ -12,6 +12,7 @@
 
 mod auth;
 mod backup;
+mod barrier;
 mod certs;
 mod child;
 mod cli;
@@ -28,7 +29,9 @@ mod namespace;
 mod runner;
 mod sema;
 mod status;
+mod sync_args;
 mod timefmt;
+mod waitgroup;
 mod watch;
 mod who;
 
@@ -243,6 +246,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             elect::run(&client, &args, &mut signals).await
         }
         Command::Namespace { command } => namespace::run(&client, command).await,
+        Command::WaitGroup { command } => waitgroup::run(&client, command).await,
+        Command::Barrier { command } => barrier::run(&client, command).await,
         Command::Completions { .. } | Command::Certs { .. } => Ok(ExitCode::SUCCESS),
     }
 }
