@@ -910,7 +910,8 @@ async fn a_write_token_flood_stops_at_the_namespace_quota() -> anyhow::Result<()
         let mut g = GrackleApiClient::new(channel(&cluster, 1 + caller % 3)?);
         let (tenant, metadata) = (tenant.clone(), metadata.clone());
         callers.spawn(async move {
-            for i in 0.. {
+            let mut i = 0;
+            loop {
                 let request = pb::CreateSemaphoreRequest {
                     namespace_name: "flood".into(),
                     semaphore_name: format!("s{caller}-{i}"),
@@ -918,11 +919,23 @@ async fn a_write_token_flood_stops_at_the_namespace_quota() -> anyhow::Result<()
                     permits: 1,
                     metadata: metadata.clone(),
                 };
-                if let Err(status) = g.create_semaphore(with_token(request, Some(&tenant))).await {
-                    return (i, status);
+                match g.create_semaphore(with_token(request, Some(&tenant))).await {
+                    Ok(_) => i += 1,
+                    // A retry of a create that had committed.
+                    Err(status) if status.code() == tonic::Code::AlreadyExists => i += 1,
+                    // A loaded machine can lose its leader for a moment: retry as a client
+                    // would; only a refusal ends the flood.
+                    Err(status)
+                        if matches!(
+                            status.code(),
+                            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                        ) =>
+                    {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                    Err(status) => return (i, status),
                 }
             }
-            unreachable!("the loop ends with a refusal")
         });
     }
     let mut created = 0;
