@@ -30,7 +30,7 @@ pub const WORKLOADS: [&str; 7] = ["W1", "W1b", "W2", "L1", "L2", "L3", "W3"];
 /// The workloads of a comparison without `--only`.
 pub const DEFAULT_WORKLOADS: [&str; 4] = ["W1", "W1b", "W2", "W3"];
 
-/// The largest L2 hand-off p99 of conch, as a fraction of etcd's, that meets issue 24's target.
+/// The largest L2 hand-off p99 of conch, as a fraction of etcd's, that meets the lock target (BENCHMARKS.md, "Locks").
 pub const L2_P99_TARGET: f64 = 0.2;
 
 /// Runs the `only` rows (of [`WORKLOADS`]) on both systems; returns the disk row, then

@@ -1,4 +1,4 @@
-//! L1, L2, L3: conch's hierarchical read/write locks (issue 24), and the rows every system's
+//! L1, L2, L3: conch's hierarchical read/write locks (BENCHMARKS.md, "Locks"), and the rows every system's
 //! lock runs are reported in (the etcd recipes are in `etcd_locks.rs`).
 //!
 //! - **L1**, uncontended: C clients, each with its own lock lease (kept for the run) and its

@@ -15,7 +15,7 @@ use cluster_tests::bench::{Opts, Placement, Target};
 
 /// The workloads run without `--only`.
 const WORKLOADS: [&str; 6] = ["W1", "W1b", "W2", "W3", "W4", "W5"];
-/// Workloads run only when `--only` names them: the locks (issue 24).
+/// Workloads run only when `--only` names them: the locks (BENCHMARKS.md, "Locks").
 const LOCK_WORKLOADS: [&str; 3] = ["L1", "L2", "L3"];
 
 /// Benchmark a conch cluster: W1 uncontended cycles, W1b cycles with lease create/revoke, W2

@@ -486,20 +486,10 @@ impl Namespace {
 
     /// Lock `path` showing only the holders whose lease `alive` admits.
     pub(super) fn lock_view_where(&self, path: &str, alive: impl Fn(u64) -> bool) -> LockView {
-        let waiters = self.locks().waiters_of(path) as u64;
-        let Some(lock) = self.locks().held().get(path) else {
-            return LockView {
-                name: path.to_string(),
-                exclusive: None,
-                locked_at: 0,
-                holders: Vec::new(),
-                last_activity_at: 0,
-                waiters,
-            };
-        };
+        let lock = self.locks().held().get(path);
         let mut holders: Vec<LockHolderView> = lock
-            .holders()
-            .iter()
+            .into_iter()
+            .flat_map(|lock| lock.holders())
             .filter(|(seq, _)| alive(**seq))
             .map(|(seq, h)| LockHolderView {
                 lease_id: self.lease_id(*seq),
@@ -511,23 +501,15 @@ impl Namespace {
             })
             .collect();
         holders.sort_by_key(|h| h.token);
-        if holders.is_empty() {
-            return LockView {
-                name: path.to_string(),
-                exclusive: None,
-                locked_at: 0,
-                holders,
-                last_activity_at: 0,
-                waiters,
-            };
-        }
+        // Unlocked (no holder shown): no mode and no times.
+        let held = !holders.is_empty();
         LockView {
             name: path.to_string(),
-            exclusive: Some(holders.iter().any(|h| h.exclusive)),
+            exclusive: held.then(|| holders.iter().any(|h| h.exclusive)),
             locked_at: holders.iter().map(|h| h.locked_at).min().unwrap_or(0),
+            last_activity_at: lock.filter(|_| held).map_or(0, |l| l.last_activity_at),
             holders,
-            last_activity_at: lock.last_activity_at,
-            waiters,
+            waiters: self.locks().waiters_of(path) as u64,
         }
     }
 }

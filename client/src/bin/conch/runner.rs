@@ -1,8 +1,8 @@
 //! The runner of `conch sema`, `conch elect` and `conch lock`: queue for what is to be held,
 //! run the command while holding it, give it back.
 //!
-//! What is held is a [`Target`]: semaphore slots (`conch sema`, `conch elect`: see
-//! [`crate::sema::SemaTarget`]) or a lock path (`conch lock`: [`crate::lock::LockTarget`]).
+//! What is held is a [`Target`]: semaphore slots (`conch sema`, `conch elect`: `SemaTarget` in
+//! `sema.rs`) or a lock path (`conch lock`: `LockTarget` in `lock.rs`).
 //! Everything else is this one code path:
 //!
 //! 1. [`Target::prepare`]: make sure what the acquire needs exists (a namespace that does not
