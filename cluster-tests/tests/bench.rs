@@ -2,12 +2,13 @@
 //! real 3-node etcd (W1 and the contended W2 with watches), and conch's W1 and W2 run with
 //! clients spread over the nodes without following the leader hint. Only correctness is checked here (every cycle succeeds, placement holds);
 //! speed is what `conch-bench` measures. The lock workloads (L1-L3) run the same way: etcd's
-//! `concurrency.Mutex` and `recipes.RWMutex` recipes, and conch's locks.
+//! `concurrency.Mutex` and `recipes.RWMutex` recipes, and conch's locks; the wait group and
+//! barrier workloads (S1-S3) at a small size.
 
 use std::time::Duration;
 
 use cluster_tests::bench::etcd::{self, EtcdCluster};
-use cluster_tests::bench::{Opts, Placement, Target, etcd_locks, locks, w1, w2};
+use cluster_tests::bench::{Opts, Placement, Target, etcd_locks, locks, sync, w1, w2};
 
 fn opts() -> Opts {
     Opts {
@@ -125,5 +126,25 @@ async fn spread_conch_clients_stay_where_they_are_put() -> anyhow::Result<()> {
     lock_rows_ok(&row, "grants_per_s");
     let row = locks::l3(&target, &opts(), Placement::Leader).await?;
     lock_rows_ok(&row, "reader_cycles_per_s");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wait_group_and_barrier_workloads_measure_every_release() -> anyhow::Result<()> {
+    let mut target = Target::new(&None, "sync", false, false).await?;
+    let row = sync::s1(&target, 6, 3).await?;
+    assert_eq!(field(&row, "rounds"), 3, "{}", row.json());
+    assert!(field(&row, "p99_ms").is_number(), "{}", row.json());
+    assert!(field(&row, "waiter_p99_ms").is_number(), "{}", row.json());
+    let row = sync::s2(&target, 40, 2).await?;
+    assert_eq!(field(&row, "clients"), 40, "{}", row.json());
+    assert!(field(&row, "last_p99_ms").is_number(), "{}", row.json());
+    let row = sync::s3(&mut target, 120).await?;
+    assert_eq!(field(&row, "jobs"), 120, "{}", row.json());
+    assert!(
+        field(&row, "snapshot_mb").is_number() && field(&row, "data_dir_mb").is_array(),
+        "{}",
+        row.json()
+    );
     Ok(())
 }

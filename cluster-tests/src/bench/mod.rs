@@ -10,6 +10,7 @@ pub mod etcd;
 pub mod etcd_locks;
 pub mod locks;
 pub mod stats;
+pub mod sync;
 pub mod w1;
 pub mod w2;
 pub mod w4;

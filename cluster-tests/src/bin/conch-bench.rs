@@ -17,22 +17,26 @@ use cluster_tests::bench::{Opts, Placement, Target};
 const WORKLOADS: [&str; 6] = ["W1", "W1b", "W2", "W3", "W4", "W5"];
 /// Workloads run only when `--only` names them: the locks (BENCHMARKS.md, "Locks").
 const LOCK_WORKLOADS: [&str; 3] = ["L1", "L2", "L3"];
+/// Workloads run only when `--only` names them: wait groups and barriers (BENCHMARKS.md, "Wait
+/// groups and barriers").
+const SYNC_WORKLOADS: [&str; 3] = ["S1", "S2", "S3"];
 
 /// Benchmark a conch cluster: W1 uncontended cycles, W1b cycles with lease create/revoke, W2
 /// contended handoff, W3 leader failover, W4 lease refresh, W5 scale (memory, snapshot,
 /// restart); with `--only`, also L1 uncontended lock cycles, L2 contended lock hand-off, L3
-/// readers and a writer on one lock.
+/// readers and a writer on one lock, S1 a 64-party barrier's release, S2 1 000 wait-group
+/// waiters woken, S3 a wait group of 100 000 jobs (memory, snapshot).
 #[derive(Parser, Debug)]
 #[command(name = "conch-bench", after_help = EXAMPLES)]
 struct Cli {
-    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5,L1,L2,L3; the lock
-    /// workloads L1-L3 run only when named). With --baseline etcd: which of W1,W1b,W2,W3,L1,
+    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5,L1,L2,L3,S1,S2,S3; the
+    /// lock workloads L1-L3 and the wait group and barrier workloads S1-S3 run only when named). With --baseline etcd: which of W1,W1b,W2,W3,L1,
     /// L2,L3 to compare (default W1,W1b,W2,W3).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 
-    /// Drive these nodes (host:port, comma-separated) instead of starting a cluster. W3 and W5
-    /// need processes of their own and are skipped.
+    /// Drive these nodes (host:port, comma-separated) instead of starting a cluster. W3, W5 and
+    /// S1-S3 need processes of their own and are skipped.
     #[arg(long, value_delimiter = ',')]
     endpoints: Option<Vec<String>>,
 
@@ -106,6 +110,7 @@ Examples:
   make bench-etcd                              # conch / etcd ratios, measured in one run
   target/release/conch-bench --only L1,L2,L3   # the lock workloads on conch
   target/release/conch-bench --baseline etcd --only L1,L2,L3 --duration-s 15   # locks vs etcd
+  target/release/conch-bench --only S1,S2,S3   # barrier release, wait-group wake-up and size
 
 conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
 
@@ -119,7 +124,12 @@ async fn main() -> ExitCode {
         )
     } else {
         (
-            WORKLOADS.iter().chain(&LOCK_WORKLOADS).copied().collect(),
+            WORKLOADS
+                .iter()
+                .chain(&LOCK_WORKLOADS)
+                .chain(&SYNC_WORKLOADS)
+                .copied()
+                .collect(),
             WORKLOADS.to_vec(),
         )
     };
@@ -202,7 +212,7 @@ async fn main() -> ExitCode {
     let mut rows = Vec::new();
     let mut failed = false;
     for workload in selected {
-        if cli.endpoints.is_some() && matches!(workload, "W3" | "W5") {
+        if cli.endpoints.is_some() && matches!(workload, "W3" | "W5" | "S1" | "S2" | "S3") {
             eprintln!(
                 "conch-bench: {workload} skipped: it kills and restarts nodes, which needs a cluster of its own"
             );
@@ -283,6 +293,15 @@ async fn run(
         }
         "L2" => rows.push(bench::locks::l2(&target, opts, placement).await?),
         "L3" => rows.push(bench::locks::l3(&target, opts, placement).await?),
+        "S1" => {
+            use bench::sync::{S1_PARTIES, S1_ROUNDS};
+            rows.push(bench::sync::s1(&target, S1_PARTIES, S1_ROUNDS).await?);
+        }
+        "S2" => {
+            use bench::sync::{S2_ROUNDS, S2_WAITERS};
+            rows.push(bench::sync::s2(&target, S2_WAITERS, S2_ROUNDS).await?);
+        }
+        "S3" => rows.push(bench::sync::s3(&mut target, bench::sync::S3_JOBS).await?),
         other => anyhow::bail!("unknown workload {other}"),
     }
     Ok(rows)
