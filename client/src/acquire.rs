@@ -332,6 +332,7 @@ impl Client {
             timeout_seconds: 0,
             metadata,
             timeout_ms: 0,
+            max_hold_ms: 0,
         };
         Ok(match self.wait_grant(lease, base, wait).await? {
             Waited::Granted(reply) => Some(self.guard(

@@ -830,6 +830,7 @@ impl Client {
             description: description.to_string(),
             permits,
             metadata: HashMap::new(),
+            max_hold_ms: 0,
         };
         let resp = self
             .unary_once(OP, self.default_options(), req, |ch, r| async move {

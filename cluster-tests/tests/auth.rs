@@ -918,6 +918,7 @@ async fn a_write_token_flood_stops_at_the_namespace_quota() -> anyhow::Result<()
                     description: "d".repeat(1024),
                     permits: 1,
                     metadata: metadata.clone(),
+                    ..Default::default()
                 };
                 match g.create_semaphore(with_token(request, Some(&tenant))).await {
                     Ok(_) => i += 1,

@@ -279,6 +279,7 @@ mod tests {
             description: String::new(),
             permits: 1,
             metadata: Metadata::new(),
+            max_hold_ns: 0,
         }
     }
 
@@ -314,6 +315,7 @@ mod tests {
             weight: 1,
             wait_ns: 0,
             metadata: Metadata::new(),
+            max_hold_ns: 0,
         };
         let mut watch = applied.watch_holders("n", "a");
         assert!(

@@ -42,7 +42,15 @@ pub enum WaitError {
     Node(#[from] NodeError),
 }
 
-/// Waits for a queued acquire to end: `Some(token)` when granted, `None` when it timed out or
+/// A wait's grant: its fencing token and how long the hold may last from the grant on, at
+/// most (0: no hold limit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Granted {
+    pub token: u64,
+    pub hold_ns: Nanos,
+}
+
+/// Waits for a queued acquire to end: `Some` grant when granted, `None` when it timed out or
 /// gave up. `index` is the log index of the acquire that queued: until this node has applied
 /// it, its state knows nothing of the waiter, so it is not read before then. A node that cannot
 /// catch up before the deadline asks the log instead (GiveUp answers whether the grant came
@@ -54,7 +62,7 @@ pub async fn wait_for_grant(
     mut ticket: WaitTicket,
     deadline_ns: Nanos,
     index: u64,
-) -> Result<Option<u64>, WaitError> {
+) -> Result<Option<Granted>, WaitError> {
     let mut give_up = GiveUpOnDrop {
         node: Arc::clone(node),
         key: Some(key.clone()),
@@ -137,7 +145,7 @@ async fn give_up_now(
     deadline_ns: Nanos,
     ticket: &mut WaitTicket,
     index: u64,
-) -> Result<Option<u64>, WaitError> {
+) -> Result<Option<Granted>, WaitError> {
     let cmd = Cmd::GiveUp {
         ns: key.ns.clone(),
         sem: key.sem.clone(),
@@ -147,14 +155,16 @@ async fn give_up_now(
     };
     cmd.validate()?;
     let (reply, at) = node.write_one_at(cmd).await?;
-    if let Outcome::GiveUp(GiveUpReply::Granted { token }) = reply? {
-        return Ok(Some(token));
+    if let Outcome::GiveUp(GiveUpReply::Granted { token, hold_ns }) = reply? {
+        return Ok(Some(Granted { token, hold_ns }));
     }
     let applied = tokio::time::timeout(GIVE_UP_APPLY_WAIT, node.applied.wait_applied(at)).await;
     let mut granted = None;
     while let Some(event) = ticket.try_next() {
-        if let (true, WaitOutcome::Granted { token, .. }) = (event.index >= index, event.outcome) {
-            granted = Some(token);
+        if let (true, WaitOutcome::Granted { token, hold_ns, .. }) =
+            (event.index >= index, event.outcome)
+        {
+            granted = Some(Granted { token, hold_ns });
         }
     }
     if granted.is_none() && applied.is_err() {
@@ -168,9 +178,13 @@ async fn give_up_now(
 }
 
 /// How a wait that left the queue ended.
-fn ended(node: &Node, key: &WaitKey, last: Option<WaitOutcome>) -> Result<Option<u64>, WaitError> {
+fn ended(
+    node: &Node,
+    key: &WaitKey,
+    last: Option<WaitOutcome>,
+) -> Result<Option<Granted>, WaitError> {
     match last {
-        Some(WaitOutcome::Granted { token, .. }) => Ok(Some(token)),
+        Some(WaitOutcome::Granted { token, hold_ns, .. }) => Ok(Some(Granted { token, hold_ns })),
         Some(WaitOutcome::Ended(WaitEnd::LeaseGone)) => Err(Error::not_found(format!(
             "lease {} expired or was revoked while waiting for {}",
             key.lease,
@@ -189,7 +203,10 @@ fn ended(node: &Node, key: &WaitKey, last: Option<WaitOutcome>) -> Result<Option
         Some(WaitOutcome::Recheck) | None => Ok(node
             .applied
             .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
-            .map(|h| h.token)),
+            .map(|h| Granted {
+                token: h.token,
+                hold_ns: h.hold_left_ns,
+            })),
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
 
-use crate::state::{Event, WaitEnd};
+use crate::state::{Event, Nanos, WaitEnd};
 
 /// Identifies a waiter: (namespace, semaphore, lease).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -28,6 +28,7 @@ pub enum WaitOutcome {
     Granted {
         token: u64,
         weight: u64,
+        hold_ns: Nanos,
     },
     Ended(WaitEnd),
     /// The state was replaced wholesale (snapshot install): look at it again.
@@ -96,9 +97,14 @@ impl Registry {
                     lease,
                     token,
                     weight,
+                    hold_ns,
                 } => (
                     WaitKey { ns, sem, lease },
-                    WaitOutcome::Granted { token, weight },
+                    WaitOutcome::Granted {
+                        token,
+                        weight,
+                        hold_ns,
+                    },
                 ),
                 Event::WaitEnded {
                     ns,
@@ -178,6 +184,7 @@ mod tests {
             lease: lease.into(),
             token,
             weight: 1,
+            hold_ns: 0,
         }
     }
 
@@ -193,6 +200,7 @@ mod tests {
             outcome: WaitOutcome::Granted {
                 token: 3,
                 weight: 1,
+                hold_ns: 0,
             },
         };
         assert_eq!(a1.try_next(), Some(expected));

@@ -432,6 +432,7 @@ fn semaphore(name: &str) -> pb::Semaphore {
         metadata: meta(&[("owner", "dba")]),
         last_activity_at: 1_764_600_009_000_000_013,
         waiters_count: 5,
+        max_hold_ms: 7_200_000,
     }
 }
 
@@ -442,6 +443,7 @@ fn holder(lease_id: &str, weight: u64) -> pb::SemaphoreHolder {
         weight,
         metadata: meta(&[("host", "worker-3")]),
         fencing_token: 8812,
+        hold_ends_at: 1_764_607_207_000_000_021,
     }
 }
 
@@ -491,6 +493,7 @@ fn up_semaphore(s: &pb::Semaphore) -> upstream::Semaphore {
         metadata,
         last_activity_at,
         waiters_count: _, // conch's field 100: not Grackle's
+        max_hold_ms: _,   // conch's field 101
     } = s.clone();
     upstream::Semaphore {
         name,
@@ -513,6 +516,7 @@ fn up_holder(h: &pb::SemaphoreHolder) -> upstream::SemaphoreHolder {
         weight,
         metadata,
         fencing_token: _, // conch's field 100
+        hold_ends_at: _,  // conch's field 101
     } = h.clone();
     upstream::SemaphoreHolder {
         lease_id,
@@ -673,6 +677,7 @@ fn every_acquire_outcome_reaches_a_grackle_client_as_itself() {
             semaphore: Some(sem.clone()),
             outcome: outcome as i32,
             fencing_token,
+            hold_ms: if fencing_token == 0 { 0 } else { 3_600_000 },
         };
         let got: upstream::AcquireSemaphoreResponse = decode_as(&reply);
         assert_eq!(got.outcome(), grackle, "{outcome:?}");
@@ -853,6 +858,7 @@ fn semaphore_requests_from_a_grackle_client_reach_conchd_field_by_field() {
             description: "one migration at a time".into(),
             permits: 9,
             metadata: meta(&[("owner", "dba")]),
+            max_hold_ms: 0,
         }
     );
 
@@ -900,6 +906,7 @@ fn semaphore_requests_from_a_grackle_client_reach_conchd_field_by_field() {
             timeout_seconds: 30,
             metadata: meta(&[("host", "worker-3")]),
             timeout_ms: 0,
+            max_hold_ms: 0,
         }
     );
 
@@ -934,6 +941,8 @@ fn semaphore_requests_from_a_grackle_client_reach_conchd_field_by_field() {
             permits: 12,
             metadata: meta(&[("owner", "platform")]),
             expected_version: 4,
+            // A Grackle client's update leaves the hold limit as it is.
+            max_hold_ms: None,
         }
     );
 

@@ -7,7 +7,7 @@ use conch_proto::grackle as pb;
 
 use crate::state::{
     AcquireLockReply, AcquireStatus, Contention, HolderView, LeaseView, LockView, LockWaiterView,
-    Metadata, NamespaceView, PageRequest, SemaphoreView, WaiterView,
+    Metadata, NamespaceView, Nanos, PageRequest, SemaphoreView, WaiterView,
 };
 
 pub fn metadata(map: HashMap<String, String>) -> Metadata {
@@ -46,6 +46,7 @@ pub fn semaphore(v: SemaphoreView) -> pb::Semaphore {
         metadata: wire_metadata(v.metadata),
         last_activity_at: v.last_activity_at,
         waiters_count: v.waiters_count,
+        max_hold_ms: ms(v.max_hold_ns),
     }
 }
 
@@ -67,7 +68,22 @@ pub fn holder(v: HolderView) -> pb::SemaphoreHolder {
         weight: v.weight,
         metadata: wire_metadata(v.metadata),
         fencing_token: v.token,
+        hold_ends_at: v.ends_at,
     }
+}
+
+/// Nanoseconds as whole milliseconds, rounded down (a negative value is 0).
+pub fn ms(ns: Nanos) -> u64 {
+    u64::try_from(ns / 1_000_000).unwrap_or(0)
+}
+
+/// Milliseconds from the wire as nanoseconds; a value past the range becomes `Nanos::MAX`,
+/// which the command's own check refuses with the field's limits.
+pub fn ms_to_ns(ms: u64) -> Nanos {
+    i64::try_from(ms)
+        .ok()
+        .and_then(|v| v.checked_mul(1_000_000))
+        .unwrap_or(Nanos::MAX)
 }
 
 pub fn waiter(v: WaiterView) -> cpb::SemaphoreWaiter {
@@ -129,7 +145,7 @@ pub fn lock_waiter(v: LockWaiterView) -> cpb::LockWaiter {
 /// An acquire's answer: a queued status here means the wait ran out (`TIMED_OUT`).
 pub fn acquire_lock(reply: AcquireLockReply) -> pb::AcquireLockResponse {
     let (outcome, token) = match reply.status {
-        AcquireStatus::Acquired { token } => (pb::AcquireOutcome::Acquired, token),
+        AcquireStatus::Acquired { token, .. } => (pb::AcquireOutcome::Acquired, token),
         AcquireStatus::Unavailable => (pb::AcquireOutcome::Unavailable, 0),
         AcquireStatus::Queued { .. } => (pb::AcquireOutcome::TimedOut, 0),
     };

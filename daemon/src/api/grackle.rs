@@ -88,22 +88,22 @@ impl GrackleService {
         deadline_ns: Nanos,
         index: u64,
     ) -> Result<pb::AcquireSemaphoreResponse, ApiError> {
-        let token = wait::wait_for_grant(&self.node, key.clone(), ticket, deadline_ns, index)
+        let granted = wait::wait_for_grant(&self.node, key.clone(), ticket, deadline_ns, index)
             .await
             .map_err(ApiError::from)?;
-        self.acquire_response(&key, token)
+        self.acquire_response(&key, granted)
     }
 
     fn acquire_response(
         &self,
         key: &WaitKey,
-        token: Option<u64>,
+        granted: Option<wait::Granted>,
     ) -> Result<pb::AcquireSemaphoreResponse, ApiError> {
         let semaphore = self
             .node
             .applied
             .read(|s| s.get_semaphore(&key.ns, &key.sem))?;
-        let outcome = if token.is_some() {
+        let outcome = if granted.is_some() {
             pb::AcquireOutcome::Acquired
         } else {
             pb::AcquireOutcome::TimedOut
@@ -111,7 +111,7 @@ impl GrackleService {
         Ok(acquire_message(
             convert::semaphore(semaphore),
             outcome,
-            token.unwrap_or(0),
+            granted.map_or((0, 0), |g| (g.token, g.hold_ns)),
         ))
     }
 }
@@ -132,15 +132,26 @@ impl Write {
     }
 }
 
+/// An acquire's answer; `(token, hold_ns)` of the grant, `(0, 0)` when not acquired.
 fn acquire_message(
     semaphore: pb::Semaphore,
     outcome: pb::AcquireOutcome,
-    token: u64,
+    (token, hold_ns): (u64, Nanos),
 ) -> pb::AcquireSemaphoreResponse {
     pb::AcquireSemaphoreResponse {
         semaphore: Some(semaphore),
         outcome: outcome as i32,
         fencing_token: token,
+        hold_ms: hold_ms(hold_ns),
+    }
+}
+
+/// A hold limit's remainder in whole milliseconds, rounded down so that a caller stops no later
+/// than the server ends the hold; a limited hold never reads as 0 (no limit).
+fn hold_ms(hold_ns: Nanos) -> u64 {
+    match hold_ns {
+        0 => 0,
+        ns => convert::ms(ns).max(1),
     }
 }
 
@@ -267,6 +278,7 @@ impl GrackleApi for GrackleService {
             description: r.description,
             permits: r.permits,
             metadata: convert::metadata(r.metadata),
+            max_hold_ns: convert::ms_to_ns(r.max_hold_ms),
         };
         match self.write(write, cmd).await? {
             Outcome::Semaphore(sem) => self.reply(pb::CreateSemaphoreResponse {
@@ -334,6 +346,7 @@ impl GrackleApi for GrackleService {
             weight: r.weight,
             wait_ns,
             metadata: convert::metadata(r.metadata),
+            max_hold_ns: convert::ms_to_ns(r.max_hold_ms),
         };
         let cmd = write.command(&self.node, cmd)?;
         cmd.validate().map_err(ApiError::from)?;
@@ -346,14 +359,14 @@ impl GrackleApi for GrackleService {
         };
         let semaphore = convert::semaphore(reply.semaphore);
         let message = match (reply.status, ticket) {
-            (AcquireStatus::Acquired { token }, _) => {
-                acquire_message(semaphore, pb::AcquireOutcome::Acquired, token)
+            (AcquireStatus::Acquired { token, hold_ns }, _) => {
+                acquire_message(semaphore, pb::AcquireOutcome::Acquired, (token, hold_ns))
             }
             (AcquireStatus::Queued { deadline_ns }, Some(ticket)) => {
                 self.wait_for_grant(key, ticket, deadline_ns, index).await?
             }
             (AcquireStatus::Unavailable | AcquireStatus::Queued { .. }, _) => {
-                acquire_message(semaphore, pb::AcquireOutcome::Unavailable, 0)
+                acquire_message(semaphore, pb::AcquireOutcome::Unavailable, (0, 0))
             }
         };
         self.reply(message)
@@ -391,6 +404,7 @@ impl GrackleApi for GrackleService {
             permits: r.permits,
             metadata: convert::metadata(r.metadata),
             expected_version: r.expected_version,
+            max_hold_ns: r.max_hold_ms.map(convert::ms_to_ns),
         };
         match self.write(write, cmd).await? {
             Outcome::Semaphore(sem) => self.reply(pb::UpdateSemaphoreResponse {

@@ -155,9 +155,15 @@ impl State {
                 description,
                 permits,
                 metadata,
-            } => {
-                ns_mut(namespaces, ns)?.create_semaphore(name, description, *permits, metadata, ctx)
-            }
+                max_hold_ns,
+            } => ns_mut(namespaces, ns)?.create_semaphore(
+                name,
+                description,
+                *permits,
+                metadata,
+                *max_hold_ns,
+                ctx,
+            ),
             Cmd::UpdateSemaphore {
                 ns,
                 name,
@@ -165,12 +171,14 @@ impl State {
                 permits,
                 metadata,
                 expected_version,
+                max_hold_ns,
             } => ns_mut(namespaces, ns)?.update_semaphore(
                 name,
                 description,
                 *permits,
                 metadata,
                 *expected_version,
+                *max_hold_ns,
                 ctx,
             ),
             Cmd::DeleteSemaphore { ns, name } => {
@@ -227,7 +235,16 @@ impl State {
                 weight,
                 wait_ns,
                 metadata,
-            } => ns_mut(namespaces, ns)?.acquire(sem, lease, *weight, *wait_ns, metadata, ctx),
+                max_hold_ns,
+            } => ns_mut(namespaces, ns)?.acquire(
+                sem,
+                lease,
+                *weight,
+                *wait_ns,
+                *max_hold_ns,
+                metadata,
+                ctx,
+            ),
             Cmd::Release { ns, sem, lease } => ns_mut(namespaces, ns)?.release(sem, lease, ctx),
             Cmd::GiveUp {
                 ns,
@@ -284,8 +301,9 @@ impl State {
     }
 }
 
-/// Revokes every lease and removes every waiter due at the clock, then grants from the heads of
-/// the queues that changed. Removals come first, so a waiter that is due is never granted.
+/// Revokes every lease, removes every waiter and ends every hold due at the clock, then grants
+/// from the heads of the queues that changed. Removals come first, so a waiter that is due is
+/// never granted.
 fn reap(namespaces: &mut Namespaces, ctx: &mut Ctx) {
     let mut affected: BTreeSet<(String, String)> = BTreeSet::new();
     while let Some((ns_id, seq)) = ctx.pop_lease_due() {
@@ -314,6 +332,18 @@ fn reap(namespaces: &mut Namespaces, ctx: &mut Ctx) {
         };
         affected.insert((name, sem));
     }
+    while let Some((ns_id, sem, seq)) = ctx.pop_hold_due() {
+        let Some(name) = ctx.namespace_name(ns_id).cloned() else {
+            continue;
+        };
+        let Some(ns) = namespaces.get_mut(&name) else {
+            continue;
+        };
+        if ns.remove_holder(&sem, seq, ctx).is_some() {
+            ctx.tally.holds_ended += 1;
+        }
+        affected.insert((name, sem));
+    }
     let mut by_namespace: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (name, object) in affected {
         by_namespace.entry(name).or_default().insert(object);
@@ -338,12 +368,14 @@ fn extend_leases(namespaces: &mut Namespaces, ctx: &mut Ctx) {
 }
 
 impl Namespace {
+    #[allow(clippy::too_many_arguments)]
     fn create_semaphore(
         &mut self,
         name: &str,
         description: &str,
         permits: u64,
         metadata: &Metadata,
+        max_hold_ns: Nanos,
         ctx: &mut Ctx,
     ) -> Reply {
         if self.semaphores().contains_key(name) {
@@ -356,13 +388,15 @@ impl Namespace {
                 "semaphore quota reached: at most {SEMAPHORES_PER_NAMESPACE_MAX} semaphores per namespace"
             )));
         }
-        let sem = Semaphore::new(description, permits, metadata, ctx.wall_ns);
+        let mut sem = Semaphore::new(description, permits, metadata, ctx.wall_ns);
+        sem.max_hold_ns = max_hold_ns;
         self.room_for(1, 0, 0, sem.bytes(name), ctx)?;
         let view = sem.view(name);
         self.add_semaphore(name, sem, ctx);
         Ok(Outcome::Semaphore(view))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn update_semaphore(
         &mut self,
         name: &str,
@@ -370,6 +404,7 @@ impl Namespace {
         permits: u64,
         metadata: &Metadata,
         expected_version: u64,
+        max_hold_ns: Option<Nanos>,
         ctx: &mut Ctx,
     ) -> Reply {
         let sem = self
@@ -398,6 +433,9 @@ impl Namespace {
             return Err(semaphore_not_found(name));
         };
         sem.permits = permits;
+        if let Some(max_hold_ns) = max_hold_ns {
+            sem.max_hold_ns = max_hold_ns;
+        }
         sem.version = sem.version.saturating_add(1);
         sem.updated_at = ctx.wall_ns;
         self.grant_from_head(name, ctx);

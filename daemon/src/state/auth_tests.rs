@@ -65,6 +65,7 @@ fn acquire_one(lease: &str) -> Cmd {
         weight: 1,
         wait_ns: 0,
         metadata: Metadata::new(),
+        max_hold_ns: 0,
     }
 }
 
@@ -353,6 +354,7 @@ fn a_write_is_authorized_by_the_store_where_it_applies() {
         description: String::new(),
         permits: 1,
         metadata: Metadata::new(),
+        max_hold_ns: 0,
     };
     // t=1s  app creates a semaphore in a                     -> ok
     t.caller = Some(2);
@@ -482,6 +484,7 @@ fn acquire_runs_jobs_without_changing_what_others_hold() {
         description: String::new(),
         permits,
         metadata: Metadata::new(),
+        max_hold_ns: 0,
     };
     // t=1s  the job creates its semaphore on first use, a lease, and acquires   -> ok
     t.caller = Some(2);
@@ -496,6 +499,7 @@ fn acquire_runs_jobs_without_changing_what_others_hold() {
         permits: 5,
         metadata: Metadata::new(),
         expected_version: 1,
+        max_hold_ns: None,
     };
     let e = t.err(resize.clone());
     assert_eq!(e.kind, ErrorKind::PermissionDenied);
@@ -547,6 +551,7 @@ fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
         description: String::new(),
         permits: 2,
         metadata: Metadata::new(),
+        max_hold_ns: 0,
     });
     // t=1s  A creates a lease and acquires with it                              -> ok
     t.caller = Some(2);

@@ -56,6 +56,8 @@ pub struct Tally {
     pub waits_ns: Vec<Nanos>,
     /// Leases revoked because their expiry passed.
     pub expirations: u64,
+    /// Holds ended because their hold limit passed.
+    pub holds_ended: u64,
     /// Semaphores, as (namespace, semaphore), whose holders changed: a hold added, replaced
     /// or dropped, or the semaphore deleted. Holder watches wake on these only.
     pub holders_changed: BTreeSet<(String, String)>,
@@ -91,6 +93,9 @@ pub(super) struct Index {
     lease_expiry: BTreeSet<(Nanos, u64, u64)>,
     /// `(deadline_ns, namespace id, semaphore, lease seq)` for every waiter.
     waiter_deadlines: BTreeSet<(Nanos, u64, String, u64)>,
+    /// `(ends_at, namespace id, semaphore, lease seq)` for every semaphore hold with a hold
+    /// limit ([`Holder::ends_at`]).
+    hold_ends: BTreeSet<(Nanos, u64, String, u64)>,
     namespace_names: BTreeMap<u64, String>,
     /// Number of holders over all semaphores.
     holders: u64,
@@ -140,6 +145,9 @@ pub(super) struct Semaphore {
     pub(super) created_at: Nanos,
     pub(super) updated_at: Nanos,
     pub(super) last_activity_at: Nanos,
+    /// The longest any grant may hold this semaphore, on the lease clock (0: no limit). An
+    /// acquire may ask for less; the smaller wins. A change applies to later grants.
+    pub(super) max_hold_ns: Nanos,
     /// By lease sequence number.
     holders: BTreeMap<u64, Holder>,
     /// By lease sequence number; FIFO order is by `Waiter::ticket`.
@@ -164,6 +172,11 @@ pub(super) struct Holder {
     pub(super) locked_at: Nanos,
     pub(super) metadata: Metadata,
     pub(super) token: u64,
+    /// When the hold ends whatever the lease does, on the lease clock (0: never). A
+    /// re-acquire by the same lease keeps the earlier end.
+    pub(super) ends_at: Nanos,
+    /// The same instant on the wall clock, for users to read (0: never).
+    pub(super) ends_wall: Nanos,
 }
 
 /// Reached only through `&` outside this module.
@@ -174,6 +187,8 @@ pub(super) struct Waiter {
     pub(super) queued_at: Nanos,
     pub(super) deadline_ns: Nanos,
     pub(super) metadata: Metadata,
+    /// The hold limit the acquire asked for (0: only the semaphore's).
+    pub(super) max_hold_ns: Nanos,
 }
 
 /// Reached only through `&` outside this module.
@@ -299,6 +314,7 @@ impl State {
                     sem.held = sem.held.saturating_add(holder.weight);
                     sem.holders_by_token.insert(holder.token, *seq);
                     index.add_holders(1);
+                    index.add_hold_end(ns.id, sem_name, *seq, holder.ends_at);
                     let lease = ns.leases.get_mut(seq).ok_or_else(|| {
                         format!("holder of lease number {seq} in {name}/{sem_name} has no lease")
                     })?;
@@ -392,6 +408,21 @@ impl Index {
             .remove(&(deadline_ns, ns_id, sem.to_string(), seq));
     }
 
+    /// Records when a hold ends (nothing for a hold without a limit, `ends_at` 0).
+    pub(super) fn add_hold_end(&mut self, ns_id: u64, sem: &str, seq: u64, ends_at: Nanos) {
+        if ends_at > 0 {
+            self.hold_ends
+                .insert((ends_at, ns_id, sem.to_string(), seq));
+        }
+    }
+
+    fn remove_hold_end(&mut self, ns_id: u64, sem: &str, seq: u64, ends_at: Nanos) {
+        if ends_at > 0 {
+            self.hold_ends
+                .remove(&(ends_at, ns_id, sem.to_string(), seq));
+        }
+    }
+
     /// Records a namespace id; false if it was taken.
     pub(super) fn add_namespace(&mut self, id: u64, name: &str) -> bool {
         self.namespace_names.insert(id, name.to_string()).is_none()
@@ -429,11 +460,13 @@ impl Index {
         self.bytes = self.bytes.saturating_sub(bytes);
     }
 
-    /// The earliest time at which a lease expires or a waiter's deadline passes, if any.
+    /// The earliest time at which a lease expires, a waiter's deadline passes or a hold
+    /// reaches its limit, if any.
     pub(super) fn next_due_ns(&self) -> Option<Nanos> {
         let lease = self.lease_expiry.first().map(|e| e.0);
         let waiter = self.waiter_deadlines.first().map(|e| e.0);
-        [lease, waiter, self.next_sync_due()]
+        let hold = self.hold_ends.first().map(|e| e.0);
+        [lease, waiter, hold, self.next_sync_due()]
             .into_iter()
             .flatten()
             .min()
@@ -474,6 +507,17 @@ impl Ctx<'_> {
             return None;
         }
         let (_, ns_id, sem, seq) = self.index.waiter_deadlines.pop_first()?;
+        Some((ns_id, sem, seq))
+    }
+
+    /// Takes the earliest hold end if it is due: `(namespace id, semaphore, lease seq)`. The
+    /// caller removes that hold next.
+    pub(super) fn pop_hold_due(&mut self) -> Option<(u64, String, u64)> {
+        let (ends_at, ..) = self.index.hold_ends.first()?;
+        if *ends_at > self.clock_ns {
+            return None;
+        }
+        let (_, ns_id, sem, seq) = self.index.hold_ends.pop_first()?;
         Some((ns_id, sem, seq))
     }
 }
@@ -523,6 +567,10 @@ impl Namespaces {
         ctx.index.remove_bytes(ns.usage.bytes);
         for (sem_name, sem) in &ns.semaphores {
             ctx.index.remove_holders(sem.holders.len() as u64);
+            for (seq, holder) in &sem.holders {
+                ctx.index
+                    .remove_hold_end(ns.id, sem_name, *seq, holder.ends_at);
+            }
             for (seq, waiter) in &sem.waiters {
                 ctx.index
                     .remove_waiter_deadline(ns.id, sem_name, *seq, waiter.deadline_ns);
@@ -753,8 +801,10 @@ impl Namespace {
             .insert((self.name.clone(), name.to_string()));
         let entries = (sem.holders.len() + sem.waiters.len()) as u64;
         self.remove_usage(entries, sem.bytes(name), ctx);
-        for seq in sem.holders.keys() {
+        for (seq, holder) in &sem.holders {
             ctx.index.remove_holders(1);
+            ctx.index
+                .remove_hold_end(self.id, name, *seq, holder.ends_at);
             if let Some(lease) = self.leases.get_mut(seq) {
                 lease.holds.remove(name);
             }
@@ -782,6 +832,8 @@ impl Namespace {
         sem.held = sem.held.saturating_add(holder.weight);
         sem.holders_by_token.insert(holder.token, seq);
         let added = quota::entry_bytes(&holder.metadata);
+        ctx.index
+            .add_hold_end(self.id, sem_name, seq, holder.ends_at);
         let old = sem.holders.insert(seq, holder);
         ctx.tally
             .holders_changed
@@ -790,6 +842,11 @@ impl Namespace {
             Some(old) => {
                 sem.held = sem.held.saturating_sub(old.weight);
                 sem.holders_by_token.remove(&old.token);
+                let kept = sem.holders.get(&seq).map(|h| h.ends_at);
+                if kept != Some(old.ends_at) {
+                    ctx.index
+                        .remove_hold_end(self.id, sem_name, seq, old.ends_at);
+                }
                 let removed = quota::entry_bytes(&old.metadata);
                 self.remove_usage(0, removed, ctx);
                 self.add_usage(0, added, ctx);
@@ -815,6 +872,8 @@ impl Namespace {
         let sem = self.semaphores.get_mut(sem_name)?;
         let old = sem.take_holder(seq)?;
         ctx.index.remove_holders(1);
+        ctx.index
+            .remove_hold_end(self.id, sem_name, seq, old.ends_at);
         ctx.tally
             .holders_changed
             .insert((self.name.clone(), sem_name.to_string()));
@@ -900,6 +959,7 @@ impl Namespace {
         sem_name: &str,
         seq: u64,
         weight: u64,
+        max_hold_ns: Nanos,
         metadata: &Metadata,
         ctx: &mut Ctx,
     ) {
@@ -912,6 +972,7 @@ impl Namespace {
         };
         let before = quota::entry_bytes(&waiter.metadata);
         waiter.weight = weight;
+        waiter.max_hold_ns = max_hold_ns;
         waiter.metadata = metadata.clone();
         let after = quota::entry_bytes(&waiter.metadata);
         self.remove_usage(0, before, ctx);
@@ -1125,6 +1186,7 @@ impl Semaphore {
             created_at: wall_ns,
             updated_at: wall_ns,
             last_activity_at: wall_ns,
+            max_hold_ns: 0,
             holders: BTreeMap::new(),
             waiters: BTreeMap::new(),
             last_ticket: 0,

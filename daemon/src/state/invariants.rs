@@ -72,6 +72,10 @@ impl State {
                             h.token
                         )));
                     }
+                    if (h.ends_at == 0) != (h.ends_wall == 0) {
+                        return Err(at("a hold limit on one clock only"));
+                    }
+                    expected.add_hold_end(ns.id(), sem_name, *seq, h.ends_at);
                     held = held.saturating_add(h.weight);
                     by_token.insert(h.token, *seq);
                     lease_holds

@@ -12,6 +12,9 @@ pub const LEASE_ID_MAX_BYTES: usize = 128;
 pub const TTL_MIN_S: u64 = 1;
 pub const TTL_MAX_S: u64 = 300;
 pub const TIMEOUT_MAX_S: i64 = 300;
+/// A hold limit (`max_hold_ms`): 0 for none, else 1 s to 30 days.
+pub const MAX_HOLD_MIN_MS: u64 = 1_000;
+pub const MAX_HOLD_MAX_MS: u64 = 30 * 24 * 3_600 * 1_000;
 pub const PAGE_LIMIT_DEFAULT: usize = 100;
 pub const PAGE_LIMIT_MAX: i32 = 250;
 pub const PERMITS_MAX: u64 = conch_proto::wire::PERMITS_MAX;

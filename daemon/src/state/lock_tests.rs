@@ -64,7 +64,7 @@ impl Timeline {
     /// Acquires and expects the lock now; returns the fencing token.
     fn locked(&mut self, path: &str, lease: &str, exclusive: bool) -> u64 {
         match self.lock(path, lease, exclusive, 0).status {
-            AcquireStatus::Acquired { token } => token,
+            AcquireStatus::Acquired { token, .. } => token,
             other => panic!("expected the lock on {path}, got {other:?}"),
         }
     }
@@ -279,6 +279,7 @@ fn lock_leases_and_semaphore_leases_are_kept_apart() {
         description: String::new(),
         permits: 1,
         metadata: Metadata::new(),
+        max_hold_ns: 0,
     });
     let e = t.err(Cmd::Acquire {
         ns: NS.into(),
@@ -287,6 +288,7 @@ fn lock_leases_and_semaphore_leases_are_kept_apart() {
         weight: 1,
         wait_ns: 0,
         metadata: Metadata::new(),
+        max_hold_ns: 0,
     });
     assert_eq!(e.kind, ErrorKind::NotFound);
     for kind in [LeaseKind::Semaphore, LeaseKind::Lock] {
@@ -408,7 +410,7 @@ fn give_up_settles_against_a_grant() {
     let token = t.lock_view("g").holders[0].token;
     assert_eq!(
         t.ok(give_up(&w)),
-        Outcome::GiveUp(GiveUpReply::Granted { token })
+        Outcome::GiveUp(GiveUpReply::Granted { token, hold_ns: 0 })
     );
     t.unlock("g", &w);
     t.locked("g", &h, true);
@@ -446,7 +448,11 @@ fn a_queued_lock_acquire_with_a_request_id_is_settled_by_its_grant() {
     let again = t.run_now(once.clone());
     match &again {
         Ok(Outcome::AcquireLock(r)) => {
-            assert_eq!(r.status, AcquireStatus::Acquired { token }, "the one grant")
+            assert_eq!(
+                r.status,
+                AcquireStatus::Acquired { token, hold_ns: 0 },
+                "the one grant"
+            )
         }
         other => panic!("unexpected {other:?}"),
     }

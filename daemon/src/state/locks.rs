@@ -213,6 +213,7 @@ impl Namespace {
                 lease: self.lease_id(seq),
                 token,
                 weight: u64::from(exclusive),
+                hold_ns: 0,
             });
         }
         token
@@ -318,7 +319,11 @@ impl Namespace {
             self.room_for(0, 0, 0, new_bytes.saturating_sub(old_bytes), ctx)?;
             let token = self.grant_lock(path, seq, exclusive, metadata.clone(), ctx);
             self.grant_locks(ctx);
-            return self.lock_reply(path, AcquireStatus::Acquired { token }, Decision::Grant);
+            return self.lock_reply(
+                path,
+                AcquireStatus::Acquired { token, hold_ns: 0 },
+                Decision::Grant,
+            );
         }
 
         // Re-attach: keep the place, take the new mode and metadata and the later deadline.
@@ -332,7 +337,11 @@ impl Namespace {
                 && self.locks().waiter(path, seq).is_none()
             {
                 let token = holder.token;
-                return self.lock_reply(path, AcquireStatus::Acquired { token }, Decision::Grant);
+                return self.lock_reply(
+                    path,
+                    AcquireStatus::Acquired { token, hold_ns: 0 },
+                    Decision::Grant,
+                );
             }
             let decision = self.blocked_by(path, seq, exclusive);
             let status = if wait_ns > 0 {
@@ -360,7 +369,11 @@ impl Namespace {
                     )));
                 }
                 let token = self.grant_lock(path, seq, exclusive, metadata.clone(), ctx);
-                self.lock_reply(path, AcquireStatus::Acquired { token }, Decision::Grant)
+                self.lock_reply(
+                    path,
+                    AcquireStatus::Acquired { token, hold_ns: 0 },
+                    Decision::Grant,
+                )
             }
             Decision::Blocked(..) if wait_ns <= 0 => {
                 self.touch_lock(path, wall);
@@ -474,6 +487,7 @@ impl Namespace {
         match self.locks().holder(path, seq) {
             Some(holder) => GiveUpReply::Granted {
                 token: holder.token,
+                hold_ns: 0,
             },
             None => GiveUpReply::NotQueued,
         }

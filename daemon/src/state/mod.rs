@@ -67,6 +67,8 @@ mod auth_tests;
 mod barrier;
 mod data;
 mod hash;
+#[cfg(test)]
+mod hold_tests;
 mod invariants;
 mod lease_id;
 pub mod limits;

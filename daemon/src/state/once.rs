@@ -67,6 +67,31 @@ fn is_pending(reply: &Outcome) -> bool {
 }
 
 impl State {
+    /// A remembered grant's hold limit counts from when it was answered, and a repeat comes
+    /// later: it is answered with what is left of the hold now (1 ns once that hold is gone),
+    /// so a caller that counts from sending the repeat never counts past the hold's end.
+    fn hold_left_now(&self, cmd: &Cmd, reply: Outcome) -> Outcome {
+        let Outcome::Acquire(mut r) = reply else {
+            return reply;
+        };
+        if let AcquireStatus::Acquired { token, hold_ns } = r.status
+            && hold_ns > 0
+        {
+            let left = match cmd.unwrapped() {
+                Cmd::Acquire { ns, sem, lease, .. } => self
+                    .holder(ns, sem, lease)
+                    .filter(|h| h.token == token)
+                    .map(|h| h.hold_left_ns),
+                _ => None,
+            };
+            r.status = AcquireStatus::Acquired {
+                token,
+                hold_ns: left.filter(|l| *l > 0).unwrap_or(1),
+            };
+        }
+        Outcome::Acquire(r)
+    }
+
     /// Applies one command of a batch, recording in the request table what it settled.
     pub(super) fn apply_tracked(&mut self, cmd: &Cmd, events: &mut Vec<Event>) -> Reply {
         let start = events.len();
@@ -100,7 +125,8 @@ impl State {
                 )));
             }
             if !is_pending(&entry.reply) {
-                return Ok(entry.reply.clone());
+                let reply = entry.reply.clone();
+                return Ok(self.hold_left_now(cmd, reply));
             }
         }
         let result = self.apply(cmd, events);
@@ -167,6 +193,7 @@ impl State {
                     sem,
                     lease,
                     token,
+                    hold_ns,
                     ..
                 } => {
                     let waiter = (ns.clone(), sem.clone(), lease.clone());
@@ -176,7 +203,10 @@ impl State {
                             continue;
                         };
                         let reply = Outcome::AcquireLock(AcquireLockReply {
-                            status: AcquireStatus::Acquired { token: *token },
+                            status: AcquireStatus::Acquired {
+                                token: *token,
+                                hold_ns: 0,
+                            },
                             lock: namespace.lock_view(path),
                             reason: Contention::None,
                             blocking: Vec::new(),
@@ -193,7 +223,10 @@ impl State {
                     match view {
                         Some(semaphore) => {
                             let reply = Outcome::Acquire(AcquireReply {
-                                status: AcquireStatus::Acquired { token: *token },
+                                status: AcquireStatus::Acquired {
+                                    token: *token,
+                                    hold_ns: *hold_ns,
+                                },
                                 semaphore,
                             });
                             self.data.requests.settle_granted(&waiter, &reply);

@@ -42,7 +42,8 @@ enum GenCmd {
     CreateNamespace(usize),
     UpdateNamespace(usize, u64),
     DeleteNamespace(usize),
-    CreateSemaphore(usize, usize, u64),
+    /// Namespace, semaphore, permits, hold limit.
+    CreateSemaphore(usize, usize, u64, Nanos),
     UpdateSemaphore(usize, usize, u64, u64),
     /// Update with the semaphore's current version (so it can succeed).
     UpdateSemaphoreCurrent(usize, usize, u64),
@@ -50,7 +51,8 @@ enum GenCmd {
     CreateLease(usize, u64, usize),
     RefreshLease(usize, usize, u64),
     RevokeLease(usize, usize),
-    Acquire(usize, usize, usize, u64, Nanos),
+    /// Namespace, semaphore, lease slot, weight, wait, hold limit.
+    Acquire(usize, usize, usize, u64, Nanos, Nanos),
     Release(usize, usize, usize),
     /// Release by whichever lease is the k-th holder (mod count) of the semaphore.
     ReleaseHolder(usize, usize, usize),
@@ -121,6 +123,17 @@ fn wait_ns() -> impl Strategy<Value = Nanos> {
     ]
 }
 
+/// A hold limit: mostly none, sometimes a few seconds (so holds end within a history), rarely
+/// out of range.
+fn max_hold_ns() -> impl Strategy<Value = Nanos> {
+    prop_oneof![
+        12 => Just(0),
+        6 => (1..=20i64).prop_map(|s| s * S),
+        1 => Just(S - 1),
+        1 => Just(-S),
+    ]
+}
+
 fn permits() -> impl Strategy<Value = u64> {
     prop_oneof![30 => 1..=4u64, 1 => Just(0u64), 1 => Just(u64::MAX)]
 }
@@ -142,15 +155,15 @@ fn gen_cmd() -> impl Strategy<Value = GenCmd> {
         4 => ns_index().prop_map(GenCmd::CreateNamespace),
         2 => (ns_index(), 0..4u64).prop_map(|(n, v)| GenCmd::UpdateNamespace(n, v)),
         1 => ns_index().prop_map(GenCmd::DeleteNamespace),
-        12 => (ns_index(), sem_index(), permits()).prop_map(|(n, s, p)| GenCmd::CreateSemaphore(n, s, p)),
+        12 => (ns_index(), sem_index(), permits(), max_hold_ns()).prop_map(|(n, s, p, h)| GenCmd::CreateSemaphore(n, s, p, h)),
         3 => (ns_index(), sem_index(), permits()).prop_map(|(n, s, p)| GenCmd::UpdateSemaphoreCurrent(n, s, p)),
         6 => (ns_index(), sem_index(), permits(), 0..4u64).prop_map(|(n, s, p, v)| GenCmd::UpdateSemaphore(n, s, p, v)),
         2 => (ns_index(), sem_index()).prop_map(|(n, s)| GenCmd::DeleteSemaphore(n, s)),
         20 => (ns_index(), ttl_s(), 0..3usize).prop_map(|(n, t, p)| GenCmd::CreateLease(n, t, p)),
         20 => (ns_index(), lease_slot(), prop_oneof![Just(0u64), ttl_s()]).prop_map(|(n, l, t)| GenCmd::RefreshLease(n, l, t)),
         3 => (ns_index(), lease_slot()).prop_map(|(n, l)| GenCmd::RevokeLease(n, l)),
-        60 => (ns_index(), sem_index(), lease_slot(), weight(), wait_ns())
-            .prop_map(|(n, s, l, w, t)| GenCmd::Acquire(n, s, l, w, t)),
+        60 => (ns_index(), sem_index(), lease_slot(), weight(), wait_ns(), max_hold_ns())
+            .prop_map(|(n, s, l, w, t, h)| GenCmd::Acquire(n, s, l, w, t, h)),
         8 => (ns_index(), sem_index(), lease_slot()).prop_map(|(n, s, l)| GenCmd::Release(n, s, l)),
         16 => (ns_index(), sem_index(), 0..4usize).prop_map(|(n, s, k)| GenCmd::ReleaseHolder(n, s, k)),
         6 => (ns_index(), sem_index(), 0..4usize, give_up_deadline())
@@ -212,8 +225,8 @@ fn auth_cmd() -> impl Strategy<Value = Cmd> {
 /// A contended mix: one namespace, a few leases fighting over small semaphores.
 fn contended_cmd() -> impl Strategy<Value = GenCmd> {
     prop_oneof![
-        30 => (Just(0usize), 0..2usize, 0..4usize, 0..=3u64, prop_oneof![1 => Just(0i64), 4 => (1..=20i64).prop_map(|s| s * S)])
-            .prop_map(|(n, s, l, w, t)| GenCmd::Acquire(n, s, l, w, t)),
+        30 => (Just(0usize), 0..2usize, 0..4usize, 0..=3u64, prop_oneof![1 => Just(0i64), 4 => (1..=20i64).prop_map(|s| s * S)], max_hold_ns())
+            .prop_map(|(n, s, l, w, t, h)| GenCmd::Acquire(n, s, l, w, t, h)),
         12 => (Just(0usize), 0..2usize, 0..4usize).prop_map(|(n, s, k)| GenCmd::ReleaseHolder(n, s, k)),
         6 => (Just(0usize), 0..2usize, 0..4usize, give_up_deadline())
             .prop_map(|(n, s, k, d)| GenCmd::GiveUpWaiter(n, s, k, d)),
@@ -224,7 +237,7 @@ fn contended_cmd() -> impl Strategy<Value = GenCmd> {
         3 => Just(GenCmd::Expire),
         1 => Just(GenCmd::ExtendLeases),
         1 => (Just(0usize), 0..2usize).prop_map(|(n, s)| GenCmd::DeleteSemaphore(n, s)),
-        2 => (Just(0usize), 0..2usize, 1..=3u64).prop_map(|(n, s, p)| GenCmd::CreateSemaphore(n, s, p)),
+        2 => (Just(0usize), 0..2usize, 1..=3u64, max_hold_ns()).prop_map(|(n, s, p, h)| GenCmd::CreateSemaphore(n, s, p, h)),
     ]
 }
 
@@ -310,12 +323,13 @@ impl Harness {
                 expected_version: v,
             },
             GenCmd::DeleteNamespace(n) => Cmd::DeleteNamespace { name: ns(n) },
-            GenCmd::CreateSemaphore(n, s, p) => Cmd::CreateSemaphore {
+            GenCmd::CreateSemaphore(n, s, p, h) => Cmd::CreateSemaphore {
                 ns: ns(n),
                 name: sem(s),
                 description: String::new(),
                 permits: p,
                 metadata: Metadata::new(),
+                max_hold_ns: h,
             },
             GenCmd::UpdateSemaphore(n, s, p, v) => Cmd::UpdateSemaphore {
                 ns: ns(n),
@@ -324,6 +338,7 @@ impl Harness {
                 permits: p,
                 metadata: Metadata::new(),
                 expected_version: v,
+                max_hold_ns: None,
             },
             GenCmd::UpdateSemaphoreCurrent(n, s, p) => Cmd::UpdateSemaphore {
                 ns: ns(n),
@@ -334,6 +349,12 @@ impl Harness {
                 expected_version: unfiltered(state)
                     .get_semaphore(&ns(n), &sem(s))
                     .map_or(1, |v| v.version),
+                // Permits decide which of the three an update does to the hold limit.
+                max_hold_ns: match p % 3 {
+                    0 => None,
+                    1 => Some(0),
+                    _ => Some(p as Nanos * S),
+                },
             },
             GenCmd::DeleteSemaphore(n, s) => Cmd::DeleteSemaphore {
                 ns: ns(n),
@@ -358,13 +379,14 @@ impl Harness {
                 kind: LeaseKind::Semaphore,
                 lease: self.lease(&ns(n), l),
             },
-            GenCmd::Acquire(n, s, l, w, t) => Cmd::Acquire {
+            GenCmd::Acquire(n, s, l, w, t, h) => Cmd::Acquire {
                 ns: ns(n),
                 sem: sem(s),
                 lease: self.lease(&ns(n), l),
                 weight: w,
                 wait_ns: t,
                 metadata: [("pid".to_string(), l.to_string())].into(),
+                max_hold_ns: h,
             },
             GenCmd::Release(n, s, l) => Cmd::Release {
                 ns: ns(n),
@@ -636,6 +658,7 @@ fn check_command(
                 lease,
                 token,
                 weight,
+                ..
             } => {
                 let queue = model.get_mut(&(ns.clone(), sem.clone()));
                 prop_assert!(queue.is_some(), "grant on unknown queue {ns}/{sem}");
@@ -648,7 +671,7 @@ fn check_command(
                     let settles = matches!(
                         (cmd, reply),
                         (Cmd::Acquire { ns: n, sem: s, lease: l, .. },
-                         Ok(Outcome::Acquire(AcquireReply { status: AcquireStatus::Acquired { token: t }, .. })))
+                         Ok(Outcome::Acquire(AcquireReply { status: AcquireStatus::Acquired { token: t, .. }, .. })))
                             if n == ns && s == sem && l == lease && t == token
                     );
                     prop_assert!(
@@ -672,7 +695,7 @@ fn check_command(
     );
     let mut tokens = event_tokens.clone();
     if let Ok(Outcome::AcquireLock(AcquireLockReply {
-        status: AcquireStatus::Acquired { token },
+        status: AcquireStatus::Acquired { token, .. },
         ..
     })) = reply
         && !event_tokens.contains(token)
@@ -681,7 +704,7 @@ fn check_command(
         tokens.push(*token);
     }
     if let Ok(Outcome::Acquire(AcquireReply {
-        status: AcquireStatus::Acquired { token },
+        status: AcquireStatus::Acquired { token, .. },
         ..
     })) = reply
         && !event_tokens.contains(token)
@@ -720,7 +743,7 @@ fn check_command(
         .max()
         .unwrap_or(*last_token)
         .max(*last_token);
-    if let Ok(Outcome::GiveUp(GiveUpReply::Granted { token })) = reply {
+    if let Ok(Outcome::GiveUp(GiveUpReply::Granted { token, .. })) = reply {
         prop_assert!(
             *token <= *last_token,
             "give-up reports a token never handed out"
@@ -836,7 +859,7 @@ fn run_history(ops: &[Op]) -> Result<(), TestCaseError> {
     for n in 0..2 {
         prelude.push(GenCmd::CreateNamespace(n));
         for s in 0..3 {
-            prelude.push(GenCmd::CreateSemaphore(n, s, s as u64 + 1));
+            prelude.push(GenCmd::CreateSemaphore(n, s, s as u64 + 1, 0));
         }
         for p in 0..4 {
             prelude.push(GenCmd::CreateLease(n, 30, p % 3));
@@ -1018,7 +1041,7 @@ fn a_fixed_history_passes() {
     let ops = vec![
         g(vec![
             GenCmd::CreateNamespace(0),
-            GenCmd::CreateSemaphore(0, 0, 2),
+            GenCmd::CreateSemaphore(0, 0, 2, 0),
         ]),
         g(vec![
             GenCmd::CreateLease(0, 5, 0),
@@ -1026,12 +1049,12 @@ fn a_fixed_history_passes() {
             GenCmd::CreateLease(0, 10, 2),
         ]),
         g(vec![
-            GenCmd::Acquire(0, 0, 0, 2, 0),
-            GenCmd::Acquire(0, 0, 1, 1, 5 * S),
-            GenCmd::Acquire(0, 0, 2, 1, 5 * S),
+            GenCmd::Acquire(0, 0, 0, 2, 0, 0),
+            GenCmd::Acquire(0, 0, 1, 1, 5 * S, 0),
+            GenCmd::Acquire(0, 0, 2, 1, 5 * S, 0),
         ]),
         Op::Snapshot,
-        g(vec![GenCmd::Acquire(0, 0, 0, 1, 0)]),
+        g(vec![GenCmd::Acquire(0, 0, 0, 1, 0, 0)]),
         g(vec![
             GenCmd::GiveUp(0, 0, 2, GiveUpDeadline::Current),
             GenCmd::Release(0, 0, 0),
@@ -1060,19 +1083,19 @@ fn a_grant_while_reaping_then_a_reacquire_in_the_same_command() {
         b(
             0,
             vec![
-                GenCmd::Acquire(0, 1, 2, 0, 0),
-                GenCmd::Acquire(0, 1, 0, 2, 2 * S),
+                GenCmd::Acquire(0, 1, 2, 0, 0, 0),
+                GenCmd::Acquire(0, 1, 0, 2, 2 * S, 0),
             ],
         ),
         b(
             0,
             vec![
-                GenCmd::Acquire(0, 1, 1, 0, S),
-                GenCmd::Acquire(0, 1, 3, 2, S),
+                GenCmd::Acquire(0, 1, 1, 0, S, 0),
+                GenCmd::Acquire(0, 1, 3, 2, S, 0),
                 GenCmd::CreateLease(0, 7, 0),
             ],
         ),
-        b(0, vec![GenCmd::Acquire(0, 1, 0, 0, 7 * S)]),
+        b(0, vec![GenCmd::Acquire(0, 1, 0, 0, 7 * S, 0)]),
         b(-739_875_400, vec![]),
         b(
             0,
@@ -1085,10 +1108,10 @@ fn a_grant_while_reaping_then_a_reacquire_in_the_same_command() {
             0,
             vec![
                 GenCmd::CreateLease(0, 5, 0),
-                GenCmd::Acquire(0, 1, 2, 2, 6 * S),
+                GenCmd::Acquire(0, 1, 2, 2, 6 * S, 0),
             ],
         ),
-        b(1_739_875_400, vec![GenCmd::Acquire(0, 1, 1, 0, 0)]),
+        b(1_739_875_400, vec![GenCmd::Acquire(0, 1, 1, 0, 0, 0)]),
     ];
     if let Err(e) = run_history(&ops) {
         panic!("{e}");
@@ -1103,8 +1126,8 @@ fn auth_heavy_cmd() -> impl Strategy<Value = GenCmd> {
         6 => (ns_index(), ttl_s(), 0..3usize).prop_map(|(n, t, p)| GenCmd::CreateLease(n, t, p)),
         6 => (ns_index(), lease_slot(), prop_oneof![Just(0u64), ttl_s()]).prop_map(|(n, l, t)| GenCmd::RefreshLease(n, l, t)),
         2 => (ns_index(), lease_slot()).prop_map(|(n, l)| GenCmd::RevokeLease(n, l)),
-        6 => (ns_index(), sem_index(), lease_slot(), weight(), wait_ns())
-            .prop_map(|(n, s, l, w, t)| GenCmd::Acquire(n, s, l, w, t)),
+        6 => (ns_index(), sem_index(), lease_slot(), weight(), wait_ns(), max_hold_ns())
+            .prop_map(|(n, s, l, w, t, h)| GenCmd::Acquire(n, s, l, w, t, h)),
         10 => auth_cmd().prop_map(GenCmd::Auth),
         1 => ns_index().prop_map(GenCmd::CreateNamespace),
         1 => Just(GenCmd::Expire),

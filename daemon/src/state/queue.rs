@@ -26,18 +26,63 @@ impl Semaphore {
     }
 }
 
+/// The earlier of two instants or limits where 0 means none.
+fn earlier(a: Nanos, b: Nanos) -> Nanos {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (a, b) => a.min(b),
+    }
+}
+
+/// What a grant answers: its token and, on the lease clock, how long it may still hold.
+#[derive(Clone, Copy, Debug)]
+struct Grant {
+    token: u64,
+    hold_ns: Nanos,
+}
+
+impl Grant {
+    fn status(self) -> AcquireStatus {
+        AcquireStatus::Acquired {
+            token: self.token,
+            hold_ns: self.hold_ns,
+        }
+    }
+}
+
 impl Namespace {
     /// The one grant path: `seq` holds `weight` of `sem` from now with the next fencing token,
-    /// replacing any hold it had. A wait of `seq` on `sem` ends with this grant and is announced
-    /// as [`Event::Granted`]; a grant to a lease that was not queued is announced by the reply.
+    /// replacing any hold it had. The hold ends at the smaller of `max_hold_ns` (0: none) and
+    /// the semaphore's limit from now, or at the replaced hold's end if that is earlier: a
+    /// re-acquire never extends a hold. A wait of `seq` on `sem` ends with this grant and is
+    /// announced as [`Event::Granted`]; a grant to a lease that was not queued is announced by
+    /// the reply.
     fn grant(
         &mut self,
         sem_name: &str,
         seq: u64,
         weight: u64,
+        max_hold_ns: Nanos,
         metadata: Metadata,
         ctx: &mut Ctx,
-    ) -> u64 {
+    ) -> Grant {
+        let (limit, old_end) = self.semaphores().get(sem_name).map_or((0, 0), |sem| {
+            let old_end = sem.holders().get(&seq).map_or(0, |h| h.ends_at);
+            (earlier(sem.max_hold_ns, max_hold_ns), old_end)
+        });
+        let fresh_end = match limit {
+            0 => 0,
+            limit => ctx.clock_ns.saturating_add(limit),
+        };
+        let ends_at = earlier(old_end, fresh_end);
+        let hold_ns = match ends_at {
+            0 => 0,
+            end => end.saturating_sub(ctx.clock_ns),
+        };
+        let ends_wall = match ends_at {
+            0 => 0,
+            _ => ctx.wall_ns.saturating_add(hold_ns),
+        };
         let waiter = self.remove_waiter(sem_name, seq, ctx);
         let was_queued = waiter.is_some();
         ctx.tally.grants += 1;
@@ -52,6 +97,8 @@ impl Namespace {
             locked_at: ctx.wall_ns,
             metadata,
             token,
+            ends_at,
+            ends_wall,
         };
         self.add_holder(sem_name, seq, holder, ctx);
         if was_queued {
@@ -61,9 +108,10 @@ impl Namespace {
                 lease: self.lease_id(seq),
                 token,
                 weight,
+                hold_ns,
             });
         }
-        token
+        Grant { token, hold_ns }
     }
 
     /// Grants waiters of `sem` from the head while the head fits (strict FIFO).
@@ -82,8 +130,9 @@ impl Namespace {
             else {
                 return;
             };
-            let (weight, metadata) = (waiter.weight, waiter.metadata.clone());
-            self.grant(sem_name, seq, weight, metadata, ctx);
+            let (weight, max_hold_ns) = (waiter.weight, waiter.max_hold_ns);
+            let metadata = waiter.metadata.clone();
+            self.grant(sem_name, seq, weight, max_hold_ns, metadata, ctx);
         }
     }
 
@@ -165,12 +214,14 @@ impl Namespace {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn acquire(
         &mut self,
         sem_name: &str,
         id: &str,
         weight: u64,
         wait_ns: Nanos,
+        max_hold_ns: Nanos,
         metadata: &Metadata,
         ctx: &mut Ctx,
     ) -> Reply {
@@ -214,10 +265,10 @@ impl Namespace {
         // Re-acquire at the same or a lower weight: granted at once, with a new token. A pending
         // upgrade of this lease is settled by it.
         if held_weight.is_some_and(|held| weight <= held) {
-            let token = self.grant(sem_name, seq, weight, metadata.clone(), ctx);
+            let grant = self.grant(sem_name, seq, weight, max_hold_ns, metadata.clone(), ctx);
             self.touch(sem_name, wall);
             self.grant_from_head(sem_name, ctx);
-            return self.acquired(sem_name, token);
+            return self.acquired(sem_name, grant);
         }
 
         // Re-attach: keep the place in the queue, take the new weight and the later deadline.
@@ -227,7 +278,7 @@ impl Namespace {
             if let Some(deadline_ns) = deadline_ns {
                 let deadline_ns = deadline_ns.max(clock.saturating_add(wait_ns));
                 self.set_waiter_deadline(sem_name, seq, deadline_ns, ctx);
-                self.set_waiter_request(sem_name, seq, weight, metadata, ctx);
+                self.set_waiter_request(sem_name, seq, weight, max_hold_ns, metadata, ctx);
             }
             self.grant_from_head(sem_name, ctx);
             let sem = self.find_semaphore(sem_name)?;
@@ -238,6 +289,10 @@ impl Namespace {
                 (Some(_), _) => AcquireStatus::Unavailable,
                 (None, Some(holder)) => AcquireStatus::Acquired {
                     token: holder.token,
+                    hold_ns: match holder.ends_at {
+                        0 => 0,
+                        end => end.saturating_sub(clock),
+                    },
                 },
                 (None, None) => AcquireStatus::Unavailable,
             };
@@ -260,9 +315,9 @@ impl Namespace {
                     "holder quota reached: at most {HOLDERS_PER_SEMAPHORE_MAX} holders per semaphore"
                 )));
             }
-            let token = self.grant(sem_name, seq, weight, metadata.clone(), ctx);
+            let grant = self.grant(sem_name, seq, weight, max_hold_ns, metadata.clone(), ctx);
             self.touch(sem_name, wall);
-            return self.acquired(sem_name, token);
+            return self.acquired(sem_name, grant);
         }
         if wait_ns <= 0 {
             self.touch(sem_name, wall);
@@ -283,6 +338,7 @@ impl Namespace {
             queued_at: wall,
             deadline_ns,
             metadata: metadata.clone(),
+            max_hold_ns,
         };
         self.add_waiter(sem_name, seq, waiter, ctx);
         self.touch(sem_name, wall);
@@ -299,10 +355,10 @@ impl Namespace {
         }
     }
 
-    fn acquired(&self, sem_name: &str, token: u64) -> Reply {
+    fn acquired(&self, sem_name: &str, grant: Grant) -> Reply {
         let sem = self.find_semaphore(sem_name)?;
         Ok(Outcome::Acquire(AcquireReply {
-            status: AcquireStatus::Acquired { token },
+            status: grant.status(),
             semaphore: sem.view(sem_name),
         }))
     }
@@ -360,6 +416,10 @@ impl Namespace {
         match sem.holders().get(&seq) {
             Some(holder) => GiveUpReply::Granted {
                 token: holder.token,
+                hold_ns: match holder.ends_at {
+                    0 => 0,
+                    end => end.saturating_sub(ctx.clock_ns),
+                },
             },
             None => GiveUpReply::NotQueued,
         }

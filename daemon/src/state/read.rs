@@ -11,7 +11,7 @@
 use std::ops::Bound;
 
 use super::auth::TokenHash;
-use super::data::{Ctx, Lease, Namespace, Semaphore, State, Waiter, process_key};
+use super::data::{Ctx, Holder, Lease, Namespace, Semaphore, State, Waiter, process_key};
 use super::lease_id::{lease_id, parse_lease_id};
 use super::paging::paginate;
 use super::types::*;
@@ -86,6 +86,7 @@ impl Semaphore {
             created_at: self.created_at,
             updated_at: self.updated_at,
             last_activity_at: self.last_activity_at,
+            max_hold_ns: self.max_hold_ns,
         }
     }
 
@@ -100,6 +101,8 @@ impl Semaphore {
             locked_at: h.locked_at,
             metadata: h.metadata.clone(),
             token: h.token,
+            ends_at: h.ends_wall,
+            hold_left_ns: 0,
         })
     }
 }
@@ -224,6 +227,13 @@ impl Namespace {
                 .is_some_and(|l| l.expires_at > vis.now_ns)
     }
 
+    /// A hold shows while its lease lives and its hold limit has not passed.
+    fn holder_visible(&self, seq: u64, holder: &Holder, vis: Visibility) -> bool {
+        vis.everything
+            || ((holder.ends_at == 0 || holder.ends_at > vis.now_ns)
+                && self.lease_visible(seq, vis))
+    }
+
     fn waiter_visible(&self, seq: u64, waiter: &Waiter, vis: Visibility) -> bool {
         vis.everything || (waiter.deadline_ns > vis.now_ns && self.lease_visible(seq, vis))
     }
@@ -235,7 +245,7 @@ impl Namespace {
             let live: Vec<u64> = sem
                 .holders()
                 .iter()
-                .filter(|(seq, _)| self.lease_visible(**seq, vis))
+                .filter(|(seq, h)| self.holder_visible(**seq, h, vis))
                 .map(|(_, h)| h.weight)
                 .collect();
             view.active_holds = live.iter().fold(0u64, |sum, w| sum.saturating_add(*w));
@@ -353,7 +363,12 @@ impl State {
             semaphore
                 .holders_by_token()
                 .range((lo, hi))
-                .filter(move |(_, seq)| namespace.lease_visible(**seq, vis))
+                .filter(move |(_, seq)| {
+                    semaphore
+                        .holders()
+                        .get(seq)
+                        .is_some_and(|h| namespace.holder_visible(**seq, h, vis))
+                })
                 .filter_map(|(token, seq)| Some((*token, semaphore.holder_view(*seq, namespace)?)))
         })
     }
@@ -611,10 +626,22 @@ impl State {
                 locked_at: h.locked_at,
                 metadata: h.metadata.clone(),
                 token: h.token,
+                ends_at: 0,
+                hold_left_ns: 0,
                 owner: namespace.leases().get(&seq).and_then(|l| l.owner),
             });
         }
-        namespace.semaphores().get(sem)?.holder_view(seq, namespace)
+        let sem = namespace.semaphores().get(sem)?;
+        let mut view = sem.holder_view(seq, namespace)?;
+        if let Some(end) = sem
+            .holders()
+            .get(&seq)
+            .map(|h| h.ends_at)
+            .filter(|e| *e > 0)
+        {
+            view.hold_left_ns = end.saturating_sub(self.data.clock_ns).max(1);
+        }
+        Some(view)
     }
 
     /// The queued acquire of `lease` for `sem` (a semaphore, or a lock's wait object), if

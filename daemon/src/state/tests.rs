@@ -47,6 +47,7 @@ impl Timeline {
             description: String::new(),
             permits,
             metadata: none(),
+            max_hold_ns: 0,
         };
         match self.ok(cmd) {
             Outcome::Semaphore(v) => v,
@@ -81,6 +82,7 @@ impl Timeline {
             weight,
             wait_ns,
             metadata: none(),
+            max_hold_ns: 0,
         }
     }
 
@@ -94,7 +96,7 @@ impl Timeline {
     /// Acquires and expects the permits now; returns the fencing token.
     fn acquired(&mut self, sem: &str, lease: &str, weight: u64, wait_ns: Nanos) -> u64 {
         match self.acquire(sem, lease, weight, wait_ns).status {
-            AcquireStatus::Acquired { token } => token,
+            AcquireStatus::Acquired { token, .. } => token,
             other => panic!("expected Acquired, got {other:?}"),
         }
     }
@@ -162,6 +164,7 @@ fn granted(sem: &str, lease: &str, token: u64, weight: u64) -> Event {
         lease: lease.into(),
         token,
         weight,
+        hold_ns: 0,
     }
 }
 
@@ -478,6 +481,7 @@ fn semaphore_create_and_its_errors() {
         description: String::new(),
         permits,
         metadata: none(),
+        max_hold_ns: 0,
     };
     assert_eq!(t.err(create(NS, "db", 2)).kind, ErrorKind::AlreadyExists);
     let e = t.err(create("nope", "db", 2));
@@ -523,6 +527,7 @@ fn semaphore_update_checks_version_holds_and_waiters() {
         permits,
         metadata,
         expected_version,
+        max_hold_ns: None,
     };
     // t=1s  wrong version; below holds; below a waiter's weight -> InvalidArgument, no change
     t.at(S);
@@ -574,6 +579,7 @@ fn semaphore_update_checks_version_holds_and_waiters() {
             permits: 1,
             metadata: none(),
             expected_version: 1,
+            max_hold_ns: None,
         })
         .kind,
         ErrorKind::NotFound
@@ -594,6 +600,7 @@ fn semaphore_update_with_five_permits_fails_only_on_version() {
         permits: 5,
         metadata: none(),
         expected_version: 1,
+        max_hold_ns: None,
     };
     assert!(t.run(cmd).is_ok());
 }
@@ -731,6 +738,7 @@ fn semaphore_quota_is_resource_exhausted() {
         description: String::new(),
         permits: 1,
         metadata: none(),
+        max_hold_ns: 0,
     };
     for chunk in 0..(SEMAPHORES_PER_NAMESPACE_MAX / 10_000) {
         let cmds = (0..10_000).map(|i| sem(chunk * 10_000 + i)).collect();
@@ -1065,7 +1073,7 @@ fn acquire_grants_when_free_and_reports_unavailable_otherwise() {
     t.at(S);
     let tok1 = t.acquired("db", &l1, 0, 0);
     let r = t.acquire("db", &l2, 2, 0);
-    let AcquireStatus::Acquired { token: tok2 } = r.status else {
+    let AcquireStatus::Acquired { token: tok2, .. } = r.status else {
         panic!("{r:?}")
     };
     assert!(tok2 > tok1 && tok1 > 0);
@@ -1121,6 +1129,7 @@ fn acquire_errors_change_nothing() {
         weight: 1,
         wait_ns: 0,
         metadata: none(),
+        max_hold_ns: 0,
     });
     assert_eq!(e.message, "namespace x not found");
     assert_eq!(
@@ -1298,7 +1307,10 @@ fn reacquire_sets_the_weight_and_never_makes_a_second_holder() {
     assert_eq!(t.holders("db"), vec![hold(&l, 3)]);
     assert_eq!(
         t.give_up("db", &l, 11 * S),
-        GiveUpReply::Granted { token: h.token }
+        GiveUpReply::Granted {
+            token: h.token,
+            hold_ns: 0,
+        }
     );
 }
 
@@ -1321,7 +1333,10 @@ fn reacquire_at_a_lower_weight_settles_a_pending_upgrade() {
     assert_eq!(t.take_events(), vec![granted("db", &l, token, 1)]);
     assert_eq!(t.waiters("db"), vec![hold(&w, 1)]);
     // L gives up the (already settled) upgrade -> Granted with the current token
-    assert_eq!(t.give_up("db", &l, 10 * S), GiveUpReply::Granted { token });
+    assert_eq!(
+        t.give_up("db", &l, 10 * S),
+        GiveUpReply::Granted { token, hold_ns: 0 }
+    );
 }
 
 #[test]
@@ -1382,7 +1397,7 @@ fn reattach_with_a_lower_weight_can_be_granted_at_once() {
     t.take_events();
     // A re-attaches for 1 -> fits now -> Acquired, and its waiting caller hears the grant too
     let r = t.acquire("db", &a, 1, 0);
-    let AcquireStatus::Acquired { token } = r.status else {
+    let AcquireStatus::Acquired { token, .. } = r.status else {
         panic!("{r:?}")
     };
     assert_eq!(t.take_events(), vec![granted("db", &a, token, 1)]);
@@ -1635,7 +1650,10 @@ fn give_up_cases() {
     t.at(3 * S);
     t.release("db", &h);
     let token = t.state.holder(NS, "db", &b).expect("granted").token;
-    assert_eq!(t.give_up("db", &b, 10 * S), GiveUpReply::Granted { token });
+    assert_eq!(
+        t.give_up("db", &b, 10 * S),
+        GiveUpReply::Granted { token, hold_ns: 0 }
+    );
     assert_eq!(t.sem("db").active_holds, 1, "the grant is not leaked");
 }
 
@@ -1844,7 +1862,10 @@ fn extreme_times_and_inputs_do_not_panic() {
     t.ok(Cmd::ExtendLeases);
     assert_eq!(
         t.give_up("db", &l2.lease_id, i64::MIN),
-        GiveUpReply::Granted { token: 1 }
+        GiveUpReply::Granted {
+            token: 1,
+            hold_ns: 0,
+        }
     );
     t.at(i64::MAX);
     t.ok(Cmd::Expire);
@@ -2044,6 +2065,7 @@ fn a_batch_is_the_same_as_its_commands_one_by_one() {
             description: String::new(),
             permits: 1,
             metadata: none(),
+            max_hold_ns: 0,
         },
         Cmd::CreateLease {
             ns: NS.into(),
@@ -2392,6 +2414,7 @@ fn pinned_timeline() -> Timeline {
         description: "database slots".into(),
         permits: 3,
         metadata: meta("tier", "1"),
+        max_hold_ns: 3_600 * S,
     });
     t.create_sem("gone", 1);
     let a = t.create_lease_for("host-a/1", 30).lease_id;
@@ -2404,6 +2427,7 @@ fn pinned_timeline() -> Timeline {
         weight: 2,
         wait_ns: 0,
         metadata: meta("job", "42"),
+        max_hold_ns: 600 * S,
     });
     t.acquire("db", &b, 2, 20 * S);
     t.acquire("gone", &b, 1, 0);
@@ -2453,22 +2477,23 @@ fn the_hash_and_the_encoded_bytes_are_pinned() {
     const DATA: &str = concat!(
         "fc0094357703040202016e01016e0d746865206e616d65737061636501047465616d05696e667261",
         "fd00204aa9d1010000fd00204aa9d101000001010264620e646174616261736520736c6f74730104",
-        "7469657201310301fd00204aa9d1010000fd00204aa9d1010000fd00b47f20d2010000010102fd00",
-        "eae4e4d101000001036a6f620234320102010203fd00b47f20d2010000fd007841cb020000000002",
-        "0102fd00eae4e4d1010000fd00e40b54020000000002040108686f73742d612f3100fd00204aa9d1",
-        "010000fd005847f80d0000001e0007000208686f73742d622f3200fd00204aa9d1010000fd00c817",
-        "a8040000000a0007000308686f73742d632f3300fd00b47f20d2010000fd00b49417130000002800",
-        "77010408686f73742d632f3300fd00b47f20d2010000fd00b494171300000028007801fb1027fb10",
-        "27fca0860100fc00000004fb10270103612f62fd00b47f20d2010000010301fd00b47f20d2010000",
-        "01016b017603010104016100fd00b47f20d2010000fd00c817a80400000001016b0176010000056f",
-        "7468657202056f746865720000fd00204aa9d1010000fd00204aa9d1010000010000fb1027fb1027",
-        "fca0860100fc00000004fb102700000000000000fd00b47f20d20100000000000000fc00000020",
+        "7469657201310301fd00204aa9d1010000fd00204aa9d1010000fd00b47f20d2010000fd00407161",
+        "8c060000010102fd00eae4e4d101000001036a6f6202343201fd00aa2da117010000fd00ca774ae9",
+        "02000002010203fd00b47f20d2010000fd007841cb020000000000020102fd00eae4e4d1010000fd",
+        "00e40b5402000000000002040108686f73742d612f3100fd00204aa9d1010000fd005847f80d0000",
+        "001e0007000208686f73742d622f3200fd00204aa9d1010000fd00c817a8040000000a0007000308",
+        "686f73742d632f3300fd00b47f20d2010000fd00b4941713000000280077010408686f73742d632f",
+        "3300fd00b47f20d2010000fd00b494171300000028007801fb1027fb1027fca0860100fc00000004",
+        "fb10270103612f62fd00b47f20d2010000010301fd00b47f20d201000001016b0176030101040161",
+        "00fd00b47f20d2010000fd00c817a80400000001016b0176010000056f7468657202056f74686572",
+        "0000fd00204aa9d1010000fd00204aa9d1010000010000fb1027fb1027fca0860100fc00000004fb",
+        "102700000000000000fd00b47f20d20100000000000000fc00000020",
     );
     let t = pinned_timeline();
     let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let data = bincode_options().serialize(&t.state.data).expect("encodes");
     assert_eq!(hex(&data), DATA);
-    assert_eq!(t.state.hash(), 0x9182_84bd_68b1_9d20);
+    assert_eq!(t.state.hash(), 0xc644_5e39_4d58_b097);
     assert_eq!(
         fnv1a64(&data),
         t.state.hash(),
@@ -2637,6 +2662,7 @@ fn sem_with(name: &str, description: &str, metadata: Metadata) -> Cmd {
         description: description.into(),
         permits: 1,
         metadata,
+        max_hold_ns: 0,
     }
 }
 
@@ -2657,6 +2683,7 @@ fn stored_bytes_follow_the_size_model() {
         weight: 1,
         wait_ns: 0,
         metadata: meta("host", "a"),
+        max_hold_ns: 0,
     });
     let holder = ENTRY_BYTES + 5;
     let view = t.state.quotas(NS).expect("quotas");
@@ -2765,6 +2792,7 @@ fn the_byte_quota_counts_descriptions_metadata_and_updates() {
         permits: 1,
         metadata: none(),
         expected_version: 1,
+        max_hold_ns: None,
     };
     let e = t.err(update(&"d".repeat(101)));
     assert_eq!(e.kind, ErrorKind::ResourceExhausted);

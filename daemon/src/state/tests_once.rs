@@ -42,6 +42,7 @@ fn create_sem(name: &str, permits: u64) -> Cmd {
         description: String::new(),
         permits,
         metadata: Metadata::new(),
+        max_hold_ns: 0,
     }
 }
 
@@ -64,6 +65,7 @@ fn acquire(lease: &str, weight: u64, wait_ns: Nanos) -> Cmd {
         weight,
         wait_ns,
         metadata: Metadata::new(),
+        max_hold_ns: 0,
     }
 }
 
@@ -122,6 +124,7 @@ fn every_write_repeated_answers_its_first_reply_and_changes_nothing() {
             permits: 2,
             metadata: Metadata::new(),
             expected_version: 1,
+            max_hold_ns: None,
         },
     );
     let lease = match step(&mut t, "c-lease", create_lease(30)) {
@@ -253,7 +256,13 @@ fn a_queued_acquire_repeated_after_its_grant_sees_that_grant() {
     let Ok(reply) = t.run(b_acquire.clone()) else {
         panic!("repeat refused")
     };
-    assert_eq!(status(&reply), AcquireStatus::Acquired { token: granted });
+    assert_eq!(
+        status(&reply),
+        AcquireStatus::Acquired {
+            token: granted,
+            hold_ns: 0,
+        }
+    );
     t.repeat(b_acquire, &Ok(reply));
     assert_eq!(t.state.data.last_token, granted, "no second grant");
 }
@@ -369,7 +378,10 @@ fn an_acquire_retried_with_what_is_left_of_its_wait_is_the_same_request() {
     t.ok(release(&a));
     let granted = t.ok(once("b-acq", acquire(&b, 1, 9 * S)));
     let token = t.state.data.last_token;
-    assert_eq!(status(&granted), AcquireStatus::Acquired { token });
+    assert_eq!(
+        status(&granted),
+        AcquireStatus::Acquired { token, hold_ns: 0 }
+    );
     t.repeat(once("b-acq", acquire(&b, 1, 3 * S)), &Ok(granted));
     // A different weight is a different request.
     let err = t

@@ -58,6 +58,8 @@ pub enum Cmd {
         description: String,
         permits: u64,
         metadata: Metadata,
+        /// The longest a grant may hold it (0: no limit).
+        max_hold_ns: Nanos,
     },
     UpdateSemaphore {
         ns: String,
@@ -66,6 +68,8 @@ pub enum Cmd {
         permits: u64,
         metadata: Metadata,
         expected_version: u64,
+        /// A new hold limit for later grants (0: none); `None` keeps the current one.
+        max_hold_ns: Option<Nanos>,
     },
     /// Deletes the semaphore with its holders and waiters.
     DeleteSemaphore {
@@ -104,6 +108,9 @@ pub enum Cmd {
         weight: u64,
         wait_ns: Nanos,
         metadata: Metadata,
+        /// The longest this grant may hold (0: the semaphore's limit alone); the smaller of
+        /// this and the semaphore's wins.
+        max_hold_ns: Nanos,
     },
     /// Releases the lease's hold (and its place in the queue, if any).
     Release {
@@ -313,8 +320,11 @@ pub struct AcquireReply {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AcquireStatus {
-    /// The lease holds the permits; `token` is the grant's fencing token.
-    Acquired { token: u64 },
+    /// The lease holds the permits; `token` is the grant's fencing token. `hold_ns` is how
+    /// long the hold may still last on the lease clock when this reply was made, at most (0: no
+    /// hold limit); a caller that sent the command at `t` on its own monotonic clock must be
+    /// done by `t + hold_ns`.
+    Acquired { token: u64, hold_ns: Nanos },
     /// The lease waits in the queue until `deadline_ns` on the lease clock (possibly extended
     /// by a re-attach).
     Queued { deadline_ns: Nanos },
@@ -427,8 +437,9 @@ pub struct LockWaiterView {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GiveUpReply {
-    /// The grant committed before the give-up: the lease holds the permits.
-    Granted { token: u64 },
+    /// The grant committed before the give-up: the lease holds the permits, for at most
+    /// `hold_ns` more (0: no hold limit; as [`AcquireStatus::Acquired`]'s).
+    Granted { token: u64, hold_ns: Nanos },
     /// The waiter left the queue.
     Removed,
     /// The waiter stays: a later acquire re-attached with a later deadline.
@@ -496,6 +507,8 @@ pub enum Event {
         lease: String,
         token: u64,
         weight: u64,
+        /// The hold limit from the grant on (0: none), as [`AcquireStatus::Acquired`]'s.
+        hold_ns: Nanos,
     },
     WaitEnded {
         ns: String,
@@ -547,6 +560,8 @@ pub struct SemaphoreView {
     pub created_at: Nanos,
     pub updated_at: Nanos,
     pub last_activity_at: Nanos,
+    /// The longest a grant may hold it (0: no limit).
+    pub max_hold_ns: Nanos,
 }
 
 /// A namespace's quotas (see `quota.rs`).
@@ -610,6 +625,11 @@ pub struct HolderView {
     pub locked_at: Nanos,
     pub metadata: Metadata,
     pub token: u64,
+    /// When the hold ends whatever the lease does, on the wall clock (0: no hold limit).
+    pub ends_at: Nanos,
+    /// How long the hold may still last on the lease clock of the state read (0: no hold
+    /// limit; set by [`State::holder`](super::State::holder) only).
+    pub hold_left_ns: Nanos,
     /// The token that created the holder's lease (see [`LeaseView::owner`]); the API shows the
     /// lease id only to callers that may see that lease.
     pub owner: Option<u64>,

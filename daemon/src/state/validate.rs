@@ -131,6 +131,20 @@ pub fn wait_ns(value: Nanos) -> Result<(), Error> {
     }
 }
 
+/// A hold limit in nanoseconds, as commands carry it: 0 (none) or 1 s to 30 days.
+pub fn max_hold_ns(value: Nanos) -> Result<(), Error> {
+    const NANOS_PER_MS: Nanos = 1_000_000;
+    let min = MAX_HOLD_MIN_MS as Nanos * NANOS_PER_MS;
+    let max = MAX_HOLD_MAX_MS as Nanos * NANOS_PER_MS;
+    if value == 0 || (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "max_hold_ms must be 0 (no hold limit) or between {MAX_HOLD_MIN_MS} and {MAX_HOLD_MAX_MS}"
+        )))
+    }
+}
+
 fn timeout_error() -> Error {
     Error::invalid(format!(
         "timeout_seconds must be between 0 and {TIMEOUT_MAX_S}"
@@ -299,6 +313,7 @@ mod tests {
                 weight,
                 wait_ns,
                 metadata: Metadata::new(),
+                max_hold_ns: 0,
             };
         assert!(acquire("n", "s", "l", 0, 0).validate().is_ok());
         let m = |c: Cmd| message(c.validate());
@@ -319,6 +334,7 @@ mod tests {
             description: String::new(),
             permits: 0,
             metadata: Metadata::new(),
+            max_hold_ns: 0,
         };
         assert!(m(sem).starts_with("permits "));
         let lease = Cmd::CreateLease {

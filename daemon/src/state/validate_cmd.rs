@@ -40,6 +40,7 @@ impl Cmd {
                 description: d,
                 permits: p,
                 metadata: m,
+                max_hold_ns: hold,
             }
             | Cmd::UpdateSemaphore {
                 ns,
@@ -47,6 +48,23 @@ impl Cmd {
                 description: d,
                 permits: p,
                 metadata: m,
+                max_hold_ns: Some(hold),
+                ..
+            } => {
+                name(NAMESPACE_NAME, ns)?;
+                name(SEMAPHORE_NAME, n)?;
+                description(d)?;
+                permits(*p)?;
+                max_hold_ns(*hold)?;
+                metadata(m)
+            }
+            Cmd::UpdateSemaphore {
+                ns,
+                name: n,
+                description: d,
+                permits: p,
+                metadata: m,
+                max_hold_ns: None,
                 ..
             } => {
                 name(NAMESPACE_NAME, ns)?;
@@ -93,12 +111,14 @@ impl Cmd {
                 weight: w,
                 wait_ns: wait,
                 metadata: m,
+                max_hold_ns: hold,
             } => {
                 name(NAMESPACE_NAME, ns)?;
                 name(SEMAPHORE_NAME, sem)?;
                 lease_id(lease)?;
                 weight(*w)?;
                 wait_ns(*wait)?;
+                max_hold_ns(*hold)?;
                 metadata(m)
             }
             Cmd::Release { ns, sem, lease } => {

@@ -57,10 +57,11 @@ impl GrackleService {
         let message = match (reply.status, ticket) {
             (AcquireStatus::Acquired { .. }, _) => convert::acquire_lock(reply),
             (AcquireStatus::Queued { deadline_ns }, Some(ticket)) => {
-                let token =
+                let granted =
                     wait::wait_for_grant(&self.node, key.clone(), ticket, deadline_ns, index)
                         .await
                         .map_err(ApiError::from)?;
+                let token = granted.map(|g| g.token);
                 let mut answer = self.answer_wait(&key, &r.lock_name, token, reply)?;
                 self.hide_lease_ids(&caller, &ns, &mut answer);
                 convert::acquire_lock(answer)
@@ -87,7 +88,7 @@ impl GrackleService {
         let lock = self.node.applied.read(|s| s.get_lock(&key.ns, path))?;
         Ok(match token {
             Some(token) => AcquireLockReply {
-                status: AcquireStatus::Acquired { token },
+                status: AcquireStatus::Acquired { token, hold_ns: 0 },
                 lock,
                 reason: Contention::None,
                 blocking: Vec::new(),
