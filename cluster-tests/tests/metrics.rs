@@ -309,7 +309,11 @@ async fn nodes_on_one_host_get_their_own_default_metrics_ports() -> anyhow::Resu
     for name in ["a", "b"] {
         let (port, metrics) = port_with_free_metrics_port()?;
         let data = dir.path().join(name).display().to_string();
-        let daemon = cluster_tests::Daemon::spawn_on(port, &["--data-dir", &data], dir.path())?;
+        let daemon = cluster_tests::Daemon::spawn_on_with_default_metrics(
+            port,
+            &["--data-dir", &data],
+            dir.path(),
+        )?;
         nodes.push((daemon, format!("127.0.0.1:{metrics}")));
     }
     for (daemon, metrics) in &mut nodes {
