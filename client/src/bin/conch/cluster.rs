@@ -10,8 +10,6 @@
 //! The endpoints are asked first, then any member address they report that was not asked yet,
 //! so one endpoint is enough to see the whole cluster.
 
-use std::process::ExitCode;
-
 use conch_client::Client;
 use conch_client::proto::conch::ClusterStatusResponse;
 use serde::Serialize;
@@ -211,17 +209,9 @@ pub fn cluster_id_line(rows: &[Row]) -> Option<String> {
     }
 }
 
-/// The health-check codes, from the same verdict `conch cluster health` reaches
-/// ([`crate::health::evaluate`]): 0 healthy, 1 degraded (a leader a majority of voters follows,
-/// but something is wrong), 2 unhealthy (no node answered, no leader, or a node that says it
-/// leads but that no majority follows).
-pub fn exit_code(rows: &[Row]) -> ExitCode {
-    crate::health::evaluate(rows).exit_code()
-}
-
-/// `cluster status`: some node did not answer, but the leader did.
+/// `cluster status` and `cluster health`: degraded (see `health::evaluate`).
 pub const STATUS_DEGRADED: u8 = 1;
-/// `cluster status`: no node answered, or none that did is the leader.
+/// `cluster status` and `cluster health`: unhealthy (see `health::evaluate`).
 pub const STATUS_NO_LEADER: u8 = 2;
 
 async fn ask_all(client: &Client, endpoints: Vec<String>) -> Vec<Row> {
@@ -317,23 +307,6 @@ pub fn refusal(rows: &[Row]) -> Option<String> {
     })
 }
 
-pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
-    let rows = gather(client).await;
-    if let Some(refused) = refusal(&rows) {
-        eprintln!("conch: {refused}");
-        return Ok(ExitCode::from(crate::exit::NO_PERMISSION));
-    }
-    if json {
-        crate::print_lines([serde_json::to_string_pretty(&rows)?])?;
-    } else {
-        let mut lines = render_table(&rows);
-        lines.extend(cluster_id_line(&rows));
-        lines.push(crate::health::evaluate(&rows).summary);
-        crate::print_lines(lines)?;
-    }
-    Ok(exit_code(&rows))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,57 +365,6 @@ mod tests {
             ]
         );
         assert_eq!(cluster_id_line(&rows).as_deref(), Some("cluster id: none"));
-        assert_eq!(exit_code(&rows), ExitCode::from(STATUS_DEGRADED));
-        // Voter 3 gave no answer at all: down, as `cluster health` says.
-        assert_eq!(exit_code(&rows[..2]), ExitCode::from(STATUS_DEGRADED));
-        assert_eq!(exit_code(&rows[1..2]), ExitCode::from(STATUS_NO_LEADER));
-        assert_eq!(exit_code(&rows[2..]), ExitCode::from(STATUS_NO_LEADER));
-        assert_eq!(exit_code(&[]), ExitCode::from(STATUS_NO_LEADER));
-    }
-
-    /// A node that says it leads but that no majority follows (cut off from the others, still
-    /// believing it leads an old term) is trusted neither by `status` nor by `health`.
-    #[test]
-    fn a_leader_cut_off_from_the_others_is_not_trusted() {
-        let mut stale = node(1, "Leader");
-        let mut new_leader = node(2, "Leader");
-        let mut follower = node(3, "Follower");
-        for (row, leader, term) in [
-            (&mut stale, 1, 3),
-            (&mut new_leader, 2, 4),
-            (&mut follower, 2, 4),
-        ] {
-            let s = row.status.as_mut().expect("answered");
-            s.leader_id = leader;
-            s.term = term;
-        }
-        // Node 1 alone answers: it claims to lead, nobody follows it.
-        let alone = [
-            stale,
-            Row {
-                endpoint: "127.0.0.1:7002".into(),
-                status: None,
-                error: Some("connection refused".into()),
-                refused: false,
-            },
-            Row {
-                endpoint: "127.0.0.1:7003".into(),
-                status: None,
-                error: Some("connection refused".into()),
-                refused: false,
-            },
-        ];
-        let health = crate::health::evaluate(&alone);
-        assert_eq!(health.status, crate::health::Level::Unhealthy, "{health:?}");
-        assert_eq!(exit_code(&alone), ExitCode::from(STATUS_NO_LEADER));
-        assert_eq!(health.exit_code(), exit_code(&alone));
-        // With everyone answering, the leader of the highest term is the one both trust.
-        let [stale, ..] = alone;
-        let all = [stale, new_leader, follower];
-        let health = crate::health::evaluate(&all);
-        assert_eq!(health.leader, Some(2));
-        assert_eq!(health.status, crate::health::Level::Degraded, "{health:?}");
-        assert_eq!(exit_code(&all), ExitCode::from(STATUS_DEGRADED));
     }
 
     #[test]

@@ -244,7 +244,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Cluster {
             command: ClusterCommand::Status { json },
-        } => cluster::status(&client, json).await,
+        } => health::status(&client, json).await,
         Command::Cluster { command } => cluster_admin::change(&client, command).await,
         Command::Auth { command } => auth::run(&client, command).await,
         Command::Elect(args) if args.who => elect::who(&client, &args).await,
