@@ -5,7 +5,8 @@
 #                                         TLS and access control; certificates and the admin
 #                                         token made under DIR/certs if absent
 #   scripts/cluster.sh stop DIR           stops the nodes serving DIR/node1-3: those recorded in
-#                                         DIR/pids and any restarted there by hand
+#                                         DIR/pids and any restarted there by hand (found by the
+#                                         pid each node writes into DIR/nodeN/LOCK)
 # CONCH_CLUSTER_PORT sets the first port (default 7001; the nodes take it and the next two).
 # CONCH_METRICS_PORT sets the first Prometheus metrics port (default 7101; 0: any free port).
 set -euo pipefail
@@ -99,12 +100,25 @@ stop)
       fi
     done
   fi
-  for proc in /proc/[0-9]*; do
-    pid=${proc#/proc/}
+  # A node writes its pid into DIR/nodeN/LOCK and keeps that file open (locked) while it runs,
+  # however it was started (relative path, CONCH_DATA_DIR, a config file): the pid counts if
+  # that process has the very file open, so a stale pid reused by another program does not.
+  holds_lock() {
+    local fd
+    for fd in /proc/"$1"/fd/*; do
+      [ "$(readlink "$fd" 2>/dev/null)" = "$2" ] && return 0
+    done
+    return 1
+  }
+  realdir=$(cd "$dir" 2>/dev/null && pwd -P || echo "$dir")
+  for lock in "$realdir"/node[0-9]*/LOCK; do
+    [ -s "$lock" ] || continue
+    pid=$(tr -dc '0-9' <"$lock" 2>/dev/null | head -c 10)
+    [ -n "$pid" ] || continue
     alive "$pid" || continue
     case " ${targets[*]-} " in *" $pid "*) continue ;; esac
-    if tr '\0' ' ' <"$proc/cmdline" 2>/dev/null | grep -q -- "--data-dir $dir/node[0-9]"; then
-      echo "cluster: pid $pid serves a node of $dir but was started by hand; stopping it too"
+    if holds_lock "$pid" "$lock"; then
+      echo "cluster: pid $pid serves ${lock%/LOCK} but was started by hand; stopping it too"
       targets+=("$pid")
     fi
   done

@@ -3,7 +3,8 @@
 //! Every variant names the operation that failed (`"get semaphore"`, `"refresh lease"`, ...), so
 //! `Display` alone makes a useful one-line message. gRPC statuses are mapped by [`Error::from_status`]
 //! following conch's status table: absent things are `NotFound`, duplicates `AlreadyExists`, bad
-//! input `InvalidArgument`, quotas `ResourceExhausted`; `Unavailable` is only returned after every
+//! input `InvalidArgument`, a request the cluster's present state does not allow
+//! `FailedPrecondition`, quotas `ResourceExhausted`; `Unavailable` is only returned after every
 //! endpoint was tried.
 
 use std::time::Duration;
@@ -81,6 +82,16 @@ pub enum Error {
         /// The operation.
         op: &'static str,
         /// The server's (or the client's own validation) message.
+        message: String,
+    },
+    /// The request is valid, but the cluster's present state does not allow it (a learner
+    /// address that is not an empty node or one of this cluster, a leadership transfer that did
+    /// not happen, access control that cannot be turned on yet); the message says why.
+    #[error("{op}: failed precondition: {message}")]
+    FailedPrecondition {
+        /// The operation.
+        op: &'static str,
+        /// The server's message.
         message: String,
     },
     /// The thing to create exists already.
@@ -162,9 +173,8 @@ impl Error {
         let message = status.message().to_string();
         match status.code() {
             Code::NotFound => Error::NotFound { op, message },
-            Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
-                Error::InvalidArgument { op, message }
-            }
+            Code::InvalidArgument | Code::OutOfRange => Error::InvalidArgument { op, message },
+            Code::FailedPrecondition => Error::FailedPrecondition { op, message },
             Code::AlreadyExists => Error::AlreadyExists { op, message },
             Code::ResourceExhausted => Error::ResourceExhausted { op, message },
             _ => Error::Other {
@@ -180,6 +190,7 @@ impl Error {
             Error::Unavailable { .. } => Some(Code::Unavailable),
             Error::NotFound { .. } => Some(Code::NotFound),
             Error::InvalidArgument { .. } => Some(Code::InvalidArgument),
+            Error::FailedPrecondition { .. } => Some(Code::FailedPrecondition),
             Error::AlreadyExists { .. } => Some(Code::AlreadyExists),
             Error::ResourceExhausted { .. } => Some(Code::ResourceExhausted),
             Error::Timeout { .. } => Some(Code::DeadlineExceeded),
@@ -257,6 +268,16 @@ mod tests {
         );
         assert!(matches!(e, Error::InvalidArgument { .. }));
         assert_eq!(e.code(), Some(Code::InvalidArgument));
+
+        let e = Error::from_status(
+            "add learner",
+            Status::failed_precondition("it is a node of another cluster"),
+        );
+        assert_eq!(e.code(), Some(Code::FailedPrecondition));
+        assert_eq!(
+            e.to_string(),
+            "add learner: failed precondition: it is a node of another cluster"
+        );
 
         let e = Error::from_status("create namespace", Status::already_exists("conch"));
         assert!(e.is_already_exists());

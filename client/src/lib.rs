@@ -20,8 +20,9 @@
 //!   call carries `authorization: Bearer <token>` (added by a tonic interceptor).
 //!
 //! Invariants this crate keeps:
-//! - a lease is reported lost no later than `ttl − max(1s, ttl/5)` after the send time of its
-//!   last successful refresh ([`loss_after`]), and a lost lease never comes back;
+//! - a lease is reported lost no later than [`loss_after`]`(ttl)` = `ttl − min(max(1s, ttl/5),
+//!   ttl/2)` after the send time of its last successful refresh (the one function the keep-alive
+//!   uses; for TTLs under 2 s the margin is half the TTL), and a lost lease never comes back;
 //! - while an acquire waits, some in-flight RPC always covers the waiter's server-side
 //!   deadline (unless every node is unreachable), so the waiter keeps its queue position;
 //! - only RPCs that are safe to repeat are retried (see [`client`] for the

@@ -225,9 +225,14 @@ impl Cluster {
                 data_dir.display().to_string(),
                 "--initial-cluster".into(),
                 initial_cluster.clone(),
-                "--log".into(),
-                std::env::var("CONCH_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
             ];
+            // The tests' log filter, unless the test gives its own.
+            if !extra_args.iter().any(|a| a == "--log") {
+                args.extend([
+                    "--log".into(),
+                    std::env::var("CONCH_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+                ]);
+            }
             if proxied {
                 let routes = ids
                     .iter()

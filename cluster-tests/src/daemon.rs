@@ -45,12 +45,35 @@ impl Daemon {
         env: &[(&str, &str)],
         sockets: Vec<(&'static str, Port)>,
     ) -> anyhow::Result<Daemon> {
+        Self::spawn_inner(args, cwd, env, sockets, false)
+    }
+
+    /// Like [`Daemon::spawn_on`], with conchd's own default metrics address (the client port
+    /// + 100) instead of the any-free-port the harness gives every other node.
+    pub fn spawn_on_with_default_metrics(
+        port: Port,
+        args: &[&str],
+        cwd: &Path,
+    ) -> anyhow::Result<Daemon> {
+        Self::spawn_inner(args, cwd, &[], vec![("client", port)], true)
+    }
+
+    fn spawn_inner(
+        args: &[&str],
+        cwd: &Path,
+        env: &[(&str, &str)],
+        sockets: Vec<(&'static str, Port)>,
+        default_metrics: bool,
+    ) -> anyhow::Result<Daemon> {
         static SPAWNED: AtomicU64 = AtomicU64::new(0);
         let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
         let stdout_path = cwd.join(format!("conchd-{}-{n}.out", std::process::id()));
         let stderr_path = stdout_path.with_extension("err");
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         let mut command = conchd_command(&args);
+        if default_metrics {
+            command.env_remove("CONCH_METRICS_LISTEN");
+        }
         command
             .envs(env.iter().copied())
             .current_dir(cwd)

@@ -536,3 +536,62 @@ async fn a_fourth_node_joins_as_a_learner_then_votes() -> anyhow::Result<()> {
     assert!(String::from_utf8_lossy(&snapshot.stdout).contains("snapshot at log index"));
     Ok(())
 }
+
+/// An ordinary restart of one node is quiet on the others with conchd's default log filter: no
+/// ERROR line (openraft logs one per failed retry, twice a second, which the default filter
+/// leaves out), and the unreachable peer said in one WARN line per interval, counting the failed
+/// calls it stands for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarting_peer_is_one_warning_not_a_stream_of_errors() -> anyhow::Result<()> {
+    // conchd's default filter (`DEFAULT_LOG` in daemon/src/config.rs).
+    const DEFAULT_LOG: &str = "info,openraft=warn,openraft::replication=off,\
+                               openraft::engine::handler::replication_handler=error";
+    let mut cluster = Cluster::start_with(3, &["--log", DEFAULT_LOG]).await?;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    cluster.wait_for_agreement(Duration::from_secs(20)).await?;
+    let down = cluster
+        .ids()
+        .into_iter()
+        .find(|&id| id != leader)
+        .ok_or_else(|| anyhow::anyhow!("a follower"))?;
+    cluster.kill(down);
+    let said = format!("node={down}");
+    wait_for(
+        "the leader to say the peer is unreachable",
+        Duration::from_secs(20),
+        || async {
+            cluster
+                .log(leader)
+                .lines()
+                .any(|l| l.contains("peer unreachable") && l.contains(&said))
+                .then_some(())
+        },
+    )
+    .await?;
+    // Writes keep committing with two of three, each one a failed append to the node that is
+    // down.
+    let mut c = cluster.grackle(leader).await?;
+    for i in 0..20 {
+        ops::namespace(&mut c, &format!("quiet-{i}")).await?;
+    }
+    cluster.restart(down)?;
+    cluster.wait_for_agreement(Duration::from_secs(30)).await?;
+    for id in cluster.ids().into_iter().filter(|&id| id != down) {
+        let log = cluster.log(id);
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+        assert!(errors.is_empty(), "node {id} logged errors: {errors:#?}");
+        let warned: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("peer unreachable") && l.contains(&said))
+            .collect();
+        // One line per 30 s while it lasts: the test is shorter than two intervals.
+        assert!(warned.len() <= 2, "node {id}: {warned:#?}");
+        assert!(
+            warned
+                .iter()
+                .all(|l| l.contains("failed_calls_since_last_said")),
+            "{warned:#?}"
+        );
+    }
+    Ok(())
+}

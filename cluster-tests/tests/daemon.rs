@@ -146,6 +146,16 @@ async fn bad_flags_exit_64() -> anyhow::Result<()> {
         stderr.contains("set by the environment variable CONCH_ID"),
         "names the variable: {stderr}"
     );
+    // So does a value the configuration refuses after parsing it.
+    let mut daemon =
+        Daemon::spawn_with_env(&[], dir.path(), &[("CONCH_ADVERTISE", "0.0.0.0:7001")])?;
+    assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
+    let stderr = daemon.stderr();
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("(set by the environment variable CONCH_ADVERTISE)"),
+        "names the variable: {stderr}"
+    );
     let mut daemon = Daemon::spawn(&["--no-such-flag"], dir.path())?;
     assert_eq!(daemon.wait_exit(Duration::from_secs(20)).await?, Some(64));
     let stderr = daemon.stderr();

@@ -316,8 +316,11 @@ async fn exclusive_runs_on_one_path_never_overlap_and_their_tokens_increase() ->
         starts[0].rev > 0 && starts[1].rev > starts[0].rev,
         "CONCH_REV increases between holders: {starts:?}"
     );
-    let (code, _) = f.who(&["jobs/x"]).await?;
-    ensure!(code == 1, "--who exits 1 once nobody holds");
+    let (code, out) = f.who(&["jobs/x"]).await?;
+    ensure!(
+        code == 0 && out["holders"] == serde_json::json!([]),
+        "--who says nothing holds, and exits 0: {code} {out}"
+    );
     f.passed()
 }
 

@@ -228,7 +228,8 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
         text(&cli.stderr)
     );
     assert!(
-        text(&cli.stderr).contains("another cluster"),
+        text(&cli.stderr).contains("another cluster")
+            && text(&cli.stderr).contains("failed precondition"),
         "{}",
         text(&cli.stderr)
     );
@@ -238,7 +239,7 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
     let refused = admin
         .add_learner(AddLearnerRequest {
             node_id: 7,
-            addr: nowhere,
+            addr: nowhere.clone(),
         })
         .await
         .expect_err("nothing listening");
@@ -248,6 +249,18 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
         "{refused:?}"
     );
     assert!(refused.message().contains("nothing answer"), "{refused:?}");
+    // The CLI says the same status and exits as the README's table gives it (64).
+    let cli = conch(
+        &cluster.addr(leader),
+        &["cluster", "add-learner", "7", &nowhere],
+    )
+    .await?;
+    let said = text(&cli.stderr);
+    assert_eq!(cli.status.code(), Some(64), "{said}");
+    assert!(
+        said.contains("failed precondition") && said.contains("nothing answer"),
+        "{said}"
+    );
 
     // An empty node, but not the one named.
     let (_node8, addr8) = spawn_node(dir.path(), 8, &["--join"])?;
@@ -258,7 +271,7 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
     let refused = admin
         .add_learner(AddLearnerRequest {
             node_id: 9,
-            addr: addr8,
+            addr: addr8.clone(),
         })
         .await
         .expect_err("another node id");
@@ -270,6 +283,17 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
     assert!(
         refused.message().contains("node 8, not node 9"),
         "{refused:?}"
+    );
+    let cli = conch(
+        &cluster.addr(leader),
+        &["cluster", "add-learner", "9", &addr8],
+    )
+    .await?;
+    let said = text(&cli.stderr);
+    assert_eq!(cli.status.code(), Some(64), "{said}");
+    assert!(
+        said.contains("failed precondition") && said.contains("node 8, not node 9"),
+        "{said}"
     );
 
     // Nothing changed, and the leader was not disturbed.

@@ -279,3 +279,64 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     }
     names
 }
+
+/// A client port whose port + 100 (the default metrics port) is free now.
+fn port_with_free_metrics_port() -> anyhow::Result<(cluster_tests::Port, u16)> {
+    for _ in 0..100 {
+        let port = cluster_tests::Port::bind()?;
+        let client: u16 = port
+            .addr()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .context("a port number")?;
+        let Some(metrics) = client.checked_add(100) else {
+            continue;
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", metrics)).is_ok() {
+            return Ok((port, metrics));
+        }
+    }
+    anyhow::bail!("no client port with a free port 100 above it in 100 tries")
+}
+
+/// Two nodes on one host, started with no metrics flag, both serve /metrics: the default
+/// metrics address follows each node's client port (+100) instead of one fixed port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_on_one_host_get_their_own_default_metrics_ports() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut nodes = Vec::new();
+    for name in ["a", "b"] {
+        let (port, metrics) = port_with_free_metrics_port()?;
+        let data = dir.path().join(name).display().to_string();
+        let daemon = cluster_tests::Daemon::spawn_on_with_default_metrics(
+            port,
+            &["--data-dir", &data],
+            dir.path(),
+        )?;
+        nodes.push((daemon, format!("127.0.0.1:{metrics}")));
+    }
+    for (daemon, metrics) in &mut nodes {
+        let line = format!("metrics on http://{metrics}/metrics");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !daemon.stdout().contains(&line) {
+            anyhow::ensure!(
+                !daemon.has_exited(),
+                "the node on {metrics} exited: {}",
+                daemon.stderr()
+            );
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "no {line:?} within 20 s: {}",
+                daemon.stdout()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let scraped = scrape(metrics).await?;
+        anyhow::ensure!(
+            scraped.has_metric("conch_raft_term"),
+            "{metrics} serves conch's metrics"
+        );
+    }
+    Ok(())
+}

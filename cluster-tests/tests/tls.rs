@@ -787,3 +787,25 @@ async fn bad_tls_settings_exit_64_with_one_line() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A TLS node exports when its first certificate expires (the node certificates `conch certs`
+/// makes, 730 days from now; the CA lives longer), for the alert that says to rotate in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_node_exports_when_its_first_certificate_expires() -> anyhow::Result<()> {
+    use anyhow::Context;
+    let cluster = Cluster::start_opts(1, &[], true).await?;
+    let addr = cluster
+        .metrics_addr(1)
+        .context("node 1's metrics address")?;
+    let scraped = cluster_tests::scrape::scrape(&addr).await?;
+    let expiry = scraped.value("conch_tls_cert_expiry_timestamp_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
+    let leaf_end = now + f64::from(conch_client::certs::LEAF_DAYS) * 86_400.0;
+    anyhow::ensure!(
+        (expiry - leaf_end).abs() < 86_400.0,
+        "expiry {expiry}, the node certificate ends about {leaf_end}"
+    );
+    Ok(())
+}

@@ -71,6 +71,7 @@ pub struct Settings {
     pub metrics_listen: Option<String>,
     pub log_format: Option<String>,
     pub worker_threads: Option<usize>,
+    pub status_without_token: bool,
 }
 
 /// The same settings, read from a TOML file.
@@ -102,6 +103,7 @@ struct FileConfig {
     metrics_listen: Option<String>,
     log_format: Option<String>,
     worker_threads: Option<usize>,
+    status_without_token: Option<bool>,
 }
 
 /// Most worker threads `--worker-threads` accepts.
@@ -144,6 +146,8 @@ pub struct Config {
     /// Worker threads of the runtime `conchd` starts; `None`: one per CPU. (An embedding
     /// program runs the node on its own runtime.)
     pub worker_threads: Option<usize>,
+    /// Cluster status answers calls without a token (`--status-without-token`).
+    pub status_without_token: bool,
 }
 
 /// How log lines are written.
@@ -275,6 +279,8 @@ impl Config {
             flags.peer_crl.or(file.peer_crl),
         )?;
         let join = flags.join || file.join.unwrap_or(false);
+        let status_without_token =
+            flags.status_without_token || file.status_without_token.unwrap_or(false);
         if tls.as_ref().is_some_and(|t| !t.peer_mtls()) && (initial_cluster.len() > 1 || join) {
             return Err(ConfigError::Invalid(
                 "--tls-cert on a cluster of several nodes needs --peer-ca: nodes dial each other \
@@ -354,6 +360,7 @@ impl Config {
             metrics_listen,
             log_format,
             worker_threads,
+            status_without_token,
         })
     }
 }
@@ -1071,6 +1078,8 @@ mod tests {
                 err.to_string().contains("--bootstrap-admin-token-file"),
                 "{err}"
             );
+            // One line, words one space apart (no indentation of a continued string).
+            assert!(!err.to_string().contains("  "), "{err}");
         }
     }
 }

@@ -30,10 +30,11 @@ impl LogLimit {
     }
 }
 
-/// [`LogLimit`] per key (e.g. per peer).
+/// [`LogLimit`] per key (e.g. per peer), counting what it held back.
 pub struct LogLimits<K> {
     every: Duration,
-    last: Mutex<BTreeMap<K, Instant>>,
+    /// Per key: when a line last passed, and how many were held back since.
+    last: Mutex<BTreeMap<K, (Instant, u64)>>,
 }
 
 impl<K: Ord> LogLimits<K> {
@@ -44,15 +45,27 @@ impl<K: Ord> LogLimits<K> {
         }
     }
 
-    /// Whether to log for `key` now.
-    pub fn due(&self, key: K) -> bool {
+    /// `Some(n)` when a line for `key` is due now, `n` being how many were held back since the
+    /// last one (for "… (n more since)"); `None` when this one is held back.
+    pub fn due_counting(&self, key: K) -> Option<u64> {
+        self.due_counting_at(key, Instant::now())
+    }
+
+    fn due_counting_at(&self, key: K, now: Instant) -> Option<u64> {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        match last.get(&key) {
-            Some(at) if now.duration_since(*at) < self.every => false,
-            _ => {
-                last.insert(key, now);
-                true
+        match last.get_mut(&key) {
+            Some((at, held)) if now.saturating_duration_since(*at) < self.every => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
+                let since = std::mem::take(held);
+                *at = now;
+                Some(since)
+            }
+            None => {
+                last.insert(key, (now, 0));
+                Some(0)
             }
         }
     }
@@ -68,8 +81,38 @@ mod tests {
         assert!(limit.due());
         assert!(!limit.due());
         let limits = LogLimits::new(Duration::from_secs(3600));
-        assert!(limits.due(1));
-        assert!(limits.due(2));
-        assert!(!limits.due(1));
+        assert_eq!(limits.due_counting(1), Some(0));
+        assert_eq!(limits.due_counting(2), Some(0));
+        assert_eq!(limits.due_counting(1), None);
+    }
+
+    #[test]
+    fn a_held_back_line_is_counted_in_the_next_one() {
+        let limits = LogLimits::new(Duration::from_secs(30));
+        let t0 = Instant::now();
+        assert_eq!(limits.due_counting_at(2, t0), Some(0));
+        for i in 1..=59 {
+            // Twice a second, as openraft retries an unreachable peer.
+            assert_eq!(
+                limits.due_counting_at(2, t0 + Duration::from_millis(500 * i)),
+                None
+            );
+        }
+        assert_eq!(
+            limits.due_counting_at(3, t0 + Duration::from_secs(1)),
+            Some(0)
+        );
+        assert_eq!(
+            limits.due_counting_at(2, t0 + Duration::from_secs(30)),
+            Some(59)
+        );
+        assert_eq!(
+            limits.due_counting_at(2, t0 + Duration::from_secs(31)),
+            None
+        );
+        assert_eq!(
+            limits.due_counting_at(2, t0 + Duration::from_secs(60)),
+            Some(1)
+        );
     }
 }

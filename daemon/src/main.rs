@@ -76,7 +76,7 @@ fn main() -> ExitCode {
     let config = match configure(flags) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("conchd: {}", one_line(&e));
+            eprintln!("conchd: {}", blame_environment(&one_line(&e), &matches));
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -230,6 +230,31 @@ fn from_environment(e: &clap::Error) -> Option<String> {
     (!on_command_line && std::env::var_os(&variable).is_some()).then_some(variable)
 }
 
+/// A refused setting's message (which starts with the flag it is about, e.g. `--listen nowhere:
+/// …`), naming the environment variable the value came from when it came from one: the
+/// operator who set `CONCH_LISTEN` looks for that, not for a flag they never typed.
+fn blame_environment(message: &str, matches: &clap::ArgMatches) -> String {
+    let flag: String = message
+        .strip_prefix("--")
+        .map(|rest| {
+            rest.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect()
+        })
+        .unwrap_or_default();
+    let command = Flags::command();
+    let variable = command
+        .get_arguments()
+        .find(|a| !flag.is_empty() && a.get_long() == Some(flag.as_str()))
+        .filter(|a| matches.value_source(a.get_id().as_str()) == Some(ValueSource::EnvVariable))
+        .and_then(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned());
+    match variable {
+        Some(variable) => format!("{message} (set by the environment variable {variable})"),
+        None => message.to_string(),
+    }
+}
+
 /// The error and its causes on one line, each cause said once (a message that already quotes
 /// its cause does not repeat it).
 fn one_line(e: &anyhow::Error) -> String {
@@ -316,16 +341,29 @@ fn run(config: Arc<Config>, inherited: Inherited) -> anyhow::Result<()> {
 fn init_logging(filter: &str, format: LogFormat) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .with_context(|| format!("--log {filter:?}"))?;
-    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Text => builder.with_ansi(colour_on_stderr()).init(),
         // One JSON object per line: timestamp, level, target, message and fields at the top.
         LogFormat::Json => builder.json().flatten_event(true).with_ansi(false).init(),
     }
     Ok(())
+}
+
+/// Colour in log lines only on a terminal, and never with `NO_COLOR` set (no-color.org).
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
+/// Colour on a `terminal` unless `NO_COLOR` is set to anything but the empty string.
+fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Re-reads the node's TLS files on every SIGHUP, until aborted.
@@ -357,4 +395,67 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
             _ = int.recv() => tracing::info!("SIGINT: shutting down"),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every environment variable conchd reads is in the README's list of them.
+    #[test]
+    fn the_readme_lists_every_environment_variable() {
+        let readme = include_str!("../../README.md");
+        let list = readme
+            .split("Every flag has an environment variable")
+            .nth(1)
+            .and_then(|rest| rest.split("Precedence:").next())
+            .expect("the README's list of environment variables");
+        let command = Flags::command();
+        let mut checked = 0;
+        for arg in command.get_arguments() {
+            if let Some(variable) = arg.get_env() {
+                let variable = variable.to_string_lossy();
+                assert!(
+                    list.contains(&format!("`{variable}`")),
+                    "{variable} is not in the README's list"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 25, "{checked} variables");
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsStr::new(""))));
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None));
+    }
+
+    #[test]
+    fn a_refused_value_from_the_environment_names_the_variable() {
+        let matches = Flags::command()
+            .try_get_matches_from(["conchd", "--data-dir", "/x"])
+            .expect("parses");
+        assert_eq!(
+            blame_environment("--data-dir /x: is a file", &matches),
+            "--data-dir /x: is a file"
+        );
+        // SAFETY: no other test of this binary reads the environment or starts threads that do.
+        unsafe { std::env::set_var("CONCH_LISTEN", "nowhere") };
+        let matches = Flags::command().try_get_matches_from(["conchd"]);
+        unsafe { std::env::remove_var("CONCH_LISTEN") };
+        let matches = matches.expect("parses");
+        assert_eq!(
+            blame_environment("--listen nowhere: no such host", &matches),
+            "--listen nowhere: no such host (set by the environment variable CONCH_LISTEN)"
+        );
+        // A message about another flag blames nothing.
+        assert_eq!(
+            blame_environment("--advertise x: bad", &matches),
+            "--advertise x: bad"
+        );
+    }
 }

@@ -54,6 +54,9 @@ pub struct Metrics {
     pub waiting_calls: IntGauge,
     /// Connections closed at once because a listener had as many as it takes.
     pub connections_refused: IntCounter,
+    /// When the first certificate in use expires (seconds since the Unix epoch; 0 without TLS),
+    /// set at scrape time.
+    pub tls_expiry: IntGauge,
     gauges: Gauges,
 }
 
@@ -322,6 +325,12 @@ impl Metrics {
             "conch_connections_refused_total",
             "Connections closed at once because their listener had as many as it takes.",
         );
+        let tls_expiry = b.gauge(
+            "conch_tls_cert_expiry_timestamp_seconds",
+            "When the first certificate this node uses expires (its --tls-cert chain, the \
+             --client-ca and --peer-ca certificates), in seconds since the Unix epoch; 0 without \
+             TLS. Renew before then: an expired certificate is refused by clients and peers.",
+        );
         Metrics {
             registry: b.registry,
             log,
@@ -335,6 +344,7 @@ impl Metrics {
             leader_changes,
             waiting_calls,
             connections_refused,
+            tls_expiry,
             gauges,
         }
     }

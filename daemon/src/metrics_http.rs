@@ -94,5 +94,7 @@ fn render(node: &Node) -> Result<String, prometheus::Error> {
         let quotas = crate::metrics::QuotaGauges::new(budget, bytes, &state.all_quotas());
         (state.stats(), quotas)
     });
+    let tls_expiry = node.config.tls.as_ref().and_then(|t| t.earliest_expiry());
+    node.metrics.tls_expiry.set(tls_expiry.unwrap_or(0));
     node.metrics.render(&raft, &stats, &quotas)
 }

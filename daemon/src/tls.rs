@@ -130,6 +130,9 @@ struct Material {
     /// How this node dials and checks its peers, with `--peer-ca`.
     peer: Option<Peer>,
     stamp: Vec<Option<SystemTime>>,
+    /// When the first of the certificates in use expires (the `--tls-cert` chain and the CAs
+    /// of `--client-ca` and `--peer-ca`), in seconds since the Unix epoch.
+    expires_at: Option<i64>,
 }
 
 #[derive(Clone)]
@@ -341,6 +344,7 @@ impl Tls {
                     server: Arc::clone(&current.server),
                     peer: current.peer.clone(),
                     stamp,
+                    expires_at: current.expires_at,
                 };
                 *current = Arc::new(kept);
                 Err(e)
@@ -365,6 +369,13 @@ impl Tls {
             ),
         }
         result
+    }
+
+    /// When the first of the certificates in use expires, in seconds since the Unix epoch:
+    /// the `--tls-cert` chain and the CAs of `--client-ca` and `--peer-ca`. After a rotation,
+    /// the new files' (a refused new set leaves the old value, as it leaves the old files).
+    pub fn earliest_expiry(&self) -> Option<i64> {
+        self.material().expires_at
     }
 
     /// Whether node-to-node traffic is mutual TLS (`--peer-ca`).
@@ -518,8 +529,9 @@ fn build(files: &TlsFiles) -> Result<Material, TlsError> {
     let key = read_key(&files.key)?;
 
     let mut client_roots = RootCertStore::empty();
+    let mut client_cas = Vec::new();
     if let Some(path) = &files.client_ca {
-        read_roots("--client-ca", path, &mut client_roots)?;
+        client_cas = read_roots("--client-ca", path, &mut client_roots)?;
     }
     let mut peer_roots = RootCertStore::empty();
     let mut peer_cas = Vec::new();
@@ -537,6 +549,7 @@ fn build(files: &TlsFiles) -> Result<Material, TlsError> {
         }
         (None, _) => Vec::new(),
     };
+    let expires_at = earliest_not_after(certs.iter().chain(&client_cas).chain(&peer_cas));
 
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
@@ -617,7 +630,17 @@ fn build(files: &TlsFiles) -> Result<Material, TlsError> {
         server: Arc::new(server),
         peer,
         stamp,
+        expires_at,
     })
+}
+
+/// The earliest end of validity among `certs`, in seconds since the Unix epoch (certificates
+/// that cannot be read are left out; `read_certs` already refused those of the files).
+fn earliest_not_after<'a>(certs: impl Iterator<Item = &'a CertificateDer<'static>>) -> Option<i64> {
+    certs
+        .filter_map(|der| x509_parser::parse_x509_certificate(der).ok())
+        .map(|(_, cert)| cert.validity().not_after.timestamp())
+        .min()
 }
 
 /// Re-reads the files whenever they change (polled every [`POLL_INTERVAL`]), until the node
@@ -952,6 +975,46 @@ mod tests {
             peer_crl: crl.map(|crl| write("ca.crl", crl)),
         })
         .expect("valid TLS files")
+    }
+
+    /// A node certificate of `ca` for node 1 that expires at `not_after`.
+    fn leaf_until(ca: &Ca, not_after: time::OffsetDateTime) -> Leaf {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
+        params.extended_key_usages = NODE.to_vec();
+        params
+            .subject_alt_names
+            .push(SanType::URI("urn:conch:node:1".try_into().expect("ia5")));
+        params.not_after = not_after;
+        let cert = params.signed_by(&key, &ca.issuer()).expect("sign");
+        Leaf {
+            pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().clone(),
+        }
+    }
+
+    /// The expiry the metric exports is the first among the certificates in use, and follows
+    /// a rotation.
+    #[test]
+    fn the_earliest_expiry_is_the_first_certificate_to_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = Ca::new();
+        // Whole seconds: a certificate's validity has no finer resolution.
+        let now = time::OffsetDateTime::from_unix_timestamp(
+            time::OffsetDateTime::now_utc().unix_timestamp(),
+        )
+        .expect("now");
+        let soon = now + time::Duration::days(10);
+        let tls = load(dir.path(), &ca, &leaf_until(&ca, soon), None);
+        assert_eq!(tls.earliest_expiry(), Some(soon.unix_timestamp()));
+        // A renewed certificate copied in place: the next expiry is the new one's.
+        let later = now + time::Duration::days(400);
+        let renewed = leaf_until(&ca, later);
+        crate::private_file::write(&dir.path().join("node.crt"), &renewed.pem).expect("write");
+        crate::private_file::write(&dir.path().join("node.key"), &renewed.key_pem).expect("write");
+        assert_eq!(tls.reload(true).ok(), Some(true));
+        assert_eq!(tls.earliest_expiry(), Some(later.unix_timestamp()));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! # What a client believes it holds
 //!
-//! The lease rule of the conch CLI ([`conch_client::loss_after`], `L = ttl − max(1s, ttl/5)`):
+//! The lease rule of the conch CLI ([`conch_client::loss_after`],
+//! `L = ttl − min(max(1s, ttl/5), ttl/2)`):
 //! a lease created by a request sent at `s0` is believed alive until `s0 + L`; each refresh
 //! acknowledged *before* the current deadline moves it to `send time + L` (never back); a
 //! refresh acknowledged at or after the deadline comes too late (the lease is lost and stays

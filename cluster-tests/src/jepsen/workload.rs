@@ -14,8 +14,8 @@
 //!
 //! The lease rule is the CLI's ([`conch_client::loss_after`]): a client considers its lease
 //! lost, and stops considering itself a holder, once no refresh has been acknowledged for
-//! `ttl − max(1s, ttl/5)` after the *send* time of the last acknowledged one (or of the
-//! create); a refresh answered `NotFound` loses it at once. The keep-alive refreshes every
+//! `ttl − min(max(1s, ttl/5), ttl/2)` after the *send* time of the last acknowledged one (or of
+//! the create); a refresh answered `NotFound` loses it at once. The keep-alive refreshes every
 //! `ttl/4` (1 s per attempt, retried on another node after a failure). The checker applies
 //! the same rule to the history, so what it checks does not depend on the client's timing.
 

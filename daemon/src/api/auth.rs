@@ -99,6 +99,12 @@ impl Caller {
             .map_err(ApiError::from)
     }
 
+    /// Refuses the call only while access control is being set up (the admin token of
+    /// `--bootstrap-admin-token-file` not committed yet): for calls that need no token.
+    pub fn setting_up(&self, node: &Node) -> Result<(), ApiError> {
+        setting_up(node)
+    }
+
     /// Refuses the call unless its token is known (always allowed while off).
     pub fn authenticated(&self, node: &Node) -> Result<(), ApiError> {
         setting_up(node)?;

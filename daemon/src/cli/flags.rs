@@ -146,6 +146,13 @@ pub struct Flags {
     #[arg(long, env = "CONCH_WORKER_THREADS", help_heading = "Operations")]
     pub worker_threads: Option<usize>,
 
+    /// Answer cluster status (`conch cluster status`, `conch cluster health`) without a token,
+    /// as a health check needs no credentials. With access control on, status otherwise needs a
+    /// known token (any role). Status shows members, roles, terms and log indexes, nothing of
+    /// the namespaces.
+    #[arg(long, env = "CONCH_STATUS_WITHOUT_TOKEN", help_heading = "Operations")]
+    pub status_without_token: bool,
+
     /// A one-off task instead of serving (the flags above are then not used).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -181,6 +188,7 @@ impl Flags {
             metrics_listen: self.metrics_listen,
             log_format: self.log_format,
             worker_threads: self.worker_threads,
+            status_without_token: self.status_without_token,
         }
     }
 }

@@ -190,11 +190,12 @@ impl PeerConnection {
                     tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown => {
                         // Expected while a peer restarts: one line per interval, not openraft's
                         // line per retry (which the default log filter leaves out).
-                        if self.unreachable.due(self.target) {
+                        if let Some(held_back) = self.unreachable.due_counting(self.target) {
                             tracing::warn!(
                                 node = self.target,
                                 addr = %self.node.addr,
                                 error = status.message(),
+                                failed_calls_since_last_said = held_back,
                                 "peer unreachable; retrying (said again every {} s while it lasts)",
                                 UNREACHABLE_LOG_EVERY.as_secs()
                             );

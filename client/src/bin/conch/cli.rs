@@ -585,8 +585,8 @@ pub struct SemaArgs {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
     pub kill_after: Duration,
 
-    /// Show who holds the slots and who waits, in grant and queue order; exit 0 if anyone
-    /// holds, 1 if nobody does.
+    /// Show who holds the slots and who waits, in grant and queue order, or "no holder"; exit
+    /// 0 either way.
     #[arg(long, conflicts_with_all = ["wait", "nonblock", "spread", "command"])]
     pub who: bool,
 
@@ -689,8 +689,8 @@ pub struct LockArgs {
     pub kill_after: Duration,
 
     /// Show the holds on the path, its ancestors and descendants, the acquires queued there,
-    /// and what an acquire of the path (exclusive, or --shared) would wait for; exit 0 if
-    /// anything there is held, 1 if nothing is.
+    /// and what an acquire of the path (exclusive, or --shared) would wait for, or that nothing
+    /// is held there; exit 0 either way.
     #[arg(long, conflicts_with_all = ["wait", "nonblock", "command"])]
     pub who: bool,
 
@@ -781,8 +781,8 @@ pub struct ElectArgs {
     #[arg(long, value_name = "DURATION", value_parser = wait_arg)]
     pub wait: Option<Wait>,
 
-    /// Show the leader, then the candidates in the order they would take over; exit 0 if
-    /// there is a leader, 1 if there is none.
+    /// Show the leader, then the candidates in the order they would take over, or "no
+    /// leader"; exit 0 either way.
     #[arg(long, conflicts_with_all = ["observe", "value", "wait", "command"])]
     pub who: bool,
 

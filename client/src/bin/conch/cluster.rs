@@ -10,8 +10,6 @@
 //! The endpoints are asked first, then any member address they report that was not asked yet,
 //! so one endpoint is enough to see the whole cluster.
 
-use std::process::ExitCode;
-
 use conch_client::Client;
 use conch_client::proto::conch::ClusterStatusResponse;
 use serde::Serialize;
@@ -211,25 +209,9 @@ pub fn cluster_id_line(rows: &[Row]) -> Option<String> {
     }
 }
 
-/// The health-check codes: 0 if every node answered and one of them is the leader, 1 if some
-/// did not answer but a leader did, 2 if no node answered or none of them is the leader.
-pub fn exit_code(rows: &[Row]) -> ExitCode {
-    let answered: Vec<&NodeStatus> = rows.iter().filter_map(|r| r.status.as_ref()).collect();
-    let leader = answered
-        .iter()
-        .any(|s| s.leader_id != 0 && s.leader_id == s.node_id);
-    if !leader {
-        ExitCode::from(STATUS_NO_LEADER)
-    } else if answered.len() < rows.len() {
-        ExitCode::from(STATUS_DEGRADED)
-    } else {
-        ExitCode::SUCCESS
-    }
-}
-
-/// `cluster status`: some node did not answer, but the leader did.
+/// `cluster status` and `cluster health`: degraded (see `health::evaluate`).
 pub const STATUS_DEGRADED: u8 = 1;
-/// `cluster status`: no node answered, or none that did is the leader.
+/// `cluster status` and `cluster health`: unhealthy (see `health::evaluate`).
 pub const STATUS_NO_LEADER: u8 = 2;
 
 async fn ask_all(client: &Client, endpoints: Vec<String>) -> Vec<Row> {
@@ -325,22 +307,6 @@ pub fn refusal(rows: &[Row]) -> Option<String> {
     })
 }
 
-pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
-    let rows = gather(client).await;
-    if let Some(refused) = refusal(&rows) {
-        eprintln!("conch: {refused}");
-        return Ok(ExitCode::from(crate::exit::NO_PERMISSION));
-    }
-    if json {
-        crate::print_lines([serde_json::to_string_pretty(&rows)?])?;
-    } else {
-        let mut lines = render_table(&rows);
-        lines.extend(cluster_id_line(&rows));
-        crate::print_lines(lines)?;
-    }
-    Ok(exit_code(&rows))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,11 +365,6 @@ mod tests {
             ]
         );
         assert_eq!(cluster_id_line(&rows).as_deref(), Some("cluster id: none"));
-        assert_eq!(exit_code(&rows), ExitCode::from(STATUS_DEGRADED));
-        assert_eq!(exit_code(&rows[..2]), ExitCode::SUCCESS);
-        assert_eq!(exit_code(&rows[1..2]), ExitCode::from(STATUS_NO_LEADER));
-        assert_eq!(exit_code(&rows[2..]), ExitCode::from(STATUS_NO_LEADER));
-        assert_eq!(exit_code(&[]), ExitCode::from(STATUS_NO_LEADER));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::exit;
 pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<ExitCode> {
     let opts = client.default_options();
     match command {
-        ClusterCommand::Status { json } => crate::cluster::status(client, json).await,
+        ClusterCommand::Status { json } => crate::health::status(client, json).await,
         ClusterCommand::Health { json } => crate::health::run(client, json).await,
         ClusterCommand::AddLearner { id, addr } => {
             let r = client

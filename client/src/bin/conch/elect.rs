@@ -142,13 +142,14 @@ pub async fn who(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> 
     if args.json {
         crate::print_lines([serde_json::to_string_pretty(&election)?])?;
     } else {
-        crate::print_lines(render_lines(&election))?;
+        let mut lines = render_lines(&election);
+        if lines.is_empty() {
+            lines.push(format!("{} no leader", election.name));
+        }
+        crate::print_lines(lines)?;
     }
-    Ok(if election.leader.is_some() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    // Exit 0 with a leader or without: the question was answered.
+    Ok(ExitCode::SUCCESS)
 }
 
 /// One `--observe` record.

@@ -3,8 +3,9 @@
 //! | code | meaning |
 //! | --- | --- |
 //! | the command's | the command ran; 128+N if it was killed by signal N |
-//! | 0 / 1 | `--who`: somebody holds / nobody holds; `wait-group wait`: completed / expired |
-//! | 0 / 1 / 2 | `wait-group status`: completed / expired / active; `cluster status`: every node up with a leader / degraded, the leader answered / no leader or no node answered |
+//! | 0 | `--who`: the answer was printed, whether anyone holds or nobody does |
+//! | 0 / 1 | `wait-group wait`: completed / expired |
+//! | 0 / 1 / 2 | `wait-group status`: completed / expired / active; `cluster status`, `cluster health`: healthy / degraded / unhealthy |
 //! | 64 | usage error (EX_USAGE): a bad flag or value, or a request the cluster refuses as invalid or not possible now (`INVALID_ARGUMENT`, `FAILED_PRECONDITION`), including `--token` on the command line and a `--token-file` or `--key` that group or others may read |
 //! | 65 | the cluster refused what was asked: something named does not exist (`NOT_FOUND`) or already exists (`ALREADY_EXISTS`) (EX_DATAERR) |
 //! | 69 | no conch node answered (EX_UNAVAILABLE) |
@@ -64,23 +65,33 @@ pub fn code_for(err: &anyhow::Error) -> u8 {
 fn code_for_client_error(e: &conch_client::Error) -> u8 {
     use conch_client::Error as E;
     match e {
-        E::InvalidEndpoint { .. } | E::InvalidArgument { .. } | E::InvalidTls { .. } => USAGE,
-        E::Unavailable { .. } | E::Timeout { .. } => UNAVAILABLE,
-        // A full queue or namespace: no slot now, try later.
-        E::ResourceExhausted { .. } => NO_SLOT,
+        // Problems with what this side was given, before any node was asked.
+        E::InvalidEndpoint { .. } | E::InvalidTls { .. } | E::InvalidToken { .. } => USAGE,
         E::LeaseLost { .. } => NO_SLOT,
-        E::Other { status, .. } if status.code() == Code::DeadlineExceeded => UNAVAILABLE,
-        E::Other { status, .. }
-            if matches!(
-                status.code(),
-                Code::Unauthenticated | Code::PermissionDenied
-            ) =>
-        {
-            NO_PERMISSION
-        }
-        E::NotFound { .. } | E::AlreadyExists { .. } => REFUSED,
-        E::InvalidToken { .. } => USAGE,
-        _ => SOFTWARE,
+        E::Protocol { .. } => SOFTWARE,
+        // Everything a node answered (or stands for an answer) goes through the one table.
+        _ => e.code().map_or(SOFTWARE, code_for_grpc),
+    }
+}
+
+/// The exit code for a call the cluster answered with `code`: the README's table "gRPC status
+/// and exit status" (a test checks the two agree, row by row).
+pub fn code_for_grpc(code: Code) -> u8 {
+    match code {
+        Code::Ok => 0,
+        // The request cannot be done as asked, or not in the cluster's present state.
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => USAGE,
+        Code::NotFound | Code::AlreadyExists => REFUSED,
+        Code::Unavailable | Code::DeadlineExceeded => UNAVAILABLE,
+        // A full queue or namespace: no slot now, try later.
+        Code::ResourceExhausted => NO_SLOT,
+        Code::Unauthenticated | Code::PermissionDenied => NO_PERMISSION,
+        Code::Cancelled
+        | Code::Unknown
+        | Code::Aborted
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::DataLoss => SOFTWARE,
     }
 }
 
@@ -186,6 +197,70 @@ mod tests {
         assert_eq!(code_for(&anyhow::Error::new(denied)), NO_PERMISSION);
         assert_eq!(code_for(&usage("bad name")), USAGE);
         assert_eq!(code_for(&anyhow::anyhow!("something else")), SOFTWARE);
+    }
+
+    /// The README's "gRPC status | exit status" table, as (status name, exit status) rows.
+    fn readme_status_table() -> Vec<(String, u8)> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+        let readme = std::fs::read_to_string(path).expect("README.md");
+        let mut rows = Vec::new();
+        let mut lines = readme
+            .lines()
+            .skip_while(|l| !l.starts_with("| gRPC status | exit status |"))
+            .skip(2);
+        for line in lines.by_ref().take_while(|l| l.starts_with('|')) {
+            let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+            let [names, exit] = cells[..] else {
+                panic!("a row of two cells: {line}");
+            };
+            let exit: u8 = exit
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("an exit status: {line}"));
+            for name in names.split(',') {
+                rows.push((name.trim().trim_matches('`').to_string(), exit));
+            }
+        }
+        rows
+    }
+
+    /// `InvalidArgument` → `INVALID_ARGUMENT`, as the README and gRPC spell codes.
+    fn grpc_name(code: Code) -> String {
+        let mut name = String::new();
+        for (i, c) in format!("{code:?}").chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                name.push('_');
+            }
+            name.push(c.to_ascii_uppercase());
+        }
+        name
+    }
+
+    #[test]
+    fn every_grpc_status_has_the_exit_status_the_readme_table_gives() {
+        let table = readme_status_table();
+        let codes: Vec<Code> = (0..=16).map(Code::from_i32).collect();
+        assert_eq!(
+            table.len(),
+            codes.len(),
+            "one row per gRPC status: {table:?}"
+        );
+        for code in codes {
+            let name = grpc_name(code);
+            let rows: Vec<u8> = table
+                .iter()
+                .filter(|(n, _)| *n == name)
+                .map(|(_, exit)| *exit)
+                .collect();
+            assert_eq!(rows.len(), 1, "{name} once in the README's table");
+            assert_eq!(code_for_grpc(code), rows[0], "{name}");
+            if code != Code::Ok {
+                // The whole path: a status as the client library returns it, then the CLI.
+                let err = conch_client::Error::from_status("call", tonic::Status::new(code, "x"));
+                assert_eq!(code_for(&anyhow::Error::new(err)), rows[0], "{name}");
+            }
+        }
     }
 
     #[test]

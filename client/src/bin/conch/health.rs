@@ -208,6 +208,27 @@ pub async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     Ok(health.exit_code())
 }
 
+/// `conch cluster status`: every node's row, the cluster id, then the verdict [`run`] reaches
+/// from the same rows; its exit status is that verdict's, so a node that says it leads but that
+/// no majority follows is trusted by neither command.
+pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let rows = crate::cluster::gather(client).await;
+    if let Some(refused) = crate::cluster::refusal(&rows) {
+        eprintln!("conch: {refused}");
+        return Ok(ExitCode::from(crate::exit::NO_PERMISSION));
+    }
+    let health = evaluate(&rows);
+    if json {
+        crate::print_lines([serde_json::to_string_pretty(&rows)?])?;
+    } else {
+        let mut lines = crate::cluster::render_table(&rows);
+        lines.extend(crate::cluster::cluster_id_line(&rows));
+        lines.push(health.summary.clone());
+        crate::print_lines(lines)?;
+    }
+    Ok(health.exit_code())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,5 +364,25 @@ mod tests {
             "{}",
             h.summary
         );
+    }
+
+    /// A node that says it leads but that no majority follows (cut off from the others, still
+    /// believing it leads an old term) is not trusted: unhealthy, the exit status `cluster
+    /// status` shares.
+    #[test]
+    fn a_leader_cut_off_from_the_others_is_not_trusted() {
+        let alone = [node(1, 1, 3, 50), down(2), down(3)];
+        let h = evaluate(&alone);
+        assert_eq!(h.status, Level::Unhealthy, "{}", h.summary);
+        assert_eq!(h.exit_code(), ExitCode::from(STATUS_NO_LEADER));
+        // With everyone answering, the leader of the highest term is the one trusted.
+        let all = [node(1, 1, 3, 50), node(2, 2, 4, 50), node(3, 2, 4, 50)];
+        let h = evaluate(&all);
+        assert_eq!(h.leader, Some(2));
+        assert_eq!(h.status, Level::Degraded, "{}", h.summary);
+        assert_eq!(h.disagreeing, vec![1]);
+        // A voter that gave no row at all is down.
+        let h = evaluate(&[node(1, 1, 3, 50), node(2, 1, 3, 50)]);
+        assert_eq!((h.status, h.down.clone()), (Level::Degraded, vec![3]));
     }
 }

@@ -39,7 +39,7 @@ use crate::cli::LockArgs;
 use crate::exit;
 use crate::identity::Identity;
 use crate::runner::{Spec, Target, hold, remaining, setup_error};
-use crate::status::{Standing, host_pid, since_nanos};
+use crate::status::{Standing, host_pid};
 use crate::timefmt::format_unix_nanos;
 
 fn mode(exclusive: bool) -> &'static str {
@@ -193,7 +193,7 @@ impl Target for LockTarget {
                 .flat_map(|l| &l.lock_holders)
                 .map(|h| {
                     let (host, pid) = host_pid(&h.metadata);
-                    (host, pid, since_nanos(h.locked_at))
+                    (host, pid, h.locked_at)
                 })
                 .collect(),
         })
@@ -418,7 +418,8 @@ pub fn render_lines(who: &LockWho) -> Vec<String> {
     lines
 }
 
-/// `--who`: exit 0 if the path, an ancestor or a descendant is held, 1 if none is.
+/// `--who`: what holds or waits, or that nothing does; exit 0 either way (the question was
+/// answered; `--json` tells the two apart).
 pub async fn who(client: &Client, args: &LockArgs) -> anyhow::Result<ExitCode> {
     let locks = match client.list_locks(&args.namespace).await {
         Ok(l) => l,
@@ -436,11 +437,7 @@ pub async fn who(client: &Client, args: &LockArgs) -> anyhow::Result<ExitCode> {
     } else {
         crate::print_lines(render_lines(&who))?;
     }
-    Ok(if who.holders.is_empty() {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `conch lock` refuses a bad path before asking the cluster.

@@ -121,14 +121,22 @@ fn init_logging(verbose: u8) {
         }),
     };
     let filter = filter.unwrap_or_else(|_| EnvFilter::new("off"));
-    // Colour only on a terminal, and never with NO_COLOR set (no-color.org).
     use std::io::IsTerminal;
-    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let colour = colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(colour)
         .try_init();
+}
+
+/// Colour in log lines only on a terminal, and never with `NO_COLOR` set to anything but the
+/// empty string (no-color.org).
+fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Writes to stdout; a reader that went away (`conch … | head -1`) is not an error.
@@ -236,7 +244,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Cluster {
             command: ClusterCommand::Status { json },
-        } => cluster::status(&client, json).await,
+        } => health::status(&client, json).await,
         Command::Cluster { command } => cluster_admin::change(&client, command).await,
         Command::Auth { command } => auth::run(&client, command).await,
         Command::Elect(args) if args.who => elect::who(&client, &args).await,
@@ -249,5 +257,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::WaitGroup { command } => waitgroup::run(&client, command).await,
         Command::Barrier { command } => barrier::run(&client, command).await,
         Command::Completions { .. } | Command::Certs { .. } => Ok(ExitCode::SUCCESS),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(super::colour(true, None));
+        assert!(super::colour(true, Some(OsStr::new(""))));
+        assert!(!super::colour(true, Some(OsStr::new("1"))));
+        assert!(!super::colour(false, None));
+        assert!(!super::colour(false, Some(OsStr::new("1"))));
     }
 }

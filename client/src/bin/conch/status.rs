@@ -63,8 +63,10 @@ pub struct Standing {
     pub queued: usize,
     /// A lock blocked by holds on other paths: `blocked by descendant a/b`.
     pub blocked: Option<String>,
-    /// (host, pid, held for) of each holder, in grant order.
-    pub holders: Vec<(String, String, Duration)>,
+    /// (host, pid, granted at: ns since the Unix epoch, as the server stamped the grant) of
+    /// each holder, in grant order. The time held is counted from it whenever the line is
+    /// drawn, so it moves with every redraw, not only when the holders are read again.
+    pub holders: Vec<(String, String, i64)>,
 }
 
 /// Whole seconds, `0s` included.
@@ -75,8 +77,14 @@ fn secs(d: Duration) -> String {
     }
 }
 
-/// The status text: `waiting 5s for x[1]: next in line; held by node2 pid 4242 for 12s`.
-pub fn render(label: &str, waited: Duration, standing: Option<&Standing>) -> String {
+/// The status text: `waiting 5s for x[1]: next in line; held by node2 pid 4242 for 12s`, the
+/// time held counted up to `now_nanos` (ns since the Unix epoch).
+pub fn render(
+    label: &str,
+    waited: Duration,
+    standing: Option<&Standing>,
+    now_nanos: i64,
+) -> String {
     let waited = secs(waited);
     let mut text = format!("conch: waiting {waited} for {label}");
     let Some(s) = standing else {
@@ -95,7 +103,9 @@ pub fn render(label: &str, waited: Duration, standing: Option<&Standing>) -> Str
         let held: Vec<String> = s
             .holders
             .iter()
-            .map(|(host, pid, d)| format!("{host} pid {pid} for {}", secs(*d)))
+            .map(|(host, pid, at)| {
+                format!("{host} pid {pid} for {}", secs(between(*at, now_nanos)))
+            })
             .collect();
         text.push_str(&format!("; held by {}", held.join(", ")));
     }
@@ -109,12 +119,16 @@ pub fn host_pid(m: &std::collections::HashMap<String, String>) -> (String, Strin
     (get(META_HOST), get(META_PID))
 }
 
-/// How long ago `at_nanos` (ns since the Unix epoch) was.
-pub fn since_nanos(at_nanos: i64) -> Duration {
-    let now = SystemTime::now()
+/// Now, in ns since the Unix epoch.
+pub fn now_nanos() -> i64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64);
-    Duration::from_nanos(now.saturating_sub(at_nanos).max(0) as u64)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The time from `from` to `to` (ns since the Unix epoch); zero if `to` is earlier.
+fn between(from: i64, to: i64) -> Duration {
+    Duration::from_nanos(u64::try_from(to.saturating_sub(from)).unwrap_or(0))
 }
 
 /// Reads the queue and holders of `semaphore` for the line.
@@ -150,7 +164,7 @@ pub async fn semaphore_standing(
             .iter()
             .map(|h| {
                 let (host, pid) = host_pid(&h.metadata);
-                (host, pid, since_nanos(h.locked_at))
+                (host, pid, h.locked_at)
             })
             .collect(),
     })
@@ -237,7 +251,7 @@ pub async fn show_while<F: Future, S: Future<Output = Option<Standing>>>(
             next_fetch = tokio::time::Instant::now() + FETCH_EVERY;
         }
         if tokio::time::Instant::now() >= next_draw {
-            let text = render(label, start.elapsed(), standing.as_ref());
+            let text = render(label, start.elapsed(), standing.as_ref(), now_nanos());
             match mode {
                 Mode::Line => {
                     line.draw(&text);
@@ -257,16 +271,24 @@ pub async fn show_while<F: Future, S: Future<Output = Option<Standing>>>(
 mod tests {
     use super::*;
 
+    /// A grant time as the server stamps it (ns since the Unix epoch).
+    const GRANTED: i64 = 1_781_000_000_000_000_000;
+
     #[test]
     fn the_text_says_position_holders_and_time() {
         let s = Standing {
             position: Some(1),
             queued: 3,
             blocked: None,
-            holders: vec![("node2".into(), "4242".into(), Duration::from_millis(72_400))],
+            holders: vec![("node2".into(), "4242".into(), GRANTED)],
         };
         assert_eq!(
-            render("x[1]", Duration::from_millis(5_900), Some(&s)),
+            render(
+                "x[1]",
+                Duration::from_millis(5_900),
+                Some(&s),
+                GRANTED + 72_400_000_000
+            ),
             "conch: waiting 5s for x[1]: position 2 of 3; held by node2 pid 4242 for 1m12s"
         );
         let next = Standing {
@@ -276,22 +298,63 @@ mod tests {
             holders: vec![],
         };
         assert_eq!(
-            render("x[1]", Duration::ZERO, Some(&next)),
+            render("x[1]", Duration::ZERO, Some(&next), GRANTED),
             "conch: waiting 0s for x[1]: next in line"
         );
         assert_eq!(
-            render("election b", Duration::from_secs(3), None),
+            render("election b", Duration::from_secs(3), None, GRANTED),
             "conch: waiting 3s for election b"
         );
         let lock = Standing {
             position: Some(0),
             queued: 2,
             blocked: Some("blocked by descendant a/b".into()),
-            holders: vec![("node3".into(), "77".into(), Duration::from_secs(4))],
+            holders: vec![("node3".into(), "77".into(), GRANTED)],
         };
         assert_eq!(
-            render("lock a (exclusive)", Duration::from_secs(2), Some(&lock)),
+            render(
+                "lock a (exclusive)",
+                Duration::from_secs(2),
+                Some(&lock),
+                GRANTED + 4_000_000_000
+            ),
             "conch: waiting 2s for lock a (exclusive): next in line; blocked by descendant a/b; held by node3 pid 77 for 4s"
+        );
+    }
+
+    /// The time held is the server's grant time counted to each redraw: the same standing (read
+    /// once) drawn a second later says a second more, not what it said when it was read.
+    #[test]
+    fn the_time_held_moves_between_reads() {
+        let s = Standing {
+            position: Some(0),
+            queued: 1,
+            blocked: None,
+            holders: vec![("node2".into(), "4242".into(), GRANTED)],
+        };
+        let at = |secs: i64| {
+            render(
+                "x[1]",
+                Duration::ZERO,
+                Some(&s),
+                GRANTED + secs * 1_000_000_000,
+            )
+        };
+        assert!(
+            at(12).ends_with("held by node2 pid 4242 for 12s"),
+            "{}",
+            at(12)
+        );
+        assert!(
+            at(13).ends_with("held by node2 pid 4242 for 13s"),
+            "{}",
+            at(13)
+        );
+        // A grant stamped by a clock a little ahead of this one is "0s", not a panic.
+        assert!(
+            at(-2).ends_with("held by node2 pid 4242 for 0s"),
+            "{}",
+            at(-2)
         );
     }
 }
