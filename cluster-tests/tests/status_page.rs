@@ -106,7 +106,9 @@ async fn a_follower_serves_the_holders_as_json_and_html() -> anyhow::Result<()> 
     let mut queued = cluster.grackle(id).await?;
     let wait_lease = waiter.clone();
     let waiting =
-        tokio::spawn(async move { ops::acquire(&mut queued, "web", "db", &wait_lease, 1, 60).await });
+        tokio::spawn(
+            async move { ops::acquire(&mut queued, "web", "db", &wait_lease, 1, 60).await },
+        );
 
     // The follower's page shows both as soon as the write is applied: its reads go through the
     // leader's read index.
@@ -131,13 +133,19 @@ async fn a_follower_serves_the_holders_as_json_and_html() -> anyhow::Result<()> 
     let leader = cluster.leader().await.context("a leader")?;
     assert_eq!(overview["cluster"]["leader_id"], leader);
     assert_eq!(overview["cluster"]["node_id"], id);
-    assert_eq!(overview["cluster"]["lag_known"], false, "a follower knows no lag");
+    assert_eq!(
+        overview["cluster"]["lag_known"], false,
+        "a follower knows no lag"
+    );
     assert_eq!(overview["namespaces"]["items"][0]["name"], "web");
     assert_eq!(overview["namespaces"]["items"][0]["holders"], 1);
 
     let (status, html) = get(&addr, "/ui/ns/web", &[]).await?;
     assert_eq!(status, 200, "{html}");
-    assert!(html.contains("id=\"plaintext\""), "no TLS: the page says so");
+    assert!(
+        html.contains("id=\"plaintext\""),
+        "no TLS: the page says so"
+    );
     assert!(html.contains("1/1 permits held"), "{html}");
     assert!(html.contains(&format!("<code>{holder}</code>")), "{html}");
     assert!(html.contains(&format!("<code>{waiter}</code>")), "{html}");
@@ -191,7 +199,9 @@ impl Browser {
             );
         }
         Ok(Browser {
-            dir: tempfile::Builder::new().prefix("conch-browser-").tempdir()?,
+            dir: tempfile::Builder::new()
+                .prefix("conch-browser-")
+                .tempdir()?,
             runs: 0,
         })
     }
