@@ -175,6 +175,45 @@ async fn a_follower_serves_the_holders_as_json_and_html() -> anyhow::Result<()> 
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_access_control_the_page_needs_a_known_token() -> anyhow::Result<()> {
+    let (secrets, mut args) = cluster_tests::auth::bootstrap_args()?;
+    args.extend(["--ui-listen".to_string(), "127.0.0.1:0".to_string()]);
+    let cluster = Cluster::launch(3, &args, false).await?;
+    cluster_tests::auth::wait_until_on(&cluster, SHOW_UP).await?;
+    let token = std::fs::read_to_string(secrets.path().join("admin.token"))?;
+    let id = follower(&cluster).await?;
+    let addr = ui_addr(&cluster, id).await?;
+    // This process's channels send the admin token.
+    let mut c = cluster.grackle(id).await?;
+    ops::namespace(&mut c, "web").await?;
+
+    let (status, body) = get(&addr, "/ui/api/", &[]).await?;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        !body.contains("web"),
+        "nothing is shown without a token: {body}"
+    );
+    let (status, body) = get(&addr, "/ui/api/ns/web", &[("Authorization", "Bearer nope")]).await?;
+    assert_eq!(status, 401, "an unknown token: {body}");
+    // The page itself loads, asking for a token.
+    let (status, html) = get(&addr, "/ui/", &[]).await?;
+    assert_eq!(status, 200);
+    assert!(html.contains("id=\"token-form\""), "{html}");
+    assert!(!html.contains("/ui/ns/web"), "{html}");
+
+    let bearer = format!("Bearer {}", token.trim());
+    let (status, body) = get(&addr, "/ui/api/", &[("Authorization", &bearer)]).await?;
+    assert_eq!(status, 200, "{body}");
+    let overview: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(overview["access_control"], true);
+    assert_eq!(overview["namespaces"]["items"][0]["name"], "web");
+    let (status, part) = get(&addr, "/ui/part/ns/web", &[("Authorization", &bearer)]).await?;
+    assert_eq!(status, 200, "{part}");
+    assert!(part.contains("Namespace web"), "{part}");
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // In a browser
 // ---------------------------------------------------------------------------------------------

@@ -262,7 +262,7 @@ async fn show(node: &Node, view: View<'_>, caller: Caller, has_token: bool) -> S
     if let Err(e) = checked {
         let mut refusal = Refusal::of(e);
         if access_control && !has_token && refusal.status == StatusCode::UNAUTHORIZED {
-            refusal.message = "Access control is on: enter a token to see the cluster.".into();
+            refusal.message = "Access control is on: this page needs a token.".into();
         }
         return Shown::Refused(refusal);
     }

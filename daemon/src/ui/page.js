@@ -14,9 +14,10 @@
   let refreshes = 0;
 
   const token = () => sessionStorage.getItem(KEY) || "";
+  // Someone about to enter a token keeps the form they are in.
   const typing = () => {
     const active = document.activeElement;
-    return active && active.id === "token" && main.contains(active) && active.value !== "";
+    return active && active.id === "token" && main.contains(active);
   };
 
   async function refresh() {
