@@ -9,6 +9,7 @@
 #                                         pid each node writes into DIR/nodeN/LOCK)
 # CONCH_CLUSTER_PORT sets the first port (default 7001; the nodes take it and the next two).
 # CONCH_METRICS_PORT sets the first Prometheus metrics port (default 7101; 0: any free port).
+# CONCH_UI_PORT sets the first status page port (default 7201; off: no status page).
 set -euo pipefail
 cmd=${1:-}
 dir=${2:-$(pwd)/.cluster}
@@ -22,7 +23,13 @@ mbase=${CONCH_METRICS_PORT:-7101}
 case "$mbase" in
 '' | *[!0-9]*) echo "cluster: CONCH_METRICS_PORT must be a port number, not '$mbase'" >&2; exit 64 ;;
 esac
+ubase=${CONCH_UI_PORT:-7201}
+case "$ubase" in
+off) ;;
+'' | *[!0-9]*) echo "cluster: CONCH_UI_PORT must be a port number or off, not '$ubase'" >&2; exit 64 ;;
+esac
 port() { echo $((base + $1 - 1)); }
+ui() { if [ "$ubase" = off ]; then echo off; else echo "127.0.0.1:$((ubase + $1 - 1))"; fi; }
 mport() { if [ "$mbase" = 0 ]; then echo 0; else echo $((mbase + $1 - 1)); fi; }
 members="1=127.0.0.1:$(port 1),2=127.0.0.1:$(port 2),3=127.0.0.1:$(port 3)"
 endpoints="127.0.0.1:$(port 1),127.0.0.1:$(port 2),127.0.0.1:$(port 3)"
@@ -57,7 +64,7 @@ start | start-secure)
       extra+=(--bootstrap-admin-token-file "$certs/admin.token")
     fi
     "$bin" --id "$id" --listen "127.0.0.1:$(port "$id")" --data-dir "$dir/node$id" \
-      --metrics-listen "127.0.0.1:$(mport "$id")" --initial-cluster "$members" ${extra[@]+"${extra[@]}"} >>"$dir/node$id.log" 2>&1 &
+      --metrics-listen "127.0.0.1:$(mport "$id")" --ui-listen "$(ui "$id")" --initial-cluster "$members" ${extra[@]+"${extra[@]}"} >>"$dir/node$id.log" 2>&1 &
     echo "$!" >>"$dir/pids"
   done
   sleep 0.3
@@ -70,6 +77,11 @@ start | start-secure)
   done
   echo "cluster: 3 nodes on $endpoints"
   [ "$mbase" = 0 ] || echo "cluster: metrics on http://127.0.0.1:$(mport 1)/metrics (and $(mport 2), $(mport 3))"
+  if [ "$ubase" != off ]; then
+    scheme=http
+    [ "$cmd" = start-secure ] && scheme=https
+    echo "cluster: status page on $scheme://$(ui 1)/ui/ (and any other node's: $(ui 2), $(ui 3))"
+  fi
   echo "cluster: data and logs in $dir"
   if [ "$cmd" = start-secure ]; then
     echo "cluster: TLS with client certificates, peer mutual TLS and access control; certificates and admin token in $certs"

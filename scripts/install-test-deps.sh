@@ -4,8 +4,9 @@
 #   step its wall clock;
 # - `promtool` (from Debian's `prometheus` package), which checks the shipped alerting rules.
 #   Only the binary is unpacked, into target/test-tools/: no Prometheus service is installed
-#   or started on the machine.
-# Idempotent: does nothing when both are present. Needs root (or sudo) and apt for faketime.
+#   or started on the machine;
+# - Debian's `chromium`, which the status page's browser test runs headless.
+# Idempotent: does nothing when all are present. Needs root (or sudo) and apt for faketime.
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,8 +14,9 @@ tools="$root/target/test-tools"
 
 have_faketime() { dpkg -s faketime >/dev/null 2>&1; }
 have_promtool() { [ -x "$tools/promtool" ]; }
+have_chromium() { command -v chromium >/dev/null 2>&1; }
 
-if have_faketime && have_promtool; then
+if have_faketime && have_promtool && have_chromium; then
 	exit 0
 fi
 
@@ -43,6 +45,14 @@ if ! have_faketime; then
 	echo "install-test-deps: installing faketime" >&2
 	if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq faketime; then
 		echo "install-test-deps: could not install the package 'faketime' with apt-get" >&2
+		exit 1
+	fi
+fi
+
+if ! have_chromium; then
+	echo "install-test-deps: installing chromium" >&2
+	if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium; then
+		echo "install-test-deps: could not install the package 'chromium' with apt-get" >&2
 		exit 1
 	fi
 fi

@@ -69,6 +69,7 @@ pub struct Settings {
     pub join: bool,
     pub cluster_name: Option<String>,
     pub metrics_listen: Option<String>,
+    pub ui_listen: Option<String>,
     pub log_format: Option<String>,
     pub worker_threads: Option<usize>,
     pub status_without_token: bool,
@@ -101,6 +102,7 @@ struct FileConfig {
     join: Option<bool>,
     cluster_name: Option<String>,
     metrics_listen: Option<String>,
+    ui_listen: Option<String>,
     log_format: Option<String>,
     worker_threads: Option<usize>,
     status_without_token: Option<bool>,
@@ -142,6 +144,8 @@ pub struct Config {
     pub cluster_name: Option<String>,
     /// Where `/metrics` is served; `None` with `--metrics-listen off`.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where the status page is served (`--ui-listen`); `None`, the default, serves none.
+    pub ui_listen: Option<SocketAddr>,
     pub log_format: LogFormat,
     /// Worker threads of the runtime `conchd` starts; `None`: one per CPU. (An embedding
     /// program runs the node on its own runtime.)
@@ -326,6 +330,30 @@ impl Config {
                 "--metrics-listen {metrics_text} is the --listen address; choose another port"
             )));
         }
+        let ui_listen = match flags.ui_listen.or(file.ui_listen) {
+            None => None,
+            Some(text) => match text.trim() {
+                "off" => None,
+                trimmed => {
+                    let addr = resolve(trimmed).map_err(|e| {
+                        ConfigError::Invalid(format!("--ui-listen {trimmed}: {e} (or `off`)"))
+                    })?;
+                    let taken = [
+                        ("--listen", Some(listen)),
+                        ("--peer-listen", peer_listen),
+                        ("--metrics-listen", metrics_listen),
+                    ]
+                    .into_iter()
+                    .find(|(_, other)| addr.port() != 0 && *other == Some(addr));
+                    if let Some((flag, _)) = taken {
+                        return Err(ConfigError::Invalid(format!(
+                            "--ui-listen {trimmed} is the {flag} address; choose another port"
+                        )));
+                    }
+                    Some(addr)
+                }
+            },
+        };
         let log_format = match flags.log_format.or(file.log_format).as_deref() {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
@@ -358,6 +386,7 @@ impl Config {
             join,
             cluster_name,
             metrics_listen,
+            ui_listen,
             log_format,
             worker_threads,
             status_without_token,
@@ -606,6 +635,45 @@ mod tests {
             ..Settings::default()
         })?;
         assert_eq!(from_file.worker_threads, Some(3));
+        Ok(())
+    }
+
+    #[test]
+    fn the_status_page_is_off_unless_asked_for() -> anyhow::Result<()> {
+        let with = |ui: Option<&str>| {
+            Config::from_settings(Settings {
+                ui_listen: ui.map(str::to_string),
+                ..Settings::default()
+            })
+        };
+        assert_eq!(with(None)?.ui_listen, None, "off by default");
+        assert_eq!(with(Some("off"))?.ui_listen, None);
+        assert_eq!(
+            with(Some("127.0.0.1:7201"))?.ui_listen,
+            Some("127.0.0.1:7201".parse()?)
+        );
+        let message = |r: Result<Config, ConfigError>| r.err().map(|e| e.to_string());
+        assert!(
+            message(with(Some("nowhere"))).is_some_and(|m| m.contains("--ui-listen")),
+            "a bad address names the flag"
+        );
+        assert!(
+            message(with(Some(DEFAULT_LISTEN))).is_some_and(|m| m.contains("the --listen address")),
+            "the page cannot share the gRPC port"
+        );
+        assert!(
+            message(with(Some(DEFAULT_METRICS_LISTEN)))
+                .is_some_and(|m| m.contains("the --metrics-listen address")),
+            "nor the metrics port"
+        );
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("conchd.toml");
+        std::fs::write(&file, "ui_listen = \"127.0.0.1:0\"\n")?;
+        let from_file = Config::from_settings(Settings {
+            config: Some(file),
+            ..Settings::default()
+        })?;
+        assert_eq!(from_file.ui_listen, Some("127.0.0.1:0".parse()?));
         Ok(())
     }
 

@@ -209,6 +209,13 @@ impl NodeConfig {
         self
     }
 
+    /// Serve the read-only status page at `http://addr/ui/` (off by default), as `conchd
+    /// --ui-listen` does.
+    pub fn ui_listen(mut self, addr: impl Into<String>) -> NodeConfig {
+        self.flags.ui_listen = Some(addr.into());
+        self
+    }
+
     /// Raft heartbeat interval (default 100 ms).
     pub fn heartbeat(mut self, interval: Duration) -> NodeConfig {
         self.flags.heartbeat_ms = Some(interval.as_millis() as u64);
@@ -292,6 +299,7 @@ pub struct ConchNode {
     node: Arc<Node>,
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
+    ui_addr: Option<SocketAddr>,
     client: LocalClient,
     stop: Option<oneshot::Sender<()>>,
     served: Option<JoinHandle<Result<(), StartError>>>,
@@ -378,6 +386,7 @@ impl ConchNode {
         })?;
         let running = server::start_with_listeners(config, listener, peer, metrics).await?;
         let metrics_addr = running.metrics_addr();
+        let ui_addr = running.ui_addr();
         let node = Arc::clone(&running.node);
         let (stop, stopped) = oneshot::channel::<()>();
         // Stops when told, and when the handle is dropped (the sender with it).
@@ -389,6 +398,7 @@ impl ConchNode {
             node,
             local_addr,
             metrics_addr,
+            ui_addr,
             stop: Some(stop),
             served: Some(served),
         })
@@ -412,6 +422,11 @@ impl ConchNode {
     /// Where `/metrics` is served, if it is.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// Where the status page (`/ui/`) is served, if it is.
+    pub fn ui_addr(&self) -> Option<SocketAddr> {
+        self.ui_addr
     }
 
     /// Re-reads the TLS certificate, key, CA and CRL files now, changed or not (they are also

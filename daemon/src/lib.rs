@@ -50,5 +50,6 @@ mod state;
 mod sync_watch;
 mod tasks;
 mod tls;
+mod ui;
 mod wait;
 mod waiters;

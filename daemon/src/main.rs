@@ -311,6 +311,14 @@ fn run(config: Arc<Config>, inherited: Inherited) -> anyhow::Result<()> {
             config.id,
             data_dir.display()
         );
+        if let Some(ui) = node.ui_addr() {
+            let scheme = if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            println!("conchd: status page on {scheme}://{ui}/ui/");
+        }
         notify::ready(&format!("node {} serving on {listening}", config.id));
         // Removed from the cluster, the node stops as on SIGTERM, then exits with its own code.
         let removed = conchd::retire::removed(Arc::clone(node.node()));

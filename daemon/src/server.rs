@@ -44,6 +44,8 @@ pub enum StartError {
     BindPeer { addr: String, error: std::io::Error },
     #[error("metrics: listen on {addr}: {}", describe_bind_error(.error, "--metrics-listen (or off)"))]
     BindMetrics { addr: String, error: std::io::Error },
+    #[error("status page: listen on {addr}: {}", describe_bind_error(.error, "--ui-listen (or off)"))]
+    BindUi { addr: String, error: std::io::Error },
     #[error(transparent)]
     DataDir(#[from] DataDirError),
     #[error(transparent)]
@@ -79,6 +81,7 @@ pub struct Running {
     /// The peer service's own port (`--peer-listen`), if it has one.
     peer_listener: Option<tokio::net::TcpListener>,
     metrics_addr: Option<std::net::SocketAddr>,
+    ui_addr: Option<std::net::SocketAddr>,
     /// Holds the data directory's lock until [`serve`] has stopped Raft.
     data_dir: DataDir,
 }
@@ -96,6 +99,11 @@ impl Running {
     /// Where `/metrics` is served, if anywhere.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
         self.metrics_addr
+    }
+
+    /// Where the status page is served, if anywhere.
+    pub fn ui_addr(&self) -> Option<std::net::SocketAddr> {
+        self.ui_addr
     }
 }
 
@@ -192,6 +200,16 @@ pub async fn start_with_listeners(
         })?),
         (None, None) => None,
     };
+    let ui_listener =
+        match config.ui_listen {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|error| {
+                StartError::BindUi {
+                    addr: addr.to_string(),
+                    error,
+                }
+            })?),
+            None => None,
+        };
     let data_dir = DataDir::open(&config.data_dir, config.id, config.cluster_name.as_deref())?;
 
     if config.tls.is_none() && !config.listen.ip().is_loopback() {
@@ -290,6 +308,15 @@ pub async fn start_with_listeners(
         }
         None => None,
     };
+    let ui_addr = match ui_listener {
+        Some(listener) => {
+            let addr = listener.local_addr().ok();
+            node.tasks
+                .spawn(crate::ui::serve(Arc::clone(&node), listener));
+            addr
+        }
+        None => None,
+    };
     if let Some(tls) = &config.tls {
         node.tasks.spawn(crate::tls::watch(Arc::clone(tls)));
     }
@@ -305,6 +332,7 @@ pub async fn start_with_listeners(
         listener,
         peer_listener,
         metrics_addr,
+        ui_addr,
         data_dir,
     })
 }

@@ -127,6 +127,12 @@ pub enum NodeCertError {
 /// One loaded, consistent set of certificates.
 struct Material {
     server: Arc<ServerConfig>,
+    /// The status page's configuration: this node's certificate, HTTP/1.1, no client
+    /// certificate asked for (a browser has none; the page asks for a token instead).
+    page: Arc<ServerConfig>,
+    /// When this node's own certificate (`--tls-cert`'s first) expires, in seconds since the
+    /// Unix epoch, if it can be read.
+    not_after: Option<i64>,
     /// How this node dials and checks its peers, with `--peer-ca`.
     peer: Option<Peer>,
     stamp: Vec<Option<SystemTime>>,
@@ -342,6 +348,8 @@ impl Tls {
                 // Do not retry the same broken files every poll: wait for the next change.
                 let kept = Material {
                     server: Arc::clone(&current.server),
+                    page: Arc::clone(&current.page),
+                    not_after: current.not_after,
                     peer: current.peer.clone(),
                     stamp,
                     expires_at: current.expires_at,
@@ -381,6 +389,16 @@ impl Tls {
     /// Whether node-to-node traffic is mutual TLS (`--peer-ca`).
     pub fn peer_mtls(&self) -> bool {
         self.files.peer_ca.is_some()
+    }
+
+    /// When this node's certificate expires (seconds since the Unix epoch), as last loaded.
+    pub fn not_after(&self) -> Option<i64> {
+        self.material().not_after
+    }
+
+    /// Accepts the status page's TLS connections with the certificate in use now.
+    pub fn page_acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(Arc::clone(&self.material().page))
     }
 
     /// Whether a client certificate is mandatory (`--client-ca`).
@@ -584,6 +602,17 @@ fn build(files: &TlsFiles) -> Result<Material, TlsError> {
             )
         })?;
     server.alpn_protocols = vec![b"h2".to_vec()];
+    let mut page = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(config_err)?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::clone(&server.cert_resolver));
+    page.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let not_after = certs.first().and_then(|leaf| {
+        x509_parser::parse_x509_certificate(leaf)
+            .ok()
+            .map(|(_, cert)| cert.validity().not_after.timestamp())
+    });
 
     let peer = if files.peer_ca.is_some() {
         let mut owned_crls = Vec::with_capacity(crls.len());
@@ -628,6 +657,8 @@ fn build(files: &TlsFiles) -> Result<Material, TlsError> {
     };
     Ok(Material {
         server: Arc::new(server),
+        page: Arc::new(page),
+        not_after,
         peer,
         stamp,
         expires_at,

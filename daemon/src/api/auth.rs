@@ -79,6 +79,17 @@ impl Caller {
         Caller::from_metadata(node, request.metadata())
     }
 
+    /// A caller bearing `token` (none: an anonymous caller), for requests that arrive other than
+    /// as a gRPC call (the status page's).
+    pub fn bearing(token: Option<&str>) -> Caller {
+        Caller {
+            token: token
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(hash_token),
+        }
+    }
+
     /// The SHA-256 of the call's token, if it carried one.
     pub fn token(&self) -> Option<TokenHash> {
         self.token

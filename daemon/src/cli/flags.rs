@@ -135,6 +135,13 @@ pub struct Flags {
     #[arg(long, env = "CONCH_METRICS_LISTEN", help_heading = "Operations")]
     pub metrics_listen: Option<String>,
 
+    /// Serve the read-only status page (who holds what, who waits, the cluster's health) over
+    /// HTTP on host:port at /ui/ [default: off]; HTTPS with this node's certificate when
+    /// --tls-cert is set. With access control on, the page asks for a token and shows only
+    /// what it may read; with it off, anyone who reaches the port sees every namespace.
+    #[arg(long, env = "CONCH_UI_LISTEN", help_heading = "Operations")]
+    pub ui_listen: Option<String>,
+
     /// Log line format on stderr: `text` (default) or `json` (one object per line, for log
     /// shippers).
     #[arg(long, env = "CONCH_LOG_FORMAT", help_heading = "Operations")]
@@ -186,6 +193,7 @@ impl Flags {
             join: self.join,
             cluster_name: self.cluster_name,
             metrics_listen: self.metrics_listen,
+            ui_listen: self.ui_listen,
             log_format: self.log_format,
             worker_threads: self.worker_threads,
             status_without_token: self.status_without_token,

@@ -3,7 +3,7 @@
 //! RPCs handed in. The API names no openraft type but the peer RPCs' own messages; openraft's
 //! errors come back as their message, for `api/status.rs` to map.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{
@@ -112,6 +112,20 @@ impl Node {
                 voter: voters.contains(id),
             })
             .collect()
+    }
+
+    /// While this node leads: the last log index each member is known to hold (0 when none
+    /// yet), for the members' replication lag. `None` on any other node.
+    pub fn replication(&self) -> Option<BTreeMap<NodeId, u64>> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let replication = metrics.replication.as_ref()?;
+        Some(
+            replication
+                .iter()
+                .map(|(id, matched)| (*id, matched.map_or(0, |l| l.index)))
+                .collect(),
+        )
     }
 
     pub fn raft_status(&self) -> RaftStatus {
