@@ -117,6 +117,7 @@ impl Known {
             description: String::new(),
             permits: 2,
             metadata: Metadata::new(),
+            max_hold_ns: 0,
         };
         k.run(3, sem, Some(ADMIN));
         let first = k.lease(4, "web", LeaseKind::Semaphore, "worker-1", ADMIN);
@@ -128,6 +129,7 @@ impl Known {
             weight,
             wait_ns,
             metadata,
+            max_hold_ns: 0,
         };
         let holder_meta = meta(&[("host", "h1"), ("pid", "101"), ("note", EVIL)]);
         k.run(10, acquire(&first, 1, 0, holder_meta), Some(ADMIN));
