@@ -71,10 +71,20 @@ pub struct Guard {
     held: Held,
     lease_id: String,
     fencing_token: u64,
+    /// The instant by which the hold ends on the server (its hold limit), if it has one.
+    hold_until: Option<Instant>,
     released: bool,
 }
 
 impl Guard {
+    /// When the server ends this hold whatever the lease does (the semaphore's or the
+    /// acquire's hold limit, the smaller), on this process's monotonic clock; `None` without a
+    /// hold limit. Counted from when the granting request was sent, so it is never later than
+    /// the server's end: whatever the guard protects must be finished by then.
+    pub fn hold_until(&self) -> Option<Instant> {
+        self.hold_until
+    }
+
     /// The weight held (1 for a lock).
     pub fn weight(&self) -> u64 {
         match &self.held {
@@ -239,7 +249,8 @@ impl AcquireCall for AcquireLockRequest {
 
 /// How a wait ended: granted, or not (the last answer, which says why for a lock).
 pub(crate) enum Waited<T> {
-    Granted(T),
+    /// The answer, and the instant the request that got it was sent.
+    Granted(T, Instant),
     NotGranted(T),
 }
 
@@ -324,6 +335,25 @@ impl Client {
         wait: Option<Duration>,
         metadata: HashMap<String, String>,
     ) -> Result<Option<Guard>> {
+        self.acquire_limited(lease, namespace, semaphore, weight, wait, metadata, None)
+            .await
+    }
+
+    /// [`Client::acquire`] with a hold limit: the server ends the hold `max_hold` after the
+    /// grant (or at the semaphore's own limit, if smaller) even while the lease is refreshed,
+    /// and grants the next waiter. `None` leaves only the semaphore's limit. Limits are whole
+    /// milliseconds from 1 s to 30 days. [`Guard::hold_until`] says when the hold ends.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn acquire_limited(
+        &self,
+        lease: &Lease,
+        namespace: &str,
+        semaphore: &str,
+        weight: u64,
+        wait: Option<Duration>,
+        metadata: HashMap<String, String>,
+        max_hold: Option<Duration>,
+    ) -> Result<Option<Guard>> {
         let base = AcquireSemaphoreRequest {
             namespace_name: namespace.to_string(),
             semaphore_name: semaphore.to_string(),
@@ -332,18 +362,23 @@ impl Client {
             timeout_seconds: 0,
             metadata,
             timeout_ms: 0,
-            max_hold_ms: 0,
+            max_hold_ms: max_hold.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         };
         Ok(match self.wait_grant(lease, base, wait).await? {
-            Waited::Granted(reply) => Some(self.guard(
-                lease,
-                namespace,
-                Held::Semaphore {
-                    name: semaphore.to_string(),
-                    weight: weight.max(1),
-                },
-                reply.fencing_token,
-            )),
+            Waited::Granted(reply, sent) => {
+                let mut guard = self.guard(
+                    lease,
+                    namespace,
+                    Held::Semaphore {
+                        name: semaphore.to_string(),
+                        weight: weight.max(1),
+                    },
+                    reply.fencing_token,
+                );
+                guard.hold_until =
+                    (reply.hold_ms > 0).then(|| sent + Duration::from_millis(reply.hold_ms));
+                Some(guard)
+            }
             Waited::NotGranted(_) => None,
         })
     }
@@ -362,6 +397,7 @@ impl Client {
             held,
             lease_id: lease.id().to_string(),
             fencing_token,
+            hold_until: None,
             released: false,
         }
     }
@@ -389,6 +425,7 @@ impl Client {
         let id = new_request_id();
 
         if wait == Some(Duration::ZERO) {
+            let sent = Instant::now();
             let call = self.call(op, self.default_options(), |ch, t| {
                 let (req, id) = (base.clone(), id.clone());
                 async move { R::send(ch, request_with_id(req, t, &id)).await }
@@ -398,14 +435,14 @@ impl Client {
                 loss = lease.lost() => return Err(lease_lost(loss)),
             };
             return Ok(match R::outcome(&resp) {
-                AcquireOutcome::Acquired => Waited::Granted(resp),
+                AcquireOutcome::Acquired => Waited::Granted(resp, sent),
                 _ => Waited::NotGranted(resp),
             });
         }
 
         let config = self.config();
         let deadline = wait.map(|w| Instant::now() + w);
-        let mut inflight: JoinSet<(u64, std::result::Result<R::Reply, RpcFailure>)> =
+        let mut inflight: JoinSet<(u64, Instant, std::result::Result<R::Reply, RpcFailure>)> =
             JoinSet::new();
         let mut seq = 0u64;
         let mut newest: Option<Issued> = None;
@@ -452,9 +489,9 @@ impl Client {
             let sleep_until = next_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 joined = inflight.join_next(), if !inflight.is_empty() => {
-                    let (done, result) = match joined {
+                    let (done, sent, result) = match joined {
                         Some(Ok(v)) => v,
-                        Some(Err(e)) => (0, Err(RpcFailure::Retry(format!("acquire task failed: {e}")))),
+                        Some(Err(e)) => (0, Instant::now(), Err(RpcFailure::Retry(format!("acquire task failed: {e}")))),
                         None => continue,
                     };
                     let is_newest = newest.is_some_and(|n| n.seq == done);
@@ -463,7 +500,7 @@ impl Client {
                             failures = 0;
                             backoff.reset();
                             match R::outcome(&resp) {
-                                AcquireOutcome::Acquired => return Ok(Waited::Granted(resp)),
+                                AcquireOutcome::Acquired => return Ok(Waited::Granted(resp, sent)),
                                 _ if !is_newest => {
                                     debug!(op, seq = done, "older acquire rpc ended; a newer one holds the place");
                                 }
@@ -504,16 +541,22 @@ impl Client {
     }
 }
 
-/// One acquire RPC on the best node, as a task of its own.
+/// One acquire RPC on the best node, as a task of its own; answers with the instant it was
+/// sent (a grant's hold limit counts from there).
 async fn rpc<R: AcquireCall>(
     client: Client,
     seq: u64,
     req: R,
     id: String,
     timeout: Duration,
-) -> (u64, std::result::Result<R::Reply, RpcFailure>) {
+) -> (u64, Instant, std::result::Result<R::Reply, RpcFailure>) {
+    let sent = Instant::now();
     let Some((idx, addr, channel)) = client.pick(&[]) else {
-        return (seq, Err(RpcFailure::Retry("no endpoints".to_string())));
+        return (
+            seq,
+            sent,
+            Err(RpcFailure::Retry("no endpoints".to_string())),
+        );
     };
     let fut = R::send(channel, request_with_id(req, timeout, &id));
     let result = match client.attempt(idx, &addr, R::OP, timeout, fut).await {
@@ -521,7 +564,7 @@ async fn rpc<R: AcquireCall>(
         Attempt::Retry { error, .. } => Err(RpcFailure::Retry(format!("{addr}: {error}"))),
         Attempt::Fail(e) => Err(RpcFailure::Fatal(e)),
     };
-    (seq, result)
+    (seq, sent, result)
 }
 
 #[cfg(test)]

@@ -303,7 +303,7 @@ impl Client {
             timeout_ms: 0,
         };
         Ok(match self.wait_grant(lease, base, wait).await? {
-            Waited::Granted(reply) => LockOutcome::Acquired(self.guard(
+            Waited::Granted(reply, _) => LockOutcome::Acquired(self.guard(
                 lease,
                 namespace,
                 Held::Lock {

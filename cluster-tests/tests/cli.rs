@@ -31,6 +31,7 @@ const SHOW_UP: Duration = Duration::from_secs(20);
 
 const EX_NO_SLOT: i32 = 75;
 const EX_SLOT_LOST: i32 = 79;
+const EX_HOLD_LIMIT: i32 = 80;
 const EX_USAGE: i32 = 64;
 const EX_UNAVAILABLE: i32 = 69;
 
@@ -917,6 +918,34 @@ async fn a_resized_semaphore_stops_its_holder_and_is_refused_afterwards() -> any
     assert_eq!(code, 70, "stderr: {err:?}");
     assert_eq!(conch_lines(&err).len(), 1, "stderr: {err:?}");
     assert!(err.contains("has 5 permits, not 1"), "stderr: {err:?}");
+    f.passed()
+}
+
+/// `--max-hold`: conch stops the command before the server ends the hold (SIGTERM, SIGKILL a
+/// grace later) and exits 80; the waiter behind it gets the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_limit_stops_the_command_with_80_and_hands_the_slot_on() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let mut p = f.conch(&sh_c(
+        "sema x --max 1 --ttl 10s --kill-after 1s --max-hold 3s",
+        TRAPPED,
+    ))?;
+    let child: i32 = f.wait_file("ready", |_| true).await?.trim().parse()?;
+    p.also_kill.push(child);
+    let mut q = f.conch(&["sema", "x", "--max", "1", "--", "true"])?;
+    p.expect_code(EX_HOLD_LIMIT, EXIT_TIMEOUT).await?;
+    assert!(
+        f.read("marker").starts_with("term "),
+        "the command did not get SIGTERM; stderr: {:?}",
+        p.stderr()
+    );
+    let err = p.stderr();
+    assert_eq!(
+        conch_lines(&err),
+        ["conch: slot reaches its hold limit; stopping the command (SIGTERM, SIGKILL after 1s)"],
+        "stderr: {err:?}"
+    );
+    q.expect_code(0, EXIT_TIMEOUT).await?;
     f.passed()
 }
 

@@ -19,6 +19,9 @@ Examples:
   # inspect
   conch sema heavy-jobs --max 2 --who
 
+  # a nightly report may not keep a warehouse slot more than 2 hours, even if it hangs
+  conch sema warehouse --max 2 --max-hold 2h -- ./nightly-report.sh
+
 The command runs with CONCH_REV (the grant's fencing token, strictly increasing cluster-wide)
 and CONCH_LEASE (the lease id) in its environment, in a process group of its own: conch
 forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to that group. Like `timeout`,
@@ -37,7 +40,7 @@ commands must be idempotent or crash-tolerant.
 
 Exit status:
   the command's     the command ran (128+N if it was killed by signal N)
-  0 / 1             --who: somebody holds a slot / nobody does
+  0                 --who: the holders (or \"no holder\") were printed
   64                usage error, or a --token-file or --key that group or others may read
   69                no conch node answered
   70                internal error (unexpected answer from the cluster), or the semaphore
@@ -47,6 +50,8 @@ Exit status:
                     permission on the namespace, or a namespace that does not exist and
                     that this token may not create
   79                slot lost while running: lease lost, semaphore deleted or resized
+  80                the hold limit (--max-hold, or the semaphore's) was reached: the
+                    command was stopped before the server ended the hold
   126 / 127         the command could not be executed / was not found";
 
 const TOP_EXAMPLES: &str = "\
@@ -585,6 +590,13 @@ pub struct SemaArgs {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
     pub kill_after: Duration,
 
+    /// Longest the command may hold the slot (1s-30d), however long its lease lives: the
+    /// server ends the hold then and grants the next waiter; conch stops the command before
+    /// (SIGTERM, SIGKILL --kill-after later, done 1s before the end) and exits 80. A smaller
+    /// limit set on the semaphore wins.
+    #[arg(long, value_name = "DURATION", value_parser = max_hold_arg)]
+    pub max_hold: Option<Duration>,
+
     /// Show who holds the slots and who waits, in grant and queue order, or "no holder"; exit
     /// 0 either way.
     #[arg(long, conflicts_with_all = ["wait", "nonblock", "spread", "command"])]
@@ -881,6 +893,16 @@ fn namespace_arg(s: &str) -> Result<String, String> {
 fn lock_path_arg(s: &str) -> Result<String, String> {
     conch_client::lock::validate_path(s)?;
     Ok(s.to_string())
+}
+
+/// A hold limit: 1 s to 30 days (the server's range), in whole milliseconds.
+fn max_hold_arg(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    let range = Duration::from_secs(1)..=Duration::from_secs(30 * 24 * 3600);
+    if !range.contains(&d) {
+        return Err(format!("{s}: a hold limit must be between 1s and 30d"));
+    }
+    Ok(d)
 }
 
 fn ttl_arg(s: &str) -> Result<Duration, String> {

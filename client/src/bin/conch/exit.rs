@@ -29,6 +29,8 @@ pub const NO_SLOT: u8 = 75;
 /// permission (EX_NOPERM).
 pub const NO_PERMISSION: u8 = 77;
 pub const SLOT_LOST: u8 = 79;
+/// The hold limit (`--max-hold`, or the semaphore's) ended the command.
+pub const HOLD_LIMIT: u8 = 80;
 pub const CANNOT_EXECUTE: u8 = 126;
 pub const COMMAND_NOT_FOUND: u8 = 127;
 

@@ -100,6 +100,8 @@ pub struct Guard {
     stdin: Option<ChildStdin>,
     stdout: ChildStdout,
     ttl: Duration,
+    /// The latest the command may run to, whatever the refreshes say (a hold limit).
+    cap: Option<Instant>,
     fired: bool,
     /// The guard could not be told something (it is gone): said once.
     warned: bool,
@@ -129,13 +131,20 @@ impl Guard {
             stdin: Some(stdin),
             stdout,
             ttl,
+            cap: None,
             fired: false,
             warned: false,
         })
     }
 
     fn deadline(&self, refreshed: Instant) -> i128 {
-        boot_ns_at(refreshed + guard_after(self.ttl))
+        let by_lease = refreshed + guard_after(self.ttl);
+        boot_ns_at(self.cap.map_or(by_lease, |cap| cap.min(by_lease)))
+    }
+
+    /// Makes `at` the latest deadline, whatever later refreshes say (before [`Guard::watch`]).
+    pub fn cap(&mut self, at: Instant) {
+        self.cap = Some(at);
     }
 
     fn send(&mut self, line: &str) {

@@ -151,6 +151,18 @@ const REVOKE_BUDGET: Duration = Duration::from_secs(3);
 /// How long conch tries to revoke a lease it could not refresh, after its command was stopped.
 const LAST_REVOKE_TRY: Duration = Duration::from_millis(300);
 
+/// How long before the server ends a hold (its hold limit) the command must be gone.
+const HOLD_MARGIN: Duration = Duration::from_secs(1);
+
+/// When to send SIGTERM for a hold that ends at `until`, and the grace before SIGKILL: the
+/// SIGKILL comes [`HOLD_MARGIN`] before the end; a hold too short for the whole `kill_after`
+/// gets SIGTERM at once and what grace is left.
+fn hold_stop(until: Instant, kill_after: Duration, now: Instant) -> (Instant, Duration) {
+    let kill_by = until.checked_sub(HOLD_MARGIN).unwrap_or(now).max(now);
+    let term_at = kill_by.checked_sub(kill_after).unwrap_or(now).max(now);
+    (term_at, kill_by.saturating_duration_since(term_at))
+}
+
 /// Revokes a lease, which releases everything it holds or waits for in one write; says so if
 /// it could not be done (what it held then comes back within the TTL).
 async fn revoke(lease: Lease, slot: &str) {
@@ -314,24 +326,39 @@ pub async fn hold(
         }
     };
     let pgid = child.id().map_or(0, |id| id as i32);
+    // A hold limit: stop the command so that it is gone before the server ends the hold; the
+    // guard is told too, in case conch itself is paused then.
+    let hold_stop = guards
+        .iter()
+        .filter_map(Guard::hold_until)
+        .min()
+        .map(|until| hold_stop(until, spec.kill_after, Instant::now()));
+    if let Some((term_at, grace)) = hold_stop {
+        watchdog.cap(term_at + grace / 2);
+    }
     watchdog.watch(pgid, *refreshed.borrow_and_update());
 
     enum End {
         Exited(std::process::ExitStatus),
         Lost(conch_client::LeaseLoss),
         Gone(String),
+        HoldLimit(Duration),
     }
     let end = {
         // One future for the whole run, so the checks keep their pace whatever else wakes the
         // loop.
         let gone = target.lost(client, token, refresh_interval(spec.ttl));
         tokio::pin!(gone);
+        let (term_at, grace) = hold_stop.unwrap_or((Instant::now(), spec.kill_after));
+        let limit = tokio::time::sleep_until(term_at.into());
+        tokio::pin!(limit);
         loop {
             tokio::select! {
                 status = child.wait() => break End::Exited(status.context("wait for the command")?),
                 sig = signals.recv() => child::signal_group(pgid, sig),
                 loss = lease.lost() => break End::Lost(loss),
                 what = &mut gone => break End::Gone(what),
+                () = &mut limit, if hold_stop.is_some() => break End::HoldLimit(grace),
                 Ok(()) = refreshed.changed() => watchdog.renew(*refreshed.borrow_and_update()),
             }
         }
@@ -382,6 +409,20 @@ pub async fn hold(
             }
             Ok(ExitCode::from(exit::SLOT_LOST))
         }
+        End::HoldLimit(grace) => {
+            eprintln!(
+                "conch: {slot} reaches its hold limit; stopping the command (SIGTERM, SIGKILL after {})",
+                format_duration(grace)
+            );
+            watchdog.stopping();
+            let status = child::stop_group(&mut child, pgid, grace, signals)
+                .await
+                .context("stop the command")?;
+            debug!(?status, "command stopped at the hold limit");
+            watchdog.finish().await;
+            release_all(guards, lease, slot).await;
+            Ok(ExitCode::from(exit::HOLD_LIMIT))
+        }
         End::Gone(what) => {
             eprintln!(
                 "conch: {what} while held; stopping the command (SIGTERM, SIGKILL after {})",
@@ -403,6 +444,18 @@ pub async fn hold(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hold_limit_is_met_with_sigkill_a_second_before_it_ends() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        // A long hold: SIGTERM kill_after + 1 s before the end, the whole grace.
+        assert_eq!(hold_stop(now + s(3600), s(5), now), (now + s(3594), s(5)));
+        // Too short for the whole grace: SIGTERM at once, SIGKILL a second before the end.
+        assert_eq!(hold_stop(now + s(4), s(5), now), (now, s(3)));
+        // Already at the end: stop at once with no grace.
+        assert_eq!(hold_stop(now, s(5), now), (now, Duration::ZERO));
+    }
 
     #[test]
     fn remaining_wait_counts_down_and_forever_stays_forever() {

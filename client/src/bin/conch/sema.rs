@@ -59,6 +59,8 @@ pub struct SemaTarget {
     /// The main semaphore as read when conch queued (set by `prepare`).
     held: Option<Held>,
     namespace: String,
+    /// The hold limit asked for (`--max-hold`).
+    pub max_hold: Option<Duration>,
 }
 
 impl SemaTarget {
@@ -70,6 +72,7 @@ impl SemaTarget {
             busy,
             held: None,
             namespace: String::new(),
+            max_hold: None,
         }
     }
 
@@ -102,7 +105,16 @@ impl Target for SemaTarget {
         deadline: Option<Instant>,
         metadata: &HashMap<String, String>,
     ) -> conch_client::Result<Option<Vec<Guard>>> {
-        take_slots(client, lease, namespace, &self.plan, deadline, metadata).await
+        take_slots(
+            client,
+            lease,
+            namespace,
+            &self.plan,
+            deadline,
+            metadata,
+            self.max_hold,
+        )
+        .await
     }
 
     fn not_taken(&self, wait: Option<Duration>) -> String {
@@ -177,12 +189,13 @@ async fn take_slots(
     plan: &Plan,
     deadline: Option<Instant>,
     metadata: &HashMap<String, String>,
+    max_hold: Option<Duration>,
 ) -> conch_client::Result<Option<Vec<Guard>>> {
     let mut guards = Vec::new();
     for sem in plan.host.iter().chain(std::iter::once(&plan.main)) {
         let wait = remaining(deadline);
         match client
-            .acquire(lease, namespace, sem, 1, wait, metadata.clone())
+            .acquire_limited(lease, namespace, sem, 1, wait, metadata.clone(), max_hold)
             .await?
         {
             Some(g) => guards.push(g),
@@ -219,6 +232,7 @@ pub async fn run(
         format!("slot in {}[{}]", args.name, args.max),
         busy,
     );
+    target.max_hold = args.max_hold;
     let spec = Spec {
         namespace: args.namespace.clone(),
         ttl: args.ttl,
