@@ -339,16 +339,40 @@ pub fn rss_mb(pid: u32) -> anyhow::Result<f64> {
     Ok(stats::round1(kb / 1024.0))
 }
 
-/// Total size of the files under `dir` (recursively), in bytes.
+/// Disk used by the files under `dir` (recursively), in bytes: the blocks allocated, as `du`
+/// counts them (a sparse file counts what was written into it, not its length).
 pub fn dir_bytes(dir: &Path) -> u64 {
+    dir_sizes(dir).allocated
+}
+
+/// What the files under a directory take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirSizes {
+    /// Blocks allocated on disk, in bytes (`du`).
+    pub allocated: u64,
+    /// The files' lengths added up (`du --apparent-size`); larger than `allocated` for sparse
+    /// files such as the log's last segment.
+    pub apparent: u64,
+}
+
+/// The sizes of the files under `dir`, recursively; 0 for a directory that cannot be read.
+pub fn dir_sizes(dir: &Path) -> DirSizes {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = DirSizes::default();
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
+        return total;
     };
-    let mut total = 0;
     for entry in entries.flatten() {
         match entry.metadata() {
-            Ok(m) if m.is_dir() => total += dir_bytes(&entry.path()),
-            Ok(m) => total += m.len(),
+            Ok(m) if m.is_dir() => {
+                let sub = dir_sizes(&entry.path());
+                total.allocated += sub.allocated;
+                total.apparent += sub.apparent;
+            }
+            Ok(m) => {
+                total.allocated += m.blocks() * 512;
+                total.apparent += m.len();
+            }
             Err(_) => {}
         }
     }
