@@ -360,12 +360,9 @@ struct MemLog {
 }
 
 impl MemLog {
+    /// The last entry, else the purge point (a purge clears `last` when it covers it).
     fn last_log_id(&self) -> Option<LogId> {
-        match (self.last, self.purged) {
-            (Some(last), Some(purged)) if last.index <= purged.index => Some(purged),
-            (Some(last), _) => Some(last),
-            (None, purged) => purged,
-        }
+        self.last.or(self.purged)
     }
 
     /// Adds `entries` (following the last one) with their record sizes, then lets the oldest
