@@ -194,6 +194,11 @@ impl Target {
     /// W4 and W5 measure scale past the defaults. Against external endpoints whose token may not
     /// set quotas, says so and goes on with the quotas as they are.
     async fn lift_quotas(&self, leader: &str) -> anyhow::Result<()> {
+        self.lift_quotas_of(leader, &self.ns).await
+    }
+
+    /// Like [`Target::lift_quotas`], for namespace `ns`.
+    pub async fn lift_quotas_of(&self, leader: &str, ns: &str) -> anyhow::Result<()> {
         use conch_proto::conch::conch_quota_client::ConchQuotaClient;
         use conch_proto::conch::{
             NamespaceQuotas, SetNamespaceQuotasRequest, SetStateBudgetRequest,
@@ -209,7 +214,7 @@ impl Target {
                 .await?;
             quota
                 .set_namespace_quotas(SetNamespaceQuotasRequest {
-                    namespace_name: self.ns.clone(),
+                    namespace_name: ns.to_string(),
                     quotas: Some(NamespaceQuotas {
                         semaphores: 1_000_000,
                         leases: 1_000_000,
@@ -224,12 +229,11 @@ impl Target {
             Ok(_) => Ok(()),
             Err(s) if s.code() == tonic::Code::PermissionDenied && self.cluster.is_none() => {
                 eprintln!(
-                    "conch-bench: this token may not lift the quotas of {}: W4 and W5 may meet them",
-                    self.ns
+                    "conch-bench: this token may not lift the quotas of {ns}: W4 and W5 may meet them"
                 );
                 Ok(())
             }
-            Err(s) => Err(s).with_context(|| format!("lift the quotas of {}", self.ns)),
+            Err(s) => Err(s).with_context(|| format!("lift the quotas of {ns}")),
         }
     }
 
