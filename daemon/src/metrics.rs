@@ -68,6 +68,8 @@ pub struct LogMetrics {
     /// The `fdatasync` part of an append.
     pub fsync_seconds: Histogram,
     pub appended_entries: IntCounter,
+    /// Bytes of the log records written for those entries (headers of segments not counted).
+    pub appended_bytes: IntCounter,
     /// Set when Raft records the commit index in the log store.
     pub committed_index: IntGauge,
 }
@@ -199,6 +201,10 @@ impl Metrics {
             appended_entries: b.counter(
                 "conch_log_appended_entries_total",
                 "Log entries made durable on this node.",
+            ),
+            appended_bytes: b.counter(
+                "conch_log_appended_bytes_total",
+                "Bytes of log records written to this node's segment files.",
             ),
             committed_index: b.gauge(
                 "conch_raft_committed_index",

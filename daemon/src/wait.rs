@@ -75,13 +75,14 @@ pub async fn wait_for_grant(
     let remaining =
         Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(clock_ns)).unwrap_or(0));
     let local_deadline = tokio::time::Instant::now() + remaining + WAIT_GRACE;
+    // Boxed, like the give-up below: a waiting call's future keeps only the wait's own state.
     let caught_up = tokio::select! {
-        caught_up = tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index)) => caught_up,
+        caught_up = Box::pin(tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index))) => caught_up,
         () = node.tasks.stopping() => return Err(stopping().into()),
     };
     if caught_up.is_err() {
         give_up.disarm();
-        return give_up_now(node, &key, deadline_ns, &mut ticket, index).await;
+        return Box::pin(give_up_now(node, &key, deadline_ns, &mut ticket, index)).await;
     }
     // Events from before this acquire's entry concern an earlier wait of the same lease.
     let mut last = None;
@@ -103,16 +104,10 @@ pub async fn wait_for_grant(
             return ended(node, &key, last);
         }
         tokio::select! {
-            event = ticket.next() => match event {
-                Some(event) => note(event, &mut last),
-                None => {
-                    give_up.disarm();
-                    return give_up_now(node, &key, deadline_ns, &mut ticket, index).await;
-                }
-            },
+            event = ticket.next() => note(event, &mut last),
             _ = tokio::time::sleep_until(local_deadline) => {
                 give_up.disarm();
-                return give_up_now(node, &key, deadline_ns, &mut ticket, index).await;
+                return Box::pin(give_up_now(node, &key, deadline_ns, &mut ticket, index)).await;
             }
             // The node stops: the caller re-attaches through another node and keeps its place
             // (the waiter stays queued until its lease or its deadline ends it).

@@ -195,6 +195,11 @@ impl Target {
     /// W4 and W5 measure scale past the defaults. Against external endpoints whose token may not
     /// set quotas, says so and goes on with the quotas as they are.
     async fn lift_quotas(&self, leader: &str) -> anyhow::Result<()> {
+        self.lift_quotas_of(leader, &self.ns).await
+    }
+
+    /// Like [`Target::lift_quotas`], for namespace `ns`.
+    pub async fn lift_quotas_of(&self, leader: &str, ns: &str) -> anyhow::Result<()> {
         use conch_proto::conch::conch_quota_client::ConchQuotaClient;
         use conch_proto::conch::{
             NamespaceQuotas, SetNamespaceQuotasRequest, SetStateBudgetRequest,
@@ -210,7 +215,7 @@ impl Target {
                 .await?;
             quota
                 .set_namespace_quotas(SetNamespaceQuotasRequest {
-                    namespace_name: self.ns.clone(),
+                    namespace_name: ns.to_string(),
                     quotas: Some(NamespaceQuotas {
                         semaphores: 1_000_000,
                         leases: 1_000_000,
@@ -225,12 +230,11 @@ impl Target {
             Ok(_) => Ok(()),
             Err(s) if s.code() == tonic::Code::PermissionDenied && self.cluster.is_none() => {
                 eprintln!(
-                    "conch-bench: this token may not lift the quotas of {}: W4 and W5 may meet them",
-                    self.ns
+                    "conch-bench: this token may not lift the quotas of {ns}: W4 and W5 may meet them"
                 );
                 Ok(())
             }
-            Err(s) => Err(s).with_context(|| format!("lift the quotas of {}", self.ns)),
+            Err(s) => Err(s).with_context(|| format!("lift the quotas of {ns}")),
         }
     }
 
@@ -340,16 +344,40 @@ pub fn rss_mb(pid: u32) -> anyhow::Result<f64> {
     Ok(stats::round1(kb / 1024.0))
 }
 
-/// Total size of the files under `dir` (recursively), in bytes.
+/// Disk used by the files under `dir` (recursively), in bytes: the blocks allocated, as `du`
+/// counts them (a sparse file counts what was written into it, not its length).
 pub fn dir_bytes(dir: &Path) -> u64 {
+    dir_sizes(dir).allocated
+}
+
+/// What the files under a directory take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirSizes {
+    /// Blocks allocated on disk, in bytes (`du`).
+    pub allocated: u64,
+    /// The files' lengths added up (`du --apparent-size`); larger than `allocated` for sparse
+    /// files such as the log's last segment.
+    pub apparent: u64,
+}
+
+/// The sizes of the files under `dir`, recursively; 0 for a directory that cannot be read.
+pub fn dir_sizes(dir: &Path) -> DirSizes {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = DirSizes::default();
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
+        return total;
     };
-    let mut total = 0;
     for entry in entries.flatten() {
         match entry.metadata() {
-            Ok(m) if m.is_dir() => total += dir_bytes(&entry.path()),
-            Ok(m) => total += m.len(),
+            Ok(m) if m.is_dir() => {
+                let sub = dir_sizes(&entry.path());
+                total.allocated += sub.allocated;
+                total.apparent += sub.apparent;
+            }
+            Ok(m) => {
+                total.allocated += m.blocks() * 512;
+                total.apparent += m.len();
+            }
             Err(_) => {}
         }
     }

@@ -130,6 +130,8 @@ fn headline(row: &Row) -> (String, String) {
         "reader_cycles_per_s",
         "refreshes_per_s",
         "rss_mb",
+        "leader_bytes",
+        "value",
     ] {
         if let Some(v) = row.fields.get(key) {
             return (key.to_string(), cell(Some(v)));

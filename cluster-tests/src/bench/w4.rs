@@ -5,6 +5,10 @@
 //! leader. A refresh that cannot start on time starts late (the held rate then falls short of
 //! the target). Latency is measured from the send (p50/p99) and from the due time
 //! (`p99_due_ms`, which counts time spent queued behind the in-flight bound).
+//!
+//! On a cluster this process started, every node's data directory (blocks allocated) is sampled
+//! every 5 s through the window: a log that is purged after each snapshot keeps it flat however
+//! long the run (`data_dir_mb_first`, `_max`, `_last`: the largest node at each sample).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +18,7 @@ use conch_proto::grackle as pb;
 use tokio::sync::{Mutex, Semaphore};
 
 use super::stats::{Errors, Latencies, Row, round1};
-use super::{Opts, Target, create_leases, secs};
+use super::{Opts, Target, create_leases, dir_bytes, secs};
 
 const IN_FLIGHT: usize = 64;
 const TTL_S: u64 = 10;
@@ -66,6 +70,28 @@ pub async fn run(target: &Target, opts: &Opts) -> anyhow::Result<Row> {
         })
     };
 
+    let data_dirs: Vec<std::path::PathBuf> = target
+        .cluster
+        .as_ref()
+        .map(|c| c.nodes.values().map(|n| n.data_dir.clone()).collect())
+        .unwrap_or_default();
+    let disk_sampler = tokio::spawn(async move {
+        let mut samples = Vec::new();
+        if data_dirs.is_empty() {
+            return samples;
+        }
+        tokio::time::sleep_until(window_start.into()).await;
+        loop {
+            let largest = data_dirs.iter().map(|d| dir_bytes(d)).max().unwrap_or(0);
+            samples.push(largest);
+            if Instant::now() >= window_end {
+                return samples;
+            }
+            let next = (Instant::now() + Duration::from_secs(5)).min(window_end);
+            tokio::time::sleep_until(next.into()).await;
+        }
+    });
+
     for k in 0..total {
         let due = t0 + step * k as u32;
         tokio::time::sleep_until(due.into()).await;
@@ -112,6 +138,7 @@ pub async fn run(target: &Target, opts: &Opts) -> anyhow::Result<Row> {
         b.context("leader status at window end")?,
     );
     let entries = b.applied_index.saturating_sub(a.applied_index) as f64;
+    let disk = disk_sampler.await.context("disk sampler")?;
 
     let mut t = tally.lock().await;
     let window = secs(opts.duration);
@@ -128,6 +155,16 @@ pub async fn run(target: &Target, opts: &Opts) -> anyhow::Result<Row> {
         None
     };
     row.opt("refreshes_per_entry", per_entry);
+    let mb = |b: u64| round1(b as f64 / (1024.0 * 1024.0));
+    if let (Some(first), Some(last)) = (disk.first(), disk.last()) {
+        row.set("data_dir_mb_first", mb(*first));
+        row.set(
+            "data_dir_mb_max",
+            mb(disk.iter().copied().max().unwrap_or(0)),
+        );
+        row.set("data_dir_mb_last", mb(*last));
+        row.set("disk_samples", disk.len());
+    }
     row.set("setup_s", round1(setup_s));
     row.set("errors", t.errors.total());
     if t.errors.total() > 0 {

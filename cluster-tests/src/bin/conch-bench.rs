@@ -285,7 +285,7 @@ async fn run(
         }
         "W3" => rows.push(bench::w1::failover(&mut target, opts).await?),
         "W4" => rows.push(bench::w4::run(&target, opts).await?),
-        "W5" => rows.push(bench::w5::run(&mut target, opts).await?),
+        "W5" => rows.extend(bench::w5::run(&mut target, opts).await?),
         "L1" => {
             for clients in bench::locks::L1_CLIENTS {
                 rows.push(bench::locks::l1(&target, opts, clients, placement).await?);

@@ -352,22 +352,30 @@ impl GrackleApi for GrackleService {
         cmd.validate().map_err(ApiError::from)?;
         // Register before proposing, so the grant cannot slip past us.
         let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key.clone()));
-        let (reply, index) = self.node.write_one_at(cmd).await.map_err(ApiError::from)?;
+        // The write's future is boxed, and the reply is taken apart before the wait: a waiting
+        // call keeps only what the wait needs (see README, Memory and disk).
+        let (reply, index) = Box::pin(self.node.write_one_at(cmd))
+            .await
+            .map_err(ApiError::from)?;
         let reply = match reply.map_err(ApiError::from)? {
             Outcome::Acquire(reply) => reply,
             other => return Err(unexpected(other)),
         };
-        let semaphore = convert::semaphore(reply.semaphore);
         let message = match (reply.status, ticket) {
-            (AcquireStatus::Acquired { token, hold_ns }, _) => {
-                acquire_message(semaphore, pb::AcquireOutcome::Acquired, (token, hold_ns))
-            }
+            (AcquireStatus::Acquired { token, hold_ns }, _) => acquire_message(
+                convert::semaphore(reply.semaphore),
+                pb::AcquireOutcome::Acquired,
+                (token, hold_ns),
+            ),
             (AcquireStatus::Queued { deadline_ns }, Some(ticket)) => {
+                drop(reply.semaphore);
                 self.wait_for_grant(key, ticket, deadline_ns, index).await?
             }
-            (AcquireStatus::Unavailable | AcquireStatus::Queued { .. }, _) => {
-                acquire_message(semaphore, pb::AcquireOutcome::Unavailable, (0, 0))
-            }
+            (AcquireStatus::Unavailable | AcquireStatus::Queued { .. }, _) => acquire_message(
+                convert::semaphore(reply.semaphore),
+                pb::AcquireOutcome::Unavailable,
+                (0, 0),
+            ),
         };
         self.reply(message)
     }

@@ -15,8 +15,10 @@
 //! Every value is `bincode(value) ++ fnv1a64(bincode(value))` (little-endian), so a damaged value
 //! is reported as an error instead of decoding into something else.
 //!
-//! The entries after the purge point are also kept in memory, where the log reader reads them:
-//! Raft keeps a bounded log (it purges after each snapshot), so this costs what sled's cache did.
+//! The newest entries are also kept in memory, where the log reader finds them without a read:
+//! up to [`MEM_LOG_BYTES`] of their records (always the last entry). Older entries after the
+//! purge point (a lagging follower's, or the log between snapshots) are read back from the
+//! segments when asked for, so memory does not grow with the log kept between snapshots.
 //!
 //! Invariants:
 //! - `log-end` never names an index beyond the end of the log (the last entry, or the purge
@@ -74,6 +76,11 @@ use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::metrics::{LogMetrics, observe};
 use crate::state::fnv1a64;
+
+/// How many bytes of records the newest entries kept in memory may take (the last entry is
+/// kept whatever its size). Replication and apply read entries just appended; older ones come
+/// from the segment files.
+pub const MEM_LOG_BYTES: u64 = 1024 * 1024;
 
 /// sled's page cache size: sled holds only a few small values.
 pub const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
@@ -335,20 +342,59 @@ struct Inner {
     log_end: LogEnd,
     /// The segment files; only the one task openraft writes from takes this lock.
     wal: Mutex<Wal>,
-    /// What readers see: the entries after the purge point, and the purge point.
+    /// What readers see: the newest entries, the last log id and the purge point.
     log: RwLock<MemLog>,
 }
 
 #[derive(Default)]
 struct MemLog {
-    /// Consecutive entries; the first is the one after `purged` (when there is a purge point).
+    /// The newest entries, consecutive, ending with `last` (when the log holds entries after
+    /// the purge point); those before them are in the segments only.
     entries: VecDeque<Entry<TypeConfig>>,
+    /// The record size of each of `entries`, and their sum.
+    sizes: VecDeque<u64>,
+    bytes: u64,
+    /// The last entry of the log, when one follows the purge point.
+    last: Option<LogId>,
     purged: Option<LogId>,
 }
 
 impl MemLog {
+    /// The last entry, else the purge point (a purge clears `last` when it covers it).
     fn last_log_id(&self) -> Option<LogId> {
-        self.entries.back().map(|e| e.log_id).or(self.purged)
+        self.last.or(self.purged)
+    }
+
+    /// Adds `entries` (following the last one) with their record sizes, then lets the oldest
+    /// go past [`MEM_LOG_BYTES`].
+    fn push(&mut self, entries: Vec<Entry<TypeConfig>>, sizes: impl Iterator<Item = u64>) {
+        if let Some(last) = entries.last() {
+            self.last = Some(last.log_id);
+        }
+        for (entry, size) in entries.into_iter().zip(sizes) {
+            self.entries.push_back(entry);
+            self.sizes.push_back(size);
+            self.bytes += size;
+        }
+        while self.bytes > MEM_LOG_BYTES && self.entries.len() > 1 {
+            self.pop_front();
+        }
+    }
+
+    fn pop_front(&mut self) {
+        self.entries.pop_front();
+        self.bytes -= self.sizes.pop_front().unwrap_or(0);
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.sizes.clear();
+        self.bytes = 0;
+        self.last = None;
+    }
+
+    fn first_cached(&self) -> Option<u64> {
+        self.entries.front().map(|e| e.log_id.index)
     }
 }
 
@@ -472,7 +518,16 @@ impl LogStore {
         wal.repair()
             .map_err(|e| corrupt(&wal_dir, format!("clear the torn tail: {e}")))?;
 
-        let entries = VecDeque::from(recovered.entries);
+        let mut log = MemLog {
+            purged,
+            ..MemLog::default()
+        };
+        let sizes: Vec<u64> = recovered
+            .entries
+            .iter()
+            .map(|e| wal.record_bytes(e.log_id.index).unwrap_or(0))
+            .collect();
+        log.push(recovered.entries, sizes.into_iter());
         let store = LogStore {
             metrics: LogMetrics::default(),
             inner: Arc::new(Inner {
@@ -483,7 +538,7 @@ impl LogStore {
                 durability,
                 log_end,
                 wal: Mutex::new(wal),
-                log: RwLock::new(MemLog { entries, purged }),
+                log: RwLock::new(log),
             }),
         };
         store
@@ -492,10 +547,10 @@ impl LogStore {
         let log = store.read_log();
         tracing::debug!(
             path = %wal_dir.display(),
-            entries = log.entries.len(),
+            entries_in_memory = log.entries.len(),
             migrated_from_sled = migrated,
-            first_index = ?log.entries.front().map(|e| e.log_id.index),
-            last_index = ?log.entries.back().map(|e| e.log_id.index),
+            first_in_memory = ?log.first_cached(),
+            last_index = ?log.last.map(|l| l.index),
             size_on_disk_bytes = store.size_on_disk(),
             "raft log opened"
         );
@@ -557,7 +612,7 @@ impl LogStore {
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
         let mut log = self.write_log();
-        log.entries.clear();
+        log.clear();
         log.purged = Some(last);
         Ok(())
     }
@@ -751,18 +806,34 @@ impl RaftLogReader<TypeConfig> for LogStore {
             return Ok(Vec::new());
         };
         let log = self.read_log();
-        let Some(first) = log.entries.front().map(|e| e.log_id.index) else {
+        let Some(last) = log.last_log_id().map(|l| l.index) else {
             return Ok(Vec::new());
         };
-        let from = usize::try_from(start.saturating_sub(first)).unwrap_or(usize::MAX);
-        let to = usize::try_from(end.saturating_sub(first))
-            .unwrap_or(usize::MAX)
-            .saturating_add(1)
-            .min(log.entries.len());
-        if end < first || from >= to {
+        let start = start.max(log.purged.map_or(0, |p| p.index + 1));
+        let end = end.min(last);
+        if start > end {
             return Ok(Vec::new());
         }
-        Ok(log.entries.range(from..to).cloned().collect())
+        let first = log.first_cached().unwrap_or(last + 1);
+        // Entries before the ones in memory, from the segments (under the log's read lock, so
+        // no purge or truncate changes them meanwhile).
+        let mut out = if start < first {
+            self.inner
+                .lock_wal()
+                .read(start, end.min(first - 1))
+                .map_err(|e| StorageIOError::read_logs(&e))?
+        } else {
+            Vec::new()
+        };
+        if end >= first {
+            let from = usize::try_from(start.saturating_sub(first)).unwrap_or(usize::MAX);
+            let to = usize::try_from(end - first)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1)
+                .min(log.entries.len());
+            out.extend(log.entries.range(from.min(to)..to).cloned());
+        }
+        Ok(out)
     }
 }
 
@@ -841,20 +912,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let started = std::time::Instant::now();
             let count = entries.len();
             // Steps 1-3, on this thread.
-            let synced = self
-                .inner
-                .lock_wal()
-                .append(&entries)
-                .map_err(|e| StorageIOError::write_logs(&e))?;
+            let (appended, sizes) = {
+                let mut wal = self.inner.lock_wal();
+                let appended = wal
+                    .append(&entries)
+                    .map_err(|e| StorageIOError::write_logs(&e))?;
+                let sizes: Vec<u64> = entries
+                    .iter()
+                    .map(|e| wal.record_bytes(e.log_id.index).unwrap_or(0))
+                    .collect();
+                (appended, sizes)
+            };
             if self.inner.durability == Durability::Fsync {
-                observe(&self.metrics.fsync_seconds, synced);
+                observe(&self.metrics.fsync_seconds, appended.synced);
             }
+            self.metrics.appended_bytes.inc_by(appended.bytes);
             self.inner
                 .log_end
                 .write(last.index, false)
                 .map_err(|e| StorageIOError::write_logs(&e))?;
             // Step 4.
-            self.write_log().entries.extend(entries);
+            self.write_log().push(entries, sizes.into_iter());
             observe(&self.metrics.append_seconds, started.elapsed());
             self.metrics.appended_entries.inc_by(count as u64);
         }
@@ -876,10 +954,31 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         .map_err(|e| StorageIOError::write_logs(&io_other(e)))?
         .map_err(|e| StorageIOError::write_logs(&e))?;
         let mut log = self.write_log();
-        if let Some(first) = log.entries.front().map(|e| e.log_id.index) {
-            let keep = usize::try_from(log_id.index.saturating_sub(first)).unwrap_or(usize::MAX);
-            log.entries.truncate(keep);
+        while log
+            .entries
+            .back()
+            .is_some_and(|e| e.log_id.index >= log_id.index)
+        {
+            log.entries.pop_back();
+            log.bytes -= log.sizes.pop_back().unwrap_or(0);
         }
+        // The new last entry: in memory, or read back from the segments.
+        log.last = match log.entries.back() {
+            Some(entry) => Some(entry.log_id),
+            None => {
+                let before = log_id.index.checked_sub(1);
+                match before.filter(|b| log.purged.is_none_or(|p| *b > p.index)) {
+                    Some(b) => self
+                        .inner
+                        .lock_wal()
+                        .read(b, b)
+                        .map_err(|e| StorageIOError::read_logs(&e))?
+                        .last()
+                        .map(|e| e.log_id),
+                    None => None,
+                }
+            }
+        };
         Ok(())
     }
 
@@ -898,7 +997,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .front()
                 .is_some_and(|e| e.log_id.index <= log_id.index)
             {
-                log.entries.pop_front();
+                log.pop_front();
+            }
+            if log.last.is_some_and(|last| last.index <= log_id.index) {
+                log.last = None;
             }
         }
         if self.inner.lock_wal().purgeable(log_id.index) > 0 {
@@ -1367,6 +1469,75 @@ mod tests {
             }
         }
         assert!(refused > 0, "no cut of the log's files was detected");
+        Ok(())
+    }
+
+    /// An entry whose record is about `bytes` long.
+    fn large(term: u64, index: u64, bytes: usize) -> Entry<TypeConfig> {
+        let mut entry = batch(term, index);
+        if let EntryPayload::Normal(batch) = &mut entry.payload
+            && let Some(Cmd::RefreshLease { lease, .. }) = batch.cmds.first_mut()
+        {
+            *lease = format!("{index:0>bytes$}");
+        }
+        entry
+    }
+
+    fn wal_bytes(dir: &Path) -> anyhow::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let mut total = 0;
+        for item in std::fs::read_dir(dir.join("wal"))? {
+            total += item?.metadata()?.blocks() * 512;
+        }
+        Ok(total)
+    }
+
+    #[tokio::test]
+    async fn entries_past_memory_are_read_back_and_purged_entries_leave_the_disk()
+    -> anyhow::Result<()> {
+        // 200 entries of ~20 kB (4 MB): memory keeps about 1 MB of the newest; segments of
+        // 256 kB hold about 12 entries each.
+        const RECORD: usize = 20_000;
+        let dir = tempfile::tempdir()?;
+        let written: Vec<_> = (1..=200).map(|i| large(1, i, RECORD)).collect();
+        {
+            let mut store = LogStore::open_with(dir.path(), Durability::Flush, 256 * 1024)?;
+            for entry in &written {
+                store.blocking_append([entry.clone()]).await?;
+            }
+            let in_memory = store.read_log().entries.len();
+            assert!(in_memory < 60, "{in_memory} entries kept in memory");
+            assert_eq!(store.try_get_log_entries(..).await?, written);
+            assert_eq!(store.try_get_log_entries(10..=12).await?, written[9..12]);
+            let full = wal_bytes(dir.path())?;
+            assert!(full >= 200 * RECORD as u64, "{full} bytes on disk");
+
+            // A truncate below the entries in memory finds the new last entry on disk.
+            store.truncate(log_id(1, 120)).await?;
+            assert_eq!(
+                store.get_log_state().await?.last_log_id,
+                Some(log_id(1, 119))
+            );
+            assert_eq!(store.try_get_log_entries(..).await?, written[..119]);
+            store.blocking_append([blank(2, 120)]).await?;
+
+            // A purge removes the segments it covers from the disk: what stays is the entries
+            // after the purge point plus at most one segment and the last one's free space.
+            store.purge(log_id(1, 100)).await?;
+            let kept = wal_bytes(dir.path())?;
+            assert!(
+                kept <= 20 * RECORD as u64 + 2 * 256 * 1024,
+                "{kept} bytes on disk after purging 100 of 120 entries"
+            );
+            assert!(store.try_get_log_entries(..=100).await?.is_empty());
+        }
+        let mut store = LogStore::open_with(dir.path(), Durability::Flush, 256 * 1024)?;
+        let mut expected = written[100..119].to_vec();
+        expected.push(blank(2, 120));
+        assert_eq!(store.try_get_log_entries(..).await?, expected);
+        let state = store.get_log_state().await?;
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 100)));
+        assert_eq!(state.last_log_id, Some(log_id(2, 120)));
         Ok(())
     }
 
