@@ -320,7 +320,14 @@ fn holders_table(out: &mut String, holders: &Listed<HolderRow>, lock: bool) {
             host = esc(&h.host),
             pid = esc(&h.pid),
             at = esc(&h.locked_at),
-            held = duration(h.held_for_ms),
+            held = match h.hold_ends_in_ms {
+                Some(ms) => format!(
+                    "{} <span class=\"dim\">(hold limit: ends in {})</span>",
+                    duration(h.held_for_ms),
+                    duration(ms)
+                ),
+                None => duration(h.held_for_ms),
+            },
             meta = other_metadata(&h.metadata),
         );
     }

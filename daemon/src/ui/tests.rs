@@ -129,7 +129,7 @@ impl Known {
             weight,
             wait_ns,
             metadata,
-            max_hold_ns: 0,
+            max_hold_ns: 3_600 * S,
         };
         let holder_meta = meta(&[("host", "h1"), ("pid", "101"), ("note", EVIL)]);
         k.run(10, acquire(&first, 1, 0, holder_meta), Some(ADMIN));
@@ -240,6 +240,11 @@ fn the_namespace_view_lists_holders_and_the_queue_in_order() {
         (1, "worker-1", "h1", "101", 15_000),
         "held since second 10, read at 25"
     );
+    assert_eq!(
+        holder.hold_ends_in_ms,
+        Some(3_585_000),
+        "a one-hour hold limit from second 10"
+    );
     assert!(holder.fencing_token > 0 && !holder.lease_id.is_empty());
     let [waiter] = sem.queue.items.as_slice() else {
         panic!("one waiter: {:?}", sem.queue);
@@ -303,8 +308,8 @@ fn the_namespace_html_shows_the_rows_with_user_text_escaped() {
     assert!(html.contains("<td class=\"host\">h2</td>"));
     assert!(html.contains("1/2 permits held"));
     assert!(
-        html.contains("<td>15s</td>") || html.contains(">15s</td>"),
-        "held for: {html}"
+        html.contains(">15s <span class=\"dim\">(hold limit: ends in "),
+        "held for, and the hold limit: {html}"
     );
     assert!(html.contains(">25s</td>"), "the waiter times out in 25 s");
     assert!(html.contains("<code>jobs/nightly</code>"));
@@ -323,6 +328,7 @@ fn the_json_carries_the_same_view() {
         "JSON keeps the text as written"
     );
     assert_eq!(holder["held_for_ms"], 15_000);
+    assert_eq!(holder["hold_ends_in_ms"], 3_585_000);
     let waiter = &json["semaphores"]["items"][0]["queue"]["items"][0];
     assert_eq!(waiter["position"], 0);
     assert_eq!(waiter["timeout_in_ms"], 25_000);

@@ -157,6 +157,8 @@ pub struct HolderRow {
     pub metadata: Metadata,
     pub locked_at: String,
     pub held_for_ms: i64,
+    /// Until the hold limit ends the hold (`None`: no hold limit; a semaphore's only).
+    pub hold_ends_in_ms: Option<i64>,
 }
 
 /// Who waits, in queue order: for a semaphore, or for a lock of the namespace.
@@ -362,6 +364,7 @@ pub fn namespace_of(
         pid: meta(&h.metadata, META_PID),
         locked_at: utc(h.locked_at),
         held_for_ms: millis(now_ns.saturating_sub(h.locked_at)),
+        hold_ends_in_ms: (h.ends_at > 0).then(|| millis(h.ends_at.saturating_sub(now_ns).max(0))),
         metadata: h.metadata,
     };
     // Deadlines are on the lease clock, which stands still between batches: move it on by the
@@ -432,6 +435,7 @@ pub fn namespace_of(
                 pid: meta(&h.metadata, META_PID),
                 locked_at: utc(h.locked_at),
                 held_for_ms: millis(now_ns.saturating_sub(h.locked_at)),
+                hold_ends_in_ms: None,
                 metadata: h.metadata,
             })
             .collect(),
