@@ -1374,11 +1374,13 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
         "a waiter has no rev: {out}"
     );
 
-    // (name, max) is the identity: x[1] is another, empty semaphore, and --who says loudly that
-    // x is in use with --max 2, showing those holders and waiters.
+    // (name, max) is the identity: x[1] is another, empty semaphore: --who says nobody holds
+    // it, then says loudly that x is in use with --max 2, showing those holders and waiters.
     let (code, out, err) = f.run(&["sema", "x", "--max", "1", "--who"]).await?;
     assert_eq!(code, 0, "nobody holds x[1]: {out:?} {err:?}");
-    let who = parse_who(&out)?;
+    let (first, rest) = out.split_once('\n').context("no lines")?;
+    assert_eq!(first, "x[0/1] no holder", "{out}");
+    let who = parse_who(rest)?;
     assert_eq!(who.len(), 3, "{out}");
     assert!(who.iter().all(|w| w.prefix == "x[2/2]"), "{out}");
     assert!(

@@ -70,8 +70,9 @@ Examples:
 
 Exit status: 64 usage error, 69 no conch node answered, 75 no slot (or lock) in time, 77 no
 token or no permission, 79 slot, lock or leadership lost while running (lease lost, semaphore
-deleted or resized, lock hold dropped); otherwise the command's own status (see `conch sema
---help`, `conch lock --help`, `conch elect --help`).";
+deleted or resized, lock hold dropped), 80 hold limit (--max-hold) reached and the command
+stopped; otherwise the command's own status (see `conch sema --help`, `conch lock --help`,
+`conch elect --help`).";
 
 /// conch: cluster-wide semaphores, locks and elections for shell scripts and cron jobs, served
 /// by conchd.

@@ -155,15 +155,18 @@ pub fn others_note(who: &Who) -> Option<String> {
     ))
 }
 
-/// What `--who` prints without `--json`: the holders and waiters, or one line saying there is
-/// no holder (never nothing).
+/// What `--who` prints without `--json`: the holders and waiters, or one line saying the
+/// asked semaphore has no holder (never nothing), then the lines of the same name's other
+/// capacities, so `x --max 3 --who` never shows only `x[2/2]` lines.
 pub fn text_lines(who: &Who) -> Vec<String> {
     let lines = render_lines(who);
-    if lines.is_empty() {
-        vec![format!(
+    if who.holders.is_empty() && who.waiters.is_empty() {
+        let mut said = vec![format!(
             "{}[{}/{}] no holder",
             who.name, who.active_holds, who.max
-        )]
+        )];
+        said.extend(lines);
+        said
     } else {
         lines
     }
@@ -375,6 +378,29 @@ mod tests {
         let said = text_lines(&who);
         assert_eq!(said.len(), 1, "{said:?}");
         assert!(said[0].ends_with("] no holder"), "{said:?}");
+    }
+
+    #[test]
+    fn no_holder_of_the_asked_capacity_is_said_before_the_others() {
+        let asked = Who {
+            max: 3,
+            semaphore: "video-encode.3".into(),
+            exists: false,
+            active_holds: 0,
+            holders: vec![],
+            waiters: vec![],
+            others: Some(vec![seed_example()]),
+            ..seed_example()
+        };
+        assert_eq!(
+            text_lines(&asked),
+            [
+                "video-encode[0/3] no holder",
+                "video-encode[2/2] HELD  node2 pid=4242 since=2026-06-12T10:15:00Z rev=8812",
+                "video-encode[2/2] HELD  node3 pid=991  since=2026-06-12T10:15:04Z rev=8814",
+                "video-encode[2/2] WAIT  node1 pid=1207 since=2026-06-12T10:15:09Z rev=-",
+            ]
+        );
     }
 
     #[test]
