@@ -65,6 +65,16 @@ pub fn binary(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// Nanoseconds since the Unix epoch `d` from now on this machine's wall clock (how Grackle
+/// writes times such as a wait group's `expires_at`).
+pub fn unix_nanos_in(d: Duration) -> i64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        + d;
+    i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)
+}
+
 /// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
 where

@@ -6,10 +6,10 @@
 //! waiter that was not woken by its object's entry would hold its call for minutes, and the
 //! test's own deadline would fail it), and everything else waits on conditions with deadlines.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use cluster_tests::ops::{self, Grackle};
-use cluster_tests::{Cluster, run_conch, wait_for};
+use cluster_tests::{Cluster, run_conch, unix_nanos_in, wait_for};
 use conch_client::{Client, ClientConfig};
 use conch_proto::grackle as pb;
 use tokio::task::JoinHandle;
@@ -18,14 +18,6 @@ use tonic::Code;
 const WAIT: Duration = Duration::from_secs(20);
 /// A waiter's server-side timeout: far longer than any test may take.
 const LONG: i32 = 240;
-
-fn unix_nanos_in(d: Duration) -> i64 {
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        + d;
-    i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)
-}
 
 async fn leader_and_follower(cluster: &Cluster) -> anyhow::Result<(u64, u64)> {
     let leader = cluster.wait_for_leader(WAIT).await?;

@@ -17,7 +17,7 @@
 //! Parked waiters are seen through each node's metrics, so these workloads need a cluster
 //! started by conch-bench (not `--endpoints`).
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use conch_proto::conch::TriggerSnapshotRequest;
@@ -25,9 +25,9 @@ use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::grackle as pb;
 use tokio::task::JoinSet;
 
-use crate::Cluster;
 use crate::net::{Grackle, connect};
 use crate::scrape::scrape;
+use crate::{Cluster, unix_nanos_in};
 
 use super::stats::{Latencies, Row, round1};
 use super::{Target, batched, check_setup, dir_bytes, rss_mb, secs};
@@ -49,14 +49,6 @@ const CONNECTIONS_PER_NODE: usize = 16;
 const WAIT_TIMEOUT_S: i32 = 300;
 /// How long the parked waiters may take to be seen parked.
 const PARK_DEADLINE: Duration = Duration::from_secs(60);
-
-fn unix_nanos_in(d: Duration) -> i64 {
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        + d;
-    i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)
-}
 
 /// `CONNECTIONS_PER_NODE` clients to every node, node by node in turn, so that client `i` is
 /// on node `i % nodes`.

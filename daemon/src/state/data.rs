@@ -179,6 +179,22 @@ pub(super) struct Holder {
     pub(super) ends_wall: Nanos,
 }
 
+impl Holder {
+    /// How long the hold may still last at lease clock `clock_ns` (0: no hold limit; a hold at
+    /// or past its end has none of it left, which reaping is about to make true).
+    pub(super) fn hold_left(&self, clock_ns: Nanos) -> Nanos {
+        hold_left(self.ends_at, clock_ns)
+    }
+}
+
+/// What is left at `clock_ns` of a hold ending at `ends_at` (0 for both: no hold limit).
+pub(super) fn hold_left(ends_at: Nanos, clock_ns: Nanos) -> Nanos {
+    match ends_at {
+        0 => 0,
+        end => end.saturating_sub(clock_ns),
+    }
+}
+
 /// Reached only through `&` outside this module.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Waiter {

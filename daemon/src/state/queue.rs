@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use super::data::{Ctx, Holder, Namespace, Semaphore, Waiter};
+use super::data::{Ctx, Holder, Namespace, Semaphore, Waiter, hold_left};
 use super::limits::*;
 use super::quota;
 use super::types::*;
@@ -75,10 +75,7 @@ impl Namespace {
             limit => ctx.clock_ns.saturating_add(limit),
         };
         let ends_at = earlier(old_end, fresh_end);
-        let hold_ns = match ends_at {
-            0 => 0,
-            end => end.saturating_sub(ctx.clock_ns),
-        };
+        let hold_ns = hold_left(ends_at, ctx.clock_ns);
         let ends_wall = match ends_at {
             0 => 0,
             _ => ctx.wall_ns.saturating_add(hold_ns),
@@ -289,10 +286,7 @@ impl Namespace {
                 (Some(_), _) => AcquireStatus::Unavailable,
                 (None, Some(holder)) => AcquireStatus::Acquired {
                     token: holder.token,
-                    hold_ns: match holder.ends_at {
-                        0 => 0,
-                        end => end.saturating_sub(clock),
-                    },
+                    hold_ns: holder.hold_left(clock),
                 },
                 (None, None) => AcquireStatus::Unavailable,
             };
@@ -416,10 +410,7 @@ impl Namespace {
         match sem.holders().get(&seq) {
             Some(holder) => GiveUpReply::Granted {
                 token: holder.token,
-                hold_ns: match holder.ends_at {
-                    0 => 0,
-                    end => end.saturating_sub(ctx.clock_ns),
-                },
+                hold_ns: holder.hold_left(ctx.clock_ns),
             },
             None => GiveUpReply::NotQueued,
         }

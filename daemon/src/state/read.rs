@@ -633,13 +633,8 @@ impl State {
         }
         let sem = namespace.semaphores().get(sem)?;
         let mut view = sem.holder_view(seq, namespace)?;
-        if let Some(end) = sem
-            .holders()
-            .get(&seq)
-            .map(|h| h.ends_at)
-            .filter(|e| *e > 0)
-        {
-            view.hold_left_ns = end.saturating_sub(self.data.clock_ns).max(1);
+        if let Some(h) = sem.holders().get(&seq).filter(|h| h.ends_at > 0) {
+            view.hold_left_ns = h.hold_left(self.data.clock_ns).max(1);
         }
         Some(view)
     }
