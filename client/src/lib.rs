@@ -14,6 +14,9 @@
 //!   across RPC timeouts and node failover, and returns a [`Guard`] with the fencing token;
 //!   [`Client::acquire_lock`] does the same for a lock path, shared or exclusive, and says
 //!   what blocks it when it does not get it ([`Blocked`]);
+//! - [`Client::lease_lost`]: completes as soon as the cluster ends a lease or one of its holds
+//!   (expired, revoked, hold limit, semaphore, lock or namespace deleted), pushed by a node
+//!   over a stream that fails over like every call ([`loss`]);
 //! - [`sema`]: the naming scheme of `conch sema` (namespace `conch` by default, semaphore
 //!   `<name>.<max>`);
 //! - [`BearerToken`]: for a cluster with access control on, set [`ClientConfig::token`] and every
@@ -78,6 +81,7 @@ mod fake;
 pub mod lease;
 mod lease_kind;
 pub mod lock;
+pub mod loss;
 pub mod private_file;
 pub mod request_id;
 #[cfg(test)]
@@ -95,6 +99,7 @@ pub use endpoint::{DEFAULT_ENDPOINT, DEFAULT_PORT, EndpointAddr, parse_endpoint,
 pub use error::{Error, LeaseLoss, Result};
 pub use lease::{Lease, LeaseKind, LeaseState, loss_after, refresh_interval};
 pub use lock::{Blocked, LockOutcome};
+pub use loss::Lost;
 pub use request_id::{REQUEST_ID_METADATA_KEY, new_request_id, request_with_id};
 pub use tls::ClientTls;
 pub use token::{AUTHORIZATION, BearerToken, NodeChannel, TokenInterceptor};

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
+use crate::loss_watch::{Full, LossWatch, LossWatches};
 use crate::metrics::ApplyMetrics;
 use crate::state::{Batch, Reply, SnapshotError, State, SyncKind};
 use crate::sync_watch::{SyncWatch, SyncWatches};
@@ -36,6 +37,8 @@ pub struct AppliedState {
     holder_watches: HolderWatches,
     /// Waits on wait groups and barriers (`sync_watch.rs`).
     sync_watches: SyncWatches,
+    /// Holders watching their lease for a loss (`loss_watch.rs`).
+    loss_watches: LossWatches,
 }
 
 /// The semaphores someone watches the holders of: per (namespace, semaphore), a counter of the
@@ -113,6 +116,7 @@ impl AppliedState {
             position: RwLock::new((applied_index, 0)),
             holder_watches: HolderWatches::default(),
             sync_watches: SyncWatches::default(),
+            loss_watches: LossWatches::default(),
         })
     }
 
@@ -139,6 +143,7 @@ impl AppliedState {
         // Still under the state lock: nobody reads this state before its events are queued.
         if !events.is_empty() {
             self.sync_watches.notify(&events);
+            self.loss_watches.notify(&events);
             self.waits.deliver(index, events);
         }
         let tally = state.take_tally();
@@ -181,6 +186,7 @@ impl AppliedState {
         self.set_position(index);
         self.waits.recheck_all(index);
         self.sync_watches.all_changed();
+        self.loss_watches.all_changed();
         drop(current);
         self.holder_watches.all_changed();
         self.applied_index.send_replace(index);
@@ -236,6 +242,13 @@ impl AppliedState {
     /// Watch before reading it, so no change between the read and the wait is missed.
     pub fn watch_sync(&self, kind: SyncKind, ns: &str, name: &str) -> SyncWatch {
         self.sync_watches.watch(kind, ns, name)
+    }
+
+    /// Watches lease `lease` of `ns` for a loss: woken by the entries that end the lease or
+    /// one of its holds. Watch before reading the lease, so no loss in between is missed.
+    /// Refused when the node keeps its limit of such watches.
+    pub fn watch_loss(&self, ns: &str, lease: &str) -> Result<LossWatch, Full> {
+        self.loss_watches.watch(ns, lease)
     }
 
     /// Watches the applied index.

@@ -42,6 +42,7 @@ mod error;
 mod expiry;
 mod identity;
 mod log_limit;
+mod loss_watch;
 mod metrics;
 mod metrics_http;
 mod raft;

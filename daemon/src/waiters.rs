@@ -145,6 +145,8 @@ impl Registry {
                 } => (WaitKey { ns, sem, lease }, WaitOutcome::Ended(reason)),
                 // Wait group and barrier waits are woken by `sync_watch.rs`.
                 Event::Synced { .. } => continue,
+                // Losses reach the holders watching them through `loss_watch.rs`.
+                Event::Lost { .. } => continue,
             };
             for (_, mailbox) in waits.by_key.get(&key).into_iter().flatten() {
                 mailbox.post(WaitEvent { index, outcome });

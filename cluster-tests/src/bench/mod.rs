@@ -10,6 +10,7 @@ pub mod elect;
 pub mod etcd;
 pub mod etcd_locks;
 pub mod locks;
+pub mod loss;
 pub mod stats;
 pub mod sync;
 pub mod w1;

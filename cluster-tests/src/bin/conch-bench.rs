@@ -22,19 +22,23 @@ const LOCK_WORKLOADS: [&str; 3] = ["L1", "L2", "L3"];
 const SYNC_WORKLOADS: [&str; 3] = ["S1", "S2", "S3"];
 /// Workloads run only when `--only` names them: the CLI (BENCHMARKS.md, "Elections").
 const CLI_WORKLOADS: [&str; 1] = ["E1"];
+/// Workloads run only when `--only` names them: a loss pushed to `conch sema` (BENCHMARKS.md,
+/// "Losses pushed to the holder").
+const LOSS_WORKLOADS: [&str; 1] = ["P1"];
 
 /// Benchmark a conch cluster: W1 uncontended cycles, W1b cycles with lease create/revoke, W2
 /// contended handoff, W3 leader failover, W4 lease refresh, W5 scale (memory, snapshot,
 /// restart); with `--only`, also L1 uncontended lock cycles, L2 contended lock hand-off, L3
 /// readers and a writer on one lock, S1 a 64-party barrier's release, S2 1 000 wait-group
 /// waiters woken, S3 a wait group of 100 000 jobs (memory, snapshot), E1 the gap when a
-/// `conch elect` leader is stopped and hands over.
+/// `conch elect` leader is stopped and hands over, P1 a revoked lease to its `conch sema`
+/// command stopped.
 #[derive(Parser, Debug)]
 #[command(name = "conch-bench", after_help = EXAMPLES)]
 struct Cli {
-    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5,L1,L2,L3,S1,S2,S3,E1;
-    /// the lock workloads L1-L3, the wait group and barrier workloads S1-S3 and the CLI
-    /// workload E1 run only when named). With --baseline etcd: which of W1,W1b,W2,W3,L1,
+    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5,L1,L2,L3,S1,S2,S3,E1,
+    /// P1; the lock workloads L1-L3, the wait group and barrier workloads S1-S3 and the CLI
+    /// workloads E1 and P1 run only when named). With --baseline etcd: which of W1,W1b,W2,W3,L1,
     /// L2,L3 to compare (default W1,W1b,W2,W3).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -116,6 +120,7 @@ Examples:
   target/release/conch-bench --baseline etcd --only L1,L2,L3 --duration-s 15   # locks vs etcd
   target/release/conch-bench --only S1,S2,S3   # barrier release, wait-group wake-up and size
   target/release/conch-bench --only E1         # conch elect: the hand-over gap on SIGTERM
+  target/release/conch-bench --only P1         # revoke -> conch sema's command stopped
 
 conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
 
@@ -134,6 +139,7 @@ async fn main() -> ExitCode {
                 .chain(&LOCK_WORKLOADS)
                 .chain(&SYNC_WORKLOADS)
                 .chain(&CLI_WORKLOADS)
+                .chain(&LOSS_WORKLOADS)
                 .copied()
                 .collect(),
             WORKLOADS.to_vec(),
@@ -218,7 +224,7 @@ async fn main() -> ExitCode {
     let mut rows = Vec::new();
     let mut failed = false;
     for workload in selected {
-        if cli.endpoints.is_some() && matches!(workload, "W3" | "W5" | "S1" | "S2" | "S3") {
+        if cli.endpoints.is_some() && matches!(workload, "W3" | "W5" | "S1" | "S2" | "S3" | "P1") {
             eprintln!(
                 "conch-bench: {workload} skipped: it kills and restarts nodes, which needs a cluster of its own"
             );
@@ -309,6 +315,7 @@ async fn run(
         }
         "S3" => rows.push(bench::sync::s3(&mut target, bench::sync::S3_JOBS).await?),
         "E1" => rows.push(bench::elect::e1(&target, bench::elect::E1_ROUNDS).await?),
+        "P1" => rows.push(bench::loss::p1(&target, opts, bench::loss::P1_ROUNDS).await?),
         other => anyhow::bail!("unknown workload {other}"),
     }
     Ok(rows)

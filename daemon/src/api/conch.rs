@@ -130,6 +130,41 @@ impl ConchApi for ConchApiService {
             exists: now.exists,
         }))
     }
+
+    type WatchLossStream = super::watch_loss::WatchLossStream;
+
+    async fn watch_loss(
+        &self,
+        request: Request<cpb::WatchLossRequest>,
+    ) -> Result<Response<Self::WatchLossStream>, Status> {
+        let caller = Caller::of(&self.node, &request);
+        let principal = super::admission::Principal::of(&caller, &request);
+        let r = request.into_inner();
+        let kind = super::watch_loss::kind(r.kind)?;
+        crate::state::validate::name("namespace_name", &r.namespace_name)
+            .map_err(ApiError::from)?;
+        crate::state::validate::lease_id(&r.lease_id).map_err(ApiError::from)?;
+        // The permission refreshing this lease needs, checked the same way.
+        caller.allow_write(
+            &self.node,
+            &crate::state::Cmd::RefreshLease {
+                ns: r.namespace_name.clone(),
+                kind,
+                lease: r.lease_id.clone(),
+                ttl_s: 0,
+            },
+        )?;
+        let permit = self.waiting.enter(principal)?;
+        let stream = super::watch_loss::start(
+            Arc::clone(&self.node),
+            r.namespace_name,
+            kind,
+            r.lease_id,
+            permit,
+        )
+        .await?;
+        Ok(Response::new(stream))
+    }
 }
 
 pub struct AdminService {

@@ -33,6 +33,7 @@ pub mod request_id;
 pub mod responses;
 pub mod status;
 pub mod sync;
+pub mod watch_loss;
 
 /// Largest client request accepted; tonic refuses anything bigger with OUT_OF_RANGE ("decoded
 /// message length too large") before a handler sees it.

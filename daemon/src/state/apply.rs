@@ -131,6 +131,11 @@ impl State {
             Cmd::DeleteNamespace { name } => {
                 if let Some(ns) = namespaces.remove(name, ctx) {
                     super::sync::namespace_gone(&ns, ctx);
+                    // Its leases are lost with it.
+                    for seq in ns.leases().keys() {
+                        let lease = ns.lease_id(*seq);
+                        ns.lost(lease, String::new(), LossCause::NamespaceDeleted, ctx);
+                    }
                     // Its waiters' callers learn that the semaphore is gone.
                     for (sem_name, sem) in ns.semaphores() {
                         for seq in sem.queue().values() {
@@ -314,7 +319,7 @@ fn reap(namespaces: &mut Namespaces, ctx: &mut Ctx) {
             continue;
         };
         let mut sems = BTreeSet::new();
-        if ns.end_lease(seq, ctx, &mut sems) {
+        if ns.end_lease(seq, LossCause::Expired, ctx, &mut sems) {
             ctx.tally.expirations += 1;
         }
         affected.extend(sems.into_iter().map(|sem| (name.clone(), sem)));
@@ -341,6 +346,8 @@ fn reap(namespaces: &mut Namespaces, ctx: &mut Ctx) {
         };
         if ns.remove_holder(&sem, seq, ctx).is_some() {
             ctx.tally.holds_ended += 1;
+            let lease = ns.lease_id(seq);
+            ns.lost(lease, sem.clone(), LossCause::HoldLimit, ctx);
         }
         affected.insert((name, sem));
     }

@@ -1075,8 +1075,8 @@ impl Namespace {
         Some(old)
     }
 
-    /// Drops every hold on lock `path`; returns how many there were.
-    pub(super) fn remove_lock(&mut self, path: &str, ctx: &mut Ctx) -> usize {
+    /// Drops every hold on lock `path`; returns the leases that held it.
+    pub(super) fn remove_lock(&mut self, path: &str, ctx: &mut Ctx) -> Vec<u64> {
         let holders: Vec<u64> = self
             .locks
             .held()
@@ -1086,7 +1086,7 @@ impl Namespace {
         for seq in &holders {
             self.remove_lock_holder(path, *seq, ctx);
         }
-        holders.len()
+        holders
     }
 
     /// Queues `waiter` at the end of the lock queue (the caller checked its lease does not wait

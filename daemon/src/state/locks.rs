@@ -447,7 +447,12 @@ impl Namespace {
     }
 
     pub(super) fn delete_lock(&mut self, path: &str, ctx: &mut Ctx) -> Reply {
-        if self.remove_lock(path, ctx) > 0 {
+        let holders = self.remove_lock(path, ctx);
+        for seq in &holders {
+            let lease = self.lease_id(*seq);
+            self.lost(lease, lock_object(path), LossCause::LockDeleted, ctx);
+        }
+        if !holders.is_empty() {
             self.grant_locks(ctx);
         }
         Ok(Outcome::Done)

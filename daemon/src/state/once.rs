@@ -238,7 +238,7 @@ impl State {
                     let waiter = (ns.clone(), sem.clone(), lease.clone());
                     self.data.requests.settle_ended(&waiter);
                 }
-                Event::Synced { .. } => {}
+                Event::Synced { .. } | Event::Lost { .. } => {}
             }
         }
     }

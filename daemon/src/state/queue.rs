@@ -163,12 +163,14 @@ impl Namespace {
     pub(super) fn end_lease(
         &mut self,
         seq: u64,
+        cause: LossCause,
         ctx: &mut Ctx,
         affected: &mut BTreeSet<String>,
     ) -> bool {
         let Some(lease) = self.remove_lease(seq, ctx) else {
             return false;
         };
+        self.lost(lease.id(seq), String::new(), cause, ctx);
         affected.extend(lease.holds.iter().cloned());
         for sem_name in &lease.waits {
             self.wait_ended(sem_name, lease.id(seq), WaitEnd::LeaseGone, ctx);
@@ -177,9 +179,25 @@ impl Namespace {
         true
     }
 
-    /// Deletes a semaphore; its waiters' callers learn that it is gone.
+    /// Tells the holder of lease `lease` (an id) that it lost the lease (`object` empty) or its
+    /// hold of `object`.
+    pub(super) fn lost(&self, lease: String, object: String, cause: LossCause, ctx: &mut Ctx) {
+        ctx.events.push(Event::Lost {
+            ns: self.name().to_string(),
+            lease,
+            object,
+            cause,
+        });
+    }
+
+    /// Deletes a semaphore; its holders lose their holds and its waiters' callers learn that
+    /// it is gone.
     pub(super) fn end_semaphore(&mut self, name: &str, ctx: &mut Ctx) {
         if let Some(sem) = self.remove_semaphore(name, ctx) {
+            for seq in sem.holders().keys() {
+                let lease = self.lease_id(*seq);
+                self.lost(lease, name.to_string(), LossCause::SemaphoreDeleted, ctx);
+            }
             for seq in sem.queue().values() {
                 self.wait_ended(name, self.lease_id(*seq), WaitEnd::SemaphoreGone, ctx);
             }
@@ -189,7 +207,7 @@ impl Namespace {
     pub(super) fn revoke_lease(&mut self, kind: LeaseKind, id: &str, ctx: &mut Ctx) -> Reply {
         let seq = self.find_lease_of(kind, id)?;
         let mut affected = BTreeSet::new();
-        self.end_lease(seq, ctx, &mut affected);
+        self.end_lease(seq, LossCause::Revoked, ctx, &mut affected);
         self.move_queues(&affected, ctx);
         Ok(Outcome::Done)
     }

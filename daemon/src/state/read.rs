@@ -437,6 +437,47 @@ impl State {
             .ok_or_else(|| lease_of_kind_not_found(kind, lease))
     }
 
+    /// What lease `lease` of `kind` in `ns` holds, if the lease is alive at the state's clock
+    /// (else `NotFound`, as [`State::get_lease`]): its holds in object order.
+    pub fn lease_holds(
+        &self,
+        ns: &str,
+        kind: LeaseKind,
+        lease: &str,
+    ) -> Result<Vec<LeaseHold>, Error> {
+        self.get_lease(ns, kind, lease)?;
+        let namespace = self.namespace(ns)?;
+        let Some(seq) = namespace.lease_seq(lease) else {
+            return Err(lease_of_kind_not_found(kind, lease));
+        };
+        let Some(l) = namespace.leases().get(&seq) else {
+            return Err(lease_of_kind_not_found(kind, lease));
+        };
+        let holds = l
+            .holds
+            .iter()
+            .filter_map(|object| match lock_path(object) {
+                Some(path) => namespace.locks().holder(path, seq).map(|h| LeaseHold {
+                    object: object.clone(),
+                    token: h.token,
+                    weight: 1,
+                    exclusive: h.exclusive,
+                }),
+                None => namespace
+                    .semaphores()
+                    .get(object)
+                    .and_then(|sem| sem.holders().get(&seq))
+                    .map(|h| LeaseHold {
+                        object: object.clone(),
+                        token: h.token,
+                        weight: h.weight,
+                        exclusive: false,
+                    }),
+            })
+            .collect();
+        Ok(holds)
+    }
+
     /// Lock `path` of `ns` as a read shows it (unlocked when nobody alive holds it).
     pub fn get_lock(&self, ns: &str, path: &str) -> Result<LockView, Error> {
         validate::name("namespace_name", ns)?;

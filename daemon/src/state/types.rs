@@ -523,6 +523,47 @@ pub enum Event {
         kind: SyncKind,
         name: String,
     },
+    /// A lease, or one hold of it, ended without its holder releasing it: the holder's
+    /// command runs without the slot from here on. Emitted once per lease or hold lost, in the
+    /// entry that ended it; a release or give-up by the holder emits none.
+    Lost {
+        ns: String,
+        lease: String,
+        /// The semaphore, or the lock object ([`lock_object`]), whose hold ended; empty when
+        /// the whole lease ended.
+        object: String,
+        cause: LossCause,
+    },
+}
+
+/// One hold of a lease, as a loss watch reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseHold {
+    /// The semaphore's name, or the lock object ([`lock_object`]).
+    pub object: String,
+    /// The grant's fencing token.
+    pub token: u64,
+    /// Permits held (semaphores); 1 for a lock.
+    pub weight: u64,
+    /// Exclusive (locks); false for a semaphore.
+    pub exclusive: bool,
+}
+
+/// Why a lease or a hold was lost ([`Event::Lost`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossCause {
+    /// The lease's TTL passed without a refresh.
+    Expired,
+    /// The lease was revoked (`RevokeLease`).
+    Revoked,
+    /// The hold reached its hold limit.
+    HoldLimit,
+    /// The semaphore was deleted.
+    SemaphoreDeleted,
+    /// The lock was deleted (an administrator's forced unlock).
+    LockDeleted,
+    /// The lease's namespace was deleted.
+    NamespaceDeleted,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,7 +20,10 @@
 //!    [stops on](Target::stops_on) (stop the command, then revoke), or to hand what it holds to
 //!    a [preferred](Target::preferred) waiter (stop, revoke, and return [`HandedOver`]). Lease lost, or the hold gone (a semaphore deleted or resized, a lock's
 //!    hold dropped by `DeleteLock`), first: SIGTERM the group, SIGKILL after `--kill-after`,
-//!    revoke, exit 79.
+//!    revoke, exit 79 (80 when the server ended the hold at its hold limit). A loss is learned
+//!    the moment a node applies it ([`Client::lease_lost`], a `WatchLoss` stream), and the
+//!    cause printed; the refreshes and the reads of [`Target::lost`] are the fallback when no
+//!    node can push it.
 //!
 //! Beside the command runs a guard process ([`crate::guard`]), renewed on every refresh: should
 //! conch itself not run (stopped, stuck) past the point where the lease is safe, the guard
@@ -31,8 +34,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use conch_client::proto::conch::LossCause;
 use conch_client::sema::NAMESPACE;
-use conch_client::{Client, Guard, Lease, LeaseKind, format_duration, refresh_interval};
+use conch_client::{Client, Guard, Held, Lease, LeaseKind, format_duration, refresh_interval};
 use nix::sys::signal::Signal;
 use tonic::Code;
 use tracing::{debug, info};
@@ -378,6 +382,7 @@ pub async fn hold(
         HoldLimit(Duration),
         Stopped(Signal),
         HandOver(String),
+        Pushed(conch_client::Lost),
     }
     let end = {
         // One future for the whole run, so the checks keep their pace whatever else wakes the
@@ -386,6 +391,12 @@ pub async fn hold(
         tokio::pin!(gone);
         let preferred = target.preferred(client, refresh_interval(spec.ttl));
         tokio::pin!(preferred);
+        // The loss pushed by the cluster, at once; the refreshes and the checks above are the
+        // fallback when no node can push it.
+        let held: Vec<Held> = guards.iter().map(|g| g.held().clone()).collect();
+        let pushed = client.lease_lost(namespace, lease.id(), target.lease_kind(), &held);
+        tokio::pin!(pushed);
+        let mut pushing = true;
         let (term_at, grace) = hold_stop.unwrap_or((Instant::now(), spec.kill_after));
         let limit = tokio::time::sleep_until(term_at.into());
         tokio::pin!(limit);
@@ -402,6 +413,13 @@ pub async fn hold(
                 what = &mut gone => break End::Gone(what),
                 to = &mut preferred => break End::HandOver(to),
                 () = &mut limit, if hold_stop.is_some() => break End::HoldLimit(grace),
+                lost = &mut pushed, if pushing => match lost {
+                    Ok(lost) => break End::Pushed(lost),
+                    Err(e) => {
+                        pushing = false;
+                        debug!(error = %e, "losses are not pushed; relying on refreshes");
+                    }
+                },
                 Ok(()) = refreshed.changed() => watchdog.renew(*refreshed.borrow_and_update()),
             }
         }
@@ -465,6 +483,33 @@ pub async fn hold(
             watchdog.finish().await;
             release_all(guards, lease, slot).await;
             Ok(ExitCode::from(exit::HOLD_LIMIT))
+        }
+        End::Pushed(lost) => {
+            eprintln!(
+                "conch: {slot} lost while running ({}): {}; stopping the command (SIGTERM, SIGKILL after {})",
+                lost.cause_name(),
+                lost.reason,
+                format_duration(spec.kill_after)
+            );
+            watchdog.stopping();
+            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
+                .await
+                .context("stop the command")?;
+            debug!(?status, "command stopped after a pushed loss");
+            watchdog.finish().await;
+            let code = match lost.cause {
+                LossCause::HoldLimit => exit::HOLD_LIMIT,
+                _ => exit::SLOT_LOST,
+            };
+            if lost.semaphore.is_some() || lost.lock.is_some() {
+                // One hold ended; the lease lives on: revoking it gives back whatever else it
+                // holds.
+                release_all(guards, lease, slot).await;
+            } else {
+                // The lease is gone: nothing to give back.
+                guards.into_iter().for_each(Guard::forget);
+            }
+            Ok(ExitCode::from(code))
         }
         End::Stopped(sig) => {
             eprintln!(
