@@ -347,4 +347,49 @@ mod tests {
         drop(watch);
         assert!(applied.holder_watches.lock().is_empty());
     }
+
+    /// A loss watch gets the loss of its own lease from the applied entry, and nothing from
+    /// entries that change other leases or leave its lease as it is.
+    #[test]
+    fn a_loss_watch_gets_its_leases_loss_from_the_apply_path() {
+        let applied = AppliedState::new(State::new(), 0);
+        let create_ns = Cmd::CreateNamespace {
+            name: "n".into(),
+            description: String::new(),
+            metadata: Metadata::new(),
+        };
+        let lease = |secret| Cmd::CreateLease {
+            ns: "n".into(),
+            kind: crate::state::LeaseKind::Semaphore,
+            process_id: String::new(),
+            ttl_s: 60,
+            metadata: Metadata::new(),
+            secret,
+        };
+        let replies = applied.apply(1, &batch(vec![create_ns, lease(1), lease(2)]));
+        let ids: Vec<String> = replies
+            .iter()
+            .filter_map(|r| match r {
+                Ok(Outcome::Lease(l)) => Some(l.lease_id.clone()),
+                _ => None,
+            })
+            .collect();
+        let [a, b] = ids.as_slice() else {
+            panic!("{replies:?}")
+        };
+        let mut watch = applied.watch_loss("n", a).expect("room");
+        let revoke = |lease: &String| Cmd::RevokeLease {
+            ns: "n".into(),
+            kind: crate::state::LeaseKind::Semaphore,
+            lease: lease.clone(),
+        };
+        applied.apply(2, &batch(vec![semaphore("s"), revoke(b)]));
+        assert!(watch.changed().now_or_never().is_none(), "b is not watched");
+        applied.apply(3, &batch(vec![revoke(a)]));
+        let seen = watch.changed().now_or_never().expect("a was revoked");
+        assert_eq!(
+            seen.loss.map(|l| l.cause),
+            Some(crate::state::LossCause::Revoked)
+        );
+    }
 }

@@ -112,15 +112,23 @@ fn a_hold_ends_at_its_limit_while_its_lease_lives_and_the_next_waiter_gets_it() 
     let token_b = token_a + 1;
     assert_eq!(
         t.take_events(),
-        vec![Event::Granted {
-            ns: NS.into(),
-            sem: "db".into(),
-            lease: b.clone(),
-            token: token_b,
-            weight: 1,
-            hold_ns: 10 * S,
-        }],
-        "the end of A's hold grants B in the same entry"
+        vec![
+            Event::Lost {
+                ns: NS.into(),
+                lease: a.clone(),
+                object: "db".into(),
+                cause: LossCause::HoldLimit,
+            },
+            Event::Granted {
+                ns: NS.into(),
+                sem: "db".into(),
+                lease: b.clone(),
+                token: token_b,
+                weight: 1,
+                hold_ns: 10 * S,
+            }
+        ],
+        "the end of A's hold is A's loss and grants B in the same entry"
     );
     assert_eq!(holders(&t, 10 * S), vec![b]);
     assert!(

@@ -428,9 +428,14 @@ fn deleting_the_namespace_ends_lock_waits() {
     t.take_events();
     t.ok(Cmd::DeleteNamespace { name: NS.into() });
     let events = t.take_events();
-    assert_eq!(events.len(), 1);
-    assert!(matches!(&events[0],
-        Event::WaitEnded { sem, reason: WaitEnd::SemaphoreGone, .. } if *sem == lock_object("d")));
+    assert_eq!(events.len(), 3, "{events:?}");
+    // Both leases are lost with the namespace, and the waiter's wait ends.
+    for lease in [&h, &w] {
+        assert!(events.iter().any(|e| matches!(e,
+            Event::Lost { lease: l, cause: LossCause::NamespaceDeleted, .. } if l == lease)));
+    }
+    assert!(events.iter().any(|e| matches!(e,
+        Event::WaitEnded { sem, reason: WaitEnd::SemaphoreGone, .. } if *sem == lock_object("d"))));
 }
 
 #[test]

@@ -177,6 +177,15 @@ fn wait_ended(sem: &str, lease: &str, reason: WaitEnd) -> Event {
     }
 }
 
+fn lost(lease: &str, object: &str, cause: LossCause) -> Event {
+    Event::Lost {
+        ns: NS.into(),
+        lease: lease.into(),
+        object: object.into(),
+        cause,
+    }
+}
+
 fn hold(lease: &str, weight: u64) -> (String, u64) {
     (lease.to_string(), weight)
 }
@@ -285,7 +294,11 @@ fn deleting_a_namespace_removes_everything_in_it() {
     );
     assert_eq!(
         t.take_events(),
-        vec![wait_ended("db", &l2, WaitEnd::SemaphoreGone)]
+        vec![
+            lost(&l1, "", LossCause::NamespaceDeleted),
+            lost(&l2, "", LossCause::NamespaceDeleted),
+            wait_ended("db", &l2, WaitEnd::SemaphoreGone)
+        ]
     );
     assert_eq!(
         t.state.stats(),
@@ -631,6 +644,7 @@ fn deleting_a_semaphore_drops_holders_and_waiters() {
     assert_eq!(
         t.take_events(),
         vec![
+            lost(&l1, "db", LossCause::SemaphoreDeleted),
             wait_ended("db", &l2, WaitEnd::SemaphoreGone),
             wait_ended("db", &l3, WaitEnd::SemaphoreGone)
         ]
@@ -924,7 +938,10 @@ fn refreshing_an_expired_lease_revokes_it_and_is_not_found() {
         .expect_err("expired");
     assert_eq!(e.kind, ErrorKind::NotFound);
     let token = t.state.holder(NS, "db", &w).expect("granted").token;
-    assert_eq!(t.take_events(), vec![granted("db", &w, token, 1)]);
+    assert_eq!(
+        t.take_events(),
+        vec![lost(&l, "", LossCause::Expired), granted("db", &w, token, 1)]
+    );
     assert_eq!(t.holders("db"), vec![hold(&w, 1)]);
 }
 
@@ -964,6 +981,7 @@ fn revoke_releases_everything_atomically() {
     assert_eq!(
         t.take_events(),
         vec![
+            lost(&l, "", LossCause::Revoked),
             wait_ended("q", &l, WaitEnd::LeaseGone),
             granted("cache", &b, tb, 1),
             granted("db", &a, ta, 2)
@@ -1724,6 +1742,7 @@ fn expiry_grants_waiters_but_never_a_waiter_that_is_itself_due() {
     assert_eq!(
         t.take_events(),
         vec![
+            lost(&h, "", LossCause::Expired),
             wait_ended("db", &a, WaitEnd::TimedOut),
             granted("db", &b, token, 1)
         ]
@@ -1782,7 +1801,10 @@ fn an_expiring_lease_ends_its_waits() {
     t.ok(Cmd::Expire);
     assert_eq!(
         t.take_events(),
-        vec![wait_ended("db", &w, WaitEnd::LeaseGone)]
+        vec![
+            lost(&w, "", LossCause::Expired),
+            wait_ended("db", &w, WaitEnd::LeaseGone)
+        ]
     );
     assert_eq!(t.state.next_due_ns(), Some(100 * S));
 }
@@ -2896,4 +2918,113 @@ fn quotas_and_budget_beyond_what_the_state_can_hold_are_invalid() {
         quotas: super::quota::Quotas::default(),
     });
     assert_eq!(e.kind, ErrorKind::NotFound);
+}
+
+// ---- losses ----
+
+
+/// Every way a holder loses its lease or a hold emits one `Lost` naming the lease, what was
+/// lost and why; a release by the holder emits none, and a waiter's ended wait is no loss.
+#[test]
+fn a_loss_is_emitted_for_every_way_a_holder_loses_and_never_for_a_release() {
+    let mut t = Timeline::with_ns();
+    t.create_sem("db", 1);
+    t.create_sem("other", 1);
+    let a = t.create_lease(100);
+    t.acquired("db", &a, 1, 0);
+    t.release("db", &a);
+    assert!(t.take_events().is_empty(), "a release is not a loss");
+
+    t.acquired("db", &a, 1, 0);
+    t.ok(Cmd::RevokeLease {
+        ns: NS.into(),
+        kind: LeaseKind::Semaphore,
+        lease: a.clone(),
+    });
+    assert_eq!(t.take_events(), vec![lost(&a, "", LossCause::Revoked)]);
+
+    let b = t.create_lease(10);
+    t.acquired("db", &b, 1, 0);
+    t.at(20 * S);
+    t.ok(Cmd::Expire);
+    assert_eq!(t.take_events(), vec![lost(&b, "", LossCause::Expired)]);
+
+    // The semaphore deleted: its holder loses the hold (its lease lives on), its waiter's wait
+    // ends.
+    let c = t.create_lease(100);
+    let w = t.create_lease(100);
+    t.acquired("other", &c, 1, 0);
+    t.acquire("other", &w, 1, 50 * S);
+    t.take_events();
+    t.ok(Cmd::DeleteSemaphore {
+        ns: NS.into(),
+        name: "other".into(),
+    });
+    assert_eq!(
+        t.take_events(),
+        vec![
+            lost(&c, "other", LossCause::SemaphoreDeleted),
+            wait_ended("other", &w, WaitEnd::SemaphoreGone)
+        ]
+    );
+
+    // A hold limit ends the hold, not the lease.
+    t.ok(Cmd::Acquire {
+        ns: NS.into(),
+        sem: "db".into(),
+        lease: c.clone(),
+        weight: 1,
+        wait_ns: 0,
+        metadata: none(),
+        max_hold_ns: 5 * S,
+    });
+    t.at(30 * S);
+    t.ok(Cmd::Expire);
+    assert_eq!(t.take_events(), vec![lost(&c, "db", LossCause::HoldLimit)]);
+
+    // A lock deleted under its holder.
+    let l = match t.ok(Cmd::CreateLease {
+        ns: NS.into(),
+        kind: LeaseKind::Lock,
+        process_id: String::new(),
+        ttl_s: 100,
+        metadata: none(),
+        secret: 9,
+    }) {
+        Outcome::Lease(v) => v.lease_id,
+        other => panic!("unexpected {other:?}"),
+    };
+    t.ok(Cmd::AcquireLock {
+        ns: NS.into(),
+        path: "a/b".into(),
+        lease: l.clone(),
+        exclusive: true,
+        wait_ns: 0,
+        metadata: none(),
+    });
+    t.take_events();
+    t.ok(Cmd::DeleteLock {
+        ns: NS.into(),
+        path: "a/b".into(),
+    });
+    assert_eq!(
+        t.take_events(),
+        vec![lost(&l, &lock_object("a/b"), LossCause::LockDeleted)]
+    );
+
+    // The namespace deleted: every lease in it is lost.
+    t.ok(Cmd::DeleteNamespace { name: NS.into() });
+    let losses: Vec<Event> = t
+        .take_events()
+        .into_iter()
+        .filter(|e| matches!(e, Event::Lost { .. }))
+        .collect();
+    assert_eq!(
+        losses,
+        vec![
+            lost(&c, "", LossCause::NamespaceDeleted),
+            lost(&w, "", LossCause::NamespaceDeleted),
+            lost(&l, "", LossCause::NamespaceDeleted),
+        ]
+    );
 }
