@@ -342,6 +342,7 @@ async fn stopped_and_handed_on(
     let err = holder.stderr();
     let said: Vec<&str> = err.lines().filter(|l| l.starts_with("conch:")).collect();
     ensure!(said.len() == 1, "one line says why: {err:?}");
+    eprintln!("the holder said: {}", said[0]);
     ensure!(
         said[0].starts_with("conch: slot lost while running (revoked): lease ")
             && said[0].contains(" was revoked; stopping the command"),
@@ -392,9 +393,9 @@ async fn a_revoked_lease_stops_conch_sema_and_the_next_waiter_gets_the_slot() ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_watch_moves_to_another_node_when_its_node_is_killed() -> anyhow::Result<()> {
+async fn the_watch_moves_to_another_node_when_the_leader_is_killed() -> anyhow::Result<()> {
     let mut f = Fixture::start().await?;
-    f.cluster.wait_for_leader(WAIT).await?;
+    let leader = f.cluster.wait_for_leader(WAIT).await?;
     let mut p = f.conch(&[
         "sema",
         "x",
@@ -411,9 +412,10 @@ async fn the_watch_moves_to_another_node_when_its_node_is_killed() -> anyhow::Re
     ])?;
     let (lease, pid) = held(&f.wait_file("held").await?)?;
     p.also_kill.push(pid);
-    // The node serving the watch (the leader, which the client prefers) is killed; the watch
-    // comes back on another node.
+    // The node serving the watch is the leader (the client follows the leader hint); it is
+    // killed, and the watch comes back on another node.
     let serving = f.watched().await?;
+    ensure!(serving == leader, "the watch is on node {serving}, the leader is {leader}");
     f.cluster.kill(serving);
     f.cluster.wait_for_leader(WAIT).await?;
     let again = f.watched().await?;
