@@ -415,7 +415,10 @@ async fn the_watch_moves_to_another_node_when_the_leader_is_killed() -> anyhow::
     // The node serving the watch is the leader (the client follows the leader hint); it is
     // killed, and the watch comes back on another node.
     let serving = f.watched().await?;
-    ensure!(serving == leader, "the watch is on node {serving}, the leader is {leader}");
+    ensure!(
+        serving == leader,
+        "the watch is on node {serving}, the leader is {leader}"
+    );
     f.cluster.kill(serving);
     f.cluster.wait_for_leader(WAIT).await?;
     let again = f.watched().await?;

@@ -940,7 +940,10 @@ fn refreshing_an_expired_lease_revokes_it_and_is_not_found() {
     let token = t.state.holder(NS, "db", &w).expect("granted").token;
     assert_eq!(
         t.take_events(),
-        vec![lost(&l, "", LossCause::Expired), granted("db", &w, token, 1)]
+        vec![
+            lost(&l, "", LossCause::Expired),
+            granted("db", &w, token, 1)
+        ]
     );
     assert_eq!(t.holders("db"), vec![hold(&w, 1)]);
 }
@@ -2921,7 +2924,6 @@ fn quotas_and_budget_beyond_what_the_state_can_hold_are_invalid() {
 }
 
 // ---- losses ----
-
 
 /// Every way a holder loses its lease or a hold emits one `Lost` naming the lease, what was
 /// lost and why; a release by the holder emits none, and a waiter's ended wait is no loss.
