@@ -549,7 +549,9 @@ pub struct LeaseHold {
     pub exclusive: bool,
 }
 
-/// Why a lease or a hold was lost ([`Event::Lost`]).
+/// Why a lease or a hold was lost ([`Event::Lost`]). Each maps to a `conch.v1.LossCause` and
+/// a reason in `api/watch_loss.rs`; a new way to lose (an administrator's revoke) is a new
+/// variant there and here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LossCause {
     /// The lease's TTL passed without a refresh.
