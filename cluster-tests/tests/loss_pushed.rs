@@ -2,7 +2,7 @@
 //! call itself through a follower (the `watching` message, `NOT_FOUND` for a lease already
 //! gone, one `lost` message per cause), and `conch sema` stopping its command the moment its
 //! lease is revoked, with the cause on stderr and the slot handed to the next waiter, also
-//! after the node serving the stream was killed.
+//! after the node serving the stream was killed or shut down.
 //!
 //! Nothing here depends on timing: the leases live 30 s or more (their refreshes are not what
 //! tells), and every wait is on a condition with a deadline. Every process is killed on drop.
@@ -21,6 +21,7 @@ use conch_proto::conch::{
     LeaseWatching, LossCause, LossEvent, WatchLossRequest, WatchLossResponse, WatchedLeaseKind,
 };
 use conch_proto::grackle as pb;
+use nix::sys::signal::Signal;
 use tonic::Streaming;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -308,8 +309,12 @@ impl Fixture {
     async fn watched(&self) -> anyhow::Result<u64> {
         wait_for("a node to serve the loss watch", WAIT, || async {
             for id in self.cluster.running_ids() {
-                let addr = self.cluster.metrics_addr(id)?;
-                let s = scrape(&addr).await.ok()?;
+                let Some(addr) = self.cluster.metrics_addr(id) else {
+                    continue;
+                };
+                let Ok(s) = scrape(&addr).await else {
+                    continue;
+                };
                 if s.get("conch_waiting_calls").unwrap_or(0.0) >= 1.0 {
                     return Some(id);
                 }
@@ -423,6 +428,61 @@ async fn the_watch_moves_to_another_node_when_the_leader_is_killed() -> anyhow::
     f.cluster.wait_for_leader(WAIT).await?;
     let again = f.watched().await?;
     ensure!(again != serving, "node {serving} was killed");
+    let mut q = f.conch(&[
+        "sema",
+        "x",
+        "--max",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        r#"echo got > "$T/second""#,
+    ])?;
+    f.revoke("conch", &lease).await?;
+    stopped_and_handed_on(&f, &mut p, &mut q, pid).await
+}
+
+/// A node shutting down (SIGTERM) ends the streams it serves without a loss; conch watches
+/// again through another node and still learns the revoke there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_shutting_down_ends_the_watch_and_conch_watches_elsewhere() -> anyhow::Result<()> {
+    let mut f = Fixture::start().await?;
+    f.cluster.wait_for_leader(WAIT).await?;
+    let mut p = f.conch(&[
+        "sema",
+        "x",
+        "--max",
+        "1",
+        "--ttl",
+        "60s",
+        "--kill-after",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        HOLDER,
+    ])?;
+    let (lease, pid) = held(&f.wait_file("held").await?)?;
+    p.also_kill.push(pid);
+    let serving = f.watched().await?;
+    f.cluster.signal(serving, Signal::SIGTERM);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while f.cluster.exit_status(serving).is_none() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "node {serving} did not stop on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f.cluster.kill(serving);
+    f.cluster.wait_for_leader(WAIT).await?;
+    let again = f.watched().await?;
+    ensure!(again != serving, "node {serving} stopped");
+    ensure!(
+        p.stderr().lines().all(|l| !l.starts_with("conch:")),
+        "a node going away is no loss: {}",
+        p.stderr()
+    );
     let mut q = f.conch(&[
         "sema",
         "x",
