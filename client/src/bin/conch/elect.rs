@@ -62,6 +62,7 @@ pub async fn run(
         Plan {
             main: semaphore,
             host: None,
+            set: Vec::new(),
         },
         1,
         format!("leadership of {}", args.name),

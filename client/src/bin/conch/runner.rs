@@ -73,6 +73,13 @@ pub trait Target {
 
     /// Where a wait of `lease_id` stands, for the status line (`None`: cannot tell now).
     async fn standing(&self, client: &Client, lease_id: &str) -> Option<Standing>;
+
+    /// The token the command sees as `CONCH_REV`, and any further variables naming the
+    /// grants' tokens, of `guards` (as `take` returned them). By default the last guard's
+    /// token and nothing more.
+    fn revs(&self, guards: &[Guard]) -> (u64, Vec<(&'static str, String)>) {
+        (guards.last().map_or(0, Guard::fencing_token), Vec::new())
+    }
 }
 
 /// What is left of a wait that ends at `deadline` (`None`: forever).
@@ -268,7 +275,7 @@ pub async fn hold(
 
     // What was queued for may have gone while conch queued (a semaphore deleted or resized, a
     // lock's hold dropped): then the command does not start.
-    let token = guards.last().map_or(0, |g| g.fencing_token());
+    let (token, revs) = target.revs(&guards);
     let before = tokio::select! {
         r = target.check(client, token) => r,
         sig = signals.recv() => {
@@ -294,6 +301,7 @@ pub async fn hold(
         ("CONCH_REV", token.to_string()),
         ("CONCH_LEASE", lease.id().to_string()),
     ];
+    env.extend(revs);
     env.extend(spec.env.iter().cloned());
     let mut watchdog = match guard::Guard::start(spec.ttl, spec.kill_after) {
         Ok(g) => g,
