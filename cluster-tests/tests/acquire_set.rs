@@ -52,10 +52,15 @@ fn acquire_set(addr: String, lease: &str, members: &[&str], timeout_ms: u64) -> 
 }
 
 /// Starts a single blocking `AcquireSemaphore` of `sem` for `lease` through `addr`.
-fn acquire_one(addr: String, lease: &str, sem: &str) -> JoinHandle<anyhow::Result<pb::AcquireSemaphoreResponse>> {
+fn acquire_one(
+    addr: String,
+    lease: &str,
+    sem: &str,
+) -> JoinHandle<anyhow::Result<pb::AcquireSemaphoreResponse>> {
     let (lease, sem) = (lease.to_string(), sem.to_string());
     tokio::spawn(async move {
-        let mut g = pb::grackle_api_client::GrackleApiClient::new(cluster_tests::channel(&addr).await?);
+        let mut g =
+            pb::grackle_api_client::GrackleApiClient::new(cluster_tests::channel(&addr).await?);
         Ok(ops::acquire(&mut g, NS, &sem, &lease, 1, 120).await?)
     })
 }
@@ -71,14 +76,27 @@ async fn waiters(addr: &str, sem: &str) -> Option<Vec<String>> {
         })
         .await
         .ok()?;
-    Some(r.into_inner().waiters.into_iter().map(|w| w.lease_id).collect())
+    Some(
+        r.into_inner()
+            .waiters
+            .into_iter()
+            .map(|w| w.lease_id)
+            .collect(),
+    )
 }
 
 /// Waits until the queue of `sem` (read through `addr`) is exactly `expected`.
 async fn wait_queue(addr: &str, sem: &str, expected: &[&str]) -> anyhow::Result<()> {
-    wait_for(&format!("queue of {sem} to be {expected:?}"), WAIT, || async {
-        waiters(addr, sem).await.filter(|w| w == expected).map(|_| ())
-    })
+    wait_for(
+        &format!("queue of {sem} to be {expected:?}"),
+        WAIT,
+        || async {
+            waiters(addr, sem)
+                .await
+                .filter(|w| w == expected)
+                .map(|_| ())
+        },
+    )
     .await
 }
 
@@ -121,7 +139,8 @@ async fn setup() -> anyhow::Result<(Cluster, u64, ops::Grackle)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn opposite_orders_both_finish_and_a_single_acquire_waits_behind_the_set() -> anyhow::Result<()> {
+async fn opposite_orders_both_finish_and_a_single_acquire_waits_behind_the_set()
+-> anyhow::Result<()> {
     let (cluster, follower, mut c) = setup().await?;
     let addr = cluster.addr(follower);
     let (h, x, y, z) = (
@@ -130,7 +149,9 @@ async fn opposite_orders_both_finish_and_a_single_acquire_waits_behind_the_set()
         ops::lease(&mut c, NS, 60).await?,
         ops::lease(&mut c, NS, 60).await?,
     );
-    ensure!(ops::acquired(&ops::acquire(&mut c, NS, "a", &h, 1, 0).await?));
+    ensure!(ops::acquired(
+        &ops::acquire(&mut c, NS, "a", &h, 1, 0).await?
+    ));
 
     // x wants {a, b}, y wants {b, a}: both queue, holding nothing (b is free, yet x does not
     // take it alone).
@@ -138,7 +159,10 @@ async fn opposite_orders_both_finish_and_a_single_acquire_waits_behind_the_set()
     wait_queue(&addr, "b", &[&x]).await?;
     let y_call = acquire_set(addr.clone(), &y, &["b", "a"], SET_TIMEOUT_MS);
     wait_queue(&addr, "a", &[&x, &y]).await?;
-    ensure!(holders(&mut c, "b").await?.is_empty(), "b is taken by no part of a set");
+    ensure!(
+        holders(&mut c, "b").await?.is_empty(),
+        "b is taken by no part of a set"
+    );
     // A single acquire of b arriving later waits behind both, although b has room.
     let z_call = acquire_one(addr.clone(), &z, "b");
     wait_queue(&addr, "b", &[&x, &y, &z]).await?;
@@ -161,7 +185,12 @@ async fn opposite_orders_both_finish_and_a_single_acquire_waits_behind_the_set()
     let y_answer = answer(y_call).await??;
     ensure!(acquired(&y_answer), "{y_answer:?}");
     ensure!(
-        y_answer.grants.iter().map(|g| g.semaphore_name.as_str()).collect::<Vec<_>>() == ["b", "a"],
+        y_answer
+            .grants
+            .iter()
+            .map(|g| g.semaphore_name.as_str())
+            .collect::<Vec<_>>()
+            == ["b", "a"],
         "grants in the order of the request: {y_answer:?}"
     );
     wait_queue(&addr, "b", &[&z]).await?;
@@ -179,7 +208,10 @@ async fn bad_sets_are_refused_with_invalid_argument() -> anyhow::Result<()> {
     let dup = answer(acquire_set(addr.clone(), &lease, &["a", "a"], 0)).await?;
     let status = dup.err().context("a duplicate member is refused")?;
     ensure!(status.code() == tonic::Code::InvalidArgument, "{status:?}");
-    ensure!(status.message().contains("semaphore a is named twice"), "{status:?}");
+    ensure!(
+        status.message().contains("semaphore a is named twice"),
+        "{status:?}"
+    );
     let one = answer(acquire_set(addr, &lease, &["a"], 0)).await?;
     ensure!(one.err().map(|s| s.code()) == Some(tonic::Code::InvalidArgument));
     Ok(())
@@ -193,7 +225,9 @@ async fn a_set_stays_all_or_none_across_a_leader_kill() -> anyhow::Result<()> {
         ops::lease(&mut c, NS, 60).await?,
         ops::lease(&mut c, NS, 60).await?,
     );
-    ensure!(ops::acquired(&ops::acquire(&mut c, NS, "b", &h, 1, 0).await?));
+    ensure!(ops::acquired(
+        &ops::acquire(&mut c, NS, "b", &h, 1, 0).await?
+    ));
     let x_call = acquire_set(addr.clone(), &x, &["a", "b"], SET_TIMEOUT_MS);
     wait_queue(&addr, "a", &[&x]).await?;
 
@@ -219,15 +253,19 @@ async fn a_set_stays_all_or_none_across_a_leader_kill() -> anyhow::Result<()> {
     ensure!(acquired(&x_answer), "{x_answer:?}");
     for id in cluster.running_ids() {
         let mut g = cluster.grackle(id).await?;
-        let both = wait_for(&format!("node {id} to show x holding a and b"), WAIT, || {
-            let mut g = g.clone();
-            let x = x.clone();
-            async move {
-                let a = holders(&mut g, "a").await.ok()?;
-                let b = holders(&mut g, "b").await.ok()?;
-                (a.iter().any(|(l, _)| *l == x) && b.iter().any(|(l, _)| *l == x)).then_some(())
-            }
-        })
+        let both = wait_for(
+            &format!("node {id} to show x holding a and b"),
+            WAIT,
+            || {
+                let mut g = g.clone();
+                let x = x.clone();
+                async move {
+                    let a = holders(&mut g, "a").await.ok()?;
+                    let b = holders(&mut g, "b").await.ok()?;
+                    (a.iter().any(|(l, _)| *l == x) && b.iter().any(|(l, _)| *l == x)).then_some(())
+                }
+            },
+        )
         .await;
         both?;
         ensure!(ops::holders(&mut g, NS, "a").await?.len() == 1);
@@ -286,10 +324,7 @@ async fn conch_sema_and_runs_opposite_orders_to_the_end_with_every_token() -> an
         ensure!(members.len() == 2, "{line}");
         ensure!(members[0].1 == rev, "{line}");
         ensure!(
-            matches!(
-                (members[0].0, members[1].0),
-                ("a", "b") | ("b", "a")
-            ),
+            matches!((members[0].0, members[1].0), ("a", "b") | ("b", "a")),
             "{line}"
         );
     }

@@ -258,24 +258,24 @@ pub(super) fn holds(ops: &[Op], beliefs: &BTreeMap<String, LeaseBelief>) -> Vec<
             _ => Vec::new(),
         };
         for (lease, sem, weight, token) in granted {
-        let start = op.end();
-        let mut end = beliefs.get(lease).map(|b| b.until).unwrap_or(start);
-        let release = releases
-            .get(&(lease.as_str(), sem.as_str()))
-            .and_then(|list| list.iter().find(|r| r.invoke >= op.invoke).copied());
-        if let Some(r) = release {
-            end = end.min(r.invoke);
-        }
-        out.push(Hold {
-            acquire: op.id,
-            release: release.map(|r| r.id),
-            lease: lease.clone(),
-            sem: sem.clone(),
-            weight: weight.max(1),
-            token,
-            start,
-            end,
-        });
+            let start = op.end();
+            let mut end = beliefs.get(lease).map(|b| b.until).unwrap_or(start);
+            let release = releases
+                .get(&(lease.as_str(), sem.as_str()))
+                .and_then(|list| list.iter().find(|r| r.invoke >= op.invoke).copied());
+            if let Some(r) = release {
+                end = end.min(r.invoke);
+            }
+            out.push(Hold {
+                acquire: op.id,
+                release: release.map(|r| r.id),
+                lease: lease.clone(),
+                sem: sem.clone(),
+                weight: weight.max(1),
+                token,
+                start,
+                end,
+            });
         }
     }
     out

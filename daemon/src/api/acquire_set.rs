@@ -73,10 +73,9 @@ pub async fn acquire_semaphores(
     let status = match reply.map_err(ApiError::from)? {
         Outcome::AcquireSet(reply) => reply.status,
         other => {
-            return Err(ApiError::Internal(format!(
-                "unexpected state machine reply: {other:?}"
-            ))
-            .into());
+            return Err(
+                ApiError::Internal(format!("unexpected state machine reply: {other:?}")).into(),
+            );
         }
     };
     let grants: Option<Vec<(u64, Nanos)>> = match status {

@@ -858,12 +858,22 @@ fn check_command(
             .filter(|t| !event_tokens.contains(t) && *t > *last_token)
             .collect();
         if fresh.len() == grants.len() {
-            prop_assert!(fresh.windows(2).all(|w| w[0] < w[1]), "set tokens {fresh:?}");
+            prop_assert!(
+                fresh.windows(2).all(|w| w[0] < w[1]),
+                "set tokens {fresh:?}"
+            );
             for member in members {
                 let others = model
                     .get(&(ns.clone(), member.sem.clone()))
                     .map_or(0, |q| q.iter().filter(|l| *l != lease).count());
-                prop_assert_eq!(others, 0, "{} jumped the queue of {}/{}", lease, ns, member.sem);
+                prop_assert_eq!(
+                    others,
+                    0,
+                    "{} jumped the queue of {}/{}",
+                    lease,
+                    ns,
+                    member.sem
+                );
             }
             *last_token = fresh.iter().copied().max().unwrap_or(*last_token);
         }

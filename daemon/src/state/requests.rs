@@ -190,10 +190,11 @@ impl Requests {
     /// The members of the set acquire remembered as waiting as `waiter`, if it is one.
     pub(super) fn waiting_set(&self, waiter: &WaiterRef) -> Option<Vec<String>> {
         let ids = self.waiting.get(waiter)?;
-        ids.iter().find_map(|id| match &self.entries.get(id)?.reply {
-            Outcome::AcquireSet(reply) => Some(reply.members.clone()),
-            _ => None,
-        })
+        ids.iter()
+            .find_map(|id| match &self.entries.get(id)?.reply {
+                Outcome::AcquireSet(reply) => Some(reply.members.clone()),
+                _ => None,
+            })
     }
 
     /// The waiter `waiter` left its queue without a grant: the remembered acquires waiting as

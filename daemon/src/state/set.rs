@@ -281,10 +281,7 @@ impl Namespace {
         }
         // A lower weight may let it through now.
         self.grant_from_head(&names[0], ctx);
-        let still_waits = self
-            .find_semaphore(&names[0])?
-            .waiters()
-            .contains_key(&seq);
+        let still_waits = self.find_semaphore(&names[0])?.waiters().contains_key(&seq);
         let status = if still_waits {
             match wait_ns {
                 0 => AcquireSetStatus::Unavailable,
@@ -302,7 +299,12 @@ impl Namespace {
 
     /// The reply of a set acquire whose members the lease now holds, from the holds (`None`
     /// if one is missing).
-    pub(super) fn set_grants(&self, names: &[String], seq: u64, clock_ns: Nanos) -> Option<Vec<SetGrant>> {
+    pub(super) fn set_grants(
+        &self,
+        names: &[String],
+        seq: u64,
+        clock_ns: Nanos,
+    ) -> Option<Vec<SetGrant>> {
         names
             .iter()
             .map(|name| {

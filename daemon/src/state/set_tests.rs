@@ -151,7 +151,10 @@ fn a_free_set_is_granted_whole_at_once_with_a_token_per_member() {
     assert_eq!((grants[0].token, grants[1].token), (a.token, b.token));
     assert_eq!((a.weight, b.weight), (1, 2));
     assert!(a.token < b.token, "tokens in the order of the command");
-    assert!(t.take_events().is_empty(), "an immediate grant is answered by the reply");
+    assert!(
+        t.take_events().is_empty(),
+        "an immediate grant is answered by the reply"
+    );
 }
 
 #[test]
@@ -335,9 +338,7 @@ fn a_give_up_naming_a_member_ends_the_set_and_a_linger_moves_every_deadline() {
     };
     assert_eq!(
         t.ok(give_up(5 * S)),
-        Outcome::GiveUp(GiveUpReply::StillQueued {
-            deadline_ns: 5 * S
-        })
+        Outcome::GiveUp(GiveUpReply::StillQueued { deadline_ns: 5 * S })
     );
     let deadlines: Vec<Nanos> = ["a", "b"]
         .iter()
@@ -368,7 +369,10 @@ fn bad_sets_are_refused_with_a_clear_error_and_change_nothing() {
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
     let names: Vec<String> = (0..=SET_MEMBERS_MAX).map(|i| format!("s{i}")).collect();
     let many: Vec<(&str, u64)> = names.iter().map(|n| (n.as_str(), 1)).collect();
-    assert_eq!(t.err(set_cmd(&l, &many, 0)).kind, ErrorKind::InvalidArgument);
+    assert_eq!(
+        t.err(set_cmd(&l, &many, 0)).kind,
+        ErrorKind::InvalidArgument
+    );
     let err = t.err(set_cmd(&l, &[("a", 1), ("b", 2)], 0));
     assert!(err.message.contains("semaphore b"), "{err}");
     assert_eq!(

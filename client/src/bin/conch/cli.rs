@@ -1051,8 +1051,8 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         use clap::FromArgMatches;
-        let matches =
-            Cli::command().try_get_matches_from(std::iter::once("conch").chain(args.iter().copied()))?;
+        let matches = Cli::command()
+            .try_get_matches_from(std::iter::once("conch").chain(args.iter().copied()))?;
         let mut cli = Cli::from_arg_matches(&matches)?;
         if let (Command::Sema(s), Some(("sema", sub))) = (&mut cli.command, matches.subcommand()) {
             s.resolve_members(sub)
@@ -1172,13 +1172,19 @@ mod tests {
             "sema", "a", "--max", "1", "--and", "b", "--max", "2", "--weight", "3", "--", "true",
         ]);
         assert!(e.contains("--weight 3 of b exceeds its --max 2"), "{e}");
-        let e = refused(&["sema", "a", "--max", "1", "--and", "a", "--max", "2", "--", "true"]);
+        let e = refused(&[
+            "sema", "a", "--max", "1", "--and", "a", "--max", "2", "--", "true",
+        ]);
         assert!(e.contains("a is named twice"), "{e}");
-        let e = refused(&["sema", "a", "--max", "1", "--and", "b c", "--max", "2", "--", "true"]);
+        let e = refused(&[
+            "sema", "a", "--max", "1", "--and", "b c", "--max", "2", "--", "true",
+        ]);
         assert!(e.contains("\"b c\""), "{e}");
         // --weight needs --and; --and goes neither with --who nor --spread.
         refused(&["sema", "a", "--max", "2", "--weight", "2", "--", "true"]);
-        refused(&["sema", "a", "--max", "1", "--and", "b", "--max", "1", "--who"]);
+        refused(&[
+            "sema", "a", "--max", "1", "--and", "b", "--max", "1", "--who",
+        ]);
         refused(&[
             "sema", "a", "--max", "1", "--and", "b", "--max", "1", "--spread", "--", "true",
         ]);

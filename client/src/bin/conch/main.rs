@@ -234,7 +234,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
     match cli.command {
         Command::Sema(args) if args.who => {
-            who::run(&client, &args.namespace, &args.name, args.first_max(), args.json).await
+            who::run(
+                &client,
+                &args.namespace,
+                &args.name,
+                args.first_max(),
+                args.json,
+            )
+            .await
         }
         Command::Sema(args) => {
             // Catch the forwarded signals from the start, so a Ctrl-C while waiting cancels
