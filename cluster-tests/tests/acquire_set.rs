@@ -218,6 +218,43 @@ async fn bad_sets_are_refused_with_invalid_argument() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_member_fails_the_waiting_set_and_frees_the_other_queue() -> anyhow::Result<()> {
+    let (cluster, follower, mut c) = setup().await?;
+    let addr = cluster.addr(follower);
+    let (h, x, z) = (
+        ops::lease(&mut c, NS, 60).await?,
+        ops::lease(&mut c, NS, 60).await?,
+        ops::lease(&mut c, NS, 60).await?,
+    );
+    ensure!(ops::acquired(
+        &ops::acquire(&mut c, NS, "b", &h, 1, 0).await?
+    ));
+    let x_call = acquire_set(addr.clone(), &x, &["a", "b"], SET_TIMEOUT_MS);
+    wait_queue(&addr, "a", &[&x]).await?;
+    let z_call = acquire_one(addr.clone(), &z, "a");
+    wait_queue(&addr, "a", &[&x, &z]).await?;
+    c.delete_semaphore(pb::DeleteSemaphoreRequest {
+        namespace_name: NS.into(),
+        semaphore_name: "b".into(),
+    })
+    .await?;
+    let status = answer(x_call)
+        .await?
+        .err()
+        .context("the set's call fails")?;
+    ensure!(status.code() == tonic::Code::NotFound, "{status:?}");
+    ensure!(
+        status.message().contains("set a, b was deleted"),
+        "{status:?}"
+    );
+    // The set left a's queue whole: the single acquire behind it gets a.
+    let z_answer = answer(z_call).await??;
+    ensure!(ops::acquired(&z_answer), "{z_answer:?}");
+    ensure!(holders(&mut c, "a").await?.iter().all(|(l, _)| *l == z));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_stays_all_or_none_across_a_leader_kill() -> anyhow::Result<()> {
     let (mut cluster, follower, mut c) = setup().await?;
     let addr = cluster.addr(follower);
@@ -294,7 +331,8 @@ async fn conch_sema_and_runs_opposite_orders_to_the_end_with_every_token() -> an
     let cluster = Cluster::start(3).await?;
     cluster.wait_for_leader(WAIT).await?;
     let dir = tempfile::Builder::new().prefix("conch-set-").tempdir()?;
-    let script = "echo \"$CONCH_REV $CONCH_REVS\" >> \"$T/revs\"";
+    // Each run holds a little while, so the runs overlap and queue behind one another.
+    let script = "echo \"$CONCH_REV $CONCH_REVS\" >> \"$T/revs\"; sleep 0.2";
     let mut runs = Vec::new();
     for (n, (first, second)) in [("a", "b"), ("b", "a"), ("a", "b"), ("b", "a")]
         .into_iter()

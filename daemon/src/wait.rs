@@ -136,9 +136,20 @@ pub async fn wait_for_set_grant(
         return Ok(None);
     };
     let first = tickets.remove(0);
-    let Some(granted) = wait_for_grant(node, primary.clone(), first, deadline_ns, index).await?
-    else {
-        return Ok(None);
+    let waited = wait_for_grant(node, primary.clone(), first, deadline_ns, index).await;
+    let granted = match waited {
+        Ok(Some(granted)) => granted,
+        Ok(None) => return Ok(None),
+        // The wait names the set by its first member; any member's deletion ends it.
+        Err(WaitError::State(e)) if e.message.contains("was deleted while waiting") => {
+            let names: Vec<&str> = keys.iter().map(|k| k.sem.as_str()).collect();
+            return Err(Error::not_found(format!(
+                "a semaphore of the set {} was deleted while waiting",
+                names.join(", ")
+            ))
+            .into());
+        }
+        Err(e) => return Err(e),
     };
     // Every event of the entry that granted the set was delivered before its state can be read.
     node.applied.read(|_| ());
