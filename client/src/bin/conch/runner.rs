@@ -12,7 +12,8 @@
 //!    with a new lease (back of the queue) while `--wait` allows, else exit 75. While it
 //!    waits, a status line says where it stands ([`crate::status`]).
 //! 3. Check that the hold is still there ([`Target::check`]), then run the command in its own
-//!    process group with `CONCH_REV` (the grant's fencing token) and `CONCH_LEASE` (and
+//!    process group with `CONCH_REV` (the grant's fencing token; [`Target::revs`] may add more,
+//!    e.g. `CONCH_REVS` for an all-or-none set) and `CONCH_LEASE` (and
 //!    without the variables that hold or name conch's credentials), forwarding signals, while
 //!    the lease keeps itself alive and the hold is watched ([`Target::lost`]).
 //! 4. Command exits: revoke the lease (releasing everything in one request), exit with the
