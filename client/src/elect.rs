@@ -10,11 +10,15 @@
 //! - The candidate's `--value` travels as metadata [`META_VALUE`] of the lease and the acquire,
 //!   beside `conch sema`'s host, pid, since and cmd, so the leader and the candidates show it.
 //! - [`Client::wait_holder_change`] waits on the server until the leader changes.
+//! - A candidate's `--priority` travels as metadata [`META_PRIORITY`] (absent: 0). A leader, or
+//!   a candidate just granted leadership, that sees a candidate of higher priority waiting hands
+//!   leadership over ([`preferred`]); equal priorities never hand over, so leadership cannot
+//!   bounce between two candidates.
 
 use std::time::Duration;
 
-use conch_proto::conch::WaitHolderChangeRequest;
 use conch_proto::conch::conch_api_client::ConchApiClient;
+use conch_proto::conch::{SemaphoreWaiter, WaitHolderChangeRequest};
 use conch_proto::grackle::SemaphoreHolder;
 
 use crate::sema::{MAX_NAME_LEN, validate_name};
@@ -24,6 +28,47 @@ pub use crate::sema::{ELECTION_SUFFIX as SUFFIX, NAMESPACE, election_name};
 
 /// Holder/waiter metadata key: the candidate's `--value`.
 pub const META_VALUE: &str = "value";
+
+/// Holder/waiter metadata key: the candidate's `--priority` (absent: 0).
+pub const META_PRIORITY: &str = "priority";
+
+/// The highest `--priority` a candidate may give.
+pub const MAX_PRIORITY: u32 = 1_000_000;
+
+/// The priority a candidate announced in its metadata (absent or unreadable: 0).
+pub fn priority_of(metadata: &std::collections::HashMap<String, String>) -> u32 {
+    metadata
+        .get(META_PRIORITY)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The waiting candidate a leader of priority `mine` hands over to: the first in queue order
+/// among those of the highest priority, if that is above `mine`.
+///
+/// ```
+/// use conch_client::elect::{META_PRIORITY, preferred};
+/// use conch_client::proto::conch::SemaphoreWaiter;
+///
+/// let waiter = |id: &str, p: &str| SemaphoreWaiter {
+///     lease_id: id.into(),
+///     metadata: [(META_PRIORITY.to_string(), p.to_string())].into(),
+///     ..Default::default()
+/// };
+/// let queue = [waiter("a", "1"), waiter("b", "5"), waiter("c", "5")];
+/// assert_eq!(preferred(&queue, 0).map(|w| w.lease_id.as_str()), Some("b"));
+/// assert!(preferred(&queue, 5).is_none());
+/// ```
+pub fn preferred(waiters: &[SemaphoreWaiter], mine: u32) -> Option<&SemaphoreWaiter> {
+    let mut best: Option<(&SemaphoreWaiter, u32)> = None;
+    for w in waiters {
+        let p = priority_of(&w.metadata);
+        if p > mine && best.is_none_or(|(_, b)| p > b) {
+            best = Some((w, p));
+        }
+    }
+    best.map(|(w, _)| w)
+}
 
 /// The semaphore of election `name`: `<name>.elect`.
 ///
@@ -101,6 +146,35 @@ impl Client {
 mod tests {
     use super::*;
     use crate::sema::semaphore_kind;
+
+    fn waiter(id: &str, priority: Option<&str>) -> SemaphoreWaiter {
+        SemaphoreWaiter {
+            lease_id: id.into(),
+            metadata: priority
+                .map(|p| (META_PRIORITY.to_string(), p.to_string()))
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_strictly_higher_priority_is_preferred_first_come_among_equals() {
+        let id = |w: Option<&SemaphoreWaiter>| w.map(|w| w.lease_id.clone());
+        let queue = [
+            waiter("none", None),
+            waiter("bad", Some("high")),
+            waiter("two", Some("2")),
+            waiter("seven", Some("7")),
+            waiter("seven-later", Some("7")),
+        ];
+        assert_eq!(id(preferred(&queue, 0)), Some("seven".into()));
+        assert_eq!(id(preferred(&queue, 6)), Some("seven".into()));
+        assert_eq!(id(preferred(&queue, 7)), None, "equals never hand over");
+        assert_eq!(id(preferred(&queue[..3], 1)), Some("two".into()));
+        assert_eq!(id(preferred(&queue[..2], 0)), None, "no number counts as 0");
+        assert_eq!(id(preferred(&[], 0)), None);
+    }
 
     #[test]
     fn election_names_never_look_like_sema_ones() {

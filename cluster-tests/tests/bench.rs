@@ -3,12 +3,12 @@
 //! clients spread over the nodes without following the leader hint. Only correctness is checked here (every cycle succeeds, placement holds);
 //! speed is what `conch-bench` measures. The lock workloads (L1-L3) run the same way: etcd's
 //! `concurrency.Mutex` and `recipes.RWMutex` recipes, and conch's locks; the wait group and
-//! barrier workloads (S1-S3) at a small size.
+//! barrier workloads (S1-S3) and the election hand-over (E1) at a small size.
 
 use std::time::Duration;
 
 use cluster_tests::bench::etcd::{self, EtcdCluster};
-use cluster_tests::bench::{Opts, Placement, Target, etcd_locks, locks, sync, w1, w2};
+use cluster_tests::bench::{Opts, Placement, Target, elect, etcd_locks, locks, sync, w1, w2};
 
 fn opts() -> Opts {
     Opts {
@@ -146,5 +146,14 @@ async fn the_wait_group_and_barrier_workloads_measure_every_release() -> anyhow:
         "{}",
         row.json()
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_election_workload_measures_every_hand_over() -> anyhow::Result<()> {
+    let target = Target::new(&None, "elect", false, false).await?;
+    let row = elect::e1(&target, 3).await?;
+    assert_eq!(field(&row, "rounds"), 3, "{}", row.json());
+    assert!(field(&row, "max_ms").is_number(), "{}", row.json());
     Ok(())
 }

@@ -470,3 +470,114 @@ async fn a_wait_at_a_terminal_shows_a_status_line_and_clears_it() -> anyhow::Res
     drop(holder);
     Ok(())
 }
+
+/// SIGTERM to the leader's conch: its command is stopped (here it exits 3 on SIGTERM) and the
+/// leadership given back at once; the next candidate starts after the old command ended, long
+/// before the 300 s lease could expire. A command that ignores SIGTERM is killed after
+/// `--kill-after`, and its successor still starts only after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_leader_stops_its_command_then_hands_over_at_once() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let mut a = f.candidate("a", "--ttl 300s")?;
+    f.wait_file("log", |t| t.contains("start a")).await?;
+    let mut b = f.conch(
+        "b",
+        &[
+            "elect",
+            "x",
+            "--value",
+            "b",
+            "--ttl",
+            "300s",
+            "--kill-after",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            // Logs its start, ignores SIGTERM, and holds until killed.
+            r#"echo "start b $(date +%s%N) $CONCH_REV $CONCH_LEADER_VALUE" >> "$T/log"
+trap '' TERM
+while :; do sleep 0.02; done"#,
+        ],
+    )?;
+    f.wait_candidates(&["b"]).await?;
+    let mut c = f.candidate("c", "--ttl 300s")?;
+    f.wait_candidates(&["b", "c"]).await?;
+
+    a.signal(Signal::SIGTERM);
+    f.wait_file("log", |t| t.contains("start b")).await?;
+    ensure!(a.code(SHOW_UP).await? == 3, "a: {}", a.stderr());
+    ensure!(a.stderr().contains("SIGTERM"), "a: {:?}", a.stderr());
+
+    b.signal(Signal::SIGTERM);
+    f.wait_file("log", |t| t.contains("start c")).await?;
+    let b_code = b.code(SHOW_UP).await?;
+    ensure!(b_code == 128 + 9, "b exited {b_code}: {}", b.stderr());
+    let evs = events(&f.read("log"))?;
+    let b_start = event(&evs, "b", true)?;
+    let c_start = event(&evs, "c", true)?;
+    ensure!(
+        event(&evs, "a", false)?.ns < b_start.ns,
+        "b started before a's command ended: {evs:?}"
+    );
+    ensure!(b_start.rev < c_start.rev, "revs: {evs:?}");
+    // b's command never logged an end: it was killed, and c started after b's conch saw it go.
+    ensure!(!evs.iter().any(|e| e.id == "b" && !e.start), "{evs:?}");
+
+    f.touch("c.go")?;
+    ensure!(c.code(SHOW_UP).await? == 0, "c: {}", c.stderr());
+    Ok(())
+}
+
+/// A candidate of higher priority takes over when it joins: the leader stops its command and
+/// stands again; a candidate of lower priority ahead of it in the queue lets it lead first
+/// without starting its command. Equal priorities keep queue order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_of_higher_priority_takes_over_when_it_joins() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    // a reads the queue every third of its 3 s TTL.
+    let mut a = f.candidate("a", "--ttl 3s --priority 1")?;
+    f.wait_file("log", |t| t.contains("start a")).await?;
+    let mut b = f.candidate("b", "--ttl 3s --priority 1")?;
+    f.wait_candidates(&["b"]).await?;
+    // Equal priority: b waits, a keeps leading.
+    let mut who = f.conch("who", &["elect", "x", "--who"])?;
+    ensure!(who.code(SHOW_UP).await? == 0, "--who: {}", who.stderr());
+    ensure!(
+        who.stdout().contains("priority=1"),
+        "--who: {:?}",
+        who.stdout()
+    );
+
+    let mut c = f.candidate("c", "--ttl 3s --priority 5")?;
+    let log = f.wait_file("log", |t| t.contains("start c")).await?;
+    let evs = events(&log)?;
+    assert_eq!(one_at_a_time(&evs)?, ["a", "c"], "{evs:?}");
+    ensure!(
+        a.stderr().contains("candidate c (priority 5) is preferred"),
+        "a: {:?}",
+        a.stderr()
+    );
+    // a stands again: a and b both wait behind c.
+    wait_for("a and b to wait behind c", SHOW_UP, || async {
+        let mut waiting = f.candidates().await?;
+        waiting.sort();
+        (waiting == ["a", "b"]).then_some(())
+    })
+    .await?;
+
+    for id in ["a", "b", "c"] {
+        f.touch(&format!("{id}.go"))?;
+    }
+    for p in [&mut a, &mut b, &mut c] {
+        ensure!(p.code(SHOW_UP).await? == 0, "stderr {:?}", p.stderr());
+    }
+    let evs = events(&f.read("log"))?;
+    let order = one_at_a_time(&evs)?;
+    ensure!(order[..2] == ["a", "c"] && order.len() == 4, "{order:?}");
+    ensure!(
+        order[2..].contains(&"a".to_string()) && order[2..].contains(&"b".to_string()),
+        "{order:?}"
+    );
+    Ok(())
+}

@@ -6,6 +6,7 @@
 //! this process.
 
 pub mod compare;
+pub mod elect;
 pub mod etcd;
 pub mod etcd_locks;
 pub mod locks;

@@ -20,17 +20,21 @@ const LOCK_WORKLOADS: [&str; 3] = ["L1", "L2", "L3"];
 /// Workloads run only when `--only` names them: wait groups and barriers (BENCHMARKS.md, "Wait
 /// groups and barriers").
 const SYNC_WORKLOADS: [&str; 3] = ["S1", "S2", "S3"];
+/// Workloads run only when `--only` names them: the CLI (BENCHMARKS.md, "Elections").
+const CLI_WORKLOADS: [&str; 1] = ["E1"];
 
 /// Benchmark a conch cluster: W1 uncontended cycles, W1b cycles with lease create/revoke, W2
 /// contended handoff, W3 leader failover, W4 lease refresh, W5 scale (memory, snapshot,
 /// restart); with `--only`, also L1 uncontended lock cycles, L2 contended lock hand-off, L3
 /// readers and a writer on one lock, S1 a 64-party barrier's release, S2 1 000 wait-group
-/// waiters woken, S3 a wait group of 100 000 jobs (memory, snapshot).
+/// waiters woken, S3 a wait group of 100 000 jobs (memory, snapshot), E1 the gap when a
+/// `conch elect` leader is stopped and hands over.
 #[derive(Parser, Debug)]
 #[command(name = "conch-bench", after_help = EXAMPLES)]
 struct Cli {
-    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5,L1,L2,L3,S1,S2,S3; the
-    /// lock workloads L1-L3 and the wait group and barrier workloads S1-S3 run only when named). With --baseline etcd: which of W1,W1b,W2,W3,L1,
+    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5,L1,L2,L3,S1,S2,S3,E1;
+    /// the lock workloads L1-L3, the wait group and barrier workloads S1-S3 and the CLI
+    /// workload E1 run only when named). With --baseline etcd: which of W1,W1b,W2,W3,L1,
     /// L2,L3 to compare (default W1,W1b,W2,W3).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -111,6 +115,7 @@ Examples:
   target/release/conch-bench --only L1,L2,L3   # the lock workloads on conch
   target/release/conch-bench --baseline etcd --only L1,L2,L3 --duration-s 15   # locks vs etcd
   target/release/conch-bench --only S1,S2,S3   # barrier release, wait-group wake-up and size
+  target/release/conch-bench --only E1         # conch elect: the hand-over gap on SIGTERM
 
 conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
 
@@ -128,6 +133,7 @@ async fn main() -> ExitCode {
                 .iter()
                 .chain(&LOCK_WORKLOADS)
                 .chain(&SYNC_WORKLOADS)
+                .chain(&CLI_WORKLOADS)
                 .copied()
                 .collect(),
             WORKLOADS.to_vec(),
@@ -302,6 +308,7 @@ async fn run(
             rows.push(bench::sync::s2(&target, S2_WAITERS, S2_ROUNDS).await?);
         }
         "S3" => rows.push(bench::sync::s3(&mut target, bench::sync::S3_JOBS).await?),
+        "E1" => rows.push(bench::elect::e1(&target, bench::elect::E1_ROUNDS).await?),
         other => anyhow::bail!("unknown workload {other}"),
     }
     Ok(rows)

@@ -287,6 +287,26 @@ impl Cmd {
         }
     }
 
+    /// Whether the command changes who may do what (access control on or off, roles,
+    /// tokens): a node checks calls against its own applied copy of these before proposing, so
+    /// a node that forwards one answers only once it has applied it itself, and the caller's
+    /// next call there is checked against the new rules.
+    pub fn changes_access(&self) -> bool {
+        match self {
+            Cmd::AuthEnable
+            | Cmd::AuthDisable
+            | Cmd::RoleCreate { .. }
+            | Cmd::RoleGrant { .. }
+            | Cmd::RoleRevoke { .. }
+            | Cmd::RoleDelete { .. }
+            | Cmd::TokenCreate { .. }
+            | Cmd::TokenRevoke { .. }
+            | Cmd::AuthBootstrap { .. } => true,
+            Cmd::As { cmd, .. } | Cmd::Once { cmd, .. } => cmd.changes_access(),
+            _ => false,
+        }
+    }
+
     /// The command inside an [`Cmd::As`], or this one.
     pub fn unwrapped(&self) -> &Cmd {
         match self {

@@ -771,11 +771,17 @@ Examples:
   # one line per change of leader, until interrupted
   conch elect billing --observe --json
 
+  # prefer this host: the current leader hands over when this candidate joins
+  conch elect billing --priority 10 -- ./scheduler
+
 Candidates queue in FIFO order for a 1-permit semaphore (billing.elect in the namespace
 conch, or --namespace NS). The leader runs the command with CONCH_REV (the fencing token of
 its term, strictly increasing cluster-wide), CONCH_LEASE and CONCH_LEADER_VALUE (its --value)
 in its environment; when the command exits or the leader loses its lease, the next candidate
-takes over. A leader that cannot keep its lease alive (or whose conch is stopped), or whose
+takes over. SIGTERM or SIGINT to a leader's conch stops the command (SIGKILL after
+--kill-after), then gives leadership back at once, so the next candidate starts without
+waiting for the TTL. A candidate of higher --priority is preferred: the leader stops its
+command and hands over, then stands again. A leader that cannot keep its lease alive (or whose conch is stopped), or whose
 election semaphore is deleted or given other than 1 permit, stops its command: SIGTERM,
 SIGKILL after --kill-after. conch gives up before the server can expire the lease, but a
 command slower to stop than that margin may overlap the next leader: check CONCH_REV where
@@ -811,7 +817,8 @@ pub struct ElectArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = ttl_arg)]
     pub ttl: Duration,
 
-    /// When leadership is lost while the command runs: time between SIGTERM and SIGKILL.
+    /// When leadership is lost or handed over while the command runs, or conch gets SIGTERM or
+    /// SIGINT: time between SIGTERM and SIGKILL.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
     pub kill_after: Duration,
 
@@ -819,15 +826,21 @@ pub struct ElectArgs {
     #[arg(long, value_name = "DURATION", value_parser = wait_arg)]
     pub wait: Option<Wait>,
 
+    /// Preference among candidates (0-1000000): a leader hands leadership to a waiting
+    /// candidate of higher priority (within a third of --ttl of its joining), then stands
+    /// again behind it. Equal priorities keep queue order.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = priority_arg)]
+    pub priority: u32,
+
     /// Show the leader, then the candidates in the order they would take over, or "no
     /// leader"; exit 0 either way.
-    #[arg(long, conflicts_with_all = ["observe", "value", "wait", "command"])]
+    #[arg(long, conflicts_with_all = ["observe", "value", "wait", "priority", "command"])]
     pub who: bool,
 
     /// Print one line per change of leader (time, value, host, pid, fencing token), starting
     /// with the current one, until interrupted. Waits on the server, not by polling, and
     /// follows the cluster across node failures.
-    #[arg(long, conflicts_with_all = ["value", "wait", "command"])]
+    #[arg(long, conflicts_with_all = ["value", "wait", "priority", "command"])]
     pub observe: bool,
 
     /// With --who or --observe: print JSON (--observe: one object per line).
@@ -1036,6 +1049,16 @@ fn max_hold_arg(s: &str) -> Result<Duration, String> {
         return Err(format!("{s}: a hold limit must be between 1s and 30d"));
     }
     Ok(d)
+}
+
+fn priority_arg(s: &str) -> Result<u32, String> {
+    let max = conch_client::elect::MAX_PRIORITY;
+    match s.trim().parse::<u32>() {
+        Ok(p) if p <= max => Ok(p),
+        _ => Err(format!(
+            "{s:?} is not a priority: expected a whole number from 0 to {max}"
+        )),
+    }
 }
 
 fn ttl_arg(s: &str) -> Result<Duration, String> {
@@ -1355,6 +1378,9 @@ mod tests {
         );
         assert_eq!(e.ttl, Duration::from_secs(10));
         assert_eq!(e.wait, None);
+        assert_eq!(e.priority, 0);
+        let e = elect(&["elect", "billing", "--priority", "7", "--", "true"]).unwrap();
+        assert_eq!(e.priority, 7);
         let e = elect(&["elect", "billing", "--who", "--json"]).unwrap();
         assert!(e.who && e.json && e.command.is_empty());
         let e = elect(&["elect", "billing", "--observe"]).unwrap();
@@ -1366,6 +1392,10 @@ mod tests {
             &["elect", "billing", "--observe", "--value", "v"],
             &["elect", "billing", "--json", "--", "true"],
             &["elect", "billing", "--ttl", "0s", "--", "true"],
+            &["elect", "billing", "--priority", "-1", "--", "true"],
+            &["elect", "billing", "--priority", "1000001", "--", "true"],
+            &["elect", "billing", "--priority", "high", "--", "true"],
+            &["elect", "billing", "--who", "--priority", "2"],
         ];
         for bad in bad {
             assert!(elect(bad).is_err(), "{bad:?} should be refused");
@@ -1376,7 +1406,14 @@ mod tests {
             .expect("elect subcommand")
             .render_long_help()
             .to_string();
-        for needle in ["CONCH_LEADER_VALUE", "--observe", "79", "billing.elect"] {
+        for needle in [
+            "CONCH_LEADER_VALUE",
+            "--observe",
+            "79",
+            "billing.elect",
+            "--priority",
+            "SIGTERM",
+        ] {
             assert!(help.contains(needle), "elect --help lacks {needle:?}");
         }
     }

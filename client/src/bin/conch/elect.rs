@@ -7,6 +7,13 @@
 //! refresh, self-fencing and guard ([`crate::runner::hold`]), with the candidate's `--value` in the
 //! lease and acquire metadata and in the command's environment as `CONCH_LEADER_VALUE`.
 //!
+//! Hand-over: SIGTERM or SIGINT to a leader's conch stops the command (SIGKILL after
+//! `--kill-after`) and revokes the lease at once, so the next candidate starts without waiting
+//! for the TTL. With `--priority`, a leader that sees a candidate of higher priority waiting
+//! (read every third of the TTL) stops its command, hands over, and stands again; a candidate
+//! granted leadership while one of higher priority waits gives it back before its command
+//! starts (see [`conch_client::elect::preferred`]).
+//!
 //! `--observe` asks the server to wait until the leader differs from the one it knows
 //! (`WaitHolderChange`), prints a line, and asks again: no polling, and the client library
 //! fails over between endpoints. Changes closer together than one round trip show as one.
@@ -16,22 +23,25 @@
 //! billing CANDIDATE value=10.0.0.3:8080 node3 pid=991  since=2026-06-12T10:15:04Z position=0
 //! ```
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use conch_client::elect::{self, HolderChange, META_VALUE};
+use conch_client::elect::{self, HolderChange, META_PRIORITY, META_VALUE};
 use conch_client::proto::grackle::SemaphoreHolder;
 use conch_client::sema::MAX_META_VALUE_LEN;
-use conch_client::{Client, Error};
+use conch_client::{Client, Error, Guard, Lease, LeaseKind};
+use nix::sys::signal::Signal;
 use serde::Serialize;
 
 use crate::child::Signals;
 use crate::cli::ElectArgs;
 use crate::exit;
 use crate::identity::Identity;
-use crate::runner::{Spec, hold};
+use crate::runner::{HandedOver, Spec, Target, hold};
 use crate::sema::{Plan, SemaTarget};
+use crate::status::Standing;
 use crate::timefmt::now_rfc3339;
 use crate::who::{self, Entry};
 
@@ -58,16 +68,24 @@ pub async fn run(
     }
     let mut metadata = me.metadata();
     metadata.insert(META_VALUE.to_string(), value.clone());
-    let mut target = SemaTarget::new(
-        Plan {
-            main: semaphore,
-            host: None,
-            set: Vec::new(),
-        },
-        1,
-        format!("leadership of {}", args.name),
-        format!("not leader of {} (another candidate leads)", args.name),
-    );
+    if args.priority > 0 {
+        metadata.insert(META_PRIORITY.to_string(), args.priority.to_string());
+    }
+    let mut target = ElectTarget {
+        slots: SemaTarget::new(
+            Plan {
+                main: semaphore.clone(),
+                host: None,
+                set: Vec::new(),
+            },
+            1,
+            format!("leadership of {}", args.name),
+            format!("not leader of {} (another candidate leads)", args.name),
+        ),
+        semaphore,
+        namespace: args.namespace.clone(),
+        priority: args.priority,
+    };
     let spec = Spec {
         namespace: args.namespace.clone(),
         ttl: args.ttl,
@@ -80,7 +98,109 @@ pub async fn run(
         label: format!("election {}", args.name),
         slot: "leadership",
     };
-    hold(client, &spec, &mut target, signals).await
+    // A leader that handed over to a preferred candidate stands again, behind it.
+    loop {
+        match hold(client, &spec, &mut target, signals).await {
+            Err(e) if e.is::<HandedOver>() => {
+                eprintln!("conch: {e}; standing as a candidate of {} again", args.name);
+            }
+            done => return done,
+        }
+    }
+}
+
+/// A candidate: the 1-permit semaphore of `conch sema`, plus the hand-over to candidates of a
+/// higher `--priority`.
+struct ElectTarget {
+    slots: SemaTarget,
+    semaphore: String,
+    namespace: String,
+    priority: u32,
+}
+
+impl ElectTarget {
+    /// The waiting candidate this one should hand leadership to, in words (`None`: none, or the
+    /// queue cannot be read now: leadership stays).
+    async fn waiting_preferred(&self, client: &Client) -> Option<String> {
+        let queue = client
+            .list_waiters(&self.namespace, &self.semaphore)
+            .await
+            .ok()?;
+        elect::preferred(&queue.waiters, self.priority).map(|w| {
+            let value = w.metadata.get(META_VALUE).map_or("?", String::as_str);
+            format!(
+                "candidate {value} (priority {})",
+                elect::priority_of(&w.metadata)
+            )
+        })
+    }
+}
+
+impl Target for ElectTarget {
+    fn lease_kind(&self) -> LeaseKind {
+        self.slots.lease_kind()
+    }
+
+    async fn prepare(&mut self, client: &Client, namespace: &str) -> anyhow::Result<()> {
+        self.slots.prepare(client, namespace).await
+    }
+
+    /// Takes leadership; granted while a preferred candidate waits, gives it back at once (the
+    /// command never starts) and queues again behind that candidate.
+    async fn take(
+        &self,
+        client: &Client,
+        lease: &Lease,
+        namespace: &str,
+        deadline: Option<Instant>,
+        metadata: &HashMap<String, String>,
+    ) -> conch_client::Result<Option<Vec<Guard>>> {
+        loop {
+            let Some(guards) = self
+                .slots
+                .take(client, lease, namespace, deadline, metadata)
+                .await?
+            else {
+                return Ok(None);
+            };
+            let Some(to) = self.waiting_preferred(client).await else {
+                return Ok(Some(guards));
+            };
+            eprintln!("conch: {to} is preferred; letting it lead first");
+            for guard in guards {
+                guard.release().await?;
+            }
+        }
+    }
+
+    fn not_taken(&self, wait: Option<Duration>) -> String {
+        self.slots.not_taken(wait)
+    }
+
+    async fn check(&self, client: &Client, token: u64) -> conch_client::Result<Option<String>> {
+        self.slots.check(client, token).await
+    }
+
+    async fn lost(&self, client: &Client, token: u64, every: Duration) -> String {
+        self.slots.lost(client, token, every).await
+    }
+
+    async fn standing(&self, client: &Client, lease_id: &str) -> Option<Standing> {
+        self.slots.standing(client, lease_id).await
+    }
+
+    async fn preferred(&self, client: &Client, every: Duration) -> String {
+        loop {
+            tokio::time::sleep(every).await;
+            if let Some(to) = self.waiting_preferred(client).await {
+                return to;
+            }
+        }
+    }
+
+    fn stops_on(&self, sig: Signal) -> bool {
+        matches!(sig, Signal::SIGTERM | Signal::SIGINT)
+    }
 }
 
 /// What `--who --json` prints.
@@ -117,14 +237,18 @@ pub fn render_lines(e: &Election) -> Vec<String> {
         .iter()
         .map(|l| {
             let rev = l.rev.map_or_else(|| "-".to_string(), |r| r.to_string());
-            line("LEADER", l, format!("rev={rev}"))
+            let mut tail = format!("rev={rev}");
+            if let Some(p) = l.priority.filter(|p| *p > 0) {
+                tail.push_str(&format!(" priority={p}"));
+            }
+            line("LEADER", l, tail)
         })
         .chain(e.candidates.iter().enumerate().map(|(i, c)| {
-            line(
-                "CANDIDATE",
-                c,
-                format!("position={}", c.position.unwrap_or(i as u64)),
-            )
+            let mut tail = format!("position={}", c.position.unwrap_or(i as u64));
+            if let Some(p) = c.priority.filter(|p| *p > 0) {
+                tail.push_str(&format!(" priority={p}"));
+            }
+            line("CANDIDATE", c, tail)
         }))
         .collect()
 }
@@ -308,6 +432,7 @@ mod tests {
         candidate.position = Some(0);
         candidate.value = Some("b".into());
         candidate.pid = Some(7);
+        candidate.priority = Some(3);
         let e = Election {
             name: "billing".into(),
             namespace: "conch".into(),
@@ -319,7 +444,7 @@ mod tests {
             render_lines(&e),
             [
                 "billing LEADER    value=10.0.0.2:8080 node2 pid=4242 since=2026-06-12T10:15:00Z rev=8812",
-                "billing CANDIDATE value=b             node2 pid=7    since=2026-06-12T10:15:00Z position=0",
+                "billing CANDIDATE value=b             node2 pid=7    since=2026-06-12T10:15:00Z position=0 priority=3",
             ]
         );
     }

@@ -17,7 +17,9 @@
 //!    without the variables that hold or name conch's credentials), forwarding signals, while
 //!    the lease keeps itself alive and the hold is watched ([`Target::lost`]).
 //! 4. Command exits: revoke the lease (releasing everything in one request), exit with the
-//!    command's status. Lease lost, or the hold gone (a semaphore deleted or resized, a lock's
+//!    command's status. A target may also end the run itself: on a signal it
+//!    [stops on](Target::stops_on) (stop the command, then revoke), or to hand what it holds to
+//!    a [preferred](Target::preferred) waiter (stop, revoke, and return [`HandedOver`]). Lease lost, or the hold gone (a semaphore deleted or resized, a lock's
 //!    hold dropped by `DeleteLock`), first: SIGTERM the group, SIGKILL after `--kill-after`,
 //!    revoke, exit 79.
 //!
@@ -32,6 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use conch_client::sema::NAMESPACE;
 use conch_client::{Client, Guard, Lease, LeaseKind, format_duration, refresh_interval};
+use nix::sys::signal::Signal;
 use tonic::Code;
 use tracing::{debug, info};
 
@@ -81,7 +84,37 @@ pub trait Target {
     fn revs(&self, guards: &[Guard]) -> (u64, Vec<(&'static str, String)>) {
         (guards.last().map_or(0, Guard::fencing_token), Vec::new())
     }
+
+    /// Reads every `every` whether the holder should hand what it holds to a waiter preferred
+    /// over it (`conch elect --priority`), and says which. Never resolves for targets without
+    /// preferences, or while none waits.
+    async fn preferred(&self, _client: &Client, _every: Duration) -> String {
+        std::future::pending().await
+    }
+
+    /// Whether `sig`, received while the command runs, means "stop the command, then give
+    /// back what is held" (`conch elect` hands leadership over on SIGTERM and SIGINT) rather
+    /// than only being forwarded to the command (the default).
+    fn stops_on(&self, _sig: Signal) -> bool {
+        false
+    }
 }
+
+/// How a run ended when its holder handed what it held to a preferred waiter: the command was
+/// stopped and the lease revoked; the caller may stand again.
+#[derive(Debug)]
+pub struct HandedOver {
+    /// Who it went to, in words.
+    pub to: String,
+}
+
+impl std::fmt::Display for HandedOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "handed over to {}", self.to)
+    }
+}
+
+impl std::error::Error for HandedOver {}
 
 /// What is left of a wait that ends at `deadline` (`None`: forever).
 pub fn remaining(deadline: Option<Instant>) -> Option<Duration> {
@@ -352,21 +385,31 @@ pub async fn hold(
         Lost(conch_client::LeaseLoss),
         Gone(String),
         HoldLimit(Duration),
+        Stopped(Signal),
+        HandOver(String),
     }
     let end = {
         // One future for the whole run, so the checks keep their pace whatever else wakes the
         // loop.
         let gone = target.lost(client, token, refresh_interval(spec.ttl));
         tokio::pin!(gone);
+        let preferred = target.preferred(client, refresh_interval(spec.ttl));
+        tokio::pin!(preferred);
         let (term_at, grace) = hold_stop.unwrap_or((Instant::now(), spec.kill_after));
         let limit = tokio::time::sleep_until(term_at.into());
         tokio::pin!(limit);
         loop {
             tokio::select! {
                 status = child.wait() => break End::Exited(status.context("wait for the command")?),
-                sig = signals.recv() => child::signal_group(pgid, sig),
+                sig = signals.recv() => {
+                    if target.stops_on(sig) {
+                        break End::Stopped(sig);
+                    }
+                    child::signal_group(pgid, sig);
+                }
                 loss = lease.lost() => break End::Lost(loss),
                 what = &mut gone => break End::Gone(what),
+                to = &mut preferred => break End::HandOver(to),
                 () = &mut limit, if hold_stop.is_some() => break End::HoldLimit(grace),
                 Ok(()) = refreshed.changed() => watchdog.renew(*refreshed.borrow_and_update()),
             }
@@ -431,6 +474,35 @@ pub async fn hold(
             watchdog.finish().await;
             release_all(guards, lease, slot).await;
             Ok(ExitCode::from(exit::HOLD_LIMIT))
+        }
+        End::Stopped(sig) => {
+            eprintln!(
+                "conch: {sig}: stopping the command (SIGKILL after {}), then giving back the {slot}",
+                format_duration(spec.kill_after)
+            );
+            watchdog.stopping();
+            child::signal_group(pgid, sig);
+            let status = child::finish_stopping(&mut child, pgid, spec.kill_after, signals)
+                .await
+                .context("stop the command")?;
+            debug!(?status, "command stopped on a signal");
+            watchdog.finish().await;
+            release_all(guards, lease, slot).await;
+            Ok(ExitCode::from(exit::code_for_status(status)))
+        }
+        End::HandOver(to) => {
+            eprintln!(
+                "conch: {to} is preferred; stopping the command (SIGTERM, SIGKILL after {}) and handing the {slot} over",
+                format_duration(spec.kill_after)
+            );
+            watchdog.stopping();
+            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
+                .await
+                .context("stop the command")?;
+            debug!(?status, "command stopped to hand over");
+            watchdog.finish().await;
+            release_all(guards, lease, slot).await;
+            Err(HandedOver { to }.into())
         }
         End::Gone(what) => {
             eprintln!(

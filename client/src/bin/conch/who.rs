@@ -71,6 +71,9 @@ pub struct Entry {
     /// `conch elect`: the candidate's `--value`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// `conch elect`: the candidate's `--priority`, when it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
 }
 
 fn entry(lease_id: &str, weight: u64, metadata: &HashMap<String, String>, at_nanos: i64) -> Entry {
@@ -89,6 +92,9 @@ fn entry(lease_id: &str, weight: u64, metadata: &HashMap<String, String>, at_nan
         cmd: metadata.get(META_CMD).cloned(),
         host_lock: false,
         value: metadata.get(conch_client::elect::META_VALUE).cloned(),
+        priority: metadata
+            .get(conch_client::elect::META_PRIORITY)
+            .and_then(|p| p.parse().ok()),
     }
 }
 
