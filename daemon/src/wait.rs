@@ -151,29 +151,39 @@ pub async fn wait_for_set_grant(
         }
         Err(e) => return Err(e),
     };
-    // Every event of the entry that granted the set was delivered before its state can be read.
+    // Every event of the entry that granted the set was delivered before its state can be read;
+    // a grant answered by the leader (a give-up's reply) may not be applied here yet, so a member
+    // not found is looked for again as this node applies more, for a while.
     node.applied.read(|_| ());
+    let catch_up = tokio::time::Instant::now() + GIVE_UP_APPLY_WAIT;
+    let mut applied = node.applied.subscribe_applied();
     let mut grants = vec![granted];
     for (key, ticket) in keys.iter().skip(1).zip(tickets.iter_mut()) {
         let mut grant = None;
-        while let Some(event) = ticket.try_next() {
-            if let (true, WaitOutcome::Granted { token, hold_ns, .. }) =
-                (event.index >= index, event.outcome)
-            {
-                grant = Some(Granted { token, hold_ns });
+        loop {
+            while let Some(event) = ticket.try_next() {
+                if let (true, WaitOutcome::Granted { token, hold_ns, .. }) =
+                    (event.index >= index, event.outcome)
+                {
+                    grant = Some(Granted { token, hold_ns });
+                }
             }
-        }
-        let grant = grant.or_else(|| {
-            node.applied
-                .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
-                .map(|h| Granted {
-                    token: h.token,
-                    hold_ns: h.hold_left_ns,
-                })
-        });
-        match grant {
-            Some(grant) => grants.push(grant),
-            None => {
+            let grant = grant.or_else(|| {
+                node.applied
+                    .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
+                    .map(|h| Granted {
+                        token: h.token,
+                        hold_ns: h.hold_left_ns,
+                    })
+            });
+            if let Some(grant) = grant {
+                grants.push(grant);
+                break;
+            }
+            if !matches!(
+                tokio::time::timeout_at(catch_up, applied.changed()).await,
+                Ok(Ok(()))
+            ) {
                 return Err(Error::not_found(format!(
                     "the hold of semaphore {} by lease {} ended before its grant was reported",
                     key.sem, key.lease
