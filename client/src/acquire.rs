@@ -26,6 +26,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use conch_proto::conch::conch_api_client::ConchApiClient;
+use conch_proto::conch::{AcquireSemaphoresRequest, AcquireSemaphoresResponse, SetMember};
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::{
     AcquireLockRequest, AcquireLockResponse, AcquireOutcome, AcquireSemaphoreRequest,
@@ -247,6 +249,28 @@ impl AcquireCall for AcquireLockRequest {
     }
 }
 
+impl AcquireCall for AcquireSemaphoresRequest {
+    type Reply = AcquireSemaphoresResponse;
+    const OP: &'static str = "acquire semaphores";
+    fn waiting(&self, wait: Duration) -> Self {
+        AcquireSemaphoresRequest {
+            timeout_ms: wait_fields(wait).0,
+            ..self.clone()
+        }
+    }
+    fn outcome(reply: &Self::Reply) -> AcquireOutcome {
+        known_outcome(reply.outcome)
+    }
+    async fn send(
+        channel: NodeChannel,
+        request: Request<Self>,
+    ) -> std::result::Result<Response<Self::Reply>, Status> {
+        ConchApiClient::new(channel)
+            .acquire_semaphores(request)
+            .await
+    }
+}
+
 /// How a wait ended: granted, or not (the last answer, which says why for a lock).
 pub(crate) enum Waited<T> {
     /// The answer, and the instant the request that got it was sent.
@@ -381,6 +405,104 @@ impl Client {
             }
             Waited::NotGranted(_) => None,
         })
+    }
+
+    /// All or none: acquires every `(semaphore, weight)` of `members` (2 to 16 distinct
+    /// semaphores) for `lease` in one grant, or none of them, waiting up to `wait` as
+    /// [`Client::acquire`] does (`None`: until granted; `Some(Duration::ZERO)`: only if all are
+    /// free now). A waiting set is one entry in every member's FIFO queue, so two callers taking
+    /// `{a, b}` and `{b, a}` never deadlock. Returns one [`Guard`] per member, in the order of
+    /// `members` (each with the member's fencing token), or `Ok(None)` when the set was not
+    /// granted in time. Releasing (or dropping) one guard releases only that member.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: conch_client::Client, lease: conch_client::Lease)
+    /// # -> Result<(), conch_client::Error> {
+    /// use std::collections::HashMap;
+    /// use std::time::Duration;
+    ///
+    /// let members = [("gpu", 1), ("licence", 2)];
+    /// let wait = Some(Duration::from_secs(60));
+    /// if let Some(guards) = client.acquire_all(&lease, "jobs", &members, wait, HashMap::new()).await? {
+    ///     for guard in &guards {
+    ///         println!("{}: fencing token {}", guard.semaphore(), guard.fencing_token());
+    ///     }
+    ///     for guard in guards {
+    ///         guard.release().await?;
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_all(
+        &self,
+        lease: &Lease,
+        namespace: &str,
+        members: &[(&str, u64)],
+        wait: Option<Duration>,
+        metadata: HashMap<String, String>,
+    ) -> Result<Option<Vec<Guard>>> {
+        self.acquire_all_limited(lease, namespace, members, wait, metadata, None)
+            .await
+    }
+
+    /// [`Client::acquire_all`] with a hold limit for every member, as
+    /// [`Client::acquire_limited`]'s.
+    pub async fn acquire_all_limited(
+        &self,
+        lease: &Lease,
+        namespace: &str,
+        members: &[(&str, u64)],
+        wait: Option<Duration>,
+        metadata: HashMap<String, String>,
+        max_hold: Option<Duration>,
+    ) -> Result<Option<Vec<Guard>>> {
+        let base = AcquireSemaphoresRequest {
+            namespace_name: namespace.to_string(),
+            lease_id: lease.id().to_string(),
+            semaphores: members
+                .iter()
+                .map(|(name, weight)| SetMember {
+                    semaphore_name: name.to_string(),
+                    weight: *weight,
+                })
+                .collect(),
+            timeout_ms: 0,
+            metadata,
+            max_hold_ms: max_hold.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        };
+        let (reply, sent) = match self.wait_grant(lease, base, wait).await? {
+            Waited::Granted(reply, sent) => (reply, sent),
+            Waited::NotGranted(_) => return Ok(None),
+        };
+        if reply.grants.len() != members.len() {
+            return Err(Error::Protocol {
+                op: "acquire semaphores",
+                message: format!(
+                    "{} grants for {} members",
+                    reply.grants.len(),
+                    members.len()
+                ),
+            });
+        }
+        let guards = members
+            .iter()
+            .zip(reply.grants)
+            .map(|((name, weight), grant)| {
+                let mut guard = self.guard(
+                    lease,
+                    namespace,
+                    Held::Semaphore {
+                        name: name.to_string(),
+                        weight: (*weight).max(1),
+                    },
+                    grant.fencing_token,
+                );
+                guard.hold_until =
+                    (grant.hold_ms > 0).then(|| sent + Duration::from_millis(grant.hold_ms));
+                guard
+            })
+            .collect();
+        Ok(Some(guards))
     }
 
     /// The guard of a grant.

@@ -310,7 +310,7 @@ impl Hist {
         check(
             &self.ops,
             &CheckConfig {
-                permits: BTreeMap::from([("s0".to_string(), 2)]),
+                permits: BTreeMap::from([("s0".to_string(), 2), ("s1".to_string(), 1)]),
                 loss_after: Duration::from_secs(3),
             },
         )
@@ -365,6 +365,64 @@ fn checker_finds_holds_beyond_the_permits() {
     assert!(
         result.violations[0].ops.len() >= 2,
         "offending ops are shown"
+    );
+}
+
+impl Hist {
+    /// An all-or-none acquire of `s0` (weight 2) and `s1` (weight 1), answered with `tokens`.
+    fn acquire_set(
+        &mut self,
+        process: usize,
+        lease: &str,
+        at: Micros,
+        done: Micros,
+        tokens: &[u64],
+    ) {
+        self.add(
+            process,
+            OpKind::AcquireSet {
+                lease: lease.into(),
+                members: vec![("s0".into(), 2), ("s1".into(), 1)],
+                timeout_ms: 1000,
+            },
+            at,
+            Some(done),
+            Outcome::Ok(OkValue::SetAcquired {
+                tokens: tokens.to_vec(),
+            }),
+        );
+    }
+}
+
+#[test]
+fn checker_counts_every_member_of_a_set_and_finds_a_set_not_granted_at_once() {
+    // L1 takes {s0:2, s1:1} at 10ms (tokens 5, 6) and keeps s0 past 100ms; L2 is told it
+    // holds 1 of s0 at 50ms: over s0's 2 permits, seen through the set's member.
+    let mut h = Hist::new();
+    h.lease(1, "L1", 0);
+    h.lease(2, "L2", 0);
+    h.acquire_set(1, "L1", 5 * MS, 10 * MS, &[5, 6]);
+    h.read(30 * MS, &[("L1", 2, 5)]);
+    h.acquire(2, "L2", 1, 20 * MS, 50 * MS, Some(7));
+    let result = h.check();
+    assert_eq!(
+        checks(&result),
+        vec!["capacity"],
+        "{:#?}",
+        result.violations
+    );
+    assert_eq!(result.stats.set_grants, 1);
+
+    // Tokens that are not one per member in one entry.
+    let mut h = Hist::new();
+    h.lease(1, "L1", 0);
+    h.acquire_set(1, "L1", 5 * MS, 10 * MS, &[5, 9]);
+    let result = h.check();
+    assert_eq!(
+        checks(&result),
+        vec!["all-or-none"],
+        "{:#?}",
+        result.violations
     );
 }
 

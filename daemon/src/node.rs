@@ -169,8 +169,9 @@ impl Node {
         node
     }
 
-    /// Proposes `cmds` (in order, in one entry) and returns their replies once this node has
-    /// applied them.
+    /// Proposes `cmds` (in order, in one entry) and returns their replies once the entry is
+    /// committed (on the leader: applied; through a follower: the leader's replies, which this
+    /// node may not have applied yet, see [`Node::write_one_at`]).
     pub async fn write(&self, cmds: Vec<Cmd>) -> Result<Vec<Reply>, NodeError> {
         self.propose(cmds, false).await.map(|(replies, _)| replies)
     }
@@ -180,9 +181,9 @@ impl Node {
     }
 
     /// Like [`Node::write_one`], also returning the log index of the entry. The reply is the
-    /// leader's; this node may not have applied the entry yet (a slow follower answers after a
-    /// bounded wait), so compare [`AppliedState::applied_index`] with the index before reading
-    /// the local state about it.
+    /// leader's; a follower answers without waiting to apply the entry itself, so a caller
+    /// that then reads this node's local (not linearizable) state about it waits for the
+    /// index first ([`AppliedState::wait_applied`]).
     pub async fn write_one_at(&self, cmd: Cmd) -> Result<(Reply, u64), NodeError> {
         let (mut replies, index) = self.propose(vec![cmd], false).await?;
         let reply = replies
@@ -547,14 +548,23 @@ impl Node {
         let result: Result<(Vec<Reply>, u64), NodeError> =
             decode(&response.into_inner().payload)
                 .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
+        // The leader's reply is the answer: it is committed, and every read (linearizable,
+        // through the read index) sees it from now on, on any node. Waiting here until this
+        // node applied it too would cost the time until the leader's next message says the
+        // entry is committed. A caller that goes on to wait on this node's applied state (a
+        // queued acquire waiting for its grant) waits for the index itself. Changes to access
+        // control are the exception: this node checks the caller's next call against its own
+        // applied copy of the rules, so it answers once it has them.
         let (replies, index) = result?;
-        // Answer only once this node applied the entry: reads here then see the write, and a
-        // caller waiting here for a grant sees the state the reply describes.
-        if tokio::time::timeout(self.config.leader_wait, self.applied.wait_applied(index))
-            .await
-            .is_err()
+        if cmds.iter().any(Cmd::changes_access)
+            && tokio::time::timeout(self.config.leader_wait, self.applied.wait_applied(index))
+                .await
+                .is_err()
         {
-            tracing::warn!(index, "follower slow to apply a forwarded write");
+            tracing::warn!(
+                index,
+                "follower slow to apply a forwarded access-control change"
+            );
         }
         Ok((replies, index))
     }

@@ -119,6 +119,82 @@ pub async fn wait_for_grant(
     }
 }
 
+/// Waits for a queued all-or-none acquire (`state/set.rs`) to end: `Some` grant per member
+/// (in the order of `keys`) when granted, `None` when it timed out or gave up. `keys[0]` is the
+/// set's primary member: the wait and its give-up name the set by it (a give-up naming a member
+/// ends the whole set), and every member was granted in the entry that granted it. The other
+/// members' grants come from their own tickets (registered, like the primary's, before the
+/// acquire was proposed), or, for a state replaced by a snapshot, from the holder table.
+pub async fn wait_for_set_grant(
+    node: &Arc<Node>,
+    keys: &[WaitKey],
+    mut tickets: Vec<WaitTicket>,
+    deadline_ns: Nanos,
+    index: u64,
+) -> Result<Option<Vec<Granted>>, WaitError> {
+    let (Some(primary), false) = (keys.first(), tickets.is_empty()) else {
+        return Ok(None);
+    };
+    let first = tickets.remove(0);
+    let waited = wait_for_grant(node, primary.clone(), first, deadline_ns, index).await;
+    let granted = match waited {
+        Ok(Some(granted)) => granted,
+        Ok(None) => return Ok(None),
+        // The wait names the set by its first member; any member's deletion ends it.
+        Err(WaitError::State(e)) if e.message.contains("was deleted while waiting") => {
+            let names: Vec<&str> = keys.iter().map(|k| k.sem.as_str()).collect();
+            return Err(Error::not_found(format!(
+                "a semaphore of the set {} was deleted while waiting",
+                names.join(", ")
+            ))
+            .into());
+        }
+        Err(e) => return Err(e),
+    };
+    // Every event of the entry that granted the set was delivered before its state can be read;
+    // a grant answered by the leader (a give-up's reply) may not be applied here yet, so a member
+    // not found is looked for again as this node applies more, for a while.
+    node.applied.read(|_| ());
+    let catch_up = tokio::time::Instant::now() + GIVE_UP_APPLY_WAIT;
+    let mut applied = node.applied.subscribe_applied();
+    let mut grants = vec![granted];
+    for (key, ticket) in keys.iter().skip(1).zip(tickets.iter_mut()) {
+        let mut grant = None;
+        loop {
+            while let Some(event) = ticket.try_next() {
+                if let (true, WaitOutcome::Granted { token, hold_ns, .. }) =
+                    (event.index >= index, event.outcome)
+                {
+                    grant = Some(Granted { token, hold_ns });
+                }
+            }
+            let grant = grant.or_else(|| {
+                node.applied
+                    .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
+                    .map(|h| Granted {
+                        token: h.token,
+                        hold_ns: h.hold_left_ns,
+                    })
+            });
+            if let Some(grant) = grant {
+                grants.push(grant);
+                break;
+            }
+            if !matches!(
+                tokio::time::timeout_at(catch_up, applied.changed()).await,
+                Ok(Ok(()))
+            ) {
+                return Err(Error::not_found(format!(
+                    "the hold of semaphore {} by lease {} ended before its grant was reported",
+                    key.sem, key.lease
+                ))
+                .into());
+            }
+        }
+    }
+    Ok(Some(grants))
+}
+
 fn stopping() -> NodeError {
     NodeError::Unavailable(
         "this node is shutting down; retry through another node (the wait keeps its place)".into(),

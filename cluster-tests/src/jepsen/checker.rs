@@ -45,6 +45,11 @@
 //! - **durability of leases and revokes**: a linearizable lease list sent at `ri` contains no
 //!   lease whose revoke was acknowledged before `ri`, and contains every lease still believed
 //!   alive at `rc`.
+//! - **all or none**: an all-or-none acquire (`AcquireSemaphores`) acknowledged `ACQUIRED`
+//!   carries one token per member, consecutive and increasing: the members were granted in one
+//!   applied entry with no other grant between. Each member then makes a hold interval of its
+//!   own (ended by the release of that member), so the capacity, fencing and read checks above
+//!   cover every member.
 //! - **no unexpected errors**: no `InvalidArgument`, `AlreadyExists`, `ResourceExhausted` or
 //!   `Internal` answers (the workload only sends valid requests), including a
 //!   `ResourceExhausted` made by the client from a connection the server ended (recorded as
@@ -88,6 +93,8 @@ pub struct CheckStats {
     pub hold_intervals: usize,
     pub holder_reads_checked: usize,
     pub lease_reads_checked: usize,
+    /// All-or-none acquires acknowledged `ACQUIRED`.
+    pub set_grants: usize,
     /// Semaphore → the largest total weight clients believed they held at once.
     pub max_believed: BTreeMap<String, u64>,
 }
@@ -228,33 +235,48 @@ pub(super) fn holds(ops: &[Op], beliefs: &BTreeMap<String, LeaseBelief>) -> Vec<
     }
     let mut out = Vec::new();
     for op in ops {
-        let (
-            OpKind::Acquire {
-                lease, sem, weight, ..
-            },
-            Some(token),
-        ) = (&op.kind, op.token())
-        else {
-            continue;
+        // A single acquire's one member, or every member of a granted set.
+        let granted: Vec<(&String, &String, u64, u64)> = match (&op.kind, &op.outcome) {
+            (
+                OpKind::Acquire {
+                    lease, sem, weight, ..
+                },
+                _,
+            ) => op
+                .token()
+                .map(|t| (lease, sem, *weight, t))
+                .into_iter()
+                .collect(),
+            (
+                OpKind::AcquireSet { lease, members, .. },
+                Outcome::Ok(OkValue::SetAcquired { tokens }),
+            ) => members
+                .iter()
+                .zip(tokens)
+                .map(|((sem, weight), token)| (lease, sem, *weight, *token))
+                .collect(),
+            _ => Vec::new(),
         };
-        let start = op.end();
-        let mut end = beliefs.get(lease).map(|b| b.until).unwrap_or(start);
-        let release = releases
-            .get(&(lease.as_str(), sem.as_str()))
-            .and_then(|list| list.iter().find(|r| r.invoke >= op.invoke).copied());
-        if let Some(r) = release {
-            end = end.min(r.invoke);
+        for (lease, sem, weight, token) in granted {
+            let start = op.end();
+            let mut end = beliefs.get(lease).map(|b| b.until).unwrap_or(start);
+            let release = releases
+                .get(&(lease.as_str(), sem.as_str()))
+                .and_then(|list| list.iter().find(|r| r.invoke >= op.invoke).copied());
+            if let Some(r) = release {
+                end = end.min(r.invoke);
+            }
+            out.push(Hold {
+                acquire: op.id,
+                release: release.map(|r| r.id),
+                lease: lease.clone(),
+                sem: sem.clone(),
+                weight: weight.max(1),
+                token,
+                start,
+                end,
+            });
         }
-        out.push(Hold {
-            acquire: op.id,
-            release: release.map(|r| r.id),
-            lease: lease.clone(),
-            sem: sem.clone(),
-            weight: (*weight).max(1),
-            token,
-            start,
-            end,
-        });
     }
     out
 }
@@ -417,6 +439,11 @@ pub fn check(ops: &[Op], config: &CheckConfig) -> CheckResult {
             OpKind::Acquire { lease, sem, .. } => {
                 acquires_of.entry((lease, sem)).or_default().push(o)
             }
+            OpKind::AcquireSet { lease, members, .. } => {
+                for (sem, _) in members {
+                    acquires_of.entry((lease, sem)).or_default().push(o);
+                }
+            }
             OpKind::Release { lease, sem } => releases_of.entry((lease, sem)).or_default().push(o),
             _ => {}
         }
@@ -494,7 +521,7 @@ pub fn check(ops: &[Op], config: &CheckConfig) -> CheckResult {
             if acquires.iter().any(|a| a.outcome.is_unknown()) {
                 continue; // an acquire that may have taken effect at any time
             }
-            let granted = acquires.iter().find(|a| a.token() == Some(x.token));
+            let granted = acquires.iter().find(|a| a.token_of(sem) == Some(x.token));
             let Some(granted) = granted else {
                 let mut shown = acquires.clone();
                 shown.push(read);
@@ -508,8 +535,8 @@ pub fn check(ops: &[Op], config: &CheckConfig) -> CheckResult {
                 );
                 continue;
             };
-            if let OpKind::Acquire { weight, .. } = &granted.kind
-                && (*weight).max(1) != x.weight
+            if let Some(weight) = granted.weight_of(sem)
+                && weight != x.weight
             {
                 report.add(
                     "phantom-hold",
@@ -570,6 +597,27 @@ pub fn check(ops: &[Op], config: &CheckConfig) -> CheckResult {
                     vec![op(b.create), read],
                 );
             }
+        }
+    }
+
+    // ---- all or none ----
+    for o in ops {
+        let (OpKind::AcquireSet { members, .. }, Outcome::Ok(OkValue::SetAcquired { tokens })) =
+            (&o.kind, &o.outcome)
+        else {
+            continue;
+        };
+        stats.set_grants += 1;
+        let consecutive = tokens.windows(2).all(|w| w[0].checked_add(1) == Some(w[1]));
+        if tokens.len() != members.len() || !consecutive || tokens.contains(&0) {
+            report.add(
+                "all-or-none",
+                format!(
+                    "a set of {} members was granted tokens {tokens:?}: not one per member in one entry",
+                    members.len()
+                ),
+                vec![o],
+            );
         }
     }
 

@@ -43,6 +43,12 @@ pub enum OpKind {
         lease: String,
         sem: String,
     },
+    /// All or none (`conch.v1 AcquireSemaphores`): every `(semaphore, weight)` member.
+    AcquireSet {
+        lease: String,
+        members: Vec<(String, u64)>,
+        timeout_ms: u64,
+    },
     /// Linearizable `ListSemaphoreHolders`.
     ReadHolders {
         sem: String,
@@ -82,6 +88,7 @@ impl OpKind {
             OpKind::Refresh { lease }
             | OpKind::Revoke { lease }
             | OpKind::Acquire { lease, .. }
+            | OpKind::AcquireSet { lease, .. }
             | OpKind::Release { lease, .. } => Some(lease),
             _ => None,
         }
@@ -156,6 +163,10 @@ pub enum OkValue {
         active_holds: u64,
         permits: u64,
     },
+    /// An all-or-none acquire's grant: one token per member, in the order of the request.
+    SetAcquired {
+        tokens: Vec<u64>,
+    },
     Holders {
         holders: Vec<HolderSeen>,
     },
@@ -223,6 +234,37 @@ impl Op {
         }
     }
 
+    /// The token this acquire (single or all-or-none) was granted for semaphore `sem`, if any.
+    pub fn token_of(&self, sem: &str) -> Option<u64> {
+        match (&self.kind, &self.outcome) {
+            (OpKind::Acquire { sem: s, .. }, Outcome::Ok(OkValue::Acquired { token, .. }))
+                if s == sem =>
+            {
+                Some(*token)
+            }
+            (OpKind::AcquireSet { members, .. }, Outcome::Ok(OkValue::SetAcquired { tokens })) => {
+                members
+                    .iter()
+                    .zip(tokens)
+                    .find(|((s, _), _)| s == sem)
+                    .map(|(_, t)| *t)
+            }
+            _ => None,
+        }
+    }
+
+    /// The weight this acquire asks of `sem` (single or all-or-none), if it names it.
+    pub fn weight_of(&self, sem: &str) -> Option<u64> {
+        match &self.kind {
+            OpKind::Acquire { sem: s, weight, .. } if s == sem => Some((*weight).max(1)),
+            OpKind::AcquireSet { members, .. } => members
+                .iter()
+                .find(|(s, _)| s == sem)
+                .map(|(_, w)| (*w).max(1)),
+            _ => None,
+        }
+    }
+
     pub fn acquired(&self) -> bool {
         self.token().is_some()
     }
@@ -261,6 +303,19 @@ impl fmt::Display for Op {
                 timeout_ms,
             } => write!(f, "acquire {sem} w={weight} wait={timeout_ms}ms {lease}")?,
             OpKind::Release { lease, sem } => write!(f, "release {sem} {lease}")?,
+            OpKind::AcquireSet {
+                lease,
+                members,
+                timeout_ms,
+            } => {
+                let members: Vec<String> =
+                    members.iter().map(|(s, w)| format!("{s}:{w}")).collect();
+                write!(
+                    f,
+                    "acquire-set {} wait={timeout_ms}ms {lease}",
+                    members.join("+")
+                )?
+            }
             OpKind::ReadHolders { sem } => write!(f, "read-holders {sem}")?,
             OpKind::ReadLeases => write!(f, "read-leases")?,
             OpKind::LockCreateLease { ttl_s } => write!(f, "create-lock-lease ttl={ttl_s}s")?,
@@ -316,6 +371,7 @@ impl fmt::Display for Op {
                     write!(f, "]")
                 }
                 OkValue::Leases { leases } => write!(f, "ok {} leases", leases.len()),
+                OkValue::SetAcquired { tokens } => write!(f, "ok ACQUIRED tokens={tokens:?}"),
                 OkValue::LockAcquired { token } => write!(f, "ok ACQUIRED token={token}"),
                 OkValue::LockNotAcquired { outcome, reason } => {
                     write!(f, "ok {outcome} ({reason})")

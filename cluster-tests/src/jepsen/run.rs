@@ -283,8 +283,9 @@ impl RunReport {
         }
         let s = &self.check.stats;
         out.push_str(&format!(
-            "jepsen: grants={} hold-intervals={} holder-reads={} lease-reads={} max-believed={:?}\n",
+            "jepsen: grants={} set-grants={} hold-intervals={} holder-reads={} lease-reads={} max-believed={:?}\n",
             s.grants,
+            s.set_grants,
             s.hold_intervals,
             s.holder_reads_checked,
             s.lease_reads_checked,

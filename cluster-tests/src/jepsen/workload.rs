@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::net::NodeChannel as Channel;
+use conch_proto::conch as cpb;
+use conch_proto::conch::conch_api_client::ConchApiClient;
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use tokio::sync::watch;
@@ -446,6 +448,60 @@ impl Shared {
         .outcome
     }
 
+    /// All or none (`conch.v1 AcquireSemaphores`) of `members`, each `(semaphore, weight)`.
+    async fn acquire_set(
+        &self,
+        process: usize,
+        rng: &mut Rng,
+        lease: &str,
+        members: &[(String, u64)],
+        timeout_ms: u64,
+    ) -> Outcome {
+        let (node, channel) = self.pick_node(rng);
+        let req = cpb::AcquireSemaphoresRequest {
+            namespace_name: self.config.namespace.clone(),
+            lease_id: lease.to_string(),
+            semaphores: members
+                .iter()
+                .map(|(sem, weight)| cpb::SetMember {
+                    semaphore_name: sem.clone(),
+                    weight: *weight,
+                })
+                .collect(),
+            timeout_ms,
+            ..Default::default()
+        };
+        self.call(
+            process,
+            node,
+            OpKind::AcquireSet {
+                lease: lease.to_string(),
+                members: members.to_vec(),
+                timeout_ms,
+            },
+            Duration::from_millis(timeout_ms) + ACQUIRE_RPC_SLACK,
+            ConchApiClient::new(channel).acquire_semaphores(req),
+            |r| {
+                if r.outcome == pb::AcquireOutcome::Acquired as i32 {
+                    OkValue::SetAcquired {
+                        tokens: r.grants.iter().map(|g| g.fencing_token).collect(),
+                    }
+                } else {
+                    let outcome = pb::AcquireOutcome::try_from(r.outcome)
+                        .map(|o| o.as_str_name().to_string())
+                        .unwrap_or_else(|_| format!("outcome {}", r.outcome));
+                    OkValue::NotAcquired {
+                        outcome,
+                        active_holds: 0,
+                        permits: 0,
+                    }
+                }
+            },
+        )
+        .await
+        .outcome
+    }
+
     async fn release(&self, process: usize, rng: &mut Rng, lease: &str, sem: &str) -> Outcome {
         let (node, channel) = self.pick_node(rng);
         let req = pb::ReleaseSemaphoreRequest {
@@ -548,10 +604,47 @@ impl Shared {
                 .pick(&[0, 0, 300, 1000, 2000, MAX_WAIT_MS])
                 .unwrap_or(&0);
             let lease_id = current.id.clone();
-            match self
-                .acquire(process, &mut rng, &lease_id, &sem, weight, timeout_ms)
-                .await
-            {
+            // One acquire in four takes two semaphores all or none (with a second one distinct
+            // from the first), then releases both.
+            let (other, other_permits) = self.random_sem(&mut rng);
+            let set = (roll < 35 && other != sem).then(|| {
+                let other_weight = rng.range(1, other_permits.min(2));
+                vec![(sem.clone(), weight), (other, other_weight)]
+            });
+            let outcome = match &set {
+                Some(members) => {
+                    self.acquire_set(process, &mut rng, &lease_id, members, timeout_ms)
+                        .await
+                }
+                None => {
+                    self.acquire(process, &mut rng, &lease_id, &sem, weight, timeout_ms)
+                        .await
+                }
+            };
+            match outcome {
+                Outcome::Ok(OkValue::SetAcquired { .. }) => {
+                    let members = set.unwrap_or_default();
+                    if !self.hold(process, &mut rng, current, &sem).await {
+                        if let Some(old) = lease.take() {
+                            self.abandon(old, &mut rng).await;
+                        }
+                        continue;
+                    }
+                    if *stop.borrow() {
+                        break; // keep holding: the final read must find these holds
+                    }
+                    for (member, _) in &members {
+                        if !self
+                            .release_until_sent(process, &mut rng, current, member)
+                            .await
+                        {
+                            if let Some(old) = lease.take() {
+                                self.abandon(old, &mut rng).await;
+                            }
+                            break;
+                        }
+                    }
+                }
                 Outcome::Ok(OkValue::Acquired { .. }) => {
                     if !self.hold(process, &mut rng, current, &sem).await {
                         // Lost the lease (before the grant arrived or while holding): no

@@ -96,6 +96,13 @@ impl ConchApi for ConchApiService {
         }))
     }
 
+    async fn acquire_semaphores(
+        &self,
+        request: Request<cpb::AcquireSemaphoresRequest>,
+    ) -> Result<Response<cpb::AcquireSemaphoresResponse>, Status> {
+        super::acquire_set::acquire_semaphores(&self.node, &self.waiting, request).await
+    }
+
     async fn wait_holder_change(
         &self,
         request: Request<cpb::WaitHolderChangeRequest>,

@@ -148,7 +148,7 @@ fn acquire_message(
 
 /// A hold limit's remainder in whole milliseconds, rounded down so that a caller stops no later
 /// than the server ends the hold; a limited hold never reads as 0 (no limit).
-fn hold_ms(hold_ns: Nanos) -> u64 {
+pub(super) fn hold_ms(hold_ns: Nanos) -> u64 {
     match hold_ns {
         0 => 0,
         ns => convert::ms(ns).max(1),
@@ -156,7 +156,7 @@ fn hold_ms(hold_ns: Nanos) -> u64 {
 }
 
 /// Wait requested by an acquire, in ns: `timeout_ms` (conch) wins over `timeout_seconds`.
-fn wait_ns(timeout_ms: u64, timeout_seconds: i32) -> Result<Nanos, Error> {
+pub(super) fn wait_ns(timeout_ms: u64, timeout_seconds: i32) -> Result<Nanos, Error> {
     if timeout_ms > 0 {
         let max_ms = limits::TIMEOUT_MAX_S as u64 * 1000;
         if timeout_ms > max_ms {

@@ -18,6 +18,7 @@ use crate::identity::CLUSTER_ID_HEADER;
 use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
+pub mod acquire_set;
 pub mod admission;
 pub mod auth;
 pub mod backup;

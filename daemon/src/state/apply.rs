@@ -251,6 +251,21 @@ impl State {
                 ctx,
             ),
             Cmd::Release { ns, sem, lease } => ns_mut(namespaces, ns)?.release(sem, lease, ctx),
+            Cmd::AcquireSet {
+                ns,
+                lease,
+                members,
+                wait_ns,
+                metadata,
+                max_hold_ns,
+            } => ns_mut(namespaces, ns)?.acquire_set(
+                members,
+                lease,
+                *wait_ns,
+                *max_hold_ns,
+                metadata,
+                ctx,
+            ),
             Cmd::GiveUp {
                 ns,
                 sem,
@@ -332,9 +347,16 @@ fn reap(namespaces: &mut Namespaces, ctx: &mut Ctx) {
             continue;
         };
         match lock_path(&sem) {
-            Some(path) => ns.end_lock_wait(path, seq, WaitEnd::TimedOut, ctx),
-            None => ns.end_wait(&sem, seq, WaitEnd::TimedOut, ctx),
-        };
+            Some(path) => {
+                ns.end_lock_wait(path, seq, WaitEnd::TimedOut, ctx);
+            }
+            // A set's members share its deadline: the first of them due ends it whole.
+            None => {
+                for member in ns.end_wait_all(&sem, seq, WaitEnd::TimedOut, ctx) {
+                    affected.insert((name.clone(), member));
+                }
+            }
+        }
         affected.insert((name, sem));
     }
     while let Some((ns_id, sem, seq)) = ctx.pop_hold_due() {

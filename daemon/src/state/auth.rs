@@ -124,7 +124,8 @@ pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
         | Cmd::Acquire { ns, .. }
         | Cmd::Release { ns, .. }
         | Cmd::AcquireLock { ns, .. }
-        | Cmd::ReleaseLock { ns, .. } => Access::Namespace(ns, Acquire),
+        | Cmd::ReleaseLock { ns, .. }
+        | Cmd::AcquireSet { ns, .. } => Access::Namespace(ns, Acquire),
         // Deleting a lock drops other leases' holds.
         Cmd::UpdateSemaphore { ns, .. }
         | Cmd::DeleteSemaphore { ns, .. }

@@ -606,3 +606,29 @@ fn a_lease_is_used_only_by_the_token_that_created_it_or_an_admin() {
     t.caller = Some(3);
     t.ok(acquire_one(&open.lease_id));
 }
+
+#[test]
+fn changes_to_access_control_are_told_apart_inside_their_wrappers() {
+    let token_create = Cmd::TokenCreate {
+        name: "ci".into(),
+        role: "r".into(),
+        hash: [7; 32],
+    };
+    let wrapped = Cmd::Once {
+        request_id: "req-1".into(),
+        cmd: Box::new(Cmd::As {
+            token: [1; 32],
+            cmd: Box::new(token_create.clone()),
+        }),
+    };
+    assert!(token_create.changes_access());
+    assert!(wrapped.changes_access());
+    assert!(Cmd::AuthDisable.changes_access());
+    assert!(!acquire_one("ls_a").changes_access());
+    assert!(!Cmd::Expire.changes_access());
+    let acquire_as = Cmd::As {
+        token: [1; 32],
+        cmd: Box::new(acquire_one("ls_a")),
+    };
+    assert!(!acquire_as.changes_access());
+}

@@ -205,6 +205,10 @@ pub(super) struct Waiter {
     pub(super) metadata: Metadata,
     /// The hold limit the acquire asked for (0: only the semaphore's).
     pub(super) max_hold_ns: Nanos,
+    /// Empty for a single acquire. For an all-or-none acquire (`set.rs`): every member's
+    /// semaphore name, this one included, in the order of the command; the lease waits in
+    /// each of them with the same set and deadline, and is granted all of them at once.
+    pub(super) set: Vec<String>,
 }
 
 /// Reached only through `&` outside this module.

@@ -6,7 +6,13 @@
 //! - every holder and waiter belongs to a lease of the same namespace, and that lease lists it
 //! - a lease that both holds and waits for one semaphore is upgrading: waiter weight > held
 //!   weight
-//! - the head of every queue cannot be granted (grants are never left undone)
+//! - the head of every queue cannot be granted (grants are never left undone; a set at the
+//!   head can be granted only when it can be in every member)
+//! - all-or-none acquires (`set.rs`): a set waiter names 2 to 16 distinct members, itself
+//!   among them, and waits in every member with the same set and deadline; its lease holds
+//!   none of the members while it waits (so a set is held all or none); and the set entries
+//!   stand in the same relative order in every queue they share (the "comes before" relation
+//!   of neighbouring set entries over all queues has no cycle: one global arrival order)
 //! - fencing tokens are unique and <= the token counter (each grant takes the next one, so they
 //!   increase strictly in grant order); queue tickets are unique and <= the semaphore's counter
 //! - the lease clock never decreases (checked by the property tests across steps); display
@@ -125,12 +131,17 @@ impl State {
                 }
                 if let Some((_, seq)) = sem.queue().first_key_value()
                     && let Some(head) = sem.waiters().get(seq)
-                    && sem.can_grant(*seq, head.weight)
+                    && if head.set.is_empty() {
+                        sem.can_grant(*seq, head.weight)
+                    } else {
+                        ns.set_grantable(*seq, &head.set)
+                    }
                 {
                     return Err(at("the head of the queue fits but was not granted"));
                 }
                 expected.add_holders(sem.holders().len() as u64);
             }
+            check_sets(ns)?;
             self.check_locks(
                 ns,
                 &mut expected,
@@ -299,4 +310,91 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// The rules of all-or-none acquires in `ns` (see the module docs).
+fn check_sets(ns: &Namespace) -> Result<(), String> {
+    let name = ns.name();
+    // A set entry: (lease seq, first member). Edges: entry -> the next set entry behind it in
+    // some queue.
+    let mut edges: BTreeMap<(u64, String), BTreeSet<(u64, String)>> = BTreeMap::new();
+    for (sem_name, sem) in ns.semaphores() {
+        let at = |what: &str| format!("semaphore {name}/{sem_name}: {what}");
+        let mut previous: Option<(u64, String)> = None;
+        for seq in sem.queue().values() {
+            let Some(w) = sem.waiters().get(seq) else {
+                continue;
+            };
+            if w.set.is_empty() {
+                continue;
+            }
+            let distinct: BTreeSet<&String> = w.set.iter().collect();
+            if !(SET_MEMBERS_MIN..=SET_MEMBERS_MAX).contains(&w.set.len())
+                || distinct.len() != w.set.len()
+                || !distinct.contains(sem_name)
+            {
+                return Err(at(&format!(
+                    "set waiter of lease number {seq} names a malformed set"
+                )));
+            }
+            for member in &w.set {
+                let Some(other) = ns.semaphores().get(member) else {
+                    return Err(at(&format!(
+                        "set waiter of lease number {seq} names missing semaphore {member}"
+                    )));
+                };
+                match other.waiters().get(seq) {
+                    Some(o) if o.set == w.set && o.deadline_ns == w.deadline_ns => {}
+                    _ => {
+                        return Err(at(&format!(
+                            "set waiter of lease number {seq} does not wait in member {member} \
+                             with the same set and deadline"
+                        )));
+                    }
+                }
+                if other.holders().contains_key(seq) {
+                    return Err(at(&format!(
+                        "set waiter of lease number {seq} holds member {member} while it waits"
+                    )));
+                }
+            }
+            let entry = (*seq, w.set[0].clone());
+            edges.entry(entry.clone()).or_default();
+            if let Some(before) = previous.replace(entry.clone()) {
+                edges.entry(before).or_default().insert(entry);
+            }
+        }
+    }
+    // Kahn's algorithm: every entry is removed iff the relation has no cycle.
+    let mut incoming: BTreeMap<&(u64, String), usize> = edges.keys().map(|k| (k, 0)).collect();
+    for targets in edges.values() {
+        for target in targets {
+            if let Some(count) = incoming.get_mut(target) {
+                *count += 1;
+            }
+        }
+    }
+    let mut ready: Vec<&(u64, String)> = incoming
+        .iter()
+        .filter(|(_, count)| **count == 0)
+        .map(|(k, _)| *k)
+        .collect();
+    let mut removed = 0usize;
+    while let Some(entry) = ready.pop() {
+        removed += 1;
+        for target in edges.get(entry).into_iter().flatten() {
+            if let Some(count) = incoming.get_mut(target) {
+                *count -= 1;
+                if *count == 0 {
+                    ready.push(target);
+                }
+            }
+        }
+    }
+    if removed != edges.len() {
+        return Err(format!(
+            "namespace {name}: set waiters stand in different orders in different queues"
+        ));
+    }
+    Ok(())
 }

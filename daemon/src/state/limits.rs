@@ -26,6 +26,9 @@ pub const WAITERS_PER_LOCK_MAX: usize = 10_000;
 /// Most conflicting locks an acquire's answer lists.
 pub const BLOCKING_LOCKS_MAX: usize = 50;
 pub const WAITERS_PER_SEMAPHORE_MAX: usize = 10_000;
+/// The members of one all-or-none acquire (`AcquireSet`): 2 to 16 distinct semaphores.
+pub const SET_MEMBERS_MIN: usize = 2;
+pub const SET_MEMBERS_MAX: usize = 16;
 pub const SEMAPHORES_PER_NAMESPACE_MAX: usize = 1_000_000;
 pub const LEASES_PER_NAMESPACE_MAX: usize = 1_000_000;
 pub const NAMESPACES_MAX: usize = 100_000;

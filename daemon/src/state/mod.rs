@@ -11,6 +11,7 @@
 //!   every index consistent
 //! - `lease_id`: lease ids and the sequence numbers behind them
 //! - `queue`: acquire, release, give up, and the one grant path
+//! - `set`: all-or-none acquires of several semaphores, one queue entry in every member's queue
 //! - `locks` (with `lock_data`, the lock table): hierarchical read/write locks, their queue
 //!   and their grants
 //! - `apply`: command dispatch, reaping, extending leases, the other commands
@@ -86,6 +87,9 @@ mod queue;
 pub mod quota;
 mod read;
 mod requests;
+mod set;
+#[cfg(test)]
+mod set_tests;
 mod snapshot;
 mod sync;
 #[cfg(test)]

@@ -32,9 +32,12 @@ fn digest(cmd: &Cmd) -> u64 {
     // The token is left out too: it is who asks, not what is asked.
     let cmd = cmd.unwrapped();
     let bytes = match cmd {
-        Cmd::Acquire { .. } | Cmd::AcquireLock { .. } => {
+        Cmd::Acquire { .. } | Cmd::AcquireLock { .. } | Cmd::AcquireSet { .. } => {
             let mut cmd = cmd.clone();
-            if let Cmd::Acquire { wait_ns, .. } | Cmd::AcquireLock { wait_ns, .. } = &mut cmd {
+            if let Cmd::Acquire { wait_ns, .. }
+            | Cmd::AcquireLock { wait_ns, .. }
+            | Cmd::AcquireSet { wait_ns, .. } = &mut cmd
+            {
                 *wait_ns = 0;
             }
             bincode_options().serialize(&cmd)
@@ -62,6 +65,9 @@ fn is_pending(reply: &Outcome) -> bool {
         }) | Outcome::AcquireLock(AcquireLockReply {
             status: AcquireStatus::Queued { .. },
             ..
+        }) | Outcome::AcquireSet(AcquireSetReply {
+            status: AcquireSetStatus::Queued { .. },
+            ..
         })
     )
 }
@@ -71,6 +77,26 @@ impl State {
     /// later: it is answered with what is left of the hold now (1 ns once that hold is gone),
     /// so a caller that counts from sending the repeat never counts past the hold's end.
     fn hold_left_now(&self, cmd: &Cmd, reply: Outcome) -> Outcome {
+        if let (
+            Outcome::AcquireSet(mut r),
+            Cmd::AcquireSet {
+                ns, lease, members, ..
+            },
+        ) = (reply.clone(), cmd.unwrapped())
+        {
+            if let AcquireSetStatus::Acquired { grants } = &mut r.status {
+                for (grant, member) in grants.iter_mut().zip(members) {
+                    if grant.hold_ns > 0 {
+                        let left = self
+                            .holder(ns, &member.sem, lease)
+                            .filter(|h| h.token == grant.token)
+                            .map(|h| h.hold_left_ns);
+                        grant.hold_ns = left.filter(|l| *l > 0).unwrap_or(1);
+                    }
+                }
+            }
+            return Outcome::AcquireSet(r);
+        }
         let Outcome::Acquire(mut r) = reply else {
             return reply;
         };
@@ -143,6 +169,16 @@ impl State {
                 },
                 reply,
             ) if is_pending(reply) => Some((ns.clone(), lock_object(path), lease.clone())),
+            // A waiting set is linked to its first member's waiter: it is granted (and ends)
+            // whole, in one entry.
+            (
+                Cmd::AcquireSet {
+                    ns, lease, members, ..
+                },
+                reply,
+            ) if is_pending(reply) => members
+                .first()
+                .map(|m| (ns.clone(), m.sem.clone(), lease.clone())),
             _ => None,
         };
         let clock_ns = self.data.clock_ns;
@@ -197,6 +233,24 @@ impl State {
                     ..
                 } => {
                     let waiter = (ns.clone(), sem.clone(), lease.clone());
+                    if let Some(members) = self.data.requests.waiting_set(&waiter) {
+                        let namespace = self.data.namespaces.get(ns);
+                        let grants = namespace.and_then(|n| {
+                            let seq = n.lease_seq(lease)?;
+                            n.set_grants(&members, seq, self.data.clock_ns)
+                        });
+                        match grants {
+                            Some(grants) => {
+                                let reply = Outcome::AcquireSet(AcquireSetReply {
+                                    status: AcquireSetStatus::Acquired { grants },
+                                    members,
+                                });
+                                self.data.requests.settle_granted(&waiter, &reply);
+                            }
+                            None => self.data.requests.settle_ended(&waiter),
+                        }
+                        continue;
+                    }
                     if let Some(path) = lock_path(sem) {
                         let Some(namespace) = self.data.namespaces.get(ns) else {
                             self.data.requests.settle_ended(&waiter);

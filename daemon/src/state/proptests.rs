@@ -11,7 +11,10 @@
 //!
 //! After every batch: both states' invariants hold, their replies, events and hashes agree, and
 //! no semaphore holds more than its permits. Grants come from the head of the queue in strict
-//! FIFO order, and fencing tokens strictly increase. At the end, replaying the recorded batches
+//! FIFO order, and fencing tokens strictly increase. All-or-none acquires (`AcquireSet`) are
+//! mixed in: a set is granted every member in one command (never some of them), an immediate
+//! set grant jumps no member's queue, and the invariants check that a waiting set holds none
+//! of its members and stands in the same relative order in every queue. At the end, replaying the recorded batches
 //! on a fresh state gives the same replies and hash (determinism). A repeat of a request id
 //! whose first reply was final, within its retention, answers that reply, emits nothing and
 //! leaves the state hash unchanged.
@@ -53,6 +56,8 @@ enum GenCmd {
     RevokeLease(usize, usize),
     /// Namespace, semaphore, lease slot, weight, wait, hold limit.
     Acquire(usize, usize, usize, u64, Nanos, Nanos),
+    /// All or none: namespace, lease slot, (semaphore, weight) members, wait, hold limit.
+    AcquireSet(usize, usize, Vec<(usize, u64)>, Nanos, Nanos),
     Release(usize, usize, usize),
     /// Release by whichever lease is the k-th holder (mod count) of the semaphore.
     ReleaseHolder(usize, usize, usize),
@@ -95,13 +100,18 @@ enum Op {
     },
 }
 
-/// The hold limit an acquire's grant answered (0: none, or not a grant).
+/// The hold limit an acquire's grant answered (0: none, or not a grant); of a set's grants,
+/// the largest.
 fn hold_ns(reply: &Reply) -> Nanos {
     match reply {
         Ok(Outcome::Acquire(AcquireReply {
             status: AcquireStatus::Acquired { hold_ns, .. },
             ..
         })) => *hold_ns,
+        Ok(Outcome::AcquireSet(AcquireSetReply {
+            status: AcquireSetStatus::Acquired { grants },
+            ..
+        })) => grants.iter().map(|g| g.hold_ns).max().unwrap_or(0),
         _ => 0,
     }
 }
@@ -115,6 +125,15 @@ fn without_hold(reply: &Reply) -> Reply {
     })) = &mut reply
     {
         *hold_ns = 0;
+    }
+    if let Ok(Outcome::AcquireSet(AcquireSetReply {
+        status: AcquireSetStatus::Acquired { grants },
+        ..
+    })) = &mut reply
+    {
+        for grant in grants {
+            grant.hold_ns = 0;
+        }
     }
     reply
 }
@@ -188,6 +207,8 @@ fn gen_cmd() -> impl Strategy<Value = GenCmd> {
         3 => (ns_index(), lease_slot()).prop_map(|(n, l)| GenCmd::RevokeLease(n, l)),
         60 => (ns_index(), sem_index(), lease_slot(), weight(), wait_ns(), max_hold_ns())
             .prop_map(|(n, s, l, w, t, h)| GenCmd::Acquire(n, s, l, w, t, h)),
+        15 => (ns_index(), lease_slot(), prop::collection::vec((sem_index(), weight()), 1..=4), wait_ns(), max_hold_ns())
+            .prop_map(|(n, l, m, t, h)| GenCmd::AcquireSet(n, l, m, t, h)),
         8 => (ns_index(), sem_index(), lease_slot()).prop_map(|(n, s, l)| GenCmd::Release(n, s, l)),
         16 => (ns_index(), sem_index(), 0..4usize).prop_map(|(n, s, k)| GenCmd::ReleaseHolder(n, s, k)),
         6 => (ns_index(), sem_index(), 0..4usize, give_up_deadline())
@@ -251,6 +272,8 @@ fn contended_cmd() -> impl Strategy<Value = GenCmd> {
     prop_oneof![
         30 => (Just(0usize), 0..2usize, 0..4usize, 0..=3u64, prop_oneof![1 => Just(0i64), 4 => (1..=20i64).prop_map(|s| s * S)], max_hold_ns())
             .prop_map(|(n, s, l, w, t, h)| GenCmd::Acquire(n, s, l, w, t, h)),
+        10 => (Just(0usize), 0..4usize, prop::collection::vec((0..3usize, 1..=2u64), 2..=3), prop_oneof![1 => Just(0i64), 4 => (1..=20i64).prop_map(|s| s * S)], max_hold_ns())
+            .prop_map(|(n, l, m, t, h)| GenCmd::AcquireSet(n, l, m, t, h)),
         12 => (Just(0usize), 0..2usize, 0..4usize).prop_map(|(n, s, k)| GenCmd::ReleaseHolder(n, s, k)),
         6 => (Just(0usize), 0..2usize, 0..4usize, give_up_deadline())
             .prop_map(|(n, s, k, d)| GenCmd::GiveUpWaiter(n, s, k, d)),
@@ -412,6 +435,20 @@ impl Harness {
                 metadata: [("pid".to_string(), l.to_string())].into(),
                 max_hold_ns: h,
             },
+            GenCmd::AcquireSet(n, l, members, t, h) => Cmd::AcquireSet {
+                ns: ns(n),
+                lease: self.lease(&ns(n), l),
+                members: members
+                    .into_iter()
+                    .map(|(s, w)| SetMember {
+                        sem: sem(s),
+                        weight: w,
+                    })
+                    .collect(),
+                wait_ns: t,
+                metadata: [("pid".to_string(), l.to_string())].into(),
+                max_hold_ns: h,
+            },
             GenCmd::Release(n, s, l) => Cmd::Release {
                 ns: ns(n),
                 sem: sem(s),
@@ -560,6 +597,9 @@ impl Harness {
             }) | Outcome::AcquireLock(AcquireLockReply {
                 status: AcquireStatus::Queued { .. },
                 ..
+            }) | Outcome::AcquireSet(AcquireSetReply {
+                status: AcquireSetStatus::Queued { .. },
+                ..
             })
         );
         let first = (!queued).then(|| (outcome.clone(), clock_ns));
@@ -615,6 +655,9 @@ struct World {
     queues: BTreeMap<(String, String), VecDeque<String>>,
     /// (namespace, semaphore, lease) -> held weight.
     holds: BTreeMap<(String, String, String), u64>,
+    /// (namespace, semaphore, lease) -> the members of the set it waits for there (only set
+    /// waiters).
+    sets: BTreeMap<(String, String, String), Vec<String>>,
 }
 
 fn world(state: &State) -> World {
@@ -623,6 +666,18 @@ fn world(state: &State) -> World {
         token: String::new(),
         limit: 250,
     };
+    for (ns_name, ns) in state.data.namespaces.map() {
+        for (sem_name, sem) in ns.semaphores() {
+            for (seq, waiter) in sem.waiters() {
+                if !waiter.set.is_empty() {
+                    out.sets.insert(
+                        (ns_name.clone(), sem_name.clone(), ns.lease_id(*seq)),
+                        waiter.set.clone(),
+                    );
+                }
+            }
+        }
+    }
     for ns in &NAMESPACES[..2] {
         for sem in &SEMAPHORES {
             if let Ok((_, page)) = unfiltered(state).list_waiters(ns, sem, &request) {
@@ -656,6 +711,24 @@ fn check_command(
     let mut model = before.queues.clone();
     let mut holds = before.holds.clone();
     let mut event_tokens = Vec::new();
+    // All or none: a set waiter granted in this command is granted every member in it.
+    let granted: std::collections::BTreeSet<(String, String, String)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Granted { ns, sem, lease, .. } => Some((ns.clone(), sem.clone(), lease.clone())),
+            _ => None,
+        })
+        .collect();
+    for (ns, sem, lease) in &granted {
+        if let Some(set) = before.sets.get(&(ns.clone(), sem.clone(), lease.clone())) {
+            for member in set {
+                prop_assert!(
+                    granted.contains(&(ns.clone(), member.clone(), lease.clone())),
+                    "{lease} granted {sem} of its set {set:?} in {ns} without {member}"
+                );
+            }
+        }
+    }
     for event in events {
         match event {
             // Lock queues have their own model (`lock_proptests.rs`).
@@ -769,6 +842,44 @@ fn check_command(
         .max()
         .unwrap_or(*last_token)
         .max(*last_token);
+    // An immediate set grant: every member at once, jumping no member's queue.
+    if let (
+        Ok(Outcome::AcquireSet(AcquireSetReply {
+            status: AcquireSetStatus::Acquired { grants },
+            ..
+        })),
+        Cmd::AcquireSet {
+            ns, lease, members, ..
+        },
+    ) = (reply, cmd)
+    {
+        prop_assert_eq!(grants.len(), members.len());
+        let fresh: Vec<u64> = grants
+            .iter()
+            .map(|g| g.token)
+            .filter(|t| !event_tokens.contains(t) && *t > *last_token)
+            .collect();
+        if fresh.len() == grants.len() {
+            prop_assert!(
+                fresh.windows(2).all(|w| w[0] < w[1]),
+                "set tokens {fresh:?}"
+            );
+            for member in members {
+                let others = model
+                    .get(&(ns.clone(), member.sem.clone()))
+                    .map_or(0, |q| q.iter().filter(|l| *l != lease).count());
+                prop_assert_eq!(
+                    others,
+                    0,
+                    "{} jumped the queue of {}/{}",
+                    lease,
+                    ns,
+                    member.sem
+                );
+            }
+            *last_token = fresh.iter().copied().max().unwrap_or(*last_token);
+        }
+    }
     if let Ok(Outcome::GiveUp(GiveUpReply::Granted { token, .. })) = reply {
         prop_assert!(
             *token <= *last_token,

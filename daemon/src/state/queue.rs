@@ -36,9 +36,9 @@ fn earlier(a: Nanos, b: Nanos) -> Nanos {
 
 /// What a grant answers: its token and, on the lease clock, how long it may still hold.
 #[derive(Clone, Copy, Debug)]
-struct Grant {
-    token: u64,
-    hold_ns: Nanos,
+pub(super) struct Grant {
+    pub(super) token: u64,
+    pub(super) hold_ns: Nanos,
 }
 
 impl Grant {
@@ -57,7 +57,7 @@ impl Namespace {
     /// re-acquire never extends a hold. A wait of `seq` on `sem` ends with this grant and is
     /// announced as [`Event::Granted`]; a grant to a lease that was not queued is announced by
     /// the reply.
-    fn grant(
+    pub(super) fn grant(
         &mut self,
         sem_name: &str,
         seq: u64,
@@ -111,8 +111,19 @@ impl Namespace {
         Grant { token, hold_ns }
     }
 
-    /// Grants waiters of `sem` from the head while the head fits (strict FIFO).
+    /// Grants waiters of `sem` from the head while the head fits (strict FIFO). A set at the
+    /// head is granted when it can be in every member; its grant moves the other members'
+    /// queues too.
     pub(super) fn grant_from_head(&mut self, sem_name: &str, ctx: &mut Ctx) {
+        let mut pending = vec![sem_name.to_string()];
+        while let Some(name) = pending.pop() {
+            self.grant_head_of(&name, ctx, &mut pending);
+        }
+    }
+
+    /// Grants from the head of `sem`'s queue; adds the other members of every set it grants
+    /// to `pending`.
+    fn grant_head_of(&mut self, sem_name: &str, ctx: &mut Ctx, pending: &mut Vec<String>) {
         loop {
             let Some(sem) = self.semaphores().get(sem_name) else {
                 return;
@@ -120,13 +131,21 @@ impl Namespace {
             let Some((_, &seq)) = sem.queue().first_key_value() else {
                 return;
             };
-            let Some(waiter) = sem
-                .waiters()
-                .get(&seq)
-                .filter(|w| sem.can_grant(seq, w.weight))
-            else {
+            let Some(waiter) = sem.waiters().get(&seq) else {
                 return;
             };
+            if !waiter.set.is_empty() {
+                let set = waiter.set.clone();
+                if !self.set_grantable(seq, &set) {
+                    return;
+                }
+                self.grant_set(seq, &set, ctx);
+                pending.extend(set.into_iter().filter(|member| member != sem_name));
+                continue;
+            }
+            if !sem.can_grant(seq, waiter.weight) {
+                return;
+            }
             let (weight, max_hold_ns) = (waiter.weight, waiter.max_hold_ns);
             let metadata = waiter.metadata.clone();
             self.grant(sem_name, seq, weight, max_hold_ns, metadata, ctx);
@@ -191,17 +210,27 @@ impl Namespace {
     }
 
     /// Deletes a semaphore; its holders lose their holds and its waiters' callers learn that
-    /// it is gone.
+    /// it is gone. A set waiting for it fails whole: it leaves every other member's queue too,
+    /// whose queues then move.
     pub(super) fn end_semaphore(&mut self, name: &str, ctx: &mut Ctx) {
-        if let Some(sem) = self.remove_semaphore(name, ctx) {
-            for seq in sem.holders().keys() {
-                let lease = self.lease_id(*seq);
-                self.lost(lease, name.to_string(), LossCause::SemaphoreDeleted, ctx);
-            }
-            for seq in sem.queue().values() {
-                self.wait_ended(name, self.lease_id(*seq), WaitEnd::SemaphoreGone, ctx);
+        let Some(sem) = self.remove_semaphore(name, ctx) else {
+            return;
+        };
+        for seq in sem.holders().keys() {
+            let lease = self.lease_id(*seq);
+            self.lost(lease, name.to_string(), LossCause::SemaphoreDeleted, ctx);
+        }
+        let mut affected = BTreeSet::new();
+        for seq in sem.queue().values() {
+            self.wait_ended(name, self.lease_id(*seq), WaitEnd::SemaphoreGone, ctx);
+            let set = sem.waiters().get(seq).map(|w| w.set.clone());
+            for member in set.iter().flatten().filter(|m| *m != name) {
+                if self.end_wait(member, *seq, WaitEnd::SemaphoreGone, ctx) {
+                    affected.insert(member.clone());
+                }
             }
         }
+        self.move_queues(&affected, ctx);
     }
 
     pub(super) fn revoke_lease(&mut self, kind: LeaseKind, id: &str, ctx: &mut Ctx) -> Reply {
@@ -246,6 +275,7 @@ impl Namespace {
         if weight > permits {
             return Err(validate::weight_exceeds_permits());
         }
+        self.check_not_set_member(sem_name, seq)?;
         let (clock, wall) = (ctx.clock_ns, ctx.wall_ns);
         let sem = self.find_semaphore(sem_name)?;
         let held_weight = sem.holders().get(&seq).map(|h| h.weight);
@@ -351,6 +381,7 @@ impl Namespace {
             deadline_ns,
             metadata: metadata.clone(),
             max_hold_ns,
+            set: Vec::new(),
         };
         self.add_waiter(sem_name, seq, waiter, ctx);
         self.touch(sem_name, wall);
@@ -361,7 +392,7 @@ impl Namespace {
     }
 
     /// Records activity on a semaphore (a display time, on the wall clock).
-    fn touch(&mut self, sem_name: &str, wall_ns: Nanos) {
+    pub(super) fn touch(&mut self, sem_name: &str, wall_ns: Nanos) {
         if let Some(sem) = self.semaphore_mut(sem_name) {
             sem.last_activity_at = wall_ns;
         }
@@ -379,11 +410,16 @@ impl Namespace {
         self.find_semaphore(sem_name)?;
         let seq = self.find_lease_of(LeaseKind::Semaphore, id)?;
         let released = self.remove_holder(sem_name, seq, ctx).is_some();
-        let dequeued = self.end_wait(sem_name, seq, WaitEnd::GaveUp, ctx);
+        // A set's wait ends whole, whichever member the release names.
+        let mut affected: BTreeSet<String> = self
+            .end_wait_all(sem_name, seq, WaitEnd::GaveUp, ctx)
+            .into_iter()
+            .collect();
         self.touch(sem_name, ctx.wall_ns);
-        if released || dequeued {
-            self.grant_from_head(sem_name, ctx);
+        if released {
+            affected.insert(sem_name.to_string());
         }
+        self.move_queues(&affected, ctx);
         self.reply_semaphore(sem_name)
     }
 
@@ -416,13 +452,13 @@ impl Namespace {
                 let lingered = waiter
                     .deadline_ns
                     .min(ctx.clock_ns.saturating_add(linger_ns));
-                self.set_waiter_deadline(sem_name, seq, lingered, ctx);
+                self.set_wait_deadline(sem_name, seq, lingered, ctx);
                 return GiveUpReply::StillQueued {
                     deadline_ns: lingered,
                 };
             }
-            self.end_wait(sem_name, seq, WaitEnd::GaveUp, ctx);
-            self.grant_from_head(sem_name, ctx);
+            let affected = self.end_wait_all(sem_name, seq, WaitEnd::GaveUp, ctx);
+            self.move_queues(&affected.into_iter().collect(), ctx);
             return GiveUpReply::Removed;
         }
         match sem.holders().get(&seq) {

@@ -187,6 +187,16 @@ impl Requests {
         }
     }
 
+    /// The members of the set acquire remembered as waiting as `waiter`, if it is one.
+    pub(super) fn waiting_set(&self, waiter: &WaiterRef) -> Option<Vec<String>> {
+        let ids = self.waiting.get(waiter)?;
+        ids.iter()
+            .find_map(|id| match &self.entries.get(id)?.reply {
+                Outcome::AcquireSet(reply) => Some(reply.members.clone()),
+                _ => None,
+            })
+    }
+
     /// The waiter `waiter` left its queue without a grant: the remembered acquires waiting as
     /// it keep their queued reply, which is not final (a repeat runs the acquire again).
     pub(super) fn settle_ended(&mut self, waiter: &WaiterRef) {
@@ -261,6 +271,9 @@ impl Requests {
                         ..
                     }) | Outcome::AcquireLock(AcquireLockReply {
                         status: AcquireStatus::Queued { .. },
+                        ..
+                    }) | Outcome::AcquireSet(AcquireSetReply {
+                        status: AcquireSetStatus::Queued { .. },
                         ..
                     })
                 );

@@ -220,6 +220,27 @@ pub enum Cmd {
     WaitGroup(WaitGroupCmd),
     /// Barriers (`barrier.rs`).
     Barrier(BarrierCmd),
+    /// All or none: the lease takes every member of `members` (2 to
+    /// [`SET_MEMBERS_MAX`](super::limits::SET_MEMBERS_MAX) distinct semaphores, each with its
+    /// weight) in one grant, or none of them. `wait_ns` 0 is non-blocking; otherwise the set
+    /// queues as one entry in every member's queue for up to `wait_ns` (see `set.rs`). The
+    /// first member is the set's primary: waits, give-ups and request ids name the set by it.
+    AcquireSet {
+        ns: String,
+        lease: String,
+        members: Vec<SetMember>,
+        wait_ns: Nanos,
+        metadata: Metadata,
+        /// As [`Cmd::Acquire`]'s, for every member.
+        max_hold_ns: Nanos,
+    },
+}
+
+/// One member of a [`Cmd::AcquireSet`]: a semaphore and the weight taken of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetMember {
+    pub sem: String,
+    pub weight: u64,
 }
 
 impl Cmd {
@@ -232,7 +253,8 @@ impl Cmd {
             | Cmd::Acquire { ns, lease, .. }
             | Cmd::Release { ns, lease, .. }
             | Cmd::AcquireLock { ns, lease, .. }
-            | Cmd::ReleaseLock { ns, lease, .. } => Some((ns, lease)),
+            | Cmd::ReleaseLock { ns, lease, .. }
+            | Cmd::AcquireSet { ns, lease, .. } => Some((ns, lease)),
             _ => None,
         }
     }
@@ -256,11 +278,32 @@ impl Cmd {
             | Cmd::AcquireLock { ns, .. }
             | Cmd::ReleaseLock { ns, .. }
             | Cmd::DeleteLock { ns, .. }
+            | Cmd::AcquireSet { ns, .. }
             | Cmd::SetQuotas { ns, .. } => Some(ns),
             Cmd::WaitGroup(cmd) => Some(cmd.ns()),
             Cmd::Barrier(cmd) => Some(cmd.ns()),
             Cmd::As { cmd, .. } | Cmd::Once { cmd, .. } => cmd.namespace(),
             _ => None,
+        }
+    }
+
+    /// Whether the command changes who may do what (access control on or off, roles,
+    /// tokens): a node checks calls against its own applied copy of these before proposing, so
+    /// a node that forwards one answers only once it has applied it itself, and the caller's
+    /// next call there is checked against the new rules.
+    pub fn changes_access(&self) -> bool {
+        match self {
+            Cmd::AuthEnable
+            | Cmd::AuthDisable
+            | Cmd::RoleCreate { .. }
+            | Cmd::RoleGrant { .. }
+            | Cmd::RoleRevoke { .. }
+            | Cmd::RoleDelete { .. }
+            | Cmd::TokenCreate { .. }
+            | Cmd::TokenRevoke { .. }
+            | Cmd::AuthBootstrap { .. } => true,
+            Cmd::As { cmd, .. } | Cmd::Once { cmd, .. } => cmd.changes_access(),
+            _ => false,
         }
     }
 
@@ -309,6 +352,34 @@ pub enum Outcome {
     },
     WaitGroup(WaitGroupView),
     Barrier(BarrierReply),
+    /// After `AcquireSet`.
+    AcquireSet(AcquireSetReply),
+}
+
+/// What a [`Cmd::AcquireSet`] answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireSetReply {
+    pub status: AcquireSetStatus,
+    /// The members' semaphore names, in the order of the command.
+    pub members: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AcquireSetStatus {
+    /// The lease holds every member: one grant per member, in the order of the command.
+    Acquired { grants: Vec<SetGrant> },
+    /// The set waits, as one entry in every member's queue, until `deadline_ns` on the lease
+    /// clock.
+    Queued { deadline_ns: Nanos },
+    /// Non-blocking and not grantable now: the lease holds none of the members.
+    Unavailable,
+}
+
+/// One member's grant: as [`AcquireStatus::Acquired`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetGrant {
+    pub token: u64,
+    pub hold_ns: Nanos,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

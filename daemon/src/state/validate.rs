@@ -8,7 +8,7 @@
 //! `semaphore_name`, `lease_id`, `ttl_seconds`, `timeout_seconds`, ...).
 
 use super::limits::*;
-use super::types::{Error, Metadata, NANOS_PER_SEC, Nanos};
+use super::types::{Error, Metadata, NANOS_PER_SEC, Nanos, SetMember};
 
 /// A namespace or semaphore name: 1–128 characters of `[-_.0-9a-zA-Z]`. `field` is the request
 /// field that carried it (`name`, `namespace_name`, `semaphore_name`).
@@ -181,6 +181,29 @@ pub fn weight(value: u64) -> Result<(), Error> {
     } else {
         Err(weight_exceeds_permits())
     }
+}
+
+/// The members of an all-or-none acquire: 2 to 16 distinct semaphore names, each weight at
+/// most the permits cap.
+pub fn set_members(members: &[SetMember]) -> Result<(), Error> {
+    if !(SET_MEMBERS_MIN..=SET_MEMBERS_MAX).contains(&members.len()) {
+        return Err(Error::invalid(format!(
+            "semaphores must name {SET_MEMBERS_MIN} to {SET_MEMBERS_MAX} members, got {}",
+            members.len()
+        )));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for member in members {
+        name("semaphore_name", &member.sem)?;
+        weight(member.weight)?;
+        if !seen.insert(member.sem.as_str()) {
+            return Err(Error::invalid(format!(
+                "semaphore {} is named twice in one set: each member must be distinct",
+                member.sem
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The error for an acquire that could never be granted.

@@ -121,6 +121,21 @@ impl Cmd {
                 max_hold_ns(*hold)?;
                 metadata(m)
             }
+            Cmd::AcquireSet {
+                ns,
+                lease,
+                members,
+                wait_ns: wait,
+                metadata: m,
+                max_hold_ns: hold,
+            } => {
+                name(NAMESPACE_NAME, ns)?;
+                lease_id(lease)?;
+                set_members(members)?;
+                wait_ns(*wait)?;
+                max_hold_ns(*hold)?;
+                metadata(m)
+            }
             Cmd::Release { ns, sem, lease } => {
                 name(NAMESPACE_NAME, ns)?;
                 name(SEMAPHORE_NAME, sem)?;

@@ -22,6 +22,16 @@ Examples:
   # a nightly report may not keep a warehouse slot more than 2 hours, even if it hangs
   conch sema warehouse --max 2 --max-hold 2h -- ./nightly-report.sh
 
+  # all or none: a slot of gpu[1] AND two of licences[3], taken in one grant
+  conch sema gpu --max 1 --and licences --max 3 --weight 2 -- ./train.sh
+
+Each --and NAME starts another member of the same run; the --max and --weight after it are
+that member's (--weight: permits taken, default 1). The members are taken all at once or not
+at all: a run that cannot have all waits, as one entry in every member's FIFO queue, holding
+none of them, so runs wanting {a, b} and {b, a} never deadlock, and a single `conch sema b`
+arriving later waits behind the set. CONCH_REV is then the first member's token and
+CONCH_REVS lists every member's, e.g. CONCH_REVS=gpu=12,licences=7.
+
 The command runs with CONCH_REV (the grant's fencing token, strictly increasing cluster-wide)
 and CONCH_LEASE (the lease id) in its environment, in a process group of its own: conch
 forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to that group. Like `timeout`,
@@ -564,9 +574,24 @@ pub struct SemaArgs {
     pub namespace: String,
 
     /// Capacity N: at most N holders at once, cluster-wide. Part of the identity: callers with
-    /// different --max use different semaphores (--max 1 is a lock).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=conch_client::sema::MAX_PERMITS))]
-    pub max: u64,
+    /// different --max use different semaphores (--max 1 is a lock). After --and NAME: that
+    /// member's capacity.
+    #[arg(long, value_name = "N", required = true, action = clap::ArgAction::Append, value_parser = clap::value_parser!(u64).range(1..=conch_client::sema::MAX_PERMITS))]
+    pub max: Vec<u64>,
+
+    /// All or none: also take a slot of semaphore NAME, in the same grant; the --max (and
+    /// --weight) after it are its own. Repeatable (at most 16 members in all).
+    #[arg(long = "and", value_name = "NAME", action = clap::ArgAction::Append, conflicts_with_all = ["who", "spread"])]
+    pub and: Vec<String>,
+
+    /// With --and: the permits the member before it takes (1 to its --max; default 1).
+    #[arg(long, value_name = "W", action = clap::ArgAction::Append, requires = "and", value_parser = clap::value_parser!(u64).range(1..=conch_client::sema::MAX_PERMITS))]
+    pub weight: Vec<u64>,
+
+    /// The members in order (the first is NAME), from --max, --and and --weight by their
+    /// positions on the command line ([`SemaArgs::resolve_members`]).
+    #[arg(skip)]
+    pub members: Vec<Member>,
 
     /// Lease time to live (whole seconds, 1s-300s): a crashed conch's slot comes back after
     /// about this long.
@@ -837,6 +862,17 @@ impl ElectArgs {
     }
 }
 
+/// One member of a `conch sema` run: a semaphore NAME, its capacity and the permits taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub max: u64,
+    pub weight: u64,
+}
+
+/// Most members of one `conch sema` run (the server's limit on a set).
+pub const MEMBERS_MAX: usize = 16;
+
 /// `--wait`: a bound, or forever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wait(pub Option<Duration>);
@@ -847,6 +883,102 @@ impl SemaArgs {
         if self.json && !self.who {
             return Err("--json goes with --who".to_string());
         }
+        if self.members.is_empty() {
+            return Err("no semaphore to take".to_string());
+        }
+        Ok(())
+    }
+
+    /// The first member's capacity (`--max` before any `--and`).
+    pub fn first_max(&self) -> u64 {
+        self.members
+            .first()
+            .map_or_else(|| self.max.first().copied().unwrap_or(1), |m| m.max)
+    }
+
+    /// Groups --max, --and and --weight by their positions in `matches` (the `sema`
+    /// subcommand's): each --and NAME starts a member, and a --max or --weight belongs to the
+    /// member named last before it (NAME itself before the first --and).
+    pub fn resolve_members(&mut self, matches: &clap::ArgMatches) -> Result<(), String> {
+        enum Part {
+            Max(u64),
+            And(String),
+            Weight(u64),
+        }
+        let mut parts: Vec<(usize, Part)> = Vec::new();
+        let indices = |id: &str| -> Vec<usize> {
+            matches
+                .indices_of(id)
+                .map(|i| i.collect())
+                .unwrap_or_default()
+        };
+        parts.extend(
+            indices("max")
+                .into_iter()
+                .zip(self.max.iter())
+                .map(|(i, v)| (i, Part::Max(*v))),
+        );
+        parts.extend(
+            indices("and")
+                .into_iter()
+                .zip(self.and.iter())
+                .map(|(i, v)| (i, Part::And(v.clone()))),
+        );
+        parts.extend(
+            indices("weight")
+                .into_iter()
+                .zip(self.weight.iter())
+                .map(|(i, v)| (i, Part::Weight(*v))),
+        );
+        parts.sort_by_key(|(i, _)| *i);
+        let mut members: Vec<(String, Option<u64>, Option<u64>)> =
+            vec![(self.name.clone(), None, None)];
+        for (_, part) in parts {
+            let Some(current) = members.last_mut() else {
+                continue;
+            };
+            match part {
+                Part::And(name) => members.push((name, None, None)),
+                Part::Max(max) if current.1.is_none() => current.1 = Some(max),
+                Part::Weight(weight) if current.2.is_none() => current.2 = Some(weight),
+                Part::Max(_) => {
+                    return Err(format!(
+                        "--max is given twice for {}: each member takes one --max (start another \
+                         member with --and NAME)",
+                        current.0
+                    ));
+                }
+                Part::Weight(_) => {
+                    return Err(format!("--weight is given twice for {}", current.0));
+                }
+            }
+        }
+        if members.len() > MEMBERS_MAX {
+            return Err(format!(
+                "at most {MEMBERS_MAX} semaphores in one run, got {}",
+                members.len()
+            ));
+        }
+        let mut resolved = Vec::with_capacity(members.len());
+        for (name, max, weight) in members {
+            conch_client::sema::validate_name("semaphore", &name)?;
+            let Some(max) = max else {
+                return Err(format!("--max N is missing for {name}"));
+            };
+            let weight = weight.unwrap_or(1);
+            if weight > max {
+                return Err(format!(
+                    "--weight {weight} of {name} exceeds its --max {max}"
+                ));
+            }
+            if resolved.iter().any(|m: &Member| m.name == name) {
+                return Err(format!(
+                    "{name} is named twice: each member of a run must be a different semaphore"
+                ));
+            }
+            resolved.push(Member { name, max, weight });
+        }
+        self.members = resolved;
         Ok(())
     }
 
@@ -941,7 +1073,15 @@ mod tests {
     use clap::CommandFactory;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("conch").chain(args.iter().copied()))
+        use clap::FromArgMatches;
+        let matches = Cli::command()
+            .try_get_matches_from(std::iter::once("conch").chain(args.iter().copied()))?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        if let (Command::Sema(s), Some(("sema", sub))) = (&mut cli.command, matches.subcommand()) {
+            s.resolve_members(sub)
+                .map_err(|e| clap::Error::raw(clap::error::ErrorKind::ValueValidation, e))?;
+        }
+        Ok(cli)
     }
 
     fn sema(args: &[&str]) -> SemaArgs {
@@ -991,7 +1131,7 @@ mod tests {
             "./renew.sh",
         ]);
         assert_eq!(
-            (s.name.as_str(), s.max, s.nonblock),
+            (s.name.as_str(), s.first_max(), s.nonblock),
             ("certs-renew", 1, true)
         );
         assert_eq!(s.command, ["./renew.sh"]);
@@ -1012,6 +1152,73 @@ mod tests {
 
         let s = sema(&["sema", "heavy-jobs", "--max", "2", "--who"]);
         assert!(s.who && !s.json && s.command.is_empty());
+    }
+
+    #[test]
+    fn and_starts_a_member_whose_max_and_weight_follow_it() {
+        let s = sema(&[
+            "sema", "a", "--max", "1", "--and", "b", "--max", "3", "--and", "c", "--weight", "2",
+            "--max", "2", "--wait", "1m", "--", "cmd", "--and", "x",
+        ]);
+        let member = |name: &str, max, weight| Member {
+            name: name.into(),
+            max,
+            weight,
+        };
+        assert_eq!(
+            s.members,
+            vec![member("a", 1, 1), member("b", 3, 1), member("c", 2, 2)]
+        );
+        assert_eq!(s.command, ["cmd", "--and", "x"]);
+        assert_eq!(s.first_max(), 1);
+        // The first member's own --weight comes before the first --and.
+        let s = sema(&[
+            "sema", "a", "--max", "4", "--weight", "3", "--and", "b", "--max", "1", "--", "true",
+        ]);
+        assert_eq!(s.members, vec![member("a", 4, 3), member("b", 1, 1)]);
+        // One semaphore, as always.
+        let s = sema(&["sema", "a", "--max", "2", "--", "true"]);
+        assert_eq!(s.members, vec![member("a", 2, 1)]);
+    }
+
+    #[test]
+    fn bad_member_lists_are_refused_with_the_member_named() {
+        let refused = |args: &[&str]| match parse(args) {
+            Err(e) => e.to_string(),
+            Ok(cli) => panic!("{args:?} should be refused, got {:?}", cli.command),
+        };
+        let e = refused(&["sema", "a", "--max", "1", "--and", "b", "--", "true"]);
+        assert!(e.contains("--max N is missing for b"), "{e}");
+        let e = refused(&["sema", "a", "--max", "1", "--max", "2", "--", "true"]);
+        assert!(e.contains("--max is given twice for a"), "{e}");
+        let e = refused(&[
+            "sema", "a", "--max", "1", "--and", "b", "--max", "2", "--weight", "3", "--", "true",
+        ]);
+        assert!(e.contains("--weight 3 of b exceeds its --max 2"), "{e}");
+        let e = refused(&[
+            "sema", "a", "--max", "1", "--and", "a", "--max", "2", "--", "true",
+        ]);
+        assert!(e.contains("a is named twice"), "{e}");
+        let e = refused(&[
+            "sema", "a", "--max", "1", "--and", "b c", "--max", "2", "--", "true",
+        ]);
+        assert!(e.contains("\"b c\""), "{e}");
+        // --weight needs --and; --and goes neither with --who nor --spread.
+        refused(&["sema", "a", "--max", "2", "--weight", "2", "--", "true"]);
+        refused(&[
+            "sema", "a", "--max", "1", "--and", "b", "--max", "1", "--who",
+        ]);
+        refused(&[
+            "sema", "a", "--max", "1", "--and", "b", "--max", "1", "--spread", "--", "true",
+        ]);
+        let mut many = vec!["sema", "s", "--max", "1"];
+        let names: Vec<String> = (0..16).map(|i| format!("m{i}")).collect();
+        for name in &names {
+            many.extend(["--and", name.as_str(), "--max", "1"]);
+        }
+        many.extend(["--", "true"]);
+        let e = refused(&many);
+        assert!(e.contains("at most 16 semaphores"), "{e}");
     }
 
     #[test]

@@ -76,6 +76,7 @@ pub async fn run(
             Plan {
                 main: semaphore.clone(),
                 host: None,
+                set: Vec::new(),
             },
             1,
             format!("leadership of {}", args.name),

@@ -88,7 +88,12 @@ fn parse() -> Result<(Cli, bool), clap::Error> {
     use clap::FromArgMatches;
     let matches = Cli::command().try_get_matches()?;
     let from_command_line = matches.value_source("token") == Some(ValueSource::CommandLine);
-    Ok((Cli::from_arg_matches(&matches)?, from_command_line))
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if let (Command::Sema(args), Some(("sema", sub))) = (&mut cli.command, matches.subcommand()) {
+        args.resolve_members(sub)
+            .map_err(|e| Cli::command().error(clap::error::ErrorKind::ValueValidation, e))?;
+    }
+    Ok((cli, from_command_line))
 }
 
 fn clap_exit(e: clap::Error) -> ExitCode {
@@ -229,7 +234,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
     match cli.command {
         Command::Sema(args) if args.who => {
-            who::run(&client, &args.namespace, &args.name, args.max, args.json).await
+            who::run(
+                &client,
+                &args.namespace,
+                &args.name,
+                args.first_max(),
+                args.json,
+            )
+            .await
         }
         Command::Sema(args) => {
             // Catch the forwarded signals from the start, so a Ctrl-C while waiting cancels

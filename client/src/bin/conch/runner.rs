@@ -12,7 +12,8 @@
 //!    with a new lease (back of the queue) while `--wait` allows, else exit 75. While it
 //!    waits, a status line says where it stands ([`crate::status`]).
 //! 3. Check that the hold is still there ([`Target::check`]), then run the command in its own
-//!    process group with `CONCH_REV` (the grant's fencing token) and `CONCH_LEASE` (and
+//!    process group with `CONCH_REV` (the grant's fencing token; [`Target::revs`] may add more,
+//!    e.g. `CONCH_REVS` for an all-or-none set) and `CONCH_LEASE` (and
 //!    without the variables that hold or name conch's credentials), forwarding signals, while
 //!    the lease keeps itself alive and the hold is watched ([`Target::lost`]).
 //! 4. Command exits: revoke the lease (releasing everything in one request), exit with the
@@ -80,6 +81,13 @@ pub trait Target {
 
     /// Where a wait of `lease_id` stands, for the status line (`None`: cannot tell now).
     async fn standing(&self, client: &Client, lease_id: &str) -> Option<Standing>;
+
+    /// The token the command sees as `CONCH_REV`, and any further variables naming the
+    /// grants' tokens, of `guards` (as `take` returned them). By default the last guard's
+    /// token and nothing more.
+    fn revs(&self, guards: &[Guard]) -> (u64, Vec<(&'static str, String)>) {
+        (guards.last().map_or(0, Guard::fencing_token), Vec::new())
+    }
 
     /// Reads every `every` whether the holder should hand what it holds to a waiter preferred
     /// over it (`conch elect --priority`), and says which. Never resolves for targets without
@@ -305,7 +313,7 @@ pub async fn hold(
 
     // What was queued for may have gone while conch queued (a semaphore deleted or resized, a
     // lock's hold dropped): then the command does not start.
-    let token = guards.last().map_or(0, |g| g.fencing_token());
+    let (token, revs) = target.revs(&guards);
     let before = tokio::select! {
         r = target.check(client, token) => r,
         sig = signals.recv() => {
@@ -331,6 +339,7 @@ pub async fn hold(
         ("CONCH_REV", token.to_string()),
         ("CONCH_LEASE", lease.id().to_string()),
     ];
+    env.extend(revs);
     env.extend(spec.env.iter().cloned());
     let mut watchdog = match guard::Guard::start(spec.ttl, spec.kill_after) {
         Ok(g) => g,

@@ -10,6 +10,11 @@
 //!   left of the same wait);
 //! - while the command runs, the semaphore is watched ([`crate::watch`]): deleted or resized,
 //!   the slot is lost (exit 79).
+//!
+//! With `--and` (members beyond the first), every member's `<ns>/<name>.<N>` is made sure of,
+//! taken all at once or not at all in one all-or-none acquire ([`Client::acquire_all`]), and
+//! watched; the command sees the first member's token as `CONCH_REV` and every member's as
+//! `CONCH_REVS=name=token,...`.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -19,7 +24,7 @@ use conch_client::sema;
 use conch_client::{Client, Guard, Lease, LeaseKind, format_duration};
 
 use crate::child::Signals;
-use crate::cli::SemaArgs;
+use crate::cli::{Member, SemaArgs};
 use crate::exit::{self, Exit};
 use crate::identity::Identity;
 use crate::runner::{Spec, Target, hold, remaining, setup_error};
@@ -31,6 +36,43 @@ use crate::watch::Held;
 pub struct Plan {
     pub main: String,
     pub host: Option<String>,
+    /// All or none (`--and`): every member, the first being `main`; empty for one semaphore.
+    pub set: Vec<SetSlot>,
+}
+
+/// One member of an all-or-none run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetSlot {
+    /// As given (`gpu`), for `CONCH_REVS` and messages.
+    pub name: String,
+    /// The semaphore (`gpu.1`).
+    pub semaphore: String,
+    pub max: u64,
+    pub weight: u64,
+}
+
+impl Plan {
+    /// The plan of the members of a run: one semaphore, or (more than one) an all-or-none set.
+    pub fn of_members(members: &[Member], spread: bool, host: &str) -> Result<Plan, String> {
+        let first = members
+            .first()
+            .ok_or_else(|| "no semaphore to take".to_string())?;
+        let mut plan = Plan::new(&first.name, first.max, spread, host)?;
+        if members.len() > 1 {
+            plan.set = members
+                .iter()
+                .map(|m| {
+                    Ok(SetSlot {
+                        name: m.name.clone(),
+                        semaphore: sema::semaphore_name(&m.name, m.max)?,
+                        max: m.max,
+                        weight: m.weight,
+                    })
+                })
+                .collect::<Result<_, String>>()?;
+        }
+        Ok(plan)
+    }
 }
 
 impl Plan {
@@ -42,6 +84,7 @@ impl Plan {
             } else {
                 None
             },
+            set: Vec::new(),
         })
     }
 }
@@ -58,6 +101,8 @@ pub struct SemaTarget {
     pub busy: String,
     /// The main semaphore as read when conch queued (set by `prepare`).
     held: Option<Held>,
+    /// Every member of an all-or-none set as read when conch queued (set by `prepare`).
+    held_set: Vec<Held>,
     namespace: String,
     /// The hold limit asked for (`--max-hold`).
     pub max_hold: Option<Duration>,
@@ -71,6 +116,7 @@ impl SemaTarget {
             wanted,
             busy,
             held: None,
+            held_set: Vec::new(),
             namespace: String::new(),
             max_hold: None,
         }
@@ -94,6 +140,13 @@ impl Target for SemaTarget {
     async fn prepare(&mut self, client: &Client, namespace: &str) -> anyhow::Result<()> {
         self.namespace = namespace.to_string();
         self.held = Some(ensure_semaphores(client, namespace, &self.plan, self.permits).await?);
+        self.held_set.clear();
+        for slot in self.plan.set.iter().skip(1) {
+            let member = Plan::new(&slot.name, slot.max, false, "")
+                .map_err(|e| exit::usage(e.to_string()))?;
+            self.held_set
+                .push(ensure_semaphores(client, namespace, &member, slot.max).await?);
+        }
         Ok(())
     }
 
@@ -128,15 +181,50 @@ impl Target for SemaTarget {
 
     async fn check(&self, client: &Client, _token: u64) -> conch_client::Result<Option<String>> {
         let held = self.held()?;
-        Ok(held.check(client).await?.map(|c| held.describe(&c)))
+        for held in std::iter::once(held).chain(&self.held_set) {
+            if let Some(change) = held.check(client).await? {
+                return Ok(Some(held.describe(&change)));
+            }
+        }
+        Ok(None)
     }
 
     async fn lost(&self, client: &Client, _token: u64, every: Duration) -> String {
-        match self.held() {
-            Ok(held) => held.describe(&held.changed(client, every).await),
+        let Ok(held) = self.held() else {
             // Cannot happen (`prepare` ran); never resolving leaves the lease in charge.
-            Err(_) => std::future::pending().await,
+            return std::future::pending().await;
+        };
+        if self.held_set.is_empty() {
+            return held.describe(&held.changed(client, every).await);
         }
+        // Every member, read in turn every `every`.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            for held in std::iter::once(held).chain(&self.held_set) {
+                if let Ok(Some(change)) = held.check(client).await {
+                    return held.describe(&change);
+                }
+            }
+        }
+    }
+
+    fn revs(&self, guards: &[Guard]) -> (u64, Vec<(&'static str, String)>) {
+        if self.plan.set.is_empty() {
+            return (guards.last().map_or(0, Guard::fencing_token), Vec::new());
+        }
+        let revs: Vec<String> = self
+            .plan
+            .set
+            .iter()
+            .zip(guards)
+            .map(|(slot, g)| format!("{}={}", slot.name, g.fencing_token()))
+            .collect();
+        (
+            guards.first().map_or(0, Guard::fencing_token),
+            vec![("CONCH_REVS", revs.join(","))],
+        )
     }
 
     async fn standing(&self, client: &Client, lease_id: &str) -> Option<Standing> {
@@ -191,6 +279,17 @@ async fn take_slots(
     metadata: &HashMap<String, String>,
     max_hold: Option<Duration>,
 ) -> conch_client::Result<Option<Vec<Guard>>> {
+    if !plan.set.is_empty() {
+        let members: Vec<(&str, u64)> = plan
+            .set
+            .iter()
+            .map(|slot| (slot.semaphore.as_str(), slot.weight))
+            .collect();
+        let wait = remaining(deadline);
+        return client
+            .acquire_all_limited(lease, namespace, &members, wait, metadata.clone(), max_hold)
+            .await;
+    }
     let mut guards = Vec::new();
     for sem in plan.host.iter().chain(std::iter::once(&plan.main)) {
         let wait = remaining(deadline);
@@ -215,23 +314,31 @@ pub async fn run(
     signals: &mut Signals,
 ) -> anyhow::Result<ExitCode> {
     let me = Identity::current(&args.command);
-    let plan = Plan::new(&args.name, args.max, args.spread, &me.host).map_err(exit::usage)?;
+    let plan = Plan::of_members(&args.members, args.spread, &me.host).map_err(exit::usage)?;
+    // `gpu[1]`, or for a set `gpu[1]+licences[3]x2`.
+    let label = args
+        .members
+        .iter()
+        .map(|m| match m.weight {
+            1 => format!("{}[{}]", m.name, m.max),
+            w => format!("{}[{}]x{w}", m.name, m.max),
+        })
+        .collect::<Vec<_>>()
+        .join("+");
     let busy = format!(
-        "no free slot in {}[{}] (all taken{})",
-        args.name,
-        args.max,
+        "no free slot in {label} ({}{})",
+        if plan.set.is_empty() {
+            "all taken"
+        } else {
+            "not all members free at once"
+        },
         if args.spread {
             " or this host already holds one"
         } else {
             ""
         }
     );
-    let mut target = SemaTarget::new(
-        plan,
-        args.max,
-        format!("slot in {}[{}]", args.name, args.max),
-        busy,
-    );
+    let mut target = SemaTarget::new(plan, args.first_max(), format!("slot in {label}"), busy);
     target.max_hold = args.max_hold;
     let spec = Spec {
         namespace: args.namespace.clone(),
@@ -242,7 +349,7 @@ pub async fn run(
         metadata: me.metadata(),
         me,
         env: Vec::new(),
-        label: format!("{}[{}]", args.name, args.max),
+        label,
         slot: "slot",
     };
     hold(client, &spec, &mut target, signals).await
@@ -266,7 +373,8 @@ mod tests {
             p,
             Plan {
                 main: "video-encode.2".into(),
-                host: None
+                host: None,
+                set: Vec::new(),
             }
         );
         let p = Plan::new("video-encode", 2, true, "node1.lan").unwrap();
