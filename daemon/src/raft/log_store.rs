@@ -98,7 +98,7 @@ const KEY_FORMAT: &[u8] = b"m:format";
 /// The layout of what the log and snapshots hold (log entries, the state's canonical data).
 /// Raised whenever either changes so that older data cannot be decoded: such data is refused
 /// at start, never converted. Format 1 stores predate the marker.
-pub const DATA_FORMAT: u32 = 6;
+pub const DATA_FORMAT: u32 = 7;
 
 /// How far an acknowledged write is made durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

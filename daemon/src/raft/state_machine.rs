@@ -45,7 +45,7 @@ pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 
 const MAGIC: &[u8; 8] = b"CONCHSNP";
 /// The version written, and the only one read (raised with the log's data format).
-const FORMAT_VERSION: u32 = 7;
+const FORMAT_VERSION: u32 = 8;
 /// magic + version + meta_len + state_len + checksum.
 const FIXED_LEN: usize = 8 + 4 + 8 + 8 + 8;
 

@@ -220,6 +220,17 @@ pub enum Cmd {
     WaitGroup(WaitGroupCmd),
     /// Barriers (`barrier.rs`).
     Barrier(BarrierCmd),
+    /// An administrator takes a holder's slot and says why: revokes the whole lease `lease` of
+    /// `kind` (every hold and wait of it, as `RevokeLease`), which must hold or wait for
+    /// `object` (a semaphore's name, or a lock's path), grants the next waiters in the same
+    /// entry, and records it in the audit trail (`audit.rs`). Needs admin on the namespace.
+    RevokeHolder {
+        ns: String,
+        kind: LeaseKind,
+        object: String,
+        lease: String,
+        reason: String,
+    },
 }
 
 impl Cmd {
@@ -256,6 +267,7 @@ impl Cmd {
             | Cmd::AcquireLock { ns, .. }
             | Cmd::ReleaseLock { ns, .. }
             | Cmd::DeleteLock { ns, .. }
+            | Cmd::RevokeHolder { ns, .. }
             | Cmd::SetQuotas { ns, .. } => Some(ns),
             Cmd::WaitGroup(cmd) => Some(cmd.ns()),
             Cmd::Barrier(cmd) => Some(cmd.ns()),
@@ -309,6 +321,8 @@ pub enum Outcome {
     },
     WaitGroup(WaitGroupView),
     Barrier(BarrierReply),
+    /// The record `RevokeHolder` made.
+    Audit(super::audit::AuditRecord),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
