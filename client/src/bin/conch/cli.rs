@@ -52,6 +52,8 @@ Exit status:
   79                slot lost while running: lease lost, semaphore deleted or resized
   80                the hold limit (--max-hold, or the semaphore's) was reached: the
                     command was stopped before the server ended the hold
+  81                an administrator revoked the slot (`conch revoke`): the command was
+                    stopped, and who revoked it and why were printed
   126 / 127         the command could not be executed / was not found";
 
 const TOP_EXAMPLES: &str = "\
@@ -63,6 +65,8 @@ Examples:
   conch lock db/orders/2026 --shared -- ./report.sh
   conch lock db --who
   conch elect billing --value \"$(hostname):8080\" -- ./scheduler
+  conch revoke sema heavy-jobs --max 2 --holder LEASE_ID --reason \"stuck since 09:00\"
+  conch audit --namespace conch
   conch --endpoints node1:7001,node2:7001,node3:7001 cluster status
   CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh   # access control on
   conch sema nightly --namespace team-a --max 1 -- ./backup.sh          # a team's namespace
@@ -71,7 +75,7 @@ Examples:
 Exit status: 64 usage error, 69 no conch node answered, 75 no slot (or lock) in time, 77 no
 token or no permission, 79 slot, lock or leadership lost while running (lease lost, semaphore
 deleted or resized, lock hold dropped), 80 hold limit (--max-hold) reached and the command
-stopped; otherwise the command's own status (see `conch sema --help`, `conch lock --help`,
+stopped, 81 revoked by an administrator (`conch revoke`, see `conch audit`); otherwise the command's own status (see `conch sema --help`, `conch lock --help`,
 `conch elect --help`).";
 
 /// conch: cluster-wide semaphores, locks and elections for shell scripts and cron jobs, served
@@ -770,6 +774,8 @@ Exit status:
                     the namespace, or a namespace that does not exist and that this token
                     may not create
   79                lock lost while running: lease lost, or the hold dropped (DeleteLock)
+  81                the lock was revoked by an administrator (`conch revoke lock`); the
+                    reason was printed
   126 / 127         the command could not be executed / was not found";
 
 #[derive(Debug, Args)]
@@ -869,6 +875,8 @@ Exit status:
   75                not leader within --wait
   77                access control refused the call
   79                leadership lost while running (lease lost, semaphore deleted or resized)
+  81                leadership revoked by an administrator (`conch revoke elect`); the
+                    reason was printed
   126 / 127         the command could not be executed / was not found";
 
 #[derive(Debug, Args)]
