@@ -445,3 +445,90 @@ async fn only_a_namespace_admin_revokes_and_a_holder_reads_its_own_record() -> a
     ensure!(everything.len() == 1, "{everything:?}");
     Ok(())
 }
+
+/// `conch revoke lock` and `conch revoke elect` stop a lock holder and a leader the same way:
+/// exit 81 with who and why; the next candidate leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_holder_and_a_leader_are_revoked_with_81() -> anyhow::Result<()> {
+    let cluster = Cluster::start(1).await?;
+    cluster.wait_for_leader(SHOW_UP).await?;
+    let endpoints = cluster.endpoints().join(",");
+    let run = ["--ttl", "3s", "--kill-after", "1s", "--", "sh", "-c", HELD];
+
+    // A lock holder.
+    let lock_dir = tempfile::Builder::new().prefix("conch-revoke-").tempdir()?;
+    let mut args = vec!["lock", "db/orders"];
+    args.extend(run);
+    let mut holder = conch(lock_dir.path(), &endpoints, 1, &args)?;
+    let lease = wait_file(lock_dir.path(), "lease")
+        .await?
+        .trim()
+        .to_string();
+    let (code, out, err) = run_conch(
+        &endpoints,
+        &[
+            "revoke",
+            "lock",
+            "db/orders",
+            "--holder",
+            &lease,
+            "--reason",
+            "migration hung",
+        ],
+        &[],
+    )
+    .await?;
+    ensure!(code == 0, "conch revoke lock exited {code}: {err}");
+    ensure!(out.contains("lock conch/db/orders"), "{out}");
+    holder.expect_code(EX_REVOKED, EXIT_TIMEOUT).await?;
+    let err = holder.stderr();
+    ensure!(
+        err.contains("conch: lock revoked by anonymous at ") && err.contains("migration hung"),
+        "stderr: {err:?}"
+    );
+
+    // A leader, and a candidate waiting to take over.
+    let elect_dir = tempfile::Builder::new().prefix("conch-revoke-").tempdir()?;
+    let mut args = vec!["elect", "billing"];
+    args.extend(run);
+    let mut leader = conch(elect_dir.path(), &endpoints, 1, &args)?;
+    wait_file(elect_dir.path(), "lease").await?;
+    let mut next = conch(
+        elect_dir.path(),
+        &endpoints,
+        2,
+        &["elect", "billing", "--", "sh", "-c", GOT],
+    )?;
+    let channel = cluster.channel(cluster.ids()[0]).context("channel")?;
+    wait_for("the candidate to queue", SHOW_UP, || {
+        let channel = channel.clone();
+        async move { (waiters(channel, "conch", "billing.elect").await? == 1).then_some(()) }
+    })
+    .await?;
+    let (code, _, err) = run_conch(
+        &endpoints,
+        &["revoke", "elect", "billing", "--reason", "leader wedged"],
+        &[],
+    )
+    .await?;
+    ensure!(code == 0, "conch revoke elect exited {code}: {err}");
+    leader.expect_code(EX_REVOKED, EXIT_TIMEOUT).await?;
+    let err = leader.stderr();
+    ensure!(
+        err.contains("conch: leadership revoked by anonymous at ") && err.contains("leader wedged"),
+        "stderr: {err:?}"
+    );
+    next.expect_code(0, EXIT_TIMEOUT).await?;
+    // Nobody leads now: revoking again says so (exit 65).
+    let (code, _, err) = run_conch(
+        &endpoints,
+        &["revoke", "elect", "billing", "--reason", "again"],
+        &[],
+    )
+    .await?;
+    ensure!(
+        code == 65 && err.contains("no leader"),
+        "exit {code}: {err}"
+    );
+    Ok(())
+}

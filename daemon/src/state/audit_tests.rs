@@ -182,7 +182,7 @@ fn a_revoke_must_name_what_the_lease_holds_and_a_reason_within_the_bound() {
     assert!(err.message.contains("at most 256 bytes"), "{}", err.message);
     let exact = "x".repeat(AUDIT_REASON_MAX_BYTES);
     t.ok(revoke(LeaseKind::Semaphore, "s", &a, &exact));
-    assert!(t.trail().is_empty() == false);
+    assert_eq!(t.trail()[0].reason.len(), AUDIT_REASON_MAX_BYTES);
 }
 
 #[test]
