@@ -24,102 +24,8 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::data::State;
+pub use super::audit_types::*;
 use super::types::*;
-use super::validate;
-
-/// The trail keeps the newest this many records.
-pub const AUDIT_RECORDS_MAX: usize = 10_000;
-/// A reason is at most this many bytes (UTF-8).
-pub const AUDIT_REASON_MAX_BYTES: usize = 256;
-/// The actor of a call made without a known token.
-pub const ANONYMOUS: &str = "anonymous";
-
-/// What was done.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AuditAction {
-    RevokeHolder,
-    RevokeLease,
-    DeleteSemaphore,
-    DeleteLock,
-    UpdateSemaphore,
-    SetQuotas,
-    SetBudget,
-}
-
-impl AuditAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuditAction::RevokeHolder => "revoke-holder",
-            AuditAction::RevokeLease => "revoke-lease",
-            AuditAction::DeleteSemaphore => "delete-semaphore",
-            AuditAction::DeleteLock => "delete-lock",
-            AuditAction::UpdateSemaphore => "update-semaphore",
-            AuditAction::SetQuotas => "set-quotas",
-            AuditAction::SetBudget => "set-budget",
-        }
-    }
-}
-
-/// What kind of thing a record's `object` names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AuditObject {
-    Semaphore,
-    Lock,
-    /// The namespace itself (`object` empty).
-    Namespace,
-    /// The whole state (`namespace` and `object` empty).
-    State,
-}
-
-impl AuditObject {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuditObject::Semaphore => "semaphore",
-            AuditObject::Lock => "lock",
-            AuditObject::Namespace => "namespace",
-            AuditObject::State => "state",
-        }
-    }
-}
-
-/// Who made a call, as the trail keeps it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Actor {
-    /// The token's name, or [`ANONYMOUS`].
-    pub name: String,
-    /// The token's role (empty for anonymous).
-    pub role: String,
-    /// The token's id (`tk_<n>`), if known.
-    pub token: Option<u64>,
-}
-
-/// One record of the trail.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditRecord {
-    /// 1, 2, ... in the order records were made (never reused).
-    pub seq: u64,
-    /// The entry's wall-clock stamp (ns since the Unix epoch).
-    pub at: Nanos,
-    /// The entry's lease clock.
-    pub clock_ns: Nanos,
-    pub actor: Actor,
-    pub action: AuditAction,
-    pub namespace: String,
-    pub object_kind: AuditObject,
-    /// A semaphore's name or a lock's path (empty for namespace and state records).
-    pub object: String,
-    /// The lease whose hold was removed (empty when none was).
-    pub lease: String,
-    /// That lease's process id.
-    pub holder: String,
-    /// The token that created that lease: it may read this record.
-    pub lease_owner: Option<u64>,
-    /// Why, as the caller said (revoke-holder only; empty otherwise).
-    pub reason: String,
-    /// What changed, for capacity and quota records (`permits 3 -> 1`).
-    pub detail: String,
-}
 
 /// A record before the trail numbers and stamps it.
 #[derive(Clone, Debug)]
@@ -171,22 +77,6 @@ pub(super) struct Audit {
     last_seq: u64,
     /// Oldest first.
     records: VecDeque<AuditRecord>,
-}
-
-/// Which records a read wants.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AuditFilter {
-    /// Empty: every namespace.
-    pub namespace: String,
-    /// Empty: every lease.
-    pub lease: String,
-}
-
-impl AuditFilter {
-    fn matches(&self, r: &AuditRecord) -> bool {
-        (self.namespace.is_empty() || r.namespace == self.namespace)
-            && (self.lease.is_empty() || r.lease == self.lease)
-    }
 }
 
 /// Refuses a reason longer than [`AUDIT_REASON_MAX_BYTES`].
@@ -280,51 +170,5 @@ impl Audit {
             reason(&r.reason).map_err(|e| format!("audit record {}: {}", r.seq, e.message))?;
         }
         Ok(())
-    }
-}
-
-/// A page cursor: continue below record `seq`.
-fn cursor(seq: u64) -> String {
-    format!("audit-{seq}")
-}
-
-fn parse_cursor(token: &str) -> Result<u64, Error> {
-    token
-        .strip_prefix("audit-")
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| Error::invalid("pagination_token is not one this call returned"))
-}
-
-impl State {
-    /// The trail's records matching `filter` that `visible` lets through, newest first, one
-    /// page (`page.token`: empty, or the `next_token` of the page before; no previous token).
-    pub fn list_audit(
-        &self,
-        filter: &AuditFilter,
-        page: &PageRequest,
-        visible: impl Fn(&AuditRecord) -> bool,
-    ) -> Result<Page<AuditRecord>, Error> {
-        if !filter.namespace.is_empty() {
-            validate::name("namespace_name", &filter.namespace)?;
-        }
-        if !filter.lease.is_empty() {
-            validate::lease_id(&filter.lease)?;
-        }
-        let limit = validate::page_limit(page.limit)?;
-        let before = match page.token.as_str() {
-            "" => None,
-            token => Some(parse_cursor(token)?),
-        };
-        let (items, next) = self.data.audit.newest_first(filter, before, limit, visible);
-        Ok(Page {
-            items,
-            next_token: next.map(cursor).unwrap_or_default(),
-            previous_token: String::new(),
-        })
-    }
-
-    /// How many records the trail holds.
-    pub fn audit_len(&self) -> usize {
-        self.data.audit.len()
     }
 }

@@ -242,15 +242,15 @@ impl Auth {
     }
 
     /// Who token `id` is, for the audit trail: its name and role now, or anonymous.
-    pub fn actor(&self, id: Option<u64>) -> super::audit::Actor {
+    pub fn actor(&self, id: Option<u64>) -> super::audit_types::Actor {
         match id.and_then(|id| self.tokens.get(&id).map(|t| (id, t))) {
-            Some((id, t)) => super::audit::Actor {
+            Some((id, t)) => super::audit_types::Actor {
                 name: t.name.clone(),
                 role: t.role.clone(),
                 token: Some(id),
             },
-            None => super::audit::Actor {
-                name: super::audit::ANONYMOUS.to_string(),
+            None => super::audit_types::Actor {
+                name: super::audit_types::ANONYMOUS.to_string(),
                 role: String::new(),
                 token: None,
             },

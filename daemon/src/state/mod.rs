@@ -65,6 +65,7 @@ mod apply;
 pub mod audit;
 #[cfg(test)]
 mod audit_tests;
+mod audit_types;
 pub mod auth;
 #[cfg(test)]
 mod auth_tests;

@@ -322,7 +322,7 @@ pub enum Outcome {
     WaitGroup(WaitGroupView),
     Barrier(BarrierReply),
     /// The record `RevokeHolder` made.
-    Audit(super::audit::AuditRecord),
+    Audit(super::audit_types::AuditRecord),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
