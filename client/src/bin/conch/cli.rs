@@ -231,8 +231,8 @@ Examples:
   # who holds, with lease ids (a token with admin on the namespace sees them)
   conch sema heavy-jobs --max 2 --who --json
   # take the slot of a stuck job; it is stopped and exits 81, the next waiter gets in
-  conch revoke sema heavy-jobs --max 2 --holder 1f-8a1c… --reason \"stuck since 09:00, INC-42\"
-  conch revoke lock db/orders --holder 2a-77e0… --reason \"migration hung\"
+  conch revoke sema heavy-jobs --max 2 --holder ls_000000000000002a… --reason \"stuck since 09:00, INC-42\"
+  conch revoke lock db/orders --holder ls_0000000000000031… --reason \"migration hung\"
   conch revoke elect billing --reason \"leader wedged, failing over\"
   conch audit --namespace conch
 
@@ -248,7 +248,7 @@ const AUDIT_EXAMPLES: &str = "\
 Examples:
   conch audit                                   # everything (cluster-admin)
   conch audit --namespace team-a --limit 20     # one namespace (admin on it)
-  conch audit --namespace conch --lease 1f-8a1c… --json
+  conch audit --namespace conch --lease ls_000000000000002a… --json
 
 Each line: time, who (token name and role, or anonymous with access control off), what
 (revoke-holder, revoke-lease, delete-semaphore, delete-lock, update-semaphore, set-quotas,
