@@ -21,7 +21,9 @@
 //!    [stops on](Target::stops_on) (stop the command, then revoke), or to hand what it holds to
 //!    a [preferred](Target::preferred) waiter (stop, revoke, and return [`HandedOver`]). Lease lost, or the hold gone (a semaphore deleted or resized, a lock's
 //!    hold dropped by `DeleteLock`), first: SIGTERM the group, SIGKILL after `--kill-after`,
-//!    revoke, exit 79.
+//!    revoke, exit 79; or, when the audit trail says an administrator revoked the lease
+//!    ([`crate::revoke::revoked`], looked up once the loss is known), print who and why and
+//!    exit 81.
 //!
 //! Beside the command runs a guard process ([`crate::guard`]), renewed on every refresh: should
 //! conch itself not run (stopped, stuck) past the point where the lease is safe, the guard
@@ -440,11 +442,26 @@ pub async fn hold(
             Ok(ExitCode::from(exit::code_for_status(status)))
         }
         End::Lost(loss) => {
-            eprintln!(
-                "conch: {slot} lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
-                lease.id(),
-                format_duration(spec.kill_after)
-            );
+            // A lease the server no longer knows may have been revoked by an administrator:
+            // the audit trail says who and why.
+            let revoked = match loss {
+                conch_client::LeaseLoss::NotFound { .. } => {
+                    crate::revoke::revoked(client, &spec.namespace, lease.id()).await
+                }
+                conch_client::LeaseLoss::NoRefresh { .. } => None,
+            };
+            match &revoked {
+                Some(record) => eprintln!(
+                    "conch: {}; stopping the command (SIGTERM, SIGKILL after {})",
+                    crate::revoke::revoked_line(slot, record),
+                    format_duration(spec.kill_after)
+                ),
+                None => eprintln!(
+                    "conch: {slot} lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
+                    lease.id(),
+                    format_duration(spec.kill_after)
+                ),
+            }
             watchdog.stopping();
             let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
                 .await
@@ -459,7 +476,10 @@ pub async fn hold(
             if matches!(loss, conch_client::LeaseLoss::NoRefresh { .. }) {
                 let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
             }
-            Ok(ExitCode::from(exit::SLOT_LOST))
+            Ok(ExitCode::from(match revoked {
+                Some(_) => exit::REVOKED,
+                None => exit::SLOT_LOST,
+            }))
         }
         End::HoldLimit(grace) => {
             eprintln!(
@@ -505,10 +525,20 @@ pub async fn hold(
             Err(HandedOver { to }.into())
         }
         End::Gone(what) => {
-            eprintln!(
-                "conch: {what} while held; stopping the command (SIGTERM, SIGKILL after {})",
-                format_duration(spec.kill_after)
-            );
+            // A hold dropped by an administrator's revoke (a lock's check may see it before
+            // the lease's refresh does): the audit trail says who and why.
+            let revoked = crate::revoke::revoked(client, &spec.namespace, lease.id()).await;
+            match &revoked {
+                Some(record) => eprintln!(
+                    "conch: {}; stopping the command (SIGTERM, SIGKILL after {})",
+                    crate::revoke::revoked_line(slot, record),
+                    format_duration(spec.kill_after)
+                ),
+                None => eprintln!(
+                    "conch: {what} while held; stopping the command (SIGTERM, SIGKILL after {})",
+                    format_duration(spec.kill_after)
+                ),
+            }
             watchdog.stopping();
             let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
                 .await
@@ -517,7 +547,10 @@ pub async fn hold(
             watchdog.finish().await;
             // The lease is still alive: revoking it gives back whatever else it holds.
             release_all(guards, lease, slot).await;
-            Ok(ExitCode::from(exit::SLOT_LOST))
+            Ok(ExitCode::from(match revoked {
+                Some(_) => exit::REVOKED,
+                None => exit::SLOT_LOST,
+            }))
         }
     }
 }
