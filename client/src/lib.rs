@@ -68,6 +68,7 @@
 #![warn(missing_docs)]
 
 pub mod acquire;
+pub mod audit;
 mod backoff;
 #[cfg(feature = "certs")]
 pub mod certs;

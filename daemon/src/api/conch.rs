@@ -1,4 +1,5 @@
-//! conch's own services: `ConchApi` (waiters in queue order) and `ConchAdmin` (cluster status,
+//! conch's own services: `ConchApi` (waiters in queue order, an administrator's revoke of a
+//! holder, the audit trail) and `ConchAdmin` (cluster status,
 //! membership, leadership, snapshots, backups). Admin calls need cluster-admin while access control is
 //! on; a call forwarded to another node carries the caller's token, and that node checks it too.
 
@@ -16,8 +17,9 @@ use super::membership;
 use super::status::ApiError;
 use crate::error::NodeError;
 use crate::node::{MembershipChange, Node};
-use crate::state::Error;
-use crate::state::auth::{Access, Permission};
+use crate::state::audit::{AuditFilter, AuditRecord};
+use crate::state::auth::{Access, Permission, token_id};
+use crate::state::{Cmd, Error, ErrorKind, LeaseKind, Outcome};
 
 pub struct ConchApiService {
     node: Arc<Node>,
@@ -171,6 +173,125 @@ impl ConchApi for ConchApiService {
         )
         .await?;
         Ok(Response::new(stream))
+    }
+
+    async fn revoke_holder(
+        &self,
+        request: Request<cpb::RevokeHolderRequest>,
+    ) -> Result<Response<cpb::RevokeHolderResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
+        let (id, r) = super::request_id::split(request)?;
+        let kind = match cpb::HolderKind::try_from(r.kind) {
+            Ok(cpb::HolderKind::Semaphore) => LeaseKind::Semaphore,
+            Ok(cpb::HolderKind::Lock) => LeaseKind::Lock,
+            Err(_) => {
+                let invalid =
+                    Error::invalid("kind must be HOLDER_KIND_SEMAPHORE or HOLDER_KIND_LOCK");
+                return Err(ApiError::from(invalid).into());
+            }
+        };
+        let cmd = Cmd::RevokeHolder {
+            ns: r.namespace_name,
+            kind,
+            object: r.object_name,
+            lease: r.lease_id,
+            reason: r.reason,
+        };
+        let record = self.revoke(&caller, id, cmd).await?;
+        Ok(Response::new(cpb::RevokeHolderResponse {
+            record: Some(audit_record(record)),
+        }))
+    }
+
+    async fn list_audit(
+        &self,
+        request: Request<cpb::ListAuditRequest>,
+    ) -> Result<Response<cpb::ListAuditResponse>, Status> {
+        let caller = Caller::of(&self.node, &request);
+        let r = request.into_inner();
+        caller.authenticated(&self.node)?;
+        self.node.linearizable().await.map_err(ApiError::from)?;
+        let filter = AuditFilter {
+            namespace: r.namespace_name,
+            lease: r.lease_id,
+        };
+        let page = convert::page(r.pagination_token, r.limit);
+        let page = self.read_audit(&caller, &filter, &page)?;
+        Ok(Response::new(cpb::ListAuditResponse {
+            records: page.items.into_iter().map(audit_record).collect(),
+            next_pagination_token: page.next_token,
+        }))
+    }
+}
+
+/// A trail record as `ConchApi` shows it.
+fn audit_record(r: AuditRecord) -> cpb::AuditRecord {
+    cpb::AuditRecord {
+        seq: r.seq,
+        at: r.at,
+        actor: r.actor.name,
+        actor_role: r.actor.role,
+        actor_token_id: r.actor.token.map(token_id).unwrap_or_default(),
+        action: r.action.as_str().to_string(),
+        namespace_name: r.namespace,
+        object_kind: r.object_kind.as_str().to_string(),
+        object_name: r.object,
+        lease_id: r.lease,
+        holder: r.holder,
+        reason: r.reason,
+        detail: r.detail,
+    }
+}
+
+impl ConchApiService {
+    /// Proposes an administrator's revoke for `caller`, once per request id.
+    async fn revoke(
+        &self,
+        caller: &Caller,
+        id: Option<String>,
+        cmd: Cmd,
+    ) -> Result<AuditRecord, ApiError> {
+        caller.allow_write(&self.node, &cmd)?;
+        let cmd = super::request_id::wrap(id, caller.sign(cmd));
+        cmd.validate()?;
+        match self.node.write_one(cmd).await?? {
+            Outcome::Audit(record) => Ok(record),
+            other => Err(ApiError::Internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    /// The trail's page `page` matching `filter`, as `caller` may read it: everything with
+    /// cluster-admin, or with admin on the namespace named; else only the records of a lease
+    /// the caller's own token created, when it names the namespace and the lease.
+    fn read_audit(
+        &self,
+        caller: &Caller,
+        filter: &AuditFilter,
+        page: &crate::state::PageRequest,
+    ) -> Result<crate::state::Page<AuditRecord>, ApiError> {
+        let token = caller.token();
+        self.node.applied.read(|s| {
+            let auth = s.auth();
+            let allowed = |access| auth.authorize(token.as_ref(), access).is_ok();
+            let ns = filter.namespace.as_str();
+            if allowed(Access::ClusterAdmin)
+                || (!ns.is_empty() && allowed(Access::Namespace(ns, Permission::Admin)))
+            {
+                return Ok(s.list_audit(filter, page, |_| true)?);
+            }
+            let me = token.as_ref().and_then(|t| auth.token_id(t));
+            if ns.is_empty() || filter.lease.is_empty() || me.is_none() {
+                return Err(ApiError::from(Error {
+                    kind: ErrorKind::PermissionDenied,
+                    message: "reading the audit trail needs cluster-admin, or admin on the \
+                              namespace named; a holder may read the records of its own lease \
+                              (name both the namespace and the lease)"
+                        .into(),
+                }));
+            }
+            auth.authorize(token.as_ref(), Access::Namespace(ns, Permission::Read))?;
+            Ok(s.list_audit(filter, page, |r| r.lease_owner == me)?)
+        })
     }
 }
 

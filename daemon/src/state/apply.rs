@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::audit::{AuditAction, AuditObject, Draft};
 use super::data::{Ctx, Lease, Namespace, Namespaces, Parts, Semaphore, State};
 use super::limits::*;
 use super::read::{lease_not_found, namespace_not_found, semaphore_not_found, version_mismatch};
@@ -55,6 +56,7 @@ impl State {
             auth,
             budget,
             requests,
+            audit,
         } = self.parts(events);
         if !matches!(cmd, Cmd::ExtendLeases) {
             reap(namespaces, &mut ctx);
@@ -76,8 +78,10 @@ impl State {
         {
             auth.may_use_lease(token, caller, ns, lease, owner)?;
         }
+        // What the trail records if the command succeeds, read before it changes anything.
+        let drafts = audit_drafts(namespaces, cmd, caller, budget);
         let ctx = &mut ctx;
-        match cmd {
+        let reply = match cmd {
             Cmd::CreateNamespace {
                 name,
                 description,
@@ -317,7 +321,173 @@ impl State {
             | Cmd::AuthBootstrap { .. } => auth
                 .apply(cmd, ctx.wall_ns)
                 .unwrap_or_else(|| Err(Error::invalid("not an access control command"))),
+            Cmd::RevokeHolder {
+                ns,
+                kind,
+                object,
+                lease,
+                reason,
+            } => {
+                let draft = ns_mut(namespaces, ns)?.revoke_holder(*kind, object, lease, ctx)?;
+                let draft = Draft {
+                    reason: reason.clone(),
+                    ..draft
+                };
+                let actor = auth.actor(caller);
+                Ok(Outcome::Audit(audit.push(
+                    draft,
+                    &actor,
+                    ctx.wall_ns,
+                    ctx.clock_ns,
+                )))
+            }
+        };
+        if reply.is_ok() && !drafts.is_empty() {
+            let actor = auth.actor(caller);
+            for draft in drafts {
+                audit.push(draft, &actor, ctx.wall_ns, ctx.clock_ns);
+            }
         }
+        reply
+    }
+}
+
+/// The audit records `cmd` makes if it succeeds (see `audit.rs`), from the state before it
+/// runs: the holders a revoke by another token or a deletion drops, and what a capacity or
+/// quota change changes. `RevokeHolder` makes its own.
+fn audit_drafts(
+    namespaces: &Namespaces,
+    cmd: &Cmd,
+    caller: Option<u64>,
+    budget: &super::quota::Budget,
+) -> Vec<Draft> {
+    let holder_draft = |action, ns: &Namespace, object: &str, seq: u64| {
+        let (kind, name) = match lock_path(object) {
+            Some(path) => (AuditObject::Lock, path),
+            None => (AuditObject::Semaphore, object),
+        };
+        let draft = Draft::new(action, ns.name(), kind, name);
+        match ns.leases().get(&seq) {
+            Some(lease) => draft.holder(lease.id(seq), &lease.process_id, lease.owner),
+            None => draft,
+        }
+    };
+    match cmd {
+        Cmd::RevokeLease { ns, kind, lease } => {
+            let Some(n) = namespaces.get(ns) else {
+                return Vec::new();
+            };
+            let Some((seq, l)) = n
+                .lease_seq(lease)
+                .and_then(|seq| n.leases().get(&seq).map(|l| (seq, l)))
+                .filter(|(_, l)| l.kind == *kind)
+            else {
+                return Vec::new();
+            };
+            // Only knowable with tokens: a lease made by one token, revoked by another.
+            match (l.owner, caller) {
+                (Some(owner), Some(caller)) if owner != caller => l
+                    .holds
+                    .iter()
+                    .map(|object| holder_draft(AuditAction::RevokeLease, n, object, seq))
+                    .collect(),
+                _ => Vec::new(),
+            }
+        }
+        Cmd::DeleteSemaphore { ns, name } => namespaces
+            .get(ns)
+            .and_then(|n| n.semaphores().get(name).map(|sem| (n, sem)))
+            .map(|(n, sem)| {
+                sem.holders_by_token()
+                    .values()
+                    .map(|seq| holder_draft(AuditAction::DeleteSemaphore, n, name, *seq))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Cmd::DeleteLock { ns, path } => namespaces
+            .get(ns)
+            .and_then(|n| n.locks().held().get(path).map(|lock| (n, lock)))
+            .map(|(n, lock)| {
+                let object = lock_object(path);
+                lock.holders()
+                    .keys()
+                    .map(|seq| holder_draft(AuditAction::DeleteLock, n, &object, *seq))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Cmd::UpdateSemaphore {
+            ns,
+            name,
+            permits,
+            max_hold_ns,
+            ..
+        } => {
+            let Some(sem) = namespaces.get(ns).and_then(|n| n.semaphores().get(name)) else {
+                return Vec::new();
+            };
+            let mut changes = Vec::new();
+            if *permits != sem.permits {
+                changes.push(format!("permits {} -> {permits}", sem.permits));
+            }
+            if let Some(hold) = max_hold_ns
+                && *hold != sem.max_hold_ns
+            {
+                changes.push(format!(
+                    "hold limit {} -> {}",
+                    hold_limit(sem.max_hold_ns),
+                    hold_limit(*hold)
+                ));
+            }
+            if changes.is_empty() {
+                return Vec::new();
+            }
+            let mut draft = Draft::new(
+                AuditAction::UpdateSemaphore,
+                ns,
+                AuditObject::Semaphore,
+                name,
+            );
+            draft.detail = changes.join(", ");
+            vec![draft]
+        }
+        Cmd::SetQuotas { ns, quotas } => {
+            let Some(old) = namespaces.get(ns).map(|n| n.quotas()) else {
+                return Vec::new();
+            };
+            let changes: Vec<String> = [
+                ("semaphores", old.semaphores, quotas.semaphores),
+                ("leases", old.leases, quotas.leases),
+                ("entries", old.entries, quotas.entries),
+                ("bytes", old.bytes, quotas.bytes),
+                ("request_ids", old.request_ids, quotas.request_ids),
+            ]
+            .into_iter()
+            .filter(|(_, old, new)| old != new)
+            .map(|(what, old, new)| format!("{what} {old} -> {new}"))
+            .collect();
+            if changes.is_empty() {
+                return Vec::new();
+            }
+            let mut draft = Draft::new(AuditAction::SetQuotas, ns, AuditObject::Namespace, "");
+            draft.detail = changes.join(", ");
+            vec![draft]
+        }
+        Cmd::SetBudget { bytes } if *bytes != budget.bytes => {
+            let mut draft = Draft::new(AuditAction::SetBudget, "", AuditObject::State, "");
+            draft.detail = format!("budget_bytes {} -> {bytes}", budget.bytes);
+            vec![draft]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// A hold limit as a record's detail shows it: `none`, `30s`, `1500ms`.
+fn hold_limit(ns: Nanos) -> String {
+    match ns {
+        0 => "none".to_string(),
+        ns if ns % NANOS_PER_SEC == 0 => format!("{}s", ns / NANOS_PER_SEC),
+        ns if ns % NANOS_PER_MS == 0 => format!("{}ms", ns / NANOS_PER_MS),
+        ns => format!("{ns}ns"),
     }
 }
 
@@ -486,6 +656,38 @@ impl Namespace {
         let view = lease.view(seq, ctx.times());
         self.add_lease(seq, lease, ctx);
         Ok(Outcome::Lease(view))
+    }
+
+    /// An administrator's revoke of the lease `id` of `kind`, which must hold or wait for
+    /// `object`: the whole lease goes, as with `RevokeLease`, and the queues it leaves move.
+    /// Answers the trail's record of it (without the reason, which the caller adds).
+    fn revoke_holder(
+        &mut self,
+        kind: LeaseKind,
+        object: &str,
+        id: &str,
+        ctx: &mut Ctx,
+    ) -> Result<Draft, Error> {
+        let seq = self.find_lease_of(kind, id)?;
+        let (key, object_kind, noun) = match kind {
+            LeaseKind::Semaphore => (object.to_string(), AuditObject::Semaphore, "semaphore"),
+            LeaseKind::Lock => (lock_object(object), AuditObject::Lock, "lock"),
+        };
+        let lease = self.leases().get(&seq).ok_or_else(|| lease_not_found(id))?;
+        if !lease.holds.contains(&key) && !lease.waits.contains(&key) {
+            return Err(Error::not_found(format!(
+                "{} {id} neither holds nor waits for {noun} {}/{object}",
+                kind.noun(),
+                self.name()
+            )));
+        }
+        let draft = Draft::new(AuditAction::RevokeHolder, self.name(), object_kind, object).holder(
+            id.to_string(),
+            &lease.process_id,
+            lease.owner,
+        );
+        self.revoke_lease(kind, id, ctx)?;
+        Ok(draft)
     }
 
     fn refresh_lease(&mut self, kind: LeaseKind, id: &str, ttl_s: u64, ctx: &mut Ctx) -> Reply {

@@ -115,6 +115,8 @@ pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
         Cmd::CreateNamespace { name, .. }
         | Cmd::UpdateNamespace { name, .. }
         | Cmd::DeleteNamespace { name } => Access::Namespace(name, Admin),
+        // Taking another's slot: what a namespace's administrator may do.
+        Cmd::RevokeHolder { ns, .. } => Access::Namespace(ns, Admin),
         // Creating a semaphore that exists already is refused, so it changes nothing of
         // others'; changing or deleting one does.
         Cmd::CreateSemaphore { ns, .. }
@@ -238,6 +240,22 @@ impl Auth {
     /// The id of the token with this hash, if the store knows it.
     pub fn token_id(&self, hash: &TokenHash) -> Option<u64> {
         self.by_hash.get(hash).copied()
+    }
+
+    /// Who token `id` is, for the audit trail: its name and role now, or anonymous.
+    pub fn actor(&self, id: Option<u64>) -> super::audit_types::Actor {
+        match id.and_then(|id| self.tokens.get(&id).map(|t| (id, t))) {
+            Some((id, t)) => super::audit_types::Actor {
+                name: t.name.clone(),
+                role: t.role.clone(),
+                token: Some(id),
+            },
+            None => super::audit_types::Actor {
+                name: super::audit_types::ANONYMOUS.to_string(),
+                role: String::new(),
+                token: None,
+            },
+        }
     }
 
     /// Whether the caller (`token`, whose id is `caller`) may use lease `lease` of namespace

@@ -3,7 +3,8 @@
 //! The canonical data ([`Data`]) is what snapshots carry and [`State::hash`] covers: the lease
 //! clock, the newest wall-clock stamp, three counters (fencing tokens, lease ids, namespace ids),
 //! the namespaces with their semaphores (holders and waiters keyed by lease) and leases, and the
-//! remembered request ids (`requests.rs`, which keeps that table's own indexes). Everything else
+//! remembered request ids (`requests.rs`, which keeps that table's own indexes), the audit trail
+//! (`audit.rs`). Everything else
 //! is derived:
 //! - per semaphore: `held` (sum of holder weights), `holders_by_token` (grant order) and `queue`
 //!   (ticket -> lease, i.e. FIFO order)
@@ -25,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::audit::Audit;
 use super::auth::Auth;
 use super::hash::fnv1a64;
 use super::lock_data::{LockHolder, LockTable, LockWaiter};
@@ -82,6 +84,8 @@ pub(super) struct Data {
     pub(super) auth: Auth,
     /// The budget on the stored bytes of all namespaces together (`quota.rs`).
     pub(super) budget: Budget,
+    /// The audit trail of revokes, forced releases, capacity and quota changes (`audit.rs`).
+    pub(super) audit: Audit,
 }
 
 /// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
@@ -258,6 +262,7 @@ pub(super) struct Parts<'a> {
     pub(super) budget: &'a mut Budget,
     /// Read only: the remembered request ids (`once.rs` changes them, around a command).
     pub(super) requests: &'a Requests,
+    pub(super) audit: &'a mut Audit,
 }
 
 /// The key of a process id in `leases_by_process`.
@@ -286,6 +291,7 @@ impl State {
             auth,
             budget,
             requests,
+            audit,
             ..
         } = &mut self.data;
         Parts {
@@ -304,6 +310,7 @@ impl State {
             auth,
             budget,
             requests,
+            audit,
         }
     }
 

@@ -24,6 +24,7 @@
 //! - access control keeps its own rules (see `auth`): tokens name existing roles, hashes are
 //!   unique, and while it is on a cluster-admin token exists
 //! - wait groups and barriers keep the rules of `sync.rs` ([`super::sync::check`])
+//! - the audit trail keeps the rules of `audit.rs` (bound, order, reason length)
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -202,6 +203,7 @@ impl State {
                 })
             })
         })?;
+        data.audit.check_invariants()?;
         data.auth.check_invariants()
     }
 }

@@ -21,6 +21,7 @@
 //! - `invariants`: the check of every rule the state keeps (see there for the list)
 //! - `requests`: the remembered request ids and their replies, with their own indexes
 //! - `once`: running a write with a request id at most once, and settling queued acquires
+//! - `audit`: the audit trail of revokes, forced releases, capacity and quota changes
 //! - `auth`: access control: roles, token hashes, the enabled flag, and the permission check
 //! - `quota`: the namespaces' quotas, the state's byte budget and the size model they count by
 //! - `validate`: the checks of single fields; `validate_cmd`: [`Cmd::validate`], of a whole command
@@ -62,6 +63,10 @@
 //!   on the wall clock.
 
 mod apply;
+pub mod audit;
+#[cfg(test)]
+mod audit_tests;
+mod audit_types;
 pub mod auth;
 #[cfg(test)]
 mod auth_tests;

@@ -81,6 +81,9 @@ enum GenCmd {
     AcquireLock(usize, usize, usize, bool, Nanos),
     ReleaseLock(usize, usize, usize),
     DeleteLock(usize, usize),
+    /// An administrator's revoke of a holder of a semaphore: namespace, semaphore, lease slot,
+    /// reason (0: a reason; 1: empty; 2: one byte too long).
+    RevokeHolder(usize, usize, usize, usize),
 }
 
 const LOCK_PATHS: [&str; 3] = ["l", "l/x", "m"];
@@ -226,6 +229,8 @@ fn gen_cmd() -> impl Strategy<Value = GenCmd> {
             .prop_map(|(n, p, l, e, t)| GenCmd::AcquireLock(n, p, l, e, t)),
         4 => (ns_index(), 0..LOCK_PATHS.len(), lease_slot()).prop_map(|(n, p, l)| GenCmd::ReleaseLock(n, p, l)),
         1 => (ns_index(), 0..LOCK_PATHS.len()).prop_map(|(n, p)| GenCmd::DeleteLock(n, p)),
+        3 => (ns_index(), sem_index(), lease_slot(), prop_oneof![8 => Just(0usize), 1 => Just(1usize), 1 => Just(2usize)])
+            .prop_map(|(n, s, l, r)| GenCmd::RevokeHolder(n, s, l, r)),
     ]
 }
 
@@ -547,6 +552,17 @@ impl Harness {
             GenCmd::DeleteLock(n, p) => Cmd::DeleteLock {
                 ns: ns(n),
                 path: LOCK_PATHS[p].into(),
+            },
+            GenCmd::RevokeHolder(n, s, l, r) => Cmd::RevokeHolder {
+                ns: ns(n),
+                kind: LeaseKind::Semaphore,
+                object: sem(s),
+                lease: self.lease(&ns(n), l),
+                reason: match r {
+                    0 => "stuck".to_string(),
+                    1 => String::new(),
+                    _ => "x".repeat(super::audit::AUDIT_REASON_MAX_BYTES + 1),
+                },
             },
         }
     }
@@ -962,6 +978,11 @@ fn decision(reply: &Reply) -> String {
         Ok(Outcome::Role(v)) => format!("role {} admin {} {:?}", v.name, v.cluster_admin, v.grants),
         Ok(Outcome::Token(v)) => format!("token {} {} {}", v.id, v.name, v.role),
         Ok(Outcome::Lock(v)) => lock_decision(v),
+        // The record's `at` is a display time on the wall clock.
+        Ok(Outcome::Audit(r)) => format!(
+            "audit {} {:?} {}/{} {} {:?} {} {}",
+            r.seq, r.action, r.namespace, r.object, r.lease, r.actor, r.reason, r.clock_ns
+        ),
         Ok(Outcome::AcquireLock(a)) => format!(
             "{:?} {:?} {} [{}]",
             a.status,

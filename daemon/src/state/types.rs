@@ -220,6 +220,17 @@ pub enum Cmd {
     WaitGroup(WaitGroupCmd),
     /// Barriers (`barrier.rs`).
     Barrier(BarrierCmd),
+    /// An administrator takes a holder's slot and says why: revokes the whole lease `lease` of
+    /// `kind` (every hold and wait of it, as `RevokeLease`), which must hold or wait for
+    /// `object` (a semaphore's name, or a lock's path), grants the next waiters in the same
+    /// entry, and records it in the audit trail (`audit.rs`). Needs admin on the namespace.
+    RevokeHolder {
+        ns: String,
+        kind: LeaseKind,
+        object: String,
+        lease: String,
+        reason: String,
+    },
     /// All or none: the lease takes every member of `members` (2 to
     /// [`SET_MEMBERS_MAX`](super::limits::SET_MEMBERS_MAX) distinct semaphores, each with its
     /// weight) in one grant, or none of them. `wait_ns` 0 is non-blocking; otherwise the set
@@ -279,6 +290,7 @@ impl Cmd {
             | Cmd::ReleaseLock { ns, .. }
             | Cmd::DeleteLock { ns, .. }
             | Cmd::AcquireSet { ns, .. }
+            | Cmd::RevokeHolder { ns, .. }
             | Cmd::SetQuotas { ns, .. } => Some(ns),
             Cmd::WaitGroup(cmd) => Some(cmd.ns()),
             Cmd::Barrier(cmd) => Some(cmd.ns()),
@@ -352,6 +364,8 @@ pub enum Outcome {
     },
     WaitGroup(WaitGroupView),
     Barrier(BarrierReply),
+    /// The record `RevokeHolder` made.
+    Audit(super::audit_types::AuditRecord),
     /// After `AcquireSet`.
     AcquireSet(AcquireSetReply),
 }

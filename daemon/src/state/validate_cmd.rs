@@ -3,7 +3,7 @@
 //! it and when.
 
 use super::auth;
-use super::types::{Cmd, Error};
+use super::types::{Cmd, Error, LeaseKind};
 use super::validate::*;
 
 const NAMESPACE_NAME: &str = "namespace_name";
@@ -175,6 +175,26 @@ impl Cmd {
             Cmd::DeleteLock { ns, path } => {
                 name(NAMESPACE_NAME, ns)?;
                 lock_name(path)
+            }
+            Cmd::RevokeHolder {
+                ns,
+                kind,
+                object,
+                lease,
+                reason,
+            } => {
+                name(NAMESPACE_NAME, ns)?;
+                match kind {
+                    LeaseKind::Semaphore => name(SEMAPHORE_NAME, object)?,
+                    LeaseKind::Lock => lock_name(object)?,
+                }
+                lease_id(lease)?;
+                if reason.trim().is_empty() {
+                    return Err(Error::invalid(
+                        "reason must not be empty: say why the holder is revoked",
+                    ));
+                }
+                super::audit::reason(reason)
             }
             Cmd::WaitGroup(cmd) => super::validate_sync::wait_group(cmd),
             Cmd::Barrier(cmd) => super::validate_sync::barrier(cmd),

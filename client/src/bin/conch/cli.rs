@@ -62,6 +62,8 @@ Exit status:
   79                slot lost while running: lease lost, semaphore deleted or resized
   80                the hold limit (--max-hold, or the semaphore's) was reached: the
                     command was stopped before the server ended the hold
+  81                an administrator revoked the slot (`conch revoke`): the command was
+                    stopped, and who revoked it and why were printed
   126 / 127         the command could not be executed / was not found";
 
 const TOP_EXAMPLES: &str = "\
@@ -73,6 +75,8 @@ Examples:
   conch lock db/orders/2026 --shared -- ./report.sh
   conch lock db --who
   conch elect billing --value \"$(hostname):8080\" -- ./scheduler
+  conch revoke sema heavy-jobs --max 2 --holder LEASE_ID --reason \"stuck since 09:00\"
+  conch audit --namespace conch
   conch --endpoints node1:7001,node2:7001,node3:7001 cluster status
   CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh   # access control on
   conch sema nightly --namespace team-a --max 1 -- ./backup.sh          # a team's namespace
@@ -81,7 +85,7 @@ Examples:
 Exit status: 64 usage error, 69 no conch node answered, 75 no slot (or lock) in time, 77 no
 token or no permission, 79 slot, lock or leadership lost while running (lease lost, semaphore
 deleted or resized, lock hold dropped), 80 hold limit (--max-hold) reached and the command
-stopped; otherwise the command's own status (see `conch sema --help`, `conch lock --help`,
+stopped, 81 revoked by an administrator (`conch revoke`, see `conch audit`); otherwise the command's own status (see `conch sema --help`, `conch lock --help`,
 `conch elect --help`).";
 
 /// conch: cluster-wide semaphores, locks and elections for shell scripts and cron jobs, served
@@ -217,6 +221,111 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::sync_args::BarrierCommand,
     },
+    /// Take a slot, lock or leadership from its holder (admin on the namespace), saying why:
+    /// the holder's lease is revoked, the next waiter gets in, the audit trail keeps the
+    /// record, and the holder's conch stops its command and exits 81 printing the reason.
+    #[command(after_help = REVOKE_HOLDER_EXAMPLES)]
+    Revoke {
+        #[command(subcommand)]
+        command: RevokeCommand,
+    },
+    /// Show the audit trail, newest first: administrators' revokes, holders dropped by a
+    /// revoke or a deletion, capacity and quota changes (cluster-admin, or admin on --namespace;
+    /// a holder may read its own lease's records with --namespace and --lease).
+    #[command(after_help = AUDIT_EXAMPLES)]
+    Audit(AuditArgs),
+}
+
+const REVOKE_HOLDER_EXAMPLES: &str = "\
+Examples:
+  # who holds, with lease ids (a token with admin on the namespace sees them)
+  conch sema heavy-jobs --max 2 --who --json
+  # take the slot of a stuck job; it is stopped and exits 81, the next waiter gets in
+  conch revoke sema heavy-jobs --max 2 --holder ls_000000000000002a… --reason \"stuck since 09:00, INC-42\"
+  conch revoke lock db/orders --holder ls_0000000000000031… --reason \"migration hung\"
+  conch revoke elect billing --reason \"leader wedged, failing over\"
+  conch audit --namespace conch
+
+Needs admin on the namespace (cluster-admin will do) while access control is on. The holder's
+conch notices within about a third of its --ttl, stops its command (SIGTERM, SIGKILL after
+--kill-after), prints who revoked it and why, and exits 81.
+
+Exit status: 0 revoked (the record is printed), 64 a bad flag or an empty or too long reason,
+65 no such lease, or it neither holds nor waits for that semaphore or lock (or no leader), 69
+no conch node answered, 77 no admin permission on the namespace.";
+
+const AUDIT_EXAMPLES: &str = "\
+Examples:
+  conch audit                                   # everything (cluster-admin)
+  conch audit --namespace team-a --limit 20     # one namespace (admin on it)
+  conch audit --namespace conch --lease ls_000000000000002a… --json
+
+Each line: time, who (token name and role, or anonymous with access control off), what
+(revoke-holder, revoke-lease, delete-semaphore, delete-lock, update-semaphore, set-quotas,
+set-budget), the target, and the reason or what changed. The cluster keeps the newest 10000
+records; they are in snapshots and backups.";
+
+#[derive(Debug, Subcommand)]
+pub enum RevokeCommand {
+    /// Revoke a holder of `conch sema NAME --max N` (its lease id: `conch sema NAME --max N
+    /// --who`, as an admin of the namespace).
+    Sema {
+        /// The name given to `conch sema`.
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// The --max the holder runs with (part of the semaphore's identity).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=conch_client::sema::MAX_PERMITS))]
+        max: u64,
+        /// The holder's lease id.
+        #[arg(long, value_name = "LEASE_ID")]
+        holder: String,
+        /// Why (1-256 bytes): kept in the audit trail and printed by the holder's conch.
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        #[arg(long, value_name = "NS", env = "CONCH_NAMESPACE", default_value = conch_client::sema::NAMESPACE, value_parser = namespace_arg)]
+        namespace: String,
+    },
+    /// Revoke a holder of `conch lock PATH` (its lease id: `conch lock PATH --who`).
+    Lock {
+        /// The lock's path.
+        #[arg(value_name = "PATH")]
+        path: String,
+        /// The holder's lease id.
+        #[arg(long, value_name = "LEASE_ID")]
+        holder: String,
+        /// Why (1-256 bytes): kept in the audit trail and printed by the holder's conch.
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        #[arg(long, value_name = "NS", env = "CONCH_NAMESPACE", default_value = conch_client::sema::NAMESPACE, value_parser = namespace_arg)]
+        namespace: String,
+    },
+    /// Revoke the current leader of `conch elect NAME`; the next candidate takes over.
+    Elect {
+        /// The election's name.
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// Why (1-256 bytes): kept in the audit trail and printed by the leader's conch.
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        #[arg(long, value_name = "NS", env = "CONCH_NAMESPACE", default_value = conch_client::sema::NAMESPACE, value_parser = namespace_arg)]
+        namespace: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Only the records of this namespace (needs admin on it, or cluster-admin).
+    #[arg(long, value_name = "NS", value_parser = namespace_arg)]
+    pub namespace: Option<String>,
+    /// Only the records of this lease.
+    #[arg(long, value_name = "LEASE_ID")]
+    pub lease: Option<String>,
+    /// At most this many records (the newest).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub limit: u64,
+    /// Print JSON (an array of records).
+    #[arg(long)]
+    pub json: bool,
 }
 
 const NAMESPACE_EXAMPLES: &str = "\
@@ -690,6 +799,8 @@ Exit status:
                     the namespace, or a namespace that does not exist and that this token
                     may not create
   79                lock lost while running: lease lost, or the hold dropped (DeleteLock)
+  81                the lock was revoked by an administrator (`conch revoke lock`); the
+                    reason was printed
   126 / 127         the command could not be executed / was not found";
 
 #[derive(Debug, Args)]
@@ -795,6 +906,8 @@ Exit status:
   75                not leader within --wait
   77                access control refused the call
   79                leadership lost while running (lease lost, semaphore deleted or resized)
+  81                leadership revoked by an administrator (`conch revoke elect`); the
+                    reason was printed
   126 / 127         the command could not be executed / was not found";
 
 #[derive(Debug, Args)]

@@ -13,6 +13,7 @@
 //! | 75 | no slot (`conch lock`: no lock) within `--wait`; `wait-group wait`, `barrier wait`: `--timeout` passed first (EX_TEMPFAIL) |
 //! | 77 | access control refused the call: no token, an unknown or revoked one, or no permission; or a namespace that does not exist and the token may not create (EX_NOPERM) |
 //! | 79 | slot (`conch elect`: leadership; `conch lock`: lock) lost while the command ran: the lease could not be kept, or the semaphore was deleted or its permits changed, or the lock's hold was dropped (`DeleteLock`) |
+//! | 81 | slot (leadership, lock) revoked by an administrator (`conch revoke`) while the command ran: the command was stopped, and who revoked it and why were printed |
 //! | 126 / 127 | the command could not be executed / was not found (as in shells) |
 
 use std::process::ExitStatus;
@@ -31,6 +32,8 @@ pub const NO_PERMISSION: u8 = 77;
 pub const SLOT_LOST: u8 = 79;
 /// The hold limit (`--max-hold`, or the semaphore's) ended the command.
 pub const HOLD_LIMIT: u8 = 80;
+/// An administrator revoked the slot (`conch revoke`); the reason was printed.
+pub const REVOKED: u8 = 81;
 pub const CANNOT_EXECUTE: u8 = 126;
 pub const COMMAND_NOT_FOUND: u8 = 127;
 

@@ -26,6 +26,7 @@ mod health;
 mod identity;
 mod lock;
 mod namespace;
+mod revoke;
 mod runner;
 mod sema;
 mod status;
@@ -268,6 +269,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Namespace { command } => namespace::run(&client, command).await,
         Command::WaitGroup { command } => waitgroup::run(&client, command).await,
         Command::Barrier { command } => barrier::run(&client, command).await,
+        Command::Revoke { command } => revoke::run(&client, command).await,
+        Command::Audit(args) => revoke::audit(&client, &args).await,
         Command::Completions { .. } | Command::Certs { .. } => Ok(ExitCode::SUCCESS),
     }
 }

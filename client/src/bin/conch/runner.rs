@@ -21,10 +21,11 @@
 //!    [stops on](Target::stops_on) (stop the command, then revoke), or to hand what it holds to
 //!    a [preferred](Target::preferred) waiter (stop, revoke, and return [`HandedOver`]). Lease lost, or the hold gone (a semaphore deleted or resized, a lock's
 //!    hold dropped by `DeleteLock`), first: SIGTERM the group, SIGKILL after `--kill-after`,
-//!    revoke, exit 79 (80 when the server ended the hold at its hold limit). A loss is learned
-//!    the moment a node applies it ([`Client::lease_lost`], a `WatchLoss` stream), and the
-//!    cause printed; the refreshes and the reads of [`Target::lost`] are the fallback when no
-//!    node can push it.
+//!    revoke, exit 79 (80 when the server ended the hold at its hold limit); or, when the audit
+//!    trail says an administrator revoked the lease ([`crate::revoke::revoked`], looked up once
+//!    the loss is known), print who and why and exit 81. A loss is learned the moment a node
+//!    applies it ([`Client::lease_lost`], a `WatchLoss` stream), and the cause printed; the
+//!    refreshes and the reads of [`Target::lost`] are the fallback when no node can push it.
 //!
 //! Beside the command runs a guard process ([`crate::guard`]), renewed on every refresh: should
 //! conch itself not run (stopped, stuck) past the point where the lease is safe, the guard
@@ -458,11 +459,26 @@ pub async fn hold(
             Ok(ExitCode::from(exit::code_for_status(status)))
         }
         End::Lost(loss) => {
-            eprintln!(
-                "conch: {slot} lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
-                lease.id(),
-                format_duration(spec.kill_after)
-            );
+            // A lease the server no longer knows may have been revoked by an administrator:
+            // the audit trail says who and why.
+            let revoked = match loss {
+                conch_client::LeaseLoss::NotFound { .. } => {
+                    crate::revoke::revoked(client, &spec.namespace, lease.id()).await
+                }
+                conch_client::LeaseLoss::NoRefresh { .. } => None,
+            };
+            match &revoked {
+                Some(record) => eprintln!(
+                    "conch: {}; stopping the command (SIGTERM, SIGKILL after {})",
+                    crate::revoke::revoked_line(slot, record),
+                    format_duration(spec.kill_after)
+                ),
+                None => eprintln!(
+                    "conch: {slot} lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
+                    lease.id(),
+                    format_duration(spec.kill_after)
+                ),
+            }
             watchdog.stopping();
             let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
                 .await
@@ -477,7 +493,10 @@ pub async fn hold(
             if matches!(loss, conch_client::LeaseLoss::NoRefresh { .. }) {
                 let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
             }
-            Ok(ExitCode::from(exit::SLOT_LOST))
+            Ok(ExitCode::from(match revoked {
+                Some(_) => exit::REVOKED,
+                None => exit::SLOT_LOST,
+            }))
         }
         End::HoldLimit(grace) => {
             eprintln!(
@@ -494,20 +513,38 @@ pub async fn hold(
             Ok(ExitCode::from(exit::HOLD_LIMIT))
         }
         End::Pushed(lost) => {
-            eprintln!(
-                "conch: {slot} lost while running ({}): {}; stopping the command (SIGTERM, SIGKILL after {})",
-                lost.cause_name(),
-                lost.reason,
-                format_duration(spec.kill_after)
-            );
+            // A revoked lease may have been an administrator's revoke: the audit trail says who
+            // and why.
+            let revoked = match lost.cause {
+                LossCause::Revoked | LossCause::Gone
+                    if lost.semaphore.is_none() && lost.lock.is_none() =>
+                {
+                    crate::revoke::revoked(client, &spec.namespace, lease.id()).await
+                }
+                _ => None,
+            };
+            match &revoked {
+                Some(record) => eprintln!(
+                    "conch: {}; stopping the command (SIGTERM, SIGKILL after {})",
+                    crate::revoke::revoked_line(slot, record),
+                    format_duration(spec.kill_after)
+                ),
+                None => eprintln!(
+                    "conch: {slot} lost while running ({}): {}; stopping the command (SIGTERM, SIGKILL after {})",
+                    lost.cause_name(),
+                    lost.reason,
+                    format_duration(spec.kill_after)
+                ),
+            }
             watchdog.stopping();
             let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
                 .await
                 .context("stop the command")?;
             debug!(?status, "command stopped after a pushed loss");
             watchdog.finish().await;
-            let code = match lost.cause {
-                LossCause::HoldLimit => exit::HOLD_LIMIT,
+            let code = match (lost.cause, &revoked) {
+                (_, Some(_)) => exit::REVOKED,
+                (LossCause::HoldLimit, None) => exit::HOLD_LIMIT,
                 _ => exit::SLOT_LOST,
             };
             if lost.semaphore.is_some() || lost.lock.is_some() {
@@ -550,10 +587,20 @@ pub async fn hold(
             Err(HandedOver { to }.into())
         }
         End::Gone(what) => {
-            eprintln!(
-                "conch: {what} while held; stopping the command (SIGTERM, SIGKILL after {})",
-                format_duration(spec.kill_after)
-            );
+            // A hold dropped by an administrator's revoke (a lock's check may see it before
+            // the lease's refresh does): the audit trail says who and why.
+            let revoked = crate::revoke::revoked(client, &spec.namespace, lease.id()).await;
+            match &revoked {
+                Some(record) => eprintln!(
+                    "conch: {}; stopping the command (SIGTERM, SIGKILL after {})",
+                    crate::revoke::revoked_line(slot, record),
+                    format_duration(spec.kill_after)
+                ),
+                None => eprintln!(
+                    "conch: {what} while held; stopping the command (SIGTERM, SIGKILL after {})",
+                    format_duration(spec.kill_after)
+                ),
+            }
             watchdog.stopping();
             let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
                 .await
@@ -562,7 +609,10 @@ pub async fn hold(
             watchdog.finish().await;
             // The lease is still alive: revoking it gives back whatever else it holds.
             release_all(guards, lease, slot).await;
-            Ok(ExitCode::from(exit::SLOT_LOST))
+            Ok(ExitCode::from(match revoked {
+                Some(_) => exit::REVOKED,
+                None => exit::SLOT_LOST,
+            }))
         }
     }
 }
