@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use conch_proto::conch::conch_api_client::ConchApiClient;
 use conch_proto::conch::{SemaphoreWaiter, WaitHolderChangeRequest};
+
+pub use conch_proto::conch::HolderEnd;
 use conch_proto::grackle::SemaphoreHolder;
 
 use crate::sema::{MAX_NAME_LEN, validate_name};
@@ -96,6 +98,11 @@ pub struct HolderChange {
     pub holders: Vec<SemaphoreHolder>,
     /// Whether the semaphore exists.
     pub exists: bool,
+    /// How the holder the call knew of went, when the answering node saw it go during the
+    /// call ([`HolderEnd::Unknown`] otherwise).
+    pub known_ended: HolderEnd,
+    /// With [`HolderEnd::RevokedByAdmin`]: the administrator's reason (may be empty).
+    pub known_ended_reason: String,
 }
 
 impl HolderChange {
@@ -136,6 +143,8 @@ impl Client {
             })
             .await?;
         Ok(HolderChange {
+            known_ended: HolderEnd::try_from(resp.known_holder_end).unwrap_or(HolderEnd::Unknown),
+            known_ended_reason: resp.known_holder_end_reason,
             holders: resp.holders,
             exists: resp.exists,
         })

@@ -191,16 +191,41 @@ fn one_at_a_time(evs: &[Event]) -> anyhow::Result<Vec<String>> {
     Ok(order)
 }
 
-/// The observer's records: (leader value or `None`, rev).
+/// The observer's records of who leads: (leader value or `None`, rev).
 fn observed(stdout: &str) -> anyhow::Result<Vec<(Option<String>, Option<u64>)>> {
+    Ok(records(stdout)?
+        .iter()
+        .filter(|v| v["event"] == "leader")
+        .map(|v| (v["value"].as_str().map(String::from), v["rev"].as_u64()))
+        .collect())
+}
+
+/// The observer's records, as JSON.
+fn records(stdout: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     stdout
         .lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).with_context(|| l.to_string())?;
             ensure!(v["time"].is_string(), "no time in {l}");
-            Ok((v["value"].as_str().map(String::from), v["rev"].as_u64()))
+            Ok(v)
         })
         .collect()
+}
+
+/// The observer's departure records: (event, value of the leader that went, its rev, cause).
+fn departures(stdout: &str) -> anyhow::Result<Vec<(String, String, u64, String)>> {
+    Ok(records(stdout)?
+        .iter()
+        .filter(|v| v["event"] != "leader")
+        .map(|v| {
+            (
+                v["event"].as_str().unwrap_or_default().to_string(),
+                v["value"].as_str().unwrap_or_default().to_string(),
+                v["rev"].as_u64().unwrap_or_default(),
+                v["cause"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect())
 }
 
 /// Three candidates run one at a time in queue order, each with its value and a growing
@@ -579,5 +604,89 @@ async fn a_candidate_of_higher_priority_takes_over_when_it_joins() -> anyhow::Re
         order[2..].contains(&"a".to_string()) && order[2..].contains(&"b".to_string()),
         "{order:?}"
     );
+    Ok(())
+}
+
+/// The observer says how each leader went: one resigns (its command exits), one is revoked by
+/// an administrator with a reason, one's conch is killed so that its lease expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_observer_says_how_each_leader_went() -> anyhow::Result<()> {
+    let f = Fixture::start().await?;
+    let observer = f.conch("obs", &["elect", "x", "--observe", "--json"])?;
+    wait_for("the observer's first line", SHOW_UP, || async {
+        (!observer.stdout().is_empty()).then_some(())
+    })
+    .await?;
+    let mut a = f.candidate("a", "--ttl 3s")?;
+    f.wait_file("log", |t| t.contains("start a")).await?;
+    let mut b = f.candidate("b", "--ttl 3s")?;
+    f.wait_candidates(&["b"]).await?;
+    let c = f.candidate("c", "--ttl 3s")?;
+    f.wait_candidates(&["b", "c"]).await?;
+    let mut d = f.candidate("d", "--ttl 3s")?;
+    f.wait_candidates(&["b", "c", "d"]).await?;
+
+    // a resigns: its command ends, conch revokes its lease.
+    f.touch("a.go")?;
+    f.wait_file("log", |t| t.contains("start b")).await?;
+    ensure!(a.code(SHOW_UP).await? == 0, "a: {}", a.stderr());
+    // b is revoked by an administrator.
+    wait_for("the observer to see b lead", SHOW_UP, || async {
+        let seen = observed(&observer.stdout()).ok()?;
+        seen.iter()
+            .any(|(v, _)| v.as_deref() == Some("b"))
+            .then_some(())
+    })
+    .await?;
+    let mut revoke = f.conch(
+        "admin",
+        &["revoke", "elect", "x", "--reason", "moving the scheduler"],
+    )?;
+    ensure!(
+        revoke.code(SHOW_UP).await? == 0,
+        "revoke: {}",
+        revoke.stderr()
+    );
+    f.wait_file("log", |t| t.contains("start c")).await?;
+    ensure!(b.code(SHOW_UP).await? == 81, "b: {}", b.stderr());
+    // c's conch and command are killed outright: its lease expires.
+    wait_for("the observer to see c lead", SHOW_UP, || async {
+        let seen = observed(&observer.stdout()).ok()?;
+        seen.iter()
+            .any(|(v, _)| v.as_deref() == Some("c"))
+            .then_some(())
+    })
+    .await?;
+    c.signal(Signal::SIGKILL);
+    if let Ok(pid) = f.read("c.pid").trim().parse::<i32>() {
+        cluster_tests::proc::signal_pid(pid, Signal::SIGKILL);
+    }
+    f.wait_file("log", |t| t.contains("start d")).await?;
+
+    let gone = wait_for("three departures", SHOW_UP, || async {
+        let gone = departures(&observer.stdout()).ok()?;
+        (gone.len() >= 3).then_some(gone)
+    })
+    .await
+    .with_context(|| format!("observer stdout {:?}", observer.stdout()))?;
+    let events: Vec<(&str, &str)> = gone
+        .iter()
+        .map(|(e, v, _, _)| (e.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        events,
+        [("resigned", "a"), ("revoked", "b"), ("expired", "c")],
+        "observer stdout {:?}",
+        observer.stdout()
+    );
+    ensure!(
+        gone[1].3.contains("moving the scheduler"),
+        "revoke cause {:?}",
+        gone[1].3
+    );
+    ensure!(gone.iter().all(|g| g.2 > 0), "revs in {gone:?}");
+    f.touch("d.go")?;
+    ensure!(d.code(SHOW_UP).await? == 0, "d: {}", d.stderr());
+    observer.signal(Signal::SIGTERM);
     Ok(())
 }

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{Caller, forward};
 use super::convert;
+use super::holder_watch::Ended;
 use super::membership;
 use super::status::ApiError;
 use crate::error::NodeError;
@@ -134,9 +135,20 @@ impl ConchApi for ConchApiService {
                 caller.hide_lease_id(s, &r.namespace_name, &mut h.lease_id, h.owner);
             }
         });
+        let (end, reason) = match now.known_ended {
+            Ended::Unknown => (cpb::HolderEnd::Unknown, String::new()),
+            Ended::Released => (cpb::HolderEnd::Released, String::new()),
+            Ended::Expired => (cpb::HolderEnd::Expired, String::new()),
+            Ended::LeaseRevoked => (cpb::HolderEnd::LeaseRevoked, String::new()),
+            Ended::HoldLimit => (cpb::HolderEnd::HoldLimit, String::new()),
+            Ended::Deleted => (cpb::HolderEnd::Deleted, String::new()),
+            Ended::RevokedByAdmin { reason } => (cpb::HolderEnd::RevokedByAdmin, reason),
+        };
         Ok(Response::new(cpb::WaitHolderChangeResponse {
             holders: now.holders.into_iter().map(convert::holder).collect(),
             exists: now.exists,
+            known_holder_end: end as i32,
+            known_holder_end_reason: reason,
         }))
     }
 

@@ -14,6 +14,10 @@
 //! granted leadership while one of higher priority waits gives it back before its command
 //! starts (see [`conch_client::elect::preferred`]).
 //!
+//! `--observe` also says how a leader went (resigned, expired, revoked by an administrator, hold
+//! limit, deleted) when the answering node saw it go during the wait: a loss of the leader's
+//! lease is watched on the server, and none means it let go.
+//!
 //! `--observe` asks the server to wait until the leader differs from the one it knows
 //! (`WaitHolderChange`), prints a line, and asks again: no polling, and the client library
 //! fails over between endpoints. Changes closer together than one round trip show as one.
@@ -28,7 +32,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use conch_client::elect::{self, HolderChange, META_PRIORITY, META_VALUE};
+use conch_client::elect::{self, HolderChange, HolderEnd, META_PRIORITY, META_VALUE};
 use conch_client::proto::grackle::SemaphoreHolder;
 use conch_client::sema::MAX_META_VALUE_LEN;
 use conch_client::{Client, Error, Guard, Lease, LeaseKind};
@@ -277,11 +281,17 @@ pub async fn who(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
-/// One `--observe` record.
+/// One `--observe` record: a new leader (or none), or how the leader went.
 #[derive(Debug, Serialize, PartialEq)]
 pub struct Change {
     /// When conch saw the change (RFC 3339).
     pub time: String,
+    /// `leader` (a leader, or `leader: false` for nobody), or how the previous leader went:
+    /// `resigned`, `expired`, `revoked`, `hold-limit`, `deleted`.
+    pub event: &'static str,
+    /// Departures: what ended the leadership, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
     /// `false`: nobody leads.
     pub leader: bool,
     pub value: Option<String>,
@@ -297,6 +307,8 @@ impl Change {
         let entry = leader.map(who::holder_entry);
         Change {
             time,
+            event: "leader",
+            cause: None,
             leader: entry.is_some(),
             value: entry.as_ref().and_then(|e| e.value.clone()),
             host: entry.as_ref().and_then(|e| e.host.clone()),
@@ -306,20 +318,60 @@ impl Change {
         }
     }
 
-    /// The text line: `<time> leader=<value> host=<h> pid=<p> rev=<token>`, or `<time> no leader`.
+    /// How the leader `gone` (a `leader` record) went, if `ended` says: a departure record with
+    /// its value, host, pid, fencing token and lease.
+    pub fn departure(
+        time: String,
+        gone: &Change,
+        ended: HolderEnd,
+        reason: &str,
+    ) -> Option<Change> {
+        let (event, cause) = match ended {
+            HolderEnd::Unknown => return None,
+            HolderEnd::Released => ("resigned", "released".to_string()),
+            HolderEnd::LeaseRevoked => ("resigned", "lease revoked".to_string()),
+            HolderEnd::Expired => ("expired", "lease not refreshed within its TTL".to_string()),
+            HolderEnd::HoldLimit => ("hold-limit", "the hold limit was reached".to_string()),
+            HolderEnd::Deleted => (
+                "deleted",
+                "the election's semaphore was deleted".to_string(),
+            ),
+            HolderEnd::RevokedByAdmin if reason.is_empty() => {
+                ("revoked", "revoked by an administrator".to_string())
+            }
+            HolderEnd::RevokedByAdmin => {
+                ("revoked", format!("revoked by an administrator: {reason}"))
+            }
+        };
+        Some(Change {
+            time,
+            event,
+            cause: Some(cause),
+            leader: false,
+            value: gone.value.clone(),
+            host: gone.host.clone(),
+            pid: gone.pid,
+            rev: gone.rev,
+            lease_id: gone.lease_id.clone(),
+        })
+    }
+
+    /// The text line: `<time> leader=<value> host=<h> pid=<p> rev=<token>`, `<time> no leader`,
+    /// or for a departure `<time> <event> leader=<value> host=<h> pid=<p> rev=<token> (<cause>)`.
     pub fn line(&self) -> String {
-        if !self.leader {
-            return format!("{} no leader", self.time);
-        }
         let or_q = |s: &Option<String>| s.clone().unwrap_or_else(|| "?".to_string());
-        format!(
-            "{} leader={} host={} pid={} rev={}",
-            self.time,
+        let who = format!(
+            "leader={} host={} pid={} rev={}",
             or_q(&self.value),
             or_q(&self.host),
             self.pid.map_or_else(|| "?".to_string(), |p| p.to_string()),
             self.rev.map_or_else(|| "?".to_string(), |r| r.to_string()),
-        )
+        );
+        match (&self.cause, self.leader) {
+            (Some(cause), _) => format!("{} {} {who} ({cause})", self.time, self.event),
+            (None, true) => format!("{} {who}", self.time),
+            (None, false) => format!("{} no leader", self.time),
+        }
     }
 }
 
@@ -344,6 +396,8 @@ pub async fn observe(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCo
     let semaphore = elect::semaphore_name(&args.name).map_err(exit::usage)?;
     // `None` until the first answer, which is printed whatever it says.
     let mut known: Option<u64> = None;
+    // The last record printed about who leads.
+    let mut last: Option<Change> = None;
     let mut outage = false;
     loop {
         let wait = if known.is_some() {
@@ -371,15 +425,22 @@ pub async fn observe(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCo
             continue;
         }
         known = Some(now.token());
-        let change = Change::new(now_rfc3339(), now.holders.first());
-        let text = if args.json {
-            serde_json::to_string(&change)?
-        } else {
-            change.line()
-        };
-        if !emit(&text)? {
-            return Ok(ExitCode::SUCCESS);
+        let time = now_rfc3339();
+        let gone = last.as_ref().filter(|l| l.leader).and_then(|l| {
+            Change::departure(time.clone(), l, now.known_ended, &now.known_ended_reason)
+        });
+        let change = Change::new(time, now.holders.first());
+        for record in gone.iter().chain([&change]) {
+            let text = if args.json {
+                serde_json::to_string(record)?
+            } else {
+                record.line()
+            };
+            if !emit(&text)? {
+                return Ok(ExitCode::SUCCESS);
+            }
         }
+        last = Some(change);
     }
 }
 
@@ -416,13 +477,45 @@ mod tests {
         );
         assert_eq!(
             serde_json::to_value(&c).unwrap(),
-            serde_json::json!({"time": "2026-06-12T10:16:00Z", "leader": true,
-                "value": "10.0.0.2:8080", "host": "node2", "pid": 4242, "rev": 8812,
-                "lease_id": "ls_a"})
+            serde_json::json!({"time": "2026-06-12T10:16:00Z", "event": "leader",
+                "leader": true, "value": "10.0.0.2:8080", "host": "node2", "pid": 4242,
+                "rev": 8812, "lease_id": "ls_a"})
         );
         let none = Change::new("2026-06-12T10:17:00Z".into(), None);
         assert_eq!(none.line(), "2026-06-12T10:17:00Z no leader");
         assert_eq!(serde_json::to_value(&none).unwrap()["leader"], false);
+
+        let t = || "2026-06-12T10:17:00Z".to_string();
+        assert_eq!(Change::departure(t(), &c, HolderEnd::Unknown, ""), None);
+        let resigned = Change::departure(t(), &c, HolderEnd::LeaseRevoked, "").unwrap();
+        assert_eq!(
+            resigned.line(),
+            "2026-06-12T10:17:00Z resigned leader=10.0.0.2:8080 host=node2 pid=4242 rev=8812 (lease revoked)"
+        );
+        let revoked =
+            Change::departure(t(), &c, HolderEnd::RevokedByAdmin, "stuck for 3h").unwrap();
+        assert_eq!(
+            serde_json::to_value(&revoked).unwrap(),
+            serde_json::json!({"time": "2026-06-12T10:17:00Z", "event": "revoked",
+                "cause": "revoked by an administrator: stuck for 3h", "leader": false,
+                "value": "10.0.0.2:8080", "host": "node2", "pid": 4242, "rev": 8812,
+                "lease_id": "ls_a"})
+        );
+        for (end, event) in [
+            (HolderEnd::Released, "resigned"),
+            (HolderEnd::Expired, "expired"),
+            (HolderEnd::HoldLimit, "hold-limit"),
+            (HolderEnd::Deleted, "deleted"),
+            (HolderEnd::RevokedByAdmin, "revoked"),
+        ] {
+            let d = Change::departure(t(), &c, end, "").unwrap();
+            assert_eq!(d.event, event, "{end:?}");
+            assert!(
+                d.line().contains(&format!(" {event} leader=")),
+                "{}",
+                d.line()
+            );
+        }
     }
 
     #[test]
