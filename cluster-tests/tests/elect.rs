@@ -32,6 +32,8 @@ struct Fixture {
     cluster: Cluster,
     dir: tempfile::TempDir,
     spawned: std::cell::Cell<usize>,
+    /// The nodes every `conch` talks to (default: all).
+    endpoints: Option<String>,
 }
 
 impl Fixture {
@@ -40,6 +42,7 @@ impl Fixture {
             cluster: Cluster::start(3).await?,
             dir: tempfile::Builder::new().prefix("conch-elect-").tempdir()?,
             spawned: std::cell::Cell::new(0),
+            endpoints: None,
         })
     }
 
@@ -65,7 +68,12 @@ impl Fixture {
         let mut cmd = Command::new(binary("conch"));
         cmd.args(args)
             .current_dir(self.dir.path())
-            .env("CONCH_ENDPOINTS", self.cluster.endpoints().join(","))
+            .env(
+                "CONCH_ENDPOINTS",
+                self.endpoints
+                    .clone()
+                    .unwrap_or_else(|| self.cluster.endpoints().join(",")),
+            )
             .env("T", self.dir.path())
             .env("ID", id)
             .env_remove("CONCH_LOG");
@@ -688,5 +696,47 @@ async fn the_observer_says_how_each_leader_went() -> anyhow::Result<()> {
     f.touch("d.go")?;
     ensure!(d.code(SHOW_UP).await? == 0, "d: {}", d.stderr());
     observer.signal(Signal::SIGTERM);
+    Ok(())
+}
+
+/// Through a follower only, and across the Raft leader's death: a preferred candidate still
+/// takes over when it joins, and SIGTERM to a leader still hands over at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_overs_work_through_a_follower_and_across_a_leader_kill() -> anyhow::Result<()> {
+    let mut f = Fixture::start().await?;
+    let leader = f.cluster.wait_for_leader(SHOW_UP).await?;
+    let follower = f
+        .cluster
+        .ids()
+        .into_iter()
+        .find(|&id| id != leader)
+        .context("no follower")?;
+    f.endpoints = Some(f.cluster.addr(follower));
+
+    let mut a = f.candidate("a", "--ttl 3s")?;
+    f.wait_file("log", |t| t.contains("start a")).await?;
+    let mut b = f.candidate("b", "--ttl 3s")?;
+    f.wait_candidates(&["b"]).await?;
+    f.cluster.kill(leader);
+    let mut c = f.candidate("c", "--ttl 3s --priority 2")?;
+    let log = f.wait_file("log", |t| t.contains("start c")).await?;
+    assert_eq!(one_at_a_time(&events(&log)?)?, ["a", "c"], "{log}");
+    ensure!(a.stderr().contains("is preferred"), "a: {:?}", a.stderr());
+
+    c.signal(Signal::SIGTERM);
+    // The next of a and b (both queued again behind c) starts.
+    let log = f
+        .wait_file("log", |t| t.matches("start ").count() >= 3)
+        .await?;
+    ensure!(c.code(SHOW_UP).await? == 3, "c: {}", c.stderr());
+    let evs = events(&log)?;
+    let order = one_at_a_time(&evs)?;
+    ensure!(order.len() == 3 && order[..2] == ["a", "c"], "{order:?}");
+    for id in ["a", "b"] {
+        f.touch(&format!("{id}.go"))?;
+    }
+    for p in [&mut a, &mut b] {
+        ensure!(p.code(SHOW_UP).await? == 0, "stderr {:?}", p.stderr());
+    }
     Ok(())
 }
