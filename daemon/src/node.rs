@@ -103,6 +103,9 @@ pub struct Node {
     pub peer_secret_header: Option<String>,
     /// Whether this node was removed from the cluster (see `removal.rs`).
     pub removal: crate::removal::Removal,
+    /// The index of the last log entry when this process started (see
+    /// [`Node::read_index_as_leader`]).
+    log_at_start: u64,
 }
 
 /// The one record of "a new term's first batch extends every lease": the term in which this
@@ -132,6 +135,7 @@ impl Node {
         applied: Arc<AppliedState>,
         cluster_id: Arc<ClusterId>,
         metrics: Arc<Metrics>,
+        log_at_start: u64,
     ) -> Arc<Node> {
         let dialer = PeerDialer::of(&config, Arc::clone(&cluster_id));
         let peer_secret_header = config
@@ -160,6 +164,7 @@ impl Node {
             tasks: Tasks::new(),
             peer_secret_header,
             removal: crate::removal::Removal::default(),
+            log_at_start,
         });
         node.tasks
             .spawn(Arc::clone(&node).run_proposer(proposal_rx));
@@ -222,10 +227,22 @@ impl Node {
         rx.await.map_err(|_| shutting_down())?.map(|_| ())
     }
 
-    /// Read index for a follower's linearizable read (leader side of `ConchPeer.ReadIndex`).
+    /// Read index for a linearizable read (also the leader side of `ConchPeer.ReadIndex`):
+    /// leadership confirmed by a quorum, then the larger of Raft's read index and the last log
+    /// entry this process started with.
+    ///
+    /// Raft's read index is its commit index, or the first entry of the leader's term if that
+    /// is later. A leader that restarts keeps its leadership (its vote is on disk) but not its
+    /// commit index (saved lazily), and its term's first entry is the one from before the
+    /// restart: so right after a restart (every node killed at once, say) that index can be
+    /// below writes acknowledged before it, and a read would miss them. Every acknowledged
+    /// write is in the log this process started with, so a read waits for that much to apply.
     pub async fn read_index_as_leader(&self) -> Result<u64, NodeError> {
         match self.raft.get_read_log_id().await {
-            Ok((read_log_id, _)) => Ok(read_log_id.map(|l| l.index).unwrap_or(0)),
+            Ok((read_log_id, _)) => Ok(read_log_id
+                .map(|l| l.index)
+                .unwrap_or(0)
+                .max(self.log_at_start)),
             Err(e) => match e.forward_to_leader() {
                 Some(_) => Err(NodeError::NotLeader { node: self.id }),
                 None => Err(storage_fault::node_error(self.id, "confirm leadership", &e)),
@@ -579,9 +596,19 @@ impl Node {
             while let Ok(next) = rx.try_recv() {
                 waiting.push(next);
             }
-            let result = self.read_index().await;
+            let mut result = self.read_index().await;
             if let Ok(index) = result {
-                self.applied.wait_applied(index).await;
+                // Bounded: an index that this node's log will not reach (its entries were
+                // replaced after a leader change) must not hold the reads forever.
+                let applied =
+                    tokio::time::timeout(self.config.leader_wait, self.applied.wait_applied(index))
+                        .await;
+                if applied.is_err() {
+                    result = Err(NodeError::Unavailable(format!(
+                        "this node did not apply up to the read index {index} within {} ms; retry",
+                        self.config.leader_wait.as_millis()
+                    )));
+                }
             }
             for reply in waiting {
                 let _ = reply.send(result.clone());

@@ -242,6 +242,12 @@ pub async fn start_with_listeners(
     let mut state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
     state_machine.set_metrics(metrics.snapshots.clone());
     log_store.check_snapshot_covers_purged(state_machine.last_applied())?;
+    // The last entry of the log at start: see `Node::read_index_as_leader`.
+    let log_at_start = openraft::storage::RaftLogStorage::get_log_state(&mut log_store)
+        .await
+        .map_err(|e| StartError::Raft(format!("read the log's last entry: {e}")))?
+        .last_log_id
+        .map_or(0, |id| id.index);
     let raft = Raft::new(
         config.id,
         raft_config(&config)?,
@@ -297,6 +303,7 @@ pub async fn start_with_listeners(
         applied,
         cluster_id,
         Arc::clone(&metrics),
+        log_at_start,
     );
     let metrics_addr = match metrics_listener {
         Some(listener) => {
