@@ -232,6 +232,43 @@ async fn release_all(guards: Vec<Guard>, lease: Lease, slot: &str) {
     revoke(lease, slot).await;
 }
 
+/// Stops the command's whole group (SIGTERM, SIGKILL after `grace`), the guard told so first
+/// and ended once the group is gone.
+async fn stop_command(
+    child: &mut tokio::process::Child,
+    pgid: i32,
+    grace: Duration,
+    signals: &mut Signals,
+    mut watchdog: guard::Guard,
+    why: &str,
+) -> anyhow::Result<()> {
+    watchdog.stopping();
+    let status = child::stop_group(child, pgid, grace, signals)
+        .await
+        .context("stop the command")?;
+    debug!(?status, why, "command stopped");
+    watchdog.finish().await;
+    Ok(())
+}
+
+/// The line said when the command is stopped because the lease or a hold was lost: who
+/// revoked it and why when the audit trail has it (`revoked`), else `lost`.
+fn losing_line(
+    slot: &str,
+    revoked: Option<&conch_client::proto::conch::AuditRecord>,
+    lost: String,
+    grace: Duration,
+) -> String {
+    let what = match revoked {
+        Some(record) => crate::revoke::revoked_line(slot, record),
+        None => lost,
+    };
+    format!(
+        "conch: {what}; stopping the command (SIGTERM, SIGKILL after {})",
+        format_duration(grace)
+    )
+}
+
 /// Queues for `target`, runs the spec's command while holding it, and gives it back; the
 /// lease, refresh, self-fencing and guard machinery of `conch sema`, `conch elect` and
 /// `conch lock`.
@@ -467,24 +504,20 @@ pub async fn hold(
                 }
                 conch_client::LeaseLoss::NoRefresh { .. } => None,
             };
-            match &revoked {
-                Some(record) => eprintln!(
-                    "conch: {}; stopping the command (SIGTERM, SIGKILL after {})",
-                    crate::revoke::revoked_line(slot, record),
-                    format_duration(spec.kill_after)
-                ),
-                None => eprintln!(
-                    "conch: {slot} lost while running (lease {}: {loss}); stopping the command (SIGTERM, SIGKILL after {})",
-                    lease.id(),
-                    format_duration(spec.kill_after)
-                ),
-            }
-            watchdog.stopping();
-            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
-                .await
-                .context("stop the command")?;
-            debug!(?status, "command stopped");
-            watchdog.finish().await;
+            let lost = format!("{slot} lost while running (lease {}: {loss})", lease.id());
+            eprintln!(
+                "{}",
+                losing_line(slot, revoked.as_ref(), lost, spec.kill_after)
+            );
+            stop_command(
+                &mut child,
+                pgid,
+                spec.kill_after,
+                signals,
+                watchdog,
+                "lease lost",
+            )
+            .await?;
             guards.into_iter().for_each(Guard::forget);
             // The command is gone. A lease the server no longer knows needs no revoke; one that
             // could not be refreshed gets one quick, silent try (the cluster was unreachable a
@@ -503,12 +536,7 @@ pub async fn hold(
                 "conch: {slot} reaches its hold limit; stopping the command (SIGTERM, SIGKILL after {})",
                 format_duration(grace)
             );
-            watchdog.stopping();
-            let status = child::stop_group(&mut child, pgid, grace, signals)
-                .await
-                .context("stop the command")?;
-            debug!(?status, "command stopped at the hold limit");
-            watchdog.finish().await;
+            stop_command(&mut child, pgid, grace, signals, watchdog, "hold limit").await?;
             release_all(guards, lease, slot).await;
             Ok(ExitCode::from(exit::HOLD_LIMIT))
         }
@@ -523,25 +551,24 @@ pub async fn hold(
                 }
                 _ => None,
             };
-            match &revoked {
-                Some(record) => eprintln!(
-                    "conch: {}; stopping the command (SIGTERM, SIGKILL after {})",
-                    crate::revoke::revoked_line(slot, record),
-                    format_duration(spec.kill_after)
-                ),
-                None => eprintln!(
-                    "conch: {slot} lost while running ({}): {}; stopping the command (SIGTERM, SIGKILL after {})",
-                    lost.cause_name(),
-                    lost.reason,
-                    format_duration(spec.kill_after)
-                ),
-            }
-            watchdog.stopping();
-            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
-                .await
-                .context("stop the command")?;
-            debug!(?status, "command stopped after a pushed loss");
-            watchdog.finish().await;
+            let said = format!(
+                "{slot} lost while running ({}): {}",
+                lost.cause_name(),
+                lost.reason
+            );
+            eprintln!(
+                "{}",
+                losing_line(slot, revoked.as_ref(), said, spec.kill_after)
+            );
+            stop_command(
+                &mut child,
+                pgid,
+                spec.kill_after,
+                signals,
+                watchdog,
+                "pushed loss",
+            )
+            .await?;
             let code = match (lost.cause, &revoked) {
                 (_, Some(_)) => exit::REVOKED,
                 (LossCause::HoldLimit, None) => exit::HOLD_LIMIT,
@@ -577,12 +604,15 @@ pub async fn hold(
                 "conch: {to} is preferred; stopping the command (SIGTERM, SIGKILL after {}) and handing the {slot} over",
                 format_duration(spec.kill_after)
             );
-            watchdog.stopping();
-            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
-                .await
-                .context("stop the command")?;
-            debug!(?status, "command stopped to hand over");
-            watchdog.finish().await;
+            stop_command(
+                &mut child,
+                pgid,
+                spec.kill_after,
+                signals,
+                watchdog,
+                "hand-over",
+            )
+            .await?;
             release_all(guards, lease, slot).await;
             Err(HandedOver { to }.into())
         }
@@ -601,12 +631,15 @@ pub async fn hold(
                     format_duration(spec.kill_after)
                 ),
             }
-            watchdog.stopping();
-            let status = child::stop_group(&mut child, pgid, spec.kill_after, signals)
-                .await
-                .context("stop the command")?;
-            debug!(?status, "command stopped");
-            watchdog.finish().await;
+            stop_command(
+                &mut child,
+                pgid,
+                spec.kill_after,
+                signals,
+                watchdog,
+                "hold gone",
+            )
+            .await?;
             // The lease is still alive: revoking it gives back whatever else it holds.
             release_all(guards, lease, slot).await;
             Ok(ExitCode::from(match revoked {
