@@ -152,6 +152,9 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     /// Cluster status answers calls without a token (`--status-without-token`).
     pub status_without_token: bool,
+    /// How calls to other nodes connect when not over the operating system's TCP (see
+    /// `transport.rs`); `None`, always for `conchd`: TCP.
+    pub dial: Option<crate::transport::Dial>,
 }
 
 /// How log lines are written.
@@ -390,6 +393,7 @@ impl Config {
             log_format,
             worker_threads,
             status_without_token,
+            dial: None,
         })
     }
 }

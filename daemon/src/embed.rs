@@ -249,6 +249,21 @@ impl NodeConfig {
         self
     }
 
+    /// Validates without binding anything: the configuration for a program that hands the node
+    /// its connections itself ([`crate::server::start_with_incoming`]) and connects it to the
+    /// other nodes through `dial`. The listen address is only what the node says it listens
+    /// on; a listener given with [`NodeConfig::listener`] is not used.
+    #[doc(hidden)]
+    pub fn into_config(self, dial: crate::transport::Dial) -> Result<Config, ConfigError> {
+        let NodeConfig { listen, mut flags } = self;
+        if let Listen::Addr(text) = listen {
+            flags.listen = Some(text);
+        }
+        let mut config = Config::from_settings(flags)?;
+        config.dial = Some(dial);
+        Ok(config)
+    }
+
     /// Binds (unless bound already) and validates: the configuration as `conchd` would build it
     /// from the same flags, with the bound address as `--listen`.
     async fn bind(self) -> Result<(Config, tokio::net::TcpListener), EmbedError> {

@@ -18,6 +18,12 @@ pub use embed::{ConchNode, EmbedError, LocalClient, NodeConfig};
 // What the `conchd` binary and the workspace's tests use besides; not part of the embedding
 // API.
 #[doc(hidden)]
+pub mod blocking;
+#[doc(hidden)]
+pub mod clock;
+#[doc(hidden)]
+pub mod entropy;
+#[doc(hidden)]
 pub mod listen_fds;
 #[doc(hidden)]
 pub mod node;
@@ -33,10 +39,11 @@ pub mod restore;
 pub mod retire;
 #[doc(hidden)]
 pub mod storage_fault;
+#[doc(hidden)]
+pub mod transport;
 
 mod api;
 mod applied;
-mod clock;
 mod data_dir;
 mod error;
 mod expiry;

@@ -30,6 +30,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::{PeerDialer, PeerNetwork};
 use crate::raft::state_machine::StateMachine;
 use crate::state::State;
+use crate::transport::Listener;
 use crate::{api, expiry};
 
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +78,7 @@ impl StartError {
 /// A node that has bound its port and opened its data directory.
 pub struct Running {
     pub node: Arc<Node>,
-    listener: tokio::net::TcpListener,
+    listener: Listener,
     /// The peer service's own port (`--peer-listen`), if it has one.
     peer_listener: Option<tokio::net::TcpListener>,
     metrics_addr: Option<std::net::SocketAddr>,
@@ -88,7 +89,10 @@ pub struct Running {
 
 impl Running {
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.listener.local_addr().ok()
+        match &self.listener {
+            Listener::Tcp(listener) => listener.local_addr().ok(),
+            Listener::Incoming(_) => None,
+        }
     }
 
     /// Where the peer service listens, when on a port of its own.
@@ -171,12 +175,31 @@ pub async fn start_with_listener(
     start_with_listeners(config, listener, None, None).await
 }
 
+/// [`start`] serving the connections `incoming` hands over instead of a port, for a program
+/// that carries the nodes' traffic itself (see `transport.rs`; `config.dial` then says how this
+/// node reaches the others). There is no separate peer port, metrics port or status page.
+pub async fn start_with_incoming(
+    config: Arc<Config>,
+    incoming: crate::transport::Incoming,
+) -> Result<Running, StartError> {
+    start_on(config, Listener::Incoming(incoming), None, None).await
+}
+
 /// [`start_with_listener`], also with the peer and metrics ports already bound when given
 /// (sockets a service manager passed, see `listen_fds.rs`); those not given are bound at
 /// `config.peer_listen` and `config.metrics_listen`.
 pub async fn start_with_listeners(
     config: Arc<Config>,
     listener: tokio::net::TcpListener,
+    peer: Option<tokio::net::TcpListener>,
+    metrics: Option<tokio::net::TcpListener>,
+) -> Result<Running, StartError> {
+    start_on(config, Listener::Tcp(listener), peer, metrics).await
+}
+
+async fn start_on(
+    config: Arc<Config>,
+    listener: Listener,
     peer: Option<tokio::net::TcpListener>,
     metrics: Option<tokio::net::TcpListener>,
 ) -> Result<Running, StartError> {

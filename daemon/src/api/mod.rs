@@ -132,7 +132,7 @@ fn peer_service(
 /// administration, which other nodes forward admin calls to) on the peer listener.
 pub async fn serve(
     node: Arc<Node>,
-    listener: tokio::net::TcpListener,
+    listener: crate::transport::Listener,
     peer_listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
@@ -193,7 +193,12 @@ pub async fn serve(
         .add_service(health_service);
     let (served, peers_served) = tokio::join!(
         serve_on(&node, clients, listener, shutdown.clone()),
-        serve_on(&node, peers, peer_listener, shutdown),
+        serve_on(
+            &node,
+            peers,
+            crate::transport::Listener::Tcp(peer_listener),
+            shutdown
+        ),
     );
     served.and(peers_served)
 }
@@ -203,10 +208,25 @@ async fn serve_on(
     router: tonic::transport::server::Router<
         tower::layer::util::Stack<responses::ResponseLayer, tower::layer::util::Identity>,
     >,
-    listener: tokio::net::TcpListener,
+    listener: crate::transport::Listener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     use admission::{MAX_CONNECTIONS, limit_connections};
+    let listener = match listener {
+        crate::transport::Listener::Tcp(listener) => listener,
+        crate::transport::Listener::Incoming(incoming) => {
+            return router
+                .serve_with_incoming_shutdown(
+                    limit_connections(
+                        incoming,
+                        MAX_CONNECTIONS,
+                        node.metrics.connections_refused.clone(),
+                    ),
+                    shutdown,
+                )
+                .await;
+        }
+    };
     if let Some(tls) = &node.config.tls {
         let incoming = crate::tls::incoming(listener, Arc::clone(tls), &node.tasks);
         return router

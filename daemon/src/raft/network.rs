@@ -40,6 +40,7 @@ pub type PeerChannel = WithClusterId<Channel>;
 #[derive(Clone)]
 pub struct PeerDialer {
     tls: Option<Arc<Tls>>,
+    dial: Option<crate::transport::Dial>,
     cluster_id: Arc<ClusterId>,
     stamp: Arc<PeerStamp>,
 }
@@ -50,6 +51,7 @@ impl PeerDialer {
         let stamp = PeerStamp::new(config.id, config.peer_secret.as_ref(), &config.advertise);
         PeerDialer {
             tls: config.tls.clone(),
+            dial: config.dial.clone(),
             cluster_id,
             stamp: Arc::new(stamp),
         }
@@ -68,9 +70,12 @@ impl PeerDialer {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
-        let channel = match &self.tls {
-            Some(tls) => endpoint.connect_with_connector_lazy(tls.peer_connector(Some(node))),
-            None => endpoint.connect_lazy(),
+        let channel = match (&self.dial, &self.tls) {
+            (Some(dial), _) => endpoint.connect_with_connector_lazy(dialer(dial.clone())),
+            (None, Some(tls)) => {
+                endpoint.connect_with_connector_lazy(tls.peer_connector(Some(node)))
+            }
+            (None, None) => endpoint.connect_lazy(),
         };
         Ok(WithClusterId::new(
             channel,
@@ -78,6 +83,28 @@ impl PeerDialer {
             Arc::clone(&self.stamp),
         ))
     }
+}
+
+/// A connector for tonic that opens each connection through `dial`.
+fn dialer(
+    dial: crate::transport::Dial,
+) -> impl tower::Service<
+    tonic::transport::Uri,
+    Response = hyper_util::rt::TokioIo<Box<dyn crate::transport::Conn>>,
+    Error = std::io::Error,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |uri: tonic::transport::Uri| {
+        let dial = dial.clone();
+        async move {
+            let addr = uri.authority().map(|a| a.to_string()).ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "no host:port to dial")
+            })?;
+            dial.connect(addr).await.map(hyper_util::rt::TokioIo::new)
+        }
+    })
 }
 
 pub fn peer_client(channel: PeerChannel) -> ConchPeerClient<PeerChannel> {
