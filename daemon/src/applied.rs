@@ -12,7 +12,7 @@
 //!   write lock, so a reader holding the read lock sees the position of exactly the state it
 //!   reads ([`AppliedState::read_at`])
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -45,11 +45,11 @@ pub struct AppliedState {
 /// applied batches that changed them. An entry lives while a [`HolderWatch`] holds it.
 #[derive(Default)]
 struct HolderWatches {
-    by_semaphore: Mutex<HashMap<(String, String), watch::Sender<u64>>>,
+    by_semaphore: Mutex<BTreeMap<(String, String), watch::Sender<u64>>>,
 }
 
 impl HolderWatches {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), watch::Sender<u64>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), watch::Sender<u64>>> {
         self.by_semaphore.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -12,14 +12,32 @@
 //! set it. See `docs/design.md` (Time).
 //!
 //! The wall clock ([`wall_ns`]) is read only for the times users read (`Batch::wall_ns`).
+//!
+//! The monotonic clock is tokio's ([`tokio::time::Instant`]: the machine's monotonic clock, or
+//! a runtime's paused clock under simulation), and a program simulating time may replace the
+//! wall clock once ([`set_wall_clock`]).
 
-use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
 
 use crate::state::Nanos;
 
+/// The wall clock that replaces the system's, if one was set.
+static WALL_CLOCK: OnceLock<fn() -> Option<Nanos>> = OnceLock::new();
+
+/// Makes [`wall_ns`] read `clock` (where it answers `None`, the system's clock) for the rest of
+/// the process. Only the first call takes effect; returns whether this one did.
+pub fn set_wall_clock(clock: fn() -> Option<Nanos>) -> bool {
+    WALL_CLOCK.set(clock).is_ok()
+}
+
 /// The wall clock in nanoseconds since the Unix epoch: for display times only.
 pub fn wall_ns() -> Nanos {
+    if let Some(now) = WALL_CLOCK.get().and_then(|clock| clock()) {
+        return now;
+    }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))

@@ -16,7 +16,7 @@
 //! - a watch sees the first loss of its lease delivered between its creation and its drop
 //! - a dropped watch deregisters; no key is left without a watch, and the count matches
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
@@ -56,7 +56,7 @@ pub struct Full {
 struct Inner {
     next_id: u64,
     count: usize,
-    by_lease: HashMap<Key, Vec<(u64, watch::Sender<Seen>)>>,
+    by_lease: BTreeMap<Key, Vec<(u64, watch::Sender<Seen>)>>,
 }
 
 #[derive(Clone)]

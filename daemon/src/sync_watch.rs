@@ -13,7 +13,7 @@
 //! - a watch sees every tick for its object delivered between its creation and its drop
 //! - a dropped watch deregisters; no key is left without a watch
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
@@ -25,11 +25,11 @@ type Key = (SyncKind, String, String);
 
 #[derive(Clone, Default)]
 pub struct SyncWatches {
-    by_object: Arc<Mutex<HashMap<Key, watch::Sender<u64>>>>,
+    by_object: Arc<Mutex<BTreeMap<Key, watch::Sender<u64>>>>,
 }
 
 impl SyncWatches {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, watch::Sender<u64>>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<Key, watch::Sender<u64>>> {
         self.by_object.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -7,7 +7,7 @@
 //!   drop, in log order
 //! - a dropped ticket is deregistered; no key is left without a ticket
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use crate::state::{Event, Nanos, WaitEnd};
 
 /// Identifies a waiter: (namespace, semaphore, lease).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct WaitKey {
     pub ns: String,
     pub sem: String,
@@ -73,7 +73,7 @@ type WaitSenders = Vec<(u64, Arc<Mailbox>)>;
 
 #[derive(Default)]
 struct Waits {
-    by_key: HashMap<WaitKey, WaitSenders>,
+    by_key: BTreeMap<WaitKey, WaitSenders>,
     next_id: u64,
 }
 

@@ -42,12 +42,11 @@ fn token_hash(metadata: &MetadataMap) -> Option<TokenHash> {
         .map(hash_token)
 }
 
-/// 64 random bits from the operating system (a new lease id's secret part).
+/// 64 random bits (a new lease id's secret part): from the operating system, or from the
+/// thread's seed under simulation (see `entropy.rs`).
 pub fn random_u64() -> Result<u64, ApiError> {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| ApiError::Internal(format!("no randomness for a lease id: {e}")))?;
-    Ok(u64::from_le_bytes(bytes))
+    crate::entropy::random_u64()
+        .map_err(|e| ApiError::Internal(format!("no randomness for a lease id: {e}")))
 }
 
 /// A new random token: `conch_` and 64 hex digits (256 bits).

@@ -37,7 +37,7 @@ pub async fn stream(node: &Node) -> Result<BackupStream, ApiError> {
     let (encoded, index, term) = node.applied.read_at(State::encode_snapshot);
     let state = encoded.map_err(|e| ApiError::Internal(format!("encode the state: {e}")))?;
     let cluster_id = node.cluster_id.get().unwrap_or_default();
-    let file = tokio::task::spawn_blocking(move || file(state, index, term, &cluster_id))
+    let file = crate::blocking::unblock(move || file(state, index, term, &cluster_id))
         .await
         .map_err(|e| ApiError::Internal(format!("backup task: {e}")))?;
     tracing::info!(

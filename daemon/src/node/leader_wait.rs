@@ -15,8 +15,6 @@
 //! waited on one never waited at all.) It watches Raft's server metrics, which change only with
 //! the vote, the leader, the role or the membership, not with every appended entry.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use openraft::BasicNode;
@@ -49,7 +47,6 @@ pub(super) enum Woken {
 pub(super) struct LeaderWait {
     metrics: watch::Receiver<ServerMetrics>,
     retries: u32,
-    seed: RandomState,
 }
 
 impl LeaderWait {
@@ -59,7 +56,6 @@ impl LeaderWait {
         LeaderWait {
             metrics,
             retries: 0,
-            seed: RandomState::new(),
         }
     }
 
@@ -74,9 +70,9 @@ impl LeaderWait {
         let ceiling = Self::ceiling(self.retries);
         self.retries = self.retries.saturating_add(1);
         let half = ceiling / 2;
-        let mut h = self.seed.build_hasher();
-        h.write_u32(self.retries);
-        let frac = (h.finish() % 1_000_001) as f64 / 1_000_000.0;
+        // Jitter from `entropy.rs` (seeded under simulation); without randomness, none.
+        let draw = crate::entropy::random_u64().unwrap_or(0);
+        let frac = (draw % 1_000_001) as f64 / 1_000_000.0;
         half + half.mul_f64(frac)
     }
 

@@ -659,7 +659,7 @@ impl LogStore {
     /// call; then, when given, `log_end` is recorded as the end of the log.
     async fn sync_meta(&self, log_end: Option<u64>) -> io::Result<()> {
         let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
+        crate::blocking::unblock(move || {
             inner.sync_meta()?;
             if let Some(index) = log_end {
                 inner.log_end.write(index, false)?;
@@ -865,7 +865,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // leaves the file older than sled, which open accepts.
         let data_dir = self.inner.data_dir.clone();
         let vote = *vote;
-        tokio::task::spawn_blocking(move || write_vote_file(&data_dir, &vote))
+        crate::blocking::unblock(move || write_vote_file(&data_dir, &vote))
             .await
             .map_err(|e| StorageIOError::write_vote(&io_other(e)))?
             .map_err(|e| StorageIOError::write_vote(&e))?;
@@ -946,7 +946,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Lower the recorded end first (durably): the log must never end before it.
         let inner = Arc::clone(&self.inner);
         let new_end = log_id.index.saturating_sub(1);
-        tokio::task::spawn_blocking(move || {
+        crate::blocking::unblock(move || {
             inner.log_end.write(new_end, true)?;
             inner.lock_wal().truncate(log_id.index)
         })
@@ -1005,7 +1005,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         if self.inner.lock_wal().purgeable(log_id.index) > 0 {
             let inner = Arc::clone(&self.inner);
-            tokio::task::spawn_blocking(move || {
+            crate::blocking::unblock(move || {
                 inner.sync_meta()?;
                 inner.lock_wal().purge(log_id.index)
             })

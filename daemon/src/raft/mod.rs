@@ -9,6 +9,7 @@ mod codec;
 pub mod log_store;
 pub mod network;
 pub mod peer_target;
+pub mod runtime;
 pub mod state_machine;
 pub mod wal;
 
@@ -21,6 +22,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = runtime::ConchRuntime,
 );
 
 pub type NodeId = u64;

@@ -295,7 +295,7 @@ where
     F: FnOnce() -> Result<T, SnapshotFileError> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(work)
+    crate::blocking::unblock(work)
         .await
         .map_err(|e| SnapshotFileError::Join(e.to_string()))?
 }
