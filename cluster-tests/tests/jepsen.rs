@@ -911,7 +911,7 @@ async fn loaded_cluster(
     let semaphores = vec![("s0".to_string(), 2), ("s1".to_string(), 3)];
     jepsen::run::setup(&cluster, "jepsen", &semaphores).await?;
     let shared = std::sync::Arc::new(Shared {
-        history: std::sync::Arc::new(jepsen::history::History::new(std::time::Instant::now())),
+        history: std::sync::Arc::new(jepsen::history::History::new(tokio::time::Instant::now())),
         channels: cluster.channels().into_iter().collect(),
         config: WorkloadConfig {
             namespace: "jepsen".into(),

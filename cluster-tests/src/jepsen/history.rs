@@ -1,6 +1,7 @@
 //! The history of a run: every operation a client (or the checker itself) sent, as
 //! invoke → ok / fail / unknown, with timestamps on the test process's monotonic clock
-//! (microseconds since the run began).
+//! (microseconds since the run began): tokio's clock, which is the machine's, or the simulated
+//! one when the workload runs under the simulator.
 //!
 //! - `ok`: the server answered; the value says what it answered.
 //! - `fail`: the operation certainly had no effect (the server refused it with a definite error
@@ -14,7 +15,9 @@
 
 use std::fmt;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Microseconds since the run began (monotonic).
 pub type Micros = u64;

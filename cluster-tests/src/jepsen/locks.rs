@@ -185,9 +185,7 @@ async fn create_lease(shared: &Arc<Shared>, process: usize, rng: &mut Rng) -> Op
         return None;
     }
     let belief = Arc::new(Belief {
-        deadline: Mutex::new(
-            Instant::from_std(shared.history.instant(done.invoke)) + shared.config.loss_after(),
-        ),
+        deadline: Mutex::new(shared.history.instant(done.invoke) + shared.config.loss_after()),
         lost: AtomicBool::new(false),
     });
     let keepalive = tokio::spawn(keep_alive(
@@ -246,8 +244,8 @@ async fn keep_alive(
             .await;
         match done.outcome {
             Outcome::Ok(_) => {
-                let sent = Instant::from_std(shared.history.instant(done.invoke));
-                if Instant::from_std(shared.history.instant(done.complete)) >= belief.deadline() {
+                let sent = shared.history.instant(done.invoke);
+                if shared.history.instant(done.complete) >= belief.deadline() {
                     belief.lose();
                     return;
                 }

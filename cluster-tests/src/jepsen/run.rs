@@ -539,7 +539,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     }
     setup(&cluster, &namespace, &semaphores).await?;
 
-    let history = Arc::new(History::new(start));
+    let history = Arc::new(History::new(tokio::time::Instant::from_std(start)));
     let shared = Arc::new(Shared {
         history: Arc::clone(&history),
         channels: cluster.channels().into_iter().collect(),

@@ -198,9 +198,7 @@ impl Shared {
             return None;
         }
         let belief = Arc::new(LeaseBelief {
-            deadline: Mutex::new(
-                Instant::from_std(self.history.instant(done.invoke)) + self.config.loss_after(),
-            ),
+            deadline: Mutex::new(self.history.instant(done.invoke) + self.config.loss_after()),
             lost: AtomicBool::new(false),
         });
         let keepalive = tokio::spawn(Arc::clone(self).keep_alive(
@@ -258,8 +256,8 @@ impl Shared {
                 .await;
             match done.outcome {
                 Outcome::Ok(_) => {
-                    let sent = Instant::from_std(self.history.instant(done.invoke));
-                    if Instant::from_std(self.history.instant(done.complete)) >= belief.deadline() {
+                    let sent = self.history.instant(done.invoke);
+                    if self.history.instant(done.complete) >= belief.deadline() {
                         // Acknowledged too late: the client had already given the lease up.
                         belief.lose();
                         return;

@@ -1,0 +1,519 @@
+//! A cluster in a bottle: conch nodes, their clients and the network between them in one
+//! thread, on simulated time, every choice drawn from one seed.
+//!
+//! What runs is the real node: [`conchd::server::start_with_incoming`] starts the same storage
+//! (log store, snapshots, sled, in a scratch directory), the same openraft core, the same
+//! request paths (batching, forwarding to the leader, read index, expiry, waits,
+//! exactly-once) and the same gRPC services as `conchd`. What is simulated is everything a node
+//! cannot choose:
+//!
+//! - **the network**: every connection, between nodes and from clients, is a `turmoil` TCP
+//!   stream; faults partition nodes (both ways or one way), hold a node's messages, and change
+//!   message latency;
+//! - **time**: every host runs on a paused tokio clock that the simulation advances one tick at
+//!   a time, so timeouts, leases and elections happen in simulated time; the wall clock a node
+//!   reads ([`conchd::clock::set_wall_clock`]) is simulated too and is stepped by faults;
+//! - **chance**: tokio's scheduler choices (`select!`), Raft's election timeouts, back-off
+//!   jitter and lease ids all draw from the seed ([`conchd::entropy`]);
+//! - **crashes**: a crash drops a node's whole runtime wherever its tasks were waiting; a
+//!   restart opens its data directory again, as after `kill -9`.
+//!
+//! The workload is the one the Jepsen-style run uses (`cluster_tests::jepsen`), and so is its
+//! checker; at the end every node must agree on one applied index and state hash. The same
+//! seed gives the same execution: [`SeedReport::history_hash`] is a hash of every operation
+//! with its simulated times and every fault.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::Context;
+use cluster_tests::jepsen::checker::{self, CheckConfig};
+use cluster_tests::jepsen::history::{CHECKER_PROCESS, History};
+use cluster_tests::jepsen::workload::{Shared, Workload, WorkloadConfig};
+use cluster_tests::net::{NodeChannel, ProcessToken};
+use conch_proto::conch::ClusterStatusRequest;
+use conch_proto::conch::conch_admin_client::ConchAdminClient;
+use conch_proto::grackle as pb;
+use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+use conchd::transport::{Accepted, Conn, Dial};
+use sha2::{Digest, Sha256};
+use tonic::transport::Endpoint;
+
+mod faults;
+
+pub use faults::{Fault, FaultPlan};
+
+/// The port every simulated node serves on.
+const PORT: u16 = 7001;
+/// The simulated wall clock starts here (2026-01-01T00:00:00Z), not at the host's time.
+const EPOCH_SECS: u64 = 1_767_225_600;
+
+/// What one seed runs.
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub seed: u64,
+    /// 3 or 5.
+    pub nodes: u64,
+    /// Simulated time the workload runs (faults stop after it; the checks follow).
+    pub duration: Duration,
+    /// Workload clients.
+    pub clients: usize,
+    /// Inject faults (off: a quiet run, for comparing against).
+    pub faults: bool,
+    /// Print every event (node logs at INFO and above, faults) with its simulated time.
+    pub trace: bool,
+}
+
+impl SimOptions {
+    pub fn new(seed: u64) -> SimOptions {
+        SimOptions {
+            seed,
+            nodes: 3,
+            duration: Duration::from_secs(30),
+            clients: 4,
+            faults: true,
+            trace: false,
+        }
+    }
+
+    /// The command that replays this seed.
+    pub fn replay_command(&self) -> String {
+        format!(
+            "cargo run --release -p conch-sim -- --seed {} --nodes {} --duration {}s --clients {}{}",
+            self.seed,
+            self.nodes,
+            self.duration.as_secs(),
+            self.clients,
+            if self.faults { "" } else { " --no-faults" }
+        )
+    }
+}
+
+/// What one seed found.
+#[derive(Clone, Debug)]
+pub struct SeedReport {
+    pub seed: u64,
+    /// Each violation of the checker, the drain or the agreement, said in full.
+    pub violations: Vec<String>,
+    /// SHA-256 of every operation (kind, node, outcome, simulated times) and every fault.
+    pub history_hash: String,
+    pub ops: usize,
+    /// The faults injected, in order, with their simulated times.
+    pub faults: Vec<String>,
+    /// Simulated time from the start to the last check.
+    pub simulated: Duration,
+    /// Grants acknowledged `ACQUIRED` in the history.
+    pub grants: usize,
+    /// Every operation, one line each, in the order they were invoked.
+    pub history: Vec<String>,
+}
+
+impl SeedReport {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+thread_local! {
+    /// How far the simulated wall clock of this thread's simulation was stepped, in ns.
+    static WALL_STEP: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+}
+
+/// The wall clock every simulated node reads: the simulation's time since its epoch, plus the
+/// steps faults made. `None` outside a simulation (the system's clock then).
+fn simulated_wall_clock() -> Option<i64> {
+    let since = turmoil::since_epoch()?;
+    let ns = i64::try_from(since.as_nanos()).unwrap_or(i64::MAX);
+    Some(ns.saturating_add(WALL_STEP.with(|s| s.get())))
+}
+
+fn node_ip(id: u64) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 0, id as u8))
+}
+
+fn client_ip() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1))
+}
+
+fn node_addr(id: u64) -> String {
+    format!("{}:{PORT}", node_ip(id))
+}
+
+/// Connections through the simulated network.
+fn dial() -> Dial {
+    Dial::new(|addr| {
+        Box::pin(async move {
+            let stream = turmoil::net::TcpStream::connect(addr).await?;
+            Ok(Box::new(stream) as Box<dyn Conn>)
+        })
+    })
+}
+
+/// A client channel to node `id` over the simulated network.
+fn channel_to(id: u64) -> anyhow::Result<NodeChannel> {
+    let dial = dial();
+    let connector = tower::service_fn(move |uri: tonic::transport::Uri| {
+        let dial = dial.clone();
+        async move {
+            let addr = uri
+                .authority()
+                .map(|a| a.to_string())
+                .ok_or_else(|| std::io::Error::other("no host:port to dial"))?;
+            dial.connect(addr).await.map(hyper_util::rt::TokioIo::new)
+        }
+    });
+    let channel = Endpoint::from_shared(format!("http://{}", node_addr(id)))?
+        .connect_timeout(Duration::from_secs(1))
+        .connect_with_connector_lazy(connector);
+    Ok(NodeChannel::new(channel, ProcessToken))
+}
+
+/// One node's software: start it on its data directory and serve until the simulation crashes
+/// it (a restart runs this again on the same directory).
+async fn run_node(id: u64, nodes: u64, dir: PathBuf) -> anyhow::Result<()> {
+    let config = conchd::NodeConfig::new(id, node_addr(id), dir)
+        .initial_cluster((1..=nodes).map(|n| (n, node_addr(n))))
+        .heartbeat(Duration::from_millis(100))
+        .election_timeout(Duration::from_millis(500))
+        .snapshot_every(500)
+        .into_config(dial())
+        .context("node configuration")?;
+    let listener = turmoil::net::TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT))
+        .await
+        .context("listen")?;
+    let incoming = futures::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, remote)| Accepted {
+            local: stream.local_addr().ok(),
+            remote: Some(remote),
+            io: Box::new(stream),
+        });
+        Some((accepted, listener))
+    });
+    let running = conchd::server::start_with_incoming(Arc::new(config), Box::pin(incoming))
+        .await
+        .with_context(|| format!("start node {id}"))?;
+    conchd::server::serve(running, std::future::pending())
+        .await
+        .with_context(|| format!("node {id} stopped serving"))
+}
+
+/// A scratch directory for the nodes' data: in memory (`/dev/shm`) where there is one, so a
+/// sync costs nothing real.
+fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    let builder = {
+        let mut b = tempfile::Builder::new();
+        b.prefix("conch-sim-");
+        b
+    };
+    if shm.is_dir()
+        && let Ok(dir) = builder.tempdir_in(shm)
+    {
+        return Ok(dir);
+    }
+    builder.tempdir()
+}
+
+/// Runs one seed to the end and checks it.
+pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
+    anyhow::ensure!(
+        opts.nodes == 3 || opts.nodes == 5,
+        "--nodes must be 3 or 5, not {}",
+        opts.nodes
+    );
+    conchd::clock::set_wall_clock(simulated_wall_clock);
+    conchd::entropy::seed_thread(opts.seed);
+    conchd::blocking::run_inline_on_this_thread(true);
+    WALL_STEP.with(|s| s.set(0));
+    let scratch = scratch_dir().context("create a scratch directory for the nodes' data")?;
+    let result = run_in(opts, scratch.path());
+    conchd::entropy::unseed_thread();
+    conchd::blocking::run_inline_on_this_thread(false);
+    result
+}
+
+fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
+    let mut plan = FaultPlan::new(opts.seed, opts.nodes, opts.duration, opts.faults);
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(opts.seed)
+        .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))
+        .tick_duration(Duration::from_millis(1))
+        .simulation_duration(opts.duration + Duration::from_secs(120))
+        .min_message_latency(Duration::from_micros(100))
+        .max_message_latency(plan.max_latency())
+        .enable_random_order()
+        .build();
+    for id in 1..=opts.nodes {
+        let dir = scratch.join(format!("n{id}"));
+        let nodes = opts.nodes;
+        sim.host(node_ip(id), move || {
+            let dir = dir.clone();
+            async move {
+                run_node(id, nodes, dir)
+                    .await
+                    .map_err(|e| format!("{e:#}").into())
+            }
+        });
+    }
+    let outcome = Arc::new(Mutex::new(None));
+    {
+        let outcome = Arc::clone(&outcome);
+        let opts = opts.clone();
+        sim.client(client_ip(), async move {
+            let found = drive_workload(&opts).await;
+            *outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
+            Ok(())
+        });
+    }
+    let mut faults = Vec::new();
+    let mut steps: u64 = 0;
+    loop {
+        let finished = sim.step().map_err(|e| anyhow::anyhow!("simulation: {e}"))?;
+        steps += 1;
+        if finished {
+            break;
+        }
+        let now = sim.elapsed();
+        for event in plan.due(now) {
+            let said = format!("{:>9.3}s {event}", now.as_secs_f64());
+            if opts.trace {
+                println!("fault {said}");
+            }
+            event.apply(&mut sim, &WALL_STEP);
+            faults.push(said);
+        }
+    }
+    let _ = steps;
+    let found = outcome
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .context("the workload ended without a result")?;
+    let Found {
+        ops,
+        mut violations,
+        grants,
+    } = found?;
+    let history: Vec<String> = ops.iter().map(|op| op.to_string()).collect();
+    let mut hash = Sha256::new();
+    for line in &history {
+        hash.update(line.as_bytes());
+        hash.update(b"\n");
+    }
+    for fault in &faults {
+        hash.update(fault.as_bytes());
+    }
+    let result = checker::check(
+        &ops,
+        &CheckConfig {
+            permits: workload_config(opts).permits(),
+            loss_after: workload_config(opts).loss_after(),
+        },
+    );
+    violations.extend(result.violations.iter().map(|v| v.to_string()));
+    let counted: usize = result.per_check.values().sum();
+    if counted > result.violations.len() {
+        violations.push(format!(
+            "{} more violations of the same checks (not shown)",
+            counted - result.violations.len()
+        ));
+    }
+    Ok(SeedReport {
+        seed: opts.seed,
+        violations,
+        history_hash: hash.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+        ops: ops.len(),
+        faults,
+        simulated: sim.elapsed(),
+        grants: grants.max(result.stats.grants),
+        history,
+    })
+}
+
+fn workload_config(opts: &SimOptions) -> WorkloadConfig {
+    WorkloadConfig {
+        namespace: "sim".into(),
+        semaphores: vec![("one".into(), 1), ("three".into(), 3)],
+        clients: opts.clients,
+        ttl: Duration::from_secs(5),
+        seed: opts.seed,
+    }
+}
+
+/// What the workload host saw.
+struct Found {
+    ops: Vec<cluster_tests::jepsen::history::Op>,
+    violations: Vec<String>,
+    grants: usize,
+}
+
+/// The client host: create the semaphores, run the workload for the run's duration, then read
+/// every node, revoke every lease, and wait for the drain and for agreement.
+async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
+    let config = workload_config(opts);
+    let channels: Vec<(u64, NodeChannel)> = (1..=opts.nodes)
+        .map(|id| channel_to(id).map(|c| (id, c)))
+        .collect::<anyhow::Result<_>>()?;
+    let history = Arc::new(History::new(tokio::time::Instant::now()));
+    let mut violations = Vec::new();
+    setup(&channels, &config).await?;
+    let shared = Arc::new(Shared {
+        history: Arc::clone(&history),
+        channels: channels.clone(),
+        config: config.clone(),
+    });
+    let workload = Workload::start(&shared);
+    tokio::time::sleep(opts.duration).await;
+    let leases = workload.stop(Duration::from_secs(15)).await;
+    // Faults are healed when the workload stops; reads through every node.
+    for (id, channel) in &channels {
+        for (sem, _) in &config.semaphores {
+            shared
+                .read_holders(CHECKER_PROCESS, *id, channel.clone(), sem)
+                .await;
+        }
+        shared
+            .read_leases(CHECKER_PROCESS, *id, channel.clone())
+            .await;
+    }
+    for lease in &leases {
+        lease.stop_keepalive();
+    }
+    let mut rng = cluster_tests::rng::Rng::derive(opts.seed, u64::MAX - 1);
+    for lease in &leases {
+        for _ in 0..3 {
+            let outcome = shared.revoke(CHECKER_PROCESS, &lease.id, &mut rng).await;
+            if outcome.is_ok() || outcome.is_not_found() {
+                break;
+            }
+        }
+    }
+    drop(leases);
+    let drain_bound = config.ttl * 2 + Duration::from_secs(10);
+    if let Err(last) = wait_statuses(&channels, drain_bound, |s| {
+        s.iter()
+            .all(|s| s.holders == 0 && s.waiters == 0 && s.leases == 0)
+    })
+    .await
+    {
+        violations.push(format!(
+            "VIOLATION [drain] holders, waiters or leases left {} s after every lease was \
+             revoked: {last}",
+            drain_bound.as_secs()
+        ));
+    }
+    if let Err(last) = wait_statuses(&channels, Duration::from_secs(20), |s| {
+        s.len() == channels.len()
+            && s.windows(2).all(|w| {
+                (w[0].applied_index, w[0].state_hash) == (w[1].applied_index, w[1].state_hash)
+            })
+    })
+    .await
+    {
+        violations.push(format!(
+            "VIOLATION [agreement] nodes did not converge on one applied index and state \
+             hash: {last}"
+        ));
+    }
+    let ops = history.snapshot();
+    let grants = ops.iter().filter(|op| op.acquired()).count();
+    Ok(Found {
+        ops,
+        violations,
+        grants,
+    })
+}
+
+/// Creates the namespace and semaphores through whichever node takes them first.
+async fn setup(channels: &[(u64, NodeChannel)], config: &WorkloadConfig) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        for (_, channel) in channels {
+            let mut c = GrackleApiClient::new(channel.clone());
+            let done = async {
+                let r = c
+                    .create_namespace(pb::CreateNamespaceRequest {
+                        name: config.namespace.clone(),
+                        ..Default::default()
+                    })
+                    .await;
+                if let Err(s) = r
+                    && s.code() != tonic::Code::AlreadyExists
+                {
+                    return false;
+                }
+                for (sem, permits) in &config.semaphores {
+                    let r = c
+                        .create_semaphore(pb::CreateSemaphoreRequest {
+                            namespace_name: config.namespace.clone(),
+                            semaphore_name: sem.clone(),
+                            permits: *permits,
+                            ..Default::default()
+                        })
+                        .await;
+                    if let Err(s) = r
+                        && s.code() != tonic::Code::AlreadyExists
+                    {
+                        return false;
+                    }
+                }
+                true
+            };
+            if tokio::time::timeout(Duration::from_secs(3), done)
+                .await
+                .unwrap_or(false)
+            {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the namespace and semaphores could not be created within 60 s of simulated time"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+type Status = conch_proto::conch::ClusterStatusResponse;
+
+/// Polls every node's status until `done` holds for the answers (in node order), or `bound`
+/// passes; then the last answers, said.
+async fn wait_statuses(
+    channels: &[(u64, NodeChannel)],
+    bound: Duration,
+    done: impl Fn(&[Status]) -> bool,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let mut statuses = Vec::new();
+        for (_, channel) in channels {
+            let mut admin = ConchAdminClient::new(channel.clone());
+            if let Ok(Ok(reply)) = tokio::time::timeout(
+                Duration::from_secs(2),
+                admin.cluster_status(ClusterStatusRequest {}),
+            )
+            .await
+            {
+                statuses.push(reply.into_inner());
+            }
+        }
+        if done(&statuses) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(statuses
+                .iter()
+                .map(|s| {
+                    format!(
+                        "n{} applied {} hash {:016x} leases {} holders {} waiters {}",
+                        s.node_id, s.applied_index, s.state_hash, s.leases, s.holders, s.waiters
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

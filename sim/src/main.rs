@@ -1,0 +1,240 @@
+//! `conch-sim`: run seeds of the deterministic simulation (see the library docs) and report
+//! the failing ones with the command that replays each.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use conch_sim::{SimOptions, run_seed};
+
+/// Run conch nodes, their clients and the network between them in simulation: real node code,
+/// simulated network, time and crashes, every choice drawn from one seed. A failing seed is
+/// printed with the one command that replays it exactly.
+#[derive(Parser, Debug)]
+#[command(
+    name = "conch-sim",
+    after_help = "Examples:\n  conch-sim --seeds 200                 200 seeds from a random first one\n  conch-sim --seed 42 --trace           replay one seed, printing every event\n  conch-sim --seeds 50 --first-seed 1   seeds 1..=50 (what `make test` runs)\n  conch-sim --time-budget 10m           as many seeds as fit in 10 minutes"
+)]
+struct Args {
+    /// Run this one seed and print its report.
+    #[arg(long, conflicts_with_all = ["seeds", "time_budget"])]
+    seed: Option<u64>,
+    /// How many seeds to run (from --first-seed on).
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// Keep starting seeds until this much wall-clock time has passed (e.g. 2m, 1h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    time_budget: Option<Duration>,
+    /// The first seed of a run of seeds (default: a random one, printed).
+    #[arg(long)]
+    first_seed: Option<u64>,
+    /// Nodes in the cluster: 3 or 5.
+    #[arg(long, default_value_t = 3)]
+    nodes: u64,
+    /// Simulated time the workload runs per seed (e.g. 30s).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Workload clients per seed.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Run without faults.
+    #[arg(long)]
+    no_faults: bool,
+    /// Print the faults and the nodes' log lines with their simulated times (one seed).
+    #[arg(long, requires = "seed")]
+    trace: bool,
+    /// Write the seed's history (every operation with its simulated times) to this file.
+    #[arg(long, requires = "seed")]
+    history: Option<std::path::PathBuf>,
+    /// Seeds run at once (default: one per CPU).
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if !cfg!(tokio_unstable) {
+        eprintln!(
+            "conch-sim: built without --cfg tokio_unstable (RUSTFLAGS replaced .cargo/config.toml): \
+             tokio's scheduler would not follow the seed, so a seed could not be replayed"
+        );
+        return ExitCode::from(64);
+    }
+    if !(args.nodes == 3 || args.nodes == 5) {
+        eprintln!("conch-sim: --nodes must be 3 or 5, not {}", args.nodes);
+        return ExitCode::from(64);
+    }
+    let template = SimOptions {
+        seed: 0,
+        nodes: args.nodes,
+        duration: args.duration,
+        clients: args.clients,
+        faults: !args.no_faults,
+        trace: args.trace,
+    };
+    let options = move |seed| SimOptions {
+        seed,
+        ..template.clone()
+    };
+    if let Some(seed) = args.seed {
+        if args.trace {
+            trace_to_stdout();
+        }
+        return match run_seed(&options(seed)) {
+            Ok(report) => {
+                if let Some(path) = &args.history
+                    && let Err(e) = std::fs::write(path, report.history.join("\n") + "\n")
+                {
+                    eprintln!("conch-sim: write {}: {e}", path.display());
+                }
+                for fault in &report.faults {
+                    println!("fault {fault}");
+                }
+                for v in &report.violations {
+                    println!("{v}");
+                }
+                println!(
+                    "seed {seed}: {} ops, {} grants, {} faults, {:.1} s simulated, history {}: {}",
+                    report.ops,
+                    report.grants,
+                    report.faults.len(),
+                    report.simulated.as_secs_f64(),
+                    &report.history_hash[..16],
+                    if report.passed() { "ok" } else { "FAILED" }
+                );
+                if report.passed() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                println!("seed {seed}: the simulation itself failed: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if args.seeds.is_none() && args.time_budget.is_none() {
+        eprintln!("conch-sim: give --seed S, --seeds N or --time-budget D (see --help)");
+        return ExitCode::from(64);
+    }
+    let first = args.first_seed.unwrap_or_else(|| {
+        let seed = conchd::entropy::random_u64().unwrap_or(1) >> 1;
+        println!("first seed {seed} (--first-seed {seed} runs the same seeds)");
+        seed
+    });
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let simulated_ms = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..jobs.max(1))
+        .map(|_| {
+            let (next, ran, simulated_ms, failed) = (
+                Arc::clone(&next),
+                Arc::clone(&ran),
+                Arc::clone(&simulated_ms),
+                Arc::clone(&failed),
+            );
+            let limit = args.seeds;
+            let budget = args.time_budget;
+            let options = options.clone();
+            std::thread::spawn(move || {
+                loop {
+                    if budget.is_some_and(|b| started.elapsed() >= b) {
+                        return;
+                    }
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if limit.is_some_and(|n| i >= n) {
+                        return;
+                    }
+                    let opts = options(first.wrapping_add(i));
+                    let outcome = run_seed(&opts);
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    let line = match outcome {
+                        Ok(report) => {
+                            simulated_ms
+                                .fetch_add(report.simulated.as_millis() as u64, Ordering::SeqCst);
+                            if report.passed() {
+                                println!(
+                                    "seed {}: ok ({} ops, {} grants, {} faults)",
+                                    opts.seed,
+                                    report.ops,
+                                    report.grants,
+                                    report.faults.len()
+                                );
+                                continue;
+                            }
+                            let mut text = format!("seed {}: FAILED\n", opts.seed);
+                            for v in report.violations.iter().take(5) {
+                                text.push_str(&format!("  {}\n", v.trim_end()));
+                            }
+                            text
+                        }
+                        Err(e) => {
+                            format!("seed {}: the simulation itself failed: {e:#}\n", opts.seed)
+                        }
+                    };
+                    println!("{line}  replay: {}", opts.replay_command());
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(opts.seed);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        let _ = worker.join();
+    }
+    let wall = started.elapsed();
+    let ran = ran.load(Ordering::SeqCst);
+    let simulated = Duration::from_millis(simulated_ms.load(Ordering::SeqCst));
+    let minutes = wall.as_secs_f64() / 60.0;
+    let failed = failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    println!(
+        "{ran} seeds in {:.1} s ({jobs} at once): {:.1} seeds/min, {:.2} simulated hours per \
+         wall-clock minute; {} failed{}",
+        wall.as_secs_f64(),
+        ran as f64 / minutes.max(1e-9),
+        simulated.as_secs_f64() / 3600.0 / minutes.max(1e-9),
+        failed.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(": {failed:?}")
+        }
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Node log lines on stdout, each with the simulated time of the host that wrote it.
+fn trace_to_stdout() {
+    struct SimTime;
+    impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+        fn format_time(
+            &self,
+            w: &mut tracing_subscriber::fmt::format::Writer<'_>,
+        ) -> std::fmt::Result {
+            let t = turmoil::sim_elapsed().unwrap_or_default();
+            write!(w, "{:>9.3}s", t.as_secs_f64())
+        }
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_timer(SimTime)
+        .with_ansi(false)
+        .try_init();
+}
