@@ -32,6 +32,8 @@ pub mod notify;
 #[doc(hidden)]
 pub mod private_file;
 #[doc(hidden)]
+pub mod regressions;
+#[doc(hidden)]
 pub mod removal;
 #[doc(hidden)]
 pub mod restore;

@@ -239,10 +239,13 @@ impl Node {
     /// write is in the log this process started with, so a read waits for that much to apply.
     pub async fn read_index_as_leader(&self) -> Result<u64, NodeError> {
         match self.raft.get_read_log_id().await {
-            Ok((read_log_id, _)) => Ok(read_log_id
-                .map(|l| l.index)
-                .unwrap_or(0)
-                .max(self.log_at_start)),
+            Ok((read_log_id, _)) => {
+                let index = read_log_id.map(|l| l.index).unwrap_or(0);
+                if crate::regressions::active(crate::regressions::Bug::StaleReadAfterRestart) {
+                    return Ok(index);
+                }
+                Ok(index.max(self.log_at_start))
+            }
             Err(e) => match e.forward_to_leader() {
                 Some(_) => Err(NodeError::NotLeader { node: self.id }),
                 None => Err(storage_fault::node_error(self.id, "confirm leadership", &e)),

@@ -76,9 +76,13 @@ pub async fn wait_for_grant(
         Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(clock_ns)).unwrap_or(0));
     let local_deadline = tokio::time::Instant::now() + remaining + WAIT_GRACE;
     // Boxed, like the give-up below: a waiting call's future keeps only the wait's own state.
-    let caught_up = tokio::select! {
-        caught_up = Box::pin(tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index))) => caught_up,
-        () = node.tasks.stopping() => return Err(stopping().into()),
+    let caught_up = if crate::regressions::active(crate::regressions::Bug::PhantomHold) {
+        Ok(())
+    } else {
+        tokio::select! {
+            caught_up = Box::pin(tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index))) => caught_up,
+            () = node.tasks.stopping() => return Err(stopping().into()),
+        }
     };
     if caught_up.is_err() {
         give_up.disarm();

@@ -31,12 +31,15 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Context;
 use cluster_tests::jepsen::checker::{self, CheckConfig};
 use cluster_tests::jepsen::history::{CHECKER_PROCESS, History};
-use cluster_tests::jepsen::workload::{Shared, Workload, WorkloadConfig};
+use cluster_tests::jepsen::locks::{self, LockWorkload};
+use cluster_tests::jepsen::sync_workload::SyncWorkload;
+use cluster_tests::jepsen::workload::{MAX_WAIT_MS, Shared, Workload, WorkloadConfig};
 use cluster_tests::net::{NodeChannel, ProcessToken};
 use conch_proto::conch::ClusterStatusRequest;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
+pub use conchd::regressions::Bug;
 use conchd::transport::{Accepted, Conn, Dial};
 use sha2::{Digest, Sha256};
 use tonic::transport::Endpoint;
@@ -45,6 +48,8 @@ mod faults;
 
 pub use faults::{Fault, FaultPlan};
 
+/// Lock clients beside the semaphore clients.
+const LOCK_CLIENTS: usize = 2;
 /// The port every simulated node serves on.
 const PORT: u16 = 7001;
 /// The simulated wall clock starts here (2026-01-01T00:00:00Z), not at the host's time.
@@ -58,12 +63,19 @@ pub struct SimOptions {
     pub nodes: u64,
     /// Simulated time the workload runs (faults stop after it; the checks follow).
     pub duration: Duration,
-    /// Workload clients.
+    /// Semaphore clients (the lock clients, and the wait group and barrier rounds, run beside
+    /// them).
     pub clients: usize,
     /// Inject faults (off: a quiet run, for comparing against).
     pub faults: bool,
+    /// Run the lock clients beside the semaphore clients.
+    pub locks: bool,
+    /// Run the wait group and barrier rounds beside them.
+    pub sync: bool,
     /// Print every event (node logs at INFO and above, faults) with its simulated time.
     pub trace: bool,
+    /// A bug conch once had, put back into the nodes for this run (see `conchd::regressions`).
+    pub bug: Option<Bug>,
 }
 
 impl SimOptions {
@@ -74,19 +86,27 @@ impl SimOptions {
             duration: Duration::from_secs(30),
             clients: 4,
             faults: true,
+            locks: true,
+            sync: true,
             trace: false,
+            bug: None,
         }
     }
 
     /// The command that replays this seed.
     pub fn replay_command(&self) -> String {
         format!(
-            "cargo run --release -p conch-sim -- --seed {} --nodes {} --duration {}s --clients {}{}",
+            "cargo run --release -p conch-sim -- --seed {} --nodes {} --duration {}s --clients {}{}{}{}{}",
             self.seed,
             self.nodes,
             self.duration.as_secs(),
             self.clients,
-            if self.faults { "" } else { " --no-faults" }
+            if self.faults { "" } else { " --no-faults" },
+            if self.locks { "" } else { " --no-locks" },
+            if self.sync { "" } else { " --no-sync" },
+            self.bug
+                .map(|b| format!(" --bug {}", b.name()))
+                .unwrap_or_default(),
         )
     }
 }
@@ -104,8 +124,10 @@ pub struct SeedReport {
     pub faults: Vec<String>,
     /// Simulated time from the start to the last check.
     pub simulated: Duration,
-    /// Grants acknowledged `ACQUIRED` in the history.
+    /// Semaphore and lock grants acknowledged `ACQUIRED` in the history.
     pub grants: usize,
+    /// Wait group and barrier rounds completed.
+    pub sync_rounds: usize,
     /// Every operation, one line each, in the order they were invoked.
     pub history: Vec<String>,
 }
@@ -226,12 +248,34 @@ pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
     conchd::clock::set_wall_clock(simulated_wall_clock);
     conchd::entropy::seed_thread(opts.seed);
     conchd::blocking::run_inline_on_this_thread(true);
+    conchd::regressions::reintroduce_on_this_thread(opts.bug);
     WALL_STEP.with(|s| s.set(0));
     let scratch = scratch_dir().context("create a scratch directory for the nodes' data")?;
     let result = run_in(opts, scratch.path());
     conchd::entropy::unseed_thread();
     conchd::blocking::run_inline_on_this_thread(false);
+    conchd::regressions::reintroduce_on_this_thread(None);
     result
+}
+
+/// Runs seeds `first`, `first + 1`, … (at most `max` of them) until one fails: that seed and
+/// its report, or `None` when all passed.
+pub fn first_failing_seed(
+    template: &SimOptions,
+    first: u64,
+    max: u64,
+) -> anyhow::Result<Option<SeedReport>> {
+    for i in 0..max {
+        let opts = SimOptions {
+            seed: first.wrapping_add(i),
+            ..template.clone()
+        };
+        let report = run_seed(&opts)?;
+        if !report.passed() {
+            return Ok(Some(report));
+        }
+    }
+    Ok(None)
 }
 
 fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
@@ -295,6 +339,7 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
         ops,
         mut violations,
         grants,
+        sync_rounds,
     } = found?;
     let history: Vec<String> = ops.iter().map(|op| op.to_string()).collect();
     let mut hash = Sha256::new();
@@ -305,20 +350,24 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
     for fault in &faults {
         hash.update(fault.as_bytes());
     }
+    let config = workload_config(opts);
     let result = checker::check(
         &ops,
         &CheckConfig {
-            permits: workload_config(opts).permits(),
-            loss_after: workload_config(opts).loss_after(),
+            permits: config.permits(),
+            loss_after: config.loss_after(),
         },
     );
-    violations.extend(result.violations.iter().map(|v| v.to_string()));
-    let counted: usize = result.per_check.values().sum();
-    if counted > result.violations.len() {
-        violations.push(format!(
-            "{} more violations of the same checks (not shown)",
-            counted - result.violations.len()
-        ));
+    let (lock_result, _) = locks::check(&ops, config.loss_after());
+    for result in [&result, &lock_result] {
+        violations.extend(result.violations.iter().map(|v| v.to_string()));
+        let counted: usize = result.per_check.values().sum();
+        if counted > result.violations.len() {
+            violations.push(format!(
+                "{} more violations of the same checks (not shown)",
+                counted - result.violations.len()
+            ));
+        }
     }
     Ok(SeedReport {
         seed: opts.seed,
@@ -327,7 +376,8 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
         ops: ops.len(),
         faults,
         simulated: sim.elapsed(),
-        grants: grants.max(result.stats.grants),
+        grants,
+        sync_rounds,
         history,
     })
 }
@@ -347,6 +397,7 @@ struct Found {
     ops: Vec<cluster_tests::jepsen::history::Op>,
     violations: Vec<String>,
     grants: usize,
+    sync_rounds: usize,
 }
 
 /// The client host: create the semaphores, run the workload for the run's duration, then read
@@ -365,9 +416,26 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
         config: config.clone(),
     });
     let workload = Workload::start(&shared);
+    let lock_workload = LockWorkload::start(&shared, if opts.locks { LOCK_CLIENTS } else { 0 });
+    let sync = opts
+        .sync
+        .then(|| SyncWorkload::start(&config.namespace, channels.clone(), opts.seed));
     tokio::time::sleep(opts.duration).await;
-    let leases = workload.stop(Duration::from_secs(15)).await;
-    // Faults are healed when the workload stops; reads through every node.
+    // Faults are healed when the workload stops.
+    let mut sync_rounds = 0;
+    if let Some(sync) = sync {
+        let sync = sync.stop(Duration::from_secs(30)).await;
+        if sync.rounds == 0 {
+            violations.push("VIOLATION [sync] no wait group or barrier round ran".into());
+        }
+        violations.extend(sync.violations.iter().map(|v| format!("VIOLATION [sync] {v}")));
+        sync_rounds = sync.rounds;
+    }
+    let stop_bound = Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(10);
+    lock_workload.signal_stop();
+    let leases = workload.stop(stop_bound).await;
+    let lock_leases = lock_workload.stop(stop_bound).await;
+    // Reads through every node.
     for (id, channel) in &channels {
         for (sem, _) in &config.semaphores {
             shared
@@ -377,20 +445,34 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
         shared
             .read_leases(CHECKER_PROCESS, *id, channel.clone())
             .await;
+        locks::read_lock_leases(&shared, CHECKER_PROCESS, *id, channel.clone()).await;
+        locks::read_locks(&shared, CHECKER_PROCESS, *id, channel.clone()).await;
     }
     for lease in &leases {
         lease.stop_keepalive();
     }
+    for lease in &lock_leases {
+        lease.stop_keepalive();
+    }
+    drop((leases, lock_leases));
     let mut rng = cluster_tests::rng::Rng::derive(opts.seed, u64::MAX - 1);
-    for lease in &leases {
+    let ops = history.snapshot();
+    for lease in cluster_tests::jepsen::run::leases_to_revoke(&ops) {
         for _ in 0..3 {
-            let outcome = shared.revoke(CHECKER_PROCESS, &lease.id, &mut rng).await;
+            let outcome = shared.revoke(CHECKER_PROCESS, &lease, &mut rng).await;
             if outcome.is_ok() || outcome.is_not_found() {
                 break;
             }
         }
     }
-    drop(leases);
+    for lease in locks::leases_to_revoke(&ops) {
+        for _ in 0..3 {
+            let outcome = locks::revoke(&shared, CHECKER_PROCESS, &lease, &mut rng).await;
+            if outcome.is_ok() || outcome.is_not_found() {
+                break;
+            }
+        }
+    }
     let drain_bound = config.ttl * 2 + Duration::from_secs(10);
     if let Err(last) = wait_statuses(&channels, drain_bound, |s| {
         s.iter()
@@ -417,12 +499,17 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
              hash: {last}"
         ));
     }
+    let by_node = channels.iter().cloned().collect();
+    for (name, message) in locks::check_final_state(&shared, &by_node).await {
+        violations.push(format!("VIOLATION [{name}] {message}"));
+    }
     let ops = history.snapshot();
     let grants = ops.iter().filter(|op| op.acquired()).count();
     Ok(Found {
         ops,
         violations,
         grants,
+        sync_rounds,
     })
 }
 

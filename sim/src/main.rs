@@ -42,12 +42,22 @@ struct Args {
     /// Run without faults.
     #[arg(long)]
     no_faults: bool,
+    /// Run without the lock clients.
+    #[arg(long)]
+    no_locks: bool,
+    /// Run without the wait group and barrier rounds.
+    #[arg(long)]
+    no_sync: bool,
     /// Print the faults and the nodes' log lines with their simulated times (one seed).
     #[arg(long, requires = "seed")]
     trace: bool,
     /// Write the seed's history (every operation with its simulated times) to this file.
     #[arg(long, requires = "seed")]
     history: Option<std::path::PathBuf>,
+    /// Put back a bug conch once had, to see the simulator find it: wall-clock-leases,
+    /// stale-read-after-restart or phantom-hold.
+    #[arg(long, value_parser = parse_bug)]
+    bug: Option<conch_sim::Bug>,
     /// Seeds run at once (default: one per CPU).
     #[arg(long)]
     jobs: Option<usize>,
@@ -72,7 +82,10 @@ fn main() -> ExitCode {
         duration: args.duration,
         clients: args.clients,
         faults: !args.no_faults,
+        locks: !args.no_locks,
+        sync: !args.no_sync,
         trace: args.trace,
+        bug: args.bug,
     };
     let options = move |seed| SimOptions {
         seed,
@@ -96,9 +109,11 @@ fn main() -> ExitCode {
                     println!("{v}");
                 }
                 println!(
-                    "seed {seed}: {} ops, {} grants, {} faults, {:.1} s simulated, history {}: {}",
+                    "seed {seed}: {} ops, {} grants, {} wait group/barrier rounds, {} faults, {:.1} s \
+                     simulated, history {}: {}",
                     report.ops,
                     report.grants,
+                    report.sync_rounds,
                     report.faults.len(),
                     report.simulated.as_secs_f64(),
                     &report.history_hash[..16],
@@ -215,6 +230,13 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+fn parse_bug(name: &str) -> Result<conch_sim::Bug, String> {
+    conch_sim::Bug::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = conch_sim::Bug::ALL.iter().map(|b| b.name()).collect();
+        format!("no bug named {name:?}; the bugs are {}", names.join(", "))
+    })
 }
 
 /// Node log lines on stdout, each with the simulated time of the host that wrote it.
