@@ -139,6 +139,7 @@ impl AppliedState {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let replies = state.apply_batch(batch, &mut events);
+        crate::self_check::after_apply(index, &state);
         self.set_position(index);
         // Still under the state lock: nobody reads this state before its events are queued.
         if !events.is_empty() {

@@ -40,6 +40,8 @@ pub mod restore;
 #[doc(hidden)]
 pub mod retire;
 #[doc(hidden)]
+pub mod self_check;
+#[doc(hidden)]
 pub mod storage_fault;
 #[doc(hidden)]
 pub mod transport;

@@ -14,6 +14,11 @@ pub enum Bug {
     /// started with: right after every node restarted, a read could miss acknowledged writes
     /// (`Node::read_index_as_leader`).
     StaleReadAfterRestart,
+    /// A node answered Raft messages meant for another node: when the address used for one
+    /// member led to another (or to the sender itself), that node's replies counted as the
+    /// intended member's, and a quorum could be counted from fewer real nodes
+    /// (`raft/peer_target.rs`).
+    MisroutedReplies,
     /// A waiting acquire on a follower read its state before applying its own acquire, found no
     /// waiter and answered TIMED_OUT while the leader granted it later: a phantom hold
     /// (`wait.rs`, the catch-up before the first read).
@@ -21,9 +26,10 @@ pub enum Bug {
 }
 
 impl Bug {
-    pub const ALL: [Bug; 3] = [
+    pub const ALL: [Bug; 4] = [
         Bug::WallClockLeases,
         Bug::StaleReadAfterRestart,
+        Bug::MisroutedReplies,
         Bug::PhantomHold,
     ];
 
@@ -32,6 +38,7 @@ impl Bug {
         match self {
             Bug::WallClockLeases => "wall-clock-leases",
             Bug::StaleReadAfterRestart => "stale-read-after-restart",
+            Bug::MisroutedReplies => "misrouted-replies",
             Bug::PhantomHold => "phantom-hold",
         }
     }

@@ -21,6 +21,10 @@ pub enum Fault {
     Isolate { node: u64 },
     /// Messages from one node to another are lost; the other way works.
     OneWay { from: u64, to: u64 },
+    /// The address one node uses for another leads to a third node, or back to itself (a port
+    /// taken over after a restart, a stale address): the node restarts to dial afresh, and
+    /// again at the heal.
+    Misroute { from: u64, to: u64, instead: u64 },
     /// The node's process dies wherever it was; healed by starting it on the same directory.
     Crash { node: u64 },
     /// Every node dies at once; healed by starting them all.
@@ -45,6 +49,9 @@ impl fmt::Display for Fault {
         match self {
             Fault::Isolate { node } => write!(f, "isolate n{node}"),
             Fault::OneWay { from, to } => write!(f, "drop n{from} -> n{to}"),
+            Fault::Misroute { from, to, instead } => {
+                write!(f, "n{from}'s address for n{to} leads to n{instead}")
+            }
             Fault::Crash { node } => write!(f, "crash n{node}"),
             Fault::CrashAll => write!(f, "crash every node"),
             Fault::Hold { node } => write!(f, "hold n{node}'s messages"),
@@ -132,9 +139,24 @@ fn choose(rng: &mut Rng, nodes: u64) -> Fault {
             Fault::OneWay { from: node, to }
         }
         30..=54 => Fault::Crash { node },
-        55..=61 => Fault::CrashAll,
-        62..=76 => Fault::Hold { node },
-        77..=86 => Fault::Slow {
+        55..=59 => Fault::CrashAll,
+        60..=67 => {
+            let to = 1 + (node + rng.below(nodes - 1)) % nodes;
+            let instead = match rng.below(2) {
+                0 => node,
+                _ => (1..=nodes)
+                    .filter(|n| *n != node && *n != to)
+                    .nth(rng.below(nodes - 2) as usize)
+                    .unwrap_or(node),
+            };
+            Fault::Misroute {
+                from: node,
+                to,
+                instead,
+            }
+        }
+        68..=78 => Fault::Hold { node },
+        79..=86 => Fault::Slow {
             max_latency: Duration::from_millis(20 + rng.below(400)),
         },
         _ => {
@@ -177,6 +199,10 @@ impl Due {
                     }
                 }
                 Fault::OneWay { from, to } => sim.partition_oneway(node_ip(*from), node_ip(*to)),
+                Fault::Misroute { from, to, instead } => {
+                    crate::misroute(*from, *to, Some(*instead));
+                    sim.bounce(node_ip(*from));
+                }
                 Fault::Crash { node } => sim.crash(node_ip(*node)),
                 Fault::CrashAll => {
                     for node in 1..=self.nodes {
@@ -200,6 +226,10 @@ impl Due {
                     }
                 }
                 Fault::OneWay { from, to } => sim.repair_oneway(node_ip(*from), node_ip(*to)),
+                Fault::Misroute { from, to, .. } => {
+                    crate::misroute(*from, *to, None);
+                    sim.bounce(node_ip(*from));
+                }
                 Fault::Crash { node } => sim.bounce(node_ip(*node)),
                 Fault::CrashAll => {
                     for node in 1..=self.nodes {

@@ -93,20 +93,38 @@ impl SimOptions {
         }
     }
 
+    /// The `conch-sim` arguments that run exactly this seed.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--seed".to_string(),
+            self.seed.to_string(),
+            "--nodes".into(),
+            self.nodes.to_string(),
+            "--duration".into(),
+            format!("{}ms", self.duration.as_millis()),
+            "--clients".into(),
+            self.clients.to_string(),
+        ];
+        for (off, flag) in [
+            (!self.faults, "--no-faults"),
+            (!self.locks, "--no-locks"),
+            (!self.sync, "--no-sync"),
+        ] {
+            if off {
+                args.push(flag.into());
+            }
+        }
+        if let Some(bug) = self.bug {
+            args.extend(["--bug".to_string(), bug.name().to_string()]);
+        }
+        args
+    }
+
     /// The command that replays this seed.
     pub fn replay_command(&self) -> String {
         format!(
-            "cargo run --release -p conch-sim -- --seed {} --nodes {} --duration {}s --clients {}{}{}{}{}",
-            self.seed,
-            self.nodes,
-            self.duration.as_secs(),
-            self.clients,
-            if self.faults { "" } else { " --no-faults" },
-            if self.locks { "" } else { " --no-locks" },
-            if self.sync { "" } else { " --no-sync" },
-            self.bug
-                .map(|b| format!(" --bug {}", b.name()))
-                .unwrap_or_default(),
+            "cargo run --release -p conch-sim -- {}",
+            self.args().join(" ")
         )
     }
 }
@@ -163,9 +181,19 @@ fn node_addr(id: u64) -> String {
     format!("{}:{PORT}", node_ip(id))
 }
 
-/// Connections through the simulated network.
-fn dial() -> Dial {
-    Dial::new(|addr| {
+thread_local! {
+    /// Misrouted addresses (see [`Fault::Misroute`]): (dialing node, address dialed) → the
+    /// address reached instead.
+    static MISROUTES: std::cell::RefCell<std::collections::BTreeMap<(u64, String), String>> =
+        const { std::cell::RefCell::new(std::collections::BTreeMap::new()) };
+}
+
+/// Connections from node `from` (0: a client) through the simulated network.
+fn dial(from: u64) -> Dial {
+    Dial::new(move |addr| {
+        let addr = MISROUTES
+            .with(|m| m.borrow().get(&(from, addr.clone())).cloned())
+            .unwrap_or(addr);
         Box::pin(async move {
             let stream = turmoil::net::TcpStream::connect(addr).await?;
             Ok(Box::new(stream) as Box<dyn Conn>)
@@ -173,9 +201,21 @@ fn dial() -> Dial {
     })
 }
 
+/// From now on node `from`'s connections to node `to` reach node `instead` (`None`: node `to`
+/// again).
+fn misroute(from: u64, to: u64, instead: Option<u64>) {
+    MISROUTES.with(|m| {
+        let mut m = m.borrow_mut();
+        match instead {
+            Some(instead) => m.insert((from, node_addr(to)), node_addr(instead)),
+            None => m.remove(&(from, node_addr(to))),
+        }
+    });
+}
+
 /// A client channel to node `id` over the simulated network.
 fn channel_to(id: u64) -> anyhow::Result<NodeChannel> {
-    let dial = dial();
+    let dial = dial(0);
     let connector = tower::service_fn(move |uri: tonic::transport::Uri| {
         let dial = dial.clone();
         async move {
@@ -200,7 +240,7 @@ async fn run_node(id: u64, nodes: u64, dir: PathBuf) -> anyhow::Result<()> {
         .heartbeat(Duration::from_millis(100))
         .election_timeout(Duration::from_millis(500))
         .snapshot_every(500)
-        .into_config(dial())
+        .into_config(dial(id))
         .context("node configuration")?;
     let listener = turmoil::net::TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT))
         .await
@@ -249,9 +289,19 @@ pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
     conchd::entropy::seed_thread(opts.seed);
     conchd::blocking::run_inline_on_this_thread(true);
     conchd::regressions::reintroduce_on_this_thread(opts.bug);
+    conchd::self_check::check_on_this_thread();
     WALL_STEP.with(|s| s.set(0));
+    MISROUTES.with(|m| m.borrow_mut().clear());
     let scratch = scratch_dir().context("create a scratch directory for the nodes' data")?;
-    let result = run_in(opts, scratch.path());
+    let mut result = run_in(opts, scratch.path());
+    let broken = conchd::self_check::take_found();
+    if let Ok(report) = &mut result {
+        report.violations.extend(
+            broken
+                .into_iter()
+                .map(|b| format!("VIOLATION [invariants] {b}")),
+        );
+    }
     conchd::entropy::unseed_thread();
     conchd::blocking::run_inline_on_this_thread(false);
     conchd::regressions::reintroduce_on_this_thread(None);
@@ -428,7 +478,11 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
         if sync.rounds == 0 {
             violations.push("VIOLATION [sync] no wait group or barrier round ran".into());
         }
-        violations.extend(sync.violations.iter().map(|v| format!("VIOLATION [sync] {v}")));
+        violations.extend(
+            sync.violations
+                .iter()
+                .map(|v| format!("VIOLATION [sync] {v}")),
+        );
         sync_rounds = sync.rounds;
     }
     let stop_bound = Duration::from_millis(MAX_WAIT_MS) + Duration::from_secs(10);

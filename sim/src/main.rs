@@ -55,10 +55,13 @@ struct Args {
     #[arg(long, requires = "seed")]
     history: Option<std::path::PathBuf>,
     /// Put back a bug conch once had, to see the simulator find it: wall-clock-leases,
-    /// stale-read-after-restart or phantom-hold.
+    /// misrouted-replies, phantom-hold or stale-read-after-restart.
     #[arg(long, value_parser = parse_bug)]
     bug: Option<conch_sim::Bug>,
-    /// Seeds run at once (default: one per CPU).
+    /// Print the one-line summary a batch run reads from each seed's process (internal).
+    #[arg(long, hide = true, requires = "seed")]
+    child: bool,
+    /// Seeds run at once (default: one per CPU); each in a process of its own.
     #[arg(long)]
     jobs: Option<usize>,
 }
@@ -108,6 +111,16 @@ fn main() -> ExitCode {
                 for v in &report.violations {
                     println!("{v}");
                 }
+                if args.child {
+                    println!(
+                        "{CHILD_SUMMARY} {} {} ops, {} grants, {} wait group/barrier rounds, {} faults",
+                        report.simulated.as_millis(),
+                        report.ops,
+                        report.grants,
+                        report.sync_rounds,
+                        report.faults.len()
+                    );
+                }
                 println!(
                     "seed {seed}: {} ops, {} grants, {} wait group/barrier rounds, {} faults, {:.1} s \
                      simulated, history {}: {}",
@@ -148,6 +161,13 @@ fn main() -> ExitCode {
     let ran = Arc::new(AtomicUsize::new(0));
     let simulated_ms = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("conch-sim: cannot find its own program to run seeds in: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let workers: Vec<_> = (0..jobs.max(1))
         .map(|_| {
             let (next, ran, simulated_ms, failed) = (
@@ -159,6 +179,7 @@ fn main() -> ExitCode {
             let limit = args.seeds;
             let budget = args.time_budget;
             let options = options.clone();
+            let exe = exe.clone();
             std::thread::spawn(move || {
                 loop {
                     if budget.is_some_and(|b| started.elapsed() >= b) {
@@ -169,37 +190,23 @@ fn main() -> ExitCode {
                         return;
                     }
                     let opts = options(first.wrapping_add(i));
-                    let outcome = run_seed(&opts);
+                    let seed = opts.seed;
+                    let outcome = run_child(&exe, &opts);
                     ran.fetch_add(1, Ordering::SeqCst);
-                    let line = match outcome {
-                        Ok(report) => {
-                            simulated_ms
-                                .fetch_add(report.simulated.as_millis() as u64, Ordering::SeqCst);
-                            if report.passed() {
-                                println!(
-                                    "seed {}: ok ({} ops, {} grants, {} faults)",
-                                    opts.seed,
-                                    report.ops,
-                                    report.grants,
-                                    report.faults.len()
-                                );
-                                continue;
-                            }
-                            let mut text = format!("seed {}: FAILED\n", opts.seed);
-                            for v in report.violations.iter().take(5) {
-                                text.push_str(&format!("  {}\n", v.trim_end()));
-                            }
-                            text
+                    match outcome {
+                        Child::Passed { summary, simulated } => {
+                            simulated_ms.fetch_add(simulated.as_millis() as u64, Ordering::SeqCst);
+                            println!("seed {seed}: ok ({summary})");
                         }
-                        Err(e) => {
-                            format!("seed {}: the simulation itself failed: {e:#}\n", opts.seed)
+                        Child::Failed { said } => {
+                            let mut text = format!("seed {seed}: FAILED\n");
+                            for line in said {
+                                text.push_str(&format!("  {line}\n"));
+                            }
+                            println!("{text}  replay: {}", opts.replay_command());
+                            failed.lock().unwrap_or_else(|p| p.into_inner()).push(seed);
                         }
-                    };
-                    println!("{line}  replay: {}", opts.replay_command());
-                    failed
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(opts.seed);
+                    }
                 }
             })
         })
@@ -237,6 +244,70 @@ fn parse_bug(name: &str) -> Result<conch_sim::Bug, String> {
         let names: Vec<&str> = conch_sim::Bug::ALL.iter().map(|b| b.name()).collect();
         format!("no bug named {name:?}; the bugs are {}", names.join(", "))
     })
+}
+
+/// The marker of the summary line a seed's process prints for its batch run.
+const CHILD_SUMMARY: &str = "conch-sim-summary";
+
+/// How a seed run in its own process ended.
+enum Child {
+    Passed {
+        summary: String,
+        simulated: Duration,
+    },
+    /// The violations it printed, or how the process ended (a panic, a signal).
+    Failed { said: Vec<String> },
+}
+
+/// Runs one seed in a process of its own, so that a panic in a node (which may abort) fails
+/// only that seed.
+fn run_child(exe: &std::path::Path, opts: &SimOptions) -> Child {
+    let output = match std::process::Command::new(exe)
+        .args(opts.args())
+        .arg("--child")
+        .stdin(std::process::Stdio::null())
+        .output()
+    {
+        Ok(output) => output,
+        Err(e) => {
+            return Child::Failed {
+                said: vec![format!("could not start {}: {e}", exe.display())],
+            };
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if output.status.success()
+        && let Some(line) = stdout.lines().find(|l| l.starts_with(CHILD_SUMMARY))
+    {
+        let mut words = line[CHILD_SUMMARY.len()..].trim().splitn(2, ' ');
+        let simulated = words
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .map(Duration::from_millis)
+            .unwrap_or_default();
+        return Child::Passed {
+            summary: words.next().unwrap_or_default().to_string(),
+            simulated,
+        };
+    }
+    let mut said: Vec<String> = stdout
+        .lines()
+        .filter(|l| l.starts_with("VIOLATION") || l.contains("the simulation itself failed"))
+        .take(5)
+        .map(str::to_string)
+        .collect();
+    let mut lines = stderr.lines();
+    while let Some(line) = lines.next() {
+        if line.contains("panicked at") {
+            said.push(format!("{line} {}", lines.next().unwrap_or_default()));
+            break;
+        }
+    }
+    if said.is_empty() {
+        said.push(format!("the seed's process ended with {}", output.status));
+    }
+    Child::Failed { said }
 }
 
 /// Node log lines on stdout, each with the simulated time of the host that wrote it.
