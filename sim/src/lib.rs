@@ -48,6 +48,8 @@ mod faults;
 
 pub use faults::{Fault, FaultPlan};
 
+/// How long each wait group and barrier lane pauses between rounds.
+const SYNC_PAUSE: Duration = Duration::from_millis(250);
 /// Lock clients beside the semaphore clients.
 const LOCK_CLIENTS: usize = 2;
 /// The port every simulated node serves on.
@@ -467,9 +469,9 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
     });
     let workload = Workload::start(&shared);
     let lock_workload = LockWorkload::start(&shared, if opts.locks { LOCK_CLIENTS } else { 0 });
-    let sync = opts
-        .sync
-        .then(|| SyncWorkload::start(&config.namespace, channels.clone(), opts.seed));
+    let sync = opts.sync.then(|| {
+        SyncWorkload::start_paced(&config.namespace, channels.clone(), opts.seed, SYNC_PAUSE)
+    });
     tokio::time::sleep(opts.duration).await;
     // Faults are healed when the workload stops.
     let mut sync_rounds = 0;

@@ -58,6 +58,9 @@ struct Args {
     /// misrouted-replies, phantom-hold or stale-read-after-restart.
     #[arg(long, value_parser = parse_bug)]
     bug: Option<conch_sim::Bug>,
+    /// Stop starting seeds once one has failed (to count the seeds a bug takes to find).
+    #[arg(long)]
+    until_failure: bool,
     /// Print the one-line summary a batch run reads from each seed's process (internal).
     #[arg(long, hide = true, requires = "seed")]
     child: bool,
@@ -178,11 +181,16 @@ fn main() -> ExitCode {
             );
             let limit = args.seeds;
             let budget = args.time_budget;
+            let until_failure = args.until_failure;
             let options = options.clone();
             let exe = exe.clone();
             std::thread::spawn(move || {
                 loop {
                     if budget.is_some_and(|b| started.elapsed() >= b) {
+                        return;
+                    }
+                    if until_failure && !failed.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+                    {
                         return;
                     }
                     let i = next.fetch_add(1, Ordering::SeqCst);

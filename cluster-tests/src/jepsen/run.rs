@@ -1065,7 +1065,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
 }
 
 /// Every lease the history created (or may have) and did not see revoked.
-fn leases_to_revoke(ops: &[Op]) -> Vec<String> {
+pub fn leases_to_revoke(ops: &[Op]) -> Vec<String> {
     let mut leases = BTreeMap::new();
     for op in ops {
         if let (OpKind::CreateLease { .. }, Outcome::Ok(OkValue::Lease { lease })) =

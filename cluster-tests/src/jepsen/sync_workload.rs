@@ -473,6 +473,18 @@ fn check_round(wg: &str, barrier: &str, r: &Round, out: &mut Vec<String>) {
 impl SyncWorkload {
     /// Starts the lanes on `channels` in namespace `ns` (which exists).
     pub fn start(ns: &str, channels: Vec<(u64, Channel)>, seed: u64) -> SyncWorkload {
+        SyncWorkload::start_paced(ns, channels, seed, Duration::ZERO)
+    }
+
+    /// [`SyncWorkload::start`], each lane pausing `pause` between rounds (the simulator's
+    /// calls take simulated milliseconds, so unpaced lanes would pile up far more rounds per
+    /// second than a real cluster serves).
+    pub fn start_paced(
+        ns: &str,
+        channels: Vec<(u64, Channel)>,
+        seed: u64,
+        pause: Duration,
+    ) -> SyncWorkload {
         let stop = Arc::new(AtomicBool::new(false));
         let mut lanes = Vec::new();
         let mut shared = Vec::new();
@@ -492,6 +504,9 @@ impl SyncWorkload {
                 while !l.stopping() {
                     l.round(r, lane, &mut report).await;
                     r += 1;
+                    if !pause.is_zero() && !l.stopping() {
+                        tokio::time::sleep(pause).await;
+                    }
                 }
                 report.calls = l.calls.load(Ordering::Relaxed);
                 report
