@@ -2,7 +2,7 @@
 CARGO ?= cargo
 CLUSTER_DIR ?= $(CURDIR)/.cluster
 
-.PHONY: help build release dist dist-test test test-deps test-unit run cluster cluster-secure cluster-stop fmt lint bench bench-etcd jepsen proptest clean
+.PHONY: help build release dist dist-test test test-deps test-unit run cluster cluster-secure cluster-stop fmt lint bench bench-etcd jepsen sim proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
@@ -12,6 +12,7 @@ help:
 	@echo "make test          build everything and run every test (unit, property, process-level)"
 	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
 	@echo "make jepsen DURATION=60 NODES=3   fault injection soak with the safety checker"
+	@echo "make sim SEEDS=500 NODES=3        deterministic simulation: seeds of faults, each replayable"
 	@echo "make bench TLS=1 / make jepsen TLS=1   the same with TLS + peer mutual TLS"
 	@echo "make bench-etcd    W1, W1b, W2, W3 on etcd and on conch in the same run, both client placements, ratios"
 	@echo "make proptest CASES=5000           longer property runs of the state machine"
@@ -40,10 +41,14 @@ dist-test:
 # preload libfaketime (test-deps installs it when missing).
 # Doc tests and the release artifacts' check first, so the test runner's summary is the last
 # thing printed.
+# The simulator's fixed budget: seeds 1..=SIM_SEEDS (about two minutes on two cores).
+SIM_SEEDS ?= 30
+
 test: test-deps
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --doc
 	@packaging/dist-test.sh
+	target/debug/conch-sim --seeds $(SIM_SEEDS) --first-seed 1 --jobs 2
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
@@ -88,6 +93,12 @@ bench-etcd:
 jepsen:
 	$(CARGO) build -p conchd -p conch-client -p cluster-tests --bins
 	target/debug/conch-jepsen --duration $(or $(DURATION),60) --nodes $(or $(NODES),3) $(if $(TLS),--tls) $(if $(AUTH),--auth)
+
+# The deterministic simulation in a release build: SEEDS seeds from a random first one (printed;
+# FIRST=… repeats a run), or TIME=10m for as many as fit. A failing seed prints its replay command.
+sim:
+	$(CARGO) build --release -p conch-sim
+	target/release/conch-sim $(if $(TIME),--time-budget $(TIME),--seeds $(or $(SEEDS),200)) --nodes $(or $(NODES),3) $(if $(FIRST),--first-seed $(FIRST))
 
 # Longer property runs of the state machine: random command histories, invalid input included.
 proptest:
