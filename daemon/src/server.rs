@@ -255,6 +255,7 @@ pub async fn start_with_listeners(
             Duration::from_millis(500),
             Arc::new(config.peer_routes.clone()),
             PeerDialer::of(&config, Arc::clone(&cluster_id)),
+            Arc::clone(&metrics.trace),
         ),
         log_store,
         state_machine,
