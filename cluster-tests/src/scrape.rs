@@ -246,8 +246,8 @@ pub fn parse(body: &str) -> anyhow::Result<Scrape> {
         let (name, value) = line
             .rsplit_once(' ')
             .with_context(|| format!("bad metrics line {line:?}"))?;
-        let value = parse_value(value)
-            .with_context(|| format!("bad value in metrics line {line:?}"))?;
+        let value =
+            parse_value(value).with_context(|| format!("bad value in metrics line {line:?}"))?;
         series.insert(name.to_string(), value);
     }
     Ok(Scrape { series })
@@ -300,7 +300,9 @@ h_bucket{stage=\"b \\\"q\\\"\",le=\"+Inf\"} 1
 
     #[test]
     fn a_histogram_since_an_earlier_scrape_holds_only_the_new_values() -> anyhow::Result<()> {
-        let before = parse(STAGES)?.histogram("h", &[("stage", "a")]).context("a")?;
+        let before = parse(STAGES)?
+            .histogram("h", &[("stage", "a")])
+            .context("a")?;
         let later = parse(&STAGES.replace("} 10\n", "} 14\n"))?
             .histogram("h", &[("stage", "a")])
             .context("a")?;

@@ -145,12 +145,23 @@ async fn the_breakdown_sees_every_stage_of_a_write_on_its_node() -> anyhow::Resu
         (
             Placement::Leader,
             "leader",
-            &["call (server)", "handler_in", "queue", "batch", "raft (client_write)"][..],
+            &[
+                "call (server)",
+                "handler_in",
+                "queue",
+                "batch",
+                "raft (client_write)",
+            ][..],
         ),
         (
             Placement::Spread,
             "follower",
-            &["call (server)", "to_forwarder", "forward", "peer_call (on the leader)"][..],
+            &[
+                "call (server)",
+                "to_forwarder",
+                "forward",
+                "peer_call (on the leader)",
+            ][..],
         ),
     ] {
         let row = w1::run(&target, &opts, 1, false, placement).await?;

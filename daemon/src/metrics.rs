@@ -561,4 +561,38 @@ mod tests {
             assert!(names.contains(&needed), "{needed} missing from {names:?}");
         }
     }
+
+    #[test]
+    fn the_readme_lists_every_metric() -> Result<(), prometheus::Error> {
+        let readme = include_str!("../../README.md");
+        let metrics = Metrics::new();
+        metrics.forwarded.with_label_values(&["write"]).inc();
+        metrics
+            .grpc
+            .requests
+            .with_label_values(&["/x/Y", "OK"])
+            .inc();
+        metrics
+            .grpc
+            .seconds
+            .with_label_values(&["/x/Y"])
+            .observe(0.1);
+        let text = metrics.render(
+            &RaftGauges::default(),
+            &Stats::default(),
+            &QuotaGauges::default(),
+        )?;
+        let mut missing = Vec::new();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let name = line.split_whitespace().nth(2).unwrap_or_default();
+            if !readme.contains(&format!("`{name}`")) && !readme.contains(&format!("`{name}{{")) {
+                missing.push(name.to_string());
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "not in README's metrics table: {missing:?}"
+        );
+        Ok(())
+    }
 }

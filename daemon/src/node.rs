@@ -228,7 +228,9 @@ impl Node {
             .map_err(|_| shutting_down())?;
         let (result, answered_at) = rx.await.map_err(|_| shutting_down())?;
         let resumed = Instant::now();
-        self.metrics.stages.between(Stage::Wake, answered_at, resumed);
+        self.metrics
+            .stages
+            .between(Stage::Wake, answered_at, resumed);
         note_resumed(resumed);
         result
     }
@@ -468,7 +470,9 @@ impl Node {
                         stages.between(Stage::ToForwarder, proposal.queued_at, started);
                     }
                     let result = node.commit_anywhere(all_cmds(&batch)).await;
-                    node.metrics.stages.between(Stage::Forward, started, Instant::now());
+                    node.metrics
+                        .stages
+                        .between(Stage::Forward, started, Instant::now());
                     drop(permit);
                     answer(batch, result);
                 }

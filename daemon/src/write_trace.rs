@@ -242,12 +242,10 @@ impl WriteTrace {
             if current > index {
                 return None;
             }
-            match slot.index.compare_exchange(
-                current,
-                index,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
+            match slot
+                .index
+                .compare_exchange(current, index, Ordering::Relaxed, Ordering::Relaxed)
+            {
                 Ok(_) => {
                     for at in &slot.at {
                         at.store(0, Ordering::Relaxed);
@@ -404,12 +402,7 @@ pub fn note_resumed(at: Instant) {
 
 /// Records the outer stages of a call that wrote exactly once, from the gRPC layer's start and
 /// end.
-pub fn record_call(
-    stamps: CallStamps,
-    started: Instant,
-    ended: Instant,
-    into: &StageHistograms,
-) {
+pub fn record_call(stamps: CallStamps, started: Instant, ended: Instant, into: &StageHistograms) {
     let (1, Some(proposed), Some(resumed)) = (stamps.writes, stamps.proposed, stamps.resumed)
     else {
         return;
@@ -472,9 +465,17 @@ mod tests {
         trace.stamp_at(5 + SLOTS as u64, Mark::AppendStart, 30);
         assert_eq!(trace.stamps(5), None, "a newer index took the slot");
         let newer = trace.stamps(5 + SLOTS as u64).expect("held");
-        assert_eq!(newer[Mark::Sent as usize], 0, "stamps of the old index cleared");
+        assert_eq!(
+            newer[Mark::Sent as usize],
+            0,
+            "stamps of the old index cleared"
+        );
         trace.stamp_at(5, Mark::AppendStart, 40);
-        assert_eq!(trace.stamps(5), None, "an older index never takes a slot back");
+        assert_eq!(
+            trace.stamps(5),
+            None,
+            "an older index never takes a slot back"
+        );
     }
 
     #[test]

@@ -17,6 +17,9 @@ use crate::scrape::{Histogram, Scrape};
 /// The stage histogram every node exports.
 pub const STAGE_METRIC: &str = "conch_write_stage_seconds";
 const FSYNC_METRIC: &str = "conch_log_fsync_duration_seconds";
+const CALL_METRIC: &str = "conch_grpc_request_duration_seconds";
+/// The call that writes nothing, timed to see what any call costs outside the server.
+pub const EMPTY_CALL_METHOD: &str = "/conch.v1.ConchAdmin/ClusterStatus";
 
 /// Which nodes a row is read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,8 +40,8 @@ enum Source {
     Metric(On, &'static str),
     /// Derived: the client's end-to-end latency less the server's `call` stage.
     Outside,
-    /// Derived: the follower's `forward_rpc` less the leader's `peer_call`.
-    ForwardHop,
+    /// Derived: one stage less another (p50 less p50, mean less mean).
+    Less((On, &'static str), (On, &'static str)),
 }
 
 /// One row of the tree: depth, label, source, and whether it is one of the stages that add up
@@ -52,9 +55,24 @@ fn leader_rows(d: usize, summed: bool) -> Vec<Spec> {
     vec![
         (d, "batch", Stage(Leader, "batch"), summed),
         (d, "raft (client_write)", Stage(Leader, "raft"), summed),
-        (d + 1, "raft_to_append", Stage(Leader, "raft_to_append"), false),
-        (d + 1, "leader_append", Stage(Leader, "leader_append"), false),
-        (d + 2, "leader fdatasync", Metric(Leader, FSYNC_METRIC), false),
+        (
+            d + 1,
+            "raft_to_append",
+            Stage(Leader, "raft_to_append"),
+            false,
+        ),
+        (
+            d + 1,
+            "leader_append",
+            Stage(Leader, "leader_append"),
+            false,
+        ),
+        (
+            d + 2,
+            "leader fdatasync",
+            Metric(Leader, FSYNC_METRIC),
+            false,
+        ),
         (d + 1, "quorum", Stage(Leader, "quorum"), false),
         (
             d + 2,
@@ -62,17 +80,43 @@ fn leader_rows(d: usize, summed: bool) -> Vec<Spec> {
             Stage(Leader, "replication_send"),
             false,
         ),
-        (d + 2, "replication_rtt", Stage(Leader, "replication_rtt"), false),
+        (
+            d + 2,
+            "replication_rtt",
+            Stage(Leader, "replication_rtt"),
+            false,
+        ),
+        (
+            d + 3,
+            "AppendEntries hop, both ways (derived)",
+            Less((Leader, "replication_rtt"), (Followers, "follower_append")),
+            false,
+        ),
         (
             d + 3,
             "follower_append (AppendEntries handler)",
             Stage(Followers, "follower_append"),
             false,
         ),
-        (d + 4, "follower fdatasync", Metric(Followers, FSYNC_METRIC), false),
-        (d + 1, "commit_to_apply", Stage(Leader, "commit_to_apply"), false),
+        (
+            d + 4,
+            "follower fdatasync",
+            Metric(Followers, FSYNC_METRIC),
+            false,
+        ),
+        (
+            d + 1,
+            "commit_to_apply",
+            Stage(Leader, "commit_to_apply"),
+            false,
+        ),
         (d + 1, "apply", Stage(Leader, "apply"), false),
-        (d + 1, "apply_to_return", Stage(Leader, "apply_to_return"), false),
+        (
+            d + 1,
+            "apply_to_return",
+            Stage(Leader, "apply_to_return"),
+            false,
+        ),
     ]
 }
 
@@ -105,16 +149,41 @@ fn through_follower() -> Vec<Spec> {
         (1, "queue", Stage(Client, "queue"), true),
         (1, "to_forwarder", Stage(Client, "to_forwarder"), true),
         (1, "forward", Stage(Client, "forward"), true),
-        (2, "forward_rpc (ConchPeer.Propose)", Stage(Client, "forward_rpc"), false),
-        (3, "forward hop, both ways (derived)", ForwardHop, false),
-        (3, "peer_call (on the leader)", Stage(Leader, "peer_call"), false),
-        (4, "peer_handler_in", Stage(Leader, "peer_handler_in"), false),
+        (
+            2,
+            "forward_rpc (ConchPeer.Propose)",
+            Stage(Client, "forward_rpc"),
+            false,
+        ),
+        (
+            3,
+            "forward hop, both ways (derived)",
+            Less((Client, "forward_rpc"), (Leader, "peer_call")),
+            false,
+        ),
+        (
+            3,
+            "peer_call (on the leader)",
+            Stage(Leader, "peer_call"),
+            false,
+        ),
+        (
+            4,
+            "peer_handler_in",
+            Stage(Leader, "peer_handler_in"),
+            false,
+        ),
         (4, "queue", Stage(Leader, "queue"), false),
     ];
     rows.extend(leader_rows(4, false));
     rows.extend([
         (4, "wake", Stage(Leader, "wake"), false),
-        (4, "peer_handler_out", Stage(Leader, "peer_handler_out"), false),
+        (
+            4,
+            "peer_handler_out",
+            Stage(Leader, "peer_handler_out"),
+            false,
+        ),
         (1, "wake", Stage(Client, "wake"), true),
         (1, "handler_out", Stage(Client, "handler_out"), true),
     ]);
@@ -148,6 +217,52 @@ pub struct Breakdown {
     /// The summed stages: sum of their p50s, sum of their means.
     pub stages_p50_us: f64,
     pub stages_mean_us: f64,
+    /// Calls that write nothing to the same node: paced during the window, and one after
+    /// another after it.
+    #[serde(default)]
+    pub empty_calls: Vec<EmptyCall>,
+}
+
+/// What a call that writes nothing costs: at the client, and in the server's gRPC layer.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct EmptyCall {
+    /// When they ran (`during the window, one every 20 ms`, ...).
+    pub when: String,
+    pub method: String,
+    pub client: Summary,
+    /// Mean time in the server's gRPC layer (`conch_grpc_request_duration_seconds`).
+    pub server_mean_us: Option<f64>,
+    /// `client.mean_us - server_mean_us`: what the call costs outside the server.
+    pub outside_mean_us: Option<f64>,
+}
+
+/// The empty calls' costs from their client-side latencies and the node's scrapes around them.
+pub fn empty_call(
+    when: &str,
+    latencies: &[Duration],
+    before: &Scrape,
+    after: &Scrape,
+) -> EmptyCall {
+    let labels = [("method", EMPTY_CALL_METHOD)];
+    let server = after.histogram(CALL_METRIC, &labels).map(|a| {
+        match before.histogram(CALL_METRIC, &labels) {
+            Some(b) => a.since(&b),
+            None => a,
+        }
+    });
+    let client = end_to_end(latencies);
+    let server_mean_us = server.and_then(|h| h.mean()).map(us);
+    let outside_mean_us = match (client.mean_us, server_mean_us) {
+        (Some(c), Some(s)) => Some(us((c - s) / 1e6)),
+        _ => None,
+    };
+    EmptyCall {
+        when: when.into(),
+        method: EMPTY_CALL_METHOD.into(),
+        client,
+        server_mean_us,
+        outside_mean_us,
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -184,11 +299,18 @@ impl Window<'_> {
     fn observed(&self, on: On, metric: &str, labels: &[(&str, &str)]) -> Option<Histogram> {
         let mut total: Option<Histogram> = None;
         for id in self.nodes(on) {
-            let Some(after) = self.after.get(&id).and_then(|s| s.histogram(metric, labels))
+            let Some(after) = self
+                .after
+                .get(&id)
+                .and_then(|s| s.histogram(metric, labels))
             else {
                 continue;
             };
-            let new = match self.before.get(&id).and_then(|s| s.histogram(metric, labels)) {
+            let new = match self
+                .before
+                .get(&id)
+                .and_then(|s| s.histogram(metric, labels))
+            {
                 Some(before) => after.since(&before),
                 None => after,
             };
@@ -273,15 +395,15 @@ pub fn breakdown(window: &Window, end_to_end: Summary) -> Breakdown {
                     summed,
                 }
             }
-            Source::Outside | Source::ForwardHop => {
+            Source::Outside | Source::Less(..) => {
                 let (whole, part) = match source {
-                    Source::Outside => (
-                        Some(end_to_end.clone()),
-                        stage(On::Client, "call").map(|h| summary(&h)),
+                    Source::Less((on_whole, whole), (on_part, part)) => (
+                        stage(on_whole, whole).map(|h| summary(&h)),
+                        stage(on_part, part).map(|h| summary(&h)),
                     ),
                     _ => (
-                        stage(On::Client, "forward_rpc").map(|h| summary(&h)),
-                        stage(On::Leader, "peer_call").map(|h| summary(&h)),
+                        Some(end_to_end.clone()),
+                        stage(On::Client, "call").map(|h| summary(&h)),
                     ),
                 };
                 let less = |a: Option<f64>, b: Option<f64>| Some(us((a? - b?) / 1e6));
@@ -301,12 +423,7 @@ pub fn breakdown(window: &Window, end_to_end: Summary) -> Breakdown {
         lines.push(line);
     }
     let sum = |f: fn(&Line) -> Option<f64>| {
-        us(lines
-            .iter()
-            .filter(|l| l.summed)
-            .filter_map(f)
-            .sum::<f64>()
-            / 1e6)
+        us(lines.iter().filter(|l| l.summed).filter_map(f).sum::<f64>() / 1e6)
     };
     let stages_p50_us = sum(|l| l.p50_us);
     let stages_mean_us = sum(|l| l.mean_us);
@@ -316,6 +433,7 @@ pub fn breakdown(window: &Window, end_to_end: Summary) -> Breakdown {
         end_to_end,
         stages_p50_us,
         stages_mean_us,
+        empty_calls: Vec::new(),
     }
 }
 
@@ -408,6 +526,20 @@ impl Breakdown {
                 mean - self.stages_mean_us
             ));
         }
+        for empty in &self.empty_calls {
+            out.push_str(&format!(
+                "a call that writes nothing ({}, {:.0} calls to the same node {}): p50 {} µs, \
+                 mean {} µs at the client, mean {} µs in the server's gRPC layer, so {} µs \
+                 outside the server\n",
+                empty.method,
+                empty.client.count,
+                empty.when,
+                cell(empty.client.p50_us),
+                cell(empty.client.mean_us),
+                cell(empty.server_mean_us),
+                cell(empty.outside_mean_us),
+            ));
+        }
         out
     }
 }
@@ -450,8 +582,9 @@ mod tests {
 
     #[test]
     fn on_the_leader_the_summed_stages_are_the_servers_and_the_rest_is_outside() {
-        let before: BTreeMap<u64, Scrape> =
-            [(1, stages(&[("queue", 0.00002, 5.0)]))].into_iter().collect();
+        let before: BTreeMap<u64, Scrape> = [(1, stages(&[("queue", 0.00002, 5.0)]))]
+            .into_iter()
+            .collect();
         let leader = stages(&[
             ("call", 0.001, 10.0),
             ("handler_in", 0.00005, 10.0),
@@ -475,12 +608,18 @@ mod tests {
         assert_eq!(line(&b, "queue", "client").count, 10.0, "only the window's");
         assert_eq!(line(&b, "queue", "client").mean_us, Some(20.0));
         assert_eq!(b.stages_mean_us, 900.0, "50 + 20 + 10 + 800 + 10 + 10");
-        assert_eq!(line(&b, "outside the server (derived)", "derived").mean_us, Some(200.0));
+        assert_eq!(
+            line(&b, "outside the server (derived)", "derived").mean_us,
+            Some(200.0)
+        );
         let follower = line(&b, "follower_append (AppendEntries handler)", "followers 2");
         assert_eq!(follower.mean_us, Some(300.0));
         assert!(!follower.summed);
         let text = b.render();
-        assert!(text.contains("mean 900.0 µs (75 % of end to end)"), "{text}");
+        assert!(
+            text.contains("mean 900.0 µs (75 % of end to end)"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -506,17 +645,44 @@ mod tests {
         assert_eq!(line(&b, "queue", "leader 1").mean_us, Some(30.0));
         assert!(!line(&b, "queue", "leader 1").summed);
         assert!(line(&b, "forward", "client's node 3").summed);
-        assert_eq!(b.stages_mean_us, 1150.0, "forward + handler_in; the rest unobserved");
+        assert_eq!(
+            b.stages_mean_us, 1150.0,
+            "forward + handler_in; the rest unobserved"
+        );
         let json = serde_json::to_value(&b).unwrap_or_default();
         let back: Breakdown = serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, b);
     }
 
     #[test]
+    fn an_empty_call_is_its_client_time_less_the_servers() -> anyhow::Result<()> {
+        let series = |n: f64, sum: f64| {
+            let m = format!("{CALL_METRIC}{{method=\"{EMPTY_CALL_METHOD}\"}}");
+            let b = format!("{CALL_METRIC}_bucket{{method=\"{EMPTY_CALL_METHOD}\",le=\"+Inf\"}}");
+            parse(&format!(
+                "{b} {n}\n{} {sum}\n{} {n}\n",
+                m.replacen('{', "_sum{", 1),
+                m.replacen('{', "_count{", 1)
+            ))
+        };
+        let before = series(3.0, 0.001)?;
+        let after = series(13.0, 0.002)?;
+        let calls = vec![Duration::from_micros(300); 10];
+        let e = empty_call("after", &calls, &before, &after);
+        assert_eq!(e.server_mean_us, Some(100.0));
+        assert_eq!(e.outside_mean_us, Some(200.0));
+        assert_eq!(e.client.count, 10.0);
+        Ok(())
+    }
+
+    #[test]
     fn end_to_end_uses_nearest_rank() {
         let calls: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
         let s = end_to_end(&calls);
-        assert_eq!((s.p50_us, s.p99_us, s.mean_us), (Some(50.0), Some(99.0), Some(50.5)));
+        assert_eq!(
+            (s.p50_us, s.p99_us, s.mean_us),
+            (Some(50.0), Some(99.0), Some(50.5))
+        );
         assert_eq!(end_to_end(&[]).p50_us, None);
     }
 }

@@ -230,6 +230,21 @@ pub async fn run(
         true => Some(scrape_all(target).await?),
         false => None,
     };
+    // Calls that write nothing, paced, to the clients' node while the writes run: what a call
+    // costs outside the server under the same load.
+    let client_addr = match placement {
+        Placement::Leader => before.addr.clone(),
+        Placement::Spread => {
+            target.endpoints[placement.node(0, target.endpoints.len(), leader_at)].clone()
+        }
+    };
+    let probe = opts.breakdown.then(|| {
+        let addr = client_addr.clone();
+        tokio::spawn(async move {
+            let until = window_end - EMPTY_CALL_PAUSE;
+            empty_calls(&addr, usize::MAX, EMPTY_CALL_PAUSE, Some(until)).await
+        })
+    });
     tokio::time::sleep_until(window_end.into()).await;
     let at_end = target.leader().await?;
     let scraped_after = match opts.breakdown {
@@ -308,12 +323,6 @@ pub async fn run(
                 at_end.leader_id
             );
         }
-        let client_addr = match placement {
-            Placement::Leader => before.addr.clone(),
-            Placement::Spread => {
-                target.endpoints[placement.node(0, target.endpoints.len(), leader_at)].clone()
-            }
-        };
         let cluster = target
             .cluster
             .as_ref()
@@ -329,10 +338,71 @@ pub async fn run(
             leader: before.leader_id,
             client,
         };
-        let result = breakdown::breakdown(&window, breakdown::end_to_end(&calls));
+        let mut result = breakdown::breakdown(&window, breakdown::end_to_end(&calls));
+        if let Some(probe) = probe {
+            let latencies = probe.await.context("empty calls")??;
+            result.empty_calls.push(breakdown::empty_call(
+                &format!(
+                    "during the window, one every {} ms",
+                    EMPTY_CALL_PAUSE.as_millis()
+                ),
+                &latencies,
+                &before_scrape[&client],
+                &after_scrape[&client],
+            ));
+        }
+        let before_empty = scrape(&metrics_addr(cluster, client)?).await?;
+        let latencies = empty_calls(&client_addr, EMPTY_CALLS, Duration::ZERO, None).await?;
+        let after_empty = scrape(&metrics_addr(cluster, client)?).await?;
+        result.empty_calls.push(breakdown::empty_call(
+            "after the window, one after another",
+            &latencies,
+            &before_empty,
+            &after_empty,
+        ));
         row.set("breakdown", serde_json::to_value(&result)?);
     }
     Ok(row)
+}
+
+/// Calls that write nothing, timed after a `--breakdown` window.
+const EMPTY_CALLS: usize = 1_000;
+/// The pause between calls that write nothing during a `--breakdown` window (few enough to
+/// leave the writes' numbers alone).
+const EMPTY_CALL_PAUSE: Duration = Duration::from_millis(20);
+
+/// Times up to `n` calls of `ConchAdmin.ClusterStatus` (local, writes nothing) to `addr`, one
+/// at a time on one connection, `pause` apart, until `until` if given.
+async fn empty_calls(
+    addr: &str,
+    n: usize,
+    pause: Duration,
+    until: Option<Instant>,
+) -> anyhow::Result<Vec<Duration>> {
+    let channel = crate::net::connect(addr, Duration::from_secs(1)).await?;
+    let mut admin = conch_proto::conch::conch_admin_client::ConchAdminClient::new(channel);
+    let mut out = Vec::with_capacity(n.min(EMPTY_CALLS));
+    for _ in 0..n {
+        if until.is_some_and(|u| Instant::now() >= u) {
+            break;
+        }
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        let start = Instant::now();
+        admin
+            .cluster_status(conch_proto::conch::ClusterStatusRequest {})
+            .await
+            .context("ClusterStatus")?;
+        out.push(start.elapsed());
+    }
+    Ok(out)
+}
+
+fn metrics_addr(cluster: &crate::Cluster, id: u64) -> anyhow::Result<String> {
+    cluster
+        .metrics_addr(id)
+        .with_context(|| format!("node {id} serves no metrics"))
 }
 
 /// Every node's metrics, by node id (the cluster conch-bench started).
@@ -343,10 +413,7 @@ async fn scrape_all(target: &Target) -> anyhow::Result<BTreeMap<u64, Scrape>> {
         .context("--breakdown needs a cluster started by conch-bench (no --endpoints)")?;
     let mut out = BTreeMap::new();
     for id in cluster.ids() {
-        let addr = cluster
-            .metrics_addr(id)
-            .with_context(|| format!("node {id} serves no metrics"))?;
-        out.insert(id, scrape(&addr).await?);
+        out.insert(id, scrape(&metrics_addr(cluster, id)?).await?);
     }
     Ok(out)
 }

@@ -75,8 +75,8 @@ use super::codec::{decode_value, encode_value};
 use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::metrics::{LogMetrics, observe};
-use crate::write_trace::Mark;
 use crate::state::fnv1a64;
+use crate::write_trace::Mark;
 
 /// How many bytes of records the newest entries kept in memory may take (the last entry is
 /// kept whatever its size). Replication and apply read entries just appended; older ones come
