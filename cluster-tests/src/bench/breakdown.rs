@@ -602,7 +602,7 @@ mod tests {
             leader: 1,
             client: 1,
         };
-        let e2e = end_to_end(&vec![Duration::from_micros(1200); 10]);
+        let e2e = end_to_end(&[Duration::from_micros(1200); 10]);
         let b = breakdown(&window, e2e);
         assert_eq!(b.path, "leader");
         assert_eq!(line(&b, "queue", "client").count, 10.0, "only the window's");
