@@ -40,7 +40,9 @@ enum Source {
     Metric(On, &'static str),
     /// Derived: the client's end-to-end latency less the server's `call` stage.
     Outside,
-    /// Derived: one stage less another (p50 less p50, mean less mean).
+    /// Derived: one stage less another (p50 less p50, mean less mean). The AppendEntries hop
+    /// is the first follower's round trip less the handling on every follower, so the slower
+    /// follower's longer handling makes it a lower bound.
     Less((On, &'static str), (On, &'static str)),
 }
 
@@ -88,7 +90,7 @@ fn leader_rows(d: usize, summed: bool) -> Vec<Spec> {
         ),
         (
             d + 3,
-            "AppendEntries hop, both ways (derived)",
+            "AppendEntries hop, both ways (derived, at least)",
             Less((Leader, "replication_rtt"), (Followers, "follower_append")),
             false,
         ),
