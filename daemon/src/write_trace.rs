@@ -9,10 +9,10 @@
 //! other module of the daemon.
 //!
 //! Nothing here allocates per write or takes a lock: stamps are relaxed atomics and each
-//! stage's histogram is resolved once at start. A slot reused or stamped out of order (an entry
-//! replaced after a leader change, two writes racing for one slot) makes that write's Raft
-//! stages unusable, and they are skipped rather than recorded wrong; its outer stages still
-//! count.
+//! stage's histogram is resolved once at start. A write whose slot was taken by a newer index,
+//! or whose stamps are missing or out of order (an entry replaced after a leader change, two
+//! writes racing for one slot), has its Raft stages skipped rather than recorded wrong; its
+//! outer stages still count.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,8 +124,9 @@ impl Stage {
         }
     }
 
+    /// Its place in [`Stage::ALL`] (declaration order).
     fn position(self) -> usize {
-        Stage::ALL.iter().position(|s| *s == self).unwrap_or(0)
+        self as usize
     }
 }
 
@@ -488,6 +489,17 @@ mod tests {
             let s = trace.stamps(index).expect("stamped");
             assert_ne!(s[Mark::Committed as usize], 0, "index {index}");
         }
+    }
+
+    #[test]
+    fn every_stage_has_its_own_place_and_name() {
+        for (i, stage) in Stage::ALL.iter().enumerate() {
+            assert_eq!(stage.position(), i, "{stage:?}");
+        }
+        let mut names: Vec<&str> = Stage::ALL.iter().map(|s| s.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Stage::ALL.len());
     }
 
     #[test]
