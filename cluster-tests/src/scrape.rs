@@ -32,6 +32,179 @@ impl Scrape {
     }
 }
 
+/// One histogram as scraped: cumulative counts by upper bound (ascending, the last `+Inf`),
+/// the sum of the observed values and their count.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Histogram {
+    pub buckets: Vec<(f64, f64)>,
+    pub sum: f64,
+    pub count: f64,
+}
+
+impl Scrape {
+    /// Histogram `name` restricted to the series whose labels include every `(label, value)` of
+    /// `labels`; `None` when no bucket matches. Series matching with different other labels
+    /// are added together.
+    pub fn histogram(&self, name: &str, labels: &[(&str, &str)]) -> Option<Histogram> {
+        let bucket_name = format!("{name}_bucket");
+        let sum_name = format!("{name}_sum");
+        let count_name = format!("{name}_count");
+        let matches = |found: &BTreeMap<String, String>| {
+            labels
+                .iter()
+                .all(|(k, v)| found.get(*k).is_some_and(|f| f == v))
+        };
+        let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+        let mut sum = 0.0;
+        let mut count = 0.0;
+        for (series, value) in &self.series {
+            let Some((metric, found)) = split_series(series) else {
+                continue;
+            };
+            if !matches(&found) {
+                continue;
+            }
+            if metric == bucket_name {
+                let Some(le) = found.get("le").and_then(|le| parse_value(le)) else {
+                    continue;
+                };
+                // Ordered by bound: non-negative floats order like their bits.
+                let entry = buckets.entry(le.to_bits()).or_insert((le, 0.0));
+                entry.1 += value;
+            } else if metric == sum_name {
+                sum += value;
+            } else if metric == count_name {
+                count += value;
+            }
+        }
+        if buckets.is_empty() {
+            return None;
+        }
+        Some(Histogram {
+            buckets: buckets.into_values().collect(),
+            sum,
+            count,
+        })
+    }
+}
+
+impl Histogram {
+    /// What was observed between `earlier` and this scrape of the same series.
+    pub fn since(&self, earlier: &Histogram) -> Histogram {
+        let before = |le: f64| {
+            earlier
+                .buckets
+                .iter()
+                .find(|(b, _)| *b == le)
+                .map_or(0.0, |(_, n)| *n)
+        };
+        Histogram {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(le, n)| (*le, (n - before(*le)).max(0.0)))
+                .collect(),
+            sum: self.sum - earlier.sum,
+            count: self.count - earlier.count,
+        }
+    }
+
+    /// This plus `other` (same buckets), e.g. two nodes' series.
+    pub fn plus(&self, other: &Histogram) -> Histogram {
+        let theirs = |le: f64| {
+            other
+                .buckets
+                .iter()
+                .find(|(b, _)| *b == le)
+                .map_or(0.0, |(_, n)| *n)
+        };
+        Histogram {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(le, n)| (*le, n + theirs(*le)))
+                .collect(),
+            sum: self.sum + other.sum,
+            count: self.count + other.count,
+        }
+    }
+
+    /// The mean observed value; `None` when nothing was observed.
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0.0).then(|| self.sum / self.count)
+    }
+
+    /// The `q` quantile (0-1), interpolated linearly inside its bucket as Prometheus's
+    /// `histogram_quantile` does (from 0 in the first bucket; the highest finite bound if it
+    /// falls in `+Inf`). `None` when nothing was observed.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.buckets.last().map(|(_, n)| *n)?;
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total;
+        let mut lower = 0.0;
+        let mut below = 0.0;
+        for (le, n) in &self.buckets {
+            if *n >= rank && *n > below {
+                if le.is_infinite() {
+                    return Some(lower);
+                }
+                return Some(lower + (le - lower) * (rank - below) / (n - below));
+            }
+            if le.is_finite() {
+                lower = *le;
+            }
+            below = *n;
+        }
+        Some(lower)
+    }
+}
+
+/// `name{a="b",c="d"}` into the name and its labels (escapes in values undone); `None` for a
+/// malformed series.
+fn split_series(series: &str) -> Option<(&str, BTreeMap<String, String>)> {
+    let Some((name, rest)) = series.split_once('{') else {
+        return Some((series, BTreeMap::new()));
+    };
+    let body = rest.strip_suffix('}')?;
+    let mut labels = BTreeMap::new();
+    let mut chars = body.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if key.is_empty() {
+            break;
+        }
+        if chars.next() != Some('"') {
+            return None;
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => match chars.next()? {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        labels.insert(key.trim().to_string(), value);
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+    Some((name, labels))
+}
+
+fn parse_value(v: &str) -> Option<f64> {
+    match v {
+        "+Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        v => v.parse().ok(),
+    }
+}
+
 /// GETs `http://{addr}/metrics` and parses it.
 pub async fn scrape(addr: &str) -> anyhow::Result<Scrape> {
     let fetch = async {
@@ -73,13 +246,8 @@ pub fn parse(body: &str) -> anyhow::Result<Scrape> {
         let (name, value) = line
             .rsplit_once(' ')
             .with_context(|| format!("bad metrics line {line:?}"))?;
-        let value: f64 = match value {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            v => v
-                .parse()
-                .with_context(|| format!("bad value in metrics line {line:?}"))?,
-        };
+        let value =
+            parse_value(value).with_context(|| format!("bad value in metrics line {line:?}"))?;
         series.insert(name.to_string(), value);
     }
     Ok(Scrape { series })
@@ -98,6 +266,54 @@ mod tests {
         assert_eq!(s.get("y{a=\"b c\"}"), Some(0.5));
         assert!(s.has_metric("y") && s.has_metric("z_bucket") && !s.has_metric("z"));
         assert!(parse("x\n").is_err());
+        Ok(())
+    }
+
+    const STAGES: &str = "\
+h_bucket{stage=\"a\",le=\"0.001\"} 2
+h_bucket{stage=\"a\",le=\"0.002\"} 6
+h_bucket{stage=\"a\",le=\"0.004\"} 10
+h_bucket{stage=\"a\",le=\"+Inf\"} 10
+h_sum{stage=\"a\"} 0.02
+h_count{stage=\"a\"} 10
+h_bucket{stage=\"b \\\"q\\\"\",le=\"0.001\"} 1
+h_bucket{stage=\"b \\\"q\\\"\",le=\"+Inf\"} 1
+";
+
+    #[test]
+    fn a_histogram_is_read_by_its_labels_and_its_quantiles_interpolate() -> anyhow::Result<()> {
+        let s = parse(STAGES)?;
+        let a = s.histogram("h", &[("stage", "a")]).context("a")?;
+        assert_eq!(a.count, 10.0);
+        assert_eq!(a.mean(), Some(0.002));
+        assert_eq!(a.buckets.len(), 4);
+        // Rank 5 of 10 lies 3/4 of the way through the second bucket (ranks 3..6).
+        let p50 = a.quantile(0.5).context("p50")?;
+        assert!((p50 - 0.00175).abs() < 1e-12, "{p50}");
+        // Rank 1 in the first bucket, interpolated from 0.
+        let p10 = a.quantile(0.1).context("p10")?;
+        assert!((p10 - 0.0005).abs() < 1e-12, "{p10}");
+        assert!(s.histogram("h", &[("stage", "b \"q\"")]).is_some());
+        assert!(s.histogram("h", &[("stage", "c")]).is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn a_histogram_since_an_earlier_scrape_holds_only_the_new_values() -> anyhow::Result<()> {
+        let before = parse(STAGES)?
+            .histogram("h", &[("stage", "a")])
+            .context("a")?;
+        let later = parse(&STAGES.replace("} 10\n", "} 14\n"))?
+            .histogram("h", &[("stage", "a")])
+            .context("a")?;
+        let new = later.since(&before);
+        assert_eq!(new.count, 4.0);
+        assert_eq!(new.buckets.last().map(|b| b.1), Some(4.0));
+        // All four new values in (2 ms, 4 ms]: rank 2 of 4 is halfway through it.
+        assert_eq!(new.quantile(0.5).map(|q| (q * 1e6).round()), Some(3000.0));
+        let both = new.plus(&new);
+        assert_eq!(both.count, 8.0);
+        assert_eq!(Histogram::default().quantile(0.5), None);
         Ok(())
     }
 }

@@ -23,6 +23,7 @@ fn opts() -> Opts {
         auth: false,
         w1_clients: vec![1],
         w1b_clients: vec![1],
+        breakdown: false,
     }
 }
 
@@ -127,6 +128,64 @@ async fn spread_conch_clients_stay_where_they_are_put() -> anyhow::Result<()> {
     lock_rows_ok(&row, "grants_per_s");
     let row = locks::l3(&target, &opts(), Placement::Leader).await?;
     lock_rows_ok(&row, "reader_cycles_per_s");
+    Ok(())
+}
+
+/// `--breakdown`: every stage of the write's path is observed on the node it belongs to, on
+/// the leader and through a follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breakdown_sees_every_stage_of_a_write_on_its_node() -> anyhow::Result<()> {
+    use cluster_tests::bench::breakdown::Breakdown;
+    let target = Target::new(&None, "breakdown", false, false).await?;
+    let opts = Opts {
+        breakdown: true,
+        ..opts()
+    };
+    for (placement, path, stages) in [
+        (
+            Placement::Leader,
+            "leader",
+            &[
+                "call (server)",
+                "handler_in",
+                "queue",
+                "batch",
+                "raft (client_write)",
+            ][..],
+        ),
+        (
+            Placement::Spread,
+            "follower",
+            &[
+                "call (server)",
+                "to_forwarder",
+                "forward",
+                "peer_call (on the leader)",
+            ][..],
+        ),
+    ] {
+        let row = w1::run(&target, &opts, 1, false, placement).await?;
+        assert_eq!(field(&row, "errors"), 0, "{}", row.json());
+        let b: Breakdown = serde_json::from_value(field(&row, "breakdown"))?;
+        assert_eq!(b.path, path);
+        assert!(b.end_to_end.count > 0.0, "{b:#?}");
+        let common = [
+            "leader_append",
+            "quorum",
+            "apply",
+            "apply_to_return",
+            "follower_append (AppendEntries handler)",
+            "wake",
+            "handler_out",
+        ];
+        for stage in stages.iter().chain(&common) {
+            let line = b.lines.iter().find(|l| l.stage == *stage);
+            assert!(
+                line.is_some_and(|l| l.count > 0.0),
+                "{stage} not observed ({path}): {b:#?}"
+            );
+        }
+    }
     Ok(())
 }
 

@@ -23,6 +23,7 @@ use crate::metrics::ApplyMetrics;
 use crate::state::{Batch, Reply, SnapshotError, State, SyncKind};
 use crate::sync_watch::{SyncWatch, SyncWatches};
 use crate::waiters::{Registry, WaitKey, WaitTicket};
+use crate::write_trace::Mark;
 
 /// The in-memory state machine plus its applied index and the registry of waiting callers.
 pub struct AppliedState {
@@ -133,6 +134,7 @@ impl AppliedState {
 
     /// Applies one committed batch at log `index` and wakes the callers its events concern.
     pub fn apply(&self, index: u64, batch: &Batch) -> Vec<Reply> {
+        self.metrics.trace.stamp(index, Mark::ApplyStart);
         let mut events = Vec::new();
         let mut state = self
             .state
@@ -152,6 +154,7 @@ impl AppliedState {
         self.holder_watches.changed(&tally.holders_changed);
         self.count(batch, &tally);
         self.applied_index.send_replace(index);
+        self.metrics.trace.stamp(index, Mark::ApplyDone);
         replies
     }
 

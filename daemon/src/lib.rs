@@ -65,3 +65,4 @@ mod tls;
 mod ui;
 mod wait;
 mod waiters;
+mod write_trace;

@@ -13,6 +13,7 @@
 //! `_bytes`), `_total` for counters. Labels never carry user data (names of namespaces,
 //! semaphores or leases), so the series count stays fixed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::core::Collector;
@@ -22,6 +23,7 @@ use prometheus::{
 };
 
 use crate::state::{QuotaView, Stats};
+use crate::write_trace::{StageHistograms, WriteTrace, stage_buckets};
 
 /// Latency buckets from 100 µs to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -57,6 +59,11 @@ pub struct Metrics {
     /// When the first certificate in use expires (seconds since the Unix epoch; 0 without TLS),
     /// set at scrape time.
     pub tls_expiry: IntGauge,
+    /// The stages of a write (see `write_trace.rs`).
+    pub stages: StageHistograms,
+    /// The Raft side's stamps of each entry; the log store, network and state machine hold
+    /// clones of this `Arc`.
+    pub trace: Arc<WriteTrace>,
     gauges: Gauges,
 }
 
@@ -72,6 +79,8 @@ pub struct LogMetrics {
     pub appended_bytes: IntCounter,
     /// Set when Raft records the commit index in the log store.
     pub committed_index: IntGauge,
+    /// Where the log store stamps appends and commits of each entry.
+    pub trace: Arc<WriteTrace>,
 }
 
 /// What applying committed entries did.
@@ -83,6 +92,8 @@ pub struct ApplyMetrics {
     pub lease_expirations: IntCounter,
     /// From entering a queue to the grant, by the leader's wall-clock stamps.
     pub wait_seconds: Histogram,
+    /// Where applying stamps each entry.
+    pub trace: Arc<WriteTrace>,
 }
 
 /// Snapshots this node built.
@@ -161,12 +172,19 @@ impl Builder {
     }
 
     fn histogram_vec(&self, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+        self.histogram_vec_with(name, help, labels, LATENCY_BUCKETS.to_vec())
+    }
+
+    fn histogram_vec_with(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: Vec<f64>,
+    ) -> HistogramVec {
         self.register(
-            HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
-                labels,
-            )
-            .unwrap_or_else(|_| invalid(name)),
+            HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+                .unwrap_or_else(|_| invalid(name)),
         )
     }
 }
@@ -187,6 +205,7 @@ impl Metrics {
         let b = Builder {
             registry: Registry::new(),
         };
+        let trace = Arc::new(WriteTrace::default());
         let log = LogMetrics {
             append_seconds: b.histogram(
                 "conch_log_append_duration_seconds",
@@ -210,6 +229,7 @@ impl Metrics {
                 "conch_raft_committed_index",
                 "Last log index this node knows committed.",
             ),
+            trace: Arc::clone(&trace),
         };
         let apply = ApplyMetrics {
             entries: b.counter(
@@ -233,6 +253,7 @@ impl Metrics {
                 "Time from entering a queue to the grant.",
                 WAIT_BUCKETS,
             ),
+            trace: Arc::clone(&trace),
         };
         let snapshots = SnapshotMetrics {
             built: b.counter("conch_snapshots_total", "Snapshots this node built."),
@@ -337,6 +358,13 @@ impl Metrics {
              --client-ca and --peer-ca certificates), in seconds since the Unix epoch; 0 without \
              TLS. Renew before then: an expired certificate is refused by clients and peers.",
         );
+        let stages = StageHistograms::of(&b.histogram_vec_with(
+            "conch_write_stage_seconds",
+            "Time of one write in each stage of its path, by stage (see README, Where a write's \
+             time goes); stages on another node are in that node's metrics.",
+            &["stage"],
+            stage_buckets(),
+        ));
         Metrics {
             registry: b.registry,
             log,
@@ -351,6 +379,8 @@ impl Metrics {
             waiting_calls,
             connections_refused,
             tls_expiry,
+            stages,
+            trace,
             gauges,
         }
     }
@@ -526,8 +556,43 @@ mod tests {
             "conch_raft_commands_per_entry",
             "conch_grpc_requests_total",
             "conch_waiters",
+            "conch_write_stage_seconds",
         ] {
             assert!(names.contains(&needed), "{needed} missing from {names:?}");
         }
+    }
+
+    #[test]
+    fn the_readme_lists_every_metric() -> Result<(), prometheus::Error> {
+        let readme = include_str!("../../README.md");
+        let metrics = Metrics::new();
+        metrics.forwarded.with_label_values(&["write"]).inc();
+        metrics
+            .grpc
+            .requests
+            .with_label_values(&["/x/Y", "OK"])
+            .inc();
+        metrics
+            .grpc
+            .seconds
+            .with_label_values(&["/x/Y"])
+            .observe(0.1);
+        let text = metrics.render(
+            &RaftGauges::default(),
+            &Stats::default(),
+            &QuotaGauges::default(),
+        )?;
+        let mut missing = Vec::new();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let name = line.split_whitespace().nth(2).unwrap_or_default();
+            if !readme.contains(&format!("`{name}`")) && !readme.contains(&format!("`{name}{{")) {
+                missing.push(name.to_string());
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "not in README's metrics table: {missing:?}"
+        );
+        Ok(())
     }
 }

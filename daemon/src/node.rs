@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conch_proto::conch::PeerMessage;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
@@ -41,6 +41,7 @@ use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Cmd, Nanos, Reply};
 use crate::storage_fault;
 use crate::tasks::Tasks;
+use crate::write_trace::{Stage, note_proposed, note_resumed};
 
 mod leader_wait;
 mod raft_view;
@@ -70,8 +71,14 @@ struct Proposal {
     cmds: Vec<Cmd>,
     /// Came from another node: never forward it again.
     forwarded: bool,
-    reply: oneshot::Sender<Result<(Vec<Reply>, u64), NodeError>>,
+    /// When it entered its current queue (the proposer's, then the forwarder's), for the
+    /// write's stage times.
+    queued_at: Instant,
+    reply: oneshot::Sender<Answer>,
 }
+
+/// A proposal's result, and when it was answered (for the write's stage times).
+type Answer = (Result<(Vec<Reply>, u64), NodeError>, Instant);
 
 pub struct Node {
     pub id: NodeId,
@@ -208,15 +215,24 @@ impl Node {
         forwarded: bool,
     ) -> Result<(Vec<Reply>, u64), NodeError> {
         let (reply, rx) = oneshot::channel();
+        let queued_at = Instant::now();
+        note_proposed(queued_at, forwarded);
         self.proposals
             .send(Proposal {
                 cmds,
                 forwarded,
+                queued_at,
                 reply,
             })
             .await
             .map_err(|_| shutting_down())?;
-        rx.await.map_err(|_| shutting_down())?
+        let (result, answered_at) = rx.await.map_err(|_| shutting_down())?;
+        let resumed = Instant::now();
+        self.metrics
+            .stages
+            .between(Stage::Wake, answered_at, resumed);
+        note_resumed(resumed);
+        result
     }
 
     /// Waits until a read on this node is linearizable: leadership confirmed by a quorum after
@@ -451,7 +467,15 @@ impl Node {
             move |batch, permit| {
                 let node = Arc::clone(&self);
                 async move {
+                    let started = Instant::now();
+                    for proposal in &batch {
+                        let stages = &node.metrics.stages;
+                        stages.between(Stage::ToForwarder, proposal.queued_at, started);
+                    }
                     let result = node.commit_anywhere(all_cmds(&batch)).await;
+                    node.metrics
+                        .stages
+                        .between(Stage::Forward, started, Instant::now());
                     drop(permit);
                     answer(batch, result);
                 }
@@ -468,8 +492,13 @@ impl Node {
     /// resuming) would otherwise hold all their permits forwarding to each other, and neither
     /// proposer would ever run the other's forwarded batch.
     async fn submit(&self, proposals: Vec<Proposal>, permit: OwnedSemaphorePermit) {
+        let started = Instant::now();
+        for proposal in &proposals {
+            let stages = &self.metrics.stages;
+            stages.between(Stage::Queue, proposal.queued_at, started);
+        }
         if self.is_leader() {
-            match self.commit_as_leader(all_cmds(&proposals)).await {
+            match self.commit_as_leader(all_cmds(&proposals), started).await {
                 Ok(committed) => return answer(proposals, Ok(committed)),
                 Err(NodeError::NotLeader { .. }) => {} // nothing was proposed; route below
                 Err(e) => return answer(proposals, Err(e)),
@@ -483,9 +512,10 @@ impl Node {
         if local.is_empty() {
             return;
         }
-        for proposal in local {
+        for mut proposal in local {
+            proposal.queued_at = started;
             if let Err(unsent) = self.to_forward.send(proposal).await {
-                let _ = unsent.0.reply.send(Err(shutting_down()));
+                let _ = unsent.0.reply.send((Err(shutting_down()), Instant::now()));
             }
         }
     }
@@ -496,7 +526,7 @@ impl Node {
         loop {
             let leader = self.await_leader(deadline).await?;
             let result = if leader.id == self.id {
-                self.commit_as_leader(cmds.clone()).await
+                self.commit_as_leader(cmds.clone(), Instant::now()).await
             } else {
                 self.commit_through(&leader, cmds.clone()).await
             };
@@ -514,7 +544,13 @@ impl Node {
         }
     }
 
-    async fn commit_as_leader(&self, mut cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
+    /// Proposes `cmds` to Raft as leader; `since` is when the batch task began (for the write's
+    /// stage times).
+    async fn commit_as_leader(
+        &self,
+        mut cmds: Vec<Cmd>,
+        since: Instant,
+    ) -> Result<(Vec<Reply>, u64), NodeError> {
         let term = self.raft.metrics().borrow().current_term;
         let extend = self.extension.due(term);
         if extend {
@@ -526,8 +562,16 @@ impl Node {
             wall_ns: wall_ns(),
         };
         self.metrics.proposed(batch.cmds.len());
-        match self.raft.client_write(batch).await {
+        let called = Instant::now();
+        let written = self.raft.client_write(batch).await;
+        let returned = Instant::now();
+        match written {
             Ok(response) => {
+                let stages = &self.metrics.stages;
+                stages.between(Stage::Batch, since, called);
+                stages.between(Stage::Raft, called, returned);
+                let trace = &self.metrics.trace;
+                trace.record_raft(response.log_id.index, called, returned, stages);
                 if extend {
                     self.extension.committed(term);
                 }
@@ -557,7 +601,11 @@ impl Node {
         // proposal, and the caller, longer than a leader change takes.
         let mut request = tonic::Request::new(PeerMessage { payload });
         request.set_timeout(self.config.leader_wait);
-        let response = client.propose(request).await.map_err(|status| {
+        let sent = Instant::now();
+        let response = client.propose(request).await;
+        let stages = &self.metrics.stages;
+        stages.between(Stage::ForwardRpc, sent, Instant::now());
+        let response = response.map_err(|status| {
             peer_failure(
                 &status,
                 leader,
@@ -721,6 +769,7 @@ async fn gather(rx: &mut mpsc::Receiver<Proposal>) -> Option<Vec<Proposal>> {
 }
 
 fn answer(proposals: Vec<Proposal>, result: Result<(Vec<Reply>, u64), NodeError>) {
+    let at = Instant::now();
     match result {
         Ok((replies, index)) => {
             let mut replies = replies.into_iter();
@@ -733,12 +782,12 @@ fn answer(proposals: Vec<Proposal>, result: Result<(Vec<Reply>, u64), NodeError>
                         "state machine returned too few replies".into(),
                     ))
                 };
-                let _ = proposal.reply.send(outcome);
+                let _ = proposal.reply.send((outcome, at));
             }
         }
         Err(e) => {
             for proposal in proposals {
-                let _ = proposal.reply.send(Err(e.clone()));
+                let _ = proposal.reply.send((Err(e.clone()), at));
             }
         }
     }

@@ -278,6 +278,7 @@ async fn start_on(
             Duration::from_millis(500),
             Arc::new(config.peer_routes.clone()),
             PeerDialer::of(&config, Arc::clone(&cluster_id)),
+            Arc::clone(&metrics.trace),
         ),
         log_store,
         state_machine,

@@ -428,6 +428,7 @@ mod tests {
             tls: false,
             auth: false,
             w1_clients: vec![1],
+            breakdown: false,
             w1b_clients: vec![1],
         }
     }

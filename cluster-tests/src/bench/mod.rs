@@ -5,6 +5,7 @@
 //! compared with each other (release sent, grant observed, kill) are all `Instant`s taken in
 //! this process.
 
+pub mod breakdown;
 pub mod compare;
 pub mod elect;
 pub mod etcd;
@@ -49,6 +50,8 @@ pub struct Opts {
     pub w1_clients: Vec<usize>,
     /// Client counts of W1b's rows (`--clients`).
     pub w1b_clients: Vec<usize>,
+    /// W1 also reports where each write's time goes (`--breakdown`).
+    pub breakdown: bool,
 }
 
 /// Where the clients of a workload connect.

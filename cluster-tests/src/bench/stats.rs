@@ -165,6 +165,7 @@ pub fn print_table(rows: &[Row]) {
             "hold_ms",
             "system",
             "placement",
+            "breakdown",
             metric.as_str(),
         ];
         let mut workload = cell(row.fields.get("workload"));

@@ -6,13 +6,16 @@
 //! `conch sema` would do it) followed by a release; in W1b it is create lease, acquire,
 //! release, revoke lease. Calls go to the leader directly and follow the `conch-leader` hint.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use conch_proto::grackle as pb;
 
 use crate::net::Failover;
+use crate::scrape::{Scrape, scrape};
 
+use super::breakdown;
 use super::stats::{Errors, Latencies, Row, round1};
 use super::{Opts, Placement, Target, batched, check_setup, leader_index, ms_between, secs};
 
@@ -24,6 +27,8 @@ struct CycleCfg {
     sem: String,
     /// The client's lease (W1); `None`: create and revoke one in every cycle (W1b).
     lease: Option<String>,
+    /// Time every call (`--breakdown`): each is one write.
+    time_calls: bool,
 }
 
 #[derive(Default)]
@@ -33,6 +38,8 @@ struct ClientLog {
     /// (seen at, error) of every failed call.
     errors: Vec<(Instant, String)>,
     redirects: u64,
+    /// (completed at, latency) of every successful call, when `time_calls`.
+    calls: Vec<(Instant, Duration)>,
 }
 
 /// Runs cycles until `stop_at`.
@@ -40,7 +47,7 @@ async fn client_loop(mut conn: Failover, cfg: CycleCfg, stop_at: Instant) -> Cli
     let mut log = ClientLog::default();
     while Instant::now() < stop_at {
         let start = Instant::now();
-        match cycle(&mut conn, &cfg).await {
+        match cycle(&mut conn, &cfg, &mut log.calls).await {
             Ok(()) => log.done.push((Instant::now(), start.elapsed())),
             Err(e) => {
                 log.errors.push((Instant::now(), e));
@@ -56,7 +63,31 @@ fn code(s: &tonic::Status) -> String {
     format!("{:?}", s.code())
 }
 
-async fn cycle(conn: &mut Failover, cfg: &CycleCfg) -> Result<(), String> {
+/// Runs `call` on `conn`, noting its latency in `calls` when `cfg.time_calls`.
+async fn timed<T, F, Fut>(
+    conn: &mut Failover,
+    cfg: &CycleCfg,
+    calls: &mut Vec<(Instant, Duration)>,
+    call: F,
+) -> Result<T, String>
+where
+    F: FnOnce(crate::net::Grackle) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let start = Instant::now();
+    let reply = conn.call(call).await.map_err(|s| code(&s))?;
+    if cfg.time_calls {
+        let now = Instant::now();
+        calls.push((now, now - start));
+    }
+    Ok(reply)
+}
+
+async fn cycle(
+    conn: &mut Failover,
+    cfg: &CycleCfg,
+    calls: &mut Vec<(Instant, Duration)>,
+) -> Result<(), String> {
     let lease = match &cfg.lease {
         Some(lease) => lease.clone(),
         None => {
@@ -66,10 +97,10 @@ async fn cycle(conn: &mut Failover, cfg: &CycleCfg) -> Result<(), String> {
                 ttl_seconds: LEASE_TTL_S,
                 ..Default::default()
             };
-            let r = conn
-                .call(move |mut c| async move { c.create_semaphore_lease(request).await })
-                .await
-                .map_err(|s| code(&s))?;
+            let r = timed(conn, cfg, calls, move |mut c| async move {
+                c.create_semaphore_lease(request).await
+            })
+            .await?;
             r.lease
                 .map(|l| l.lease_id)
                 .ok_or("lease missing in reply")?
@@ -83,10 +114,10 @@ async fn cycle(conn: &mut Failover, cfg: &CycleCfg) -> Result<(), String> {
         timeout_ms: 5_000,
         ..Default::default()
     };
-    let r = conn
-        .call(move |mut c| async move { c.acquire_semaphore(acquire).await })
-        .await
-        .map_err(|s| code(&s))?;
+    let r = timed(conn, cfg, calls, move |mut c| async move {
+        c.acquire_semaphore(acquire).await
+    })
+    .await?;
     if r.outcome != pb::AcquireOutcome::Acquired as i32 {
         return Err(format!("not acquired (outcome {})", r.outcome));
     }
@@ -95,17 +126,19 @@ async fn cycle(conn: &mut Failover, cfg: &CycleCfg) -> Result<(), String> {
         semaphore_name: cfg.sem.clone(),
         lease_id: lease.clone(),
     };
-    conn.call(move |mut c| async move { c.release_semaphore(release).await })
-        .await
-        .map_err(|s| code(&s))?;
+    timed(conn, cfg, calls, move |mut c| async move {
+        c.release_semaphore(release).await
+    })
+    .await?;
     if cfg.lease.is_none() {
         let revoke = pb::RevokeSemaphoreLeaseRequest {
             namespace_name: cfg.ns.clone(),
             lease_id: lease,
         };
-        conn.call(move |mut c| async move { c.revoke_semaphore_lease(revoke).await })
-            .await
-            .map_err(|s| code(&s))?;
+        timed(conn, cfg, calls, move |mut c| async move {
+            c.revoke_semaphore_lease(revoke).await
+        })
+        .await?;
     }
     Ok(())
 }
@@ -146,7 +179,12 @@ async fn setup(
                     .into_inner();
                 Some(r.lease.map(|l| l.lease_id).unwrap_or_default())
             };
-            Ok(CycleCfg { ns, sem, lease })
+            Ok(CycleCfg {
+                ns,
+                sem,
+                lease,
+                time_calls: false,
+            })
         }
     })
     .await;
@@ -164,7 +202,10 @@ pub async fn run(
     let workload = if per_cycle_lease { "W1b" } else { "W1" };
     let before = target.leader().await?;
     let prefix = format!("{}-{clients}-{}", workload.to_lowercase(), placement.name());
-    let cfgs = setup(target, &before.addr, &prefix, clients, per_cycle_lease).await?;
+    let mut cfgs = setup(target, &before.addr, &prefix, clients, per_cycle_lease).await?;
+    for cfg in &mut cfgs {
+        cfg.time_calls = opts.breakdown;
+    }
 
     let t0 = Instant::now();
     let window_start = t0 + opts.warmup;
@@ -185,15 +226,45 @@ pub async fn run(
     }
     tokio::time::sleep_until(window_start.into()).await;
     let at_start = target.leader().await?;
+    let scraped_before = match opts.breakdown {
+        true => Some(scrape_all(target).await?),
+        false => None,
+    };
+    // Calls that write nothing, paced, to the clients' node while the writes run: what a call
+    // costs outside the server under the same load.
+    let client_addr = match placement {
+        Placement::Leader => before.addr.clone(),
+        Placement::Spread => {
+            target.endpoints[placement.node(0, target.endpoints.len(), leader_at)].clone()
+        }
+    };
+    let probe = opts.breakdown.then(|| {
+        let addr = client_addr.clone();
+        tokio::spawn(async move {
+            let until = window_end - EMPTY_CALL_PAUSE;
+            empty_calls(&addr, usize::MAX, EMPTY_CALL_PAUSE, Some(until)).await
+        })
+    });
     tokio::time::sleep_until(window_end.into()).await;
     let at_end = target.leader().await?;
+    let scraped_after = match opts.breakdown {
+        true => Some(scrape_all(target).await?),
+        false => None,
+    };
 
     let debug = std::env::var_os("CONCH_BENCH_DEBUG").is_some();
     let mut latencies = Latencies::default();
     let mut errors = Errors::default();
     let mut redirects = 0;
+    let mut calls = Vec::new();
     for task in tasks {
         let log = task.await.context("client task")?;
+        calls.extend(
+            log.calls
+                .iter()
+                .filter(|(at, _)| *at >= window_start && *at <= window_end)
+                .map(|(_, latency)| *latency),
+        );
         for (at, latency) in log.done {
             if at >= window_start && at <= window_end {
                 latencies.push(latency);
@@ -244,7 +315,107 @@ pub async fn run(
     row.set("leader_changes", after.term.saturating_sub(before.term));
     row.set("leader_moved", before.leader_id != after.leader_id);
     row.set("redirects", redirects);
+    if let (Some(before_scrape), Some(after_scrape)) = (scraped_before, scraped_after) {
+        if at_end.leader_id != before.leader_id {
+            anyhow::bail!(
+                "the leader changed during the run (node {} to {}): the breakdown would mix two leaders",
+                before.leader_id,
+                at_end.leader_id
+            );
+        }
+        let cluster = target
+            .cluster
+            .as_ref()
+            .context("--breakdown needs a cluster started by conch-bench")?;
+        let client = cluster
+            .ids()
+            .into_iter()
+            .find(|id| cluster.addr(*id) == client_addr)
+            .with_context(|| format!("no node of the cluster serves {client_addr}"))?;
+        let window = breakdown::Window {
+            before: &before_scrape,
+            after: &after_scrape,
+            leader: before.leader_id,
+            client,
+        };
+        let mut result = breakdown::breakdown(&window, breakdown::end_to_end(&calls));
+        if let Some(probe) = probe {
+            let latencies = probe.await.context("empty calls")??;
+            result.empty_calls.push(breakdown::empty_call(
+                &format!(
+                    "during the window, one every {} ms",
+                    EMPTY_CALL_PAUSE.as_millis()
+                ),
+                &latencies,
+                &before_scrape[&client],
+                &after_scrape[&client],
+            ));
+        }
+        let before_empty = scrape(&metrics_addr(cluster, client)?).await?;
+        let latencies = empty_calls(&client_addr, EMPTY_CALLS, Duration::ZERO, None).await?;
+        let after_empty = scrape(&metrics_addr(cluster, client)?).await?;
+        result.empty_calls.push(breakdown::empty_call(
+            "after the window, one after another",
+            &latencies,
+            &before_empty,
+            &after_empty,
+        ));
+        row.set("breakdown", serde_json::to_value(&result)?);
+    }
     Ok(row)
+}
+
+/// Calls that write nothing, timed after a `--breakdown` window.
+const EMPTY_CALLS: usize = 1_000;
+/// The pause between calls that write nothing during a `--breakdown` window (few enough to
+/// leave the writes' numbers alone).
+const EMPTY_CALL_PAUSE: Duration = Duration::from_millis(20);
+
+/// Times up to `n` calls of `ConchAdmin.ClusterStatus` (local, writes nothing) to `addr`, one
+/// at a time on one connection, `pause` apart, until `until` if given.
+async fn empty_calls(
+    addr: &str,
+    n: usize,
+    pause: Duration,
+    until: Option<Instant>,
+) -> anyhow::Result<Vec<Duration>> {
+    let channel = crate::net::connect(addr, Duration::from_secs(1)).await?;
+    let mut admin = conch_proto::conch::conch_admin_client::ConchAdminClient::new(channel);
+    let mut out = Vec::with_capacity(n.min(EMPTY_CALLS));
+    for _ in 0..n {
+        if until.is_some_and(|u| Instant::now() >= u) {
+            break;
+        }
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        let start = Instant::now();
+        admin
+            .cluster_status(conch_proto::conch::ClusterStatusRequest {})
+            .await
+            .context("ClusterStatus")?;
+        out.push(start.elapsed());
+    }
+    Ok(out)
+}
+
+fn metrics_addr(cluster: &crate::Cluster, id: u64) -> anyhow::Result<String> {
+    cluster
+        .metrics_addr(id)
+        .with_context(|| format!("node {id} serves no metrics"))
+}
+
+/// Every node's metrics, by node id (the cluster conch-bench started).
+async fn scrape_all(target: &Target) -> anyhow::Result<BTreeMap<u64, Scrape>> {
+    let cluster = target
+        .cluster
+        .as_ref()
+        .context("--breakdown needs a cluster started by conch-bench (no --endpoints)")?;
+    let mut out = BTreeMap::new();
+    for id in cluster.ids() {
+        out.insert(id, scrape(&metrics_addr(cluster, id)?).await?);
+    }
+    Ok(out)
 }
 
 /// W3's clients, and how long they run before and after the kill.

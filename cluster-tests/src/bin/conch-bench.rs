@@ -103,6 +103,15 @@ struct Cli {
     /// `concurrency.Mutex` and `recipes.RWMutex`.
     #[arg(long, value_parser = ["etcd"], conflicts_with = "endpoints")]
     baseline: Option<String>,
+
+    /// With `--only W1` (best with `--clients 1`): also show where a write's time goes, stage
+    /// by stage on every node (the nodes' conch_write_stage_seconds, scraped around the
+    /// measured window), with the stages' sum beside the latency the client measured per call.
+    /// `--placement leader` times writes on the leader; `--placement spread` puts the one
+    /// client on a follower, which forwards each write to the leader. Needs the cluster
+    /// conch-bench starts (not with --endpoints).
+    #[arg(long, conflicts_with_all = ["endpoints", "baseline"])]
+    breakdown: bool,
 }
 
 /// The most clients one W1 row may run (each holds a connection and a lease).
@@ -121,6 +130,8 @@ Examples:
   target/release/conch-bench --only S1,S2,S3   # barrier release, wait-group wake-up and size
   target/release/conch-bench --only E1         # conch elect: the hand-over gap on SIGTERM
   target/release/conch-bench --only P1         # revoke -> conch sema's command stopped
+  target/release/conch-bench --only W1 --clients 1 --breakdown   # where a write's time goes
+  target/release/conch-bench --only W1 --clients 1 --breakdown --placement spread  # via a follower
 
 conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
 
@@ -177,6 +188,19 @@ async fn main() -> ExitCode {
         eprintln!("conch-bench: --clients {bad}: each client count must be 1-{MAX_CLIENTS}");
         return ExitCode::from(64);
     }
+    if cli.breakdown && selected != ["W1"] {
+        eprintln!(
+            "conch-bench: --breakdown times W1's writes: run it with --only W1 (got {})",
+            selected.join(",")
+        );
+        return ExitCode::from(64);
+    }
+    if cli.breakdown && cli.clients.as_deref() != Some(&[1]) {
+        eprintln!(
+            "conch-bench: warning: --breakdown without --clients 1: writes share batches, so \
+             the stages overlap and their sum exceeds a write's latency"
+        );
+    }
     if cfg!(debug_assertions) {
         eprintln!(
             "conch-bench: warning: this is a debug build; numbers are meaningless (use --release)"
@@ -193,6 +217,7 @@ async fn main() -> ExitCode {
         auth: cli.auth,
         w1_clients: cli.clients.clone().unwrap_or_else(|| vec![1, 8, 64]),
         w1b_clients: cli.clients.clone().unwrap_or_else(|| vec![64]),
+        breakdown: cli.breakdown,
     };
     if cli.tls {
         eprintln!("conch-bench: clusters run with TLS, client certificates and peer mutual TLS");
@@ -256,6 +281,15 @@ async fn main() -> ExitCode {
     }
     if !cli.json {
         print_table(&rows);
+        for row in &rows {
+            let Some(value) = row.fields.get("breakdown") else {
+                continue;
+            };
+            match serde_json::from_value::<bench::breakdown::Breakdown>(value.clone()) {
+                Ok(b) => println!("\n{}", b.render()),
+                Err(e) => eprintln!("conch-bench: breakdown unreadable: {e}"),
+            }
+        }
     }
     if failed {
         ExitCode::FAILURE

@@ -7,6 +7,7 @@
 //! other than its authenticated sender is refused; no refusal names the cluster id or members.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use conch_proto::conch::PeerMessage;
 use conch_proto::conch::conch_peer_server::ConchPeer;
@@ -23,6 +24,7 @@ use crate::node::Node;
 use crate::raft::network::{decode, encode};
 use crate::raft::{NodeId, TypeConfig, peer_target};
 use crate::state::Cmd;
+use crate::write_trace::Stage;
 
 pub struct PeerService {
     node: Arc<Node>,
@@ -180,13 +182,20 @@ impl ConchPeer for PeerService {
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
+        let started = Instant::now();
         for_this_node(&self.node, &request)?;
         let from = sender(&request);
         let rpc: AppendEntriesRequest<TypeConfig> = decode_request(&request)?;
         sent_by(&request, rpc.vote.leader_id().voted_for())?;
         self.node.cluster_id.adopt_from(request.metadata());
         self.node.note_client_addr(from, request.metadata());
-        Ok(encode_reply(&self.node.append_entries(rpc).await)?)
+        let carries_entries = !rpc.entries.is_empty();
+        let reply = encode_reply(&self.node.append_entries(rpc).await)?;
+        if carries_entries {
+            let stages = &self.node.metrics.stages;
+            stages.between(Stage::FollowerAppend, started, Instant::now());
+        }
+        Ok(reply)
     }
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {

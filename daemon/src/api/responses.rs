@@ -9,8 +9,10 @@
 //!   there ("trailers-only"), and one that succeeds carries OK in the trailers. A streaming call
 //!   is counted when its headers leave, as OK unless it failed at once. Paths of methods this
 //!   server does not have are counted as `unknown`, so a client cannot grow the number of
-//!   series.
+//!   series;
+//! - it times the outer stages of a call that wrote once (see `write_trace.rs`).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use tonic::codegen::http;
 use super::LEADER_HEADER;
 use crate::metrics::Metrics;
 use crate::node::Node;
+use crate::write_trace::{CALL, CallStamps, record_call};
 
 /// Path prefix of the node-to-node service, whose responses carry no leader hint.
 const PEER_PATH: &str = "/conch.v1.ConchPeer/";
@@ -80,7 +83,15 @@ where
         let started = Instant::now();
         let fut = self.inner.call(request);
         Box::pin(async move {
-            let mut response = fut.await?;
+            // The handler notes its write's moments in the task-local (see `write_trace.rs`).
+            let (response, stamps) = CALL
+                .scope(Cell::new(CallStamps::default()), async move {
+                    let response = fut.await;
+                    (response, CALL.with(Cell::get))
+                })
+                .await;
+            let mut response = response?;
+            record_call(stamps, started, Instant::now(), &node.metrics.stages);
             count(&node.metrics, &path, response.headers(), started);
             if !path.starts_with(PEER_PATH) {
                 add_leader(&node, response.headers_mut());

@@ -76,6 +76,7 @@ use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::metrics::{LogMetrics, observe};
 use crate::state::fnv1a64;
+use crate::write_trace::Mark;
 
 /// How many bytes of records the newest entries kept in memory may take (the last entry is
 /// kept whatever its size). Replication and apply read entries just appended; older ones come
@@ -879,6 +880,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         if let Some(id) = committed {
+            self.metrics.trace.committed(id.index);
             self.metrics
                 .committed_index
                 .set(i64::try_from(id.index).unwrap_or(i64::MAX));
@@ -908,8 +910,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
-        if let Some(last) = entries.last().map(|e| e.log_id) {
+        if let (Some(first), Some(last)) = (entries.first(), entries.last().map(|e| e.log_id)) {
             let started = std::time::Instant::now();
+            let first = first.log_id.index;
+            self.metrics
+                .trace
+                .stamp_range(first, last.index, Mark::AppendStart);
             let count = entries.len();
             // Steps 1-3, on this thread.
             let (appended, sizes) = {
@@ -935,6 +941,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.write_log().push(entries, sizes.into_iter());
             observe(&self.metrics.append_seconds, started.elapsed());
             self.metrics.appended_entries.inc_by(count as u64);
+            self.metrics
+                .trace
+                .stamp_range(first, last.index, Mark::AppendDone);
         }
         // Step 5.
         callback.log_io_completed(Ok(()));

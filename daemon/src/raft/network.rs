@@ -28,6 +28,7 @@ use crate::config::Config;
 use crate::identity::{ClusterId, PeerStamp, WithClusterId};
 use crate::log_limit::LogLimits;
 use crate::tls::Tls;
+use crate::write_trace::{Mark, WriteTrace};
 
 /// Largest peer message accepted or sent (snapshot chunks and entry batches stay below it).
 pub const PEER_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
@@ -129,6 +130,8 @@ pub struct PeerNetwork {
     dialer: PeerDialer,
     /// An unreachable peer is said once per interval, not at every retry.
     unreachable: Arc<LogLimits<NodeId>>,
+    /// Where replication stamps when an entry is first sent and first acknowledged.
+    trace: Arc<WriteTrace>,
 }
 
 /// How often an unreachable peer is logged while it stays unreachable.
@@ -140,12 +143,14 @@ impl PeerNetwork {
         connect_timeout: Duration,
         routes: Arc<BTreeMap<NodeId, String>>,
         dialer: PeerDialer,
+        trace: Arc<WriteTrace>,
     ) -> Self {
         PeerNetwork {
             connect_timeout,
             routes,
             dialer,
             unreachable: Arc::new(LogLimits::new(UNREACHABLE_LOG_EVERY)),
+            trace,
         }
     }
 }
@@ -164,6 +169,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             node: node.clone(),
             client,
             unreachable: Arc::clone(&self.unreachable),
+            trace: Arc::clone(&self.trace),
         }
     }
 }
@@ -174,6 +180,7 @@ pub struct PeerConnection {
     node: BasicNode,
     client: Result<ConchPeerClient<PeerChannel>, tonic::transport::Error>,
     unreachable: Arc<LogLimits<NodeId>>,
+    trace: Arc<WriteTrace>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
@@ -251,7 +258,19 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.call(PeerCall::AppendEntries, &rpc, &option).await
+        let entries = rpc
+            .entries
+            .first()
+            .zip(rpc.entries.last())
+            .map(|(first, last)| (first.log_id.index, last.log_id.index));
+        if let Some((first, last)) = entries {
+            self.trace.stamp_range(first, last, Mark::Sent);
+        }
+        let reply = self.call(PeerCall::AppendEntries, &rpc, &option).await;
+        if let (Some((first, last)), Ok(AppendEntriesResponse::Success)) = (entries, &reply) {
+            self.trace.stamp_range(first, last, Mark::Acked);
+        }
+        reply
     }
 
     async fn install_snapshot(
