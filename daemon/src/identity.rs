@@ -125,10 +125,18 @@ impl ClusterId {
             return Ok(id);
         }
         let mut bytes = [0u8; 16];
-        rustls::crypto::ring::default_provider()
-            .secure_random
-            .fill(&mut bytes)
-            .map_err(|_| IdentityError::Random)?;
+        if crate::entropy::is_seeded() {
+            // Under simulation: from the seed, so the run replays (see `entropy.rs`).
+            for chunk in bytes.chunks_mut(8) {
+                let draw = crate::entropy::random_u64().map_err(|_| IdentityError::Random)?;
+                chunk.copy_from_slice(&draw.to_le_bytes()[..chunk.len()]);
+            }
+        } else {
+            rustls::crypto::ring::default_provider()
+                .secure_random
+                .fill(&mut bytes)
+                .map_err(|_| IdentityError::Random)?;
+        }
         let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         self.store(&id)?;
         Ok(id)
