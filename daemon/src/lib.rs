@@ -22,6 +22,8 @@ pub mod blocking;
 #[doc(hidden)]
 pub mod clock;
 #[doc(hidden)]
+pub mod disk_faults;
+#[doc(hidden)]
 pub mod entropy;
 #[doc(hidden)]
 pub mod listen_fds;

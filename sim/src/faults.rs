@@ -29,6 +29,10 @@ pub enum Fault {
     Crash { node: u64 },
     /// Every node dies at once; healed by starting them all.
     CrashAll,
+    /// The node's log syncs fail (an I/O error, or the disk full): its next append fails and
+    /// the node stops, as `conchd` exits on a storage failure; healed by starting it again on
+    /// the same directory once the disk works, as a supervisor would.
+    Disk { node: u64, full: bool },
     /// Messages between the node and the other nodes are held back, then delivered at once.
     Hold { node: u64 },
     /// Every message takes up to this long.
@@ -54,6 +58,8 @@ impl fmt::Display for Fault {
             }
             Fault::Crash { node } => write!(f, "crash n{node}"),
             Fault::CrashAll => write!(f, "crash every node"),
+            Fault::Disk { node, full: true } => write!(f, "n{node}'s disk is full"),
+            Fault::Disk { node, full: false } => write!(f, "n{node}'s disk fails its syncs"),
             Fault::Hold { node } => write!(f, "hold n{node}'s messages"),
             Fault::Slow { max_latency } => {
                 write!(f, "messages take up to {} ms", max_latency.as_millis())
@@ -138,7 +144,11 @@ fn choose(rng: &mut Rng, nodes: u64) -> Fault {
             let to = 1 + (node + rng.below(nodes - 1)) % nodes;
             Fault::OneWay { from: node, to }
         }
-        30..=54 => Fault::Crash { node },
+        30..=47 => Fault::Crash { node },
+        48..=54 => Fault::Disk {
+            node,
+            full: rng.below(2) == 0,
+        },
         55..=59 => Fault::CrashAll,
         60..=67 => {
             let to = 1 + (node + rng.below(nodes - 1)) % nodes;
@@ -185,10 +195,12 @@ impl fmt::Display for Due {
 }
 
 impl Due {
+    /// Applies the event to `sim`; the nodes' data directories are under `scratch`.
     pub fn apply(
         &self,
         sim: &mut turmoil::Sim<'_>,
         wall_step: &'static std::thread::LocalKey<Cell<i64>>,
+        scratch: &std::path::Path,
     ) {
         let others = |node: u64| (1..=self.nodes).filter(move |n| *n != node);
         match &self.event {
@@ -208,6 +220,16 @@ impl Due {
                     for node in 1..=self.nodes {
                         sim.crash(node_ip(node));
                     }
+                }
+                Fault::Disk { node, full } => {
+                    let fault = match full {
+                        true => conchd::disk_faults::DiskFault::Full,
+                        false => conchd::disk_faults::DiskFault::Io,
+                    };
+                    conchd::disk_faults::fail_syncs_under(
+                        &crate::node_dir(scratch, *node),
+                        Some(fault),
+                    );
                 }
                 Fault::Hold { node } => {
                     for other in others(*node) {
@@ -231,6 +253,10 @@ impl Due {
                     sim.bounce(node_ip(*from));
                 }
                 Fault::Crash { node } => sim.bounce(node_ip(*node)),
+                Fault::Disk { node, .. } => {
+                    conchd::disk_faults::fail_syncs_under(&crate::node_dir(scratch, *node), None);
+                    sim.bounce(node_ip(*node));
+                }
                 Fault::CrashAll => {
                     for node in 1..=self.nodes {
                         sim.bounce(node_ip(node));

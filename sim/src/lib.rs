@@ -16,7 +16,9 @@
 //! - **chance**: tokio's scheduler choices (`select!`), Raft's election timeouts, back-off
 //!   jitter and lease ids all draw from the seed ([`conchd::entropy`]);
 //! - **crashes**: a crash drops a node's whole runtime wherever its tasks were waiting; a
-//!   restart opens its data directory again, as after `kill -9`.
+//!   restart opens its data directory again, as after `kill -9`;
+//! - **disks**: a node's log syncs fail (`EIO` or `ENOSPC`, [`conchd::disk_faults`]); the node
+//!   stops as `conchd` exits on a storage failure, and starts again once the disk works.
 //!
 //! The workload is the one the Jepsen-style run uses (`cluster_tests::jepsen`), and so is its
 //! checker; at the end every node must agree on one applied index and state hash. The same
@@ -258,9 +260,20 @@ async fn run_node(id: u64, nodes: u64, dir: PathBuf) -> anyhow::Result<()> {
     let running = conchd::server::start_with_incoming(Arc::new(config), Box::pin(incoming))
         .await
         .with_context(|| format!("start node {id}"))?;
-    conchd::server::serve(running, std::future::pending())
+    // As `conchd` exits on a storage failure, the node stops; the fault's heal starts it again.
+    let failed = conchd::storage_fault::failed(id, running.node.raft.clone());
+    let stop = async move {
+        let said = failed.await;
+        tracing::warn!("{said}");
+    };
+    conchd::server::serve(running, stop)
         .await
         .with_context(|| format!("node {id} stopped serving"))
+}
+
+/// Node `id`'s data directory under the run's scratch directory.
+fn node_dir(scratch: &Path, id: u64) -> PathBuf {
+    scratch.join(format!("n{id}"))
 }
 
 /// A scratch directory for the nodes' data: in memory (`/dev/shm`) where there is one, so a
@@ -342,7 +355,7 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
         .enable_random_order()
         .build();
     for id in 1..=opts.nodes {
-        let dir = scratch.join(format!("n{id}"));
+        let dir = node_dir(scratch, id);
         let nodes = opts.nodes;
         sim.host(node_ip(id), move || {
             let dir = dir.clone();
@@ -377,7 +390,7 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
             if opts.trace {
                 println!("fault {said}");
             }
-            event.apply(&mut sim, &WALL_STEP);
+            event.apply(&mut sim, &WALL_STEP, scratch);
             faults.push(said);
         }
     }

@@ -383,8 +383,12 @@ impl Wal {
             return Err(io::Error::other("no segment to append to"));
         };
         let at = segment.end;
+        let dir = &self.dir;
         let written = segment.file.write_all_at(&buf, at).and_then(|()| {
             let started = Instant::now();
+            if let Some(e) = crate::disk_faults::injected(dir) {
+                return Err(e);
+            }
             if sync {
                 segment.file.sync_data()?;
             }
