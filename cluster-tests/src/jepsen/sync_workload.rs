@@ -95,12 +95,17 @@ fn with_id<T>(message: T, id: Option<&str>, timeout: Duration) -> Request<T> {
 }
 
 /// Whether a failure may be retried (it may not have been applied, or the node could not
-/// answer now).
-fn transient(code: Code) -> bool {
-    matches!(
-        code,
-        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
-    )
+/// answer now). A status this process made from the HTTP/2 connection's end (a node stopping
+/// sends GOAWAY, which tonic reports as `Internal`) is no answer from the server, whatever its
+/// code; every call carries a request id, so the retry takes effect at most once.
+fn transient(status: &tonic::Status) -> bool {
+    let connection_ended = std::error::Error::source(status).is_some()
+        && status.message().starts_with("h2 protocol error");
+    connection_ended
+        || matches!(
+            status.code(),
+            Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+        )
 }
 
 impl Lane {
@@ -134,7 +139,7 @@ impl Lane {
             }
             self.calls.fetch_add(1, Ordering::Relaxed);
             match call(self.client()).await {
-                Err(s) if transient(s.code()) => {
+                Err(s) if transient(&s) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 other => return Some(other),
