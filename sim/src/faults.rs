@@ -35,6 +35,10 @@ pub enum Fault {
     Disk { node: u64, full: bool },
     /// Messages between the node and the other nodes are held back, then delivered at once.
     Hold { node: u64 },
+    /// Every message to and from the node, its clients' too, is held back, then delivered at
+    /// once: what the rest of the cluster sees of a paused process (the node's own timers keep
+    /// running, as a paused process's clock does).
+    Pause { node: u64 },
     /// Every message takes up to this long.
     Slow { max_latency: Duration },
     /// The simulated wall clock every node reads jumps by this many seconds (either way).
@@ -61,6 +65,7 @@ impl fmt::Display for Fault {
             Fault::Disk { node, full: true } => write!(f, "n{node}'s disk is full"),
             Fault::Disk { node, full: false } => write!(f, "n{node}'s disk fails its syncs"),
             Fault::Hold { node } => write!(f, "hold n{node}'s messages"),
+            Fault::Pause { node } => write!(f, "pause n{node}"),
             Fault::Slow { max_latency } => {
                 write!(f, "messages take up to {} ms", max_latency.as_millis())
             }
@@ -165,7 +170,8 @@ fn choose(rng: &mut Rng, nodes: u64) -> Fault {
                 instead,
             }
         }
-        68..=78 => Fault::Hold { node },
+        68..=73 => Fault::Hold { node },
+        74..=78 => Fault::Pause { node },
         79..=86 => Fault::Slow {
             max_latency: Duration::from_millis(20 + rng.below(400)),
         },
@@ -236,6 +242,12 @@ impl Due {
                         sim.hold(node_ip(*node), node_ip(other));
                     }
                 }
+                Fault::Pause { node } => {
+                    for other in others(*node) {
+                        sim.hold(node_ip(*node), node_ip(other));
+                    }
+                    sim.hold(node_ip(*node), crate::client_ip());
+                }
                 Fault::Slow { max_latency } => sim.set_max_message_latency(*max_latency),
                 Fault::WallStep { seconds } => {
                     wall_step.with(|s| s.set(s.get().saturating_add(seconds * 1_000_000_000)));
@@ -266,6 +278,12 @@ impl Due {
                     for other in others(*node) {
                         sim.release(node_ip(*node), node_ip(other));
                     }
+                }
+                Fault::Pause { node } => {
+                    for other in others(*node) {
+                        sim.release(node_ip(*node), node_ip(other));
+                    }
+                    sim.release(node_ip(*node), crate::client_ip());
                 }
                 Fault::Slow { .. } => sim.set_max_message_latency(self.base_latency),
                 Fault::WallStep { .. } => {}

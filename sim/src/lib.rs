@@ -236,9 +236,32 @@ fn channel_to(id: u64) -> anyhow::Result<NodeChannel> {
     Ok(NodeChannel::new(channel, ProcessToken))
 }
 
+/// How long a restart waits, in real time, for the data directory of the node's previous run
+/// to be let go.
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
 /// One node's software: start it on its data directory and serve until the simulation crashes
 /// it (a restart runs this again on the same directory).
+///
+/// A crash drops the node's runtime at once, but sled's own thread lets go of the directory a
+/// moment of real time later; the restart waits for that in real time (no simulated time
+/// passes meanwhile, so the run stays the seed's).
 async fn run_node(id: u64, nodes: u64, dir: PathBuf) -> anyhow::Result<()> {
+    let waited = std::time::Instant::now();
+    loop {
+        match start_node(id, nodes, &dir).await {
+            Err(e)
+                if format!("{e:#}").contains("in use by another process")
+                    && waited.elapsed() < RELEASE_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn start_node(id: u64, nodes: u64, dir: &Path) -> anyhow::Result<()> {
     let config = conchd::NodeConfig::new(id, node_addr(id), dir)
         .initial_cluster((1..=nodes).map(|n| (n, node_addr(n))))
         .heartbeat(Duration::from_millis(100))

@@ -36,3 +36,23 @@ fn another_seed_gives_another_history() -> anyhow::Result<()> {
     assert!(b.passed(), "{:#?}", b.violations);
     Ok(())
 }
+
+/// Seed 508 on five nodes: a node stopping on a failed sync sent GOAWAY while a wait group
+/// create was in flight, and the lane took the connection's end for the server's answer.
+#[test]
+fn seed_508_on_five_nodes_retries_a_call_cut_by_goaway() -> anyhow::Result<()> {
+    let report = run_seed(&SimOptions {
+        nodes: 5,
+        ..SimOptions::new(508)
+    })?;
+    assert!(
+        report
+            .faults
+            .iter()
+            .any(|f| f.contains("disk fails its syncs")),
+        "the seed still stops a node on its disk: {:?}",
+        report.faults
+    );
+    assert!(report.passed(), "{:#?}", report.violations);
+    Ok(())
+}

@@ -631,9 +631,12 @@ pub fn check(ops: &[Op], config: &CheckConfig) -> CheckResult {
                 )
             }
             // An HTTP/2 connection ended by the server with ENHANCE_YOUR_CALM: no quota
-            // refused the call.
+            // refused the call. A connection a stopping node closed gracefully (GOAWAY with
+            // NO_ERROR, which tonic reports as Internal) is a node going away, as expected
+            // under faults: the call's outcome is unknown, and nothing went wrong.
             Outcome::Unknown { reason } => {
-                reason.starts_with("Internal") || reason.starts_with("ResourceExhausted")
+                (reason.starts_with("Internal") || reason.starts_with("ResourceExhausted"))
+                    && !super::history::closed_gracefully(reason)
             }
             _ => false,
         };

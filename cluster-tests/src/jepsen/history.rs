@@ -517,6 +517,13 @@ pub fn classify(status: &tonic::Status) -> Outcome {
     }
 }
 
+/// Whether an unknown outcome's reason says the HTTP/2 connection was closed without an error
+/// (GOAWAY with NO_ERROR: the node was stopping), as this process's HTTP/2 stack words it.
+pub fn closed_gracefully(reason: &str) -> bool {
+    reason.contains("h2 protocol error")
+        && (reason.contains("NO_ERROR") || reason.contains("not a result of an error"))
+}
+
 fn not_sent(detail: &str) -> bool {
     let d = detail.to_ascii_lowercase();
     d.contains("connection refused") || d.contains("tcp connect error")
@@ -531,4 +538,23 @@ fn error_chain(status: &tonic::Status) -> String {
         source = e.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_connection_closed_without_error_counts_as_closed_gracefully() {
+        assert!(closed_gracefully(
+            "Internal: h2 protocol error: http2 error: connection error received: not a result of an error"
+        ));
+        assert!(closed_gracefully(
+            "Internal: h2 protocol error: http2 error: GoAway(b\"\", NO_ERROR, Remote)"
+        ));
+        assert!(!closed_gracefully(
+            "ResourceExhausted: h2 protocol error: http2 error: GoAway(b\"\", ENHANCE_YOUR_CALM, Remote)"
+        ));
+        assert!(!closed_gracefully("Internal: the state machine failed"));
+    }
 }
