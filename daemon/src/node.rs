@@ -605,14 +605,7 @@ impl Node {
         let response = client.propose(request).await;
         let stages = &self.metrics.stages;
         stages.between(Stage::ForwardRpc, sent, Instant::now());
-        let response = response.map_err(|status| {
-            peer_failure(
-                &status,
-                leader,
-                format!("forward to leader {} at {}", leader.id, leader.addr),
-                "; the outcome is unknown",
-            )
-        })?;
+        let response = response.map_err(|status| forward_failure(&status, leader))?;
         let result: Result<(Vec<Reply>, u64), NodeError> =
             decode(&response.into_inner().payload)
                 .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
@@ -819,9 +812,52 @@ pub fn known_leader(
     }
 }
 
-/// A failed call to the leader: `UNAVAILABLE` means it was not delivered (the leader is
-/// unreachable), so the caller may retry elsewhere; anything else is reported as `what` failed,
-/// with `note` after the leader's message.
+/// A failed forward of a write to the leader. It is tried again (through whichever node leads
+/// next) only when the leader certainly did not take it: it answered that it is not the
+/// leader, or no connection to it was ever made. A connection lost after the request went out
+/// (the leader killed right after committing, a connection reset) leaves the outcome unknown:
+/// the write may be committed, and sending it again would apply it twice.
+fn forward_failure(status: &tonic::Status, leader: &LeaderInfo) -> NodeError {
+    let refused = std::error::Error::source(status).is_none()
+        && status.message().ends_with(crate::error::NOT_LEADER_SUFFIX);
+    if status.code() == tonic::Code::Unavailable && (refused || never_connected(status)) {
+        return NodeError::NotLeader { node: leader.id };
+    }
+    NodeError::Unavailable(format!(
+        "forward to leader {} at {}: {}; the outcome is unknown",
+        leader.id,
+        leader.addr,
+        status.message()
+    ))
+}
+
+/// Whether a call failed because no connection could be made (so nothing was sent).
+fn never_connected(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::AddrNotAvailable
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+            )
+        {
+            return true;
+        }
+        // tonic wraps a failed connect in a type of its own, named in its debug form.
+        if format!("{e:?}").starts_with("ConnectError") {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// A failed call to the leader that may be retried whatever happened to it (a read index):
+/// `UNAVAILABLE` means the leader is unreachable, so the caller retries elsewhere; anything else
+/// is reported as `what` failed, with `note` after the leader's message.
 fn peer_failure(
     status: &tonic::Status,
     leader: &LeaderInfo,
@@ -832,5 +868,54 @@ fn peer_failure(
         NodeError::NotLeader { node: leader.id }
     } else {
         NodeError::Unavailable(format!("{what}: {}{note}", status.message()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn leader() -> LeaderInfo {
+        LeaderInfo {
+            id: 1,
+            addr: "127.0.0.1:7001".into(),
+            term: 3,
+        }
+    }
+
+    fn with_source(message: &str, kind: std::io::ErrorKind) -> tonic::Status {
+        let mut status = tonic::Status::unavailable(message);
+        status.set_source(Arc::new(std::io::Error::new(kind, "io")));
+        status
+    }
+
+    #[test]
+    fn a_forward_is_retried_only_when_the_leader_certainly_did_not_take_it() {
+        let not_leader =
+            tonic::Status::unavailable(format!("node 1 {}", crate::error::NOT_LEADER_SUFFIX));
+        assert_eq!(
+            forward_failure(&not_leader, &leader()),
+            NodeError::NotLeader { node: 1 }
+        );
+        let refused = with_source("tcp connect error", std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            forward_failure(&refused, &leader()),
+            NodeError::NotLeader { node: 1 }
+        );
+        // Sent, then the connection went: the leader may have committed it.
+        for status in [
+            with_source("connection reset", std::io::ErrorKind::ConnectionReset),
+            tonic::Status::unavailable("node 1 is shutting down"),
+            tonic::Status::deadline_exceeded("timeout expired"),
+        ] {
+            match forward_failure(&status, &leader()) {
+                NodeError::Unavailable(message) => {
+                    assert!(message.contains("the outcome is unknown"), "{message}")
+                }
+                other => panic!("{status:?} is no refusal: {other:?}"),
+            }
+        }
     }
 }

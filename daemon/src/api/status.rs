@@ -142,7 +142,7 @@ fn from_node(error: NodeError) -> Status {
     match error {
         NodeError::Unavailable(message) => Status::unavailable(message),
         NodeError::NotLeader { node } => {
-            Status::unavailable(format!("node {node} is not the leader; retry"))
+            Status::unavailable(format!("node {node} {}", crate::error::NOT_LEADER_SUFFIX))
         }
         NodeError::Internal(message) => internal(message),
         NodeError::StorageFailed(message) => Status::unavailable(message),
