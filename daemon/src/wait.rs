@@ -172,9 +172,18 @@ pub async fn wait_for_set_grant(
                     grant = Some(Granted { token, hold_ns });
                 }
             }
+            // The holder table only once this node has applied the set acquire itself: the
+            // lease held no member then (a set takes only semaphores it does not hold), so a
+            // hold found from there on is the set's. Before it, the table may still show a
+            // hold the lease released before asking (the release answered by the leader, not
+            // yet applied here), with that hold's old token.
             let grant = grant.or_else(|| {
-                node.applied
-                    .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
+                (node.applied.applied_index() >= index)
+                    .then(|| {
+                        node.applied
+                            .read(|s| s.holder(&key.ns, &key.sem, &key.lease))
+                    })
+                    .flatten()
                     .map(|h| Granted {
                         token: h.token,
                         hold_ns: h.hold_left_ns,
