@@ -89,20 +89,21 @@ impl Scrape {
 }
 
 impl Histogram {
+    /// The cumulative count of bucket `le` (0 when this series has no such bucket).
+    fn bucket(&self, le: f64) -> f64 {
+        self.buckets
+            .iter()
+            .find(|(b, _)| *b == le)
+            .map_or(0.0, |(_, n)| *n)
+    }
+
     /// What was observed between `earlier` and this scrape of the same series.
     pub fn since(&self, earlier: &Histogram) -> Histogram {
-        let before = |le: f64| {
-            earlier
-                .buckets
-                .iter()
-                .find(|(b, _)| *b == le)
-                .map_or(0.0, |(_, n)| *n)
-        };
         Histogram {
             buckets: self
                 .buckets
                 .iter()
-                .map(|(le, n)| (*le, (n - before(*le)).max(0.0)))
+                .map(|(le, n)| (*le, (n - earlier.bucket(*le)).max(0.0)))
                 .collect(),
             sum: self.sum - earlier.sum,
             count: self.count - earlier.count,
@@ -111,18 +112,11 @@ impl Histogram {
 
     /// This plus `other` (same buckets), e.g. two nodes' series.
     pub fn plus(&self, other: &Histogram) -> Histogram {
-        let theirs = |le: f64| {
-            other
-                .buckets
-                .iter()
-                .find(|(b, _)| *b == le)
-                .map_or(0.0, |(_, n)| *n)
-        };
         Histogram {
             buckets: self
                 .buckets
                 .iter()
-                .map(|(le, n)| (*le, n + theirs(*le)))
+                .map(|(le, n)| (*le, n + other.bucket(*le)))
                 .collect(),
             sum: self.sum + other.sum,
             count: self.count + other.count,

@@ -34,13 +34,12 @@ use anyhow::Context;
 use cluster_tests::jepsen::checker::{self, CheckConfig};
 use cluster_tests::jepsen::history::{CHECKER_PROCESS, History};
 use cluster_tests::jepsen::locks::{self, LockWorkload};
+use cluster_tests::jepsen::run;
 use cluster_tests::jepsen::sync_workload::SyncWorkload;
 use cluster_tests::jepsen::workload::{MAX_WAIT_MS, Shared, Workload, WorkloadConfig};
 use cluster_tests::net::{NodeChannel, ProcessToken};
 use conch_proto::conch::ClusterStatusRequest;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
-use conch_proto::grackle as pb;
-use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 pub use conchd::regressions::Bug;
 use conchd::transport::{Accepted, Conn, Dial};
 use sha2::{Digest, Sha256};
@@ -549,7 +548,7 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
     drop((leases, lock_leases));
     let mut rng = cluster_tests::rng::Rng::derive(opts.seed, u64::MAX - 1);
     let ops = history.snapshot();
-    for lease in cluster_tests::jepsen::run::leases_to_revoke(&ops) {
+    for lease in run::leases_to_revoke(&ops) {
         for _ in 0..3 {
             let outcome = shared.revoke(CHECKER_PROCESS, &lease, &mut rng).await;
             if outcome.is_ok() || outcome.is_not_found() {
@@ -610,40 +609,7 @@ async fn setup(channels: &[(u64, NodeChannel)], config: &WorkloadConfig) -> anyh
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         for (_, channel) in channels {
-            let mut c = GrackleApiClient::new(channel.clone());
-            let done = async {
-                let r = c
-                    .create_namespace(pb::CreateNamespaceRequest {
-                        name: config.namespace.clone(),
-                        ..Default::default()
-                    })
-                    .await;
-                if let Err(s) = r
-                    && s.code() != tonic::Code::AlreadyExists
-                {
-                    return false;
-                }
-                for (sem, permits) in &config.semaphores {
-                    let r = c
-                        .create_semaphore(pb::CreateSemaphoreRequest {
-                            namespace_name: config.namespace.clone(),
-                            semaphore_name: sem.clone(),
-                            permits: *permits,
-                            ..Default::default()
-                        })
-                        .await;
-                    if let Err(s) = r
-                        && s.code() != tonic::Code::AlreadyExists
-                    {
-                        return false;
-                    }
-                }
-                true
-            };
-            if tokio::time::timeout(Duration::from_secs(3), done)
-                .await
-                .unwrap_or(false)
-            {
+            if run::create_objects(channel, &config.namespace, &config.semaphores).await {
                 return Ok(());
             }
         }

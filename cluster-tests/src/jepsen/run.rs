@@ -346,40 +346,7 @@ pub async fn setup(
             let channels = channels.clone();
             async move {
                 for channel in channels.values() {
-                    let mut c = GrackleApiClient::new(channel.clone());
-                    let ok = async {
-                        let r = c
-                            .create_namespace(pb::CreateNamespaceRequest {
-                                name: namespace.into(),
-                                ..Default::default()
-                            })
-                            .await;
-                        if let Err(s) = r
-                            && s.code() != tonic::Code::AlreadyExists
-                        {
-                            return false;
-                        }
-                        for (sem, permits) in semaphores {
-                            let r = c
-                                .create_semaphore(pb::CreateSemaphoreRequest {
-                                    namespace_name: namespace.into(),
-                                    semaphore_name: sem.clone(),
-                                    permits: *permits,
-                                    ..Default::default()
-                                })
-                                .await;
-                            if let Err(s) = r
-                                && s.code() != tonic::Code::AlreadyExists
-                            {
-                                return false;
-                            }
-                        }
-                        true
-                    };
-                    if tokio::time::timeout(Duration::from_secs(3), ok)
-                        .await
-                        .unwrap_or(false)
-                    {
+                    if create_objects(channel, namespace, semaphores).await {
                         return Some(());
                     }
                 }
@@ -388,6 +355,48 @@ pub async fn setup(
         },
     )
     .await
+}
+
+/// Creates the workload's namespace and semaphores through the node of `channel` (those that
+/// exist already count as created); whether all of them exist, within 3 s.
+pub async fn create_objects(
+    channel: &crate::net::NodeChannel,
+    namespace: &str,
+    semaphores: &[(String, u64)],
+) -> bool {
+    let mut c = GrackleApiClient::new(channel.clone());
+    let ok = async {
+        let r = c
+            .create_namespace(pb::CreateNamespaceRequest {
+                name: namespace.into(),
+                ..Default::default()
+            })
+            .await;
+        if let Err(s) = r
+            && s.code() != tonic::Code::AlreadyExists
+        {
+            return false;
+        }
+        for (sem, permits) in semaphores {
+            let r = c
+                .create_semaphore(pb::CreateSemaphoreRequest {
+                    namespace_name: namespace.into(),
+                    semaphore_name: sem.clone(),
+                    permits: *permits,
+                    ..Default::default()
+                })
+                .await;
+            if let Err(s) = r
+                && s.code() != tonic::Code::AlreadyExists
+            {
+                return false;
+            }
+        }
+        true
+    };
+    tokio::time::timeout(Duration::from_secs(3), ok)
+        .await
+        .unwrap_or(false)
 }
 
 fn status_line(

@@ -203,53 +203,53 @@ pub async fn serve(
     served.and(peers_served)
 }
 
+type ClientRouter = tonic::transport::server::Router<
+    tower::layer::util::Stack<responses::ResponseLayer, tower::layer::util::Identity>,
+>;
+
 async fn serve_on(
     node: &Node,
-    router: tonic::transport::server::Router<
-        tower::layer::util::Stack<responses::ResponseLayer, tower::layer::util::Identity>,
-    >,
+    router: ClientRouter,
     listener: crate::transport::Listener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
-    use admission::{MAX_CONNECTIONS, limit_connections};
     let listener = match listener {
         crate::transport::Listener::Tcp(listener) => listener,
         crate::transport::Listener::Incoming(incoming) => {
-            return router
-                .serve_with_incoming_shutdown(
-                    limit_connections(
-                        incoming,
-                        MAX_CONNECTIONS,
-                        node.metrics.connections_refused.clone(),
-                    ),
-                    shutdown,
-                )
-                .await;
+            return serve_limited(node, router, incoming, shutdown).await;
         }
     };
     if let Some(tls) = &node.config.tls {
         let incoming = crate::tls::incoming(listener, Arc::clone(tls), &node.tasks);
-        return router
-            .serve_with_incoming_shutdown(
-                limit_connections(
-                    incoming,
-                    MAX_CONNECTIONS,
-                    node.metrics.connections_refused.clone(),
-                ),
-                shutdown,
-            )
-            .await;
+        return serve_limited(node, router, incoming, shutdown).await;
     }
     // Accepted sockets get TCP_NODELAY here: with a custom listener tonic ignores
     // `Server::tcp_nodelay`, and Nagle's algorithm with delayed ACKs stalls replies by ~40 ms.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    serve_limited(node, router, incoming, shutdown).await
+}
+
+/// Serves the connections of `incoming`, at most `MAX_CONNECTIONS` of them open at once.
+async fn serve_limited<IO>(
+    node: &Node,
+    router: ClientRouter,
+    incoming: impl futures::Stream<Item = std::io::Result<IO>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error>
+where
+    IO: tonic::transport::server::Connected
+        + tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + Unpin
+        + Send
+        + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+{
+    use admission::{MAX_CONNECTIONS, limit_connections};
+    let refused = node.metrics.connections_refused.clone();
     router
         .serve_with_incoming_shutdown(
-            limit_connections(
-                incoming,
-                MAX_CONNECTIONS,
-                node.metrics.connections_refused.clone(),
-            ),
+            limit_connections(incoming, MAX_CONNECTIONS, refused),
             shutdown,
         )
         .await
