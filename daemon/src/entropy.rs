@@ -3,7 +3,7 @@
 //! replays one execution.
 //!
 //! Three things draw from it: the secret part of a new lease id, the jitter of a forwarded
-//! call's back-off, and Raft's randomized election timeout (through [`crate::raft::runtime`]).
+//! call's back-off, and Raft's randomized election timeout (through the openraft runtime in `raft/runtime.rs`).
 //! Nothing here is for keys or tokens: those always come from the operating system.
 
 use std::cell::Cell;

@@ -1,7 +1,7 @@
 //! Connections that do not come from the operating system's TCP: how a program running nodes
 //! in one process (the simulator in `sim/`) carries their gRPC traffic over a network of its
-//! own. A node given a [`Dial`] (in [`crate::config::Config::dial`]) makes every call to
-//! another node through it, and [`crate::server::start_with_incoming`] serves the connections
+//! own. A node given a [`Dial`] (in `Config::dial`, `config.rs`) makes every call to
+//! another node through it, and `server::start_with_incoming` serves the connections
 //! a stream hands it. Nothing else changes: the same services, the same peer admission, the
 //! same limits. TLS does not apply to these connections (the simulated network is plaintext).
 

@@ -399,10 +399,8 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
         });
     }
     let mut faults = Vec::new();
-    let mut steps: u64 = 0;
     loop {
         let finished = sim.step().map_err(|e| anyhow::anyhow!("simulation: {e}"))?;
-        steps += 1;
         if finished {
             break;
         }
@@ -416,7 +414,6 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
             faults.push(said);
         }
     }
-    let _ = steps;
     let found = outcome
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -425,9 +422,9 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
     let Found {
         ops,
         mut violations,
-        grants,
         sync_rounds,
     } = found?;
+    let grants = ops.iter().filter(|op| op.acquired()).count();
     let history: Vec<String> = ops.iter().map(|op| op.to_string()).collect();
     let mut hash = Sha256::new();
     for line in &history {
@@ -483,7 +480,6 @@ fn workload_config(opts: &SimOptions) -> WorkloadConfig {
 struct Found {
     ops: Vec<cluster_tests::jepsen::history::Op>,
     violations: Vec<String>,
-    grants: usize,
     sync_rounds: usize,
 }
 
@@ -594,12 +590,9 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
     for (name, message) in locks::check_final_state(&shared, &by_node).await {
         violations.push(format!("VIOLATION [{name}] {message}"));
     }
-    let ops = history.snapshot();
-    let grants = ops.iter().filter(|op| op.acquired()).count();
     Ok(Found {
-        ops,
+        ops: history.snapshot(),
         violations,
-        grants,
         sync_rounds,
     })
 }
