@@ -319,10 +319,12 @@ impl LogEnd {
         }
         let seq = last.0.wrapping_add(1);
         let offset = (seq % 2) * LOG_END_SLOT_BYTES as u64;
+        crate::disk_faults::before_write(&self.file, &self.path, offset, LOG_END_SLOT_BYTES);
         self.file
             .write_all_at(&encode_log_end_slot(seq, index), offset)?;
         if sync {
             self.file.sync_data()?;
+            crate::disk_faults::synced(&self.path);
         }
         *last = (seq, index);
         Ok(())
@@ -464,6 +466,7 @@ impl LogStore {
         };
 
         check_data_format(&db, &path)?;
+        put_back_lost_values(&db, &path)?;
 
         let data_path = path.join("db");
         let data_file = File::open(&data_path).map_err(|source| OpenError::DataFile {
@@ -606,8 +609,7 @@ impl LogStore {
     pub async fn seed_purged(&self, last: LogId) -> Result<(), StorageError> {
         let value = encode_value(&last).map_err(|e| StorageIOError::write_logs(&e))?;
         self.inner
-            .db
-            .insert(KEY_PURGED, value)
+            .put_meta(KEY_PURGED, value)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         self.sync_meta(Some(last.index))
             .await
@@ -656,9 +658,17 @@ impl LogStore {
         read_meta(&self.inner.db, key)
     }
 
+    /// Waits as long as a sync takes on a disk made slow (only ever under simulation).
+    async fn slow_disk(&self) {
+        if let Some(delay) = crate::disk_faults::sync_delay(&self.inner.data_dir) {
+            tokio::time::sleep(delay).await;
+        }
+    }
+
     /// sled's flush, then (with [`Durability::Fsync`]) `fdatasync` of its file, in one blocking
     /// call; then, when given, `log_end` is recorded as the end of the log.
     async fn sync_meta(&self, log_end: Option<u64>) -> io::Result<()> {
+        self.slow_disk().await;
         let inner = Arc::clone(&self.inner);
         crate::blocking::unblock(move || {
             inner.sync_meta()?;
@@ -675,9 +685,17 @@ impl LogStore {
 impl Inner {
     fn sync_meta(&self) -> io::Result<()> {
         self.db.flush().map_err(io_other)?;
+        crate::disk_faults::flushed(&self.path);
         if self.durability == Durability::Fsync {
             self.data_file.sync_data()?;
         }
+        Ok(())
+    }
+
+    /// Writes one metadata value, not yet flushed.
+    fn put_meta(&self, key: &[u8], value: Vec<u8>) -> sled::Result<()> {
+        let before = self.db.insert(key, value)?;
+        crate::disk_faults::value_written(&self.path, key, before.as_deref());
         Ok(())
     }
 
@@ -698,6 +716,29 @@ fn read_meta<T: DeserializeOwned>(db: &sled::Db, key: &[u8]) -> Result<Option<T>
             .map(Some)
             .map_err(|e| format!("decode {}: {e}", String::from_utf8_lossy(key))),
     }
+}
+
+/// Puts back the values a simulated crash took from sled (see `disk_faults`); nothing outside a
+/// simulation.
+fn put_back_lost_values(db: &sled::Db, path: &Path) -> Result<(), OpenError> {
+    let lost = crate::disk_faults::take_lost_values(path);
+    if lost.is_empty() {
+        return Ok(());
+    }
+    for (key, value) in lost {
+        let put = match value {
+            Some(value) => db.insert(key, value),
+            None => db.remove(key),
+        };
+        put.map_err(|source| OpenError::Sled {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    }
+    db.flush().map(drop).map_err(|source| OpenError::Sled {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Decodes every metadata value; returns the purge point.
@@ -856,8 +897,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
         let value = encode_value(vote).map_err(|e| StorageIOError::write_vote(&e))?;
         self.inner
-            .db
-            .insert(KEY_VOTE, value)
+            .put_meta(KEY_VOTE, value)
             .map_err(|e| StorageIOError::write_vote(&e))?;
         self.sync_meta(None)
             .await
@@ -887,8 +927,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let value = encode_value(&committed).map_err(|e| StorageIOError::write(&e))?;
         self.inner
-            .db
-            .insert(KEY_COMMITTED, value)
+            .put_meta(KEY_COMMITTED, value)
             .map_err(|e| StorageIOError::write(&e))?;
         Ok(())
     }
@@ -917,6 +956,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .trace
                 .stamp_range(first, last.index, Mark::AppendStart);
             let count = entries.len();
+            self.slow_disk().await;
             // Steps 1-3, on this thread.
             let (appended, sizes) = {
                 let mut wal = self.inner.lock_wal();
@@ -995,8 +1035,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         tracing::debug!(upto = %log_id, "purge raft log");
         let value = encode_value(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
         self.inner
-            .db
-            .insert(KEY_PURGED, value)
+            .put_meta(KEY_PURGED, value)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         {
             let mut log = self.write_log();

@@ -384,6 +384,7 @@ impl Wal {
         };
         let at = segment.end;
         let dir = &self.dir;
+        crate::disk_faults::before_write(&segment.file, &segment.path, at, buf.len());
         let written = segment.file.write_all_at(&buf, at).and_then(|()| {
             let started = Instant::now();
             if let Some(e) = crate::disk_faults::injected(dir) {
@@ -391,6 +392,7 @@ impl Wal {
             }
             if sync {
                 segment.file.sync_data()?;
+                crate::disk_faults::synced(&segment.path);
             }
             Ok(started.elapsed())
         });
