@@ -1,7 +1,11 @@
 //! The faults of one seed, planned before the run: one at a time, each after a quiet spell and
 //! healed after it has held, so a majority can always make progress between faults.
+//!
+//! Two mixes of faults exist. The first ([`Mix::First`]) is the one the simulator started with:
+//! its seeds keep their executions, so a seed found with it still replays. The second
+//! ([`Mix::Full`], the default) adds what a crash and a power loss take from a disk, slow
+//! disks, and clocks that step or drift on one node.
 
-use std::cell::Cell;
 use std::fmt;
 use std::time::Duration;
 
@@ -11,6 +15,37 @@ use crate::node_ip;
 
 /// Where the plan's random stream sits among the seed's streams (clients take 0..).
 const PLAN_STREAM: u64 = u64::MAX - 7;
+
+/// Which faults a seed draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mix {
+    /// The network faults, crashes that lose nothing the page cache holds, failing and full
+    /// disks, and wall-clock steps on every node at once.
+    First,
+    /// All of the first, plus: a crash loses sled values written since its last flush, a power
+    /// loss (one node or all) also loses or tears unsynced writes, a disk that failed is power
+    /// cycled, slow disks, wall clocks that step or drift on one node, and nodes replaced
+    /// through membership changes.
+    Full,
+}
+
+impl Mix {
+    /// The number `conch-sim --fault-mix` takes.
+    pub fn number(self) -> u8 {
+        match self {
+            Mix::First => 1,
+            Mix::Full => 2,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Mix> {
+        match n {
+            1 => Some(Mix::First),
+            2 => Some(Mix::Full),
+            _ => None,
+        }
+    }
+}
 /// No fault in the first seconds: the cluster elects its first leader and the workload sets up.
 const WARM_UP: Duration = Duration::from_secs(2);
 
@@ -26,12 +61,30 @@ pub enum Fault {
     /// again at the heal.
     Misroute { from: u64, to: u64, instead: u64 },
     /// The node's process dies wherever it was; healed by starting it on the same directory.
+    /// In the full mix it loses sled values it had not flushed, or some of them.
     Crash { node: u64 },
+    /// The node's machine loses power: its process dies, and writes it had not synced are
+    /// lost, torn or kept (in order, up to a point); healed by starting it again.
+    PowerLoss { node: u64 },
+    /// Every machine loses power at once.
+    PowerLossAll,
+    /// Every log sync of the node takes this long first.
+    SlowDisk { node: u64, delay: Duration },
+    /// The wall clock the node reads jumps by this many seconds (either way).
+    ClockStep { node: u64, seconds: i64 },
+    /// The wall clock the node reads runs fast or slow by this many parts per million until
+    /// healed (the time it gained or lost stays).
+    ClockDrift { node: u64, ppm: i64 },
+    /// An operator takes the node out of the cluster (`ChangeMembership` with `remove`); healed
+    /// by wiping its data directory, starting it empty, adding it as a learner and making it a
+    /// voter again. The next faults may come while that is under way.
+    Replace { node: u64 },
     /// Every node dies at once; healed by starting them all.
     CrashAll,
     /// The node's log syncs fail (an I/O error, or the disk full): its next append fails and
     /// the node stops, as `conchd` exits on a storage failure; healed by starting it again on
-    /// the same directory once the disk works, as a supervisor would.
+    /// the same directory once the disk works, as a supervisor would. In the full mix the heal
+    /// power cycles the machine first, so the failed append's unsynced write may be torn.
     Disk { node: u64, full: bool },
     /// Messages between the node and the other nodes are held back, then delivered at once.
     Hold { node: u64 },
@@ -70,6 +123,16 @@ impl fmt::Display for Fault {
                 write!(f, "messages take up to {} ms", max_latency.as_millis())
             }
             Fault::WallStep { seconds } => write!(f, "wall clock steps {seconds:+} s"),
+            Fault::PowerLoss { node } => write!(f, "n{node} loses power"),
+            Fault::PowerLossAll => write!(f, "every node loses power"),
+            Fault::SlowDisk { node, delay } => {
+                write!(f, "n{node}'s syncs take {} ms", delay.as_millis())
+            }
+            Fault::ClockStep { node, seconds } => {
+                write!(f, "n{node}'s wall clock steps {seconds:+} s")
+            }
+            Fault::ClockDrift { node, ppm } => write!(f, "n{node}'s wall clock drifts {ppm:+} ppm"),
+            Fault::Replace { node } => write!(f, "n{node} is removed, then wiped and added back"),
         }
     }
 }
@@ -89,10 +152,16 @@ pub struct FaultPlan {
     next: usize,
     nodes: u64,
     base_latency: Duration,
+    mix: Mix,
+    /// Draws what each crash and power loss takes away.
+    losses: Rng,
 }
 
+/// Where the stream that decides what crashes take away sits among the seed's streams.
+const LOSS_STREAM: u64 = u64::MAX - 8;
+
 impl FaultPlan {
-    pub fn new(seed: u64, nodes: u64, duration: Duration, enabled: bool) -> FaultPlan {
+    pub fn new(seed: u64, nodes: u64, duration: Duration, enabled: bool, mix: Mix) -> FaultPlan {
         let mut rng = Rng::derive(seed, PLAN_STREAM);
         let base_latency = Duration::from_micros(200 + rng.below(2_000));
         let mut events = Vec::new();
@@ -104,9 +173,12 @@ impl FaultPlan {
             if !enabled || at + hold > end {
                 break;
             }
-            let fault = choose(&mut rng, nodes);
+            let fault = match mix {
+                Mix::First => choose_first(&mut rng, nodes),
+                Mix::Full => choose(&mut rng, nodes),
+            };
             events.push((at, Event::Start(fault.clone())));
-            if !matches!(fault, Fault::WallStep { .. }) {
+            if !fault.is_instant() {
                 events.push((at + hold, Event::Heal(fault)));
             }
             at += hold;
@@ -116,6 +188,8 @@ impl FaultPlan {
             next: 0,
             nodes,
             base_latency,
+            mix,
+            losses: Rng::derive(seed, LOSS_STREAM),
         }
     }
 
@@ -124,54 +198,123 @@ impl FaultPlan {
         self.base_latency
     }
 
-    /// The events due at `now` (each once), with what they need to be applied.
-    pub fn due(&mut self, now: Duration) -> Vec<Due> {
+    /// The events due at `now` (each once).
+    pub fn due(&mut self, now: Duration) -> Vec<Event> {
         let mut due = Vec::new();
         while let Some((at, event)) = self.events.get(self.next)
             && *at <= now
         {
-            due.push(Due {
-                event: event.clone(),
-                nodes: self.nodes,
-                base_latency: self.base_latency,
-            });
+            due.push(event.clone());
             self.next += 1;
         }
         due
     }
 }
 
+impl Fault {
+    /// A fault that is over once made (a clock step): it has no heal.
+    fn is_instant(&self) -> bool {
+        matches!(self, Fault::WallStep { .. } | Fault::ClockStep { .. })
+    }
+}
+
+/// The full mix (see [`Mix::Full`]).
 fn choose(rng: &mut Rng, nodes: u64) -> Fault {
+    let node = 1 + rng.below(nodes);
+    let seconds = |rng: &mut Rng| {
+        let magnitude = 1 + rng.below(3_600) as i64;
+        if rng.below(2) == 0 {
+            magnitude
+        } else {
+            -magnitude
+        }
+    };
+    match rng.below(100) {
+        0..=9 => Fault::Isolate { node },
+        10..=12 => Fault::Replace { node },
+        13..=20 => Fault::OneWay {
+            from: node,
+            to: other_node(rng, nodes, node),
+        },
+        21..=31 => Fault::Crash { node },
+        32..=37 => Fault::Disk {
+            node,
+            full: rng.below(2) == 0,
+        },
+        38..=41 => Fault::CrashAll,
+        42..=48 => Fault::PowerLoss { node },
+        49..=52 => Fault::PowerLossAll,
+        53..=61 => misroute(rng, nodes, node),
+        62..=66 => Fault::Hold { node },
+        67..=71 => Fault::Pause { node },
+        72..=78 => Fault::Slow {
+            max_latency: Duration::from_millis(20 + rng.below(400)),
+        },
+        79..=84 => Fault::SlowDisk {
+            node,
+            delay: Duration::from_millis(5 + rng.below(195)),
+        },
+        85..=89 => Fault::ClockStep {
+            node,
+            seconds: seconds(rng),
+        },
+        90..=94 => {
+            // Up to 20 %: far beyond a real oscillator, to make drift matter within a seed.
+            let magnitude = 1 + rng.below(200_000) as i64;
+            let ppm = if rng.below(2) == 0 {
+                magnitude
+            } else {
+                -magnitude
+            };
+            Fault::ClockDrift { node, ppm }
+        }
+        _ => Fault::WallStep {
+            seconds: seconds(rng),
+        },
+    }
+}
+
+/// Another node than `node`, drawn.
+fn other_node(rng: &mut Rng, nodes: u64, node: u64) -> u64 {
+    1 + (node + rng.below(nodes - 1)) % nodes
+}
+
+/// Node `node`'s address for another node leads to a third one, or back to itself.
+fn misroute(rng: &mut Rng, nodes: u64, node: u64) -> Fault {
+    let to = other_node(rng, nodes, node);
+    // Back to the node itself two times in three: the case where a node can count its own vote
+    // twice.
+    let instead = match rng.below(3) {
+        0 | 1 => node,
+        _ => (1..=nodes)
+            .filter(|n| *n != node && *n != to)
+            .nth(rng.below(nodes - 2) as usize)
+            .unwrap_or(node),
+    };
+    Fault::Misroute {
+        from: node,
+        to,
+        instead,
+    }
+}
+
+/// The first mix (see [`Mix::First`]); its draws must never change, or its seeds would replay
+/// something else.
+fn choose_first(rng: &mut Rng, nodes: u64) -> Fault {
     let node = 1 + rng.below(nodes);
     match rng.below(100) {
         0..=17 => Fault::Isolate { node },
-        18..=27 => {
-            let to = 1 + (node + rng.below(nodes - 1)) % nodes;
-            Fault::OneWay { from: node, to }
-        }
+        18..=27 => Fault::OneWay {
+            from: node,
+            to: other_node(rng, nodes, node),
+        },
         28..=42 => Fault::Crash { node },
         43..=49 => Fault::Disk {
             node,
             full: rng.below(2) == 0,
         },
         50..=54 => Fault::CrashAll,
-        55..=66 => {
-            let to = 1 + (node + rng.below(nodes - 1)) % nodes;
-            // Back to the node itself two times in three: the case where a node can count its
-            // own vote twice.
-            let instead = match rng.below(3) {
-                0 | 1 => node,
-                _ => (1..=nodes)
-                    .filter(|n| *n != node && *n != to)
-                    .nth(rng.below(nodes - 2) as usize)
-                    .unwrap_or(node),
-            };
-            Fault::Misroute {
-                from: node,
-                to,
-                instead,
-            }
-        }
+        55..=66 => misroute(rng, nodes, node),
         67..=72 => Fault::Hold { node },
         73..=78 => Fault::Pause { node },
         79..=86 => Fault::Slow {
@@ -189,29 +332,22 @@ fn choose(rng: &mut Rng, nodes: u64) -> Fault {
     }
 }
 
-/// An event to apply now.
-pub struct Due {
-    event: Event,
-    nodes: u64,
-    base_latency: Duration,
-}
-
-impl fmt::Display for Due {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.event.fmt(f)
-    }
-}
-
-impl Due {
-    /// Applies the event to `sim`; the nodes' data directories are under `scratch`.
+impl FaultPlan {
+    /// Applies `event` to `sim`; the nodes' data directories are under `scratch`. A node's
+    /// wall clock is read at simulated time `now`. Returns what crashes took from disks, said,
+    /// for the trace.
     pub fn apply(
-        &self,
+        &mut self,
+        event: &Event,
         sim: &mut turmoil::Sim<'_>,
-        wall_step: &'static std::thread::LocalKey<Cell<i64>>,
         scratch: &std::path::Path,
-    ) {
-        let others = |node: u64| (1..=self.nodes).filter(move |n| *n != node);
-        match &self.event {
+        now: Duration,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut lost = Vec::new();
+        let nodes = self.nodes;
+        let others = move |node: u64| (1..=nodes).filter(move |n| *n != node);
+        let dir = |node: u64| crate::node_dir(scratch, node);
+        match event {
             Event::Start(fault) => match fault {
                 Fault::Isolate { node } => {
                     for other in others(*node) {
@@ -223,10 +359,16 @@ impl Due {
                     crate::misroute(*from, *to, Some(*instead));
                     sim.bounce(node_ip(*from));
                 }
-                Fault::Crash { node } => sim.crash(node_ip(*node)),
+                Fault::Crash { node } => lost.extend(self.crash(sim, scratch, *node, false)?),
                 Fault::CrashAll => {
-                    for node in 1..=self.nodes {
-                        sim.crash(node_ip(node));
+                    for node in 1..=nodes {
+                        lost.extend(self.crash(sim, scratch, node, false)?);
+                    }
+                }
+                Fault::PowerLoss { node } => lost.extend(self.crash(sim, scratch, *node, true)?),
+                Fault::PowerLossAll => {
+                    for node in 1..=nodes {
+                        lost.extend(self.crash(sim, scratch, node, true)?);
                     }
                 }
                 Fault::Disk { node, full } => {
@@ -234,10 +376,10 @@ impl Due {
                         true => conchd::disk_faults::DiskFault::Full,
                         false => conchd::disk_faults::DiskFault::Io,
                     };
-                    conchd::disk_faults::fail_syncs_under(
-                        &crate::node_dir(scratch, *node),
-                        Some(fault),
-                    );
+                    conchd::disk_faults::fail_syncs_under(&dir(*node), Some(fault));
+                }
+                Fault::SlowDisk { node, delay } => {
+                    conchd::disk_faults::slow_syncs_under(&dir(*node), Some(*delay));
                 }
                 Fault::Hold { node } => {
                     for other in others(*node) {
@@ -251,9 +393,10 @@ impl Due {
                     sim.hold(node_ip(*node), crate::client_ip());
                 }
                 Fault::Slow { max_latency } => sim.set_max_message_latency(*max_latency),
-                Fault::WallStep { seconds } => {
-                    wall_step.with(|s| s.set(s.get().saturating_add(seconds * 1_000_000_000)));
-                }
+                Fault::WallStep { seconds } => crate::clocks::step(None, *seconds),
+                Fault::ClockStep { node, seconds } => crate::clocks::step(Some(*node), *seconds),
+                Fault::ClockDrift { node, ppm } => crate::clocks::drift(*node, *ppm, now),
+                Fault::Replace { node } => crate::operator::remove(*node),
             },
             Event::Heal(fault) => match fault {
                 Fault::Isolate { node } => {
@@ -266,15 +409,22 @@ impl Due {
                     crate::misroute(*from, *to, None);
                     sim.bounce(node_ip(*from));
                 }
-                Fault::Crash { node } => sim.bounce(node_ip(*node)),
+                Fault::Crash { node } | Fault::PowerLoss { node } => sim.bounce(node_ip(*node)),
                 Fault::Disk { node, .. } => {
-                    conchd::disk_faults::fail_syncs_under(&crate::node_dir(scratch, *node), None);
+                    conchd::disk_faults::fail_syncs_under(&dir(*node), None);
+                    if self.mix == Mix::Full {
+                        // The node stopped on its own; its machine is power cycled.
+                        lost.extend(self.crash(sim, scratch, *node, true)?);
+                    }
                     sim.bounce(node_ip(*node));
                 }
-                Fault::CrashAll => {
-                    for node in 1..=self.nodes {
+                Fault::CrashAll | Fault::PowerLossAll => {
+                    for node in 1..=nodes {
                         sim.bounce(node_ip(node));
                     }
+                }
+                Fault::SlowDisk { node, .. } => {
+                    conchd::disk_faults::slow_syncs_under(&dir(*node), None);
                 }
                 Fault::Hold { node } => {
                     for other in others(*node) {
@@ -288,9 +438,41 @@ impl Due {
                     sim.release(node_ip(*node), crate::client_ip());
                 }
                 Fault::Slow { .. } => sim.set_max_message_latency(self.base_latency),
-                Fault::WallStep { .. } => {}
+                Fault::ClockDrift { node, .. } => crate::clocks::drift(*node, 0, now),
+                Fault::Replace { node } => crate::operator::add_back(*node),
+                Fault::WallStep { .. } | Fault::ClockStep { .. } => {}
             },
         }
+        Ok(lost)
+    }
+
+    /// Stops node `node` wherever it was. In the full mix the crash takes what it would take
+    /// from the node's disk (`power`: the machine's power too), said; in the first, nothing.
+    fn crash(
+        &mut self,
+        sim: &mut turmoil::Sim<'_>,
+        scratch: &std::path::Path,
+        node: u64,
+        power: bool,
+    ) -> anyhow::Result<Option<String>> {
+        sim.crash(node_ip(node));
+        if self.mix == Mix::First {
+            return Ok(None);
+        }
+        let dir = crate::node_dir(scratch, node);
+        let losses = &mut self.losses;
+        let mut pick = |below: u64| losses.below(below);
+        let lost = if power {
+            conchd::disk_faults::lose_power(&dir, &mut pick).map_err(|e| {
+                anyhow::anyhow!("undo n{node}'s unsynced writes in {}: {e}", dir.display())
+            })?
+        } else {
+            conchd::disk_faults::lose_on_crash(&dir, &mut pick)
+        };
+        Ok(Some(format!(
+            "n{node} lost {} unflushed values and {} unsynced writes, tore {}, kept {}",
+            lost.values, lost.writes, lost.torn, lost.kept
+        )))
     }
 }
 
@@ -300,7 +482,7 @@ mod tests {
 
     #[test]
     fn a_seed_plans_the_same_faults_every_time_and_heals_each() {
-        let plan = |seed| FaultPlan::new(seed, 3, Duration::from_secs(60), true).events;
+        let plan = |seed| FaultPlan::new(seed, 3, Duration::from_secs(60), true, Mix::Full).events;
         assert_eq!(plan(7), plan(7));
         assert_ne!(plan(7), plan(8));
         let events = plan(7);
@@ -310,7 +492,7 @@ mod tests {
             match event {
                 Event::Start(f) => {
                     assert!(open.is_none(), "one fault at a time: {events:?}");
-                    if !matches!(f, Fault::WallStep { .. }) {
+                    if !f.is_instant() {
                         open = Some(f);
                     }
                 }
@@ -323,9 +505,31 @@ mod tests {
         assert!(open.is_none(), "every fault is healed before the run ends");
         assert!(events.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
         assert!(
-            FaultPlan::new(7, 3, Duration::from_secs(60), false)
+            FaultPlan::new(7, 3, Duration::from_secs(60), false, Mix::Full)
                 .events
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn the_full_mix_draws_every_kind_within_a_few_seeds() {
+        let mut first_seed = std::collections::BTreeMap::new();
+        for seed in 1..=40 {
+            for (_, event) in
+                FaultPlan::new(seed, 3, Duration::from_secs(30), true, Mix::Full).events
+            {
+                if let Event::Start(fault) = event {
+                    let kind = format!("{fault:?}");
+                    let kind = kind
+                        .split([' ', '{'])
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
+                    first_seed.entry(kind).or_insert(seed);
+                }
+            }
+        }
+        println!("first seed drawing each kind: {first_seed:?}");
+        assert_eq!(first_seed.len(), 16, "every kind drawn: {first_seed:?}");
     }
 }

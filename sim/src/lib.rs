@@ -45,9 +45,11 @@ use conchd::transport::{Accepted, Conn, Dial};
 use sha2::{Digest, Sha256};
 use tonic::transport::Endpoint;
 
+mod clocks;
 mod faults;
+mod operator;
 
-pub use faults::{Fault, FaultPlan};
+pub use faults::{Fault, FaultPlan, Mix};
 
 /// How long each wait group and barrier lane pauses between rounds.
 const SYNC_PAUSE: Duration = Duration::from_millis(250);
@@ -79,6 +81,8 @@ pub struct SimOptions {
     pub trace: bool,
     /// A bug conch once had, put back into the nodes for this run (see `conchd::regressions`).
     pub bug: Option<Bug>,
+    /// Which faults the seed draws from.
+    pub mix: Mix,
 }
 
 impl SimOptions {
@@ -93,6 +97,7 @@ impl SimOptions {
             sync: true,
             trace: false,
             bug: None,
+            mix: Mix::Full,
         }
     }
 
@@ -119,6 +124,9 @@ impl SimOptions {
         }
         if let Some(bug) = self.bug {
             args.extend(["--bug".to_string(), bug.name().to_string()]);
+        }
+        if self.mix != Mix::Full {
+            args.extend(["--fault-mix".to_string(), self.mix.number().to_string()]);
         }
         args
     }
@@ -159,25 +167,17 @@ impl SeedReport {
     }
 }
 
-thread_local! {
-    /// How far the simulated wall clock of this thread's simulation was stepped, in ns.
-    static WALL_STEP: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
-}
-
-/// The wall clock every simulated node reads: the simulation's time since its epoch, plus the
-/// steps faults made. `None` outside a simulation (the system's clock then).
-fn simulated_wall_clock() -> Option<i64> {
-    let since = turmoil::since_epoch()?;
-    let ns = i64::try_from(since.as_nanos()).unwrap_or(i64::MAX);
-    Some(ns.saturating_add(WALL_STEP.with(|s| s.get())))
-}
-
 fn node_ip(id: u64) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, id as u8))
 }
 
 fn client_ip() -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1))
+}
+
+/// The operator's host (membership changes).
+fn operator_ip() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 2, 1))
 }
 
 fn node_addr(id: u64) -> String {
@@ -261,7 +261,12 @@ async fn run_node(id: u64, nodes: u64, dir: PathBuf) -> anyhow::Result<()> {
 }
 
 async fn start_node(id: u64, nodes: u64, dir: &Path) -> anyhow::Result<()> {
-    let config = conchd::NodeConfig::new(id, node_addr(id), dir)
+    clocks::register_this_runtime(id);
+    let mut config = conchd::NodeConfig::new(id, node_addr(id), dir);
+    if operator::joins(id) {
+        config = config.join();
+    }
+    let config = config
         .initial_cluster((1..=nodes).map(|n| (n, node_addr(n))))
         .heartbeat(Duration::from_millis(100))
         .election_timeout(Duration::from_millis(500))
@@ -322,15 +327,20 @@ pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
         "--nodes must be 3 or 5, not {}",
         opts.nodes
     );
-    conchd::clock::set_wall_clock(simulated_wall_clock);
+    conchd::clock::set_wall_clock(clocks::wall_clock);
     conchd::entropy::seed_thread(opts.seed);
     conchd::blocking::run_inline_on_this_thread(true);
     conchd::regressions::reintroduce_on_this_thread(opts.bug);
     conchd::self_check::check_on_this_thread();
-    WALL_STEP.with(|s| s.set(0));
+    clocks::reset();
+    operator::reset();
     MISROUTES.with(|m| m.borrow_mut().clear());
     let scratch = scratch_dir().context("create a scratch directory for the nodes' data")?;
+    if opts.mix == Mix::Full {
+        conchd::disk_faults::track_unsynced_under(scratch.path());
+    }
     let mut result = run_in(opts, scratch.path());
+    conchd::disk_faults::stop_tracking();
     let broken = conchd::self_check::take_found();
     if let Ok(report) = &mut result {
         report.violations.extend(
@@ -366,7 +376,7 @@ pub fn first_failing_seed(
 }
 
 fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
-    let mut plan = FaultPlan::new(opts.seed, opts.nodes, opts.duration, opts.faults);
+    let mut plan = FaultPlan::new(opts.seed, opts.nodes, opts.duration, opts.faults, opts.mix);
     let mut sim = turmoil::Builder::new()
         .rng_seed(opts.seed)
         .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))
@@ -394,8 +404,17 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
         let opts = opts.clone();
         sim.client(client_ip(), async move {
             let found = drive_workload(&opts).await;
+            operator::finish();
             *outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
             Ok(())
+        });
+    }
+    if opts.mix == Mix::Full {
+        let nodes = opts.nodes;
+        sim.client(operator_ip(), async move {
+            operator::run(nodes)
+                .await
+                .map_err(|e| format!("{e:#}").into())
         });
     }
     let mut faults = Vec::new();
@@ -405,12 +424,33 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
             break;
         }
         let now = sim.elapsed();
+        if let Some(node) = operator::take_wipe() {
+            // The operator replaces a removed node: stopped, its directory wiped, started empty.
+            sim.crash(node_ip(node));
+            let dir = node_dir(scratch, node);
+            conchd::disk_faults::forget_under(&dir);
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("wipe n{node}'s data directory {}", dir.display()))?;
+            operator::mark_joining(node);
+            sim.bounce(node_ip(node));
+            if opts.trace {
+                println!(
+                    "fault {:>9.3}s n{node} wiped and started empty",
+                    now.as_secs_f64()
+                );
+            }
+        }
         for event in plan.due(now) {
             let said = format!("{:>9.3}s {event}", now.as_secs_f64());
             if opts.trace {
                 println!("fault {said}");
             }
-            event.apply(&mut sim, &WALL_STEP, scratch);
+            let lost = plan.apply(&event, &mut sim, scratch, now)?;
+            if opts.trace {
+                for lost in lost {
+                    println!("fault {:>9.3}s {lost}", now.as_secs_f64());
+                }
+            }
             faults.push(said);
         }
     }
@@ -504,7 +544,19 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
         SyncWorkload::start_paced(&config.namespace, channels.clone(), opts.seed, SYNC_PAUSE)
     });
     tokio::time::sleep(opts.duration).await;
-    // Faults are healed when the workload stops.
+    // Faults are healed when the workload stops; a node being replaced is back once the
+    // operator is done.
+    let operator_bound = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !operator::idle() && tokio::time::Instant::now() < operator_bound {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !operator::idle() {
+        violations.push(
+            "VIOLATION [membership] a removed node was not a voter again 60 s after the \
+             faults ended"
+                .into(),
+        );
+    }
     let mut sync_rounds = 0;
     if let Some(sync) = sync {
         let sync = sync.stop(Duration::from_secs(30)).await;

@@ -58,6 +58,11 @@ struct Args {
     /// misrouted-replies, phantom-hold or stale-read-after-restart.
     #[arg(long, value_parser = parse_bug)]
     bug: Option<conch_sim::Bug>,
+    /// Which faults seeds draw from: 2, every kind (the default); 1, the first mix, without
+    /// crash losses, power losses, slow disks and per-node clocks (seeds found with it replay
+    /// only with it).
+    #[arg(long, default_value_t = 2, value_parser = parse_mix)]
+    fault_mix: u8,
     /// Stop starting seeds once one has failed (to count the seeds a bug takes to find).
     #[arg(long)]
     until_failure: bool,
@@ -92,6 +97,7 @@ fn main() -> ExitCode {
         sync: !args.no_sync,
         trace: args.trace,
         bug: args.bug,
+        mix: conch_sim::Mix::from_number(args.fault_mix).unwrap_or(conch_sim::Mix::Full),
     };
     let options = move |seed| SimOptions {
         seed,
@@ -252,6 +258,15 @@ fn parse_bug(name: &str) -> Result<conch_sim::Bug, String> {
         let names: Vec<&str> = conch_sim::Bug::ALL.iter().map(|b| b.name()).collect();
         format!("no bug named {name:?}; the bugs are {}", names.join(", "))
     })
+}
+
+fn parse_mix(n: &str) -> Result<u8, String> {
+    n.parse::<u8>()
+        .ok()
+        .filter(|n| conch_sim::Mix::from_number(*n).is_some())
+        .ok_or_else(|| {
+            format!("no fault mix {n:?}; the mixes are 1 (the first) and 2 (every kind)")
+        })
 }
 
 /// The marker of the summary line a seed's process prints for its batch run.

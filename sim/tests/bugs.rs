@@ -49,3 +49,8 @@ fn replies_from_a_misrouted_address_are_found() -> anyhow::Result<()> {
 fn a_phantom_hold_is_found() -> anyhow::Result<()> {
     assert_found("phantom-hold", "VIOLATION [phantom-hold]")
 }
+
+#[test]
+fn stale_reads_after_every_node_lost_power_are_found() -> anyhow::Result<()> {
+    assert_found("stale-read-after-restart", "VIOLATION")
+}
