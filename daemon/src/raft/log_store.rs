@@ -52,9 +52,11 @@
 //! `log-end` behind the log, which open accepts.
 //!
 //! `purge(id)` writes the purge point, then deletes the segments that hold only entries up to
-//! it. When a segment goes, the purge point is made durable first (a deleted segment under a lost
-//! purge point would be a hole); otherwise it is not flushed: losing it in a crash only brings
-//! back entries that a snapshot already covers.
+//! it. When a segment goes, or the purge point passes the end of the log (a snapshot installed
+//! beyond it, after which appends start at the snapshot), the purge point is made durable first
+//! (a deleted segment, or entries appended after a gap, under a lost purge point would be a
+//! hole); otherwise it is not flushed: losing it in a crash only brings back entries that a
+//! snapshot already covers.
 //!
 //! `save_committed` inserts without a flush: a committed id that is lost only means less is
 //! re-applied on restart, and it is never ahead of the log, whose entries were synced before.
@@ -1037,8 +1039,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.inner
             .put_meta(KEY_PURGED, value)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        {
+        // A purge past the end of the log (a snapshot installed beyond it) is followed by
+        // appends from the snapshot on: under a lost purge point they would begin after a hole.
+        let past_the_end = {
             let mut log = self.write_log();
+            let past_the_end = log.last.is_none_or(|last| last.index < log_id.index);
             log.purged = Some(log_id);
             while log
                 .entries
@@ -1050,8 +1055,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             if log.last.is_some_and(|last| last.index <= log_id.index) {
                 log.last = None;
             }
-        }
-        if self.inner.lock_wal().purgeable(log_id.index) > 0 {
+            past_the_end
+        };
+        if past_the_end || self.inner.lock_wal().purgeable(log_id.index) > 0 {
             let inner = Arc::clone(&self.inner);
             crate::blocking::unblock(move || {
                 inner.sync_meta()?;
@@ -1288,6 +1294,38 @@ mod tests {
         assert_eq!(state.last_purged_log_id, Some(log_id(2, 8)));
         assert_eq!(state.last_log_id, Some(log_id(2, 8)));
         assert!(store.try_get_log_entries(..).await?.is_empty());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_purge_past_the_end_of_the_log_survives_a_crash_that_loses_unflushed_values()
+    -> anyhow::Result<()> {
+        // A snapshot installed on an empty log (a node added empty): purge to 7, then appends
+        // from 8. A crash that loses every unflushed sled value must not leave the entries
+        // from 8 after a hole.
+        let dir = tempfile::tempdir()?;
+        // The journal is this thread's: the store's blocking work must run on it too.
+        crate::blocking::run_inline_on_this_thread(true);
+        crate::disk_faults::track_unsynced_under(dir.path());
+        {
+            let mut store = LogStore::open(dir.path())?;
+            store.purge(log_id(1, 7)).await?;
+            store.blocking_append([blank(2, 8), blank(2, 9)]).await?;
+            // Within the log: losing this purge point only brings entry 8 back.
+            store.purge(log_id(2, 8)).await?;
+        }
+        let lost = crate::disk_faults::lose_on_crash(dir.path(), &mut |_| 0);
+        assert_eq!(lost.values, 1, "the purge point 8 was never flushed");
+        let opened = LogStore::open(dir.path());
+        crate::disk_faults::stop_tracking();
+        crate::blocking::run_inline_on_this_thread(false);
+        let mut store = opened?;
+        let state = store.get_log_state().await?;
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 7)));
+        assert_eq!(
+            ids(&store.try_get_log_entries(..).await?),
+            [log_id(2, 8), log_id(2, 9)]
+        );
         Ok(())
     }
 
