@@ -10,7 +10,12 @@
 //!   [`TELL_FOR`]). A leader that removes itself needs no message: it applies that membership.
 //! - A node takes itself as removed when told so, or when the membership it has applied leaves
 //!   it out, but only once it has seen itself in a membership (voter or learner): a `--join`
-//!   node waiting to be added, whose membership does not name it yet, never trips.
+//!   node waiting to be added, whose membership does not name it yet, never trips. A
+//!   membership that leaves it out counts only after [`RETIRE_QUIET`] without a new log entry:
+//!   a node wiped and added back replays the log, its own earlier removal included, and while
+//!   its log ends in that removal more entries keep coming; a removed node gets none.
+//! - A leader stops telling a node it removed once its membership names that node again (it
+//!   was wiped and added back meanwhile).
 //! - Removed, it logs one line at warn, records `removed` in its data directory (a later start
 //!   is refused, see `data_dir.rs`), stops its Raft core (no more elections) and answers every
 //!   client call UNAVAILABLE saying it was removed. `conchd` then exits with [`EXIT_REMOVED`];
@@ -42,6 +47,9 @@ pub const EXIT_REMOVED: u8 = 78;
 pub const TELL_FOR: Duration = Duration::from_secs(10);
 /// Pause between two tries.
 pub(crate) const TELL_EVERY: Duration = Duration::from_millis(500);
+/// How long a node whose applied membership leaves it out waits for a further log entry
+/// before it takes itself as removed.
+pub(crate) const RETIRE_QUIET: Duration = Duration::from_secs(5);
 
 /// What a leader sends a node it removed: the committed membership that leaves it out.
 #[derive(Clone, Debug, Serialize, Deserialize)]

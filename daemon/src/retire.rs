@@ -10,7 +10,7 @@ use crate::error::NodeError;
 use crate::node::Node;
 use crate::raft::NodeId;
 use crate::raft::network::{decode, encode};
-use crate::removal::{Removed, RemovedNotice, TELL_EVERY, TELL_FOR, describe, names};
+use crate::removal::{RETIRE_QUIET, Removed, RemovedNotice, TELL_EVERY, TELL_FOR, describe, names};
 
 /// Follows the membership this node has applied until Raft stops, and retires the node when
 /// that membership leaves it out after it had been a member.
@@ -32,11 +32,36 @@ pub async fn watch(node: std::sync::Arc<Node>) {
             }
         };
         if let Some(membership) = left_out {
-            retire(&node, &membership);
-            return;
+            // A node wiped and added back replays the log, its own earlier removal included,
+            // and its log can end in that removal until the entry that added it back arrives.
+            // A removed node receives no entries; a node catching up receives them at once.
+            let last = metrics.borrow().last_log_index;
+            match tokio::time::timeout(RETIRE_QUIET, next_entry(&mut metrics, last)).await {
+                Err(_quiet) => {
+                    retire(&node, &membership);
+                    return;
+                }
+                Ok(true) => continue,
+                Ok(false) => return,
+            }
         }
         if metrics.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// Waits until the log holds an entry past `last`: `false` once Raft has stopped.
+async fn next_entry(
+    metrics: &mut tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, BasicNode>>,
+    last: Option<u64>,
+) -> bool {
+    loop {
+        if metrics.changed().await.is_err() {
+            return false;
+        }
+        if metrics.borrow_and_update().last_log_index != last {
+            return true;
         }
     }
 }
@@ -131,6 +156,16 @@ pub fn tell(node: std::sync::Arc<Node>, id: NodeId, addr: String, notice: Remove
         };
         let deadline = tokio::time::Instant::now() + TELL_FOR;
         loop {
+            let added_back = {
+                let metrics = node.raft.metrics();
+                let m = metrics.borrow();
+                names(m.membership_config.membership(), id)
+            };
+            if added_back {
+                // Wiped and added back meanwhile: the notice is about a node that is gone.
+                tracing::info!(node_id = id, "node {id} is a member again: not told");
+                return;
+            }
             let answer = async {
                 let mut peer = node.peer_of(id, &addr).map_err(|e| e.to_string())?;
                 let mut request = tonic::Request::new(PeerMessage {
