@@ -12,13 +12,17 @@
 //!   message latency;
 //! - **time**: every host runs on a paused tokio clock that the simulation advances one tick at
 //!   a time, so timeouts, leases and elections happen in simulated time; the wall clock a node
-//!   reads ([`conchd::clock::set_wall_clock`]) is simulated too and is stepped by faults;
+//!   reads ([`conchd::clock::set_wall_clock`]) is simulated too;
 //! - **chance**: tokio's scheduler choices (`select!`), Raft's election timeouts, back-off
 //!   jitter and lease ids all draw from the seed ([`conchd::entropy`]);
 //! - **crashes**: a crash drops a node's whole runtime wherever its tasks were waiting; a
 //!   restart opens its data directory again, as after `kill -9`;
-//! - **disks**: a node's log syncs fail (`EIO` or `ENOSPC`, [`conchd::disk_faults`]); the node
-//!   stops as `conchd` exits on a storage failure, and starts again once the disk works.
+//! - **disks** ([`conchd::disk_faults`]): a crash loses sled values the node had not flushed, a
+//!   power loss also loses or tears writes it had not synced; a node's log syncs fail (`EIO` or
+//!   `ENOSPC`), and the node stops as `conchd` exits on a storage failure, and starts again
+//!   once the disk works; syncs can be slow;
+//! - **wall clocks** (`clocks.rs`): stepped on every node or on one, or drifting on one;
+//! - **membership** (`operator.rs`): a node is removed, then wiped and added back.
 //!
 //! The workload is the one the Jepsen-style run uses (`cluster_tests::jepsen`), and so is its
 //! checker; at the end every node must agree on one applied index and state hash. The same
@@ -284,9 +288,17 @@ async fn start_node(id: u64, nodes: u64, dir: &Path) -> anyhow::Result<()> {
         });
         Some((accepted, listener))
     });
-    let running = conchd::server::start_with_incoming(Arc::new(config), Box::pin(incoming))
-        .await
-        .with_context(|| format!("start node {id}"))?;
+    let running =
+        match conchd::server::start_with_incoming(Arc::new(config), Box::pin(incoming)).await {
+            Ok(running) => running,
+            // A removed node refuses to start, as `conchd` does; it stays down until the
+            // operator wipes it.
+            Err(e) if e.is_removed() => {
+                tracing::warn!("{e}");
+                return Ok(());
+            }
+            Err(e) => return Err(e).with_context(|| format!("start node {id}")),
+        };
     // As `conchd` exits on a storage failure, the node stops; the fault's heal starts it again.
     let failed = conchd::storage_fault::failed(id, running.node.raft.clone());
     let stop = async move {

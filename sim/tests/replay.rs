@@ -73,3 +73,20 @@ fn seeds_that_found_bugs_now_pass() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Seed 24 under the full mix: node 2 is removed, wiped and added back, and later loses power.
+/// Replaying the log it applied its own earlier removal and stopped for good; once fixed, the
+/// power loss took the purge point its snapshot had set and it refused to start.
+#[test]
+fn seed_24_replaces_a_node_that_then_loses_power() -> anyhow::Result<()> {
+    let report = run_seed(&SimOptions::new(24))?;
+    for fault in ["n2 is removed, then wiped and added back", "n2 loses power"] {
+        assert!(
+            report.faults.iter().any(|f| f.contains(fault)),
+            "the seed still has {fault:?}: {:?}",
+            report.faults
+        );
+    }
+    assert!(report.passed(), "{:#?}", report.violations);
+    Ok(())
+}
