@@ -310,6 +310,17 @@ mod tests {
         }
     }
 
+    fn scratch_file(dir: &Path) -> io::Result<(PathBuf, File)> {
+        let path = dir.join("f");
+        let file = File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        Ok((path, file))
+    }
+
     fn write(file: &File, path: &Path, at: u64, bytes: &[u8]) {
         before_write(file, path, at, bytes.len());
         file.write_all_at(bytes, at).expect("write");
@@ -318,13 +329,7 @@ mod tests {
     #[test]
     fn a_power_loss_keeps_synced_writes_and_an_ordered_prefix_of_the_rest() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let path = dir.path().join("f");
-        let file = File::options()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&path)?;
+        let (path, file) = scratch_file(dir.path())?;
         file.set_len(12)?;
         track_unsynced_under(dir.path());
         write(&file, &path, 0, b"aaaa");
@@ -376,13 +381,7 @@ mod tests {
     #[test]
     fn nothing_is_kept_for_a_directory_nobody_tracks() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let path = dir.path().join("f");
-        let file = File::options()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&path)?;
+        let (path, file) = scratch_file(dir.path())?;
         write(&file, &path, 0, b"xy");
         value_written(dir.path(), b"k", None);
         assert_eq!(lose_power(dir.path(), &mut picks(&[]))?, Lost::default());
