@@ -1,10 +1,11 @@
 //! The route of `GrackleApi/AcquireSemaphore`, the call that may wait for minutes, served here
-//! rather than by the generated server. Both decode the request, call the same handler
-//! ([`GrackleService`]'s `acquire_semaphore`) and encode its answer the same way; what differs is
-//! what a waiting call keeps. The generated route's future keeps room for its decoder (about
-//! 1.8 kB) for as long as the call runs; here the decoding runs in a future of its own, freed
-//! before the handler starts, so a call that waits keeps a few pointers besides the handler's
-//! own state (see README, Memory and disk).
+//! rather than by the generated server. Both decode the request, run the same acquire
+//! ([`GrackleService`]'s start and wait, as its `acquire_semaphore` does) and encode its answer
+//! the same way; what differs is what a waiting call keeps. The generated route's future keeps
+//! room for its decoder (about 1.8 kB) and the handler's boxed future keeps room for the request
+//! for as long as the call runs; here the decoding runs in a future of its own, freed before the
+//! acquire starts, and the acquire's future is kept inline and holds no request, so a call that
+//! waits keeps a few pointers besides the wait's own state (see README, Memory and disk).
 //!
 //! Everything else a call meets is unchanged: the server's layers (timeouts, the response layer)
 //! wrap this route like any other, and a node removed from the cluster refuses it as it refuses
@@ -17,7 +18,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use conch_proto::grackle as pb;
-use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codec::{Codec, EncodeBody, SingleMessageCompressionOverride, Streaming};
@@ -35,7 +35,7 @@ pub const PATH: &str = "/com.evrblk.grackle.v1beta.GrackleApi/AcquireSemaphore";
 
 type AcquireCodec = ProstCodec<pb::AcquireSemaphoreResponse, pb::AcquireSemaphoreRequest>;
 
-/// The route: the Grackle service it calls and the node whose removal refuses it.
+/// The route: the Grackle service whose handler it calls and the node whose removal refuses it.
 #[derive(Clone)]
 pub struct AcquireRoute {
     service: Arc<GrackleService>,
@@ -73,7 +73,7 @@ where
                     Ok(request) => request,
                     Err(status) => return Ok(status.into_http()),
                 };
-                service.acquire_semaphore(request)
+                service.acquire_semaphore_owned(request)
             };
             Ok(encode(answer.await))
         })

@@ -1,11 +1,13 @@
 //! The Grackle semaphore API. Each handler validates, builds a command (or a read), runs it
 //! through the node and converts the reply; a blocking acquire waits in `wait.rs`.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::auth::Caller;
 use super::status::ApiError;
@@ -78,6 +80,33 @@ impl GrackleService {
 
     fn reply<T>(&self, message: T) -> Result<Response<T>, Status> {
         Ok(Response::new(message))
+    }
+
+    /// `AcquireSemaphore` as its own route serves it (`acquire_route.rs`): the same call as the
+    /// trait's, as a future that owns what it needs, so the route keeps it inline rather than in
+    /// a box of its own. The request moves into the boxed start at once: the future never keeps
+    /// room for it while the call waits.
+    pub(super) fn acquire_semaphore_owned(
+        self: Arc<Self>,
+        request: Request<pb::AcquireSemaphoreRequest>,
+    ) -> impl Future<Output = Result<Response<pb::AcquireSemaphoreResponse>, Status>> + Send + 'static
+    {
+        let span = tracing::debug_span!(
+            "acquire_semaphore",
+            ns = %request.get_ref().namespace_name,
+            sem = %request.get_ref().semaphore_name
+        );
+        let this = Arc::clone(&self);
+        let start = Box::pin(async move { this.start_acquire(request).await });
+        async move {
+            let parked = match start.await? {
+                Started::Answered(message) => return Ok(Response::new(message)),
+                Started::Queued(parked) => parked,
+            };
+            let message = self.finish_wait(parked).await?;
+            Ok(Response::new(message))
+        }
+        .instrument(span)
     }
 
     /// An acquire up to its reply: answered at once, or queued and parked for its wait.
@@ -405,9 +434,11 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
-        // Everything up to the acquire's reply runs in a future of its own, freed before the
-        // wait, and the wait in another: this body keeps a pointer across each await, as
-        // `instrument` keeps room for the body twice (see README, Memory and disk).
+        // The node's port serves this path by its own route (`acquire_route.rs`, through
+        // `acquire_semaphore_owned`); this is the same call for anything that reaches the
+        // generated service. Everything up to the acquire's reply runs in a future of its own,
+        // freed before the wait, and the wait in another: this body keeps a pointer across each
+        // await, as `instrument` keeps room for the body twice.
         let parked = {
             let started = Box::pin(self.start_acquire(request)).await?;
             match started {
