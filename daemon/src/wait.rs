@@ -58,14 +58,15 @@ pub struct Granted {
 /// in case the client re-attaches, then leaves the queue.
 pub async fn wait_for_grant(
     node: &Arc<Node>,
-    key: WaitKey,
     mut ticket: WaitTicket,
     deadline_ns: Nanos,
     index: u64,
 ) -> Result<Option<Granted>, WaitError> {
+    // The waiter's names as the registry holds them: shared, never copied for the wait.
+    let key = Arc::clone(ticket.key());
     let mut give_up = GiveUpOnDrop {
         node: Arc::clone(node),
-        key: Some(key.clone()),
+        key: Some(Arc::clone(&key)),
         deadline_ns,
     };
     // The deadline is on the lease clock: what is left of it is measured from this node's
@@ -140,7 +141,8 @@ pub async fn wait_for_set_grant(
         return Ok(None);
     };
     let first = tickets.remove(0);
-    let waited = wait_for_grant(node, primary.clone(), first, deadline_ns, index).await;
+    debug_assert_eq!(**first.key(), *primary);
+    let waited = wait_for_grant(node, first, deadline_ns, index).await;
     let granted = match waited {
         Ok(Some(granted)) => granted,
         Ok(None) => return Ok(None),
@@ -306,7 +308,7 @@ fn waited_for(object: &str) -> String {
 /// waiter lingers briefly in case the client re-attaches, then leaves the queue.
 struct GiveUpOnDrop {
     node: Arc<Node>,
-    key: Option<WaitKey>,
+    key: Option<Arc<WaitKey>>,
     deadline_ns: Nanos,
 }
 
@@ -321,9 +323,9 @@ impl Drop for GiveUpOnDrop {
         let Some(key) = self.key.take() else { return };
         let node = Arc::clone(&self.node);
         let cmd = Cmd::GiveUp {
-            ns: key.ns,
-            sem: key.sem,
-            lease: key.lease,
+            ns: key.ns.clone(),
+            sem: key.sem.clone(),
+            lease: key.lease.clone(),
             deadline_ns: self.deadline_ns,
             linger_ns: ABANDONED_WAIT_LINGER_NS,
         };

@@ -73,7 +73,8 @@ type WaitSenders = Vec<(u64, Arc<Mailbox>)>;
 
 #[derive(Default)]
 struct Waits {
-    by_key: BTreeMap<WaitKey, WaitSenders>,
+    /// Keyed by the same `Arc` its tickets hold: a waiting call's names are stored once.
+    by_key: BTreeMap<Arc<WaitKey>, WaitSenders>,
     next_id: u64,
 }
 
@@ -88,16 +89,21 @@ impl Registry {
     /// proposing the acquire.
     pub fn register(&self, key: WaitKey) -> WaitTicket {
         let mailbox = Arc::new(Mailbox::default());
-        let id = {
+        let (id, key) = {
             let mut waits = self.lock();
             waits.next_id += 1;
             let id = waits.next_id;
+            // A second wait for the same waiter shares the first one's names.
+            let key = match waits.by_key.get_key_value(&key) {
+                Some((shared, _)) => Arc::clone(shared),
+                None => Arc::new(key),
+            };
             waits
                 .by_key
-                .entry(key.clone())
+                .entry(Arc::clone(&key))
                 .or_default()
                 .push((id, Arc::clone(&mailbox)));
-            id
+            (id, key)
         };
         WaitTicket {
             registry: self.clone(),
@@ -169,12 +175,17 @@ impl Registry {
 /// A subscription to one wait's events; dropping it deregisters.
 pub struct WaitTicket {
     registry: Registry,
-    key: WaitKey,
+    key: Arc<WaitKey>,
     id: u64,
     mailbox: Arc<Mailbox>,
 }
 
 impl WaitTicket {
+    /// The waiter this ticket follows (shared with the registry, not a copy).
+    pub fn key(&self) -> &Arc<WaitKey> {
+        &self.key
+    }
+
     /// The next event, waiting for one (events keep coming while the ticket is registered, so
     /// this waits as long as it takes).
     pub async fn next(&mut self) -> WaitEvent {
@@ -195,10 +206,10 @@ impl WaitTicket {
 impl Drop for WaitTicket {
     fn drop(&mut self) {
         let mut waits = self.registry.lock();
-        if let Some(senders) = waits.by_key.get_mut(&self.key) {
+        if let Some(senders) = waits.by_key.get_mut(&*self.key) {
             senders.retain(|(id, _)| *id != self.id);
             if senders.is_empty() {
-                waits.by_key.remove(&self.key);
+                waits.by_key.remove(&*self.key);
             }
         }
     }
@@ -285,6 +296,23 @@ mod tests {
             }
         );
         assert!(registry.lock().by_key.is_empty());
+    }
+
+    #[test]
+    fn tickets_of_one_waiter_share_its_names_with_the_registry() {
+        let registry = Registry::default();
+        let first = registry.register(key("a"));
+        let second = registry.register(key("a"));
+        assert!(Arc::ptr_eq(first.key(), second.key()));
+        let (stored, _) = registry
+            .lock()
+            .by_key
+            .get_key_value(&key("a"))
+            .map(|(k, v)| (Arc::clone(k), v.len()))
+            .expect("registered");
+        assert!(Arc::ptr_eq(&stored, first.key()));
+        // One allocation of the names, owned by the registry, both tickets and this test.
+        assert_eq!(Arc::strong_count(&stored), 4);
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! The Grackle semaphore API. Each handler validates, builds a command (or a read), runs it
 //! through the node and converts the reply; a blocking acquire waits in `wait.rs`.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::auth::Caller;
 use super::status::ApiError;
@@ -80,15 +82,109 @@ impl GrackleService {
         Ok(Response::new(message))
     }
 
-    /// Waits for a queued acquire to end and answers it.
-    async fn wait_for_grant(
+    /// `AcquireSemaphore` as its own route serves it (`acquire_route.rs`): the same call as the
+    /// trait's, as a future that owns what it needs, so the route keeps it inline rather than in
+    /// a box of its own. The request moves into the boxed start at once: the future never keeps
+    /// room for it while the call waits.
+    pub(super) fn acquire_semaphore_owned(
+        self: Arc<Self>,
+        request: Request<pb::AcquireSemaphoreRequest>,
+    ) -> impl Future<Output = Result<Response<pb::AcquireSemaphoreResponse>, Status>> + Send + 'static
+    {
+        let span = tracing::debug_span!(
+            "acquire_semaphore",
+            ns = %request.get_ref().namespace_name,
+            sem = %request.get_ref().semaphore_name
+        );
+        let this = Arc::clone(&self);
+        let start = Box::pin(async move { this.start_acquire(request).await });
+        async move {
+            let parked = match start.await? {
+                Started::Answered(message) => return Ok(Response::new(message)),
+                Started::Queued(parked) => parked,
+            };
+            let message = self.finish_wait(parked).await?;
+            Ok(Response::new(message))
+        }
+        .instrument(span)
+    }
+
+    /// An acquire up to its reply: answered at once, or queued and parked for its wait.
+    async fn start_acquire(
         &self,
-        key: WaitKey,
-        ticket: crate::waiters::WaitTicket,
-        deadline_ns: Nanos,
-        index: u64,
-    ) -> Result<pb::AcquireSemaphoreResponse, ApiError> {
-        let granted = wait::wait_for_grant(&self.node, key.clone(), ticket, deadline_ns, index)
+        request: Request<pb::AcquireSemaphoreRequest>,
+    ) -> Result<Started, Status> {
+        let remote = request.remote_addr();
+        let (write, r) = self.write_request(request)?;
+        let wait_ns = wait_ns(r.timeout_ms, r.timeout_seconds).map_err(ApiError::from)?;
+        // A call that may wait counts against its principal's waiting calls until it ends;
+        // one past the limit is refused before anything is proposed.
+        let waiting = match wait_ns > 0 {
+            true => Some(self.waiting.enter(super::admission::Principal::new(
+                write.caller.token(),
+                remote,
+            ))?),
+            false => None,
+        };
+        let key = WaitKey {
+            ns: r.namespace_name,
+            sem: r.semaphore_name,
+            lease: r.lease_id,
+        };
+        let cmd = Cmd::Acquire {
+            ns: key.ns.clone(),
+            sem: key.sem.clone(),
+            lease: key.lease.clone(),
+            weight: r.weight,
+            wait_ns,
+            metadata: convert::metadata(r.metadata),
+            max_hold_ns: convert::ms_to_ns(r.max_hold_ms),
+        };
+        let cmd = write.command(&self.node, cmd)?;
+        cmd.validate().map_err(ApiError::from)?;
+        // Register before proposing, so the grant cannot slip past us.
+        let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key));
+        let (reply, index) = self.node.write_one_at(cmd).await.map_err(ApiError::from)?;
+        let reply = match reply.map_err(ApiError::from)? {
+            Outcome::Acquire(reply) => reply,
+            other => return Err(unexpected(other)),
+        };
+        Ok(match (reply.status, ticket, waiting) {
+            (AcquireStatus::Acquired { token, hold_ns }, _, _) => {
+                Started::Answered(acquire_message(
+                    convert::semaphore(reply.semaphore),
+                    pb::AcquireOutcome::Acquired,
+                    (token, hold_ns),
+                ))
+            }
+            (AcquireStatus::Queued { deadline_ns }, Some(ticket), Some(waiting)) => {
+                Started::Queued(Parked {
+                    ticket,
+                    deadline_ns,
+                    index,
+                    _waiting: waiting,
+                })
+            }
+            (AcquireStatus::Unavailable | AcquireStatus::Queued { .. }, _, _) => {
+                Started::Answered(acquire_message(
+                    convert::semaphore(reply.semaphore),
+                    pb::AcquireOutcome::Unavailable,
+                    (0, 0),
+                ))
+            }
+        })
+    }
+
+    /// Waits for a parked acquire to end and answers it.
+    async fn finish_wait(&self, parked: Parked) -> Result<pb::AcquireSemaphoreResponse, ApiError> {
+        let Parked {
+            ticket,
+            deadline_ns,
+            index,
+            _waiting,
+        } = parked;
+        let key = Arc::clone(ticket.key());
+        let granted = wait::wait_for_grant(&self.node, ticket, deadline_ns, index)
             .await
             .map_err(ApiError::from)?;
         self.acquire_response(&key, granted)
@@ -114,6 +210,22 @@ impl GrackleService {
             granted.map_or((0, 0), |g| (g.token, g.hold_ns)),
         ))
     }
+}
+
+/// How an acquire's first part ended.
+enum Started {
+    Answered(pb::AcquireSemaphoreResponse),
+    Queued(Parked),
+}
+
+/// A blocking acquire that queued: all a call keeps while it waits. Its waiter's names live
+/// once, in the registry, shared with `ticket`.
+struct Parked {
+    ticket: crate::waiters::WaitTicket,
+    deadline_ns: Nanos,
+    index: u64,
+    /// Counts against the principal's waiting calls until the call ends.
+    _waiting: super::admission::WaitPermit,
 }
 
 /// Who asks for a write and under which request id.
@@ -322,61 +434,19 @@ impl GrackleApi for GrackleService {
         &self,
         request: Request<pb::AcquireSemaphoreRequest>,
     ) -> Result<Response<pb::AcquireSemaphoreResponse>, Status> {
-        let remote = request.remote_addr();
-        let (write, r) = self.write_request(request)?;
-        let wait_ns = wait_ns(r.timeout_ms, r.timeout_seconds).map_err(ApiError::from)?;
-        // A call that may wait counts against its principal's waiting calls until it ends;
-        // one past the limit is refused before anything is proposed.
-        let _waiting = match wait_ns > 0 {
-            true => Some(self.waiting.enter(super::admission::Principal::new(
-                write.caller.token(),
-                remote,
-            ))?),
-            false => None,
-        };
-        let key = WaitKey {
-            ns: r.namespace_name,
-            sem: r.semaphore_name,
-            lease: r.lease_id,
-        };
-        let cmd = Cmd::Acquire {
-            ns: key.ns.clone(),
-            sem: key.sem.clone(),
-            lease: key.lease.clone(),
-            weight: r.weight,
-            wait_ns,
-            metadata: convert::metadata(r.metadata),
-            max_hold_ns: convert::ms_to_ns(r.max_hold_ms),
-        };
-        let cmd = write.command(&self.node, cmd)?;
-        cmd.validate().map_err(ApiError::from)?;
-        // Register before proposing, so the grant cannot slip past us.
-        let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key.clone()));
-        // The write's future is boxed, and the reply is taken apart before the wait: a waiting
-        // call keeps only what the wait needs (see README, Memory and disk).
-        let (reply, index) = Box::pin(self.node.write_one_at(cmd))
-            .await
-            .map_err(ApiError::from)?;
-        let reply = match reply.map_err(ApiError::from)? {
-            Outcome::Acquire(reply) => reply,
-            other => return Err(unexpected(other)),
-        };
-        let message = match (reply.status, ticket) {
-            (AcquireStatus::Acquired { token, hold_ns }, _) => acquire_message(
-                convert::semaphore(reply.semaphore),
-                pb::AcquireOutcome::Acquired,
-                (token, hold_ns),
-            ),
-            (AcquireStatus::Queued { deadline_ns }, Some(ticket)) => {
-                drop(reply.semaphore);
-                self.wait_for_grant(key, ticket, deadline_ns, index).await?
+        // The node's port serves this path by its own route (`acquire_route.rs`, through
+        // `acquire_semaphore_owned`); this is the same call for anything that reaches the
+        // generated service. Everything up to the acquire's reply runs in a future of its own,
+        // freed before the wait, and the wait in another: this body keeps a pointer across each
+        // await, as `instrument` keeps room for the body twice.
+        let parked = {
+            let started = Box::pin(self.start_acquire(request)).await?;
+            match started {
+                Started::Answered(message) => return self.reply(message),
+                Started::Queued(parked) => parked,
             }
-            (AcquireStatus::Unavailable | AcquireStatus::Queued { .. }, _) => acquire_message(
-                convert::semaphore(reply.semaphore),
-                pb::AcquireOutcome::Unavailable,
-                (0, 0),
-            ),
         };
+        let message = Box::pin(self.finish_wait(parked)).await?;
         self.reply(message)
     }
 

@@ -20,6 +20,7 @@ use std::task::{Context, Poll};
 
 use std::time::Instant;
 
+use tokio::task::futures::TaskLocalFuture;
 use tonic::codegen::http;
 
 use super::LEADER_HEADER;
@@ -60,18 +61,13 @@ pub struct Responses<S> {
     node: Arc<Node>,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, B, RB> tower::Service<http::Request<B>> for Responses<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
-    S::Future: Send + 'static,
-    S::Error: 'static,
-    RB: 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = BoxFuture<Result<S::Response, S::Error>>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -79,25 +75,53 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let path = request.uri().path().to_string();
-        let node = Arc::clone(&self.node);
         let started = Instant::now();
-        let fut = self.inner.call(request);
-        Box::pin(async move {
-            // The handler notes its write's moments in the task-local (see `write_trace.rs`).
-            let (response, stamps) = CALL
-                .scope(Cell::new(CallStamps::default()), async move {
-                    let response = fut.await;
-                    (response, CALL.with(Cell::get))
-                })
-                .await;
-            let mut response = response?;
-            record_call(stamps, started, Instant::now(), &node.metrics.stages);
-            count(&node.metrics, &path, response.headers(), started);
-            if !path.starts_with(PEER_PATH) {
-                add_leader(&node, response.headers_mut());
-            }
-            Ok(response)
-        })
+        // The handler notes its write's moments in the task-local (see `write_trace.rs`).
+        let inner = CALL.scope(Cell::new(CallStamps::default()), self.inner.call(request));
+        ResponseFuture {
+            inner: Box::pin(inner),
+            path,
+            node: Arc::clone(&self.node),
+            started,
+        }
+    }
+}
+
+/// A call's response on its way out. A plain struct rather than an `async` block: a call that
+/// waits keeps the inner future and these few fields, nothing more (an `async` block around the
+/// task-local scope kept room for the inner future twice).
+pub struct ResponseFuture<F> {
+    inner: Pin<Box<TaskLocalFuture<Cell<CallStamps>, F>>>,
+    path: String,
+    node: Arc<Node>,
+    started: Instant,
+}
+
+impl<F, RB, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<http::Response<RB>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let Poll::Ready(response) = this.inner.as_mut().poll(cx) else {
+            return Poll::Pending;
+        };
+        let stamps = this
+            .inner
+            .as_mut()
+            .take_value()
+            .map(Cell::into_inner)
+            .unwrap_or_default();
+        let mut response = response?;
+        let node = &this.node;
+        record_call(stamps, this.started, Instant::now(), &node.metrics.stages);
+        count(&node.metrics, &this.path, response.headers(), this.started);
+        if !this.path.starts_with(PEER_PATH) {
+            add_leader(node, response.headers_mut());
+        }
+        Poll::Ready(Ok(response))
     }
 }
 

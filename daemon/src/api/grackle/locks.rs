@@ -5,26 +5,63 @@ use conch_proto::grackle as pb;
 use tonic::{Request, Response, Status};
 
 use super::{GrackleService, unexpected, wait_ns};
-use crate::api::admission::Principal;
+use crate::api::admission::{Principal, WaitPermit};
 use crate::api::auth::Caller;
 use crate::api::convert;
 use crate::api::status::ApiError;
 use crate::state::auth::Permission;
-use crate::state::{AcquireLockReply, AcquireStatus, Cmd, Contention, Outcome, lock_object};
+use crate::state::{AcquireLockReply, AcquireStatus, Cmd, Contention, Nanos, Outcome, lock_object};
 use crate::wait;
-use crate::waiters::WaitKey;
+use crate::waiters::{WaitKey, WaitTicket};
+
+/// How a lock acquire's first part ended.
+enum LockStarted {
+    Answered(pb::AcquireLockResponse),
+    Queued(Box<ParkedLock>),
+}
+
+/// A blocking lock acquire that queued: all a call keeps while it waits.
+struct ParkedLock {
+    ticket: WaitTicket,
+    deadline_ns: Nanos,
+    index: u64,
+    /// Counts against the principal's waiting calls until the call ends.
+    _waiting: WaitPermit,
+    caller: Caller,
+    path: String,
+    /// The reply that queued it: the contention reported if the wait runs out.
+    queued: AcquireLockReply,
+}
 
 impl GrackleService {
     pub(super) async fn acquire_lock_call(
         &self,
         request: Request<pb::AcquireLockRequest>,
     ) -> Result<Response<pb::AcquireLockResponse>, Status> {
+        // As for a semaphore: everything up to the acquire's reply runs in a future of its own,
+        // freed before the wait, so a waiting call keeps only its parked wait.
+        let parked = {
+            let started = Box::pin(self.start_lock(request)).await?;
+            match started {
+                LockStarted::Answered(message) => return self.reply(message),
+                LockStarted::Queued(parked) => parked,
+            }
+        };
+        let message = Box::pin(self.finish_lock_wait(*parked)).await?;
+        self.reply(message)
+    }
+
+    /// A lock acquire up to its reply: answered at once, or queued and parked for its wait.
+    async fn start_lock(
+        &self,
+        request: Request<pb::AcquireLockRequest>,
+    ) -> Result<LockStarted, Status> {
         let remote = request.remote_addr();
         let (write, r) = self.write_request(request)?;
         let caller = write.caller.clone();
         let ns = r.namespace_name.clone();
         let wait_ns = wait_ns(r.timeout_ms, r.timeout_seconds).map_err(ApiError::from)?;
-        let _waiting = match wait_ns > 0 {
+        let waiting = match wait_ns > 0 {
             true => Some(
                 self.waiting
                     .enter(Principal::new(write.caller.token(), remote))?,
@@ -47,33 +84,57 @@ impl GrackleService {
         let cmd = write.command(&self.node, cmd)?;
         cmd.validate().map_err(ApiError::from)?;
         // Register before proposing, so the grant cannot slip past us.
-        let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key.clone()));
+        let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key));
         let (reply, index) = self.node.write_one_at(cmd).await.map_err(ApiError::from)?;
         let mut reply = match reply.map_err(ApiError::from)? {
             Outcome::AcquireLock(reply) => reply,
             other => return Err(unexpected(other)),
         };
         self.hide_lease_ids(&caller, &ns, &mut reply);
-        let message = match (reply.status, ticket) {
-            (AcquireStatus::Acquired { .. }, _) => convert::acquire_lock(reply),
-            (AcquireStatus::Queued { deadline_ns }, Some(ticket)) => {
-                let granted =
-                    wait::wait_for_grant(&self.node, key.clone(), ticket, deadline_ns, index)
-                        .await
-                        .map_err(ApiError::from)?;
-                let token = granted.map(|g| g.token);
-                let mut answer = self.answer_wait(&key, &r.lock_name, token, reply)?;
-                self.hide_lease_ids(&caller, &ns, &mut answer);
-                convert::acquire_lock(answer)
+        Ok(match (reply.status, ticket, waiting) {
+            (AcquireStatus::Acquired { .. }, _, _) => {
+                LockStarted::Answered(convert::acquire_lock(reply))
             }
-            (AcquireStatus::Unavailable | AcquireStatus::Queued { .. }, _) => {
-                convert::acquire_lock(AcquireLockReply {
+            (AcquireStatus::Queued { deadline_ns }, Some(ticket), Some(waiting)) => {
+                LockStarted::Queued(Box::new(ParkedLock {
+                    ticket,
+                    deadline_ns,
+                    index,
+                    _waiting: waiting,
+                    caller,
+                    path: r.lock_name,
+                    queued: reply,
+                }))
+            }
+            (AcquireStatus::Unavailable | AcquireStatus::Queued { .. }, _, _) => {
+                LockStarted::Answered(convert::acquire_lock(AcquireLockReply {
                     status: AcquireStatus::Unavailable,
                     ..reply
-                })
+                }))
             }
-        };
-        self.reply(message)
+        })
+    }
+
+    /// Waits for a parked lock acquire to end and answers it.
+    async fn finish_lock_wait(
+        &self,
+        parked: ParkedLock,
+    ) -> Result<pb::AcquireLockResponse, ApiError> {
+        let ParkedLock {
+            ticket,
+            deadline_ns,
+            index,
+            _waiting,
+            caller,
+            path,
+            queued,
+        } = parked;
+        let key = std::sync::Arc::clone(ticket.key());
+        let granted = wait::wait_for_grant(&self.node, ticket, deadline_ns, index).await?;
+        let token = granted.map(|g| g.token);
+        let mut answer = self.answer_wait(&key, &path, token, queued)?;
+        self.hide_lease_ids(&caller, &key.ns, &mut answer);
+        Ok(convert::acquire_lock(answer))
     }
 
     /// The answer to an acquire that waited: the lock as this node has it now; when the wait
