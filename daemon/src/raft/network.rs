@@ -303,6 +303,7 @@ impl PeerConnection {
     }
 
     /// Decodes a reply payload: the remote node's result.
+    #[allow(clippy::result_large_err)] // openraft's own error type, as its network trait returns it
     fn reply<Resp, E>(&self, payload: &[u8]) -> RpcResult<Resp, E>
     where
         Resp: DeserializeOwned,
