@@ -249,14 +249,17 @@ impl PeerConnection {
         let known = identity(&self.cluster_id);
         let held = self.appends.take().filter(|s| s.identity == known);
         let exchange = async move {
+            let message = PeerMessage { payload };
             let mut stream = match held {
-                Some(stream) => stream,
-                None => open_append_stream(client, target, known).await?,
+                Some(stream) => {
+                    stream
+                        .requests
+                        .send(message)
+                        .map_err(|_| closed("the AppendEntries stream to the peer closed"))?;
+                    stream
+                }
+                None => open_append_stream(client, target, known, message).await?,
             };
-            stream
-                .requests
-                .send(PeerMessage { payload })
-                .map_err(|_| closed("the AppendEntries stream to the peer closed"))?;
             match stream.replies.message().await {
                 Ok(Some(reply)) => Ok((reply, stream)),
                 Ok(None) => Err(closed("the peer ended the AppendEntries stream")),
@@ -381,13 +384,20 @@ fn closed(why: &'static str) -> StreamFailure {
 }
 
 /// Opens an `AppendEntriesStream` call to node `target` (the call's headers name it, as every
-/// Raft RPC's do). Resolves once the peer answered the call's opening.
+/// Raft RPC's do) with `first` as its first request. Resolves once the peer answered the
+/// call's opening. The first request goes out with the opening rather than a round trip after
+/// it, so a new stream costs one round trip, as a unary call does: a stream opened again after
+/// a timeout gets its reply within the same timeout a unary call would.
 async fn open_append_stream(
     client: &mut ConchPeerClient<PeerChannel>,
     target: NodeId,
     identity: Identity,
+    first: PeerMessage,
 ) -> Result<AppendStream, StreamFailure> {
     let (requests, outgoing) = tokio::sync::mpsc::unbounded_channel();
+    requests
+        .send(first)
+        .map_err(|_| closed("the AppendEntries stream to the peer closed"))?;
     let outgoing = futures::stream::unfold(outgoing, |mut outgoing| async move {
         outgoing.recv().await.map(|message| (message, outgoing))
     });
@@ -498,19 +508,24 @@ mod tests {
                 return Err(Status::unimplemented("no AppendEntriesStream here"));
             }
             let mut inbound = request.into_inner();
+            // The opening is answered only once the first request arrived: a sender that
+            // waited for the answer before sending would wait forever.
+            let opening = inbound.message().await?;
             let (replies, outgoing) = tokio::sync::mpsc::unbounded_channel();
             tokio::spawn(async move {
                 let mut held = None;
                 let mut first = first_stream;
-                while let Ok(Some(message)) = inbound.message().await {
+                let mut next = opening;
+                while let Some(message) = next {
                     let reply = echo(&message);
                     if std::mem::take(&mut first) {
                         held = Some(reply);
-                        continue;
+                    } else {
+                        for reply in held.take().into_iter().chain([reply]) {
+                            let _ = replies.send(reply);
+                        }
                     }
-                    for reply in held.take().into_iter().chain([reply]) {
-                        let _ = replies.send(reply);
-                    }
+                    next = inbound.message().await.ok().flatten();
                 }
             });
             let outgoing = futures::stream::unfold(outgoing, |mut outgoing| async move {
