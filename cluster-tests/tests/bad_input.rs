@@ -71,6 +71,17 @@ async fn oversized_and_malformed_messages_are_refused_and_the_node_keeps_serving
         .await
         .expect_err("malformed append");
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    // The same on the AppendEntries stream: the malformed message's error ends it.
+    let stream = futures::stream::iter([PeerMessage {
+        payload: vec![7; 64],
+    }]);
+    let request = from_cluster(Vec::new()).map(|_| stream);
+    let mut replies = peer.append_entries_stream(request).await?.into_inner();
+    let status = replies
+        .message()
+        .await
+        .expect_err("malformed streamed append");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
 
     // Raw bytes that are not HTTP/2 at all: the node closes that connection.
     let mut raw = std::net::TcpStream::connect(cluster.addr(leader))?;

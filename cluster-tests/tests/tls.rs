@@ -288,6 +288,64 @@ async fn admitted(
     }
 }
 
+/// A `conch.v1.ConchPeer/AppendEntriesStream` call as a member of cluster `cluster_id` would
+/// open it, whose request messages are sent into the returned sender.
+async fn open_append_stream(
+    peer: &mut ConchPeerClient<Channel>,
+    cluster_id: &str,
+) -> Result<
+    (
+        futures::channel::mpsc::UnboundedSender<PeerMessage>,
+        tonic::Streaming<PeerMessage>,
+    ),
+    tonic::Status,
+> {
+    let (requests, outgoing) = futures::channel::mpsc::unbounded();
+    let mut request = tonic::Request::new(outgoing);
+    request.metadata_mut().insert(
+        "conch-cluster-id",
+        cluster_id
+            .parse()
+            .map_err(|_| tonic::Status::internal("cluster id"))?,
+    );
+    match tokio::time::timeout(Duration::from_secs(5), peer.append_entries_stream(request)).await {
+        Ok(replies) => Ok((requests, replies?.into_inner())),
+        Err(_) => Err(tonic::Status::deadline_exceeded(
+            "opening the stream timed out",
+        )),
+    }
+}
+
+/// Sends a malformed AppendEntries on an open stream: `Ok` when it got past admission to the
+/// decoder (`INVALID_ARGUMENT`, which ends the stream), else the status the stream ended with.
+async fn admitted_on(
+    (requests, replies): &mut (
+        futures::channel::mpsc::UnboundedSender<PeerMessage>,
+        tonic::Streaming<PeerMessage>,
+    ),
+) -> Result<(), tonic::Status> {
+    requests
+        .unbounded_send(PeerMessage {
+            payload: vec![0xff],
+        })
+        .map_err(|_| tonic::Status::internal("the stream's requests are closed"))?;
+    match tokio::time::timeout(Duration::from_secs(5), replies.message()).await {
+        Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => Ok(()),
+        Ok(Err(status)) => Err(status),
+        Ok(Ok(Some(_))) => Err(tonic::Status::internal("a malformed message was answered")),
+        Ok(Ok(None)) => Err(tonic::Status::internal("the stream ended without a reply")),
+        Err(_) => Err(tonic::Status::deadline_exceeded("append entries timed out")),
+    }
+}
+
+/// Whether the AppendEntries stream admits the connection as a node's (see [`admitted`]).
+async fn admitted_streamed(
+    peer: &mut ConchPeerClient<Channel>,
+    cluster_id: &str,
+) -> Result<(), tonic::Status> {
+    admitted_on(&mut open_append_stream(peer, cluster_id).await?).await
+}
+
 /// Whether a peer call to `addr` presenting `cert` is refused, at the handshake or by the peer
 /// service: `Ok(how)` when it is.
 async fn refused_as(
@@ -336,22 +394,28 @@ async fn only_node_certificates_reach_the_peer_service_and_a_revoked_one_is_cut_
                 .await
                 .map_err(anyhow::Error::msg)?;
             let status = read_index(&mut peer, &cluster_id).await.expect_err(what);
-            assert_eq!(
-                status.code(),
-                tonic::Code::PermissionDenied,
-                "{what} at node {id}: {status:?}"
-            );
-            assert!(
-                status.message().contains("answers only members")
-                    && !status.message().contains(&cluster_id),
-                "{what}: {status:?}"
-            );
+            let streamed = admitted_streamed(&mut peer, &cluster_id)
+                .await
+                .expect_err(what);
+            for status in [status, streamed] {
+                assert_eq!(
+                    status.code(),
+                    tonic::Code::PermissionDenied,
+                    "{what} at node {id}: {status:?}"
+                );
+                assert!(
+                    status.message().contains("answers only members")
+                        && !status.message().contains(&cluster_id),
+                    "{what}: {status:?}"
+                );
+            }
         }
     }
 
     // (c) A node certificate (for node 4, no member) gets past the peer service's admission
     // until it is revoked (though as no member it may not read or propose); the nodes re-read
-    // the revocation list and refuse it, on the connections opened before and on new ones.
+    // the revocation list and refuse it, on the connections opened before and on new ones, and
+    // on an AppendEntries stream opened before, at its next message.
     let issued = conch_certs(&["node", &dir, "--id", "4", "--host", "127.0.0.1"]).await?;
     assert!(issued.contains("valid until"), "{issued}");
     let node4 = (pki.dir.join("node4.crt"), pki.dir.join("node4.key"));
@@ -361,6 +425,8 @@ async fn only_node_certificates_reach_the_peer_service_and_a_revoked_one_is_cut_
             .await
             .map_err(anyhow::Error::msg)?;
         admitted(&mut peer, &cluster_id).await?;
+        admitted_streamed(&mut peer, &cluster_id).await?;
+        let open = open_append_stream(&mut peer, &cluster_id).await?;
         let stranger = read_index(&mut peer, &cluster_id)
             .await
             .expect_err("no member reads");
@@ -369,11 +435,11 @@ async fn only_node_certificates_reach_the_peer_service_and_a_revoked_one_is_cut_
                 && stranger.message().contains("node 4 is not a member"),
             "{stranger:?}"
         );
-        before.push((id, peer));
+        before.push((id, peer, open));
     }
     let revoked = conch_certs(&["revoke", "node", "4", "--dir", &dir]).await?;
     assert!(revoked.contains("--peer-crl"), "{revoked}");
-    for (id, peer) in &mut before {
+    for (id, peer, open) in &mut before {
         let status = wait_for(
             &format!("node {id} to refuse the revoked certificate"),
             LONG,
@@ -388,6 +454,14 @@ async fn only_node_certificates_reach_the_peer_service_and_a_revoked_one_is_cut_
             status.code(),
             tonic::Code::PermissionDenied,
             "node {id}: {status:?}"
+        );
+        let streamed = admitted_on(open)
+            .await
+            .expect_err("a revoked node's open stream carries nothing more");
+        assert_eq!(
+            streamed.code(),
+            tonic::Code::PermissionDenied,
+            "node {id}: {streamed:?}"
         );
         let how = refused_as(&pki, &cluster.addr(*id), (&node4.0, &node4.1), &cluster_id)
             .await

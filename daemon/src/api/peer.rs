@@ -6,14 +6,17 @@
 //! that is not in this node's membership is refused; a Raft message naming a candidate or leader
 //! other than its authenticated sender is refused; no refusal names the cluster id or members.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use conch_proto::conch::PeerMessage;
 use conch_proto::conch::conch_peer_server::ConchPeer;
+use rustls_pki_types::CertificateDer;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::{Request, Response, Status};
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
 
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 
@@ -55,7 +58,19 @@ const NOT_A_MEMBER: &str = "the peer service answers only members of this cluste
 ///    anything, so access control without peer authentication would be for show.
 /// 4. An authenticated call must name its sender; the cluster id it carries must be ours.
 pub fn admit(node: &Node, request: &Request<()>) -> Result<PeerSender, ApiError> {
-    let metadata = request.metadata();
+    admit_parts(
+        node,
+        request.metadata(),
+        request.peer_certs().as_deref().map(Vec::as_slice),
+    )
+}
+
+/// [`admit`] from a call's metadata and the certificate chain its connection presented.
+fn admit_parts(
+    node: &Node,
+    metadata: &MetadataMap,
+    peer_certs: Option<&[CertificateDer<'static>]>,
+) -> Result<PeerSender, ApiError> {
     let mut sender = metadata
         .get(PEER_ID_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -65,10 +80,10 @@ pub fn admit(node: &Node, request: &Request<()>) -> Result<PeerSender, ApiError>
     if let Some(tls) = &node.config.tls
         && tls.peer_mtls()
     {
-        let Some(chain) = request.peer_certs() else {
+        let Some(chain) = peer_certs else {
             return Err(refuse(node, "a peer call without a certificate"));
         };
-        let Some(certified) = tls.node_id_of(&chain) else {
+        let Some(certified) = tls.node_id_of(chain) else {
             return Err(refuse(
                 node,
                 "a peer call with a certificate that is not a node's",
@@ -153,7 +168,12 @@ fn from_member<T>(node: &Node, request: &Request<T>) -> Result<(), ApiError> {
 /// Refuses a Raft RPC whose own sender (the candidate or leader it names) is not the node that
 /// sent it.
 fn sent_by<T>(request: &Request<T>, named: Option<NodeId>) -> Result<(), ApiError> {
-    match (sender(request), named) {
+    sender_is(sender(request), named)
+}
+
+/// Refuses a Raft RPC from `sender` naming another node `named` as its own sender.
+fn sender_is(sender: Option<NodeId>, named: Option<NodeId>) -> Result<(), ApiError> {
+    match (sender, named) {
         (Some(sender), Some(named)) if sender != named => Err(ApiError::PeerRefused(format!(
             "node {sender} sent a message in the name of node {named}"
         ))),
@@ -176,6 +196,46 @@ fn encode_reply<T: Serialize>(value: &T) -> Result<Response<PeerMessage>, ApiErr
     Ok(Response::new(PeerMessage { payload }))
 }
 
+/// The replies of an [`ConchPeer::append_entries_stream`] call.
+pub type AppendReplies =
+    Pin<Box<dyn futures::Stream<Item = Result<PeerMessage, Status>> + Send + 'static>>;
+
+/// One open `AppendEntriesStream` call: what its opening said about the sender, and its
+/// incoming messages.
+struct AppendStream {
+    node: Arc<Node>,
+    metadata: MetadataMap,
+    peer_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+    inbound: Streaming<PeerMessage>,
+    failed: bool,
+}
+
+impl AppendStream {
+    /// One AppendEntries off the stream, checked as a unary call is.
+    async fn append(&self, message: PeerMessage) -> Result<PeerMessage, Status> {
+        let started = Instant::now();
+        let node = &self.node;
+        let PeerSender(from) = admit_parts(
+            node,
+            &self.metadata,
+            self.peer_certs.as_deref().map(Vec::as_slice),
+        )?;
+        let rpc: AppendEntriesRequest<TypeConfig> =
+            decode(&message.payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))?;
+        sender_is(from, rpc.vote.leader_id().voted_for())?;
+        node.cluster_id.adopt_from(&self.metadata);
+        node.note_client_addr(from, &self.metadata);
+        let carries_entries = !rpc.entries.is_empty();
+        let payload = encode(&node.append_entries(rpc).await)
+            .map_err(|e| ApiError::Internal(format!("encode peer reply: {e}")))?;
+        if carries_entries {
+            let stages = &node.metrics.stages;
+            stages.between(Stage::FollowerAppend, started, Instant::now());
+        }
+        Ok(PeerMessage { payload })
+    }
+}
+
 #[tonic::async_trait]
 impl ConchPeer for PeerService {
     async fn append_entries(
@@ -196,6 +256,46 @@ impl ConchPeer for PeerService {
             stages.between(Stage::FollowerAppend, started, Instant::now());
         }
         Ok(reply)
+    }
+
+    type AppendEntriesStreamStream = AppendReplies;
+
+    /// The same handling as [`ConchPeer::append_entries`], one request message after the other
+    /// on one stream: each gets exactly one reply, in order. The call was admitted when it
+    /// opened; every message is admitted again, so a stream opened before access control was
+    /// turned on carries nothing after. The stream ends when the node begins to stop (the
+    /// sender opens another, to whichever node then serves) or at the first refused or
+    /// malformed message, with that message's error.
+    async fn append_entries_stream(
+        &self,
+        request: Request<Streaming<PeerMessage>>,
+    ) -> Result<Response<AppendReplies>, Status> {
+        for_this_node(&self.node, &request)?;
+        let stream = AppendStream {
+            node: Arc::clone(&self.node),
+            metadata: request.metadata().clone(),
+            peer_certs: request.peer_certs(),
+            inbound: request.into_inner(),
+            failed: false,
+        };
+        let replies = futures::stream::unfold(stream, |mut stream| async move {
+            if stream.failed {
+                return None;
+            }
+            let message = tokio::select! {
+                biased;
+                () = stream.node.tasks.stopping() => return None,
+                message = stream.inbound.message() => message,
+            };
+            let reply = match message {
+                Ok(Some(message)) => stream.append(message).await,
+                Ok(None) => return None,
+                Err(status) => Err(status),
+            };
+            stream.failed = reply.is_err();
+            Some((reply, stream))
+        });
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
