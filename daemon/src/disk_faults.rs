@@ -174,20 +174,22 @@ pub(crate) fn take_lost_values(dir: &Path) -> Vec<Value> {
     JOURNAL.with(|j| j.borrow_mut().lost.remove(dir).unwrap_or_default())
 }
 
+/// Takes out of `map` every entry whose path is under `dir`, in path order.
+fn take_under<V>(map: &mut BTreeMap<PathBuf, V>, dir: &Path) -> Vec<(PathBuf, V)> {
+    let (under, rest): (BTreeMap<PathBuf, V>, _) = std::mem::take(map)
+        .into_iter()
+        .partition(|(path, _)| path.starts_with(dir));
+    *map = rest;
+    under.into_iter().collect()
+}
+
 /// A process under `dir` died: each sled value it wrote since the last flush is lost or kept,
 /// as `pick(2)` says (0: lost). `pick(n)` answers a number below `n`.
 pub fn lose_on_crash(dir: &Path, pick: &mut dyn FnMut(u64) -> u64) -> Lost {
     JOURNAL.with(|j| {
         let mut j = j.borrow_mut();
         let mut lost = Lost::default();
-        let stores: Vec<PathBuf> = j
-            .unflushed
-            .keys()
-            .filter(|store| store.starts_with(dir))
-            .cloned()
-            .collect();
-        for store in stores {
-            let values = j.unflushed.remove(&store).unwrap_or_default();
+        for (store, values) in take_under(&mut j.unflushed, dir) {
             for (key, before) in values {
                 if pick(2) == 0 {
                     lost.values += 1;
@@ -204,19 +206,7 @@ pub fn lose_on_crash(dir: &Path, pick: &mut dyn FnMut(u64) -> u64) -> Lost {
 /// point possibly torn. Files are changed in place.
 pub fn lose_power(dir: &Path, pick: &mut dyn FnMut(u64) -> u64) -> io::Result<Lost> {
     let mut lost = lose_on_crash(dir, pick);
-    let files: Vec<(PathBuf, Writes)> = JOURNAL.with(|j| {
-        let mut j = j.borrow_mut();
-        let paths: Vec<PathBuf> = j
-            .unsynced
-            .keys()
-            .filter(|p| p.starts_with(dir))
-            .cloned()
-            .collect();
-        paths
-            .into_iter()
-            .filter_map(|p| j.unsynced.remove(&p).map(|w| (p, w)))
-            .collect()
-    });
+    let files = JOURNAL.with(|j| take_under(&mut j.borrow_mut().unsynced, dir));
     for (path, writes) in files {
         let count = writes.len() as u64;
         let reached = pick(count + 1) as usize;
