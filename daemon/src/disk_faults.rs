@@ -237,52 +237,51 @@ pub fn lose_power(dir: &Path, pick: &mut dyn FnMut(u64) -> u64) -> io::Result<Lo
     Ok(lost)
 }
 
+/// A setting per directory, kept by this thread.
+type PerDir<V> = std::thread::LocalKey<RefCell<BTreeMap<PathBuf, V>>>;
+
+/// Sets `dir`'s entry in `map` (`None`: clears it).
+fn set_under<V: 'static>(map: &'static PerDir<V>, dir: &Path, value: Option<V>) {
+    map.with(|m| {
+        let mut m = m.borrow_mut();
+        match value {
+            Some(value) => m.insert(dir.to_path_buf(), value),
+            None => m.remove(dir),
+        }
+    });
+}
+
+/// The entry in `map` of a directory `path` lies under, if any.
+fn find_under<V: Copy + 'static>(map: &'static PerDir<V>, path: &Path) -> Option<V> {
+    map.with(|m| {
+        m.borrow()
+            .iter()
+            .find(|(dir, _)| path.starts_with(dir))
+            .map(|(_, value)| *value)
+    })
+}
+
 /// Makes every log sync under `dir` on this thread take `delay` of (simulated) time before it
 /// runs (`None`: as fast as the disk).
 pub fn slow_syncs_under(dir: &Path, delay: Option<Duration>) {
-    SLOW.with(|s| {
-        let mut s = s.borrow_mut();
-        match delay {
-            Some(delay) => s.insert(dir.to_path_buf(), delay),
-            None => s.remove(dir),
-        }
-    });
+    set_under(&SLOW, dir, delay);
 }
 
 /// How long a sync of a file under `path` is to take, if it was made slow.
 pub(crate) fn sync_delay(path: &Path) -> Option<Duration> {
-    SLOW.with(|s| {
-        let s = s.borrow();
-        if s.is_empty() {
-            return None;
-        }
-        s.iter()
-            .find(|(dir, _)| path.starts_with(dir))
-            .map(|(_, delay)| *delay)
-    })
+    find_under(&SLOW, path)
 }
 
 /// Makes every log sync under `dir` on this thread fail with `fault` (`None`: succeed again).
 pub fn fail_syncs_under(dir: &Path, fault: Option<DiskFault>) {
-    FAILING.with(|f| {
-        let mut f = f.borrow_mut();
-        match fault {
-            Some(fault) => f.insert(dir.to_path_buf(), fault),
-            None => f.remove(dir),
-        }
-    });
+    set_under(&FAILING, dir, fault);
 }
 
 /// The error a sync of a file under `path` fails with, if one was asked for.
 pub(crate) fn injected(path: &Path) -> Option<io::Error> {
-    FAILING.with(|f| {
-        f.borrow()
-            .iter()
-            .find(|(dir, _)| path.starts_with(dir))
-            .map(|(_, fault)| match fault {
-                DiskFault::Io => io::Error::from_raw_os_error(5),
-                DiskFault::Full => io::Error::from_raw_os_error(28),
-            })
+    find_under(&FAILING, path).map(|fault| match fault {
+        DiskFault::Io => io::Error::from_raw_os_error(5),
+        DiskFault::Full => io::Error::from_raw_os_error(28),
     })
 }
 
