@@ -85,6 +85,13 @@ use crate::write_trace::Mark;
 /// from the segment files.
 pub const MEM_LOG_BYTES: u64 = 1024 * 1024;
 
+/// How many bytes of records one AppendEntries carries at most (one entry always, whatever its
+/// size). openraft asks for up to `max_payload_entries` entries per call and gives each call one
+/// heartbeat interval: a follower catching up on large entries (a flood of 10 kB semaphores batches
+/// into entries of hundreds of kB) would otherwise be sent tens of megabytes at once, a call that
+/// cannot finish in time on a busy machine, is retried as large, and never lets it catch up.
+pub const REPLICATION_BATCH_BYTES: u64 = 1024 * 1024;
+
 /// sled's page cache size: sled holds only a few small values.
 pub const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
 
@@ -841,7 +848,56 @@ fn inclusive_bounds(range: &impl RangeBounds<u64>) -> Option<(u64, u64)> {
     (start <= end).then_some((start, end))
 }
 
+impl LogStore {
+    /// The last index of `start..=end` such that the records from `start` to it take at most
+    /// `budget` bytes, `start` itself whatever its size. Sizes come from the entries in memory,
+    /// else from the segments; an index neither holds counts as nothing (the read leaves it out).
+    fn batch_end(&self, start: u64, end: u64, budget: u64) -> u64 {
+        let log = self.read_log();
+        let first_cached = log.first_cached().unwrap_or(u64::MAX);
+        // The same lock order as `try_get_log_entries`: the log, then the segments.
+        let wal = (start < first_cached).then(|| self.inner.lock_wal());
+        let size = |index: u64| match &wal {
+            Some(wal) if index < first_cached => wal.record_bytes(index).unwrap_or(0),
+            _ => usize::try_from(index.saturating_sub(first_cached))
+                .ok()
+                .and_then(|i| log.sizes.get(i).copied())
+                .unwrap_or(0),
+        };
+        let mut total = size(start);
+        let mut last = start;
+        while last < end {
+            total = total.saturating_add(size(last + 1));
+            if total > budget {
+                break;
+            }
+            last += 1;
+        }
+        last
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
+    /// At most [`REPLICATION_BATCH_BYTES`] of records from `start` on (at least one entry).
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        // A start the purge point covers is read from just after it, as `try_get_log_entries`
+        // does; the budget counts from there.
+        let purged = self.read_log().purged.map_or(0, |p| p.index + 1);
+        let from = start.max(purged);
+        if from >= end {
+            return self.try_get_log_entries(start..end).await;
+        }
+        let last = self.batch_end(from, end - 1, REPLICATION_BATCH_BYTES);
+        self.try_get_log_entries(start..=last).await
+    }
+
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
@@ -1564,7 +1620,9 @@ mod tests {
         if let EntryPayload::Normal(batch) = &mut entry.payload
             && let Some(Cmd::RefreshLease { lease, .. }) = batch.cmds.first_mut()
         {
-            *lease = format!("{index:0>bytes$}");
+            // Padded by hand: a formatting width stops at 65 535.
+            let digits = index.to_string();
+            *lease = "0".repeat(bytes.saturating_sub(digits.len())) + &digits;
         }
         entry
     }
@@ -1576,6 +1634,58 @@ mod tests {
             total += item?.metadata()?.blocks() * 512;
         }
         Ok(total)
+    }
+
+    #[tokio::test]
+    async fn replication_reads_stop_at_the_batch_byte_budget() -> anyhow::Result<()> {
+        // 120 entries of ~100 kB: memory keeps about 10 of the newest, the rest are read back
+        // from the segments. A budget of 1 MiB takes about 10 of them per call.
+        const RECORD: usize = 100_000;
+        let dir = tempfile::tempdir()?;
+        let written: Vec<_> = (1..=120).map(|i| large(1, i, RECORD)).collect();
+        let mut store = LogStore::open_with(dir.path(), Durability::Flush, 4 * 1024 * 1024)?;
+        for entry in &written {
+            store.blocking_append([entry.clone()]).await?;
+        }
+        let per_call = (REPLICATION_BATCH_BYTES as usize / RECORD) - 1
+            ..=REPLICATION_BATCH_BYTES as usize / RECORD;
+        // From the segments, then across into memory, then from memory only.
+        for start in [1, 105, 112] {
+            let got = store.limited_get_log_entries(start, 121).await?;
+            let expected_len = got.len();
+            assert!(
+                per_call.contains(&expected_len) || start + expected_len as u64 == 121,
+                "{expected_len} entries from {start}"
+            );
+            let from = usize::try_from(start - 1)?;
+            assert_eq!(got, written[from..from + expected_len], "from {start}");
+        }
+        // Reading to the end in calls covers every entry once, in order.
+        let mut next = 1;
+        let mut read = Vec::new();
+        while next <= 120 {
+            let got = store.limited_get_log_entries(next, 121).await?;
+            assert!(!got.is_empty(), "nothing from {next}");
+            next += got.len() as u64;
+            read.extend(got);
+        }
+        assert_eq!(read, written);
+        // One entry larger than the budget is still sent alone; small entries all at once.
+        store
+            .blocking_append([large(1, 121, 2 * 1024 * 1024)])
+            .await?;
+        assert_eq!(store.limited_get_log_entries(121, 122).await?.len(), 1);
+        assert_eq!(store.limited_get_log_entries(120, 122).await?.len(), 1);
+        for i in 122..=400 {
+            store.blocking_append([batch(1, i)]).await?;
+        }
+        assert_eq!(store.limited_get_log_entries(122, 401).await?.len(), 279);
+        // A start the purge point covers is read from after it.
+        store.purge(log_id(1, 130)).await?;
+        let got = store.limited_get_log_entries(125, 401).await?;
+        assert_eq!(got.first().map(|e| e.log_id.index), Some(131));
+        assert_eq!(got.len(), 270);
+        Ok(())
     }
 
     #[tokio::test]
