@@ -40,6 +40,8 @@ pub struct AppliedState {
     sync_watches: SyncWatches,
     /// Holders watching their lease for a loss (`loss_watch.rs`).
     loss_watches: LossWatches,
+    /// The state's hash and the position it was taken at (see [`AppliedState::state_hash`]).
+    hashed: Mutex<Option<((u64, u64), u64)>>,
 }
 
 /// The semaphores someone watches the holders of: per (namespace, semaphore), a counter of the
@@ -118,6 +120,7 @@ impl AppliedState {
             holder_watches: HolderWatches::default(),
             sync_watches: SyncWatches::default(),
             loss_watches: LossWatches::default(),
+            hashed: Mutex::new(None),
         })
     }
 
@@ -188,6 +191,7 @@ impl AppliedState {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         *current = state;
         self.set_position(index);
+        *self.hashed.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.waits.recheck_all(index);
         self.sync_watches.all_changed();
         self.loss_watches.all_changed();
@@ -214,6 +218,31 @@ impl AppliedState {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let (index, term) = *self.position.read().unwrap_or_else(|p| p.into_inner());
         (read(&state), index, term)
+    }
+
+    /// The applied state's hash ([`State::hash`]) and the index of the last entry applied to
+    /// it. The hash encodes the whole state, which takes time in proportion to its size while
+    /// the state's read lock holds applies back, so it is computed at most once per applied
+    /// position and kept: status polls of a quiet cluster cost nothing, and concurrent ones
+    /// wait for one computation instead of each making their own. Blocks: call it on a blocking
+    /// thread, not on the async runtime.
+    pub fn state_hash(&self) -> (u64, u64) {
+        let state = self
+            .state
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let position = *self.position.read().unwrap_or_else(|p| p.into_inner());
+        // Lock order: the state, then this.
+        let mut hashed = self.hashed.lock().unwrap_or_else(|p| p.into_inner());
+        let hash = match *hashed {
+            Some((at, hash)) if at == position => hash,
+            _ => {
+                let hash = state.hash();
+                *hashed = Some((position, hash));
+                hash
+            }
+        };
+        (hash, position.0)
     }
 
     /// Encodes the current state for a snapshot.
@@ -298,6 +327,37 @@ mod tests {
             metadata: Metadata::new(),
             max_hold_ns: 0,
         }
+    }
+
+    /// The hash is the state's, is taken again once an entry changed the state or a snapshot
+    /// replaced it, and is reused while the position stays (a cached hash would otherwise go
+    /// stale; a recomputed one would cost a status poll the whole state every time).
+    #[test]
+    fn the_state_hash_follows_the_applied_position() {
+        let applied = AppliedState::new(State::new(), 0);
+        let (empty, at) = applied.state_hash();
+        assert_eq!((empty, at), (applied.read(State::hash), 0));
+        let create_ns = Cmd::CreateNamespace {
+            name: "n".into(),
+            description: String::new(),
+            metadata: Metadata::new(),
+        };
+        applied.apply(1, &batch(vec![create_ns]));
+        let (one, at) = applied.state_hash();
+        assert_eq!(at, 1);
+        assert_ne!(one, empty, "an applied entry changes the hash");
+        assert_eq!(one, applied.read(State::hash));
+        // Reused at the same position: the cache holds what was computed for it.
+        assert_eq!(*applied.hashed.lock().expect("lock"), Some(((1, 0), one)));
+        assert_eq!(applied.state_hash(), (one, 1));
+        // An entry that leaves the state as it is moves the position; the hash stays.
+        applied.mark_applied(2);
+        assert_eq!(applied.state_hash(), (one, 2));
+        // A snapshot replacing the state at the same position is hashed anew.
+        applied.replace(State::new(), 2);
+        assert_eq!(applied.state_hash(), (empty, 2));
+        applied.apply(3, &batch(vec![semaphore("s")]));
+        assert_eq!(applied.state_hash(), (applied.read(State::hash), 3));
     }
 
     /// A holder watch wakes for a change of its semaphore's holders and for nothing else:

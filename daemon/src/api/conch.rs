@@ -447,7 +447,14 @@ impl ConchAdmin for AdminService {
             .filter(|l| l.id == leader_id)
             .map(|l| l.addr)
             .unwrap_or_default();
-        let (state_hash, stats) = self.node.applied.read(|s| (s.hash(), s.stats()));
+        // Hashing reads the whole state: on a blocking thread, so a large state's hash never
+        // holds up a runtime worker (and with it heartbeats and other calls).
+        let applied = Arc::clone(&self.node.applied);
+        let ((state_hash, hashed_index), stats) = tokio::task::spawn_blocking(move || {
+            (applied.state_hash(), applied.read(|s| s.stats()))
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("state hash: {e}")))?;
         // openraft 0.9 does not export the commit index; everything applied is committed.
         let commit_index = self.node.applied.applied_index().max(applied_index);
         Ok(Response::new(cpb::ClusterStatusResponse {
@@ -460,7 +467,8 @@ impl ConchAdmin for AdminService {
             state,
             last_log_index,
             commit_index,
-            applied_index: self.node.applied.applied_index(),
+            // The index the hash belongs to: the pair is what nodes are compared by.
+            applied_index: hashed_index,
             snapshot_index,
             members: self.members(),
             state_hash,
