@@ -3080,3 +3080,11 @@ fn snapshot_encoding_matches_the_sample_written_before_small_maps() {
     assert_eq!(restored.encode_snapshot().expect("encodes"), bytes);
     assert_eq!(restored.hash(), t.state.hash());
 }
+
+/// A lease (boxed, one per lease, a million at ten times W5) fits the allocator's 128-byte
+/// class with its two sets of holds and waits as pointers; with two vectors it took the
+/// 160-byte class.
+#[test]
+fn a_lease_fits_in_120_bytes() {
+    assert!(std::mem::size_of::<super::data::Lease>() <= 120);
+}
