@@ -27,7 +27,9 @@ const FEW: usize = 8;
 pub(crate) enum SmallMap<K, V> {
     /// Sorted by key, at most [`FEW`] entries, capacity equal to the length after an insert.
     Few(Vec<(K, V)>),
-    /// Boxed, so the map is as small as the vector (a lease keeps two sets, mostly empty).
+    /// Boxed on purpose (one more allocation for a large map): the map stays as small as the
+    /// vector, which every semaphore keeps four of.
+    #[allow(clippy::box_collection)]
     Many(Box<BTreeMap<K, V>>),
 }
 
