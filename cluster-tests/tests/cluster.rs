@@ -222,6 +222,44 @@ async fn blocking_acquire_is_granted_promptly_after_a_release_on_another_node() 
     Ok(())
 }
 
+/// A node that stops answers the blocking calls waiting on it (UNAVAILABLE, naming the stop) and
+/// their waiters keep their place in the queue, for the client to re-attach elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_answers_its_waiting_calls_and_their_waiters_stay_queued()
+-> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let mut n1 = cluster.grackle(1).await?;
+    let ops::Held { waiter, .. } = ops::held_by_one(&mut n1, "app", "lock", 60, 60).await?;
+
+    let mut n2 = cluster.grackle(2).await?;
+    let waiter_lease = waiter.clone();
+    let blocked =
+        tokio::spawn(
+            async move { ops::acquire(&mut n2, "app", "lock", &waiter_lease, 1, 60).await },
+        );
+    wait_for("the waiter to queue", Duration::from_secs(10), || async {
+        waiters(&cluster, 2, "app", "lock")
+            .await
+            .contains(&waiter)
+            .then_some(())
+    })
+    .await?;
+
+    cluster.signal(2, nix::sys::signal::Signal::SIGTERM);
+    let status = match tokio::time::timeout(Duration::from_secs(30), blocked).await?? {
+        Ok(reply) => anyhow::bail!("the waiting call was answered {reply:?}"),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("shutting down"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(waiters(&cluster, 1, "app", "lock").await, vec![waiter]);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_loses_no_acknowledged_write_and_the_node_catches_up() -> anyhow::Result<()> {
     let mut cluster = Cluster::start_with(3, &["--snapshot-every", "50"]).await?;

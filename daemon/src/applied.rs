@@ -301,6 +301,18 @@ impl AppliedState {
     pub fn register_wait(&self, key: WaitKey) -> WaitTicket {
         self.waits.register(key)
     }
+
+    /// The task keeping the clock of this node's waits until `stopping` resolves, the first
+    /// time it is asked for (see `waiters.rs`).
+    pub fn wait_timer<S>(
+        &self,
+        stopping: S,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static + use<S>>
+    where
+        S: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.waits.timer(stopping)
+    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::error::NodeError;
 use crate::node::Node;
 use crate::state::{Cmd, Error, GiveUpReply, NANOS_PER_SEC, Nanos, Outcome, WaitEnd, lock_path};
-use crate::waiters::{WaitEvent, WaitKey, WaitOutcome, WaitTicket};
+use crate::waiters::{WaitEvent, WaitKey, WaitOutcome, WaitTicket, Wake};
 
 /// How long after its deadline a waiting call gives up on its own if the leader's clock has not
 /// timed the waiter out (e.g. no leader).
@@ -76,19 +76,35 @@ pub async fn wait_for_grant(
     let remaining =
         Duration::from_nanos(u64::try_from(deadline_ns.saturating_sub(clock_ns)).unwrap_or(0));
     let local_deadline = tokio::time::Instant::now() + remaining + WAIT_GRACE;
-    // Boxed, like the give-up below: a waiting call's future keeps only the wait's own state.
+    // The node's timer and stop signal serve every wait: this call keeps only its ticket.
+    let tasks = node.tasks.clone();
+    if let Some(timer) = node
+        .applied
+        .wait_timer(async move { tasks.stopping().await })
+    {
+        node.tasks.spawn(timer);
+    }
+    // Boxed whole, like the give-up below: a waiting call's future keeps only the wait's own
+    // state, not the catching up's.
     let caught_up = if crate::regressions::active(crate::regressions::Bug::PhantomHold) {
         Ok(())
     } else {
-        tokio::select! {
-            caught_up = Box::pin(tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index))) => caught_up,
-            () = node.tasks.stopping() => return Err(stopping().into()),
+        let catch_up = Box::pin(async {
+            tokio::select! {
+                caught_up = tokio::time::timeout_at(local_deadline, node.applied.wait_applied(index)) => Some(caught_up),
+                () = node.tasks.stopping() => None,
+            }
+        });
+        match catch_up.await {
+            Some(caught_up) => caught_up,
+            None => return Err(stopping().into()),
         }
     };
     if caught_up.is_err() {
         give_up.disarm();
         return Box::pin(give_up_now(node, &key, deadline_ns, &mut ticket, index)).await;
     }
+    ticket.arm(local_deadline);
     // Events from before this acquire's entry concern an earlier wait of the same lease.
     let mut last = None;
     let note = |event: WaitEvent, last: &mut Option<WaitOutcome>| {
@@ -108,15 +124,15 @@ pub async fn wait_for_grant(
             give_up.disarm();
             return ended(node, &key, last);
         }
-        tokio::select! {
-            event = ticket.next() => note(event, &mut last),
-            _ = tokio::time::sleep_until(local_deadline) => {
+        match ticket.next().await {
+            Wake::Event(event) => note(event, &mut last),
+            Wake::DeadlinePassed => {
                 give_up.disarm();
                 return Box::pin(give_up_now(node, &key, deadline_ns, &mut ticket, index)).await;
             }
             // The node stops: the caller re-attaches through another node and keeps its place
             // (the waiter stays queued until its lease or its deadline ends it).
-            () = node.tasks.stopping() => {
+            Wake::Stopping => {
                 give_up.disarm();
                 return Err(stopping().into());
             }

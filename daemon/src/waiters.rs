@@ -2,15 +2,26 @@
 //! call (`wait.rs`) before it proposes its acquire, fed by the apply path (`applied.rs`) with
 //! the events of every applied entry.
 //!
+//! The registry also keeps the clock and the stop signal of every wait: one timer task per
+//! node wakes each ticket whose local deadline passed, and the node's stop wakes every ticket,
+//! so a waiting call keeps only its mailbox (a timer and a stop signal of its own cost about
+//! 200 bytes of its future, for each of thousands of waiting calls).
+//!
 //! Invariants:
 //! - a ticket receives every event about its waiter delivered between its registration and its
 //!   drop, in log order
-//! - a dropped ticket is deregistered; no key is left without a ticket
+//! - a dropped ticket is deregistered and its deadline disarmed; no key is left without a
+//!   ticket
+//! - a ticket armed with a deadline is woken once the deadline passed (on tokio's clock), and
+//!   every ticket is woken once the node stops, armed before or after
 
 use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::state::{Event, Nanos, WaitEnd};
 
@@ -42,12 +53,29 @@ pub struct WaitEvent {
     pub outcome: WaitOutcome,
 }
 
+/// What woke a waiting ticket: an event about its waiter, its deadline, or the node's stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    Event(WaitEvent),
+    /// The deadline the ticket was armed with passed (see [`WaitTicket::arm`]).
+    DeadlinePassed,
+    /// The node begins to stop.
+    Stopping,
+}
+
+/// [`Mailbox::flags`]: the ticket's deadline passed.
+const DEADLINE_PASSED: u8 = 1;
+/// [`Mailbox::flags`]: the node begins to stop.
+const STOPPING: u8 = 2;
+
 /// Where the events of one ticket wait to be read: a queue and a wake-up. A waiting call costs
 /// this one small allocation (an unbounded channel would cost a block of 32 events and its
 /// cache-padded ends, about 1.5 kB, for the one or two events a wait ever receives).
 #[derive(Default)]
 struct Mailbox {
     events: Mutex<VecDeque<WaitEvent>>,
+    /// [`DEADLINE_PASSED`] and [`STOPPING`]; once set, they stay.
+    flags: AtomicU8,
     /// Holds a wake-up for a reader that is not waiting yet, so none is lost.
     ready: Notify,
 }
@@ -58,6 +86,11 @@ impl Mailbox {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .push_back(event);
+        self.ready.notify_one();
+    }
+
+    fn raise(&self, flag: u8) {
+        self.flags.fetch_or(flag, Ordering::AcqRel);
         self.ready.notify_one();
     }
 
@@ -76,12 +109,33 @@ struct Waits {
     /// Keyed by the same `Arc` its tickets hold: a waiting call's names are stored once.
     by_key: BTreeMap<Arc<WaitKey>, WaitSenders>,
     next_id: u64,
+    /// The armed deadlines, earliest first, by (deadline, ticket id).
+    deadlines: BTreeMap<(Instant, u64), Arc<Mailbox>>,
+    /// The node began to stop: every ticket, present and future, is told.
+    stopping: bool,
+}
+
+impl Waits {
+    /// Wakes the tickets whose deadline is at or before `now`; returns the next deadline.
+    fn fire_due(&mut self, now: Instant) -> Option<Instant> {
+        while let Some(entry) = self.deadlines.first_entry() {
+            if entry.key().0 > now {
+                return Some(entry.key().0);
+            }
+            entry.remove().raise(DEADLINE_PASSED);
+        }
+        None
+    }
 }
 
 /// The callers waiting on this node, by the waiter they wait for.
 #[derive(Clone, Default)]
 pub struct Registry {
     waits: Arc<Mutex<Waits>>,
+    /// Wakes the timer task when a deadline is armed.
+    armed: Arc<Notify>,
+    /// Whether the timer task was handed out ([`Registry::timer`]).
+    timer_started: Arc<AtomicBool>,
 }
 
 impl Registry {
@@ -98,10 +152,12 @@ impl Registry {
                 Some((shared, _)) => Arc::clone(shared),
                 None => Arc::new(key),
             };
+            // Room for one: a waiter rarely has a second waiting call (a vector's first push
+            // would make room for four).
             waits
                 .by_key
                 .entry(Arc::clone(&key))
-                .or_default()
+                .or_insert_with(|| Vec::with_capacity(1))
                 .push((id, Arc::clone(&mailbox)));
             (id, key)
         };
@@ -110,13 +166,48 @@ impl Registry {
             key,
             id,
             mailbox,
+            armed: None,
         }
     }
 
+    /// The task that keeps the clock of every wait and tells them when the node stops (once
+    /// `stopping` resolves); `None` if it was handed out before. Run it once per node, before
+    /// any ticket is armed.
+    pub fn timer<S>(
+        &self,
+        stopping: S,
+    ) -> Option<impl Future<Output = ()> + Send + 'static + use<S>>
+    where
+        S: Future<Output = ()> + Send + 'static,
+    {
+        if self.timer_started.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let (waits, armed) = (Arc::clone(&self.waits), Arc::clone(&self.armed));
+        Some(async move {
+            // However the task ends (the node stops, or the task is dropped with the runtime),
+            // every ticket is told.
+            let _stop_all = StopAll(Arc::clone(&waits));
+            tokio::pin!(stopping);
+            loop {
+                let next = lock(&waits).fire_due(Instant::now());
+                let sleep = async move {
+                    match next {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = sleep => {}
+                    () = armed.notified() => {}
+                    () = &mut stopping => break,
+                }
+            }
+        })
+    }
+
     fn lock(&self) -> MutexGuard<'_, Waits> {
-        self.waits
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.waits)
     }
 
     /// Hands the events of the entry at `index` to the callers they concern. The apply path
@@ -172,12 +263,34 @@ impl Registry {
     }
 }
 
+/// Tells every ticket, present and future, that the node stops.
+struct StopAll(Arc<Mutex<Waits>>);
+
+impl Drop for StopAll {
+    fn drop(&mut self) {
+        let mut waits = lock(&self.0);
+        waits.stopping = true;
+        waits.deadlines.clear();
+        for (_, mailbox) in waits.by_key.values().flatten() {
+            mailbox.raise(STOPPING);
+        }
+    }
+}
+
+fn lock(waits: &Mutex<Waits>) -> MutexGuard<'_, Waits> {
+    waits
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A subscription to one wait's events; dropping it deregisters.
 pub struct WaitTicket {
     registry: Registry,
     key: Arc<WaitKey>,
     id: u64,
     mailbox: Arc<Mailbox>,
+    /// The deadline this ticket is armed with, if any.
+    armed: Option<Instant>,
 }
 
 impl WaitTicket {
@@ -186,12 +299,39 @@ impl WaitTicket {
         &self.key
     }
 
-    /// The next event, waiting for one (events keep coming while the ticket is registered, so
-    /// this waits as long as it takes).
-    pub async fn next(&mut self) -> WaitEvent {
+    /// Arms the ticket's deadline on the registry's timer (replacing one armed before): once
+    /// `at` passed, [`WaitTicket::next`] answers [`Wake::DeadlinePassed`]. A ticket of a node
+    /// that stopped is told so at once.
+    pub fn arm(&mut self, at: Instant) {
+        let mut waits = self.registry.lock();
+        if waits.stopping {
+            self.mailbox.raise(STOPPING);
+            return;
+        }
+        if let Some(old) = self.armed.replace(at) {
+            waits.deadlines.remove(&(old, self.id));
+        }
+        waits
+            .deadlines
+            .insert((at, self.id), Arc::clone(&self.mailbox));
+        drop(waits);
+        self.registry.armed.notify_one();
+    }
+
+    /// The next event, waiting for one; or, with no event left, the deadline or the node's
+    /// stop once either came (events keep coming while the ticket is registered, so this
+    /// waits as long as it takes).
+    pub async fn next(&mut self) -> Wake {
         loop {
             if let Some(event) = self.mailbox.take() {
-                return event;
+                return Wake::Event(event);
+            }
+            let flags = self.mailbox.flags.load(Ordering::Acquire);
+            if flags & STOPPING != 0 {
+                return Wake::Stopping;
+            }
+            if flags & DEADLINE_PASSED != 0 {
+                return Wake::DeadlinePassed;
             }
             self.mailbox.ready.notified().await;
         }
@@ -206,6 +346,9 @@ impl WaitTicket {
 impl Drop for WaitTicket {
     fn drop(&mut self) {
         let mut waits = self.registry.lock();
+        if let Some(at) = self.armed {
+            waits.deadlines.remove(&(at, self.id));
+        }
         if let Some(senders) = waits.by_key.get_mut(&*self.key) {
             senders.retain(|(id, _)| *id != self.id);
             if senders.is_empty() {
@@ -273,7 +416,10 @@ mod tests {
         let reader = tokio::spawn(async move {
             let first = ticket.next().await;
             let second = ticket.next().await;
-            (first, second)
+            match (first, second) {
+                (Wake::Event(first), Wake::Event(second)) => (first, second),
+                other => panic!("expected two events, got {other:?}"),
+            }
         });
         tokio::task::yield_now().await;
         registry.deliver(4, vec![granted("a", 1)]);
@@ -326,5 +472,116 @@ mod tests {
         assert!(second.try_next().is_some());
         drop(second);
         assert!(registry.lock().by_key.is_empty());
+    }
+
+    use std::time::Duration;
+
+    use futures::FutureExt;
+    use tokio::sync::oneshot;
+
+    /// Lets the timer task run after the clock moved.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// The timer, running until the returned sender is dropped or sent to.
+    fn start_timer(registry: &Registry) -> oneshot::Sender<()> {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let timer = registry
+            .timer(async move {
+                let _ = stopped.await;
+            })
+            .expect("the first timer");
+        tokio::spawn(timer);
+        stop
+    }
+
+    fn woken(ticket: &mut WaitTicket) -> Option<Wake> {
+        ticket.next().now_or_never()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_wake_their_tickets_in_deadline_order() {
+        let registry = Registry::default();
+        let _stop = start_timer(&registry);
+        assert!(registry.timer(std::future::pending()).is_none());
+        let start = Instant::now();
+        let mut late = registry.register(key("late"));
+        let mut early = registry.register(key("early"));
+        let mut middle = registry.register(key("middle"));
+        late.arm(start + Duration::from_secs(30));
+        early.arm(start + Duration::from_secs(10));
+        middle.arm(start + Duration::from_secs(20));
+        settle().await;
+        assert_eq!(woken(&mut early), None);
+
+        tokio::time::advance(Duration::from_secs(10)).await;
+        settle().await;
+        assert_eq!(woken(&mut early), Some(Wake::DeadlinePassed));
+        assert_eq!(woken(&mut middle), None);
+        assert_eq!(woken(&mut late), None);
+
+        tokio::time::advance(Duration::from_secs(10)).await;
+        settle().await;
+        assert_eq!(woken(&mut middle), Some(Wake::DeadlinePassed));
+        assert_eq!(woken(&mut late), None);
+
+        // An event delivered after the deadline is still read first.
+        registry.deliver(3, vec![granted("late", 9)]);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        settle().await;
+        assert!(matches!(woken(&mut late), Some(Wake::Event(e)) if e.index == 3));
+        assert_eq!(woken(&mut late), Some(Wake::DeadlinePassed));
+        assert!(registry.lock().deadlines.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_or_rearmed_ticket_leaves_no_deadline_behind() {
+        let registry = Registry::default();
+        let _stop = start_timer(&registry);
+        let start = Instant::now();
+        let mut kept = registry.register(key("kept"));
+        let mut dropped = registry.register(key("dropped"));
+        dropped.arm(start + Duration::from_secs(5));
+        kept.arm(start + Duration::from_secs(5));
+        // Armed again later: only the later deadline counts.
+        kept.arm(start + Duration::from_secs(15));
+        drop(dropped);
+        assert_eq!(registry.lock().deadlines.len(), 1);
+
+        tokio::time::advance(Duration::from_secs(10)).await;
+        settle().await;
+        assert_eq!(woken(&mut kept), None);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        settle().await;
+        assert_eq!(woken(&mut kept), Some(Wake::DeadlinePassed));
+        drop(kept);
+        assert!(registry.lock().deadlines.is_empty());
+        assert!(registry.lock().by_key.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_node_stopping_wakes_every_ticket_present_and_future() {
+        let registry = Registry::default();
+        let stop = start_timer(&registry);
+        let start = Instant::now();
+        let mut armed = registry.register(key("armed"));
+        armed.arm(start + Duration::from_secs(60));
+        let mut unarmed = registry.register(key("unarmed"));
+        let reader = tokio::spawn(async move { armed.next().await });
+        settle().await;
+        assert!(!reader.is_finished());
+
+        stop.send(()).expect("the timer runs");
+        settle().await;
+        assert_eq!(reader.await.expect("reader"), Wake::Stopping);
+        assert_eq!(woken(&mut unarmed), Some(Wake::Stopping));
+        // A wait armed after the stop is told at once, and its deadline is not kept.
+        let mut later = registry.register(key("later"));
+        later.arm(start + Duration::from_secs(60));
+        assert_eq!(woken(&mut later), Some(Wake::Stopping));
+        assert!(registry.lock().deadlines.is_empty());
     }
 }

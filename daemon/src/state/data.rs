@@ -32,6 +32,7 @@ use super::hash::fnv1a64;
 use super::lock_data::{LockHolder, LockTable, LockWaiter};
 use super::quota::{self, Budget, Quotas, Usage};
 use super::requests::Requests;
+use super::small_map::{SmallMap, SmallSet};
 use super::types::*;
 
 mod sync;
@@ -152,10 +153,11 @@ pub(super) struct Semaphore {
     /// The longest any grant may hold this semaphore, on the lease clock (0: no limit). An
     /// acquire may ask for less; the smaller wins. A change applies to later grants.
     pub(super) max_hold_ns: Nanos,
-    /// By lease sequence number.
-    holders: BTreeMap<u64, Holder>,
+    /// By lease sequence number. Small maps: most semaphores have a holder or two, and a
+    /// `BTreeMap`'s first node has room for eleven (see `small_map.rs`).
+    holders: SmallMap<u64, Holder>,
     /// By lease sequence number; FIFO order is by `Waiter::ticket`.
-    waiters: BTreeMap<u64, Waiter>,
+    waiters: SmallMap<u64, Waiter>,
     /// The last queue ticket handed out.
     last_ticket: u64,
     /// Derived: sum of holder weights.
@@ -163,10 +165,10 @@ pub(super) struct Semaphore {
     held: u64,
     /// Derived: fencing token -> lease seq (grant order).
     #[serde(skip)]
-    holders_by_token: BTreeMap<u64, u64>,
+    holders_by_token: SmallMap<u64, u64>,
     /// Derived: ticket -> lease seq (queue order).
     #[serde(skip)]
-    queue: BTreeMap<u64, u64>,
+    queue: SmallMap<u64, u64>,
 }
 
 /// Reached only through `&` outside this module: a hold changes by replacing it.
@@ -231,10 +233,10 @@ pub(super) struct Lease {
     pub(super) kind: LeaseKind,
     /// Derived: what this lease holds: semaphore names, or lock objects ([`lock_object`]).
     #[serde(skip)]
-    pub(super) holds: BTreeSet<String>,
+    pub(super) holds: SmallSet<String>,
     /// Derived: what this lease waits for, named as in `holds`.
     #[serde(skip)]
-    pub(super) waits: BTreeSet<String>,
+    pub(super) waits: SmallSet<String>,
 }
 
 /// What a command may change besides its namespace: the token counter, the global indexes
@@ -1214,12 +1216,12 @@ impl Semaphore {
             updated_at: wall_ns,
             last_activity_at: wall_ns,
             max_hold_ns: 0,
-            holders: BTreeMap::new(),
-            waiters: BTreeMap::new(),
+            holders: SmallMap::new(),
+            waiters: SmallMap::new(),
             last_ticket: 0,
             held: 0,
-            holders_by_token: BTreeMap::new(),
-            queue: BTreeMap::new(),
+            holders_by_token: SmallMap::new(),
+            queue: SmallMap::new(),
         }
     }
 
@@ -1239,11 +1241,11 @@ impl Semaphore {
         own.saturating_add(entries)
     }
 
-    pub(super) fn holders(&self) -> &BTreeMap<u64, Holder> {
+    pub(super) fn holders(&self) -> &SmallMap<u64, Holder> {
         &self.holders
     }
 
-    pub(super) fn waiters(&self) -> &BTreeMap<u64, Waiter> {
+    pub(super) fn waiters(&self) -> &SmallMap<u64, Waiter> {
         &self.waiters
     }
 
@@ -1257,12 +1259,12 @@ impl Semaphore {
     }
 
     /// Fencing token -> lease seq: the holders in grant order.
-    pub(super) fn holders_by_token(&self) -> &BTreeMap<u64, u64> {
+    pub(super) fn holders_by_token(&self) -> &SmallMap<u64, u64> {
         &self.holders_by_token
     }
 
     /// Ticket -> lease seq: the waiters in queue order.
-    pub(super) fn queue(&self) -> &BTreeMap<u64, u64> {
+    pub(super) fn queue(&self) -> &SmallMap<u64, u64> {
         &self.queue
     }
 
@@ -1304,8 +1306,8 @@ impl Lease {
             owner,
             secret,
             kind: LeaseKind::Semaphore,
-            holds: BTreeSet::new(),
-            waits: BTreeSet::new(),
+            holds: SmallSet::new(),
+            waits: SmallSet::new(),
         }
     }
 }

@@ -96,7 +96,7 @@ impl State {
                         sem.permits
                     )));
                 }
-                if held != sem.held() || by_token != *sem.holders_by_token() {
+                if held != sem.held() || !by_token.iter().eq(sem.holders_by_token()) {
                     return Err(at("holder index does not match the holders"));
                 }
                 if sem.holders().len() > HOLDERS_PER_SEMAPHORE_MAX
@@ -127,7 +127,7 @@ impl State {
                         .or_default()
                         .insert(sem_name.clone());
                 }
-                if queue != *sem.queue() {
+                if !queue.iter().eq(sem.queue()) {
                     return Err(at("queue index does not match the waiters"));
                 }
                 if let Some((_, seq)) = sem.queue().first_key_value()
@@ -167,8 +167,14 @@ impl State {
                 {
                     return Err(at("holds or waits for what its kind cannot"));
                 }
-                if lease.holds != lease_holds.remove(seq).unwrap_or_default()
-                    || lease.waits != lease_waits.remove(seq).unwrap_or_default()
+                if !lease
+                    .holds
+                    .iter()
+                    .eq(&lease_holds.remove(seq).unwrap_or_default())
+                    || !lease
+                        .waits
+                        .iter()
+                        .eq(&lease_waits.remove(seq).unwrap_or_default())
                 {
                     return Err(at("holds/waits do not match the semaphores"));
                 }

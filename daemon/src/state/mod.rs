@@ -95,6 +95,7 @@ mod requests;
 mod set;
 #[cfg(test)]
 mod set_tests;
+mod small_map;
 mod snapshot;
 mod sync;
 #[cfg(test)]

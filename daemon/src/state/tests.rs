@@ -3033,3 +3033,58 @@ fn a_loss_is_emitted_for_every_way_a_holder_loses_and_never_for_a_release() {
         ]
     );
 }
+
+/// Semaphores with no, a few and many holders and waiters (more than the eight a small map
+/// keeps in a vector), and a lease holding ten semaphores: the snapshot of this state as the
+/// encoding wrote it before holders, waiters and a lease's holds were kept in small maps
+/// (`snapshot_sample.hex`, written by the previous representation) is what this one writes, and
+/// it decodes to a state that encodes and hashes the same.
+#[test]
+fn snapshot_encoding_matches_the_sample_written_before_small_maps() {
+    let mut t = Tim::with_ns();
+    t.create_sem("empty", 1);
+    t.create_sem("few", 3);
+    t.create_sem("many", 12);
+    let leases: Vec<String> = (0..40).map(|_| t.create_lease(300)).collect();
+    t.acquired("few", &leases[0], 1, 0);
+    t.acquired("few", &leases[1], 2, 0);
+    for (lease, weight) in [(&leases[2], 3), (&leases[3], 1)] {
+        let reply = t.acquire("few", lease, weight, 100 * S);
+        assert!(matches!(reply.status, AcquireStatus::Queued { .. }));
+    }
+    for lease in &leases[4..16] {
+        t.acquired("many", lease, 1, 0);
+    }
+    for lease in &leases[16..28] {
+        let reply = t.acquire("many", lease, 1, 100 * S);
+        assert!(matches!(reply.status, AcquireStatus::Queued { .. }));
+    }
+    // Grants from the queue: the releases move the head waiters to the holders.
+    t.release("many", &leases[4]);
+    t.release("many", &leases[5]);
+    for i in 0..10 {
+        let name = format!("h{i}");
+        t.create_sem(&name, 1);
+        t.acquired(&name, &leases[30], 1, 0);
+    }
+    t.release("h3", &leases[30]);
+    t.state.check_invariants().expect("invariants hold");
+
+    let bytes = t.state.encode_snapshot().expect("encodes");
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let sample = include_str!("snapshot_sample.hex").trim();
+    assert_eq!(hex, sample, "the snapshot's bytes changed");
+
+    let restored = State::decode_snapshot(&bytes).expect("decodes");
+    restored.check_invariants().expect("invariants hold");
+    assert_eq!(restored.encode_snapshot().expect("encodes"), bytes);
+    assert_eq!(restored.hash(), t.state.hash());
+}
+
+/// A lease (boxed, one per lease, a million at ten times W5) fits the allocator's 128-byte
+/// class with its two sets of holds and waits as pointers; with two vectors it took the
+/// 160-byte class.
+#[test]
+fn a_lease_fits_in_120_bytes() {
+    assert!(std::mem::size_of::<super::data::Lease>() <= 120);
+}
