@@ -70,20 +70,33 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{AnyError, Entry, OptionalSend, RaftLogReader, StorageIOError, Vote};
+use openraft::{AnyError, Entry, EntryPayload, OptionalSend, RaftLogReader, StorageIOError, Vote};
 use serde::de::DeserializeOwned;
 
 use super::codec::{decode_value, encode_value};
 use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::metrics::{LogMetrics, observe};
-use crate::state::fnv1a64;
+use crate::state::{Cmd, fnv1a64};
 use crate::write_trace::Mark;
 
-/// How many bytes of records the newest entries kept in memory may take (the last entry is
-/// kept whatever its size). Replication and apply read entries just appended; older ones come
-/// from the segment files.
+/// How many bytes the newest entries kept in memory may take (the last entry is kept whatever
+/// its size), counted as [`held_bytes`] does. Replication and apply read entries just appended;
+/// older ones come from the segment files.
 pub const MEM_LOG_BYTES: u64 = 1024 * 1024;
+
+/// What an entry whose record is `record` bytes long holds in memory, about: the record's worth
+/// of strings plus the entry and its decoded commands themselves. A command is a few hundred
+/// bytes as a value and about a hundred as a record, so counting records alone would let the
+/// entries kept take five times their budget.
+fn held_bytes(entry: &Entry<TypeConfig>, record: u64) -> u64 {
+    let commands = match &entry.payload {
+        EntryPayload::Normal(batch) => batch.cmds.capacity() * std::mem::size_of::<Cmd>(),
+        _ => 0,
+    };
+    let own = std::mem::size_of::<Entry<TypeConfig>>() + commands;
+    record.saturating_add(u64::try_from(own).unwrap_or(u64::MAX))
+}
 
 /// How many bytes of records one AppendEntries carries at most (one entry always, whatever its
 /// size). openraft asks for up to `max_payload_entries` entries per call and gives each call one
@@ -363,8 +376,9 @@ struct MemLog {
     /// The newest entries, consecutive, ending with `last` (when the log holds entries after
     /// the purge point); those before them are in the segments only.
     entries: VecDeque<Entry<TypeConfig>>,
-    /// The record size of each of `entries`, and their sum.
-    sizes: VecDeque<u64>,
+    /// The record size of each of `entries` and what it holds in memory ([`held_bytes`]).
+    sizes: VecDeque<(u64, u64)>,
+    /// The sum of what `entries` hold in memory.
     bytes: u64,
     /// The last entry of the log, when one follows the purge point.
     last: Option<LogId>,
@@ -383,10 +397,11 @@ impl MemLog {
         if let Some(last) = entries.last() {
             self.last = Some(last.log_id);
         }
-        for (entry, size) in entries.into_iter().zip(sizes) {
+        for (entry, record) in entries.into_iter().zip(sizes) {
+            let held = held_bytes(&entry, record);
             self.entries.push_back(entry);
-            self.sizes.push_back(size);
-            self.bytes += size;
+            self.sizes.push_back((record, held));
+            self.bytes += held;
         }
         while self.bytes > MEM_LOG_BYTES && self.entries.len() > 1 {
             self.pop_front();
@@ -395,7 +410,7 @@ impl MemLog {
 
     fn pop_front(&mut self) {
         self.entries.pop_front();
-        self.bytes -= self.sizes.pop_front().unwrap_or(0);
+        self.bytes -= self.sizes.pop_front().map_or(0, |(_, held)| held);
     }
 
     fn clear(&mut self) {
@@ -861,7 +876,7 @@ impl LogStore {
             Some(wal) if index < first_cached => wal.record_bytes(index).unwrap_or(0),
             _ => usize::try_from(index.saturating_sub(first_cached))
                 .ok()
-                .and_then(|i| log.sizes.get(i).copied())
+                .and_then(|i| log.sizes.get(i).map(|(record, _)| *record))
                 .unwrap_or(0),
         };
         let mut total = size(start);
@@ -1067,7 +1082,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .is_some_and(|e| e.log_id.index >= log_id.index)
         {
             log.entries.pop_back();
-            log.bytes -= log.sizes.pop_back().unwrap_or(0);
+            log.bytes -= log.sizes.pop_back().map_or(0, |(_, held)| held);
         }
         // The new last entry: in memory, or read back from the segments.
         log.last = match log.entries.back() {
@@ -1634,6 +1649,42 @@ mod tests {
             total += item?.metadata()?.blocks() * 512;
         }
         Ok(total)
+    }
+
+    /// Entries of many small commands: what they hold decoded, not their records, is what the
+    /// memory budget counts, so the entries kept stay within it.
+    #[tokio::test]
+    async fn entries_kept_in_memory_are_counted_as_decoded() -> anyhow::Result<()> {
+        const COMMANDS: usize = 100;
+        let dir = tempfile::tempdir()?;
+        let mut store = LogStore::open_with(dir.path(), Durability::Flush, 4 * 1024 * 1024)?;
+        for index in 1..=400 {
+            let mut entry = batch(1, index);
+            if let EntryPayload::Normal(batch) = &mut entry.payload {
+                let cmd = batch.cmds[0].clone();
+                batch.cmds = vec![cmd; COMMANDS];
+            }
+            store.blocking_append([entry]).await?;
+        }
+        {
+            let log = store.read_log();
+            let decoded = log.entries.len() * COMMANDS * std::mem::size_of::<Cmd>();
+            assert!(
+                decoded as u64 <= MEM_LOG_BYTES,
+                "{} entries of {COMMANDS} commands kept: {decoded} bytes decoded",
+                log.entries.len()
+            );
+            let records: u64 = log.sizes.iter().map(|(record, _)| record).sum();
+            assert!(
+                log.bytes > records,
+                "{} held, {records} of records",
+                log.bytes
+            );
+            assert!(log.entries.len() > 1, "the newest entries are kept");
+        }
+        // The entries that left memory are read back from the segments.
+        assert_eq!(store.try_get_log_entries(..).await?.len(), 400);
+        Ok(())
     }
 
     #[tokio::test]
