@@ -6,6 +6,7 @@
 //! that is not in this node's membership is refused; a Raft message naming a candidate or leader
 //! other than its authenticated sender is refused; no refusal names the cluster id or members.
 
+use std::cell::Cell;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,7 +30,7 @@ use crate::node::forward_stream::{ForwardReply, ForwardRequest};
 use crate::raft::network::{decode, encode};
 use crate::raft::{NodeId, TypeConfig, peer_target};
 use crate::state::Cmd;
-use crate::write_trace::Stage;
+use crate::write_trace::{CALL, CallStamps, Stage, record_call};
 
 pub struct PeerService {
     node: Arc<Node>,
@@ -310,6 +311,7 @@ async fn serve_forwards(
                 return;
             }
         };
+        let read_at = Instant::now();
         let ForwardRequest { id, cmds } = match batch {
             Ok(batch) => batch,
             Err(e) => {
@@ -320,15 +322,23 @@ async fn serve_forwards(
         let node = Arc::clone(&node);
         let replies = replies.clone();
         node.tasks.clone().spawn(async move {
-            let result = if node.is_leader() {
-                node.propose_forwarded(cmds).await
-            } else {
-                Err(NodeError::NotLeader { node: node.id })
-            };
+            // Timed as a unary `Propose` call is (`peer_call` and its parts), from the message
+            // read to its answer sent.
+            let (result, stamps) = CALL
+                .scope(Cell::new(CallStamps::default()), async {
+                    let result = if node.is_leader() {
+                        node.propose_forwarded(cmds).await
+                    } else {
+                        Err(NodeError::NotLeader { node: node.id })
+                    };
+                    (result, CALL.with(Cell::get))
+                })
+                .await;
             let reply = encode(&ForwardReply { id, result })
                 .map(|payload| PeerMessage { payload })
                 .map_err(|e| ApiError::Internal(format!("encode peer reply: {e}")).into());
             let _ = replies.send(reply);
+            record_call(stamps, read_at, Instant::now(), &node.metrics.stages);
             drop(permit);
         });
     }

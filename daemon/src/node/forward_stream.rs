@@ -17,7 +17,7 @@
 //! carry) opens a stream to it and lets the old one go (the batches still on it get their
 //! answers; then its requests end, and the leader ends it).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -110,7 +110,9 @@ struct Pending {
 struct PendingState {
     /// Why the stream ended, once it has: nothing more is sent on it.
     ended: Option<String>,
-    waiting: HashMap<u64, oneshot::Sender<Result<Proposed, String>>>,
+    /// By id, in order: a stream's end answers them in the order they were sent, the same in
+    /// every run (the simulator replays a run exactly).
+    waiting: BTreeMap<u64, oneshot::Sender<Result<Proposed, String>>>,
 }
 
 impl Pending {
