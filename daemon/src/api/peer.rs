@@ -16,8 +16,8 @@ use conch_proto::conch::conch_peer_server::ConchPeer;
 use rustls_pki_types::CertificateDer;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::metadata::MetadataMap;
 use tokio::sync::{Semaphore, mpsc};
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
@@ -303,8 +303,8 @@ async fn serve_forwards(
             () = node.tasks.stopping() => return,
             message = inbound.message() => message,
         };
-        let batch = match message {
-            Ok(Some(message)) => forwarded_batch(&caller, &message),
+        let message = match message {
+            Ok(Some(message)) => message,
             Ok(None) => return,
             Err(status) => {
                 let _ = replies.send(Err(status));
@@ -312,7 +312,7 @@ async fn serve_forwards(
             }
         };
         let read_at = Instant::now();
-        let ForwardRequest { id, cmds } = match batch {
+        let ForwardRequest { id, cmds } = match forwarded_batch(&caller, &message) {
             Ok(batch) => batch,
             Err(e) => {
                 let _ = replies.send(Err(e.into()));
@@ -455,14 +455,15 @@ impl ConchPeer for PeerService {
         self.node
             .tasks
             .spawn(serve_forwards(caller, request.into_inner(), replies));
-        let outgoing = futures::stream::unfold((outgoing, false), |(mut outgoing, failed)| async move {
-            if failed {
-                return None;
-            }
-            let reply = outgoing.recv().await?;
-            let failed = reply.is_err();
-            Some((reply, (outgoing, failed)))
-        });
+        let outgoing =
+            futures::stream::unfold((outgoing, false), |(mut outgoing, failed)| async move {
+                if failed {
+                    return None;
+                }
+                let reply = outgoing.recv().await?;
+                let failed = reply.is_err();
+                Some((reply, (outgoing, failed)))
+            });
         Ok(Response::new(Box::pin(outgoing)))
     }
 

@@ -549,11 +549,8 @@ mod tests {
         /// Waits until the leader has received `n` batches in all.
         async fn received(&self, n: usize) -> anyhow::Result<()> {
             let mut received = self.received.clone();
-            tokio::time::timeout(
-                Duration::from_secs(30),
-                received.wait_for(|r| r.len() >= n),
-            )
-            .await??;
+            tokio::time::timeout(Duration::from_secs(30), received.wait_for(|r| r.len() >= n))
+                .await??;
             Ok(())
         }
     }
@@ -675,7 +672,11 @@ mod tests {
                 other => anyhow::bail!("not a refusal: {other:?}"),
             }
         }
-        assert_eq!(served.opened.load(Ordering::SeqCst), 1, "the stream stays open");
+        assert_eq!(
+            served.opened.load(Ordering::SeqCst),
+            1,
+            "the stream stays open"
+        );
         Ok(())
     }
 
