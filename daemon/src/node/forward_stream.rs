@@ -207,6 +207,7 @@ impl Forwarder {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let payload = encode(&ForwardRequest { id, cmds })
             .map_err(|e| ForwardFailure::NotSent(tonic::Status::internal(e.to_string())))?;
+        let mut message = PeerMessage { payload };
         let slot = self.slot(target);
         let mut attempts = 0;
         let (stream, answer) = loop {
@@ -220,15 +221,16 @@ impl Forwarder {
                 }
             };
             if let Some(answer) = stream.pending.register(id) {
-                let message = PeerMessage {
-                    payload: payload.clone(),
-                };
-                if stream.requests.send(message).is_ok() {
-                    break (stream, answer);
+                match stream.requests.send(message) {
+                    Ok(()) => break (stream, answer),
+                    Err(unsent) => {
+                        // The call is gone (its requests are no longer read): nothing was
+                        // queued.
+                        message = unsent.0;
+                        stream.pending.forget(id);
+                        stream.pending.end("the forward stream closed");
+                    }
                 }
-                // The call is gone (its requests are no longer read): nothing was queued.
-                stream.pending.forget(id);
-                stream.pending.end("the forward stream closed");
             }
             attempts += 1;
             if attempts >= SEND_ATTEMPTS {
