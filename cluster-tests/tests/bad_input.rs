@@ -82,6 +82,17 @@ async fn oversized_and_malformed_messages_are_refused_and_the_node_keeps_serving
         .await
         .expect_err("malformed streamed append");
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    // And on the forward stream.
+    let stream = futures::stream::iter([PeerMessage {
+        payload: vec![0xde, 0xad, 0xbe, 0xef, 1, 2, 3],
+    }]);
+    let request = from_cluster(Vec::new()).map(|_| stream);
+    let mut replies = peer.propose_stream(request).await?.into_inner();
+    let status = replies
+        .message()
+        .await
+        .expect_err("malformed streamed proposal");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
 
     // Raw bytes that are not HTTP/2 at all: the node closes that connection.
     let mut raw = std::net::TcpStream::connect(cluster.addr(leader))?;

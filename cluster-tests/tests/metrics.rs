@@ -205,6 +205,26 @@ async fn counters_move_as_the_operations_did() -> anyhow::Result<()> {
     let forwarded = sum(after, "conch_forwarded_total", &["kind=\"write\""])
         - sum(&before, "conch_forwarded_total", &["kind=\"write\""]);
     assert!(forwarded >= 11.0, "forwarded writes: {forwarded}");
+    // They all went to the leader on the follower's forward stream: the leader counts its
+    // opening (and at most the other follower's), and no unary Propose.
+    let on_leader = &scrapes
+        .iter()
+        .find(|(id, _)| *id == leader)
+        .context("the leader's scrape")?
+        .1;
+    let peer_calls = |method: &str| {
+        sum(
+            on_leader,
+            "conch_grpc_requests_total",
+            &[&format!("method=\"/conch.v1.ConchPeer/{method}\"")],
+        )
+    };
+    let streams = peer_calls("ProposeStream");
+    assert!(
+        (1.0..=2.0).contains(&streams),
+        "forward streams opened to the leader: {streams}"
+    );
+    assert_eq!(peer_calls("Propose"), 0.0, "unary forwards");
     Ok(())
 }
 

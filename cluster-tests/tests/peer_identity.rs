@@ -229,15 +229,29 @@ async fn the_peer_service_answers_only_members() -> anyhow::Result<()> {
     for id in cluster.ids() {
         let mut peer = ConchPeerClient::new(cluster.channel(id).context("node")?);
         for (what, headers) in &probes {
+            // The forward stream's request: an id, then `Propose`'s payload.
+            let mut streamed = 1u64.to_le_bytes().to_vec();
+            streamed.extend(auth_disable_proposal());
+            let stream =
+                peer_request(streamed, headers).map(|message| futures::stream::iter([message]));
             for (call, result) in [
                 (
                     "ReadIndex",
-                    peer.read_index(peer_request(Vec::new(), headers)).await,
+                    peer.read_index(peer_request(Vec::new(), headers))
+                        .await
+                        .map(|reply| format!("{reply:?}")),
                 ),
                 (
                     "Propose [AuthDisable]",
                     peer.propose(peer_request(auth_disable_proposal(), headers))
-                        .await,
+                        .await
+                        .map(|reply| format!("{reply:?}")),
+                ),
+                (
+                    "ProposeStream [AuthDisable]",
+                    peer.propose_stream(stream)
+                        .await
+                        .map(|_| "a stream".to_string()),
                 ),
             ] {
                 let status = match result {

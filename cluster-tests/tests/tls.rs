@@ -288,11 +288,36 @@ async fn admitted(
     }
 }
 
+/// The streaming peer calls.
+#[derive(Clone, Copy, Debug)]
+enum PeerStream {
+    /// `AppendEntriesStream`: the leader's AppendEntries to a follower.
+    Appends,
+    /// `ProposeStream`: a follower's forwarded batches to the leader.
+    Forwards,
+}
+
 /// A `conch.v1.ConchPeer/AppendEntriesStream` call as a member of cluster `cluster_id` would
 /// open it, whose request messages are sent into the returned sender.
 async fn open_append_stream(
     peer: &mut ConchPeerClient<Channel>,
     cluster_id: &str,
+) -> Result<
+    (
+        futures::channel::mpsc::UnboundedSender<PeerMessage>,
+        tonic::Streaming<PeerMessage>,
+    ),
+    tonic::Status,
+> {
+    open_stream(peer, cluster_id, PeerStream::Appends).await
+}
+
+/// A streaming peer call (`which`) as a member of cluster `cluster_id` would open it, whose
+/// request messages are sent into the returned sender.
+async fn open_stream(
+    peer: &mut ConchPeerClient<Channel>,
+    cluster_id: &str,
+    which: PeerStream,
 ) -> Result<
     (
         futures::channel::mpsc::UnboundedSender<PeerMessage>,
@@ -308,7 +333,13 @@ async fn open_append_stream(
             .parse()
             .map_err(|_| tonic::Status::internal("cluster id"))?,
     );
-    match tokio::time::timeout(Duration::from_secs(5), peer.append_entries_stream(request)).await {
+    let opened = async {
+        match which {
+            PeerStream::Appends => peer.append_entries_stream(request).await,
+            PeerStream::Forwards => peer.propose_stream(request).await,
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(5), opened).await {
         Ok(replies) => Ok((requests, replies?.into_inner())),
         Err(_) => Err(tonic::Status::deadline_exceeded(
             "opening the stream timed out",
@@ -397,7 +428,11 @@ async fn only_node_certificates_reach_the_peer_service_and_a_revoked_one_is_cut_
             let streamed = admitted_streamed(&mut peer, &cluster_id)
                 .await
                 .expect_err(what);
-            for status in [status, streamed] {
+            let forwards = open_stream(&mut peer, &cluster_id, PeerStream::Forwards)
+                .await
+                .map(|_| ())
+                .expect_err(what);
+            for status in [status, streamed, forwards] {
                 assert_eq!(
                     status.code(),
                     tonic::Code::PermissionDenied,
@@ -413,9 +448,10 @@ async fn only_node_certificates_reach_the_peer_service_and_a_revoked_one_is_cut_
     }
 
     // (c) A node certificate (for node 4, no member) gets past the peer service's admission
-    // until it is revoked (though as no member it may not read or propose); the nodes re-read
-    // the revocation list and refuse it, on the connections opened before and on new ones, and
-    // on an AppendEntries stream opened before, at its next message.
+    // until it is revoked (though as no member it may not read, propose or open a forward
+    // stream); the nodes re-read the revocation list and refuse it, on the connections opened
+    // before and on new ones, and on an AppendEntries stream opened before, at its next
+    // message.
     let issued = conch_certs(&["node", &dir, "--id", "4", "--host", "127.0.0.1"]).await?;
     assert!(issued.contains("valid until"), "{issued}");
     let node4 = (pki.dir.join("node4.crt"), pki.dir.join("node4.key"));
@@ -430,11 +466,17 @@ async fn only_node_certificates_reach_the_peer_service_and_a_revoked_one_is_cut_
         let stranger = read_index(&mut peer, &cluster_id)
             .await
             .expect_err("no member reads");
-        assert!(
-            stranger.code() == tonic::Code::PermissionDenied
-                && stranger.message().contains("node 4 is not a member"),
-            "{stranger:?}"
-        );
+        let forwarder = open_stream(&mut peer, &cluster_id, PeerStream::Forwards)
+            .await
+            .map(|_| ())
+            .expect_err("no member forwards");
+        for stranger in [stranger, forwarder] {
+            assert!(
+                stranger.code() == tonic::Code::PermissionDenied
+                    && stranger.message().contains("node 4 is not a member"),
+                "{stranger:?}"
+            );
+        }
         before.push((id, peer, open));
     }
     let revoked = conch_certs(&["revoke", "node", "4", "--dir", &dir]).await?;

@@ -2,8 +2,10 @@
 //!
 //! Writes: a handler calls [`Node::write`]; the proposer task collects every command that
 //! arrived meanwhile into one [`Batch`] (one Raft entry, one fsync: group commit). On the leader
-//! the batch goes to Raft; on a follower it is forwarded to the leader's proposer over
-//! `ConchPeer.Propose`, and the follower answers only once it has applied the entry itself.
+//! the batch goes to Raft; on a follower it is forwarded to the leader's proposer on the
+//! follower's `ConchPeer.ProposeStream` call to it (`node/forward_stream.rs`; a unary
+//! `ConchPeer.Propose` to a leader that does not serve the stream), and the follower answers
+//! with the leader's replies.
 //!
 //! Reads: [`Node::linearizable`] confirms leadership (read-index) once for every read that
 //! arrived meanwhile, then waits until this node applied up to that index.
@@ -36,16 +38,18 @@ use crate::error::NodeError;
 use crate::identity::ClusterId;
 use crate::log_limit::LogLimit;
 use crate::metrics::Metrics;
-use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, peer_client};
+use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, identity, peer_client};
 use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Cmd, Nanos, Reply};
 use crate::storage_fault;
 use crate::tasks::Tasks;
 use crate::write_trace::{Stage, note_proposed, note_resumed};
 
+pub mod forward_stream;
 mod leader_wait;
 mod raft_view;
 
+use forward_stream::{ForwardFailure, Forwarder, Proposed, Target};
 use leader_wait::{LeaderWait, Woken};
 pub use raft_view::{Member, MembershipChange, MembershipChanged, RaftStatus, RaftWatch};
 
@@ -88,6 +92,8 @@ pub struct Node {
     proposals: mpsc::Sender<Proposal>,
     /// This node's callers' proposals on their way to another leader (see `run_forwarder`).
     to_forward: mpsc::Sender<Proposal>,
+    /// The stream those proposals go to the leader on (see `node/forward_stream.rs`).
+    forwarder: Forwarder,
     reads: mpsc::Sender<oneshot::Sender<Result<u64, NodeError>>>,
     /// Channels to other nodes, by node and address dialed (a channel checks that the peer's
     /// certificate names its node, so one address never serves two ids).
@@ -152,6 +158,7 @@ impl Node {
         let (proposals, proposal_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (to_forward, forward_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (reads, read_rx) = mpsc::channel(BATCH_MAX_CMDS);
+        let tasks = Tasks::new();
         let node = Arc::new(Node {
             id: config.id,
             config,
@@ -159,6 +166,7 @@ impl Node {
             applied,
             proposals,
             to_forward,
+            forwarder: Forwarder::new(tasks.clone()),
             reads,
             peers: Mutex::new(HashMap::new()),
             extension: TermExtension::default(),
@@ -168,7 +176,7 @@ impl Node {
             metrics,
             client_addrs: Mutex::new(BTreeMap::new()),
             peer_refusals: LogLimit::new(Duration::from_secs(10)),
-            tasks: Tasks::new(),
+            tasks,
             peer_secret_header,
             removal: crate::removal::Removal::default(),
             log_at_start,
@@ -588,27 +596,46 @@ impl Node {
         }
     }
 
+    /// Forwards `cmds` to `leader` and returns its answer: over the forward stream, or as a
+    /// unary `Propose` call to a leader that does not serve the stream.
     async fn commit_through(
         &self,
         leader: &LeaderInfo,
         cmds: Vec<Cmd>,
     ) -> Result<(Vec<Reply>, u64), NodeError> {
-        let payload =
-            encode(&cmds).map_err(|e| NodeError::Internal(format!("encode proposal: {e}")))?;
-        let mut client = self.peer(leader)?;
+        let channel = self.channel_to(leader.id, &leader.addr)?;
         self.metrics.forwarded.with_label_values(&["write"]).inc();
+        let target = Target {
+            id: leader.id,
+            addr: leader.addr.clone(),
+            identity: identity(&self.cluster_id),
+        };
         // Bounded: a leader that stopped answering (paused, partitioned) must not hold this
         // proposal, and the caller, longer than a leader change takes.
-        let mut request = tonic::Request::new(PeerMessage { payload });
-        request.set_timeout(self.config.leader_wait);
+        let deadline = tokio::time::Instant::now() + self.config.leader_wait;
         let sent = Instant::now();
-        let response = client.propose(request).await;
+        let proposed = if self.forwarder.unary(&target, leader.term) {
+            self.propose_unary(leader, channel, &cmds).await
+        } else {
+            match self
+                .forwarder
+                .forward(&target, channel.clone(), &cmds, deadline)
+                .await
+            {
+                Ok(proposed) => Ok(proposed),
+                Err(ForwardFailure::Unsupported) => {
+                    tracing::info!(
+                        node = leader.id,
+                        "the leader does not serve ProposeStream; forwarding to it with Propose"
+                    );
+                    self.forwarder.use_unary(&target, leader.term);
+                    self.propose_unary(leader, channel, &cmds).await
+                }
+                Err(failure) => Err(stream_failure(failure, leader)),
+            }
+        };
         let stages = &self.metrics.stages;
         stages.between(Stage::ForwardRpc, sent, Instant::now());
-        let response = response.map_err(|status| forward_failure(&status, leader))?;
-        let result: Result<(Vec<Reply>, u64), NodeError> =
-            decode(&response.into_inner().payload)
-                .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
         // The leader's reply is the answer: it is committed, and every read (linearizable,
         // through the read index) sees it from now on, on any node. Waiting here until this
         // node applied it too would cost the time until the leader's next message says the
@@ -616,7 +643,7 @@ impl Node {
         // queued acquire waiting for its grant) waits for the index itself. Changes to access
         // control are the exception: this node checks the caller's next call against its own
         // applied copy of the rules, so it answers once it has them.
-        let (replies, index) = result?;
+        let (replies, index) = proposed??;
         if cmds.iter().any(Cmd::changes_access)
             && tokio::time::timeout(self.config.leader_wait, self.applied.wait_applied(index))
                 .await
@@ -628,6 +655,25 @@ impl Node {
             );
         }
         Ok((replies, index))
+    }
+
+    /// Forwards `cmds` to `leader` as one unary `Propose` call, within `leader_wait`.
+    async fn propose_unary(
+        &self,
+        leader: &LeaderInfo,
+        channel: PeerChannel,
+        cmds: &[Cmd],
+    ) -> Result<Proposed, NodeError> {
+        let payload =
+            encode(&cmds).map_err(|e| NodeError::Internal(format!("encode proposal: {e}")))?;
+        let mut request = tonic::Request::new(PeerMessage { payload });
+        request.set_timeout(self.config.leader_wait);
+        let response = peer_client(channel)
+            .propose(request)
+            .await
+            .map_err(|status| forward_failure(&status, leader))?;
+        decode(&response.into_inner().payload)
+            .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))
     }
 
     async fn run_read_index(
@@ -831,6 +877,39 @@ fn forward_failure(status: &tonic::Status, leader: &LeaderInfo) -> NodeError {
     ))
 }
 
+/// A forward that got no answer over the stream. A batch that never went out (no stream could
+/// be opened) is tried again when the failure may pass (the leader unreachable, stepping down,
+/// or not answering the opening in time), and is reported as it is otherwise (a refusal):
+/// either way nothing was sent. A batch that went out and got no answer has an unknown
+/// outcome, as after a unary call whose connection was lost (see [`forward_failure`]).
+fn stream_failure(failure: ForwardFailure, leader: &LeaderInfo) -> NodeError {
+    match failure {
+        ForwardFailure::NotSent(status)
+            if matches!(
+                status.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Cancelled
+                    | tonic::Code::DeadlineExceeded
+            ) =>
+        {
+            NodeError::NotLeader { node: leader.id }
+        }
+        ForwardFailure::NotSent(status) => NodeError::Unavailable(format!(
+            "forward to leader {} at {}: {}; nothing was sent",
+            leader.id,
+            leader.addr,
+            status.message()
+        )),
+        ForwardFailure::Unknown(why) => NodeError::Unavailable(format!(
+            "forward to leader {} at {}: {why}; the outcome is unknown",
+            leader.id, leader.addr
+        )),
+        // Answered by a unary call where it happens; never reported as such.
+        ForwardFailure::Unsupported => NodeError::NotLeader { node: leader.id },
+    }
+}
+
 /// Whether a call failed because no connection could be made (so nothing was sent).
 fn never_connected(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
@@ -916,6 +995,42 @@ mod tests {
                 }
                 other => panic!("{status:?} is no refusal: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_streamed_forward_is_retried_only_when_it_never_went_out() {
+        // No stream could be opened: nothing was sent, so a passing failure is retried.
+        for status in [
+            tonic::Status::unavailable("tcp connect error"),
+            tonic::Status::deadline_exceeded("no forward stream opened in time"),
+        ] {
+            assert_eq!(
+                stream_failure(ForwardFailure::NotSent(status), &leader()),
+                NodeError::NotLeader { node: 1 }
+            );
+        }
+        // Refused at the opening: reported, and nothing was sent.
+        match stream_failure(
+            ForwardFailure::NotSent(tonic::Status::permission_denied("members only")),
+            &leader(),
+        ) {
+            NodeError::Unavailable(message) => {
+                assert!(message.contains("members only"), "{message}");
+                assert!(message.contains("nothing was sent"), "{message}");
+            }
+            other => panic!("a refusal is no retry: {other:?}"),
+        }
+        // Sent, then the stream broke or the leader went silent: the outcome is unknown.
+        match stream_failure(
+            ForwardFailure::Unknown("the forward stream failed: reset".into()),
+            &leader(),
+        ) {
+            NodeError::Unavailable(message) => {
+                assert!(message.contains("the outcome is unknown"), "{message}");
+                assert!(message.contains("reset"), "{message}");
+            }
+            other => panic!("a lost batch is no refusal: {other:?}"),
         }
     }
 }

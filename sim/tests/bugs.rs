@@ -6,10 +6,13 @@ use std::process::Command;
 /// At most this many seeds per bug: more than any of them has needed, few enough for `make
 /// test`.
 const MAX_SEEDS: &str = "40";
+/// A stale read after every node lost power needs a lost commit index and a read right after
+/// the restart: since followers forward on a stream it first shows at seed 71.
+const STALE_READ_SEEDS: &str = "90";
 
-fn first_failure(bug: &str) -> anyhow::Result<String> {
+fn first_failure(bug: &str, seeds: &str) -> anyhow::Result<String> {
     let output = Command::new(env!("CARGO_BIN_EXE_conch-sim"))
-        .args(["--bug", bug, "--seeds", MAX_SEEDS, "--first-seed", "1"])
+        .args(["--bug", bug, "--seeds", seeds, "--first-seed", "1"])
         .args(["--until-failure", "--jobs", "2"])
         .output()?;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -22,10 +25,14 @@ fn first_failure(bug: &str) -> anyhow::Result<String> {
 }
 
 fn assert_found(bug: &str, what: &str) -> anyhow::Result<()> {
-    let out = first_failure(bug)?;
+    assert_found_within(bug, what, MAX_SEEDS)
+}
+
+fn assert_found_within(bug: &str, what: &str, seeds: &str) -> anyhow::Result<()> {
+    let out = first_failure(bug, seeds)?;
     assert!(
         out.contains("FAILED"),
-        "{bug} found within {MAX_SEEDS} seeds: {out}"
+        "{bug} found within {seeds} seeds: {out}"
     );
     assert!(out.contains(what), "{bug} shows as {what:?}: {out}");
     assert!(
@@ -52,5 +59,5 @@ fn a_phantom_hold_is_found() -> anyhow::Result<()> {
 
 #[test]
 fn stale_reads_after_every_node_lost_power_are_found() -> anyhow::Result<()> {
-    assert_found("stale-read-after-restart", "VIOLATION")
+    assert_found_within("stale-read-after-restart", "VIOLATION", STALE_READ_SEEDS)
 }

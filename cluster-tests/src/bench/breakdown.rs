@@ -153,7 +153,7 @@ fn through_follower() -> Vec<Spec> {
         (1, "forward", Stage(Client, "forward"), true),
         (
             2,
-            "forward_rpc (ConchPeer.Propose)",
+            "forward_rpc (ConchPeer.ProposeStream)",
             Stage(Client, "forward_rpc"),
             false,
         ),

@@ -6,6 +6,7 @@
 //! that is not in this node's membership is refused; a Raft message naming a candidate or leader
 //! other than its authenticated sender is refused; no refusal names the cluster id or members.
 
+use std::cell::Cell;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +16,7 @@ use conch_proto::conch::conch_peer_server::ConchPeer;
 use rustls_pki_types::CertificateDer;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::{Semaphore, mpsc};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -24,10 +26,11 @@ use super::status::ApiError;
 use crate::error::NodeError;
 use crate::identity::{PEER_ID_HEADER, PEER_SECRET_HEADER};
 use crate::node::Node;
+use crate::node::forward_stream::{ForwardReply, ForwardRequest};
 use crate::raft::network::{decode, encode};
 use crate::raft::{NodeId, TypeConfig, peer_target};
 use crate::state::Cmd;
-use crate::write_trace::Stage;
+use crate::write_trace::{CALL, CallStamps, Stage, record_call};
 
 pub struct PeerService {
     node: Arc<Node>,
@@ -149,7 +152,12 @@ fn sender<T>(request: &Request<T>) -> Option<NodeId> {
 /// Refuses a call from a node that is not a member (a removed node campaigning, or one never
 /// added), as this node knows the membership.
 fn from_member<T>(node: &Node, request: &Request<T>) -> Result<(), ApiError> {
-    match sender(request) {
+    from_member_id(node, sender(request))
+}
+
+/// Refuses a call from `sender` when it is not a member (see [`from_member`]).
+fn from_member_id(node: &Node, sender: Option<NodeId>) -> Result<(), ApiError> {
+    match sender {
         Some(id) if node.is_member(id) == Some(false) => {
             if node.peer_refusals.due() {
                 tracing::warn!(
@@ -196,16 +204,42 @@ fn encode_reply<T: Serialize>(value: &T) -> Result<Response<PeerMessage>, ApiErr
     Ok(Response::new(PeerMessage { payload }))
 }
 
-/// The replies of an [`ConchPeer::append_entries_stream`] call.
-pub type AppendReplies =
+/// The replies of a streaming peer call ([`ConchPeer::append_entries_stream`],
+/// [`ConchPeer::propose_stream`]).
+pub type PeerReplies =
     Pin<Box<dyn futures::Stream<Item = Result<PeerMessage, Status>> + Send + 'static>>;
 
-/// One open `AppendEntriesStream` call: what its opening said about the sender, and its
-/// incoming messages.
-struct AppendStream {
+/// Who opened a streaming peer call, as its opening said: every message on it is admitted
+/// again from these, as a unary call is, so a stream opened before access control was turned
+/// on (or by a node whose certificate was revoked since) carries nothing after.
+struct StreamCaller {
     node: Arc<Node>,
     metadata: MetadataMap,
     peer_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+}
+
+impl StreamCaller {
+    fn of<T>(node: &Arc<Node>, request: &Request<T>) -> StreamCaller {
+        StreamCaller {
+            node: Arc::clone(node),
+            metadata: request.metadata().clone(),
+            peer_certs: request.peer_certs(),
+        }
+    }
+
+    /// Admits one message of the call (see [`admit`]).
+    fn admit(&self) -> Result<PeerSender, ApiError> {
+        admit_parts(
+            &self.node,
+            &self.metadata,
+            self.peer_certs.as_deref().map(Vec::as_slice),
+        )
+    }
+}
+
+/// One open `AppendEntriesStream` call: its caller, and its incoming messages.
+struct AppendStream {
+    caller: StreamCaller,
     inbound: Streaming<PeerMessage>,
     failed: bool,
 }
@@ -214,17 +248,14 @@ impl AppendStream {
     /// One AppendEntries off the stream, checked as a unary call is.
     async fn append(&self, message: PeerMessage) -> Result<PeerMessage, Status> {
         let started = Instant::now();
-        let node = &self.node;
-        let PeerSender(from) = admit_parts(
-            node,
-            &self.metadata,
-            self.peer_certs.as_deref().map(Vec::as_slice),
-        )?;
+        let node = &self.caller.node;
+        let metadata = &self.caller.metadata;
+        let PeerSender(from) = self.caller.admit()?;
         let rpc: AppendEntriesRequest<TypeConfig> =
             decode(&message.payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))?;
         sender_is(from, rpc.vote.leader_id().voted_for())?;
-        node.cluster_id.adopt_from(&self.metadata);
-        node.note_client_addr(from, &self.metadata);
+        node.cluster_id.adopt_from(metadata);
+        node.note_client_addr(from, metadata);
         let carries_entries = !rpc.entries.is_empty();
         let payload = encode(&node.append_entries(rpc).await)
             .map_err(|e| ApiError::Internal(format!("encode peer reply: {e}")))?;
@@ -233,6 +264,83 @@ impl AppendStream {
             stages.between(Stage::FollowerAppend, started, Instant::now());
         }
         Ok(PeerMessage { payload })
+    }
+}
+
+/// Batches one `ProposeStream` call may have in flight on this node: the next message is read
+/// once one of them is answered (a follower keeps a few in flight; this only bounds a stray
+/// sender).
+const PROPOSALS_IN_FLIGHT_PER_STREAM: usize = 64;
+
+/// One batch off a `ProposeStream` call, checked as a unary `Propose` is: the caller admitted,
+/// a member, the message readable.
+fn forwarded_batch(
+    caller: &StreamCaller,
+    message: &PeerMessage,
+) -> Result<ForwardRequest<Vec<Cmd>>, ApiError> {
+    let PeerSender(from) = caller.admit()?;
+    from_member_id(&caller.node, from)?;
+    decode(&message.payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))
+}
+
+/// Reads the batches of a `ProposeStream` call and runs each through this node's proposer as
+/// [`ConchPeer::propose`] does, concurrently, each answer sent into `replies` with its batch's
+/// id as it comes. Stops reading when the node begins to stop, the caller ends its requests, or
+/// at the first refused or malformed message (whose error, sent last, ends the call).
+async fn serve_forwards(
+    caller: StreamCaller,
+    mut inbound: Streaming<PeerMessage>,
+    replies: mpsc::UnboundedSender<Result<PeerMessage, Status>>,
+) {
+    let node = Arc::clone(&caller.node);
+    let in_flight = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT_PER_STREAM));
+    loop {
+        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+            return;
+        };
+        let message = tokio::select! {
+            biased;
+            () = node.tasks.stopping() => return,
+            message = inbound.message() => message,
+        };
+        let message = match message {
+            Ok(Some(message)) => message,
+            Ok(None) => return,
+            Err(status) => {
+                let _ = replies.send(Err(status));
+                return;
+            }
+        };
+        let read_at = Instant::now();
+        let ForwardRequest { id, cmds } = match forwarded_batch(&caller, &message) {
+            Ok(batch) => batch,
+            Err(e) => {
+                let _ = replies.send(Err(e.into()));
+                return;
+            }
+        };
+        let node = Arc::clone(&node);
+        let replies = replies.clone();
+        node.tasks.clone().spawn(async move {
+            // Timed as a unary `Propose` call is (`peer_call` and its parts), from the message
+            // read to its answer sent.
+            let (result, stamps) = CALL
+                .scope(Cell::new(CallStamps::default()), async {
+                    let result = if node.is_leader() {
+                        node.propose_forwarded(cmds).await
+                    } else {
+                        Err(NodeError::NotLeader { node: node.id })
+                    };
+                    (result, CALL.with(Cell::get))
+                })
+                .await;
+            let reply = encode(&ForwardReply { id, result })
+                .map(|payload| PeerMessage { payload })
+                .map_err(|e| ApiError::Internal(format!("encode peer reply: {e}")).into());
+            let _ = replies.send(reply);
+            record_call(stamps, read_at, Instant::now(), &node.metrics.stages);
+            drop(permit);
+        });
     }
 }
 
@@ -258,7 +366,7 @@ impl ConchPeer for PeerService {
         Ok(reply)
     }
 
-    type AppendEntriesStreamStream = AppendReplies;
+    type AppendEntriesStreamStream = PeerReplies;
 
     /// The same handling as [`ConchPeer::append_entries`], one request message after the other
     /// on one stream: each gets exactly one reply, in order. The call was admitted when it
@@ -269,12 +377,10 @@ impl ConchPeer for PeerService {
     async fn append_entries_stream(
         &self,
         request: Request<Streaming<PeerMessage>>,
-    ) -> Result<Response<AppendReplies>, Status> {
+    ) -> Result<Response<PeerReplies>, Status> {
         for_this_node(&self.node, &request)?;
         let stream = AppendStream {
-            node: Arc::clone(&self.node),
-            metadata: request.metadata().clone(),
-            peer_certs: request.peer_certs(),
+            caller: StreamCaller::of(&self.node, &request),
             inbound: request.into_inner(),
             failed: false,
         };
@@ -284,7 +390,7 @@ impl ConchPeer for PeerService {
             }
             let message = tokio::select! {
                 biased;
-                () = stream.node.tasks.stopping() => return None,
+                () = stream.caller.node.tasks.stopping() => return None,
                 message = stream.inbound.message() => message,
             };
             let reply = match message {
@@ -329,6 +435,36 @@ impl ConchPeer for PeerService {
             Err(NodeError::NotLeader { node: self.node.id })
         };
         Ok(encode_reply(&result)?)
+    }
+
+    type ProposeStreamStream = PeerReplies;
+
+    /// The same handling as [`ConchPeer::propose`] for every batch on one stream, several at
+    /// once: each request message (`ForwardRequest`) gets exactly one reply (`ForwardReply`,
+    /// naming the request's id), in the order the batches are answered. Every message is
+    /// admitted again, as on `AppendEntriesStream`. The stream ends after the answers to the
+    /// batches read so far once the sender ends its requests or the node begins to stop, and at
+    /// the first refused or malformed message, with that message's error.
+    async fn propose_stream(
+        &self,
+        request: Request<Streaming<PeerMessage>>,
+    ) -> Result<Response<PeerReplies>, Status> {
+        from_member(&self.node, &request)?;
+        let caller = StreamCaller::of(&self.node, &request);
+        let (replies, outgoing) = mpsc::unbounded_channel();
+        self.node
+            .tasks
+            .spawn(serve_forwards(caller, request.into_inner(), replies));
+        let outgoing =
+            futures::stream::unfold((outgoing, false), |(mut outgoing, failed)| async move {
+                if failed {
+                    return None;
+                }
+                let reply = outgoing.recv().await?;
+                let failed = reply.is_err();
+                Some((reply, (outgoing, failed)))
+            });
+        Ok(Response::new(Box::pin(outgoing)))
     }
 
     async fn read_index(

@@ -204,11 +204,25 @@ struct AppendStream {
     identity: Identity,
 }
 
-/// A cluster id and name, as a node knows them.
-type Identity = (Option<String>, Option<String>);
+/// A cluster id and name, as a node knows them. A long-lived call's headers carry them as they
+/// were when it opened: a node that learns its cluster's id or name opens its streams again.
+pub type Identity = (Option<String>, Option<String>);
 
-fn identity(cluster_id: &ClusterId) -> Identity {
+pub fn identity(cluster_id: &ClusterId) -> Identity {
     (cluster_id.get(), cluster_id.name())
+}
+
+/// The request side of a long-lived streaming peer call: every message put into the sender goes
+/// out on the call, in order, until the sender is dropped (which ends the call's requests).
+pub fn request_stream() -> (
+    tokio::sync::mpsc::UnboundedSender<PeerMessage>,
+    impl futures::Stream<Item = PeerMessage> + Send + 'static,
+) {
+    let (requests, outgoing) = tokio::sync::mpsc::unbounded_channel();
+    let outgoing = futures::stream::unfold(outgoing, |mut outgoing| async move {
+        outgoing.recv().await.map(|message| (message, outgoing))
+    });
+    (requests, outgoing)
 }
 
 /// Why an AppendEntries did not go over the stream.
@@ -394,13 +408,10 @@ async fn open_append_stream(
     identity: Identity,
     first: PeerMessage,
 ) -> Result<AppendStream, StreamFailure> {
-    let (requests, outgoing) = tokio::sync::mpsc::unbounded_channel();
+    let (requests, outgoing) = request_stream();
     requests
         .send(first)
         .map_err(|_| closed("the AppendEntries stream to the peer closed"))?;
-    let outgoing = futures::stream::unfold(outgoing, |mut outgoing| async move {
-        outgoing.recv().await.map(|message| (message, outgoing))
-    });
     let mut request = tonic::Request::new(outgoing);
     super::peer_target::name_target(&mut request, target);
     match client.append_entries_stream(request).await {
@@ -547,6 +558,15 @@ mod tests {
 
         async fn propose(&self, _: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
             Err(Status::unimplemented("propose"))
+        }
+
+        type ProposeStreamStream = Replies;
+
+        async fn propose_stream(
+            &self,
+            _: Request<Streaming<PeerMessage>>,
+        ) -> Result<Response<Replies>, Status> {
+            Err(Status::unimplemented("propose_stream"))
         }
 
         async fn read_index(
