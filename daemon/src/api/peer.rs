@@ -29,7 +29,7 @@ use crate::node::Node;
 use crate::node::forward_stream::{ForwardReply, ForwardRequest};
 use crate::raft::network::{decode, encode};
 use crate::raft::{NodeId, TypeConfig, peer_target};
-use crate::state::Cmd;
+use crate::state::{Cmd, Reply};
 use crate::write_trace::{CALL, CallStamps, Stage, record_call};
 
 pub struct PeerService {
@@ -283,6 +283,16 @@ fn forwarded_batch(
     decode(&message.payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))
 }
 
+/// A follower's forwarded batch, proposed here as leader; refused as not-leader otherwise (a
+/// forwarded batch is never forwarded again).
+async fn propose_here(node: &Node, cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
+    if node.is_leader() {
+        node.propose_forwarded(cmds).await
+    } else {
+        Err(NodeError::NotLeader { node: node.id })
+    }
+}
+
 /// Reads the batches of a `ProposeStream` call and runs each through this node's proposer as
 /// [`ConchPeer::propose`] does, concurrently, each answer sent into `replies` with its batch's
 /// id as it comes. Stops reading when the node begins to stop, the caller ends its requests, or
@@ -326,11 +336,7 @@ async fn serve_forwards(
             // read to its answer sent.
             let (result, stamps) = CALL
                 .scope(Cell::new(CallStamps::default()), async {
-                    let result = if node.is_leader() {
-                        node.propose_forwarded(cmds).await
-                    } else {
-                        Err(NodeError::NotLeader { node: node.id })
-                    };
+                    let result = propose_here(&node, cmds).await;
                     (result, CALL.with(Cell::get))
                 })
                 .await;
@@ -429,12 +435,7 @@ impl ConchPeer for PeerService {
     ) -> Result<Response<PeerMessage>, Status> {
         from_member(&self.node, &request)?;
         let cmds: Vec<Cmd> = decode_request(&request)?;
-        let result = if self.node.is_leader() {
-            self.node.propose_forwarded(cmds).await
-        } else {
-            Err(NodeError::NotLeader { node: self.node.id })
-        };
-        Ok(encode_reply(&result)?)
+        Ok(encode_reply(&propose_here(&self.node, cmds).await)?)
     }
 
     type ProposeStreamStream = PeerReplies;
