@@ -46,6 +46,110 @@ impl Mix {
         }
     }
 }
+/// A kind of fault, by the name `conch-sim --only-faults` takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Isolate,
+    OneWay,
+    Misroute,
+    Crash,
+    PowerLoss,
+    PowerLossAll,
+    SlowDisk,
+    ClockStep,
+    ClockDrift,
+    Replace,
+    CrashAll,
+    Disk,
+    Hold,
+    Pause,
+    Slow,
+    WallStep,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 16] = [
+        Kind::Isolate,
+        Kind::OneWay,
+        Kind::Misroute,
+        Kind::Crash,
+        Kind::PowerLoss,
+        Kind::PowerLossAll,
+        Kind::SlowDisk,
+        Kind::ClockStep,
+        Kind::ClockDrift,
+        Kind::Replace,
+        Kind::CrashAll,
+        Kind::Disk,
+        Kind::Hold,
+        Kind::Pause,
+        Kind::Slow,
+        Kind::WallStep,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Isolate => "isolate",
+            Kind::OneWay => "one-way",
+            Kind::Misroute => "misroute",
+            Kind::Crash => "crash",
+            Kind::PowerLoss => "power-loss",
+            Kind::PowerLossAll => "power-loss-all",
+            Kind::SlowDisk => "slow-disk",
+            Kind::ClockStep => "clock-step",
+            Kind::ClockDrift => "clock-drift",
+            Kind::Replace => "replace",
+            Kind::CrashAll => "crash-all",
+            Kind::Disk => "disk",
+            Kind::Hold => "hold",
+            Kind::Pause => "pause",
+            Kind::Slow => "slow",
+            Kind::WallStep => "wall-step",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    fn bit(self) -> u32 {
+        1 << self as u32
+    }
+}
+
+/// The kinds of fault a seed may draw. The full mix draws its faults as always and keeps only
+/// those of these kinds, so a run aimed at one kind meets it at every fault instead of at one
+/// fault in ten or twenty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kinds(u32);
+
+impl Kinds {
+    /// Every kind: the mix as it is.
+    pub const ALL: Kinds = Kinds(u32::MAX);
+
+    pub fn of(kinds: &[Kind]) -> Kinds {
+        Kinds(kinds.iter().fold(0, |set, k| set | k.bit()))
+    }
+
+    pub fn contains(self, kind: Kind) -> bool {
+        self.0 & kind.bit() != 0
+    }
+
+    pub fn is_all(self) -> bool {
+        Kind::ALL.into_iter().all(|k| self.contains(k))
+    }
+
+    /// The names, comma-separated, as `--only-faults` takes them.
+    pub fn names(self) -> String {
+        let names: Vec<&str> = Kind::ALL
+            .into_iter()
+            .filter(|k| self.contains(*k))
+            .map(Kind::name)
+            .collect();
+        names.join(",")
+    }
+}
+
 /// No fault in the first seconds: the cluster elects its first leader and the workload sets up.
 const WARM_UP: Duration = Duration::from_secs(2);
 
@@ -161,7 +265,16 @@ pub struct FaultPlan {
 const LOSS_STREAM: u64 = u64::MAX - 8;
 
 impl FaultPlan {
-    pub fn new(seed: u64, nodes: u64, duration: Duration, enabled: bool, mix: Mix) -> FaultPlan {
+    /// The plan of `seed`: faults drawn from `mix`, keeping only those of the kinds in `only`
+    /// (a set with none of the full mix's kinds is given no fault).
+    pub fn new(
+        seed: u64,
+        nodes: u64,
+        duration: Duration,
+        enabled: bool,
+        mix: Mix,
+        only: Kinds,
+    ) -> FaultPlan {
         let mut rng = Rng::derive(seed, PLAN_STREAM);
         let base_latency = Duration::from_micros(200 + rng.below(2_000));
         let mut events = Vec::new();
@@ -175,7 +288,11 @@ impl FaultPlan {
             }
             let fault = match mix {
                 Mix::First => choose_first(&mut rng, nodes),
-                Mix::Full => choose(&mut rng, nodes),
+                Mix::Full if only.is_all() => choose(&mut rng, nodes),
+                Mix::Full => match choose_only(&mut rng, nodes, only) {
+                    Some(fault) => fault,
+                    None => break,
+                },
             };
             events.push((at, Event::Start(fault.clone())));
             if !fault.is_instant() {
@@ -271,6 +388,43 @@ fn choose(rng: &mut Rng, nodes: u64) -> Fault {
         _ => Fault::WallStep {
             seconds: seconds(rng),
         },
+    }
+}
+
+/// A fault of the full mix of one of the kinds in `only`: the mix's draws until one is (none
+/// if no kind of the mix is in `only`). Any one kind comes up within a few hundred draws.
+fn choose_only(rng: &mut Rng, nodes: u64, only: Kinds) -> Option<Fault> {
+    if !Kind::ALL.into_iter().any(|k| only.contains(k)) {
+        return None;
+    }
+    loop {
+        let fault = choose(rng, nodes);
+        if only.contains(fault.kind()) {
+            return Some(fault);
+        }
+    }
+}
+
+impl Fault {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Fault::Isolate { .. } => Kind::Isolate,
+            Fault::OneWay { .. } => Kind::OneWay,
+            Fault::Misroute { .. } => Kind::Misroute,
+            Fault::Crash { .. } => Kind::Crash,
+            Fault::PowerLoss { .. } => Kind::PowerLoss,
+            Fault::PowerLossAll => Kind::PowerLossAll,
+            Fault::SlowDisk { .. } => Kind::SlowDisk,
+            Fault::ClockStep { .. } => Kind::ClockStep,
+            Fault::ClockDrift { .. } => Kind::ClockDrift,
+            Fault::Replace { .. } => Kind::Replace,
+            Fault::CrashAll => Kind::CrashAll,
+            Fault::Disk { .. } => Kind::Disk,
+            Fault::Hold { .. } => Kind::Hold,
+            Fault::Pause { .. } => Kind::Pause,
+            Fault::Slow { .. } => Kind::Slow,
+            Fault::WallStep { .. } => Kind::WallStep,
+        }
     }
 }
 
@@ -482,7 +636,17 @@ mod tests {
 
     #[test]
     fn a_seed_plans_the_same_faults_every_time_and_heals_each() {
-        let plan = |seed| FaultPlan::new(seed, 3, Duration::from_secs(60), true, Mix::Full).events;
+        let plan = |seed| {
+            FaultPlan::new(
+                seed,
+                3,
+                Duration::from_secs(60),
+                true,
+                Mix::Full,
+                Kinds::ALL,
+            )
+            .events
+        };
         assert_eq!(plan(7), plan(7));
         assert_ne!(plan(7), plan(8));
         let events = plan(7);
@@ -505,7 +669,7 @@ mod tests {
         assert!(open.is_none(), "every fault is healed before the run ends");
         assert!(events.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
         assert!(
-            FaultPlan::new(7, 3, Duration::from_secs(60), false, Mix::Full)
+            FaultPlan::new(7, 3, Duration::from_secs(60), false, Mix::Full, Kinds::ALL)
                 .events
                 .is_empty()
         );
@@ -515,21 +679,60 @@ mod tests {
     fn the_full_mix_draws_every_kind_within_a_few_seeds() {
         let mut first_seed = std::collections::BTreeMap::new();
         for seed in 1..=40 {
-            for (_, event) in
-                FaultPlan::new(seed, 3, Duration::from_secs(30), true, Mix::Full).events
+            for (_, event) in FaultPlan::new(
+                seed,
+                3,
+                Duration::from_secs(30),
+                true,
+                Mix::Full,
+                Kinds::ALL,
+            )
+            .events
             {
                 if let Event::Start(fault) = event {
-                    let kind = format!("{fault:?}");
-                    let kind = kind
-                        .split([' ', '{'])
-                        .next()
-                        .unwrap_or_default()
-                        .to_string();
-                    first_seed.entry(kind).or_insert(seed);
+                    first_seed.entry(fault.kind()).or_insert(seed);
                 }
             }
         }
         println!("first seed drawing each kind: {first_seed:?}");
         assert_eq!(first_seed.len(), 16, "every kind drawn: {first_seed:?}");
+    }
+
+    #[test]
+    fn a_plan_aimed_at_some_kinds_draws_only_those_and_the_full_plan_is_unchanged() {
+        let only = Kinds::of(&[Kind::PowerLossAll, Kind::Misroute]);
+        let starts = |only| {
+            FaultPlan::new(5, 3, Duration::from_secs(30), true, Mix::Full, only)
+                .events
+                .into_iter()
+                .filter_map(|(_, e)| match e {
+                    Event::Start(f) => Some(f.kind()),
+                    Event::Heal(_) => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let aimed = starts(only);
+        assert!(
+            aimed.len() >= 5,
+            "an aimed plan still has a fault every few seconds: {aimed:?}"
+        );
+        assert!(aimed.iter().all(|k| only.contains(*k)), "{aimed:?}");
+        assert!(aimed.contains(&Kind::PowerLossAll) && aimed.contains(&Kind::Misroute));
+        assert_eq!(starts(only), aimed, "the same seed plans the same faults");
+        assert_eq!(starts(Kinds::ALL), starts(Kinds::of(&Kind::ALL)));
+        assert!(starts(Kinds::of(&[])).is_empty());
+    }
+
+    #[test]
+    fn kinds_are_named_as_the_command_line_takes_them() {
+        for kind in Kind::ALL {
+            assert_eq!(Kind::from_name(kind.name()), Some(kind));
+        }
+        assert_eq!(Kind::from_name("powerloss"), None);
+        assert_eq!(
+            Kinds::of(&[Kind::Misroute, Kind::PowerLossAll]).names(),
+            "misroute,power-loss-all"
+        );
+        assert!(Kinds::ALL.is_all() && !Kinds::of(&[Kind::Crash]).is_all());
     }
 }

@@ -53,7 +53,7 @@ mod clocks;
 mod faults;
 mod operator;
 
-pub use faults::{Fault, FaultPlan, Mix};
+pub use faults::{Fault, FaultPlan, Kind, Kinds, Mix};
 
 /// How long each wait group and barrier lane pauses between rounds.
 const SYNC_PAUSE: Duration = Duration::from_millis(250);
@@ -87,6 +87,8 @@ pub struct SimOptions {
     pub bug: Option<Bug>,
     /// Which faults the seed draws from.
     pub mix: Mix,
+    /// Of the full mix's faults, the kinds the seed keeps (all by default).
+    pub only: Kinds,
 }
 
 impl SimOptions {
@@ -102,6 +104,7 @@ impl SimOptions {
             trace: false,
             bug: None,
             mix: Mix::Full,
+            only: Kinds::ALL,
         }
     }
 
@@ -131,6 +134,9 @@ impl SimOptions {
         }
         if self.mix != Mix::Full {
             args.extend(["--fault-mix".to_string(), self.mix.number().to_string()]);
+        }
+        if !self.only.is_all() {
+            args.extend(["--only-faults".to_string(), self.only.names()]);
         }
         args
     }
@@ -388,7 +394,14 @@ pub fn first_failing_seed(
 }
 
 fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
-    let mut plan = FaultPlan::new(opts.seed, opts.nodes, opts.duration, opts.faults, opts.mix);
+    let mut plan = FaultPlan::new(
+        opts.seed,
+        opts.nodes,
+        opts.duration,
+        opts.faults,
+        opts.mix,
+        opts.only,
+    );
     let mut sim = turmoil::Builder::new()
         .rng_seed(opts.seed)
         .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))

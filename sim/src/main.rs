@@ -63,6 +63,11 @@ struct Args {
     /// only with it).
     #[arg(long, default_value_t = 2, value_parser = parse_mix)]
     fault_mix: u8,
+    /// Keep only the full mix's faults of these kinds (comma-separated), to aim a search at
+    /// them: isolate, one-way, misroute, crash, power-loss, power-loss-all, slow-disk,
+    /// clock-step, clock-drift, replace, crash-all, disk, hold, pause, slow, wall-step.
+    #[arg(long, value_delimiter = ',', value_parser = parse_kind)]
+    only_faults: Vec<conch_sim::Kind>,
     /// Stop starting seeds once one has failed (to count the seeds a bug takes to find).
     #[arg(long)]
     until_failure: bool,
@@ -87,6 +92,13 @@ fn main() -> ExitCode {
         eprintln!("conch-sim: --nodes must be 3 or 5, not {}", args.nodes);
         return ExitCode::from(64);
     }
+    if !args.only_faults.is_empty() && args.fault_mix != conch_sim::Mix::Full.number() {
+        eprintln!(
+            "conch-sim: --only-faults keeps faults of the full mix (--fault-mix 2); the first mix \
+             must draw as it always did"
+        );
+        return ExitCode::from(64);
+    }
     let template = SimOptions {
         seed: 0,
         nodes: args.nodes,
@@ -98,6 +110,10 @@ fn main() -> ExitCode {
         trace: args.trace,
         bug: args.bug,
         mix: conch_sim::Mix::from_number(args.fault_mix).unwrap_or(conch_sim::Mix::Full),
+        only: match args.only_faults.is_empty() {
+            true => conch_sim::Kinds::ALL,
+            false => conch_sim::Kinds::of(&args.only_faults),
+        },
     };
     let options = move |seed| SimOptions {
         seed,
@@ -257,6 +273,13 @@ fn parse_bug(name: &str) -> Result<conch_sim::Bug, String> {
     conch_sim::Bug::from_name(name).ok_or_else(|| {
         let names: Vec<&str> = conch_sim::Bug::ALL.iter().map(|b| b.name()).collect();
         format!("no bug named {name:?}; the bugs are {}", names.join(", "))
+    })
+}
+
+fn parse_kind(name: &str) -> Result<conch_sim::Kind, String> {
+    conch_sim::Kind::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = conch_sim::Kind::ALL.iter().map(|k| k.name()).collect();
+        format!("no fault kind {name:?}; the kinds are {}", names.join(", "))
     })
 }
 
