@@ -180,6 +180,14 @@ impl StageHistograms {
             self.observe(stage, d);
         }
     }
+
+    /// How many times `stage` was observed.
+    #[cfg(test)]
+    pub fn count(&self, stage: Stage) -> u64 {
+        self.by_stage
+            .get(stage.position())
+            .map_or(0, prometheus::Histogram::get_sample_count)
+    }
 }
 
 /// A moment in an entry's life that the Raft side stamps.

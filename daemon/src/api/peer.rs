@@ -7,16 +7,18 @@
 //! other than its authenticated sender is refused; no refusal names the cluster id or members.
 
 use std::cell::Cell;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use conch_proto::conch::PeerMessage;
 use conch_proto::conch::conch_peer_server::ConchPeer;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use rustls_pki_types::CertificateDer;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{Semaphore, mpsc};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -293,61 +295,96 @@ async fn propose_here(node: &Node, cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), 
     }
 }
 
-/// Reads the batches of a `ProposeStream` call and runs each through this node's proposer as
-/// [`ConchPeer::propose`] does, concurrently, each answer sent into `replies` with its batch's
-/// id as it comes. Stops reading when the node begins to stop, the caller ends its requests, or
-/// at the first refused or malformed message (whose error, sent last, ends the call).
-async fn serve_forwards(
+/// A batch of a `ProposeStream` call proposed here, and what its reply and timing need.
+type Proposing = Pin<Box<dyn Future<Output = Answered> + Send>>;
+
+/// A streamed batch's answer, encoded, with the stamps its proposal left (see [`CALL`]) and
+/// when its message was read.
+struct Answered {
+    reply: Result<PeerMessage, Status>,
+    stamps: CallStamps,
+    read_at: Instant,
+}
+
+/// One open `ProposeStream` call on the leader. Its reply stream does all of the call's work:
+/// polling it reads the next messages, proposes their batches, and yields each answer as it
+/// comes, so a batch costs no task of its own and an answer no channel between tasks.
+struct ForwardsServed {
     caller: StreamCaller,
-    mut inbound: Streaming<PeerMessage>,
-    replies: mpsc::UnboundedSender<Result<PeerMessage, Status>>,
-) {
-    let node = Arc::clone(&caller.node);
-    let in_flight = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT_PER_STREAM));
-    loop {
-        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-            return;
-        };
-        let message = tokio::select! {
-            biased;
-            () = node.tasks.stopping() => return,
-            message = inbound.message() => message,
-        };
-        let message = match message {
-            Ok(Some(message)) => message,
-            Ok(None) => return,
-            Err(status) => {
-                let _ = replies.send(Err(status));
-                return;
+    inbound: Streaming<PeerMessage>,
+    /// The batches read and not answered yet, at most [`PROPOSALS_IN_FLIGHT_PER_STREAM`].
+    proposing: FuturesUnordered<Proposing>,
+    /// Whether messages are still read: not once the caller ended its requests or the node
+    /// began to stop (the batches read so far are still answered).
+    reading: bool,
+    /// The error that ends the call was yielded: nothing follows it.
+    failed: bool,
+}
+
+impl ForwardsServed {
+    /// The next reply of the call, or `None` once it ends: after the answers to every batch
+    /// read, once nothing more is read; or right after an error.
+    async fn next_reply(mut self) -> Option<(Result<PeerMessage, Status>, ForwardsServed)> {
+        loop {
+            if self.failed || (!self.reading && self.proposing.is_empty()) {
+                return None;
             }
-        };
-        let read_at = Instant::now();
-        let ForwardRequest { id, cmds } = match forwarded_batch(&caller, &message) {
-            Ok(batch) => batch,
-            Err(e) => {
-                let _ = replies.send(Err(e.into()));
-                return;
+            let room = self.proposing.len() < PROPOSALS_IN_FLIGHT_PER_STREAM;
+            let node = &self.caller.node;
+            tokio::select! {
+                biased;
+                Some(answered) = self.proposing.next(), if !self.proposing.is_empty() => {
+                    let Answered { reply, stamps, read_at } = answered;
+                    record_call(stamps, read_at, Instant::now(), &node.metrics.stages);
+                    self.failed = reply.is_err();
+                    return Some((reply, self));
+                }
+                () = node.tasks.stopping(), if self.reading => self.reading = false,
+                message = self.inbound.message(), if self.reading && room => {
+                    let message = match message {
+                        Ok(Some(message)) => message,
+                        Ok(None) => {
+                            self.reading = false;
+                            continue;
+                        }
+                        Err(status) => {
+                            self.failed = true;
+                            return Some((Err(status), self));
+                        }
+                    };
+                    let read_at = Instant::now();
+                    match forwarded_batch(&self.caller, &message) {
+                        Ok(ForwardRequest { id, cmds }) => {
+                            let node = Arc::clone(node);
+                            self.proposing.push(propose_streamed(node, id, cmds, read_at));
+                        }
+                        Err(e) => {
+                            self.failed = true;
+                            return Some((Err(e.into()), self));
+                        }
+                    }
+                }
+                else => return None,
             }
-        };
-        let node = Arc::clone(&node);
-        let replies = replies.clone();
-        node.tasks.clone().spawn(async move {
-            // Timed as a unary `Propose` call is (`peer_call` and its parts), from the message
-            // read to its answer sent.
-            let (result, stamps) = CALL
-                .scope(Cell::new(CallStamps::default()), async {
-                    let result = propose_here(&node, cmds).await;
-                    (result, CALL.with(Cell::get))
-                })
-                .await;
-            let reply = encode(&ForwardReply { id, result })
-                .map(|payload| PeerMessage { payload })
-                .map_err(|e| ApiError::Internal(format!("encode peer reply: {e}")).into());
-            let _ = replies.send(reply);
-            record_call(stamps, read_at, Instant::now(), &node.metrics.stages);
-            drop(permit);
-        });
+        }
     }
+}
+
+/// Proposes one streamed batch as [`ConchPeer::propose`] does, timed as a unary `Propose` call
+/// is (`peer_call` and its parts), from its message read to its answer yielded.
+fn propose_streamed(node: Arc<Node>, id: u64, cmds: Vec<Cmd>, read_at: Instant) -> Proposing {
+    Box::pin(CALL.scope(Cell::new(CallStamps::default()), async move {
+        let result = propose_here(&node, cmds).await;
+        let stamps = CALL.with(Cell::get);
+        let reply = encode(&ForwardReply { id, result })
+            .map(|payload| PeerMessage { payload })
+            .map_err(|e| ApiError::Internal(format!("encode peer reply: {e}")).into());
+        Answered {
+            reply,
+            stamps,
+            read_at,
+        }
+    }))
 }
 
 #[tonic::async_trait]
@@ -445,27 +482,23 @@ impl ConchPeer for PeerService {
     /// naming the request's id), in the order the batches are answered. Every message is
     /// admitted again, as on `AppendEntriesStream`. The stream ends after the answers to the
     /// batches read so far once the sender ends its requests or the node begins to stop, and at
-    /// the first refused or malformed message, with that message's error.
+    /// the first refused or malformed message, with that message's error. The reply stream
+    /// itself reads and proposes (see [`ForwardsServed`]): while the sender takes no replies,
+    /// nothing more is read from it.
     async fn propose_stream(
         &self,
         request: Request<Streaming<PeerMessage>>,
     ) -> Result<Response<PeerReplies>, Status> {
         from_member(&self.node, &request)?;
-        let caller = StreamCaller::of(&self.node, &request);
-        let (replies, outgoing) = mpsc::unbounded_channel();
-        self.node
-            .tasks
-            .spawn(serve_forwards(caller, request.into_inner(), replies));
-        let outgoing =
-            futures::stream::unfold((outgoing, false), |(mut outgoing, failed)| async move {
-                if failed {
-                    return None;
-                }
-                let reply = outgoing.recv().await?;
-                let failed = reply.is_err();
-                Some((reply, (outgoing, failed)))
-            });
-        Ok(Response::new(Box::pin(outgoing)))
+        let served = ForwardsServed {
+            caller: StreamCaller::of(&self.node, &request),
+            inbound: request.into_inner(),
+            proposing: FuturesUnordered::new(),
+            reading: true,
+            failed: false,
+        };
+        let replies = futures::stream::unfold(served, ForwardsServed::next_reply);
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn read_index(
@@ -484,5 +517,149 @@ impl ConchPeer for PeerService {
         from_member(&self.node, &request)?;
         let notice = decode_request(&request)?;
         Ok(encode_reply(&crate::retire::notice(&self.node, notice))?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use conch_proto::conch::conch_peer_client::ConchPeerClient;
+
+    use super::*;
+    use crate::embed::{ConchNode, NodeConfig};
+    use crate::identity::{PeerStamp, WithClusterId};
+    use crate::node::forward_stream::ForwardReply;
+    use crate::raft::network::request_stream;
+
+    const WITHIN: Duration = Duration::from_secs(30);
+
+    /// A single node on loopback, leading.
+    async fn leader(dir: &tempfile::TempDir) -> anyhow::Result<ConchNode> {
+        let node = ConchNode::start(NodeConfig::single("127.0.0.1:0", dir.path())).await?;
+        let mut metrics = node.node().raft.metrics();
+        let id = node.id();
+        tokio::time::timeout(
+            WITHIN,
+            metrics.wait_for(|m| m.current_leader == Some(id) && m.state.is_leader()),
+        )
+        .await??;
+        Ok(node)
+    }
+
+    /// A `ProposeStream` call to `node`: the sender of its requests, and its replies.
+    async fn open(
+        node: &ConchNode,
+    ) -> anyhow::Result<(
+        tokio::sync::mpsc::UnboundedSender<PeerMessage>,
+        Streaming<PeerMessage>,
+    )> {
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", node.local_addr()))?
+                .connect()
+                .await?;
+        // As a member calls: stamped with the cluster's id, as node 1 itself.
+        let stamp = PeerStamp::new(node.id(), None, "127.0.0.1:1");
+        let channel = WithClusterId::new(
+            channel,
+            Arc::clone(&node.node().cluster_id),
+            Arc::new(stamp),
+        );
+        let (requests, outgoing) = request_stream();
+        let replies = ConchPeerClient::new(channel)
+            .propose_stream(Request::new(outgoing))
+            .await?
+            .into_inner();
+        Ok((requests, replies))
+    }
+
+    fn batch(id: u64, n: usize) -> anyhow::Result<PeerMessage> {
+        let cmds = vec![Cmd::ExtendLeases; n];
+        let payload = encode(&ForwardRequest {
+            id,
+            cmds: cmds.as_slice(),
+        })?;
+        Ok(PeerMessage { payload })
+    }
+
+    /// The next reply, within [`WITHIN`].
+    async fn next(
+        replies: &mut Streaming<PeerMessage>,
+    ) -> anyhow::Result<Result<Option<ForwardReply>, Status>> {
+        let message = tokio::time::timeout(WITHIN, replies.message()).await?;
+        Ok(match message {
+            Ok(Some(message)) => Ok(Some(decode(&message.payload)?)),
+            Ok(None) => Ok(None),
+            Err(status) => Err(status),
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_batch_read_is_answered_and_timed_before_the_call_ends() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let node = leader(&dir).await?;
+        let stages = node.node().metrics.stages.clone();
+        let timed = stages.count(Stage::PeerCall);
+        let (requests, mut replies) = open(&node).await?;
+        for (id, n) in [(7, 1), (8, 2), (9, 3)] {
+            requests.send(batch(id, n)?)?;
+        }
+        // The sender ends its requests with every batch possibly still in flight.
+        drop(requests);
+        let mut answered = Vec::new();
+        while let Some(reply) = next(&mut replies).await?? {
+            let (replies, index) = reply.result?;
+            answered.push((reply.id, replies.len(), index));
+        }
+        answered.sort_unstable();
+        let ids: Vec<_> = answered.iter().map(|(id, n, _)| (*id, *n)).collect();
+        assert_eq!(ids, [(7, 1), (8, 2), (9, 3)], "{answered:?}");
+        assert!(answered.iter().all(|(_, _, index)| *index > 0));
+        // Each batch wrote once and is timed as a unary `Propose` call is.
+        assert_eq!(stages.count(Stage::PeerCall), timed + 3);
+        node.shutdown().await?;
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_malformed_message_ends_the_call_with_its_error_and_nothing_after_it()
+    -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let node = leader(&dir).await?;
+        let (requests, mut replies) = open(&node).await?;
+        requests.send(batch(1, 1)?)?;
+        let first = next(&mut replies).await??.map(|reply| reply.id);
+        assert_eq!(first, Some(1));
+        requests.send(PeerMessage {
+            payload: vec![0xde, 0xad, 0xbe, 0xef],
+        })?;
+        let _ = requests.send(batch(2, 1)?);
+        match next(&mut replies).await? {
+            Err(status) => assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}"),
+            Ok(reply) => anyhow::bail!("not the error: {reply:?}"),
+        }
+        assert!(
+            !matches!(next(&mut replies).await?, Ok(Some(_))),
+            "nothing follows the error"
+        );
+        node.shutdown().await?;
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_that_begins_to_stop_ends_the_call_after_answering_what_it_read()
+    -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let node = leader(&dir).await?;
+        let (requests, mut replies) = open(&node).await?;
+        requests.send(batch(1, 1)?)?;
+        let first = next(&mut replies).await??.map(|reply| reply.id);
+        assert_eq!(first, Some(1));
+        node.node().tasks.drain();
+        // The requests stay open: the node ends the call.
+        assert!(next(&mut replies).await??.is_none());
+        drop(requests);
+        node.shutdown().await?;
+        Ok(())
     }
 }
