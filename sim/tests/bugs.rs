@@ -51,7 +51,8 @@ fn leases_on_the_wall_clock_are_found() -> anyhow::Result<()> {
 
 #[test]
 fn replies_from_a_misrouted_address_are_found() -> anyhow::Result<()> {
-    // Seeds 30, 35 and 41 of the first 60 find it (269 under the full mix).
+    // Seeds 30, 35 and 41 of the first 60 find it, 30 first both before and since forwards
+    // were answered on fewer tasks (269 under the full mix).
     let seeds = [
         "--only-faults",
         "misroute,isolate,crash,one-way",
@@ -71,13 +72,14 @@ fn a_phantom_hold_is_found() -> anyhow::Result<()> {
 #[test]
 fn stale_reads_after_every_node_lost_power_are_found() -> anyhow::Result<()> {
     // It needs a lost commit index and a read right after the restart: with every fault a
-    // power loss of every node, seeds 22, 114, 117, 123, 147 and 195 of the first 200 find it
-    // (352 under the full mix).
+    // power loss of every node, seeds 22, 114, 117, 123, 147 and 195 of the first 200 found it
+    // before forwards were answered on fewer tasks, seed 53 first since (352 under the full
+    // mix); the debug build runs further before it meets it.
     let seeds = [
         "--only-faults",
         "power-loss-all",
         "--seeds",
-        "200",
+        "400",
         "--first-seed",
         "1",
     ];
