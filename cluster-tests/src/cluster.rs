@@ -58,6 +58,13 @@ impl NodeProc {
 /// Environment variables for node `id` of a cluster whose directory is the path given.
 pub type NodeEnv<'a> = dyn Fn(u64, &Path) -> Vec<(String, String)> + 'a;
 
+/// Node arguments for a test whose calls must wait out elections it causes itself (leadership
+/// transfers): a leadership transfer answers once the target leads, within the node's leader
+/// wait. A transfer waits out the voters' leader lease and may campaign several times, which on
+/// a machine busy with other tests can take longer than the default 3 s. These tests check who
+/// leads, not how fast, so they get a bound no loaded machine reaches.
+pub const PATIENT_LEADER_WAIT: [&str; 2] = ["--leader-wait-ms", "30000"];
+
 pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProc>,
     /// Each node's small data disk, when it has one (unmounted on drop, before `dir` goes).

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail, ensure};
 use cluster_tests::ops::{self, Grackle, acquired};
-use cluster_tests::{Cluster, wait_for};
+use cluster_tests::{Cluster, PATIENT_LEADER_WAIT, wait_for};
 use conch_proto::conch::TransferLeaderRequest;
 use conch_proto::grackle as pb;
 use tokio::task::JoinHandle;
@@ -27,7 +27,8 @@ fn offset_file(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("faketime-node{id}"))
 }
 
-/// Starts `n` nodes, each with its wall clock faked from its own offset file (starting at +0).
+/// Starts `n` nodes, each with its wall clock faked from its own offset file (starting at +0),
+/// patient enough for the leadership transfers the tests make.
 async fn start(n: u64) -> anyhow::Result<Cluster> {
     ensure!(
         Path::new(FAKETIME_LIB).exists(),
@@ -48,7 +49,7 @@ async fn start(n: u64) -> anyhow::Result<Cluster> {
             ("FAKETIME_DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
         ]
     };
-    Cluster::start_with_env(n, &[], &env).await
+    Cluster::start_with_env(n, &PATIENT_LEADER_WAIT, &env).await
 }
 
 /// Steps node `id`'s wall clock to `offset_s` seconds from the real one.

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use cluster_tests::{Cluster, Daemon, ops, wait_for};
+use cluster_tests::{Cluster, Daemon, PATIENT_LEADER_WAIT, ops, wait_for};
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::{
     AddLearnerRequest, ClusterStatusRequest, ClusterStatusResponse, TransferLeaderRequest,
@@ -305,7 +305,7 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_node_stops_and_the_cluster_keeps_its_term() -> anyhow::Result<()> {
-    let mut cluster = Cluster::start(3).await?;
+    let mut cluster = Cluster::start_with(3, &PATIENT_LEADER_WAIT).await?;
     let mut leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
     if leader == 3 {
         // Node 3 is the one removed: let another node lead, so that removing it needs no
@@ -446,7 +446,7 @@ async fn a_leader_that_removes_itself_stops_once_it_has_applied_its_removal() ->
 /// is asked; `conch cluster transfer-leader` prints who leads and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leadership_transfer_answers_once_the_target_leads() -> anyhow::Result<()> {
-    let cluster = Cluster::start(3).await?;
+    let cluster = Cluster::start_with(3, &PATIENT_LEADER_WAIT).await?;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
     let term_before = cluster.status(leader).await?.term;
     let to = cluster
@@ -496,7 +496,7 @@ async fn a_leadership_transfer_answers_once_the_target_leads() -> anyhow::Result
 /// rolling restart does it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_to_back_transfers_in_five_nodes_each_reach_their_target() -> anyhow::Result<()> {
-    let cluster = Cluster::start(5).await?;
+    let cluster = Cluster::start_with(5, &PATIENT_LEADER_WAIT).await?;
     let first = cluster.wait_for_leader(Duration::from_secs(20)).await?;
     let mut term = cluster.status(first).await?.term;
     let order: Vec<u64> = cluster

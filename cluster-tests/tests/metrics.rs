@@ -41,7 +41,10 @@ async fn scrape_node(cluster: &Cluster, id: u64) -> anyhow::Result<Scrape> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_move_as_the_operations_did() -> anyhow::Result<()> {
-    let cluster = Cluster::start(3).await?;
+    // What each node counts depends on who leads: a machine that stalls the nodes for longer
+    // than the default election timeout (busy with other tests) would start an election
+    // halfway. A longer timeout keeps the one leader through the test.
+    let cluster = Cluster::start_with(3, &["--election-timeout-ms", "2000"]).await?;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
     let follower = cluster
         .ids()
@@ -57,10 +60,11 @@ async fn counters_move_as_the_operations_did() -> anyhow::Result<()> {
     ops::semaphore(&mut c, "m", "t", 1).await?;
     let a = ops::lease(&mut c, "m", 60).await?;
     let b = ops::lease(&mut c, "m", 60).await?;
-    let short = ops::lease(&mut c, "m", 1).await?;
     anyhow::ensure!(ops::acquired(
         &ops::acquire(&mut c, "m", "s", &a, 1, 0).await?
     ));
+    // The 1 s lease takes its slot right after it is created, before it can expire.
+    let short = ops::lease(&mut c, "m", 1).await?;
     anyhow::ensure!(ops::acquired(
         &ops::acquire(&mut c, "m", "t", &short, 1, 0).await?
     ));
