@@ -65,6 +65,12 @@ pub type NodeEnv<'a> = dyn Fn(u64, &Path) -> Vec<(String, String)> + 'a;
 /// leads, not how fast, so they get a bound no loaded machine reaches.
 pub const PATIENT_LEADER_WAIT: [&str; 2] = ["--leader-wait-ms", "30000"];
 
+/// Node arguments for a test that checks nobody campaigned, or what each node counted under one
+/// leader: a machine busy with other tests can stall the nodes for longer than the default
+/// election timeout and start an election the test did not cause. With this one a follower
+/// campaigns only after 6-8 s without hearing from the leader.
+pub const STEADY_LEADER: [&str; 2] = ["--election-timeout-ms", "2000"];
+
 pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProc>,
     /// Each node's small data disk, when it has one (unmounted on drop, before `dir` goes).

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 
-pub use cluster::{Cluster, NodeProc, PATIENT_LEADER_WAIT};
+pub use cluster::{Cluster, NodeProc, PATIENT_LEADER_WAIT, STEADY_LEADER};
 pub use daemon::Daemon;
 pub use net::channel;
 pub use sockets::Port;

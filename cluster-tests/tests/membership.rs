@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use cluster_tests::{Cluster, Daemon, PATIENT_LEADER_WAIT, ops, wait_for};
+use cluster_tests::{Cluster, Daemon, PATIENT_LEADER_WAIT, STEADY_LEADER, ops, wait_for};
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::{
     AddLearnerRequest, ClusterStatusRequest, ClusterStatusResponse, TransferLeaderRequest,
@@ -62,7 +62,7 @@ fn member_ids(status: &ClusterStatusResponse) -> Vec<(u64, bool)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_node_waits_is_added_and_catches_up_without_disturbing_the_leader()
 -> anyhow::Result<()> {
-    let cluster = Cluster::start(3).await?;
+    let cluster = Cluster::start_with(3, &STEADY_LEADER).await?;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
     let follower = cluster
         .running_ids()
@@ -183,7 +183,7 @@ async fn a_join_node_waits_is_added_and_catches_up_without_disturbing_the_leader
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -> anyhow::Result<()>
 {
-    let cluster = Cluster::start(3).await?;
+    let cluster = Cluster::start_with(3, &STEADY_LEADER).await?;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
     let before = cluster.status(leader).await?;
     let mut admin = cluster.admin(leader).await?;
@@ -305,7 +305,8 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_node_stops_and_the_cluster_keeps_its_term() -> anyhow::Result<()> {
-    let mut cluster = Cluster::start_with(3, &PATIENT_LEADER_WAIT).await?;
+    let mut cluster =
+        Cluster::start_with(3, &[PATIENT_LEADER_WAIT, STEADY_LEADER].concat()).await?;
     let mut leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
     if leader == 3 {
         // Node 3 is the one removed: let another node lead, so that removing it needs no

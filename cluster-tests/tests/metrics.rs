@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cluster_tests::scrape::{Scrape, scrape};
-use cluster_tests::{Cluster, ops, wait_for};
+use cluster_tests::{Cluster, STEADY_LEADER, ops, wait_for};
 
 const GRACKLE: &str = "/com.evrblk.grackle.v1beta.GrackleApi/";
 
@@ -41,10 +41,8 @@ async fn scrape_node(cluster: &Cluster, id: u64) -> anyhow::Result<Scrape> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_move_as_the_operations_did() -> anyhow::Result<()> {
-    // What each node counts depends on who leads: a machine that stalls the nodes for longer
-    // than the default election timeout (busy with other tests) would start an election
-    // halfway. A longer timeout keeps the one leader through the test.
-    let cluster = Cluster::start_with(3, &["--election-timeout-ms", "2000"]).await?;
+    // What each node counts depends on who leads: one leader through the test.
+    let cluster = Cluster::start_with(3, &STEADY_LEADER).await?;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
     let follower = cluster
         .ids()
