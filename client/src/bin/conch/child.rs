@@ -77,7 +77,7 @@ fn command(argv: &[String], env: &[(&str, String)]) -> io::Result<Command> {
 /// (`PR_SET_PDEATHSIG`). conch starts it from the one thread of its runtime, which lives as long
 /// as conch, so a `kill -9` of conch (or its crash) does not leave the command running without
 /// the slot. Processes the command starts itself are not covered here: the guard
-/// ([`crate::guard`]) sends SIGKILL to the rest of the group when conch dies, and processes in
+/// (the `guard` module) sends SIGKILL to the rest of the group when conch dies, and processes in
 /// groups of their own get no signal unless the command passes one on.
 pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
     let mut cmd = command(argv, env)?;
