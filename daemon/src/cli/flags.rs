@@ -15,7 +15,7 @@ use conchd::restore::RestoreArgs;
 /// ./conch-data. To run three nodes, start each with its own --id, --listen and --data-dir and
 /// the same --initial-cluster.
 #[derive(Parser, Debug)]
-#[command(name = "conchd", version = conchd::proto::VERSION, about, long_about, after_help = EXAMPLES)]
+#[command(name = "conchd", version = conchd::release::version_line(), about, long_about, after_help = EXAMPLES)]
 pub struct Flags {
     /// This node's id (a positive integer, unique in the cluster).
     #[arg(long, env = "CONCH_ID")]

@@ -57,6 +57,7 @@ impl State {
             budget,
             requests,
             audit,
+            cluster_version,
         } = self.parts(events);
         if !matches!(cmd, Cmd::ExtendLeases) {
             reap(namespaces, &mut ctx);
@@ -300,6 +301,16 @@ impl State {
             Cmd::WaitGroup(cmd) => super::sync::apply_wait_group(namespaces, cmd, ctx),
             Cmd::Barrier(cmd) => super::sync::apply_barrier(namespaces, cmd, ctx),
             Cmd::Expire => Ok(Outcome::Done),
+            Cmd::SetClusterVersion { version } => {
+                if *version > super::version::NEWEST {
+                    return Err(Error::failed_precondition(format!(
+                        "cluster version {version} is newer than this release speaks (at most {})",
+                        super::version::NEWEST
+                    )));
+                }
+                cluster_version.0 = cluster_version.0.max(*version);
+                Ok(Outcome::Done)
+            }
             Cmd::ExtendLeases => {
                 extend_leases(namespaces, ctx);
                 Ok(Outcome::Done)

@@ -145,7 +145,13 @@ pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
         | Cmd::TokenRevoke { .. }
         | Cmd::SetQuotas { .. }
         | Cmd::SetBudget { .. } => Access::ClusterAdmin,
-        Cmd::GiveUp { .. } | Cmd::Expire | Cmd::ExtendLeases | Cmd::AuthBootstrap { .. } => {
+        // Raising the cluster version is a node's decision (after checking every member's
+        // release), taken for a cluster admin's `FinalizeUpgrade` or at bootstrap.
+        Cmd::GiveUp { .. }
+        | Cmd::Expire
+        | Cmd::ExtendLeases
+        | Cmd::AuthBootstrap { .. }
+        | Cmd::SetClusterVersion { .. } => {
             return None;
         }
         Cmd::Once { cmd, .. } | Cmd::As { cmd, .. } => return access_of(cmd),

@@ -34,6 +34,7 @@ use super::quota::{self, Budget, Quotas, Usage};
 use super::requests::Requests;
 use super::small_map::{SmallMap, SmallSet};
 use super::types::*;
+use super::version::ClusterVersion;
 
 mod sync;
 pub(super) use sync::{Barrier, Job, Participant, WaitGroup};
@@ -87,6 +88,10 @@ pub(super) struct Data {
     pub(super) budget: Budget,
     /// The audit trail of revokes, forced releases, capacity and quota changes (`audit.rs`).
     pub(super) audit: Audit,
+    /// The cluster version (`version.rs`). Not in this struct's serde layout, which is data
+    /// format 7's: the encoding of later formats appends it (`snapshot.rs`).
+    #[serde(skip)]
+    pub(super) cluster_version: ClusterVersion,
 }
 
 /// Indexes over [`Data`], rebuilt on decode and never serialized. The state's own index is
@@ -265,6 +270,7 @@ pub(super) struct Parts<'a> {
     /// Read only: the remembered request ids (`once.rs` changes them, around a command).
     pub(super) requests: &'a Requests,
     pub(super) audit: &'a mut Audit,
+    pub(super) cluster_version: &'a mut ClusterVersion,
 }
 
 /// The key of a process id in `leases_by_process`.
@@ -294,6 +300,7 @@ impl State {
             budget,
             requests,
             audit,
+            cluster_version,
             ..
         } = &mut self.data;
         Parts {
@@ -313,6 +320,7 @@ impl State {
             budget,
             requests,
             audit,
+            cluster_version,
         }
     }
 

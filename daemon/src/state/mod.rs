@@ -25,6 +25,7 @@
 //! - `auth`: access control: roles, token hashes, the enabled flag, and the permission check
 //! - `quota`: the namespaces' quotas, the state's byte budget and the size model they count by
 //! - `validate`: the checks of single fields; `validate_cmd`: [`Cmd::validate`], of a whole command
+//! - `version`: cluster versions, the gates they open and the data format of each
 //! - `waitgroup`, `barrier`: wait groups and barriers (their vocabulary in `sync_types`, their
 //!   storage in `data/sync.rs`); `sync`: their dispatch, reaping and events
 //!
@@ -113,6 +114,9 @@ mod types;
 pub mod validate;
 mod validate_cmd;
 mod validate_sync;
+pub mod version;
+#[cfg(test)]
+mod version_tests;
 mod waitgroup;
 
 pub use data::{State, Tally};

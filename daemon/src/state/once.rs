@@ -22,8 +22,10 @@
 use super::data::State;
 use super::hash::fnv1a64;
 use super::limits::{DEFAULT_REQUEST_IDS, REQUESTS_REMEMBERED_MAX};
+use super::requests::scoped_key;
 use super::snapshot::bincode_options;
 use super::types::*;
+use super::version::Gate;
 use bincode::Options;
 
 /// FNV-1a 64 of the command's canonical encoding. An acquire's wait is left out: a client's
@@ -144,7 +146,14 @@ impl State {
         // A remembered reply goes only to a caller who may make the request now.
         self.authorize(cmd)?;
         let digest = digest(cmd);
-        if let Some(entry) = self.data.requests.get(id) {
+        let key = self.request_key(id, cmd);
+        // An id remembered before its token's ids were scoped (the cluster version moved on
+        // since) still answers its retries, as it did then.
+        let remembered = match self.data.requests.get(&key) {
+            None if key != id => self.data.requests.get(id).filter(|e| e.digest == digest),
+            found => found,
+        };
+        if let Some(entry) = remembered {
             if entry.digest != digest {
                 return Err(Error::invalid(format!(
                     "conch-request-id {id} was already used for a different request"
@@ -194,7 +203,7 @@ impl State {
                 .map_or(DEFAULT_REQUEST_IDS, |ns| ns.quotas().request_ids),
         };
         self.data.requests.remember(
-            id,
+            &key,
             namespace,
             quota,
             clock_ns,
@@ -203,6 +212,26 @@ impl State {
             waiter,
         );
         Ok(reply)
+    }
+
+    /// The key `id` is remembered under. Once [`Gate::ScopedRequestIds`] is open it names the
+    /// token the command was sent with and the namespace it is about ([`scoped_key`]), so one
+    /// token's ids never answer, block or reveal another's;
+    /// before, the id alone, as release 0.1.0 keys it.
+    fn request_key(&self, id: &str, cmd: &Cmd) -> String {
+        if !Gate::ScopedRequestIds.open_at(self.data.cluster_version) {
+            return id.to_string();
+        }
+        let token = match cmd {
+            Cmd::As { token, .. } => match self.data.auth.token_id(token) {
+                Some(seq) => seq.to_string(),
+                // Access control is off and the token unknown: its hash still tells callers
+                // apart.
+                None => token[..8].iter().map(|b| format!("{b:02x}")).collect(),
+            },
+            _ => "-".to_string(),
+        };
+        scoped_key(&token, cmd.namespace().unwrap_or(""), id)
     }
 
     /// Refuses `cmd` (possibly an [`Cmd::As`]) unless its token may make it now.

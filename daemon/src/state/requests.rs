@@ -20,6 +20,26 @@ use serde::{Deserialize, Serialize};
 use super::limits::{REQUEST_RETENTION_NS, REQUESTS_REMEMBERED_MAX};
 use super::types::*;
 
+/// The key of a request id scoped to the token (`token`: its id, or another name of it) and
+/// the namespace (`""` for none) that sent it: `t<token>/<namespace>/<id>`. No part holds a
+/// `/` (request ids and namespace names cannot, token names are built without one), so two
+/// scopes never share a key, and a scoped key is never a plain id (ids hold no `/` either).
+pub(super) fn scoped_key(token: &str, namespace: &str, id: &str) -> String {
+    format!("t{token}/{namespace}/{id}")
+}
+
+/// Whether `key` is a plain request id (as 0.1.0 keys them) or a [`scoped_key`] of one.
+fn valid_key(key: &str) -> bool {
+    let id = match key
+        .strip_prefix('t')
+        .map(|rest| rest.splitn(3, '/').collect::<Vec<_>>())
+    {
+        Some(parts) if parts.len() == 3 => parts[2],
+        _ => key,
+    };
+    super::validate::request_id(id).is_ok()
+}
+
 /// A waiter named the way events name it: (namespace, semaphore, lease id).
 pub(super) type WaiterRef = (String, String, String);
 
@@ -249,7 +269,7 @@ impl Requests {
         let horizon = clock_ns.saturating_sub(REQUEST_RETENTION_NS);
         for (id, entry) in &self.entries {
             let at = |what: &str| format!("request id {id}: {what}");
-            if super::validate::request_id(id).is_err() {
+            if !valid_key(id) {
                 return Err(at("not a valid request id"));
             }
             if entry.seq == 0 || entry.seq > self.last_seq || order.insert(entry.seq, id).is_some()

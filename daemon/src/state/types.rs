@@ -245,6 +245,12 @@ pub enum Cmd {
         /// As [`Cmd::Acquire`]'s, for every member.
         max_hold_ns: Nanos,
     },
+    /// Raises the cluster version to `version` (see `version.rs`); a version at or below the
+    /// current one changes nothing. Proposed only once every member speaks `version`: a node
+    /// of 0.1.0 cannot decode this command. New commands go after this one, each behind a gate.
+    SetClusterVersion {
+        version: u32,
+    },
 }
 
 /// One member of a [`Cmd::AcquireSet`]: a semaphore and the weight taken of it.
@@ -578,6 +584,12 @@ impl Error {
     pub fn exhausted(message: impl Into<String>) -> Self {
         Error {
             kind: ErrorKind::ResourceExhausted,
+            message: message.into(),
+        }
+    }
+    pub fn failed_precondition(message: impl Into<String>) -> Self {
+        Error {
+            kind: ErrorKind::FailedPrecondition,
             message: message.into(),
         }
     }

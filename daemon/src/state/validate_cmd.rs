@@ -199,15 +199,23 @@ impl Cmd {
             Cmd::WaitGroup(cmd) => super::validate_sync::wait_group(cmd),
             Cmd::Barrier(cmd) => super::validate_sync::barrier(cmd),
             Cmd::Expire | Cmd::ExtendLeases => Ok(()),
+            Cmd::SetClusterVersion { version } => match *version {
+                0 => Err(Error::invalid("cluster version must be at least 1")),
+                _ => Ok(()),
+            },
             Cmd::Once {
                 request_id: id,
                 cmd,
             } => {
                 request_id(id)?;
                 match *cmd.unwrapped() {
-                    Cmd::Once { .. } | Cmd::GiveUp { .. } | Cmd::Expire | Cmd::ExtendLeases => Err(
-                        Error::invalid("conch-request-id applies to client writes only"),
-                    ),
+                    Cmd::Once { .. }
+                    | Cmd::GiveUp { .. }
+                    | Cmd::Expire
+                    | Cmd::ExtendLeases
+                    | Cmd::SetClusterVersion { .. } => Err(Error::invalid(
+                        "conch-request-id applies to client writes only",
+                    )),
                     _ => cmd.validate(),
                 }
             }
