@@ -245,9 +245,9 @@ impl AppliedState {
         (hash, position.0)
     }
 
-    /// Encodes the current state for a snapshot.
-    pub fn encode_snapshot(&self) -> Result<Vec<u8>, SnapshotError> {
-        self.read(State::encode_snapshot)
+    /// Encodes the current state for a snapshot, with the data format it is encoded in.
+    pub fn encode_snapshot(&self) -> Result<(Vec<u8>, u32), SnapshotError> {
+        self.read(|state| Ok((state.encode_snapshot()?, state.data_format())))
     }
 
     pub fn applied_index(&self) -> u64 {

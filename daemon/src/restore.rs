@@ -3,8 +3,9 @@
 //! directories starts with the backed-up state.
 //!
 //! Checks, before anything is written: the file's SHA-256, its format version, its data format
-//! (only this build's), that the state decodes and that its recomputed hash is the one the file
-//! states; `--id` is a member of `--initial-cluster`; the data directory is absent or empty.
+//! (that of any kept release up to this build's: the state is restored in the data format it
+//! was written in, so its cluster version is the backed-up cluster's), that the state decodes
+//! and that its recomputed hash is the one the file states; `--id` is a member of `--initial-cluster`; the data directory is absent or empty.
 //!
 //! What is written (each node restored with its own `--id` and the same `--initial-cluster`),
 //! with the directory locked throughout as `conchd` locks it (see `data_dir.rs`):
@@ -38,9 +39,9 @@ use crate::applied::AppliedState;
 use crate::data_dir::DataDir;
 use crate::identity::ClusterId;
 use crate::raft::LogId;
-use crate::raft::log_store::{DATA_FORMAT, LogStore};
+use crate::raft::log_store::LogStore;
 use crate::raft::state_machine::{SnapshotMeta, StateMachine, StoredMembership, encode_envelope};
-use crate::state::State;
+use crate::state::{State, version};
 
 /// What `conchd restore` is given (its flags, see `conchd restore --help`).
 #[derive(Clone, Debug)]
@@ -110,20 +111,30 @@ pub fn run(args: &RestoreArgs) -> Result<Restored, RestoreError> {
     let (verified, state_bytes) =
         backup::verify(&bytes).map_err(|e| refused(format!("{file}: {e}")))?;
     let header = &verified.header;
-    if header.data_format != DATA_FORMAT {
+    let readable = version::OLDEST_DATA_FORMAT..=version::NEWEST_DATA_FORMAT;
+    if !readable.contains(&header.data_format) {
+        let writer = match header.release.as_str() {
+            "" => "a newer release of conch".to_string(),
+            release => format!("conch {release}"),
+        };
         return Err(refused(format!(
-            "{file}: written by {} conch data format ({}); this build restores {DATA_FORMAT} \
-             only: restore it with the build that wrote it",
-            if header.data_format < DATA_FORMAT {
-                "an earlier"
-            } else {
-                "a newer"
-            },
-            header.data_format
+            "{file}: written by {writer} (data format {}); this build, conch {}, restores data \
+             formats {} to {}: restore it with the release that wrote it, or a later one",
+            header.data_format,
+            crate::release::RELEASE,
+            readable.start(),
+            readable.end(),
         )));
     }
     let state = State::decode_snapshot(state_bytes)
         .map_err(|e| refused(format!("{file}: the state does not decode: {e}")))?;
+    if state.data_format() != header.data_format {
+        return Err(refused(format!(
+            "{file}: the header says data format {}, the state is in data format {}",
+            header.data_format,
+            state.data_format()
+        )));
+    }
     let hash = state.hash();
     if hash != header.state_hash {
         return Err(refused(format!(
@@ -144,7 +155,7 @@ pub fn run(args: &RestoreArgs) -> Result<Restored, RestoreError> {
         last_membership: StoredMembership::new(Some(last), Membership::new(vec![voters], nodes)),
         snapshot_id: format!("0-{}-restored", last.index),
     };
-    let envelope = encode_envelope(&meta, state_bytes)
+    let envelope = encode_envelope(&meta, state_bytes, header.data_format)
         .map_err(|e| RestoreError::Failed(format!("encode the snapshot: {e}")))?;
 
     if let Err(e) = write(args, &cluster_id, last, &meta, envelope) {
@@ -261,13 +272,14 @@ mod tests {
         let (state, index, term) = applied.read_at(State::encode_snapshot);
         let state = state?;
         let header = backup::Header {
-            data_format: DATA_FORMAT,
+            data_format: version::OLDEST_DATA_FORMAT,
             applied_index: index,
             applied_term: term,
             state_hash: crate::state::fnv1a64(&state),
             created_at_ns: 0,
             state_len: 0,
             cluster_id: [7; 16],
+            release: String::new(),
         };
         let (head, trailer) = backup::encode(header, &state);
         let path = dir.join("backup.conch");

@@ -5,12 +5,17 @@
 //!
 //! ```text
 //! header (72 bytes):
-//!   "CONCHBAK" | format version u32 (1) | data format u32 | applied index u64 |
+//!   "CONCHBAK" | format version u32 (1 or 2) | data format u32 | applied index u64 |
 //!   applied term u64 | state hash u64 | created at (wall ns) i64 | state_len u64 |
 //!   cluster id (16 bytes, zero when none)
+//! format 2 only: release_len u8 | the release that wrote the file (release_len bytes, UTF-8)
 //! state (state_len bytes): the state's canonical encoding, as in a snapshot
-//! trailer (32 bytes): SHA-256 of the header and the state
+//! trailer (32 bytes): SHA-256 of everything before it
 //! ```
+//!
+//! Format 1 is what release 0.1.0 writes and reads; a later release writes it too while its
+//! cluster still runs at 0.1.0's cluster version (data format 7), so that 0.1.0 can restore the
+//! backup, and writes format 2, which records its release, from data format 8 on.
 //!
 //! The checksum is checked first, before any other field is believed, so a damaged file is
 //! always reported as such. The state hash is the state machine's own (FNV-1a 64 of the state
@@ -21,9 +26,12 @@ use sha2::{Digest, Sha256};
 
 /// The first bytes of every backup file.
 pub const MAGIC: &[u8; 8] = b"CONCHBAK";
-/// The layout written, and the only one read.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest layout written and read; every layout from 1 on is read.
+pub const FORMAT_VERSION: u32 = 2;
+/// The fixed part of the header (format 2 follows it with the release).
 pub const HEADER_LEN: usize = 72;
+/// The longest release name format 2 records.
+pub const RELEASE_MAX: usize = 64;
 /// The SHA-256 at the end.
 pub const TRAILER_LEN: usize = 32;
 
@@ -43,6 +51,9 @@ pub struct Header {
     pub state_len: u64,
     /// The cluster the copy was taken from (zero when it had none).
     pub cluster_id: [u8; 16],
+    /// The release that wrote the file: empty in format 1, which does not record it (a file
+    /// of 0.1.0, or of a later release while its cluster ran at 0.1.0's cluster version).
+    pub release: String,
 }
 
 /// Why bytes are not a usable backup file.
@@ -91,7 +102,9 @@ impl std::fmt::Display for BackupError {
             BackupError::Magic => write!(f, "not a conch backup file (bad magic)"),
             BackupError::Version { found } => write!(
                 f,
-                "backup format version {found}; this build reads version {FORMAT_VERSION}"
+                "backup format version {found}, written by a newer release of conch; this \
+                 build reads versions 1 to {FORMAT_VERSION}: restore it with the release that \
+                 wrote it, or a later one"
             ),
             BackupError::Length { state_len, present } => write!(
                 f,
@@ -130,10 +143,21 @@ fn word<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
 }
 
 impl Header {
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut out = [0u8; HEADER_LEN];
+    /// The header's bytes: format 1 without a release, format 2 with it (cut to
+    /// [`RELEASE_MAX`] bytes at a character boundary).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut release = self.release.as_str();
+        while release.len() > RELEASE_MAX {
+            let mut cut = RELEASE_MAX;
+            while !release.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            release = &release[..cut];
+        }
+        let version: u32 = if release.is_empty() { 1 } else { 2 };
+        let mut out = vec![0u8; HEADER_LEN];
         out[..8].copy_from_slice(MAGIC);
-        out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[8..12].copy_from_slice(&version.to_le_bytes());
         out[12..16].copy_from_slice(&self.data_format.to_le_bytes());
         out[16..24].copy_from_slice(&self.applied_index.to_le_bytes());
         out[24..32].copy_from_slice(&self.applied_term.to_le_bytes());
@@ -141,19 +165,35 @@ impl Header {
         out[40..48].copy_from_slice(&self.created_at_ns.to_le_bytes());
         out[48..56].copy_from_slice(&self.state_len.to_le_bytes());
         out[56..72].copy_from_slice(&self.cluster_id);
+        if version == 2 {
+            out.push(release.len() as u8);
+            out.extend_from_slice(release.as_bytes());
+        }
         out
     }
 
-    /// Reads a header whose checksum was already checked.
-    fn decode(bytes: &[u8; HEADER_LEN]) -> Result<Header, BackupError> {
+    /// Reads a header whose checksum was already checked, from the first bytes of the file
+    /// (at least [`HEADER_LEN`]); returns it with its length.
+    fn decode(bytes: &[u8]) -> Result<(Header, usize), BackupError> {
         if &bytes[..8] != MAGIC {
             return Err(BackupError::Magic);
         }
         let version = u32::from_le_bytes(word(bytes, 8));
-        if version != FORMAT_VERSION {
-            return Err(BackupError::Version { found: version });
-        }
-        Ok(Header {
+        let (release, len) = match version {
+            1 => (String::new(), HEADER_LEN),
+            2 => {
+                let release_len = usize::from(bytes.get(HEADER_LEN).copied().unwrap_or(0));
+                let end = HEADER_LEN + 1 + release_len;
+                let release = bytes
+                    .get(HEADER_LEN + 1..end)
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                    .filter(|r| !r.is_empty())
+                    .ok_or(BackupError::Magic)?;
+                (release.to_string(), end)
+            }
+            found => return Err(BackupError::Version { found }),
+        };
+        let header = Header {
             data_format: u32::from_le_bytes(word(bytes, 12)),
             applied_index: u64::from_le_bytes(word(bytes, 16)),
             applied_term: u64::from_le_bytes(word(bytes, 24)),
@@ -161,17 +201,19 @@ impl Header {
             created_at_ns: i64::from_le_bytes(word(bytes, 40)),
             state_len: u64::from_le_bytes(word(bytes, 48)),
             cluster_id: word(bytes, 56),
-        })
+            release,
+        };
+        Ok((header, len))
     }
 }
 
 /// The whole file for `header` and `state` (`header.state_len` is set from `state`), in three
 /// parts: header, state, trailer. A writer streams them in order.
-pub fn encode(mut header: Header, state: &[u8]) -> ([u8; HEADER_LEN], [u8; TRAILER_LEN]) {
+pub fn encode(mut header: Header, state: &[u8]) -> (Vec<u8>, [u8; TRAILER_LEN]) {
     header.state_len = state.len() as u64;
     let head = header.encode();
     let mut hasher = Sha256::new();
-    hasher.update(head);
+    hasher.update(&head);
     hasher.update(state);
     (head, hasher.finalize().into())
 }
@@ -180,6 +222,8 @@ pub fn encode(mut header: Header, state: &[u8]) -> ([u8; HEADER_LEN], [u8; TRAIL
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verified {
     pub header: Header,
+    /// Where the state starts in the file (the header's length).
+    pub state_at: usize,
     /// The file's SHA-256 (its trailer).
     pub checksum: [u8; TRAILER_LEN],
     /// The file's length in bytes.
@@ -204,7 +248,7 @@ impl Verifier {
 
     pub fn push(&mut self, bytes: &[u8]) {
         self.len += bytes.len() as u64;
-        let room = HEADER_LEN.saturating_sub(self.head.len());
+        let room = (HEADER_LEN + 1 + RELEASE_MAX).saturating_sub(self.head.len());
         self.head.extend_from_slice(&bytes[..room.min(bytes.len())]);
         self.held.extend_from_slice(bytes);
         if self.held.len() > TRAILER_LEN {
@@ -230,9 +274,11 @@ impl Verifier {
                 computed: hex(&computed),
             });
         }
-        let head: [u8; HEADER_LEN] = word(&self.head, 0);
-        let header = Header::decode(&head)?;
-        let present = self.len - (HEADER_LEN + TRAILER_LEN) as u64;
+        let (header, state_at) = Header::decode(&self.head)?;
+        let present = self
+            .len
+            .checked_sub((state_at + TRAILER_LEN) as u64)
+            .ok_or(BackupError::TooShort { len: self.len })?;
         if header.state_len != present {
             return Err(BackupError::Length {
                 state_len: header.state_len,
@@ -241,6 +287,7 @@ impl Verifier {
         }
         Ok(Verified {
             header,
+            state_at,
             checksum: computed,
             len: self.len,
         })
@@ -267,7 +314,7 @@ pub fn verify(bytes: &[u8]) -> Result<(Verified, &[u8]), BackupError> {
     let mut verifier = Verifier::new();
     verifier.push(bytes);
     let verified = verifier.finish()?;
-    let state = &bytes[HEADER_LEN..bytes.len() - TRAILER_LEN];
+    let state = &bytes[verified.state_at..bytes.len() - TRAILER_LEN];
     Ok((verified, state))
 }
 
@@ -284,6 +331,7 @@ mod tests {
             created_at_ns: 1_700_000_000_000_000_000,
             state_len: 0,
             cluster_id: cluster_id_bytes(&"ab".repeat(16)),
+            release: "0.2.0".into(),
         };
         let state: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
         let (head, trailer) = encode(header.clone(), &state);
@@ -330,7 +378,9 @@ mod tests {
         assert_eq!(verified.header.state_hash, header.state_hash);
         assert_eq!(verified.header.state_len, 5000);
         assert_eq!(hex(&verified.header.cluster_id), "ab".repeat(16));
-        assert_eq!(state, &file[HEADER_LEN..file.len() - TRAILER_LEN]);
+        assert_eq!(verified.header.release, "0.2.0");
+        assert_eq!(verified.state_at, HEADER_LEN + 1 + "0.2.0".len());
+        assert_eq!(state, &file[verified.state_at..file.len() - TRAILER_LEN]);
         for piece in [1, 7, 31, 32, 33, 72, 1000] {
             let mut verifier = Verifier::new();
             for chunk in file.chunks(piece) {
@@ -368,7 +418,7 @@ mod tests {
     #[test]
     fn other_versions_and_lying_lengths_are_refused_even_with_a_valid_checksum() {
         let (header, _) = sample();
-        let rehash = |head: [u8; HEADER_LEN], state: &[u8]| {
+        let rehash = |head: Vec<u8>, state: &[u8]| {
             let mut file = head.to_vec();
             file.extend_from_slice(state);
             let digest: [u8; 32] = Sha256::digest(&file).into();
@@ -380,10 +430,10 @@ mod tests {
             ..header.clone()
         }
         .encode();
-        head[8..12].copy_from_slice(&2u32.to_le_bytes());
+        head[8..12].copy_from_slice(&3u32.to_le_bytes());
         assert_eq!(
             verify(&rehash(head, b"abc")).map(|_| ()),
-            Err(BackupError::Version { found: 2 })
+            Err(BackupError::Version { found: 3 })
         );
         let head = Header {
             state_len: 4,
@@ -407,5 +457,25 @@ mod tests {
             verify(&rehash(head, b"abc")).map(|_| ()),
             Err(BackupError::Magic)
         );
+    }
+
+    #[test]
+    fn a_file_without_a_release_is_format_1_as_release_0_1_0_writes_it() {
+        let (header, _) = sample();
+        let header = Header {
+            release: String::new(),
+            ..header
+        };
+        let state = b"state bytes";
+        let (head, trailer) = encode(header.clone(), state);
+        assert_eq!(head.len(), HEADER_LEN);
+        assert_eq!(u32::from_le_bytes(word(&head, 8)), 1);
+        let mut file = head;
+        file.extend_from_slice(state);
+        file.extend_from_slice(&trailer);
+        let (verified, read) = verify(&file).expect("valid");
+        assert_eq!(verified.header.release, "");
+        assert_eq!(verified.state_at, HEADER_LEN);
+        assert_eq!(read, state);
     }
 }

@@ -23,7 +23,6 @@ use tonic::Status;
 
 use super::status::ApiError;
 use crate::node::Node;
-use crate::raft::log_store::DATA_FORMAT;
 use crate::state::{State, fnv1a64};
 
 /// The largest chunk sent: well under a client's default 4 MiB message limit.
@@ -34,10 +33,11 @@ pub type BackupStream = Pin<Box<dyn Stream<Item = Result<BackupChunk, Status>> +
 /// The backup file of this node's applied state, once it holds every acknowledged write.
 pub async fn stream(node: &Node) -> Result<BackupStream, ApiError> {
     node.linearizable().await?;
-    let (encoded, index, term) = node.applied.read_at(State::encode_snapshot);
-    let state = encoded.map_err(|e| ApiError::Internal(format!("encode the state: {e}")))?;
+    let (encoded, index, term) = node.applied.read_at(encode);
+    let (state, data_format) =
+        encoded.map_err(|e| ApiError::Internal(format!("encode the state: {e}")))?;
     let cluster_id = node.cluster_id.get().unwrap_or_default();
-    let file = crate::blocking::unblock(move || file(state, index, term, &cluster_id))
+    let file = crate::blocking::unblock(move || file(state, data_format, index, term, &cluster_id))
         .await
         .map_err(|e| ApiError::Internal(format!("backup task: {e}")))?;
     tracing::info!(
@@ -56,11 +56,22 @@ pub async fn stream(node: &Node) -> Result<BackupStream, ApiError> {
     }))))
 }
 
-/// The whole backup file of `state` (the state's canonical encoding) at log position
-/// (`index`, `term`).
-fn file(state: Vec<u8>, index: u64, term: u64, cluster_id: &str) -> Vec<u8> {
+/// The state's canonical encoding and its data format.
+fn encode(state: &State) -> Result<(Vec<u8>, u32), crate::state::SnapshotError> {
+    Ok((state.encode_snapshot()?, state.data_format()))
+}
+
+/// The whole backup file of `state` (the state's canonical encoding, in `data_format`) at log
+/// position (`index`, `term`). A state in 0.1.0's data format is written in the backup format
+/// that release reads, which does not record the release; later ones record it.
+fn file(state: Vec<u8>, data_format: u32, index: u64, term: u64, cluster_id: &str) -> Vec<u8> {
+    let release = match data_format {
+        crate::state::version::OLDEST_DATA_FORMAT => String::new(),
+        _ => crate::release::RELEASE.to_string(),
+    };
     let header = Header {
-        data_format: DATA_FORMAT,
+        data_format,
+        release,
         applied_index: index,
         applied_term: term,
         // The state hash is FNV-1a 64 of exactly these bytes.
@@ -100,13 +111,16 @@ mod tests {
             },
         );
         assert!(replies.iter().all(Result::is_ok), "{replies:?}");
-        let (encoded, index, term) = applied.read_at(State::encode_snapshot);
+        let (encoded, index, term) = applied.read_at(encode);
         assert_eq!((index, term), (9, 4));
-        let bytes = file(encoded.expect("encode"), index, term, &"0f".repeat(16));
+        let (state, data_format) = encoded.expect("encode");
+        let bytes = file(state, data_format, index, term, &"0f".repeat(16));
         let (verified, state) = format::verify(&bytes).expect("valid file");
         assert_eq!(verified.header.applied_index, 9);
         assert_eq!(verified.header.applied_term, 4);
-        assert_eq!(verified.header.data_format, DATA_FORMAT);
+        // A state at the first cluster version is written as release 0.1.0 writes it.
+        assert_eq!(verified.header.data_format, 7);
+        assert_eq!(verified.header.release, "");
         assert_eq!(verified.header.state_hash, applied.read(State::hash));
         let decoded = State::decode_snapshot(state).expect("decodes");
         assert_eq!(decoded.hash(), verified.header.state_hash);

@@ -4,9 +4,14 @@
 //!   [`super::wal`]): an append is one write and one `fdatasync`.
 //! - `<data_dir>/raft/` is a sled `Db` with one tree of metadata:
 //!   `m:vote`, `m:committed`, `m:purged` -> the vote, the last committed log id, the purge point;
-//!   `m:format` -> the data format of the entries ([`DATA_FORMAT`]), written when the store is
-//!   created; `open` refuses a store with data and a missing or different format before it
-//!   decodes anything (a store without the key was written by format 1).
+//!   `m:format` -> the newest data format the entries and snapshots may be in, and `m:release`
+//!   -> the release that wrote that marker. A new store records 0.1.0's format (7); the append
+//!   of an entry that raises the cluster version records that version's format first (synced
+//!   before the entry is written), so a release that cannot read the entries refuses the
+//!   directory in one line before decoding anything. `open` reads every format from 0.1.0's to
+//!   this build's as it is (nothing is converted in place: an older release can read the
+//!   directory again until the cluster version moves on); a store with data and no marker was
+//!   written by format 1, a development format before 0.1.0, and is refused.
 //!   Stores written before the segment files kept the entries in sled too, under `e` + big-endian
 //!   index; `open` moves them into segments once (see [`migrate_sled_entries`]).
 //! - `<data_dir>/vote` and `<data_dir>/log-end`: copies of the vote and of the durable end of the
@@ -77,7 +82,7 @@ use super::codec::{decode_value, encode_value};
 use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::metrics::{LogMetrics, observe};
-use crate::state::{Cmd, fnv1a64};
+use crate::state::{Cmd, fnv1a64, version};
 use crate::write_trace::Mark;
 
 /// How many bytes the newest entries kept in memory may take (the last entry is kept whatever
@@ -117,11 +122,28 @@ const KEY_VOTE: &[u8] = b"m:vote";
 const KEY_COMMITTED: &[u8] = b"m:committed";
 const KEY_PURGED: &[u8] = b"m:purged";
 const KEY_FORMAT: &[u8] = b"m:format";
+const KEY_RELEASE: &[u8] = b"m:release";
 
-/// The layout of what the log and snapshots hold (log entries, the state's canonical data).
-/// Raised whenever either changes so that older data cannot be decoded: such data is refused
-/// at start, never converted. Format 1 stores predate the marker.
-pub const DATA_FORMAT: u32 = 7;
+/// The data formats this build reads: those of every kept release up to its own (see
+/// `state/version.rs`).
+const READ_FORMATS: std::ops::RangeInclusive<u32> =
+    version::OLDEST_DATA_FORMAT..=version::NEWEST_DATA_FORMAT;
+
+/// The data format an entry needs a reader to know: that of the cluster version it raises to,
+/// if it raises one.
+fn format_needed(entry: &Entry<TypeConfig>) -> Option<u32> {
+    let EntryPayload::Normal(batch) = &entry.payload else {
+        return None;
+    };
+    batch
+        .cmds
+        .iter()
+        .filter_map(|cmd| match cmd.unwrapped() {
+            Cmd::SetClusterVersion { version } => Some(version::data_format(*version)),
+            _ => None,
+        })
+        .max()
+}
 
 /// How far an acknowledged write is made durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,16 +170,28 @@ pub enum OpenError {
     #[error("raft log at {} is corrupt: {reason}", path.display())]
     Corrupt { path: PathBuf, reason: String },
     #[error(
-        "{}: written by {} conch data format ({found}); this build reads {expected}: it does not \
-         convert data, so start this node with an empty data directory (in a cluster, remove the \
-         node and add it back empty) or run the build that wrote it",
+        "{}: written by a development build of conch older than release 0.1.0 (data format \
+         {found}); this build, conch {}, reads data formats {} to {}: it does not convert that \
+         data, so start this node with an empty data directory (in a cluster, remove the node \
+         and add it back empty)",
         path.display(),
-        if found < expected { "an earlier" } else { "a newer" }
+        crate::release::RELEASE,
+        READ_FORMATS.start(),
+        READ_FORMATS.end()
     )]
-    Format {
+    Format { path: PathBuf, found: u32 },
+    #[error(
+        "{}: written by conch {release} (data format {found}); this build, conch {}, reads data \
+         formats {} to {}: run conch {release} or a later release on this directory",
+        path.display(),
+        crate::release::RELEASE,
+        READ_FORMATS.start(),
+        READ_FORMATS.end()
+    )]
+    Newer {
         path: PathBuf,
         found: u32,
-        expected: u32,
+        release: String,
     },
 }
 
@@ -369,6 +403,8 @@ struct Inner {
     wal: Mutex<Wal>,
     /// What readers see: the newest entries, the last log id and the purge point.
     log: RwLock<MemLog>,
+    /// The data format recorded in `m:format` (written only by the one task that appends).
+    data_format: std::sync::atomic::AtomicU32,
 }
 
 #[derive(Default)]
@@ -489,7 +525,7 @@ impl LogStore {
             }
         };
 
-        check_data_format(&db, &path)?;
+        let data_format = check_data_format(&db, &path)?;
         put_back_lost_values(&db, &path)?;
 
         let data_path = path.join("db");
@@ -567,6 +603,7 @@ impl LogStore {
                 log_end,
                 wal: Mutex::new(wal),
                 log: RwLock::new(log),
+                data_format: std::sync::atomic::AtomicU32::new(data_format),
             }),
         };
         store
@@ -676,6 +713,30 @@ impl LogStore {
             }
         };
         sled + self.inner.lock_wal().bytes()
+    }
+
+    /// Records the data format that `entries` need a reader to know, if newer than the one
+    /// recorded, before they are written (durably: see the module's `m:format`).
+    fn record_format_of(&self, entries: &[Entry<TypeConfig>]) -> Result<(), String> {
+        use std::sync::atomic::Ordering;
+        let Some(needed) = entries.iter().filter_map(format_needed).max() else {
+            return Ok(());
+        };
+        if needed <= self.inner.data_format.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        write_data_format(&self.inner.db, needed)?;
+        self.inner.data_format.store(needed, Ordering::Relaxed);
+        tracing::info!(data_format = needed, "raft log: data format raised");
+        Ok(())
+    }
+
+    /// The data format recorded for this store.
+    #[cfg(test)]
+    fn data_format(&self) -> u32 {
+        self.inner
+            .data_format
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn read_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, String> {
@@ -815,9 +876,9 @@ fn migrate_sled_entries(db: &sled::Db, data_file: &File, wal_dir: &Path) -> Resu
     Ok(entries.len())
 }
 
-/// Writes the data format into a new store; refuses a store with data in another format (or
-/// none: format 1) before anything in it is decoded.
-fn check_data_format(db: &sled::Db, path: &Path) -> Result<(), OpenError> {
+/// Writes 0.1.0's data format into a new store; refuses a store of a format this build does
+/// not read (none: format 1) before anything in it is decoded. Returns the store's format.
+fn check_data_format(db: &sled::Db, path: &Path) -> Result<u32, OpenError> {
     let corrupt = |reason: String| OpenError::Corrupt {
         path: path.to_path_buf(),
         reason,
@@ -830,22 +891,41 @@ fn check_data_format(db: &sled::Db, path: &Path) -> Result<(), OpenError> {
             decode_value::<u32>(&bytes).map_err(|e| corrupt(format!("data format: {e}")))?
         }
         None if db.is_empty() => {
-            let value = encode_value(&DATA_FORMAT).map_err(|e| corrupt(e.to_string()))?;
-            db.insert(KEY_FORMAT, value)
-                .and_then(|_| db.flush())
+            write_data_format(db, version::OLDEST_DATA_FORMAT)
                 .map_err(|e| corrupt(format!("write data format: {e}")))?;
-            DATA_FORMAT
+            version::OLDEST_DATA_FORMAT
         }
         None => 1,
     };
-    if found != DATA_FORMAT {
+    if found > *READ_FORMATS.end() {
+        let release = read_meta::<String>(db, KEY_RELEASE)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| "a newer release".to_string());
+        return Err(OpenError::Newer {
+            path: path.to_path_buf(),
+            found,
+            release,
+        });
+    }
+    if found < *READ_FORMATS.start() {
         return Err(OpenError::Format {
             path: path.to_path_buf(),
             found,
-            expected: DATA_FORMAT,
         });
     }
-    Ok(())
+    Ok(found)
+}
+
+/// Records `format` as the store's data format, written by this release, durably.
+fn write_data_format(db: &sled::Db, format: u32) -> Result<(), String> {
+    let format = encode_value(&format).map_err(|e| e.to_string())?;
+    let release = encode_value(&crate::release::RELEASE.to_string()).map_err(|e| e.to_string())?;
+    db.insert(KEY_RELEASE, release)
+        .and_then(|_| db.insert(KEY_FORMAT, format))
+        .and_then(|_| db.flush())
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Maps a `RangeBounds<u64>` onto inclusive index bounds; `None` when the range is empty.
@@ -1030,6 +1110,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .stamp_range(first, last.index, Mark::AppendStart);
             let count = entries.len();
             self.slow_disk().await;
+            // Step 0: an entry that raises the cluster version records its data format first.
+            self.record_format_of(&entries)
+                .map_err(|e| StorageIOError::write_logs(&io_other(e)))?;
             // Steps 1-3, on this thread.
             let (appended, sizes) = {
                 let mut wal = self.inner.lock_wal();
@@ -1190,44 +1273,103 @@ mod tests {
     }
 
     #[test]
-    fn a_store_of_another_data_format_is_refused_in_one_line() {
+    fn every_kept_format_opens_and_any_other_is_refused_in_one_line() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
             let store = LogStore::open(dir.path()).expect("open");
-            // A new store records the format; reopening it works.
-            assert_eq!(store.read_meta::<u32>(KEY_FORMAT), Ok(Some(DATA_FORMAT)));
+            // A new store records 0.1.0's format, which that release reads.
+            assert_eq!(store.read_meta::<u32>(KEY_FORMAT), Ok(Some(7)));
+            assert_eq!(store.data_format(), 7);
         }
         drop(LogStore::open(dir.path()).expect("reopen"));
         let raft = dir.path().join("raft");
-        let rewrite = |format: Option<u32>| {
+        let rewrite = |format: Option<u32>, release: Option<&str>| {
             let db = sled::open(&raft).expect("open sled");
             match format {
                 Some(format) => db.insert(KEY_FORMAT, encode_value(&format).expect("encode")),
                 None => db.remove(KEY_FORMAT),
             }
             .expect("write");
+            match release {
+                Some(r) => db.insert(KEY_RELEASE, encode_value(&r.to_string()).expect("encode")),
+                None => db.remove(KEY_RELEASE),
+            }
+            .expect("write");
             db.insert(KEY_VOTE, b"old vote".to_vec()).expect("write");
             db.flush().expect("flush");
         };
-        for (format, found, which) in [
-            (None, 1, "an earlier"),
-            (Some(DATA_FORMAT - 1), DATA_FORMAT - 1, "an earlier"),
-            (Some(DATA_FORMAT + 1), DATA_FORMAT + 1, "a newer"),
+        for format in READ_FORMATS {
+            rewrite(Some(format), None);
+            let store = LogStore::open(dir.path());
+            // The vote is garbage on purpose: getting past the format check is what counts.
+            let message = store.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                !message.contains("data format"),
+                "format {format}: {message}"
+            );
+        }
+        let this = crate::release::RELEASE;
+        for (format, release, start) in [
+            (
+                None,
+                None,
+                format!(
+                    "{}: written by a development build of conch older than release 0.1.0 \
+                     (data format 1); this build, conch {this}, reads data formats 7 to 8: ",
+                    raft.display()
+                ),
+            ),
+            (
+                Some(6),
+                None,
+                format!(
+                    "{}: written by a development build of conch older than release 0.1.0 \
+                     (data format 6)",
+                    raft.display()
+                ),
+            ),
+            (
+                Some(9),
+                Some("0.9.0"),
+                format!(
+                    "{}: written by conch 0.9.0 (data format 9); this build, conch {this}, reads \
+                     data formats 7 to 8: run conch 0.9.0 or a later release on this directory",
+                    raft.display()
+                ),
+            ),
         ] {
-            rewrite(format);
+            rewrite(format, release);
             let Err(err) = LogStore::open(dir.path()) else {
-                panic!("a store of format {found} must not open")
+                panic!("a store of format {format:?} must not open")
             };
             let message = err.to_string();
-            assert!(
-                message.starts_with(&format!(
-                    "{}: written by {which} conch data format ({found}); this build reads {DATA_FORMAT}: ",
-                    raft.display()
-                )),
-                "{message}"
-            );
+            assert!(message.starts_with(&start), "{message}");
             assert!(!message.contains('\n'), "one line: {message}");
         }
+    }
+
+    #[test]
+    fn an_entry_that_raises_the_cluster_version_records_its_format_before_it_is_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = LogStore::open(dir.path()).expect("open");
+        let raise = |index: u64, version: u32| Entry::<TypeConfig> {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(crate::state::Batch {
+                cmds: vec![Cmd::SetClusterVersion { version }],
+                ..Default::default()
+            }),
+        };
+        store.record_format_of(&[raise(1, 1)]).expect("record");
+        assert_eq!(store.data_format(), 7, "version 1 needs nothing new");
+        store.record_format_of(&[raise(2, 2)]).expect("record");
+        assert_eq!(store.data_format(), 8);
+        assert_eq!(store.read_meta::<u32>(KEY_FORMAT), Ok(Some(8)));
+        assert_eq!(
+            store.read_meta::<String>(KEY_RELEASE),
+            Ok(Some(crate::release::RELEASE.to_string()))
+        );
+        drop(store);
+        assert_eq!(LogStore::open(dir.path()).expect("reopen").data_format(), 8);
     }
 
     use std::collections::BTreeSet;
@@ -1821,7 +1963,7 @@ mod tests {
         {
             // A store as earlier builds wrote it: entries in sled under `e` + index.
             let db = sled::open(dir.path().join("raft"))?;
-            db.insert(KEY_FORMAT, encode_value(&DATA_FORMAT)?)?;
+            db.insert(KEY_FORMAT, encode_value(&version::OLDEST_DATA_FORMAT)?)?;
             db.insert(KEY_PURGED, encode_value(&log_id(1, 2))?)?;
             db.insert(KEY_VOTE, encode_value(&Vote::<NodeId>::new(2, 1))?)?;
             for entry in &written {

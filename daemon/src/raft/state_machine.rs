@@ -8,13 +8,16 @@
 //! Snapshot file (also the bytes sent to followers), integers little-endian:
 //!
 //! ```text
-//! "CONCHSNP" | format version u32 (4) | meta_len u64 | bincode(SnapshotMeta) | state_len u64 |
+//! "CONCHSNP" | format version u32 | meta_len u64 | bincode(SnapshotMeta) | state_len u64 |
 //! State::encode_snapshot() | fnv1a64 of everything before, u64
 //! ```
 //!
-//! This envelope is the file's only header: the state section is the state's bare encoding.
-//! Every other version is refused in one line: earlier versions hold an earlier layout of the
-//! state, which this build does not convert. See `docs/design.md` (Snapshot format).
+//! This envelope is the file's only header: the state section is the state's bare encoding, in
+//! the data format of the state's cluster version, and the format version is that data format
+//! plus one (version 8 is data format 7, release 0.1.0's). A build reads the versions of every
+//! data format it reads ([`READ_VERSIONS`]), so a snapshot written by the previous release, or by
+//! this one before the cluster version moved on, opens as it is; anything else is refused in one
+//! line. See `docs/design.md` (Snapshot format).
 //!
 //! Invariants:
 //! - `last_applied` and `last_membership` describe exactly the entries applied to `applied`
@@ -38,14 +41,20 @@ use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::applied::AppliedState;
 use crate::metrics::SnapshotMetrics;
 use crate::state::fnv1a64;
-use crate::state::{Reply, SnapshotError, State};
+use crate::state::{Reply, SnapshotError, State, version};
 
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, BasicNode>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 
 const MAGIC: &[u8; 8] = b"CONCHSNP";
-/// The version written, and the only one read (raised with the log's data format).
-const FORMAT_VERSION: u32 = 8;
+/// The envelope version of a state in `data_format`.
+const fn envelope_version(data_format: u32) -> u32 {
+    data_format + 1
+}
+
+/// The envelope versions this build reads: those of every data format it reads.
+const READ_VERSIONS: std::ops::RangeInclusive<u32> =
+    envelope_version(version::OLDEST_DATA_FORMAT)..=envelope_version(version::NEWEST_DATA_FORMAT);
 /// magic + version + meta_len + state_len + checksum.
 const FIXED_LEN: usize = 8 + 4 + 8 + 8 + 8;
 
@@ -76,11 +85,18 @@ pub enum EnvelopeError {
     #[error("not a conch snapshot (bad magic)")]
     Magic,
     #[error(
-        "written by {} conch data format (snapshot version {found}); this build reads version \
-         {FORMAT_VERSION}: it does not convert data, so start this node with an empty data \
-         directory (in a cluster, remove the node and add it back empty) or run the build that \
-         wrote it",
-        if *found < FORMAT_VERSION { "an earlier" } else { "a newer" }
+        "written by {} (snapshot version {found}); this build, conch {}, reads snapshot versions \
+         {} to {}: {}",
+        if *found < *READ_VERSIONS.start() { "a development build of conch older than release 0.1.0" } else { "a newer release of conch" },
+        crate::release::RELEASE,
+        READ_VERSIONS.start(),
+        READ_VERSIONS.end(),
+        if *found < *READ_VERSIONS.start() {
+            "start this node with an empty data directory (in a cluster, remove the node and add \
+             it back empty)"
+        } else {
+            "run the release that wrote it, or a later one"
+        }
     )]
     Version { found: u32 },
     #[error("checksum mismatch (stored {stored:#018x}, computed {computed:#018x})")]
@@ -93,12 +109,16 @@ pub enum EnvelopeError {
     EncodeMeta(bincode::Error),
 }
 
-/// Wraps the encoded state and its meta into the snapshot file format.
-pub fn encode_envelope(meta: &SnapshotMeta, state: &[u8]) -> Result<Vec<u8>, EnvelopeError> {
+/// Wraps the encoded state (in `data_format`) and its meta into the snapshot file format.
+pub fn encode_envelope(
+    meta: &SnapshotMeta,
+    state: &[u8],
+    data_format: u32,
+) -> Result<Vec<u8>, EnvelopeError> {
     let meta_bytes = bincode::serialize(meta).map_err(EnvelopeError::EncodeMeta)?;
     let mut out = Vec::with_capacity(FIXED_LEN + meta_bytes.len() + state.len());
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&envelope_version(data_format).to_le_bytes());
     out.extend_from_slice(&(meta_bytes.len() as u64).to_le_bytes());
     out.extend_from_slice(&meta_bytes);
     out.extend_from_slice(&(state.len() as u64).to_le_bytes());
@@ -118,7 +138,7 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<(SnapshotMeta, &[u8]), EnvelopeEr
         return Err(EnvelopeError::Magic);
     }
     let version = u32::from_le_bytes(array(&bytes[8..12]));
-    if version != FORMAT_VERSION {
+    if !READ_VERSIONS.contains(&version) {
         return Err(EnvelopeError::Version { found: version });
     }
     let (body, trailer) = bytes.split_at(bytes.len() - 8);
@@ -428,8 +448,9 @@ impl StateMachine {
 
 /// Builds a snapshot of the state as it was when the builder was made.
 pub struct SnapshotBuilder {
-    /// `State::encode_snapshot`, taken by `get_snapshot_builder` while no apply can run.
-    state: Result<Vec<u8>, String>,
+    /// `State::encode_snapshot` and its data format, taken by `get_snapshot_builder` while no
+    /// apply can run.
+    state: Result<(Vec<u8>, u32), String>,
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
     snapshots: Arc<SnapshotDir>,
@@ -456,7 +477,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 last_membership,
                 snapshot_id: id,
             };
-            let bytes = encode_envelope(&meta, &state).map_err(|source| {
+            let (state, data_format) = &state;
+            let bytes = encode_envelope(&meta, state, *data_format).map_err(|source| {
                 SnapshotFileError::Envelope { path: snapshots.dir.clone(), source }
             })?;
             let newer = files.current.as_ref().is_some_and(|c| c.last_log_id > last_applied);
@@ -638,7 +660,7 @@ mod tests {
     #[test]
     fn envelope_round_trips_and_every_flipped_byte_is_caught() -> anyhow::Result<()> {
         let meta = meta(3, 40);
-        let bytes = encode_envelope(&meta, b"opaque state bytes")?;
+        let bytes = encode_envelope(&meta, b"opaque state bytes", 7)?;
         let (decoded, state) = decode_envelope(&bytes)?;
         assert_eq!(decoded, meta);
         assert_eq!(state, b"opaque state bytes");
@@ -694,7 +716,7 @@ mod tests {
             replies.iter().all(Result::is_ok),
             "sample command refused: {replies:?}"
         );
-        Ok((applied.encode_snapshot()?, applied.read(State::hash)))
+        Ok((applied.encode_snapshot()?.0, applied.read(State::hash)))
     }
 
     fn write_snapshot_file(dir: &Path, seq: u64, bytes: &[u8]) -> anyhow::Result<()> {
@@ -705,22 +727,43 @@ mod tests {
     }
 
     #[test]
-    fn the_current_version_is_written_and_carries_the_bare_state_encoding() -> anyhow::Result<()> {
+    fn the_version_written_follows_the_data_format_and_carries_the_bare_state_encoding()
+    -> anyhow::Result<()> {
         let (state, _) = sample_state()?;
-        let bytes = encode_envelope(&meta(3, 40), &state)?;
-        assert_eq!(bytes, raw_envelope(FORMAT_VERSION, &meta(3, 40), &state));
-        let (_, section) = decode_envelope(&bytes)?;
-        assert_eq!(section, state.as_slice());
+        for (format, version) in [(7, 8), (8, 9)] {
+            let bytes = encode_envelope(&meta(3, 40), &state, format)?;
+            assert_eq!(bytes, raw_envelope(version, &meta(3, 40), &state));
+            let (_, section) = decode_envelope(&bytes)?;
+            assert_eq!(section, state.as_slice());
+        }
         Ok(())
     }
 
     #[test]
-    fn every_other_version_is_refused_in_one_line() -> anyhow::Result<()> {
-        let (state, _) = sample_state()?;
-        for (version, which) in [
-            (FORMAT_VERSION - 2, "an earlier"),
-            (FORMAT_VERSION - 1, "an earlier"),
-            (FORMAT_VERSION + 1, "a newer"),
+    fn a_snapshot_of_0_1_0_opens_and_every_version_not_kept_is_refused_in_one_line()
+    -> anyhow::Result<()> {
+        let (state, hash) = sample_state()?;
+        let dir = tempfile::tempdir()?;
+        write_snapshot_file(dir.path(), 5, &raw_envelope(8, &meta(2, 1), &state))?;
+        let opened = open(dir.path())?;
+        assert_eq!(opened.applied.read(State::hash), hash);
+        let this = crate::release::RELEASE;
+        for (version, writer, advice) in [
+            (
+                6,
+                "a development build of conch older than release 0.1.0",
+                "start this node",
+            ),
+            (
+                7,
+                "a development build of conch older than release 0.1.0",
+                "start this node",
+            ),
+            (
+                10,
+                "a newer release of conch",
+                "run the release that wrote it, or a later one",
+            ),
         ] {
             let dir = tempfile::tempdir()?;
             write_snapshot_file(dir.path(), 5, &raw_envelope(version, &meta(2, 1), &state))?;
@@ -730,8 +773,8 @@ mod tests {
             let message = err.to_string();
             anyhow::ensure!(
                 message.starts_with(&format!(
-                    "{}: written by {which} conch data format (snapshot version {version}); this \
-                     build reads version {FORMAT_VERSION}: ",
+                    "{}: written by {writer} (snapshot version {version}); this build, conch \
+                     {this}, reads snapshot versions 8 to 9: {advice}",
                     dir.path()
                         .join("snapshots")
                         .join("snap-00000000000000000005.snap")
@@ -748,7 +791,7 @@ mod tests {
         // magic, version, meta_len = u64::MAX, then a correct checksum.
         let mut bytes = Vec::new();
         bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&8u32.to_le_bytes());
         bytes.extend_from_slice(&u64::MAX.to_le_bytes());
         bytes.extend_from_slice(&0u64.to_le_bytes());
         let checksum = fnv1a64(&bytes);
@@ -786,7 +829,7 @@ mod tests {
     fn truncated_snapshot_file_refuses_open() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         std::fs::create_dir_all(dir.path().join("snapshots"))?;
-        let bytes = encode_envelope(&meta(2, 9), &[7u8; 300])?;
+        let bytes = encode_envelope(&meta(2, 9), &[7u8; 300], 7)?;
         let file = dir
             .path()
             .join("snapshots")
@@ -824,7 +867,7 @@ mod tests {
         assert!(sm.install_snapshot(&meta(2, 9), garbage).await.is_err());
 
         // A valid envelope announced under another meta.
-        let bytes = encode_envelope(&meta(2, 9), b"state")?;
+        let bytes = encode_envelope(&meta(2, 9), b"state", 7)?;
         let other = meta(2, 10);
         assert!(
             sm.install_snapshot(&other, Box::new(Cursor::new(bytes)))
@@ -922,7 +965,7 @@ mod tests {
             .path()
             .join("snapshots")
             .join(&snapshot_files(dir.path())[0]);
-        let bytes = encode_envelope(&meta(2, 3), b"\xff\xff\xff not a state")?;
+        let bytes = encode_envelope(&meta(2, 3), b"\xff\xff\xff not a state", 7)?;
         std::fs::write(&path, bytes)?;
         assert!(matches!(open(dir.path()), Err(OpenError::Corrupt { .. })));
         Ok(())
