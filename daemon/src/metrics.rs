@@ -128,6 +128,7 @@ struct Gauges {
     state_bytes: IntGauge,
     state_budget_bytes: IntGauge,
     quota_use: GaugeVec,
+    cluster_version: IntGauge,
 }
 
 /// Creates metrics and registers them in one registry.
@@ -321,7 +322,24 @@ impl Metrics {
                  quota (semaphores, leases, entries, bytes); 1 means some namespace is full.",
                 &["quota"],
             ),
+            cluster_version: b.gauge(
+                "conch_cluster_version",
+                "The replicated cluster version, as this node applied it.",
+            ),
         };
+        // Constant for the process: the release and what it reads and speaks.
+        b.gauge_vec(
+            "conch_build_info",
+            "Always 1, labelled with this node's release, the newest data format it writes and \
+             the newest cluster version it speaks.",
+            &["release", "data_format", "cluster_version_max"],
+        )
+        .with_label_values(&[
+            crate::release::RELEASE,
+            &crate::state::version::NEWEST_DATA_FORMAT.to_string(),
+            &crate::state::version::NEWEST.to_string(),
+        ])
+        .set(1.0);
         let proposed_commands = b.counter(
             "conch_raft_proposed_commands_total",
             "Commands this node proposed as leader.",
@@ -426,6 +444,7 @@ impl Metrics {
             raft.last_log_index.saturating_sub(raft.applied_index),
         ));
         g.members.set(clamp(raft.members));
+        g.cluster_version.set(i64::from(raft.cluster_version));
         g.namespaces.set(clamp(stats.namespaces));
         g.semaphores.set(clamp(stats.semaphores));
         g.leases.set(clamp(stats.leases));
@@ -490,6 +509,8 @@ pub struct RaftGauges {
     pub applied_index: u64,
     /// Voters in the membership.
     pub members: u64,
+    /// The replicated cluster version this node applied (not Raft's, but read with it).
+    pub cluster_version: u32,
 }
 
 fn clamp(value: u64) -> i64 {

@@ -87,6 +87,7 @@ fn render(node: &Node) -> Result<String, prometheus::Error> {
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
             members: m.membership_config.membership().voter_ids().count() as u64,
+            cluster_version: node.applied.read(|s| s.cluster_version().0),
         }
     };
     let (stats, quotas) = node.applied.read(|state| {

@@ -351,6 +351,10 @@ async fn start_on(
     if let Some(tls) = &config.tls {
         node.tasks.spawn(crate::tls::watch(Arc::clone(tls)));
     }
+    if bootstraps {
+        node.tasks
+            .spawn(crate::upgrade::finalize_new_cluster(Arc::clone(&node)));
+    }
     node.tasks.spawn(expiry::run(Arc::clone(&node)));
     node.tasks.spawn(log_leader_changes(Arc::clone(&node)));
     node.tasks.spawn(crate::retire::watch(Arc::clone(&node)));

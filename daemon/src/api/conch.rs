@@ -450,11 +450,15 @@ impl ConchAdmin for AdminService {
         // Hashing reads the whole state: on a blocking thread, so a large state's hash never
         // holds up a runtime worker (and with it heartbeats and other calls).
         let applied = Arc::clone(&self.node.applied);
-        let ((state_hash, hashed_index), stats) = tokio::task::spawn_blocking(move || {
-            (applied.state_hash(), applied.read(|s| s.stats()))
-        })
-        .await
-        .map_err(|e| ApiError::Internal(format!("state hash: {e}")))?;
+        let ((state_hash, hashed_index), (stats, cluster_version, data_format)) =
+            tokio::task::spawn_blocking(move || {
+                (
+                    applied.state_hash(),
+                    applied.read(|s| (s.stats(), s.cluster_version().0, s.data_format())),
+                )
+            })
+            .await
+            .map_err(|e| ApiError::Internal(format!("state hash: {e}")))?;
         // openraft 0.9 does not export the commit index; everything applied is committed.
         let commit_index = self.node.applied.applied_index().max(applied_index);
         Ok(Response::new(cpb::ClusterStatusResponse {
@@ -478,6 +482,10 @@ impl ConchAdmin for AdminService {
             holders: stats.holders,
             waiters: stats.waiters,
             cluster_id: self.node.cluster_id.get().unwrap_or_default(),
+            release: crate::release::RELEASE.to_string(),
+            cluster_version_max: crate::state::version::NEWEST,
+            cluster_version,
+            data_format,
         }))
     }
 
@@ -680,5 +688,32 @@ impl ConchAdmin for AdminService {
     ) -> Result<Response<Self::BackupStream>, Status> {
         Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
         Ok(Response::new(super::backup::stream(&self.node).await?))
+    }
+
+    async fn finalize_upgrade(
+        &self,
+        request: Request<cpb::FinalizeUpgradeRequest>,
+    ) -> Result<Response<cpb::FinalizeUpgradeResponse>, Status> {
+        Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
+        let done = crate::upgrade::finalize(&self.node).await?;
+        Ok(Response::new(cpb::FinalizeUpgradeResponse {
+            previous_cluster_version: done.previous,
+            cluster_version: done.current,
+            nodes: done
+                .members
+                .into_iter()
+                .map(|m| {
+                    let (release, cluster_version_max) = match m.info {
+                        Ok(info) => (info.release, info.cluster_version_max),
+                        Err(_) => (String::new(), 0),
+                    };
+                    cpb::NodeRelease {
+                        node_id: m.id,
+                        release,
+                        cluster_version_max,
+                    }
+                })
+                .collect(),
+        }))
     }
 }

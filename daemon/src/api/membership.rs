@@ -102,6 +102,20 @@ pub async fn probe_new_member(
             status.node_id
         )));
     }
+    // A node that cannot decode what the log holds now must not join (see `upgrade.rs`).
+    let current = node.applied.read(|s| s.cluster_version()).0;
+    let speaks = status.cluster_version_max.max(crate::state::version::BASE);
+    if speaks < current {
+        let release = match status.release.as_str() {
+            "" => "0.1.0",
+            release => release,
+        };
+        return Err(refuse(format!(
+            "it runs conch {release}, which speaks cluster version {speaks}, and this cluster \
+             runs at version {current}: start it with conch {} or later",
+            crate::release::first_speaking(current).unwrap_or(crate::release::RELEASE)
+        )));
+    }
     let ours = node.cluster_id.get().unwrap_or_default();
     if !status.cluster_id.is_empty() && status.cluster_id != ours {
         return Err(refuse(format!(

@@ -518,6 +518,14 @@ impl ConchPeer for PeerService {
         let notice = decode_request(&request)?;
         Ok(encode_reply(&crate::retire::notice(&self.node, notice))?)
     }
+
+    async fn node_info(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        from_member(&self.node, &request)?;
+        Ok(encode_reply(&crate::upgrade::NodeInfo::this_node())?)
+    }
 }
 
 #[cfg(test)]

@@ -478,6 +478,13 @@ mod tests {
         async fn removed(&self, _: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
             Err(Status::unimplemented("removed"))
         }
+
+        async fn node_info(
+            &self,
+            _: Request<PeerMessage>,
+        ) -> Result<Response<PeerMessage>, Status> {
+            Err(Status::unimplemented("node_info"))
+        }
     }
 
     struct Served {

@@ -136,7 +136,18 @@ fn cluster_section(out: &mut String, c: &Cluster) {
          <dt>This node</dt><dd>{id} at {addr} · <b>{role}</b></dd>\
          <dt>Leader</dt><dd>{leader}</dd><dt>Term</dt><dd>{term}</dd>\
          <dt>Log</dt><dd>last {last}, applied {applied}, snapshot {snap}</dd>\
-         <dt>Leader changes</dt><dd>{changes} seen by this node since it started</dd>",
+         <dt>Leader changes</dt><dd>{changes} seen by this node since it started</dd>\
+         <dt>Release</dt><dd>conch {release} · cluster version {version}{pending}</dd>",
+        release = esc(&c.release),
+        version = c.cluster_version,
+        pending = if c.cluster_version < c.cluster_version_max {
+            format!(
+                " (this node speaks {}: an upgrade waits for <code>conch cluster finalize</code>)",
+                c.cluster_version_max
+            )
+        } else {
+            String::new()
+        },
         id = c.node_id,
         addr = esc(&c.node_addr),
         role = esc(&c.role),

@@ -334,6 +334,9 @@ fn cluster(node: &Node) -> view::Cluster {
         certificate_expires_at: not_after_ns.map(view::utc),
         certificate_expires_in_ms: not_after_ns.map(|at| at.saturating_sub(now_ns()) / 1_000_000),
         problems: crate::api::auth::setup_problem(node).into_iter().collect(),
+        release: crate::release::RELEASE.to_string(),
+        cluster_version: node.applied.read(|s| s.cluster_version().0),
+        cluster_version_max: crate::state::version::NEWEST,
     }
 }
 

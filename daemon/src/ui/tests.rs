@@ -203,6 +203,9 @@ fn cluster() -> Cluster {
         certificate_expires_at: None,
         certificate_expires_in_ms: None,
         problems: Vec::new(),
+        release: "0.2.0".into(),
+        cluster_version: 2,
+        cluster_version_max: 2,
     }
 }
 

@@ -68,6 +68,11 @@ pub struct Cluster {
     pub certificate_expires_in_ms: Option<i64>,
     /// What stops the cluster from serving as configured (e.g. access control being set up).
     pub problems: Vec<String>,
+    /// The release this node runs.
+    pub release: String,
+    /// The replicated cluster version, and the newest this node's release speaks.
+    pub cluster_version: u32,
+    pub cluster_version_max: u32,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]

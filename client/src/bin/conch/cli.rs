@@ -539,6 +539,15 @@ pub enum ClusterCommand {
         /// Where to write the backup (`-`: stdout, the summary line then goes to stderr).
         file: String,
     },
+    /// End a rolling upgrade: raise the cluster version to the newest one every voter and
+    /// learner speaks, switching on what the new release adds.
+    ///
+    /// Until this runs, every node writes only what the previous release reads, so any node can
+    /// be put back on it; afterwards none can (go back by restoring a backup taken before).
+    /// Refused, changing nothing, while a member does not answer or runs a release that does not
+    /// speak the new version: the message names it. Prints every member's release and the
+    /// cluster version before and after. Needs cluster-admin when access control is on.
+    Finalize,
     /// Set the budget on the stored bytes of every namespace together (cluster-admin): growth
     /// past it is refused with RESOURCE_EXHAUSTED. Prints the budget and what is stored.
     Budget {

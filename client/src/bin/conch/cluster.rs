@@ -1,10 +1,11 @@
 //! `conch cluster status`: every node's view of the Raft cluster, one row per node.
 //!
 //! ```text
-//! NODE  ADDRESS         STATE     LEADER  TERM  LAST-LOG  COMMIT  APPLIED  MEMBERS
-//! 1     127.0.0.1:7001  Leader    1       3     120       120     120      1,2,3
-//! 2     127.0.0.1:7002  Follower  1       3     120       120     120      1,2,3
+//! NODE  ADDRESS         STATE     LEADER  TERM  LAST-LOG  COMMIT  APPLIED  RELEASE  MEMBERS
+//! 1     127.0.0.1:7001  Leader    1       3     120       120     120      0.2.0    1,2,3
+//! 2     127.0.0.1:7002  Follower  1       3     120       120     120      0.2.0    1,2,3
 //! -     127.0.0.1:7003  unreachable: tcp connect error: Connection refused (os error 111)
+//! cluster version: 2
 //! ```
 //!
 //! The endpoints are asked first, then any member address they report that was not asked yet,
@@ -48,6 +49,12 @@ pub struct NodeStatus {
     /// What the node finds wrong with its own setup.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+    /// The release the node runs (a node of 0.1.0 does not say: "0.1.0").
+    pub release: String,
+    /// The newest cluster version its release speaks.
+    pub cluster_version_max: u32,
+    /// The replicated cluster version, as the node applied it.
+    pub cluster_version: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -82,6 +89,14 @@ impl From<ClusterStatusResponse> for NodeStatus {
             state_hash: format!("{:016x}", r.state_hash),
             cluster_id: r.cluster_id,
             problems: r.problems,
+            // A node of 0.1.0 leaves these out.
+            release: if r.release.is_empty() {
+                "0.1.0".to_string()
+            } else {
+                r.release
+            },
+            cluster_version_max: r.cluster_version_max.max(1),
+            cluster_version: r.cluster_version.max(1),
         }
     }
 }
@@ -107,7 +122,8 @@ fn members_cell(members: &[MemberJson]) -> String {
 /// The table, aligned; an unreachable node's row ends in its error.
 pub fn render_table(rows: &[Row]) -> Vec<String> {
     let header = [
-        "NODE", "ADDRESS", "STATE", "LEADER", "TERM", "LAST-LOG", "COMMIT", "APPLIED", "MEMBERS",
+        "NODE", "ADDRESS", "STATE", "LEADER", "TERM", "LAST-LOG", "COMMIT", "APPLIED", "RELEASE",
+        "MEMBERS",
     ];
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     for row in rows {
@@ -133,6 +149,7 @@ pub fn render_table(rows: &[Row]) -> Vec<String> {
                 s.last_log_index.to_string(),
                 s.commit_index.to_string(),
                 s.applied_index.to_string(),
+                s.release.clone(),
                 members_cell(&s.members),
             ]),
             None => cells.push(vec![
@@ -173,6 +190,23 @@ pub fn render_table(rows: &[Row]) -> Vec<String> {
             out
         })
         .collect()
+}
+
+/// The line under the table on the cluster version: the one the nodes applied (the highest
+/// seen, when a node lags), and whether an upgrade waits to be finalized: every node speaks a
+/// newer version than the cluster runs at.
+pub fn cluster_version_line(rows: &[Row]) -> Option<String> {
+    let answered: Vec<&NodeStatus> = rows.iter().filter_map(|r| r.status.as_ref()).collect();
+    let current = answered.iter().map(|s| s.cluster_version).max()?;
+    let common = answered.iter().map(|s| s.cluster_version_max).min()?;
+    Some(if common > current {
+        format!(
+            "cluster version: {current} (every node that answered speaks {common}: run `conch \
+             cluster finalize` once all run the new release)"
+        )
+    } else {
+        format!("cluster version: {current}")
+    })
 }
 
 /// The line under the table naming the cluster id, or every id seen when nodes disagree.
@@ -358,13 +392,52 @@ mod tests {
         assert_eq!(
             render_table(&rows),
             [
-                "NODE  ADDRESS         STATE     LEADER  TERM  LAST-LOG  COMMIT  APPLIED  MEMBERS",
-                "1     127.0.0.1:7001  Leader    1       3     120       120     119      1,2,3",
-                "2     127.0.0.1:7002  Follower  1       3     120       120     119      1,2,3",
+                "NODE  ADDRESS         STATE     LEADER  TERM  LAST-LOG  COMMIT  APPLIED  RELEASE  MEMBERS",
+                "1     127.0.0.1:7001  Leader    1       3     120       120     119      0.1.0    1,2,3",
+                "2     127.0.0.1:7002  Follower  1       3     120       120     119      0.1.0    1,2,3",
                 "-     127.0.0.1:7003  unreachable: connection refused",
             ]
         );
         assert_eq!(cluster_id_line(&rows).as_deref(), Some("cluster id: none"));
+    }
+
+    #[test]
+    fn the_cluster_version_line_says_when_an_upgrade_waits_to_be_finalized() {
+        let mut rows = vec![node(1, "Leader"), node(2, "Follower")];
+        // Nodes of 0.1.0 say nothing of versions: version 1, nothing to finalize.
+        assert_eq!(
+            cluster_version_line(&rows).as_deref(),
+            Some("cluster version: 1")
+        );
+        let upgrade = |row: &mut Row| {
+            if let Some(s) = row.status.as_mut() {
+                s.release = "0.2.0".into();
+                s.cluster_version_max = 2;
+            }
+        };
+        upgrade(&mut rows[0]);
+        assert_eq!(
+            cluster_version_line(&rows).as_deref(),
+            Some("cluster version: 1"),
+            "one node still runs the previous release"
+        );
+        upgrade(&mut rows[1]);
+        assert_eq!(
+            cluster_version_line(&rows).as_deref(),
+            Some(
+                "cluster version: 1 (every node that answered speaks 2: run `conch cluster \
+                 finalize` once all run the new release)"
+            )
+        );
+        for row in &mut rows {
+            if let Some(s) = row.status.as_mut() {
+                s.cluster_version = 2;
+            }
+        }
+        assert_eq!(
+            cluster_version_line(&rows).as_deref(),
+            Some("cluster version: 2")
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `conch cluster add-learner|promote|remove|transfer-leader|snapshot|backup`: the admin calls
+//! `conch cluster add-learner|promote|remove|transfer-leader|snapshot|backup|finalize`: the admin calls
 //! on the cluster, each answered with what it changed (`status` and `health` only read, in
 //! `cluster` and `health`).
 
@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use conch_client::proto::conch::conch_admin_client::ConchAdminClient;
 use conch_client::proto::conch::{
-    AddLearnerRequest, ChangeMembershipRequest, MembershipResponse, TransferLeaderRequest,
-    TriggerSnapshotRequest,
+    AddLearnerRequest, ChangeMembershipRequest, FinalizeUpgradeRequest, MembershipResponse,
+    TransferLeaderRequest, TriggerSnapshotRequest,
 };
 use conch_client::{Client, request};
 
@@ -76,6 +76,38 @@ pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<
             Ok(ExitCode::SUCCESS)
         }
         ClusterCommand::Backup { file } => crate::backup::run(client, &file).await,
+        ClusterCommand::Finalize => {
+            let r = client
+                .call("finalize the upgrade", opts, |ch, t| async move {
+                    ConchAdminClient::new(ch)
+                        .finalize_upgrade(request(FinalizeUpgradeRequest {}, t))
+                        .await
+                })
+                .await?;
+            let mut lines: Vec<String> = r
+                .nodes
+                .iter()
+                .map(|n| {
+                    format!(
+                        "node {}: conch {} (speaks cluster version {})",
+                        n.node_id, n.release, n.cluster_version_max
+                    )
+                })
+                .collect();
+            lines.push(if r.cluster_version == r.previous_cluster_version {
+                format!(
+                    "cluster version {} already: nothing to finalize",
+                    r.cluster_version
+                )
+            } else {
+                format!(
+                    "cluster version {} -> {}: the upgrade is final",
+                    r.previous_cluster_version, r.cluster_version
+                )
+            });
+            crate::print_lines(lines)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

@@ -223,6 +223,7 @@ pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         let mut lines = crate::cluster::render_table(&rows);
         lines.extend(crate::cluster::cluster_id_line(&rows));
+        lines.extend(crate::cluster::cluster_version_line(&rows));
         lines.push(health.summary.clone());
         crate::print_lines(lines)?;
     }
@@ -258,6 +259,9 @@ mod tests {
                 state_hash: String::new(),
                 cluster_id: "c".into(),
                 problems: Vec::new(),
+                release: "0.2.0".into(),
+                cluster_version_max: 2,
+                cluster_version: 2,
             }),
             error: None,
             refused: false,
