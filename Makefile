@@ -2,7 +2,9 @@
 CARGO ?= cargo
 CLUSTER_DIR ?= $(CURDIR)/.cluster
 
-.PHONY: help build release dist dist-test test test-deps test-unit run cluster cluster-secure cluster-stop fmt lint bench bench-etcd jepsen sim proptest clean
+PREVIOUS_RELEASE ?= 0.1.0
+
+.PHONY: help build release dist dist-test test test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop fmt lint bench bench-etcd jepsen sim proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
@@ -16,6 +18,8 @@ help:
 	@echo "make bench TLS=1 / make jepsen TLS=1   the same with TLS + peer mutual TLS"
 	@echo "make bench-etcd    W1, W1b, W2, W3 on etcd and on conch in the same run, both client placements, ratios"
 	@echo "make proptest CASES=5000           longer property runs of the state machine"
+	@echo "make test-upgrade  a rolling upgrade from the previous release (built from git) under load and under the Jepsen checker"
+	@echo "make upgrade-fixtures  rewrite cluster-tests/fixtures/$(PREVIOUS_RELEASE) from that release's binaries"
 	@echo "make dist          release tarballs, debug info, .deb and SHA256SUMS in target/artifacts"
 	@echo "make dist-test     build the artifacts from the dev build and check them (PROFILE=dist: the real one)"
 	@echo "make build|release|fmt|lint"
@@ -54,6 +58,21 @@ test: test-deps
 	else \
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
+
+# A rolling upgrade from the previous release (RELEASES.toml), whose binaries are built from git
+# once and cached under target/releases/: the upgrade test (node by node under load, a step
+# back, finalize), then the Jepsen checker through an upgrade with faults on 3 and 5 nodes.
+test-upgrade:
+	$(CARGO) build --workspace --bins
+	@bin=$$(scripts/release-binaries.sh $(PREVIOUS_RELEASE)) && \
+	CONCH_PREVIOUS_CONCHD=$$bin/conchd $(CARGO) nextest run -p cluster-tests --test upgrade \
+		--ignore-default-filter -E 'test(previous_release)' && \
+	target/debug/conch-jepsen --duration 40 --nodes 3 --upgrade-from $$bin/conchd && \
+	target/debug/conch-jepsen --duration 40 --nodes 5 --upgrade-from $$bin/conchd
+
+# The data directories and backup of the previous release that `make test` opens.
+upgrade-fixtures:
+	@scripts/upgrade-fixtures.sh $(PREVIOUS_RELEASE)
 
 test-deps:
 	@scripts/install-test-deps.sh

@@ -41,6 +41,8 @@ pub struct NodeProc {
     port: Option<Port>,
     /// Environment variables set for this node's process (e.g. a faked wall clock).
     env: Vec<(String, String)>,
+    /// The conchd binary this node runs, when not this build's (e.g. a previous release).
+    binary: Option<PathBuf>,
     child: Option<Child>,
     paused: bool,
 }
@@ -182,6 +184,20 @@ impl Cluster {
         env: &NodeEnv<'_>,
         disk_bytes: Option<u64>,
     ) -> anyhow::Result<Cluster> {
+        Self::launch_full(n, extra_args, proxied, tls, env, disk_bytes, None).await
+    }
+
+    /// [`Cluster::launch_on`], every node running the conchd at `binary` when given.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn launch_full(
+        n: u64,
+        extra_args: &[String],
+        proxied: bool,
+        tls: bool,
+        env: &NodeEnv<'_>,
+        disk_bytes: Option<u64>,
+        binary: Option<&Path>,
+    ) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new()
             .prefix("conch-cluster-")
             .tempdir()
@@ -271,6 +287,7 @@ impl Cluster {
                     args,
                     port: ports.remove(&id),
                     env: env(id, dir.path()),
+                    binary: None,
                     child: None,
                     paused: false,
                 },
@@ -286,10 +303,73 @@ impl Cluster {
             pki,
             admin_token: None,
         };
+        if let Some(binary) = binary {
+            for node in cluster.nodes.values_mut() {
+                node.binary = Some(binary.to_path_buf());
+            }
+        }
         for id in ids {
             cluster.spawn(id)?;
         }
         Ok(cluster)
+    }
+
+    /// Starts `n` nodes of the conchd at `binary` (e.g. a previous release) with direct peer
+    /// links and `extra_args` for every node, without waiting for a leader.
+    pub async fn launch_binary(
+        n: u64,
+        extra_args: &[String],
+        binary: &Path,
+    ) -> anyhow::Result<Cluster> {
+        Self::launch_full(
+            n,
+            extra_args,
+            false,
+            false,
+            &|_, _| Vec::new(),
+            None,
+            Some(binary),
+        )
+        .await
+    }
+
+    /// Which conchd node `id` runs from its next start: `Some(path)`, or this build's.
+    pub fn set_binary(&mut self, id: u64, binary: Option<PathBuf>) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            node.binary = binary;
+        }
+    }
+
+    /// Stops node `id` as an operator does: SIGTERM, then waits up to `timeout` for it to exit
+    /// (kill -9 after that). Returns how it exited.
+    pub async fn stop(
+        &mut self,
+        id: u64,
+        timeout: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        self.signal(id, Signal::SIGCONT);
+        self.signal(id, Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let node = self.nodes.get_mut(&id).context("no such node")?;
+            let Some(child) = node.child.as_mut() else {
+                anyhow::bail!("node {id} is not running");
+            };
+            if let Some(status) = child.try_wait().context("wait for the node")? {
+                node.child = None;
+                return Ok(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                self.kill(id);
+                anyhow::bail!("node {id} did not exit within {timeout:?} of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts a stopped node again from its data directory (with the binary it is set to run).
+    pub fn start_node(&mut self, id: u64) -> anyhow::Result<()> {
+        self.spawn(id)
     }
 
     pub fn dir(&self) -> &Path {
@@ -320,7 +400,10 @@ impl Cluster {
             None => Port::bind_at(&node.addr)
                 .with_context(|| format!("restart node {id} at its address"))?,
         };
-        let mut command = conchd_command(&node.args);
+        let mut command = match &node.binary {
+            Some(binary) => crate::conchd_command_of(binary, &node.args),
+            None => conchd_command(&node.args),
+        };
         command
             .envs(node.env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone().context("clone log handle")?)

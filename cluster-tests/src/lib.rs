@@ -31,10 +31,11 @@ pub mod proc;
 pub mod rng;
 pub mod scrape;
 pub mod sockets;
+pub mod upgrade;
 
 use std::future::Future;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -96,7 +97,12 @@ where
 /// A `conchd` command with `args`, stdin closed, that dies with the thread that spawns it.
 /// Its metrics go to a free port (tests run in parallel; a flag still wins).
 fn conchd_command(args: &[String]) -> Command {
-    let mut command = Command::new(binary("conchd"));
+    conchd_command_of(&binary("conchd"), args)
+}
+
+/// Like `conchd_command`, for the conchd at `binary` (e.g. a previous release).
+fn conchd_command_of(binary: &Path, args: &[String]) -> Command {
+    let mut command = Command::new(binary);
     command
         .args(args)
         .stdin(Stdio::null())

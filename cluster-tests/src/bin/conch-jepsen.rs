@@ -69,6 +69,11 @@ struct Cli {
     /// authenticate their peers with a secret, or with node certificates under --tls).
     #[arg(long)]
     no_adversary: bool,
+    /// A rolling upgrade during the run: start the cluster on this conchd (a previous release,
+    /// e.g. from `scripts/release-binaries.sh 0.1.0`), move one node to this build's conchd
+    /// after each healed fault, and finalize the upgrade before the healed tail.
+    #[arg(long, value_name = "CONCHD")]
+    upgrade_from: Option<std::path::PathBuf>,
 }
 
 const EXAMPLES: &str = "\
@@ -76,6 +81,7 @@ Examples:
   make jepsen DURATION=300 NODES=5
   target/debug/conch-jepsen --duration 60 --nodes 3
   CONCH_SEED=1234 target/debug/conch-jepsen --duration 40   # replay a seed
+  target/debug/conch-jepsen --upgrade-from target/releases/0.1.0/bin/conchd   # rolling upgrade
 
 conchd is found next to this binary or through CONCHD_BIN. On a violation the node logs and the
 history (history.txt) are kept and their directory printed.
@@ -120,6 +126,7 @@ async fn main() -> ExitCode {
     opts.tls = cli.tls;
     opts.auth = cli.auth;
     opts.adversary = !cli.no_adversary;
+    opts.upgrade_from = cli.upgrade_from;
     let result = tokio::select! {
         result = run(opts) => result,
         _ = tokio::signal::ctrl_c() => {

@@ -83,6 +83,10 @@ pub struct RunOptions {
     pub lock_clients: usize,
     /// Wait groups and barriers beside the semaphore workload (see `sync_workload`).
     pub sync: bool,
+    /// A rolling upgrade during the faults: the cluster starts on this conchd (a previous
+    /// release), one node moves to this build after each healed fault (SIGTERM, the same
+    /// directory and flags), and the upgrade is finalized before the healed tail.
+    pub upgrade_from: Option<std::path::PathBuf>,
 }
 
 /// Size of each node's data disk when `disk-full` is in the menu: far more than a run writes
@@ -124,6 +128,7 @@ impl RunOptions {
             adversary: false,
             lock_clients: 8,
             sync: true,
+            upgrade_from: None,
         }
     }
 }
@@ -501,13 +506,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
     // exits at once: start the whole cluster again with new ports (never counted as a crash).
     let mut attempt = 1;
     let mut cluster = loop {
-        let mut cluster = Cluster::launch_on(
+        let mut cluster = Cluster::launch_full(
             opts.nodes,
             &args,
             true,
             opts.tls,
             &env,
             disks.then_some(DISK_BYTES),
+            opts.upgrade_from.as_deref(),
         )
         .await?;
         let leader = wait_for("a leader", Duration::from_secs(30), || async {
@@ -612,6 +618,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
         .with_cycle(&opts.cycle)
         .with_clocks(clocks);
     let mut faults = Vec::new();
+    // With a rolling upgrade: the nodes still on the previous release, in the order they move.
+    let mut upgrading: Vec<u64> = match opts.upgrade_from {
+        Some(_) => cluster.ids(),
+        None => Vec::new(),
+    };
     let faults_until = Instant::now() + opts.duration;
     loop {
         let quiet = nemesis.quiet();
@@ -686,6 +697,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
             ),
         );
         faults.push(record);
+        if let Some(id) = upgrading.first().copied() {
+            upgrading.remove(0);
+            say(progress, start, upgrade_node(&mut cluster, id).await?);
+        }
     }
     for (id, status) in nemesis.heal(&mut cluster)? {
         run_violation(
@@ -693,6 +708,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunReport> {
             "crash",
             format!("n{id} exited on its own ({status}) after the last heal; started again"),
         );
+    }
+    if opts.upgrade_from.is_some() {
+        for id in std::mem::take(&mut upgrading) {
+            say(progress, start, upgrade_node(&mut cluster, id).await?);
+        }
+        say(progress, start, finalize_upgrade(&cluster).await?);
     }
 
     // ---- healed tail ----
@@ -1105,4 +1126,43 @@ fn write_history(dir: &std::path::Path, ops: &[Op]) -> std::io::Result<()> {
         writeln!(file, "{op}")?;
     }
     file.flush()
+}
+
+/// Moves node `id` to this build as an operator does: SIGTERM, then this build's conchd on the
+/// same directory and flags. Returns what to say.
+async fn upgrade_node(cluster: &mut Cluster, id: u64) -> anyhow::Result<String> {
+    // A node the nemesis left stopped is simply started on the new binary.
+    let stopped = match cluster.stop(id, Duration::from_secs(30)).await {
+        Ok(status) => format!("stopped ({status})"),
+        Err(e) => format!("not stopped: {e}"),
+    };
+    cluster.set_binary(id, None);
+    cluster.start_node(id)?;
+    Ok(format!("upgrade: n{id} {stopped}, started on this build"))
+}
+
+/// Finalizes the rolling upgrade, retrying while a leader is being elected or a member is
+/// still starting. Returns what to say.
+async fn finalize_upgrade(cluster: &Cluster) -> anyhow::Result<String> {
+    use conch_proto::conch::FinalizeUpgradeRequest;
+    let ids = cluster.ids();
+    let mut last = String::new();
+    for attempt in 0..60u32 {
+        let id = ids[attempt as usize % ids.len()];
+        match cluster.admin(id).await {
+            Ok(mut admin) => match admin.finalize_upgrade(FinalizeUpgradeRequest {}).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    return Ok(format!(
+                        "upgrade: finalized, cluster version {} -> {}",
+                        r.previous_cluster_version, r.cluster_version
+                    ));
+                }
+                Err(status) => last = status.message().to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    anyhow::bail!("the upgrade did not finalize within 30 s: {last}")
 }
