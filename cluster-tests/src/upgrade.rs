@@ -119,6 +119,9 @@ impl Fixture {
     }
 }
 
+/// How long the committed fixtures' wait group stays open (about 50 years).
+const FIXTURE_LIFETIME: std::time::Duration = std::time::Duration::from_secs(50 * 365 * 86_400);
+
 fn request_with_id<T>(message: T, id: &str) -> anyhow::Result<tonic::Request<T>> {
     let mut request = tonic::Request::new(message);
     request
@@ -298,9 +301,11 @@ pub async fn populate(addr: &str) -> anyhow::Result<(Expected, tokio::task::Join
         wait_group_name: "nightly".into(),
         description: "three jobs".into(),
         counter: 3,
-        expires_at: (std::time::SystemTime::now() + std::time::Duration::from_secs(86_400))
+        // The fixtures are committed and opened for years: expire long after that.
+        expires_at: (std::time::SystemTime::now() + FIXTURE_LIFETIME)
             .duration_since(std::time::UNIX_EPOCH)?
             .as_nanos() as i64,
+        delete_after_finished_seconds: 3_600,
         ..Default::default()
     })
     .await
@@ -315,19 +320,26 @@ pub async fn populate(addr: &str) -> anyhow::Result<(Expected, tokio::task::Join
     })
     .await
     .context("complete a job")?;
-    g.create_barrier(pb::CreateBarrierRequest {
-        namespace_name: NS.into(),
-        barrier_name: "shards".into(),
-        description: "two shards".into(),
-        expected_processes: 2,
-        ..Default::default()
-    })
-    .await
-    .context("create the barrier")?;
+    let generation = g
+        .create_barrier(pb::CreateBarrierRequest {
+            namespace_name: NS.into(),
+            barrier_name: "shards".into(),
+            description: "two shards".into(),
+            expected_processes: 2,
+            delete_inactive_after_seconds: FIXTURE_LIFETIME.as_secs() as i64,
+            ..Default::default()
+        })
+        .await
+        .context("create the barrier")?
+        .into_inner()
+        .barrier
+        .context("barrier in reply")?
+        .generation;
     g.arrive_at_barrier(pb::ArriveAtBarrierRequest {
         namespace_name: NS.into(),
         barrier_name: "shards".into(),
         process_id: "shard-0".into(),
+        expected_generation: generation,
         ..Default::default()
     })
     .await

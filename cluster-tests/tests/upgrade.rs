@@ -138,8 +138,10 @@ fn start_on_fixture(
             work.join(format!("node{id}")).display().to_string(),
             "--initial-cluster".into(),
             fixture.initial_cluster(),
+            // The directories' membership names the fixture's addresses: advertise the old
+            // one (so it matches) and reach the peers through their routes.
             "--advertise".into(),
-            addrs[&id].clone(),
+            fixture.members[&id].clone(),
             "--peer-routes".into(),
             routes,
         ];
