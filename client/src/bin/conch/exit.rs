@@ -208,9 +208,9 @@ mod tests {
     /// status) rows.
     fn book_status_table() -> Vec<(String, u8)> {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/cli.md");
-        let readme = std::fs::read_to_string(path).expect("docs/src/cli.md");
+        let chapter = std::fs::read_to_string(path).expect("docs/src/cli.md");
         let mut rows = Vec::new();
-        let mut lines = readme
+        let mut lines = chapter
             .lines()
             .skip_while(|l| !l.starts_with("| gRPC status | exit status |"))
             .skip(2);
@@ -244,7 +244,7 @@ mod tests {
     }
 
     #[test]
-    fn every_grpc_status_has_the_exit_status_the_readme_table_gives() {
+    fn every_grpc_status_has_the_exit_status_the_book_table_gives() {
         let table = book_status_table();
         let codes: Vec<Code> = (0..=16).map(Code::from_i32).collect();
         assert_eq!(
