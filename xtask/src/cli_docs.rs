@@ -51,9 +51,9 @@ fn prepare(cmd: clap::Command) -> clap::Command {
         .get_subcommands()
         .map(|s| s.get_name().to_string())
         .collect();
-    names.into_iter().fold(cmd, |cmd, name| {
-        cmd.mut_subcommand(name, |sub| prepare(sub))
-    })
+    names
+        .into_iter()
+        .fold(cmd, |cmd, name| cmd.mut_subcommand(name, prepare))
 }
 
 /// One heading and help block for `cmd`, then one for each visible subcommand, depth first.
