@@ -4,7 +4,7 @@ CLUSTER_DIR ?= $(CURDIR)/.cluster
 
 PREVIOUS_RELEASE ?= 0.1.0
 
-.PHONY: help build release dist dist-test test test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop fmt lint bench bench-etcd jepsen sim proptest clean
+.PHONY: help build release dist dist-test test test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop docs fmt lint bench bench-etcd jepsen sim proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
@@ -22,6 +22,7 @@ help:
 	@echo "make upgrade-fixtures  rewrite cluster-tests/fixtures/$(PREVIOUS_RELEASE) from that release's binaries"
 	@echo "make dist          release tarballs, debug info, .deb and SHA256SUMS in target/artifacts"
 	@echo "make dist-test     build the artifacts from the dev build and check them (PROFILE=dist: the real one)"
+	@echo "make docs          the book (docs/) into target/book, after checking its CLI reference and links"
 	@echo "make build|release|fmt|lint"
 
 build:
@@ -92,6 +93,22 @@ cluster-secure: release
 
 cluster-stop:
 	@scripts/cluster.sh stop "$(CLUSTER_DIR)"
+
+# The book: docs/src, built by mdBook into target/book. mdbook from the PATH, or this pinned
+# version installed from crates.io into target/tools the first time. The generated CLI
+# reference and the links are checked first (the same checks run in `make test`, without mdBook).
+MDBOOK_VERSION ?= 0.5.4
+
+docs:
+	$(CARGO) run -q -p xtask -- cli-docs --check
+	$(CARGO) run -q -p xtask -- doc-links
+	@mdbook=$$(command -v mdbook || echo target/tools/bin/mdbook); \
+	if [ ! -x "$$mdbook" ]; then \
+		echo "docs: installing mdbook $(MDBOOK_VERSION) into target/tools"; \
+		$(CARGO) install mdbook --locked --version $(MDBOOK_VERSION) \
+			--no-default-features --features search --root target/tools || exit 1; \
+	fi; \
+	"$$mdbook" build docs && echo "docs: the book is in target/book/index.html"
 
 fmt:
 	$(CARGO) fmt --all

@@ -458,7 +458,7 @@ async fn a_missing_short_or_shared_bootstrap_token_file_is_a_usage_error() -> an
     Ok(())
 }
 
-/// One namespace per team, as the README sets it up: the admin creates it and grants the
+/// One namespace per team, as the book (Access control) sets it up: the admin creates it and grants the
 /// team's role write on it. Each team's token works in its own namespace only; a namespace
 /// that does not exist is said so in one line; tokens stay secret (a private `--out` file, the
 /// command does not see them, a shared token file and `--token` are refused).
@@ -879,7 +879,7 @@ fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
 /// A token with write on one namespace floods it with the largest semaphores it may create,
 /// from 32 callers at once: the namespace's byte quota stops it with RESOURCE_EXHAUSTED naming
 /// the quota, the token cannot raise its own quota, and every node's memory stays within what
-/// the README documents for a full namespace. The admin can still raise the quota.
+/// the book documents for a full namespace. The admin can still raise the quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_token_flood_stops_at_the_namespace_quota() -> anyhow::Result<()> {
     use conch_proto::conch::NamespaceQuotas;
@@ -985,7 +985,7 @@ async fn a_write_token_flood_stops_at_the_namespace_quota() -> anyhow::Result<()
         &[],
     )?;
     cluster.wait_for_agreement(SHOW_UP).await?;
-    // The README: a node's memory grows by about three times the stored bytes (the state, its
+    // The book (Quotas): a node's memory grows by about three times the stored bytes (the state, its
     // log entries until the next snapshot, the snapshot being written).
     const FULL_NAMESPACE: u64 = 3 * (64 << 20);
     for ((id, node), before) in cluster.nodes.iter().zip(&rss_before) {

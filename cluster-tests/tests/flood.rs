@@ -1,5 +1,5 @@
 //! One client holding many connections and waiting calls does not take a cluster down: the
-//! nodes keep electing and serving (see the README, "One client cannot take a node").
+//! nodes keep electing and serving (see the book, Operations, "One client cannot take a node").
 
 use std::time::Duration;
 

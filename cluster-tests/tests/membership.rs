@@ -249,7 +249,7 @@ async fn add_learner_refuses_addresses_that_are_not_empty_or_of_this_cluster() -
         "{refused:?}"
     );
     assert!(refused.message().contains("nothing answer"), "{refused:?}");
-    // The CLI says the same status and exits as the README's table gives it (64).
+    // The CLI says the same status and exits as the book's table (The conch CLI) gives it (64).
     let cli = conch(
         &cluster.addr(leader),
         &["cluster", "add-learner", "7", &nowhere],

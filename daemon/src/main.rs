@@ -106,7 +106,7 @@ fn main() -> ExitCode {
 
 /// Raises the soft limit on open files to the hard one: every client connection is a file, and
 /// a soft limit of 1 024 (a common default) would refuse connections long before the node's own
-/// limit (see the README, "One client cannot take a node"). A failure is logged and changes
+/// limit (see the book, Operations, "One client cannot take a node"). A failure is logged and changes
 /// nothing.
 fn raise_open_file_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
@@ -409,15 +409,15 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 mod tests {
     use super::*;
 
-    /// Every environment variable conchd reads is in the README's list of them.
+    /// Every environment variable conchd reads is in the book's list of them (Running a cluster).
     #[test]
-    fn the_readme_lists_every_environment_variable() {
-        let readme = include_str!("../../README.md");
-        let list = readme
+    fn the_book_lists_every_environment_variable() {
+        let chapter = include_str!("../../docs/src/running.md");
+        let list = chapter
             .split("Every flag has an environment variable")
             .nth(1)
             .and_then(|rest| rest.split("Precedence:").next())
-            .expect("the README's list of environment variables");
+            .expect("the list of environment variables in docs/src/running.md");
         let command = Flags::command();
         let mut checked = 0;
         for arg in command.get_arguments() {
@@ -425,7 +425,7 @@ mod tests {
                 let variable = variable.to_string_lossy();
                 assert!(
                     list.contains(&format!("`{variable}`")),
-                    "{variable} is not in the README's list"
+                    "{variable} is not in the list of docs/src/running.md"
                 );
                 checked += 1;
             }

@@ -378,7 +378,7 @@ impl Metrics {
         );
         let stages = StageHistograms::of(&b.histogram_vec_with(
             "conch_write_stage_seconds",
-            "Time of one write in each stage of its path, by stage (see README, Where a write's \
+            "Time of one write in each stage of its path, by stage (see the book, Where a write's \
              time goes); stages on another node are in that node's metrics.",
             &["stage"],
             stage_buckets(),
@@ -590,8 +590,8 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_every_metric() -> Result<(), prometheus::Error> {
-        let readme = include_str!("../../README.md");
+    fn the_book_lists_every_metric() -> Result<(), prometheus::Error> {
+        let readme = include_str!("../../docs/src/operations.md");
         let metrics = sampled();
         let text = metrics.render(
             &RaftGauges::default(),
@@ -607,7 +607,7 @@ mod tests {
         }
         assert!(
             missing.is_empty(),
-            "not in README's metrics table: {missing:?}"
+            "not in the metrics table of docs/src/operations.md: {missing:?}"
         );
         Ok(())
     }

@@ -1,5 +1,5 @@
 //! Where one write's time goes: the stages of a write, timed where they happen and recorded
-//! into `conch_write_stage_seconds{stage=...}` (see README, "Where a write's time goes").
+//! into `conch_write_stage_seconds{stage=...}` (see the book, Performance, "Where a write's time goes").
 //!
 //! Stages timed on one task are measured there with `Instant`s carried along (in the proposal,
 //! in the call's task-local [`CallStamps`]). Stages inside Raft happen on openraft's tasks, which

@@ -1,5 +1,5 @@
 //! The simulator finds bugs conch really had: each is put back (`--bug`) and the seeds of the
-//! test budget are run until one fails. The seed that found each is in the README's table.
+//! test budget are run until one fails. The seed that found each is in the book's table (Deterministic simulation).
 //!
 //! A seed's faults are drawn from the seed alone, but which of them a bug needs to meet depends
 //! on the schedule of conch's own tasks: any change to those moves the seed that finds a rare

@@ -4,7 +4,12 @@
 //! ```text
 //! xtask man DIR [--date YYYY-MM-DD]   DIR/man1/conch.1, conch-<subcommand>….1, conchd.1
 //! xtask completions DIR               DIR/{bash,zsh,fish}/… for conch and conchd
+//! xtask cli-docs [--check]            docs/src/cli-reference.md: every command's --help
+//! xtask doc-links                     every relative link and #anchor of the book and README
 //! ```
+//!
+//! `cli-docs` and `doc-links` work on the workspace this crate is in, or with `--root DIR` on
+//! another tree laid out the same way.
 //!
 //! A crate of its own (not a hidden subcommand of the programs) so that the man page generator
 //! never enters the shipped binaries' dependency trees. The `conch` and `conchd` definitions are
@@ -31,7 +36,8 @@ mod sync_args;
 #[path = "../../daemon/src/cli/flags.rs"]
 mod conchd_flags;
 
-const USAGE: &str = "usage: xtask man DIR [--date YYYY-MM-DD] | xtask completions DIR";
+const USAGE: &str = "usage: xtask man DIR [--date YYYY-MM-DD] | xtask completions DIR | \
+                     xtask cli-docs [--check] [--root DIR] | xtask doc-links [--root DIR]";
 
 /// The shells completions are shipped for, with the file name each one's loader looks for.
 const SHELLS: [(Shell, &str, &str); 3] = [
@@ -42,12 +48,23 @@ const SHELLS: [(Shell, &str, &str); 3] = [
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .as_slice()
-    {
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let root = match args.iter().position(|&a| a == "--root") {
+        Some(i) if i + 1 < args.len() => {
+            let dir = PathBuf::from(args[i + 1]);
+            args.drain(i..=i + 1);
+            dir
+        }
+        Some(_) => {
+            eprintln!("xtask: --root needs a directory; {USAGE}");
+            return ExitCode::from(64);
+        }
+        None => workspace_root(),
+    };
+    let result = match args.as_slice() {
+        ["cli-docs"] => cli_docs(&root, false),
+        ["cli-docs", "--check"] => cli_docs(&root, true),
+        ["doc-links"] => doc_links(&root),
         ["man", dir] => man(Path::new(dir), ""),
         ["man", dir, "--date", date] => man(Path::new(dir), date),
         ["completions", dir] => completions(Path::new(dir)),
@@ -67,6 +84,34 @@ fn main() -> ExitCode {
             eprintln!("xtask: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The workspace this crate belongs to.
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// Writes (or checks) the book's CLI reference; returns the file.
+fn cli_docs(root: &Path, check: bool) -> std::io::Result<Vec<PathBuf>> {
+    xtask::cli_docs::run(root, &[conch(), conchd()], check)
+        .map(|path| vec![path])
+        .map_err(std::io::Error::other)
+}
+
+/// Checks every link of the book and the README; prints how many, or fails listing the broken.
+fn doc_links(root: &Path) -> std::io::Result<Vec<PathBuf>> {
+    match xtask::doc_links::check(root) {
+        Ok(n) => {
+            eprintln!("xtask: {n} links of the book and the README resolve");
+            Ok(Vec::new())
+        }
+        Err(problems) => Err(std::io::Error::other(format!(
+            "{} broken in the book or the README:\n{}",
+            problems.len(),
+            problems.join("\n")
+        ))),
     }
 }
 

@@ -1,7 +1,7 @@
 //! `conch-bench --breakdown`: where one write's time goes.
 //!
 //! Every node times the stages of each write in `conch_write_stage_seconds{stage=...}` (see
-//! README, "Where a write's time goes"). A run scrapes every node before and after its measured
+//! the book, Performance, "Where a write's time goes"). A run scrapes every node before and after its measured
 //! window; the difference is what the window's writes did. The stages are laid out as a tree
 //! along the write's path, on the node where each happens: the client's node, the leader and
 //! the followers. The stages directly under the client's call partition the server's time;

@@ -20,12 +20,12 @@
 //! while stopped; its guard must stop the command before the lease can expire, and conch,
 //! resumed, exits 79 with one line saying it was paused (counted as a "guard stop").
 //!
-//! **The check** (what the README promises: a command is *being stopped* before anyone else can
+//! **The check** (what the book promises: a command is *being stopped* before anyone else can
 //! be granted its slot beyond capacity). A command counts as running from its `start` line to
 //! the first of its `stop`, `end` or `gone` lines; walking the log in order, a `start` of a
 //! semaphore that already has `max` commands running is a violation. The `--kill-after` window
 //! is deliberately not counted: a command that got SIGTERM has been told to stop, and a new
-//! holder may start while it is stopping (the README says so: commands must be idempotent or
+//! holder may start while it is stopping (the book says so: commands must be idempotent or
 //! crash-tolerant). The `stop` line is written a little after the SIGTERM was sent (the shell's
 //! reaction time), while conch sends SIGTERM a full safety margin (≥ 1 s here) and a paused
 //! conch's guard half of it (≥ 500 ms) before the server could expire the lease, so the check

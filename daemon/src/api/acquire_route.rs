@@ -5,7 +5,7 @@
 //! room for its decoder (about 1.8 kB) and the handler's boxed future keeps room for the request
 //! for as long as the call runs; here the decoding runs in a future of its own, freed before the
 //! acquire starts, and the acquire's future is kept inline and holds no request, so a call that
-//! waits keeps a few pointers besides the wait's own state (see README, Memory and disk).
+//! waits keeps a few pointers besides the wait's own state (see the book, Memory and disk).
 //!
 //! Everything else a call meets is unchanged: the server's layers (timeouts, the response layer)
 //! wrap this route like any other, and a node removed from the cluster refuses it as it refuses

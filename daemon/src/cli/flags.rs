@@ -149,7 +149,7 @@ pub struct Flags {
 
     /// Threads that serve this node's calls and run Raft [default: one per CPU]. On a small
     /// machine, 1 answers a lone client sooner (no thread switches within a write) while more
-    /// serve many clients faster; see the README's operations section for measurements.
+    /// serve many clients faster; see the book's Operations chapter for measurements.
     #[arg(long, env = "CONCH_WORKER_THREADS", help_heading = "Operations")]
     pub worker_threads: Option<usize>,
 

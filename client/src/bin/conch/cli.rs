@@ -369,7 +369,7 @@ pub enum NamespaceCommand {
         /// Most holders plus waiters over all its semaphores.
         #[arg(long, value_name = "N")]
         entries: Option<u64>,
-        /// Most stored bytes (e.g. 64MiB, 1GiB, 500000), by the size model in the README.
+        /// Most stored bytes (e.g. 64MiB, 1GiB, 500000), by the size model in the book (Quotas).
         #[arg(long, value_name = "SIZE", value_parser = size_arg)]
         bytes: Option<u64>,
         /// Most request ids remembered for its writes (past it, its oldest is forgotten).

@@ -79,7 +79,7 @@ fn code_for_client_error(e: &conch_client::Error) -> u8 {
     }
 }
 
-/// The exit code for a call the cluster answered with `code`: the README's table "gRPC status
+/// The exit code for a call the cluster answered with `code`: the table "gRPC status
 /// and exit status" (a test checks the two agree, row by row).
 pub fn code_for_grpc(code: Code) -> u8 {
     match code {
@@ -204,12 +204,13 @@ mod tests {
         assert_eq!(code_for(&anyhow::anyhow!("something else")), SOFTWARE);
     }
 
-    /// The README's "gRPC status | exit status" table, as (status name, exit status) rows.
-    fn readme_status_table() -> Vec<(String, u8)> {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
-        let readme = std::fs::read_to_string(path).expect("README.md");
+    /// The book's "gRPC status | exit status" table (The conch CLI), as (status name, exit
+    /// status) rows.
+    fn book_status_table() -> Vec<(String, u8)> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/cli.md");
+        let chapter = std::fs::read_to_string(path).expect("docs/src/cli.md");
         let mut rows = Vec::new();
-        let mut lines = readme
+        let mut lines = chapter
             .lines()
             .skip_while(|l| !l.starts_with("| gRPC status | exit status |"))
             .skip(2);
@@ -230,7 +231,7 @@ mod tests {
         rows
     }
 
-    /// `InvalidArgument` → `INVALID_ARGUMENT`, as the README and gRPC spell codes.
+    /// `InvalidArgument` → `INVALID_ARGUMENT`, as the book and gRPC spell codes.
     fn grpc_name(code: Code) -> String {
         let mut name = String::new();
         for (i, c) in format!("{code:?}").chars().enumerate() {
@@ -243,8 +244,8 @@ mod tests {
     }
 
     #[test]
-    fn every_grpc_status_has_the_exit_status_the_readme_table_gives() {
-        let table = readme_status_table();
+    fn every_grpc_status_has_the_exit_status_the_book_table_gives() {
+        let table = book_status_table();
         let codes: Vec<Code> = (0..=16).map(Code::from_i32).collect();
         assert_eq!(
             table.len(),
@@ -258,7 +259,7 @@ mod tests {
                 .filter(|(n, _)| *n == name)
                 .map(|(_, exit)| *exit)
                 .collect();
-            assert_eq!(rows.len(), 1, "{name} once in the README's table");
+            assert_eq!(rows.len(), 1, "{name} once in the book's table");
             assert_eq!(code_for_grpc(code), rows[0], "{name}");
             if code != Code::Ok {
                 // The whole path: a status as the client library returns it, then the CLI.
