@@ -259,7 +259,7 @@ fn previous_conchd() -> anyhow::Result<PathBuf> {
 }
 
 /// Acquires and releases in a loop through one node until told to stop; returns its fencing
-/// tokens in order and the calls that failed with anything but UNAVAILABLE (retried).
+/// tokens in order and the calls that failed with anything but a stopping node (retried).
 async fn load(addr: String, stop: Arc<AtomicBool>) -> anyhow::Result<(Vec<u64>, Vec<String>)> {
     let mut c = GrackleApiClient::new(lazy_channel(&addr)?);
     let sem = format!("load-{}", addr.replace([':', '.'], "-"));
@@ -305,7 +305,14 @@ async fn load(addr: String, stop: Arc<AtomicBool>) -> anyhow::Result<(Vec<u64>, 
         };
         match step.await {
             Ok(()) => {}
-            Err(s) if s.code() == tonic::Code::Unavailable => {
+            // A node that stops answers UNAVAILABLE, or breaks the connection under a call
+            // (a status tonic makes itself, with a transport error as its source): retried,
+            // as the client library does.
+            Err(s)
+                if s.code() == tonic::Code::Unavailable
+                    || (matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown)
+                        && std::error::Error::source(&s).is_some()) =>
+            {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(s) => failures.push(format!("{:?}: {}", s.code(), s.message())),
