@@ -65,6 +65,7 @@ pub async fn run(client: &Client, command: BarrierCommand) -> anyhow::Result<Exi
             crate::print_lines([line(&b)])?;
             Ok(ExitCode::SUCCESS)
         }
+        BarrierCommand::Status { name, json, ns } => who(client, &ns.namespace, &name, json).await,
         BarrierCommand::Wait {
             name,
             who: true,

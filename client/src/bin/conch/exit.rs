@@ -26,6 +26,9 @@ pub const REFUSED: u8 = 65;
 pub const UNAVAILABLE: u8 = 69;
 pub const SOFTWARE: u8 = 70;
 pub const NO_SLOT: u8 = 75;
+/// The TLS settings are wrong (EX_CONFIG): an unusable `--cacert`/`--cert`/`--key`, TLS spoken
+/// to a plaintext node or the other way round, a certificate the other side refuses.
+pub const CONFIG: u8 = 78;
 /// Access control refused the call: no token, an unknown or revoked one, or one without the
 /// permission (EX_NOPERM).
 pub const NO_PERMISSION: u8 = 77;
@@ -34,6 +37,9 @@ pub const SLOT_LOST: u8 = 79;
 pub const HOLD_LIMIT: u8 = 80;
 /// An administrator revoked the slot (`conch revoke`); the reason was printed.
 pub const REVOKED: u8 = 81;
+/// A quota or limit refused the request (`RESOURCE_EXHAUSTED`): not "busy", since waiting does
+/// not help until something is freed or the quota raised.
+pub const QUOTA: u8 = 82;
 pub const CANNOT_EXECUTE: u8 = 126;
 pub const COMMAND_NOT_FOUND: u8 = 127;
 
@@ -49,6 +55,15 @@ pub struct Exit {
 pub fn usage(message: impl Into<String>) -> anyhow::Error {
     Exit {
         code: USAGE,
+        message: message.into(),
+    }
+    .into()
+}
+
+/// A configuration mistake in the TLS settings (exit 78).
+pub fn config(message: impl Into<String>) -> anyhow::Error {
+    Exit {
+        code: CONFIG,
         message: message.into(),
     }
     .into()
@@ -71,7 +86,9 @@ fn code_for_client_error(e: &conch_client::Error) -> u8 {
     use conch_client::Error as E;
     match e {
         // Problems with what this side was given, before any node was asked.
-        E::InvalidEndpoint { .. } | E::InvalidTls { .. } | E::InvalidToken { .. } => USAGE,
+        E::InvalidEndpoint { .. } | E::InvalidToken { .. } => USAGE,
+        // TLS settings, unusable or refused: a configuration mistake, not an outage.
+        e if e.is_tls_configuration() => CONFIG,
         E::LeaseLost { .. } => NO_SLOT,
         E::Protocol { .. } => SOFTWARE,
         // Everything a node answered (or stands for an answer) goes through the one table.
@@ -88,8 +105,8 @@ pub fn code_for_grpc(code: Code) -> u8 {
         Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => USAGE,
         Code::NotFound | Code::AlreadyExists => REFUSED,
         Code::Unavailable | Code::DeadlineExceeded => UNAVAILABLE,
-        // A full queue or namespace: no slot now, try later.
-        Code::ResourceExhausted => NO_SLOT,
+        // A quota or limit: waiting does not help, freeing something or a higher quota does.
+        Code::ResourceExhausted => QUOTA,
         Code::Unauthenticated | Code::PermissionDenied => NO_PERMISSION,
         Code::Cancelled
         | Code::Unknown
@@ -161,6 +178,19 @@ pub fn clap_error_line(rendered: &str) -> String {
     out
 }
 
+/// For an unexpected argument: says that a command to run follows `--` (`conch sema x --max 1
+/// echo hi` forgot it), unless clap already gave a tip about `--`.
+pub fn with_dash_dash_hint(rendered: &str, line: String) -> String {
+    if !rendered.contains("unexpected argument") || rendered.contains("tip:") {
+        return line;
+    }
+    let hint = "; the command to run goes after `--`, e.g. conch sema NAME --max N -- CMD ARGS...";
+    match line.strip_suffix(" (try --help)") {
+        Some(head) => format!("{head}{hint} (try --help)"),
+        None => format!("{line}{hint}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,7 +217,11 @@ mod tests {
         assert_eq!(code_for(&anyhow::Error::new(bad)), USAGE);
         let full =
             conch_client::Error::from_status("acquire", tonic::Status::resource_exhausted("x"));
-        assert_eq!(code_for(&anyhow::Error::new(full)), NO_SLOT);
+        assert_eq!(code_for(&anyhow::Error::new(full)), QUOTA);
+        let tls = conch_client::Error::InvalidTls {
+            what: "--cacert x: holds no PEM CERTIFICATE block".into(),
+        };
+        assert_eq!(code_for(&anyhow::Error::new(tls)), CONFIG);
         let internal = conch_client::Error::from_status("acquire", tonic::Status::internal("x"));
         assert_eq!(code_for(&anyhow::Error::new(internal)), SOFTWARE);
         // Refusals of what was asked, one code for all three.
@@ -292,6 +326,20 @@ mod tests {
             )),
             130
         );
+    }
+
+    #[test]
+    fn an_unexpected_argument_suggests_dash_dash() {
+        let rendered = "error: unexpected argument 'echo' found\n\nUsage: conch sema --max <N> <NAME> [-- <CMD>...]\n\nFor more information, try '--help'.\n";
+        let line = with_dash_dash_hint(rendered, clap_error_line(rendered));
+        assert_eq!(
+            line,
+            "unexpected argument 'echo' found; the command to run goes after `--`, e.g. conch sema NAME --max N -- CMD ARGS... (try --help)"
+        );
+        // clap's own tip about `--` is enough.
+        let rendered = "error: unexpected argument '--foo' found\n\n  tip: to pass '--foo' as a value, use '-- --foo'\n";
+        let line = with_dash_dash_hint(rendered, clap_error_line(rendered));
+        assert!(!line.contains("goes after"), "{line}");
     }
 
     #[test]

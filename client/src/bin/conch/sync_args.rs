@@ -72,8 +72,8 @@ pub enum WaitGroupCommand {
         /// How many distinct jobs complete it.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
         jobs: u64,
-        /// It expires if not complete this long from now.
-        #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+        /// It expires if not complete this long from now (more than 1m, as Grackle allows).
+        #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = expires_in_arg)]
         expires_in: Duration,
         /// Kept this long after it completes or expires, then deleted (at least 60s).
         #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = retention_arg)]
@@ -135,6 +135,17 @@ pub enum WaitGroupCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum BarrierCommand {
+    /// Show the barrier: its round, who has arrived in it and who tripped the last one (the
+    /// same as `wait NAME --who`).
+    Status {
+        /// The barrier's name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ns: NamespaceArg,
+    },
     /// Create a barrier for N parties.
     Create {
         /// Barrier name: letters, digits, '-', '_' and '.'.
@@ -186,6 +197,16 @@ pub struct NamespaceArg {
 pub fn namespace_arg(s: &str) -> Result<String, String> {
     conch_client::sema::validate_name("namespace", s)?;
     Ok(s.to_string())
+}
+
+/// A wait group's expiry from now: the server refuses an `expires_at` less than a minute ahead
+/// when the call reaches it, so a minute and one second at least.
+pub fn expires_in_arg(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d <= Duration::from_secs(60) {
+        return Err("must be more than 1m (a wait group expires at least a minute ahead)".into());
+    }
+    Ok(d)
 }
 
 pub fn retention_arg(s: &str) -> Result<Duration, String> {
