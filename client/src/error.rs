@@ -219,10 +219,11 @@ impl Error {
         matches!(self, Error::Unavailable { .. } | Error::Timeout { .. })
     }
 
-    /// `true` when the TLS settings are what is wrong, for certain: unusable files
-    /// ([`Error::InvalidTls`]), or no node could be reached because of them (TLS spoken to a
-    /// plaintext node or the other way round, a node certificate of another CA, a client
-    /// certificate missing, of another CA, or revoked). A connection that merely broke is not.
+    /// `true` when the TLS settings are what is wrong: unusable files ([`Error::InvalidTls`]),
+    /// or no node could be reached because of them (TLS spoken to a plaintext node or the other
+    /// way round, a node certificate of another CA, a client certificate missing, of another
+    /// CA, or revoked: with TLS on, the last node closed the connection right after the
+    /// handshake). A plaintext connection that merely broke is not.
     pub fn is_tls_configuration(&self) -> bool {
         match self {
             Error::InvalidTls { .. } => true,

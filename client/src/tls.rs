@@ -116,14 +116,19 @@ const UNKNOWN_CLIENT_CA: &str =
 const CERT_REVOKED: &str = "the node refused this client certificate: it is revoked";
 const CERT_REFUSED: &str = "the node refused this client certificate";
 
-/// The hints that name a TLS setting as the cause for certain.
-const CERTAIN: [&str; 6] = [
+/// The hints that name a TLS setting as the cause. A connection closed right after a completed
+/// handshake is counted among them: it is what a client certificate the node refuses (revoked,
+/// of another CA) looks like from here (TLS 1.3 sends that verdict after the client finished its
+/// handshake, and the alert does not reach this side's error), while a node that is down
+/// refuses the connection instead.
+const CERTAIN: [&str; 7] = [
     NOT_TLS,
     OTHER_CA,
     CERT_REQUIRED,
     UNKNOWN_CLIENT_CA,
     CERT_REVOKED,
     CERT_REFUSED,
+    CLOSED_AFTER_HANDSHAKE,
 ];
 
 /// A hint for transport failures that usually mean one side speaks TLS and the other does not,
@@ -182,10 +187,10 @@ pub(crate) fn mismatch_hint(message: &str, tls: bool) -> Option<&'static str> {
 const GIVE_CACERT_CERTAIN: &str =
     "the node serves TLS: give --cacert (and --cert/--key if it asks for a client certificate)";
 
-/// Whether `text` (a transport failure with its hint) names a TLS setting as the cause for
-/// certain: a TLS client and a plaintext node or the other way round, a node certificate of
-/// another CA, a client certificate missing, of another CA or revoked. A broken connection that
-/// only may be one is not.
+/// Whether `text` (a transport failure with its hint) names a TLS setting as the cause: a TLS
+/// client and a plaintext node or the other way round, a node certificate of another CA, a
+/// client certificate missing, of another CA or revoked (see [`CERTAIN`]). A plaintext
+/// connection that broke is not.
 pub(crate) fn certain_tls_problem(text: &str) -> bool {
     CERTAIN
         .iter()
@@ -211,6 +216,8 @@ mod tests {
             ("received fatal alert: CertificateRevoked", true),
             ("received fatal alert: BadCertificate", true),
             ("http2 error: frame with invalid size", false),
+            ("transport error: connection closed", true),
+            ("stream closed because of a broken pipe", true),
         ] {
             assert!(
                 certain_tls_problem(&with_hint(text, tls)),
@@ -225,7 +232,6 @@ mod tests {
             ),
             ("tcp connect error: Connection refused (os error 111)", true),
             ("connection reset by peer", false),
-            ("connection closed before message completed", true),
             ("no answer within 5s", true),
         ] {
             assert!(

@@ -947,7 +947,7 @@ async fn a_hold_limit_stops_the_command_with_80_and_hands_the_slot_on() -> anyho
     let err = p.stderr();
     assert_eq!(
         conch_lines(&err),
-        ["conch: slot reaches its hold limit; stopping the command (SIGTERM, SIGKILL after 1s)"],
+        ["conch: slot reaches its hold limit; stopping the command (SIGTERM, SIGKILL after 500ms)"],
         "stderr: {err:?}"
     );
     q.expect_code(0, EXIT_TIMEOUT).await?;

@@ -50,20 +50,25 @@ commands must be idempotent or crash-tolerant.
 
 Exit status:
   the command's     the command ran (128+N if it was killed by signal N)
-  0                 --who: the holders (or \"no holder\") were printed
+  0 / 1             --who: someone holds the semaphore / nobody does (the holders, or
+                    \"no holder\", are printed either way)
   64                usage error, or a --token-file or --key that group or others may read
-  69                no conch node answered
+  69                no conch node answered (within --wait, when one is given)
   70                internal error (unexpected answer from the cluster), or the semaphore
                     no longer has N permits (changed through the API)
-  75                no slot within --wait (at once with --nonblock)
+  75                busy: no slot within --wait (at once with --nonblock)
   77                access control: no token, an unknown or revoked one, no acquire
                     permission on the namespace, or a namespace that does not exist and
                     that this token may not create
+  78                the TLS settings are wrong: an unusable --cacert/--cert/--key, TLS to a
+                    plaintext node or back, a certificate the other side refuses
   79                slot lost while running: lease lost, semaphore deleted or resized
   80                the hold limit (--max-hold, or the semaphore's) was reached: the
                     command was stopped before the server ended the hold
   81                an administrator revoked the slot (`conch revoke`): the command was
                     stopped, and who revoked it and why were printed
+  82                a quota or limit refused it (namespace quota full, 1000 holders):
+                    waiting does not help
   126 / 127         the command could not be executed / was not found";
 
 const TOP_EXAMPLES: &str = "\
@@ -80,13 +85,17 @@ Examples:
   conch --endpoints node1:7001,node2:7001,node3:7001 cluster status
   CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh   # access control on
   conch sema nightly --namespace team-a --max 1 -- ./backup.sh          # a team's namespace
+  conch list semaphores                       # and locks, wait-groups, barriers, namespaces
+  conch delete semaphore heavy-jobs --max 3   # a --max used by mistake
   conch completions bash > /etc/bash_completion.d/conch
 
-Exit status: 64 usage error, 69 no conch node answered, 75 no slot (or lock) in time, 77 no
-token or no permission, 79 slot, lock or leadership lost while running (lease lost, semaphore
-deleted or resized, lock hold dropped), 80 hold limit (--max-hold) reached and the command
-stopped, 81 revoked by an administrator (`conch revoke`, see `conch audit`); otherwise the command's own status (see `conch sema --help`, `conch lock --help`,
-`conch elect --help`).";
+Exit status: 64 usage error, 65 no such thing (or it exists already), 69 no conch node
+answered, 75 busy: no slot (or lock) in time, 77 no token or no permission, 78 TLS settings
+wrong (or a client certificate refused), 79 slot, lock or leadership lost while running (lease
+lost, semaphore deleted or resized, lock hold dropped), 80 hold limit (--max-hold) reached and
+the command stopped, 81 revoked by an administrator (`conch revoke`, see `conch audit`), 82 a
+quota or limit refused it; otherwise the command's own status (see `conch sema --help`,
+`conch lock --help`, `conch elect --help`).";
 
 /// conch: cluster-wide semaphores, locks and elections for shell scripts and cron jobs, served
 /// by conchd.
@@ -872,7 +881,8 @@ pub struct SemaArgs {
     pub ttl: Duration,
 
     /// Longest wait for a slot [default: forever]; exit 75 if none comes in time. The wait
-    /// keeps its place in the FIFO queue across request timeouts and node failover.
+    /// keeps its place in the FIFO queue across request timeouts and node failover. It bounds
+    /// the wall time even when the cluster cannot answer (no quorum: exit 69 when it passes).
     #[arg(long, value_name = "DURATION", value_parser = wait_arg, conflicts_with = "nonblock")]
     pub wait: Option<Wait>,
 
@@ -899,7 +909,7 @@ pub struct SemaArgs {
     pub max_hold: Option<Duration>,
 
     /// Show who holds the slots and who waits, in grant and queue order, or "no holder"; exit
-    /// 0 either way.
+    /// 0 if anyone holds, 1 if nobody does.
     #[arg(long, conflicts_with_all = ["wait", "nonblock", "spread", "command"])]
     pub who: bool,
 

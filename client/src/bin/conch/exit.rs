@@ -1,20 +1,11 @@
 //! Exit codes, and the mapping from errors to them.
 //!
-//! | code | meaning |
-//! | --- | --- |
-//! | the command's | the command ran; 128+N if it was killed by signal N |
-//! | 0 | `--who`: the answer was printed, whether anyone holds or nobody does |
-//! | 0 / 1 | `wait-group wait`: completed / expired |
-//! | 0 / 1 / 2 | `wait-group status`: completed / expired / active; `cluster status`, `cluster health`: healthy / degraded / unhealthy |
-//! | 64 | usage error (EX_USAGE): a bad flag or value, or a request the cluster refuses as invalid or not possible now (`INVALID_ARGUMENT`, `FAILED_PRECONDITION`), including `--token` on the command line and a `--token-file` or `--key` that group or others may read |
-//! | 65 | the cluster refused what was asked: something named does not exist (`NOT_FOUND`) or already exists (`ALREADY_EXISTS`) (EX_DATAERR) |
-//! | 69 | no conch node answered (EX_UNAVAILABLE) |
-//! | 70 | internal error: an answer conch cannot use, or a semaphore without the `--max` permits it should have (EX_SOFTWARE) |
-//! | 75 | no slot (`conch lock`: no lock) within `--wait`; `wait-group wait`, `barrier wait`: `--timeout` passed first (EX_TEMPFAIL) |
-//! | 77 | access control refused the call: no token, an unknown or revoked one, or no permission; or a namespace that does not exist and the token may not create (EX_NOPERM) |
-//! | 79 | slot (`conch elect`: leadership; `conch lock`: lock) lost while the command ran: the lease could not be kept, or the semaphore was deleted or its permits changed, or the lock's hold was dropped (`DeleteLock`) |
-//! | 81 | slot (leadership, lock) revoked by an administrator (`conch revoke`) while the command ran: the command was stopped, and who revoked it and why were printed |
-//! | 126 / 127 | the command could not be executed / was not found (as in shells) |
+//! The codes and what each means are the README's "Exit status" table (its gRPC table is checked
+//! against [`code_for_grpc`] by a test below). In short: the command's own status when it ran;
+//! `--who` 0/1 (someone holds / nobody does); 64 usage; 65 absent or duplicate; 69 no node
+//! answered; 70 internal; 75 busy (no slot in time); 77 access control; 78 TLS settings
+//! (EX_CONFIG); 79 slot lost; 80 hold limit; 81 revoked by an administrator; 82 quota or limit;
+//! 126/127 the command could not be executed / was not found.
 
 use std::process::ExitStatus;
 

@@ -1,10 +1,10 @@
 //! `conch`: run commands under cluster-wide semaphores, locks and elections served by conchd.
 //!
 //! `Cli` parsed → `run() -> anyhow::Result<ExitCode>`. Every failure prints one line,
-//! `conch: …`, and exits with the code [`exit`] documents (64 usage, 69 no node answered,
-//! 75 no slot or lock, 77 no token or no permission, 79 slot, lock or leadership lost while
-//! running;
-//! otherwise the command's own status).
+//! `conch: …`, and exits with the code [`exit`] documents (64 usage, 65 no such thing, 69 no
+//! node answered, 75 no slot or lock, 77 no token or no permission, 78 TLS settings, 79 slot,
+//! lock or leadership lost while running, 80 hold limit, 81 revoked, 82 quota; otherwise the
+//! command's own status).
 //!
 //! Secrets stay out of sight: `--token` on the command line is refused (the process list shows
 //! it to every user), a `--token-file` or `--key` that group or others may read is refused, and

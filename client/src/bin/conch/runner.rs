@@ -155,6 +155,10 @@ fn no_slot(target: &impl Target, wait: Option<Duration>) -> anyhow::Error {
     .into()
 }
 
+/// How long after `--wait` passed a wait in the queue may still take to end on its own (the
+/// server's "not granted", one round trip late) before conch stops waiting for the answer.
+const QUEUE_BACKSTOP: Duration = Duration::from_millis(500);
+
 /// `fut`, unless `bound` passes first (`None` then).
 async fn bounded<T>(bound: Option<Instant>, fut: impl Future<Output = T>) -> Option<T> {
     match bound {
@@ -363,14 +367,17 @@ pub async fn hold(
                 || shown.standing(client, &lease_id),
                 shown.take(client, &lease, namespace, deadline, metadata),
             );
+            // The wait ends itself at the deadline (the server answers "not granted" then);
+            // this is the backstop for a cluster that stopped answering meanwhile.
+            let backstop = bound.map(|at| at + QUEUE_BACKSTOP);
             tokio::select! {
-                r = bounded(bound, queued) => match r {
+                r = bounded(backstop, queued) => match r {
                     Some(r) => r,
                     None => {
-                        // The cluster did not answer the wait by the deadline: one short try
-                        // to free the lease (it expires within its TTL anyway).
+                        // No slot came within --wait: one short try to free the lease (it
+                        // expires within its TTL anyway).
                         let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
-                        return Err(no_answer_within(wait));
+                        return Err(no_slot(target, wait));
                     }
                 },
                 sig = signals.recv() => {

@@ -24,14 +24,16 @@ Examples:
 
   conch wait-group status nightly-2026-06-12 --json
 
-Job ids count once each: reporting the same id again changes nothing, so retries are safe.
+Job ids count once each: reporting the same id again changes nothing, so retries are safe,
+also once the group completed (exit 0). A group counts at most 100000000 jobs and expires
+more than a minute from now.
 
 Exit status:
   0                 wait, status: the group completed; done, create: done
   1                 wait, status: the group expired before all jobs reported
   2                 status: the group is still active
   the command's     run: the command's own status (its job is reported only on 0)
-  64                usage error, or the cluster refused (e.g. the group already finished)
+  64                usage error, or the cluster refused (e.g. a new job for a finished group)
   65                no such wait group (create: it exists already)
   69                no conch node answered
   75                wait: --timeout passed first
@@ -46,15 +48,15 @@ Examples:
   # on each shard: arrive, wait for all four, then run the reduce step
   conch barrier wait map-done --id \"$(hostname)\" --timeout 30m -- ./reduce.sh
 
-  # who has arrived in the current round
-  conch barrier wait map-done --who
+  # who has arrived in the current round (the same as: conch barrier wait map-done --who)
+  conch barrier status map-done
 
 The barrier is reusable: each time the last party arrives it trips, every waiter of that
 round is released together, and the next round (generation) starts empty. The command runs
 with CONCH_BARRIER_GENERATION (the round it waited for) in its environment.
 
 Exit status:
-  0                 the barrier tripped (create, --who: done)
+  0                 the barrier tripped (create, status, --who: done)
   the command's     the barrier tripped and the command ran: its own status
   64                usage error, or the cluster refused the request
   65                no such barrier (create: it exists already)

@@ -9,7 +9,8 @@
 //!
 //! Exit codes (the table of `exit.rs`): `wait` exits 0 when the group completed, 1 when it
 //! expired, 75 when `--timeout` passed first; `status` 0 completed, 1 expired, 2 active; `run`
-//! the command's own status; 64 usage or a refusal (e.g. a job reported to a finished group),
+//! the command's own status; `done` 0 also for a job the group already counted, finished or
+//! not (a safe retry); 64 usage or a refusal (e.g. a new job reported to a finished group),
 //! 65 no such group (or it exists already, for `create`), 69 no node answered, 77 access.
 
 use std::collections::HashMap;
