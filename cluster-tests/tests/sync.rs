@@ -117,21 +117,21 @@ async fn every_wait_group_call_through_the_leader_and_a_follower() -> anyhow::Re
         assert_eq!(created.delete_after_finished_seconds, 600);
         assert_eq!(
             code(
-                c.create_wait_group(create_group(&ns, "batch", 3, Duration::from_secs(60)))
+                c.create_wait_group(create_group(&ns, "batch", 3, Duration::from_secs(3600)))
                     .await
             ),
             Some(Code::AlreadyExists)
         );
         assert_eq!(
             code(
-                c.create_wait_group(create_group(&ns, "zero", 0, Duration::from_secs(60)))
+                c.create_wait_group(create_group(&ns, "zero", 0, Duration::from_secs(3600)))
                     .await
             ),
             Some(Code::InvalidArgument)
         );
         assert_eq!(
             code(
-                c.create_wait_group(create_group("absent", "x", 1, Duration::from_secs(60)))
+                c.create_wait_group(create_group("absent", "x", 1, Duration::from_secs(3600)))
                     .await
             ),
             Some(Code::NotFound)
@@ -355,7 +355,11 @@ async fn a_wait_group_expires_and_its_waiters_learn_it() -> anyhow::Result<()> {
     // The soonest expiry Grackle allows: a minute ahead (and a little, for the way there).
     c.create_wait_group(create_group("exp", "soon", 5, Duration::from_secs(62)))
         .await?;
-    let waiter = wait_group_waiter(&c, "exp", "soon");
+    // A channel without the harness's 10 s request timeout: this wait lasts a minute.
+    let patient = pb::grackle_api_client::GrackleApiClient::new(cluster_tests::net::lazy_channel(
+        &cluster.addr(follower),
+    )?);
+    let waiter = wait_group_waiter(&patient, "exp", "soon");
     let r = tokio::time::timeout(Duration::from_secs(62) + WAIT, waiter).await???;
     assert_eq!(r.outcome, pb::WaitGroupWaitOutcome::Expired as i32);
     let wg = r.wait_group.unwrap_or_default();
