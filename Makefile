@@ -4,7 +4,7 @@ CLUSTER_DIR ?= $(CURDIR)/.cluster
 
 PREVIOUS_RELEASE ?= 0.1.0
 
-.PHONY: help build release dist dist-test test test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop docs fmt lint bench bench-etcd jepsen sim proptest clean
+.PHONY: help build release dist dist-test dist-clean-test test test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop docs fmt lint bench bench-etcd jepsen sim proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
@@ -23,6 +23,7 @@ help:
 	@echo "make dist          release tarballs, debug info, .deb and SHA256SUMS in target/artifacts"
 	@echo "make dist-test     build the artifacts from the dev build and check them (PROFILE=dist: the real one)"
 	@echo "make docs          the book (docs/) into target/book, after checking its CLI reference and links"
+	@echo "make dist-clean-test  make dist from a clean clone of HEAD (slow: builds everything from nothing)"
 	@echo "make build|release|fmt|lint"
 
 build:
@@ -41,6 +42,11 @@ dist:
 # checksums, versions, man pages, the .deb's control data and an install into a scratch root.
 dist-test:
 	@packaging/dist-test.sh
+
+# `make dist` from a clean clone of HEAD in a target directory of its own (slow tier): the
+# release command builds on its own, without the features a workspace build would unify.
+dist-clean-test:
+	@packaging/dist-clean-test.sh
 
 # Process-level tests start the conchd/conch binaries, so build them first, and the clock tests
 # preload libfaketime (test-deps installs it when missing).

@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(false)
         .compile_protos(&["proto/etcd.proto"], &["proto"])?;
-    println!("cargo:rerun-if-changed=proto");
+    // The one file, not the directory: another file appearing there rebuilds nothing.
+    println!("cargo:rerun-if-changed=proto/etcd.proto");
     Ok(())
 }

@@ -19,8 +19,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ],
             &["proto"],
         )?;
-    println!("cargo:rerun-if-changed=proto");
+    watch_protos(Path::new("proto"))?;
     build_commit();
+    Ok(())
+}
+
+/// Builds again when a `.proto` file in `dir` changes, appears or goes, and for nothing else
+/// there: watching the directory itself would rebuild everything when any other file appears in
+/// it (an editor's backup, a generated file), as cargo watches a directory's newest file.
+fn watch_protos(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let mut protos = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "proto") && path.is_file() {
+            protos.push(path);
+        }
+    }
+    protos.sort();
+    for proto in protos {
+        println!("cargo:rerun-if-changed={}", proto.display());
+    }
     Ok(())
 }
 

@@ -42,11 +42,12 @@ use conch_proto::conch::{
 };
 use conch_proto::grackle::grackle_api_client::GrackleApiClient;
 use conch_proto::grackle::{
-    CreateNamespaceRequest, CreateSemaphoreRequest, GetLockLeaseRequest, GetNamespaceRequest,
-    GetSemaphoreLeaseRequest, GetSemaphoreRequest, ListLockLeasesRequest, ListNamespacesRequest,
-    ListSemaphoreHoldersRequest, ListSemaphoreLeasesRequest, ListSemaphoresRequest, Namespace,
-    RefreshLockLeaseRequest, RefreshSemaphoreLeaseRequest, ReleaseSemaphoreRequest,
-    RevokeLockLeaseRequest, RevokeSemaphoreLeaseRequest, Semaphore, SemaphoreHolder,
+    CreateNamespaceRequest, CreateSemaphoreRequest, DeleteNamespaceRequest, DeleteSemaphoreRequest,
+    GetLockLeaseRequest, GetNamespaceRequest, GetSemaphoreLeaseRequest, GetSemaphoreRequest,
+    ListLockLeasesRequest, ListNamespacesRequest, ListSemaphoreHoldersRequest,
+    ListSemaphoreLeasesRequest, ListSemaphoresRequest, Namespace, RefreshLockLeaseRequest,
+    RefreshSemaphoreLeaseRequest, ReleaseSemaphoreRequest, RevokeLockLeaseRequest,
+    RevokeSemaphoreLeaseRequest, Semaphore, SemaphoreHolder,
 };
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
@@ -875,6 +876,34 @@ impl Client {
             Err(e) if e.is_already_exists() => self.get_semaphore(namespace, name).await,
             Err(e) => Err(e),
         }
+    }
+
+    /// Deletes a namespace and everything in it: its semaphores, locks, leases, wait groups
+    /// and barriers (their holders learn it as a loss).
+    pub async fn delete_namespace(&self, name: &str) -> Result<()> {
+        const OP: &str = "delete namespace";
+        let req = DeleteNamespaceRequest {
+            namespace_name: name.to_string(),
+        };
+        self.unary_once(OP, self.default_options(), req, |ch, r| async move {
+            GrackleApiClient::new(ch).delete_namespace(r).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Deletes a semaphore (absent: nothing happens); its holders and waiters lose it.
+    pub async fn delete_semaphore(&self, namespace: &str, name: &str) -> Result<()> {
+        const OP: &str = "delete semaphore";
+        let req = DeleteSemaphoreRequest {
+            namespace_name: namespace.to_string(),
+            semaphore_name: name.to_string(),
+        };
+        self.unary_once(OP, self.default_options(), req, |ch, r| async move {
+            GrackleApiClient::new(ch).delete_semaphore(r).await
+        })
+        .await?;
+        Ok(())
     }
 
     /// Every semaphore of a namespace, in name order (all pages).

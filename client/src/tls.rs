@@ -102,7 +102,37 @@ impl ClientTls {
     }
 }
 
-/// A hint for transport failures that usually mean one side speaks TLS and the other does not.
+/// Hints for transport failures that mean one side speaks TLS and the other does not, or that
+/// a certificate was refused. The first ones are certain (only a TLS mismatch or a refused
+/// certificate produces them); the ones marked `probable` could also be a connection that broke.
+const NOT_TLS: &str = "the node does not seem to serve TLS: drop --cacert/--cert/--key";
+const GIVE_CACERT: &str =
+    "if the node serves TLS, give --cacert (and --cert/--key if it asks for a client certificate)";
+const OTHER_CA: &str = "the node's certificate is not signed by --cacert";
+const CLOSED_AFTER_HANDSHAKE: &str = "the node closed the connection after the handshake: it may require a client certificate (--cert/--key) signed by its client CA";
+const CERT_REQUIRED: &str = "the node requires a client certificate: give --cert and --key";
+const UNKNOWN_CLIENT_CA: &str =
+    "the node does not accept this client certificate (signed by another CA)";
+const CERT_REVOKED: &str = "the node refused this client certificate: it is revoked";
+const CERT_REFUSED: &str = "the node refused this client certificate";
+
+/// The hints that name a TLS setting as the cause. A connection closed right after a completed
+/// handshake is counted among them: it is what a client certificate the node refuses (revoked,
+/// of another CA) looks like from here (TLS 1.3 sends that verdict after the client finished its
+/// handshake, and the alert does not reach this side's error), while a node that is down
+/// refuses the connection instead.
+const CERTAIN: [&str; 7] = [
+    NOT_TLS,
+    OTHER_CA,
+    CERT_REQUIRED,
+    UNKNOWN_CLIENT_CA,
+    CERT_REVOKED,
+    CERT_REFUSED,
+    CLOSED_AFTER_HANDSHAKE,
+];
+
+/// A hint for transport failures that usually mean one side speaks TLS and the other does not,
+/// or that a certificate was refused.
 pub(crate) fn mismatch_hint(message: &str, tls: bool) -> Option<&'static str> {
     let lower = message.to_ascii_lowercase();
     if tls
@@ -110,35 +140,105 @@ pub(crate) fn mismatch_hint(message: &str, tls: bool) -> Option<&'static str> {
             || lower.contains("corrupt message")
             || lower.contains("wrong version"))
     {
-        return Some("the node does not seem to serve TLS: drop --cacert/--cert/--key");
+        return Some(NOT_TLS);
+    }
+    if !tls && lower.contains("frame with invalid size") {
+        // An HTTP/2 client reading a TLS record as a frame header.
+        return Some(GIVE_CACERT_CERTAIN);
     }
     if !tls
         && (lower.contains("connection reset")
             || lower.contains("broken pipe")
-            || lower.contains("frame with invalid size")
             || lower.contains("connection closed"))
     {
-        return Some(
-            "if the node serves TLS, give --cacert (and --cert/--key if it asks for a client certificate)",
-        );
+        return Some(GIVE_CACERT);
     }
     if tls && (lower.contains("unknownissuer") || lower.contains("invalid peer certificate")) {
-        return Some("the node's certificate is not signed by --cacert");
+        return Some(OTHER_CA);
+    }
+    if tls && lower.contains("certificaterequired") {
+        return Some(CERT_REQUIRED);
+    }
+    if tls && (lower.contains("unknownca") || lower.contains("unknown ca")) {
+        return Some(UNKNOWN_CLIENT_CA);
+    }
+    if tls && (lower.contains("certificaterevoked") || lower.contains("certificate revoked")) {
+        return Some(CERT_REVOKED);
+    }
+    if tls
+        && (lower.contains("badcertificate")
+            || lower.contains("bad certificate")
+            || lower.contains("certificateexpired")
+            || lower.contains("unsupportedcertificate"))
+    {
+        return Some(CERT_REFUSED);
     }
     if tls
         && (lower.contains("broken pipe")
             || lower.contains("connection reset")
             || lower.contains("connection closed"))
     {
-        return Some(
-            "the node closed the connection after the handshake: it may require a client certificate (--cert/--key) signed by its client CA",
-        );
-    }
-    if tls && lower.contains("certificaterequired") {
-        return Some("the node requires a client certificate: give --cert and --key");
-    }
-    if tls && (lower.contains("unknownca") || lower.contains("unknown ca")) {
-        return Some("the node does not accept this client certificate (signed by another CA)");
+        return Some(CLOSED_AFTER_HANDSHAKE);
     }
     None
+}
+
+/// The same hint as [`GIVE_CACERT`], for the failure only a TLS node produces.
+const GIVE_CACERT_CERTAIN: &str =
+    "the node serves TLS: give --cacert (and --cert/--key if it asks for a client certificate)";
+
+/// Whether `text` (a transport failure with its hint) names a TLS setting as the cause: a TLS
+/// client and a plaintext node or the other way round, a node certificate of another CA, a
+/// client certificate missing, of another CA or revoked (see [`CERTAIN`]). A plaintext
+/// connection that broke is not.
+pub(crate) fn certain_tls_problem(text: &str) -> bool {
+    CERTAIN
+        .iter()
+        .chain([&GIVE_CACERT_CERTAIN])
+        .any(|hint| text.contains(hint))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certain_tls_problems_are_told_from_broken_connections() {
+        let with_hint = |text: &str, tls: bool| match mismatch_hint(text, tls) {
+            Some(hint) => format!("{text} ({hint})"),
+            None => text.to_string(),
+        };
+        for (text, tls) in [
+            ("received corrupt message of type InvalidContentType", true),
+            ("invalid peer certificate: UnknownIssuer", true),
+            ("received fatal alert: CertificateRequired", true),
+            ("received fatal alert: UnknownCA", true),
+            ("received fatal alert: CertificateRevoked", true),
+            ("received fatal alert: BadCertificate", true),
+            ("http2 error: frame with invalid size", false),
+            ("transport error: connection closed", true),
+            ("stream closed because of a broken pipe", true),
+        ] {
+            assert!(
+                certain_tls_problem(&with_hint(text, tls)),
+                "{text} (tls {tls}): {}",
+                with_hint(text, tls)
+            );
+        }
+        for (text, tls) in [
+            (
+                "tcp connect error: Connection refused (os error 111)",
+                false,
+            ),
+            ("tcp connect error: Connection refused (os error 111)", true),
+            ("connection reset by peer", false),
+            ("no answer within 5s", true),
+        ] {
+            assert!(
+                !certain_tls_problem(&with_hint(text, tls)),
+                "{text} (tls {tls}): {}",
+                with_hint(text, tls)
+            );
+        }
+    }
 }

@@ -164,8 +164,8 @@ async fn who_shows_holders_then_waiters_or_no_holder() {
     let o = run(&cluster, &["sema", "video-encode", "--max", "2", "--who"]).await;
     assert_eq!(
         code(&o),
-        0,
-        "nothing there yet: said, exit 0: {}",
+        1,
+        "nothing there yet: said, exit 1: {}",
         stderr(&o)
     );
     assert_eq!(stdout(&o), "video-encode[0/2] no holder\n");
@@ -240,7 +240,12 @@ async fn who_shows_holders_then_waiters_or_no_holder() {
 
     // --max is part of the identity: another N is another semaphore.
     let o = run(&cluster, &["sema", "video-encode", "--max", "3", "--who"]).await;
-    assert_eq!(code(&o), 0, "answered: {}", stderr(&o));
+    assert_eq!(
+        code(&o),
+        1,
+        "answered, nobody holds video-encode.3: {}",
+        stderr(&o)
+    );
     drop(waiter);
 }
 

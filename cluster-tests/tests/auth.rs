@@ -579,7 +579,7 @@ async fn teams_keep_to_their_namespaces_and_tokens_stay_secret() -> anyhow::Resu
     )
     .await?;
     ensure!(
-        code == 0 && out.contains("no holder"),
+        code == 1 && out.contains("no holder"),
         "--who in team-a after the run: {code} {out} {err}"
     );
 

@@ -200,6 +200,12 @@ async fn a_backup_through_a_follower_restores_into_a_new_cluster() -> anyhow::Re
         lines[0].contains(&format!("{} bytes", std::fs::metadata(&file)?.len())),
         "names the size: {stdout}"
     );
+    // Owner only, like a token: it holds the whole state.
+    let mode = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(&file)?.permissions().mode() & 0o777
+    };
+    ensure!(mode == 0o600, "the backup is mode {mode:o}, not 600");
 
     stop.store(true, Ordering::Relaxed);
     for task in load {

@@ -649,7 +649,7 @@ async fn the_command_status_comes_back_and_signals_reach_it() -> anyhow::Result<
     let (code, out, _) = f.run(&["sema", "x", "--max", "1", "--who"]).await?;
     assert_eq!(
         (code, out.as_str()),
-        (0, "x[0/1] no holder\n"),
+        (1, "x[0/1] no holder\n"),
         "the slot was not released"
     );
 
@@ -947,7 +947,7 @@ async fn a_hold_limit_stops_the_command_with_80_and_hands_the_slot_on() -> anyho
     let err = p.stderr();
     assert_eq!(
         conch_lines(&err),
-        ["conch: slot reaches its hold limit; stopping the command (SIGTERM, SIGKILL after 1s)"],
+        ["conch: slot reaches its hold limit; stopping the command (SIGTERM, SIGKILL after 500ms)"],
         "stderr: {err:?}"
     );
     q.expect_code(0, EXIT_TIMEOUT).await?;
@@ -999,7 +999,7 @@ async fn a_team_namespace_holds_the_semaphore_its_leases_and_holders() -> anyhow
     assert_eq!(who.len(), 1, "{out}");
     assert_eq!(who[0].state, "HELD", "{out}");
     let (code, out, _) = f.run(&["sema", "x", "--max", "1", "--who"]).await?;
-    assert_eq!((code, out.as_str()), (0, "x[0/1] no holder\n"), "{out}");
+    assert_eq!((code, out.as_str()), (1, "x[0/1] no holder\n"), "{out}");
     let mut json = f.conch_env(
         &[("CONCH_NAMESPACE", "team-a")],
         &["sema", "x", "--max", "1", "--who", "--json"],
@@ -1294,13 +1294,13 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
     let f = Fixture::start().await?;
     let started = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
 
-    // Nobody has used x[2] yet.
+    // Nobody has used x[2] yet: exit 1, the semaphore is empty.
     let (code, out, err) = f.run(&["sema", "x", "--max", "2", "--who"]).await?;
-    assert_eq!((code, out.as_str()), (0, "x[0/2] no holder\n"), "{err:?}");
+    assert_eq!((code, out.as_str()), (1, "x[0/2] no holder\n"), "{err:?}");
     let (code, out, err) = f
         .run(&["sema", "x", "--max", "2", "--who", "--json"])
         .await?;
-    assert_eq!(code, 0, "{err:?}");
+    assert_eq!(code, 1, "{err:?}");
     let v: serde_json::Value = serde_json::from_str(&out).with_context(|| out.clone())?;
     assert_eq!(v["exists"], false, "{out}");
     assert_eq!(v["holders"], serde_json::json!([]), "{out}");
@@ -1382,7 +1382,7 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
     // (name, max) is the identity: x[1] is another, empty semaphore: --who says nobody holds
     // it, then says loudly that x is in use with --max 2, showing those holders and waiters.
     let (code, out, err) = f.run(&["sema", "x", "--max", "1", "--who"]).await?;
-    assert_eq!(code, 0, "nobody holds x[1]: {out:?} {err:?}");
+    assert_eq!(code, 1, "nobody holds x[1]: {out:?} {err:?}");
     let (first, rest) = out.split_once('\n').context("no lines")?;
     assert_eq!(first, "x[0/1] no holder", "{out}");
     let who = parse_who(rest)?;
@@ -1395,7 +1395,7 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
     let (code, out, _) = f
         .run(&["sema", "x", "--max", "1", "--who", "--json"])
         .await?;
-    assert_eq!(code, 0);
+    assert_eq!(code, 1, "nobody holds x[1]");
     let v: serde_json::Value = serde_json::from_str(&out).with_context(|| out.clone())?;
     assert_eq!(v["exists"], false, "{out}");
     let others = v["others"].as_array().context("others")?;
@@ -1413,17 +1413,17 @@ async fn who_shows_holders_and_waiters() -> anyhow::Result<()> {
         "{out}"
     );
 
-    // Everyone done: empty again, "no holder", exit 0.
+    // Everyone done: empty again, "no holder", exit 1.
     f.touch("go")?;
     for p in &mut procs {
         p.expect_code(0, EXIT_TIMEOUT).await?;
     }
     let (code, out, err) = f.run(&["sema", "x", "--max", "2", "--who"]).await?;
-    assert_eq!((code, out.as_str()), (0, "x[0/2] no holder\n"), "{err:?}");
+    assert_eq!((code, out.as_str()), (1, "x[0/2] no holder\n"), "{err:?}");
     let (code, out, _) = f
         .run(&["sema", "x", "--max", "2", "--who", "--json"])
         .await?;
-    assert_eq!(code, 0);
+    assert_eq!(code, 1);
     let v: serde_json::Value = serde_json::from_str(&out).with_context(|| out.clone())?;
     assert_eq!(v["exists"], true, "{out}");
     assert_eq!(v["holders"], serde_json::json!([]), "{out}");

@@ -132,6 +132,12 @@ async fn a_follower_serves_the_holders_as_json_and_html() -> anyhow::Result<()> 
     assert_eq!(members.len(), 3, "{overview}");
     let leader = cluster.leader().await.context("a leader")?;
     assert_eq!(overview["cluster"]["leader_id"], leader);
+    // Where a client reaches the leader: its client address, the one `conch-leader` names.
+    assert_eq!(
+        overview["cluster"]["leader_addr"],
+        cluster.addr(leader).as_str(),
+        "{overview}"
+    );
     assert_eq!(overview["cluster"]["node_id"], id);
     assert_eq!(
         overview["cluster"]["lag_known"], false,

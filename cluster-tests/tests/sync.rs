@@ -117,21 +117,21 @@ async fn every_wait_group_call_through_the_leader_and_a_follower() -> anyhow::Re
         assert_eq!(created.delete_after_finished_seconds, 600);
         assert_eq!(
             code(
-                c.create_wait_group(create_group(&ns, "batch", 3, Duration::from_secs(60)))
+                c.create_wait_group(create_group(&ns, "batch", 3, Duration::from_secs(3600)))
                     .await
             ),
             Some(Code::AlreadyExists)
         );
         assert_eq!(
             code(
-                c.create_wait_group(create_group(&ns, "zero", 0, Duration::from_secs(60)))
+                c.create_wait_group(create_group(&ns, "zero", 0, Duration::from_secs(3600)))
                     .await
             ),
             Some(Code::InvalidArgument)
         );
         assert_eq!(
             code(
-                c.create_wait_group(create_group("absent", "x", 1, Duration::from_secs(60)))
+                c.create_wait_group(create_group("absent", "x", 1, Duration::from_secs(3600)))
                     .await
             ),
             Some(Code::NotFound)
@@ -274,15 +274,93 @@ async fn every_wait_group_call_through_the_leader_and_a_follower() -> anyhow::Re
     Ok(())
 }
 
+/// As upstream Grackle: more than 100 000 000 jobs, or an `expires_at` less than a minute
+/// ahead, is refused before anything is proposed, on create and on update, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grackle_bounds_on_wait_groups_are_refused_before_proposing() -> anyhow::Result<()> {
+    let cluster = Cluster::start(1).await?;
+    let mut c = cluster.grackle(1).await?;
+    ops::namespace(&mut c, "bounds").await?;
+    for (counter, expires_in, field) in [
+        (100_000_001, Duration::from_secs(3600), "counter"),
+        (5, Duration::from_secs(50), "expires_at"),
+    ] {
+        let refused = c
+            .create_wait_group(create_group("bounds", "g", counter, expires_in))
+            .await
+            .expect_err("refused");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains(field), "{refused:?}");
+        let absent = c
+            .get_wait_group(pb::GetWaitGroupRequest {
+                namespace_name: "bounds".into(),
+                wait_group_name: "g".into(),
+            })
+            .await
+            .expect_err("nothing was made");
+        assert_eq!(absent.code(), Code::NotFound, "{absent:?}");
+    }
+    // The largest group and the nearest expiry that are allowed.
+    let made = c
+        .create_wait_group(create_group(
+            "bounds",
+            "g",
+            100_000_000,
+            Duration::from_secs(70),
+        ))
+        .await?
+        .into_inner()
+        .wait_group
+        .unwrap_or_default();
+    assert_eq!(made.counter, 100_000_000);
+    let update = |counter: i64, expires_in: Duration| pb::UpdateWaitGroupRequest {
+        namespace_name: "bounds".into(),
+        wait_group_name: "g".into(),
+        description: String::new(),
+        counter,
+        expires_at: unix_nanos_in(expires_in),
+        delete_after_finished_seconds: made.delete_after_finished_seconds,
+        metadata: Default::default(),
+        expected_version: made.version,
+    };
+    for (counter, expires_in) in [
+        (100_000_001, Duration::from_secs(3600)),
+        (5, Duration::from_secs(10)),
+    ] {
+        let refused = c
+            .update_wait_group(update(counter, expires_in))
+            .await
+            .expect_err("refused");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    }
+    let kept = c
+        .get_wait_group(pb::GetWaitGroupRequest {
+            namespace_name: "bounds".into(),
+            wait_group_name: "g".into(),
+        })
+        .await?
+        .into_inner()
+        .wait_group
+        .unwrap_or_default();
+    assert_eq!((kept.counter, kept.version), (100_000_000, made.version));
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_group_expires_and_its_waiters_learn_it() -> anyhow::Result<()> {
     let cluster = Cluster::start(3).await?;
     let (_, follower) = leader_and_follower(&cluster).await?;
     let mut c = cluster.grackle(follower).await?;
     ops::namespace(&mut c, "exp").await?;
-    c.create_wait_group(create_group("exp", "soon", 5, Duration::from_secs(2)))
+    // The soonest expiry Grackle allows: a minute ahead (and a little, for the way there).
+    c.create_wait_group(create_group("exp", "soon", 5, Duration::from_secs(62)))
         .await?;
-    let r = answer(wait_group_waiter(&c, "exp", "soon")).await?;
+    // A channel without the harness's 10 s request timeout: this wait lasts a minute.
+    let patient = pb::grackle_api_client::GrackleApiClient::new(cluster_tests::net::lazy_channel(
+        &cluster.addr(follower),
+    )?);
+    let waiter = wait_group_waiter(&patient, "exp", "soon");
+    let r = tokio::time::timeout(Duration::from_secs(62) + WAIT, waiter).await???;
     assert_eq!(r.outcome, pb::WaitGroupWaitOutcome::Expired as i32);
     let wg = r.wait_group.unwrap_or_default();
     assert_eq!(wg.status, pb::WaitGroupStatus::Expired as i32);

@@ -18,9 +18,13 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7001";
 pub const DEFAULT_DATA_DIR: &str = "conch-data";
 /// conchd's lifecycle at info; openraft's own election chatter only when something is wrong,
 /// and not its line per retry to an unreachable peer (conchd says that once per 30 s itself).
+/// `openraft::core::raft_core` warns only that it ignores a stale message (a vote answer or a
+/// replication result of a term or membership that has passed), which every election with more
+/// than one candidate produces, a clean start included: nothing is wrong, so errors only.
 pub const DEFAULT_LOG: &str = concat!(
     "info,openraft=warn,openraft::replication=off,",
-    "openraft::engine::handler::replication_handler=error"
+    "openraft::engine::handler::replication_handler=error,",
+    "openraft::core::raft_core=error"
 );
 /// Prometheus metrics on loopback only, unless the operator says otherwise: the default node's
 /// address (see [`default_metrics_listen`]).

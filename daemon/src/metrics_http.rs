@@ -1,5 +1,12 @@
-//! `/metrics` over HTTP/1.1 (GET only): the node's registry (`metrics.rs`) as Prometheus text,
-//! its gauges read from Raft and the applied state at scrape time.
+//! The metrics listener, over HTTP/1.1 (GET, and HEAD for the probes):
+//! - `/metrics`: the node's registry (`metrics.rs`) as Prometheus text, its gauges read from
+//!   Raft and the applied state at scrape time;
+//! - `/healthz` (liveness): 200 `ok` whenever the process answers at all, so a probe that
+//!   restarts processes restarts only a hung one, never a node that merely waits for a leader;
+//! - `/readyz` (readiness): 200 `ready` while the node should take client traffic, else 503 with
+//!   the reason on one line: the rule of the gRPC health check (`api/health.rs`): a leader known
+//!   (a leader no majority answers counts as none), the log applied to within 1000 entries of
+//!   its end, the node not removed from the cluster.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,7 +59,25 @@ fn respond<B>(node: &Node, request: &hyper::Request<B>) -> hyper::Response<Body>
         }
         response
     };
+    let text = "text/plain; charset=utf-8";
+    let probe = matches!(*request.method(), Method::GET | Method::HEAD);
     match (request.method(), request.uri().path()) {
+        (_, "/healthz") if probe => reply(StatusCode::OK, text, "ok\n".into()),
+        (_, "/readyz") if probe => {
+            match crate::api::health::readiness(node, &node.watch_raft().status()) {
+                Ok(()) => reply(StatusCode::OK, text, "ready\n".into()),
+                Err(why) => reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    text,
+                    format!("not ready: {why}\n"),
+                ),
+            }
+        }
+        (_, "/healthz" | "/readyz") => reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            text,
+            "use GET or HEAD\n".into(),
+        ),
         (&Method::GET, "/metrics") => match render(node) {
             Ok(text) => reply(StatusCode::OK, prometheus::TEXT_FORMAT, text),
             Err(e) => reply(
@@ -69,7 +94,7 @@ fn respond<B>(node: &Node, request: &hyper::Request<B>) -> hyper::Response<Body>
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
-            "conchd serves /metrics here\n".into(),
+            "conchd serves /metrics, /healthz and /readyz here\n".into(),
         ),
     }
 }

@@ -15,7 +15,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use super::grackle::GrackleService;
-use crate::node::Node;
+use crate::node::{Node, RaftStatus};
 
 /// A node whose applied index is further than this behind its log is catching up.
 pub const CATCHING_UP_ENTRIES: u64 = 1000;
@@ -25,25 +25,46 @@ pub fn serving(leader_known: bool, last_log_index: u64, last_applied_index: u64)
     leader_known && last_log_index.saturating_sub(last_applied_index) <= CATCHING_UP_ENTRIES
 }
 
+/// Whether the node should take client traffic now, and if not why: the rule of this module's
+/// gRPC health, and of `/readyz` on the metrics listener (`metrics_http.rs`).
+pub fn readiness(node: &Node, m: &RaftStatus) -> Result<(), String> {
+    if node.removal.removed().is_some() {
+        return Err("removed from the cluster".into());
+    }
+    // The longest election timeout: by then the others have started an election.
+    let cut_off_after = node.config.election_timeout * 2;
+    let cut_off = m.leading
+        && m.millis_since_quorum_ack
+            .is_none_or(|ms| u128::from(ms) > cut_off_after.as_millis());
+    if m.current_leader.is_none() {
+        return Err(format!(
+            "no leader known (state {}, term {})",
+            m.state, m.term
+        ));
+    }
+    if cut_off {
+        return Err(format!(
+            "leading term {} but no majority has answered for over {} ms",
+            m.term,
+            cut_off_after.as_millis()
+        ));
+    }
+    if !serving(true, m.last_log_index, m.applied_index) {
+        return Err(format!(
+            "catching up: applied index {} of log index {} (ready within {CATCHING_UP_ENTRIES})",
+            m.applied_index, m.last_log_index
+        ));
+    }
+    Ok(())
+}
+
 /// Keeps the health statuses in step with the node's view of the cluster until Raft stops (a
 /// node removed from the cluster reports NOT_SERVING from then on).
 pub async fn follow(node: Arc<Node>, reporter: HealthReporter) {
     let mut raft = node.watch_raft();
     let mut reported = None;
-    // The longest election timeout: by then the others have started an election.
-    let cut_off_after = node.config.election_timeout * 2;
     loop {
-        let now = {
-            let m = raft.status();
-            let cut_off = m.leading
-                && m.millis_since_quorum_ack
-                    .is_none_or(|ms| u128::from(ms) > cut_off_after.as_millis());
-            serving(
-                m.current_leader.is_some() && !cut_off,
-                m.last_log_index,
-                m.applied_index,
-            ) && node.removal.removed().is_none()
-        };
+        let now = readiness(&node, &raft.status()).is_ok();
         if reported != Some(now) {
             report(&reporter, now).await;
             reported = Some(now);

@@ -25,6 +25,40 @@ use super::{convert, request_id};
 use crate::node::Node;
 use crate::state::auth::{Access, Permission};
 use crate::state::limits::TIMEOUT_MAX_S;
+
+/// Grackle's bounds on a wait group, checked here, before proposing, as upstream checks them:
+/// at most this many jobs...
+pub const WAIT_GROUP_COUNTER_MAX: i64 = 100_000_000;
+/// ...and an `expires_at` at least this far ahead of the node's wall clock when the call comes.
+/// Only the API checks them: the state machine applies what was proposed, so entries of a log
+/// written before (or by a release without these checks) apply exactly as they did.
+pub const WAIT_GROUP_EXPIRY_MIN: Duration = Duration::from_secs(60);
+
+/// The node's wall clock, in nanoseconds since the Unix epoch.
+fn wall_now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// Refuses a wait group of more than [`WAIT_GROUP_COUNTER_MAX`] jobs or one that would expire
+/// within [`WAIT_GROUP_EXPIRY_MIN`] of `now_ns`, naming the field (`INVALID_ARGUMENT`).
+fn grackle_wait_group_bounds(counter: i64, expires_at: i64, now_ns: i64) -> Result<(), ApiError> {
+    if counter > WAIT_GROUP_COUNTER_MAX {
+        return Err(
+            Error::invalid(format!("counter must be at most {WAIT_GROUP_COUNTER_MAX}")).into(),
+        );
+    }
+    let earliest = now_ns.saturating_add(WAIT_GROUP_EXPIRY_MIN.as_nanos() as i64);
+    if expires_at < earliest {
+        return Err(Error::invalid(format!(
+            "expires_at must be at least {} seconds in the future",
+            WAIT_GROUP_EXPIRY_MIN.as_secs()
+        ))
+        .into());
+    }
+    Ok(())
+}
 use crate::state::{
     BarrierCmd, BarrierView, Cmd, Error, JobDone, JobView, Outcome, ParticipantView, State,
     SyncKind, WaitGroupCmd, WaitGroupStatus, WaitGroupView,
@@ -186,6 +220,7 @@ impl SyncApi {
         request: Request<pb::CreateWaitGroupRequest>,
     ) -> Answer<pb::CreateWaitGroupResponse> {
         let (caller, id, r) = write_request(&self.node, request)?;
+        grackle_wait_group_bounds(r.counter, r.expires_at, wall_now_ns())?;
         let cmd = WaitGroupCmd::Create {
             ns: r.namespace_name,
             name: r.wait_group_name,
@@ -209,6 +244,7 @@ impl SyncApi {
         request: Request<pb::UpdateWaitGroupRequest>,
     ) -> Answer<pb::UpdateWaitGroupResponse> {
         let (caller, id, r) = write_request(&self.node, request)?;
+        grackle_wait_group_bounds(r.counter, r.expires_at, wall_now_ns())?;
         let cmd = WaitGroupCmd::Update {
             ns: r.namespace_name,
             name: r.wait_group_name,
@@ -540,5 +576,23 @@ impl SyncApi {
             barrier: Some(barrier(b)),
             outcome: outcome as i32,
         }))
+    }
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+
+    #[test]
+    fn grackle_refuses_huge_wait_groups_and_near_expiry() {
+        let now = 1_700_000_000_000_000_000;
+        let minute = 60_000_000_000;
+        assert!(grackle_wait_group_bounds(1, now + minute, now).is_ok());
+        assert!(grackle_wait_group_bounds(WAIT_GROUP_COUNTER_MAX, i64::MAX, now).is_ok());
+        let too_many = grackle_wait_group_bounds(WAIT_GROUP_COUNTER_MAX + 1, i64::MAX, now);
+        assert!(format!("{:?}", too_many.err()).contains("counter"));
+        let soon = grackle_wait_group_bounds(1, now + minute - 1, now);
+        assert!(format!("{:?}", soon.err()).contains("expires_at"));
+        assert!(grackle_wait_group_bounds(1, now - 1, now).is_err());
     }
 }

@@ -82,7 +82,8 @@ pub struct Flags {
     pub leader_wait_ms: Option<u64>,
 
     /// Log filter, e.g. debug, or conchd=debug,openraft=info [default: info,openraft=warn, and
-    /// openraft's line per retry to an unreachable peer off: conchd says it every 30 s].
+    /// openraft's line per retry to an unreachable peer off (conchd says it every 30 s), and its
+    /// notes that a stale vote or replication answer was ignored (every election has them)].
     #[arg(long, env = "CONCH_LOG")]
     pub log: Option<String>,
 

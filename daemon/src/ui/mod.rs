@@ -317,7 +317,9 @@ fn cluster(node: &Node) -> view::Cluster {
         role: status.state.clone(),
         term: status.term,
         leader_id: status.known_leader,
-        leader_addr: leader.map(|l| l.addr),
+        // Where a client reaches the leader (not its peer address, which may be a port only
+        // peers may reach), as the `conch-leader` header says.
+        leader_addr: leader.and_then(|_| node.leader_client_addr()),
         last_log_index: status.last_log_index,
         applied_index: node.applied.applied_index().max(status.applied_index),
         snapshot_index: status.snapshot_index,

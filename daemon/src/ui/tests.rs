@@ -325,7 +325,10 @@ fn the_json_carries_the_same_view() {
     let json: serde_json::Value =
         serde_json::from_str(&serde_json::to_string(&page).expect("serializes")).expect("json");
     let holder = &json["semaphores"]["items"][0]["holders"]["items"][0];
-    assert_eq!(holder["pid"], "101");
+    assert_eq!(
+        holder["pid"], 101,
+        "a number, as `conch sema --who --json` has it"
+    );
     assert_eq!(
         holder["metadata"]["note"], EVIL,
         "JSON keeps the text as written"

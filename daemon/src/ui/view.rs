@@ -158,6 +158,9 @@ pub struct HolderRow {
     pub exclusive: Option<bool>,
     pub process_id: String,
     pub host: String,
+    /// The conch process id from the metadata: a number in JSON (as `conch sema --who --json`
+    /// has it), `null` when the metadata has none or not a number.
+    #[serde(serialize_with = "pid_number")]
     pub pid: String,
     pub metadata: Metadata,
     pub locked_at: String,
@@ -178,6 +181,9 @@ pub struct WaiterRow {
     pub weight: u64,
     pub process_id: String,
     pub host: String,
+    /// The conch process id from the metadata: a number in JSON (as `conch sema --who --json`
+    /// has it), `null` when the metadata has none or not a number.
+    #[serde(serialize_with = "pid_number")]
     pub pid: String,
     pub metadata: Metadata,
     pub queued_at: String,
@@ -221,6 +227,9 @@ pub struct LeaseRow {
     pub kind: &'static str,
     pub process_id: String,
     pub host: String,
+    /// The conch process id from the metadata: a number in JSON (as `conch sema --who --json`
+    /// has it), `null` when the metadata has none or not a number.
+    #[serde(serialize_with = "pid_number")]
     pub pid: String,
     pub ttl_s: u64,
     pub expires_at: String,
@@ -231,6 +240,14 @@ fn first_page() -> PageRequest {
     PageRequest {
         token: String::new(),
         limit: ROWS,
+    }
+}
+
+/// A pid as a JSON number, or `null` when it is not one.
+fn pid_number<S: serde::Serializer>(pid: &str, serializer: S) -> Result<S::Ok, S::Error> {
+    match pid.trim().parse::<u64>() {
+        Ok(n) => serializer.serialize_u64(n),
+        Err(_) => serializer.serialize_none(),
     }
 }
 

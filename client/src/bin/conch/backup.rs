@@ -50,7 +50,19 @@ impl Sink {
         let prefix = format!(".{}.tmp-", name.to_string_lossy());
         remove_stale_temporaries(&dir, &prefix);
         let tmp = dir.join(format!("{prefix}{}", std::process::id()));
-        let file = std::fs::File::create(&tmp).map_err(|e| write_error(&tmp, e))?;
+        // Owner only (0600), like tokens: a backup holds the whole state, the access control's
+        // token hashes and roles included. The mode is set at creation, so the data is never
+        // readable by others, and the rename keeps it.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| write_error(&tmp, e))?
+        };
         Ok(Sink::File { tmp, file, target })
     }
 

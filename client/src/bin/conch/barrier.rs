@@ -1,13 +1,15 @@
-//! `conch barrier create | wait`: N processes meet, then all go on together.
+//! `conch barrier create | wait | status`: N processes meet, then all go on together.
 //!
 //! `wait NAME --id ID` arrives at the barrier's current generation as ID (once: a retry of the
 //! arrival is answered with the first reply) and waits on the server until that generation
 //! trips, chaining 300-second waits up to `--timeout`; then it runs the command, if one is
 //! given after `--`. The arrival that trips the barrier releases every waiter of that
-//! generation from the same applied entry. `--who` shows who has arrived instead.
+//! generation from the same applied entry. `--who` (or `status NAME`) shows who has arrived
+//! instead.
 //!
 //! Exit codes: `wait` 0 when the barrier tripped (or the command's own status), 75 when
-//! `--timeout` passed first (the arrival stays counted for that generation); `--who` 0; 64
+//! `--timeout` passed first (the arrival stays counted for that generation); `--who`, `status`
+//! 0; 64
 //! usage or a refusal, 65 no such barrier (or it exists already, for `create`), 69 no node
 //! answered, 77 access.
 
@@ -65,6 +67,7 @@ pub async fn run(client: &Client, command: BarrierCommand) -> anyhow::Result<Exi
             crate::print_lines([line(&b)])?;
             Ok(ExitCode::SUCCESS)
         }
+        BarrierCommand::Status { name, json, ns } => who(client, &ns.namespace, &name, json).await,
         BarrierCommand::Wait {
             name,
             who: true,

@@ -50,20 +50,25 @@ commands must be idempotent or crash-tolerant.
 
 Exit status:
   the command's     the command ran (128+N if it was killed by signal N)
-  0                 --who: the holders (or \"no holder\") were printed
+  0 / 1             --who: someone holds the semaphore / nobody does (the holders, or
+                    \"no holder\", are printed either way)
   64                usage error, or a --token-file or --key that group or others may read
-  69                no conch node answered
+  69                no conch node answered (within --wait, when one is given)
   70                internal error (unexpected answer from the cluster), or the semaphore
                     no longer has N permits (changed through the API)
-  75                no slot within --wait (at once with --nonblock)
+  75                busy: no slot within --wait (at once with --nonblock)
   77                access control: no token, an unknown or revoked one, no acquire
                     permission on the namespace, or a namespace that does not exist and
                     that this token may not create
+  78                the TLS settings are wrong: an unusable --cacert/--cert/--key, TLS to a
+                    plaintext node or back, a certificate the other side refuses
   79                slot lost while running: lease lost, semaphore deleted or resized
   80                the hold limit (--max-hold, or the semaphore's) was reached: the
                     command was stopped before the server ended the hold
   81                an administrator revoked the slot (`conch revoke`): the command was
                     stopped, and who revoked it and why were printed
+  82                a quota or limit refused it (namespace quota full, 1000 holders):
+                    waiting does not help
   126 / 127         the command could not be executed / was not found";
 
 const TOP_EXAMPLES: &str = "\
@@ -80,13 +85,17 @@ Examples:
   conch --endpoints node1:7001,node2:7001,node3:7001 cluster status
   CONCH_TOKEN_FILE=ci.token conch sema deploy --max 1 -- ./deploy.sh   # access control on
   conch sema nightly --namespace team-a --max 1 -- ./backup.sh          # a team's namespace
+  conch list semaphores                       # and locks, wait-groups, barriers, namespaces
+  conch delete semaphore heavy-jobs --max 3   # a --max used by mistake
   conch completions bash > /etc/bash_completion.d/conch
 
-Exit status: 64 usage error, 69 no conch node answered, 75 no slot (or lock) in time, 77 no
-token or no permission, 79 slot, lock or leadership lost while running (lease lost, semaphore
-deleted or resized, lock hold dropped), 80 hold limit (--max-hold) reached and the command
-stopped, 81 revoked by an administrator (`conch revoke`, see `conch audit`); otherwise the command's own status (see `conch sema --help`, `conch lock --help`,
-`conch elect --help`).";
+Exit status: 64 usage error, 65 no such thing (or it exists already), 69 no conch node
+answered, 75 busy: no slot (or lock) in time, 77 no token or no permission, 78 TLS settings
+wrong (or a client certificate refused), 79 slot, lock or leadership lost while running (lease
+lost, semaphore deleted or resized, lock hold dropped), 80 hold limit (--max-hold) reached and
+the command stopped, 81 revoked by an administrator (`conch revoke`, see `conch audit`), 82 a
+quota or limit refused it; otherwise the command's own status (see `conch sema --help`,
+`conch lock --help`, `conch elect --help`).";
 
 /// conch: cluster-wide semaphores, locks and elections for shell scripts and cron jobs, served
 /// by conchd.
@@ -161,11 +170,32 @@ pub struct Cli {
 
     /// File holding the bearer token for a cluster with access control on (see `conch auth
     /// --help`); only its owner may read it (chmod 600). Or put the token itself in CONCH_TOKEN.
-    #[arg(long, global = true, env = "CONCH_TOKEN_FILE", value_name = "FILE")]
+    /// Empty (`CONCH_TOKEN_FILE=`) is the same as unset.
+    #[arg(long, global = true, env = "CONCH_TOKEN_FILE", value_name = "FILE", value_parser = path_or_empty)]
     pub token_file: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// A path, where the empty string is allowed (and then means "not given": `CONCH_TOKEN_FILE=`
+/// in a script that clears it).
+fn path_or_empty(value: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(value))
+}
+
+impl Cli {
+    /// The token file, unless it was given empty (`CONCH_TOKEN_FILE=`), which means unset.
+    pub fn token_file(&self) -> Option<&std::path::Path> {
+        self.token_file
+            .as_deref()
+            .filter(|p| !p.as_os_str().is_empty())
+    }
+
+    /// The token from `CONCH_TOKEN`, unless it is empty (`CONCH_TOKEN=`), which means unset.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref().filter(|t| !t.is_empty())
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -229,11 +259,144 @@ pub enum Command {
         #[command(subcommand)]
         command: RevokeCommand,
     },
+    /// List what a namespace holds (semaphores, locks, wait groups, barriers), or the
+    /// namespaces; --json prints a JSON array.
+    #[command(after_help = LIST_EXAMPLES)]
+    List {
+        #[command(subcommand)]
+        what: ListCommand,
+    },
+    /// Delete a semaphore, lock, wait group, barrier or namespace (write permission on the
+    /// namespace; a namespace: admin). A missing one is an error (exit 65).
+    #[command(after_help = DELETE_EXAMPLES)]
+    Delete {
+        #[command(subcommand)]
+        what: DeleteCommand,
+    },
     /// Show the audit trail, newest first: administrators' revokes, holders dropped by a
     /// revoke or a deletion, capacity and quota changes (cluster-admin, or admin on --namespace;
     /// a holder may read its own lease's records with --namespace and --lease).
     #[command(after_help = AUDIT_EXAMPLES)]
     Audit(AuditArgs),
+}
+
+const LIST_EXAMPLES: &str = "\
+Examples:
+  conch list semaphores                      # in the namespace conch (or --namespace NS)
+  conch list locks --namespace team-a --json
+  conch list wait-groups
+  conch list barriers
+  conch list namespaces
+
+A conch sema semaphore is listed as NAME.N (N its --max); an election as NAME.elect; the
+per-host lock of --spread as NAME.N.host-HOST.
+
+Exit status: 0 listed, 64 usage error, 65 no such namespace, 69 no conch node answered, 77 no
+read permission on the namespace.";
+
+const DELETE_EXAMPLES: &str = "\
+Examples:
+  # the other --max of a name in use by mistake: see it, then delete it
+  conch list semaphores
+  conch delete semaphore heavy-jobs --max 3       # heavy-jobs.3
+  conch delete semaphore billing.elect            # as listed, without --max
+  conch delete lock db/orders
+  conch delete wait-group nightly-2026-06-12
+  conch delete barrier map-done
+  conch delete namespace team-a                   # and everything in it
+
+Holders of what is deleted lose it: a conch running a command under a deleted semaphore or lock
+stops it and exits 79.
+
+Exit status: 0 deleted, 64 usage error, 65 it does not exist (nothing deleted), 69 no conch
+node answered, 77 no write permission on the namespace (admin for a namespace).";
+
+#[derive(Debug, Subcommand)]
+pub enum ListCommand {
+    /// The semaphores of the namespace: permits, permits held, holders, waiters.
+    #[command(visible_alias = "semaphore")]
+    Semaphores {
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ns: crate::sync_args::NamespaceArg,
+    },
+    /// The locks of the namespace: path, state, holders, waiters.
+    #[command(visible_alias = "lock")]
+    Locks {
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ns: crate::sync_args::NamespaceArg,
+    },
+    /// The wait groups of the namespace: status, jobs done of the counter, expiry.
+    #[command(visible_alias = "wait-group")]
+    WaitGroups {
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ns: crate::sync_args::NamespaceArg,
+    },
+    /// The barriers of the namespace: generation, parties arrived of expected.
+    #[command(visible_alias = "barrier")]
+    Barriers {
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ns: crate::sync_args::NamespaceArg,
+    },
+    /// The namespaces (those the token may read).
+    #[command(visible_alias = "namespace")]
+    Namespaces {
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeleteCommand {
+    /// A semaphore: NAME with --max N (NAME.N, as `conch sema NAME --max N` uses), or its name
+    /// as `conch list semaphores` shows it.
+    Semaphore {
+        /// The semaphore's name, or with --max the NAME of `conch sema`.
+        name: String,
+        /// The capacity: delete NAME.N.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=conch_client::sema::MAX_PERMITS))]
+        max: Option<u64>,
+        #[command(flatten)]
+        ns: crate::sync_args::NamespaceArg,
+    },
+    /// A lock path: its holds are dropped and its holders lose it.
+    Lock {
+        /// The lock's path.
+        path: String,
+        #[command(flatten)]
+        ns: crate::sync_args::NamespaceArg,
+    },
+    /// A wait group.
+    WaitGroup {
+        /// The wait group's name.
+        name: String,
+        #[command(flatten)]
+        ns: crate::sync_args::NamespaceArg,
+    },
+    /// A barrier.
+    Barrier {
+        /// The barrier's name.
+        name: String,
+        #[command(flatten)]
+        ns: crate::sync_args::NamespaceArg,
+    },
+    /// A namespace and everything in it (admin on it, or cluster-admin).
+    Namespace {
+        /// The namespace's name.
+        name: String,
+    },
 }
 
 const REVOKE_HOLDER_EXAMPLES: &str = "\
@@ -702,8 +865,9 @@ pub struct SemaArgs {
     #[arg(long = "and", value_name = "NAME", action = clap::ArgAction::Append, conflicts_with_all = ["who", "spread"])]
     pub and: Vec<String>,
 
-    /// With --and: the permits the member before it takes (1 to its --max; default 1).
-    #[arg(long, value_name = "W", action = clap::ArgAction::Append, requires = "and", value_parser = clap::value_parser!(u64).range(1..=conch_client::sema::MAX_PERMITS))]
+    /// The permits taken (1 to --max; default 1): of the semaphore, or with --and of the
+    /// member before it. A weighted semaphore: `--max 10 --weight 4` takes 4 of 10 permits.
+    #[arg(long, value_name = "W", action = clap::ArgAction::Append, conflicts_with = "who", value_parser = clap::value_parser!(u64).range(1..=conch_client::sema::MAX_PERMITS))]
     pub weight: Vec<u64>,
 
     /// The members in order (the first is NAME), from --max, --and and --weight by their
@@ -717,7 +881,8 @@ pub struct SemaArgs {
     pub ttl: Duration,
 
     /// Longest wait for a slot [default: forever]; exit 75 if none comes in time. The wait
-    /// keeps its place in the FIFO queue across request timeouts and node failover.
+    /// keeps its place in the FIFO queue across request timeouts and node failover. It bounds
+    /// the wall time even when the cluster cannot answer (no quorum: exit 69 when it passes).
     #[arg(long, value_name = "DURATION", value_parser = wait_arg, conflicts_with = "nonblock")]
     pub wait: Option<Wait>,
 
@@ -735,14 +900,16 @@ pub struct SemaArgs {
     pub kill_after: Duration,
 
     /// Longest the command may hold the slot (1s-30d), however long its lease lives: the
-    /// server ends the hold then and grants the next waiter; conch stops the command before
-    /// (SIGTERM, SIGKILL --kill-after later, done 1s before the end) and exits 80. A smaller
-    /// limit set on the semaphore wins.
+    /// server ends the hold then and grants the next waiter. conch stops the command before,
+    /// and exits 80: SIGTERM when a stop window of --kill-after + 1s is left, but the window is
+    /// at most a tenth of the hold (at least 1s), so the command runs for at least 90% of a
+    /// hold of 10s or more (--max-hold 10s: SIGTERM after 9s, SIGKILL half a second later; 2h:
+    /// SIGTERM 6s before the end). A smaller limit set on the semaphore wins.
     #[arg(long, value_name = "DURATION", value_parser = max_hold_arg)]
     pub max_hold: Option<Duration>,
 
     /// Show who holds the slots and who waits, in grant and queue order, or "no holder"; exit
-    /// 0 either way.
+    /// 0 if anyone holds, 1 if nobody does.
     #[arg(long, conflicts_with_all = ["wait", "nonblock", "spread", "command"])]
     pub who: bool,
 
@@ -1325,8 +1492,22 @@ mod tests {
             "sema", "a", "--max", "1", "--and", "b c", "--max", "2", "--", "true",
         ]);
         assert!(e.contains("\"b c\""), "{e}");
-        // --weight needs --and; --and goes neither with --who nor --spread.
-        refused(&["sema", "a", "--max", "2", "--weight", "2", "--", "true"]);
+        // --weight on one semaphore: its permits taken, at most its --max.
+        let one = parse(&["sema", "a", "--max", "5", "--weight", "3", "--", "true"]).expect("ok");
+        let Command::Sema(one) = one.command else {
+            panic!("sema")
+        };
+        assert_eq!(
+            one.members,
+            [Member {
+                name: "a".into(),
+                max: 5,
+                weight: 3
+            }]
+        );
+        let e = refused(&["sema", "a", "--max", "2", "--weight", "3", "--", "true"]);
+        assert!(e.contains("--weight 3 of a exceeds its --max 2"), "{e}");
+        // --and goes neither with --who nor --spread.
         refused(&[
             "sema", "a", "--max", "1", "--and", "b", "--max", "1", "--who",
         ]);

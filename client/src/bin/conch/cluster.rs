@@ -28,6 +28,10 @@ pub struct Row {
     /// The node answered, refusing the call (no token, or an unknown or revoked one).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub refused: bool,
+    /// The node could not be asked because of the TLS settings (a client certificate it
+    /// refuses: revoked, of another CA, missing; TLS to a plaintext node or the other way).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tls_refused: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -266,6 +270,7 @@ async fn ask_all(client: &Client, endpoints: Vec<String>) -> Vec<Row> {
                     status: Some(s.into()),
                     error: None,
                     refused: false,
+                    tls_refused: false,
                 },
                 Err(e) => Row {
                     endpoint,
@@ -274,6 +279,7 @@ async fn ask_all(client: &Client, endpoints: Vec<String>) -> Vec<Row> {
                         e.code(),
                         Some(tonic::Code::Unauthenticated | tonic::Code::PermissionDenied)
                     ),
+                    tls_refused: e.is_tls_configuration(),
                     error: Some(short_error(&e)),
                 },
             };
@@ -327,18 +333,27 @@ pub async fn gather(client: &Client) -> Vec<Row> {
     rows
 }
 
-/// When no node answered and every one that was reached refused the call: the refusal, to be
-/// reported as one (exit 77), not as an outage.
-pub fn refusal(rows: &[Row]) -> Option<String> {
-    let answered = rows.iter().any(|r| r.status.is_some());
-    let refused = rows.iter().find(|r| r.refused)?;
-    (!answered).then(|| {
+/// When no node answered and one refused the caller: the refusal and its exit status, to be
+/// reported as one, not as an outage: 77 when access control refused the token (or its lack),
+/// 78 when the TLS settings kept every node from being asked (a revoked client certificate, one
+/// of another CA, none where one is required, TLS to a plaintext node). A monitoring check with a
+/// bad credential must not page for the cluster.
+pub fn refusal(rows: &[Row]) -> Option<(u8, String)> {
+    if rows.iter().any(|r| r.status.is_some()) {
+        return None;
+    }
+    let (code, refused) = match rows.iter().find(|r| r.refused) {
+        Some(r) => (crate::exit::NO_PERMISSION, r),
+        None => (crate::exit::CONFIG, rows.iter().find(|r| r.tls_refused)?),
+    };
+    Some((
+        code,
         format!(
             "refused by {}: {}",
             refused.endpoint,
             refused.error.as_deref().unwrap_or("access denied")
-        )
-    })
+        ),
+    ))
 }
 
 #[cfg(test)]
@@ -374,6 +389,7 @@ mod tests {
             ),
             error: None,
             refused: false,
+            tls_refused: false,
         }
     }
 
@@ -387,6 +403,7 @@ mod tests {
                 status: None,
                 error: Some("connection refused".into()),
                 refused: false,
+                tls_refused: false,
             },
         ];
         assert_eq!(

@@ -79,6 +79,7 @@ pub async fn run(
         slots: SemaTarget::new(
             Plan {
                 main: semaphore.clone(),
+                weight: 1,
                 host: None,
                 set: Vec::new(),
             },

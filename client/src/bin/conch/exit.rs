@@ -1,20 +1,11 @@
 //! Exit codes, and the mapping from errors to them.
 //!
-//! | code | meaning |
-//! | --- | --- |
-//! | the command's | the command ran; 128+N if it was killed by signal N |
-//! | 0 | `--who`: the answer was printed, whether anyone holds or nobody does |
-//! | 0 / 1 | `wait-group wait`: completed / expired |
-//! | 0 / 1 / 2 | `wait-group status`: completed / expired / active; `cluster status`, `cluster health`: healthy / degraded / unhealthy |
-//! | 64 | usage error (EX_USAGE): a bad flag or value, or a request the cluster refuses as invalid or not possible now (`INVALID_ARGUMENT`, `FAILED_PRECONDITION`), including `--token` on the command line and a `--token-file` or `--key` that group or others may read |
-//! | 65 | the cluster refused what was asked: something named does not exist (`NOT_FOUND`) or already exists (`ALREADY_EXISTS`) (EX_DATAERR) |
-//! | 69 | no conch node answered (EX_UNAVAILABLE) |
-//! | 70 | internal error: an answer conch cannot use, or a semaphore without the `--max` permits it should have (EX_SOFTWARE) |
-//! | 75 | no slot (`conch lock`: no lock) within `--wait`; `wait-group wait`, `barrier wait`: `--timeout` passed first (EX_TEMPFAIL) |
-//! | 77 | access control refused the call: no token, an unknown or revoked one, or no permission; or a namespace that does not exist and the token may not create (EX_NOPERM) |
-//! | 79 | slot (`conch elect`: leadership; `conch lock`: lock) lost while the command ran: the lease could not be kept, or the semaphore was deleted or its permits changed, or the lock's hold was dropped (`DeleteLock`) |
-//! | 81 | slot (leadership, lock) revoked by an administrator (`conch revoke`) while the command ran: the command was stopped, and who revoked it and why were printed |
-//! | 126 / 127 | the command could not be executed / was not found (as in shells) |
+//! The codes and what each means are the README's "Exit status" table (its gRPC table is checked
+//! against [`code_for_grpc`] by a test below). In short: the command's own status when it ran;
+//! `--who` 0/1 (someone holds / nobody does); 64 usage; 65 absent or duplicate; 69 no node
+//! answered; 70 internal; 75 busy (no slot in time); 77 access control; 78 TLS settings
+//! (EX_CONFIG); 79 slot lost; 80 hold limit; 81 revoked by an administrator; 82 quota or limit;
+//! 126/127 the command could not be executed / was not found.
 
 use std::process::ExitStatus;
 
@@ -26,6 +17,9 @@ pub const REFUSED: u8 = 65;
 pub const UNAVAILABLE: u8 = 69;
 pub const SOFTWARE: u8 = 70;
 pub const NO_SLOT: u8 = 75;
+/// The TLS settings are wrong (EX_CONFIG): an unusable `--cacert`/`--cert`/`--key`, TLS spoken
+/// to a plaintext node or the other way round, a certificate the other side refuses.
+pub const CONFIG: u8 = 78;
 /// Access control refused the call: no token, an unknown or revoked one, or one without the
 /// permission (EX_NOPERM).
 pub const NO_PERMISSION: u8 = 77;
@@ -34,6 +28,9 @@ pub const SLOT_LOST: u8 = 79;
 pub const HOLD_LIMIT: u8 = 80;
 /// An administrator revoked the slot (`conch revoke`); the reason was printed.
 pub const REVOKED: u8 = 81;
+/// A quota or limit refused the request (`RESOURCE_EXHAUSTED`): not "busy", since waiting does
+/// not help until something is freed or the quota raised.
+pub const QUOTA: u8 = 82;
 pub const CANNOT_EXECUTE: u8 = 126;
 pub const COMMAND_NOT_FOUND: u8 = 127;
 
@@ -49,6 +46,15 @@ pub struct Exit {
 pub fn usage(message: impl Into<String>) -> anyhow::Error {
     Exit {
         code: USAGE,
+        message: message.into(),
+    }
+    .into()
+}
+
+/// A configuration mistake in the TLS settings (exit 78).
+pub fn config(message: impl Into<String>) -> anyhow::Error {
+    Exit {
+        code: CONFIG,
         message: message.into(),
     }
     .into()
@@ -71,7 +77,9 @@ fn code_for_client_error(e: &conch_client::Error) -> u8 {
     use conch_client::Error as E;
     match e {
         // Problems with what this side was given, before any node was asked.
-        E::InvalidEndpoint { .. } | E::InvalidTls { .. } | E::InvalidToken { .. } => USAGE,
+        E::InvalidEndpoint { .. } | E::InvalidToken { .. } => USAGE,
+        // TLS settings, unusable or refused: a configuration mistake, not an outage.
+        e if e.is_tls_configuration() => CONFIG,
         E::LeaseLost { .. } => NO_SLOT,
         E::Protocol { .. } => SOFTWARE,
         // Everything a node answered (or stands for an answer) goes through the one table.
@@ -88,8 +96,8 @@ pub fn code_for_grpc(code: Code) -> u8 {
         Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => USAGE,
         Code::NotFound | Code::AlreadyExists => REFUSED,
         Code::Unavailable | Code::DeadlineExceeded => UNAVAILABLE,
-        // A full queue or namespace: no slot now, try later.
-        Code::ResourceExhausted => NO_SLOT,
+        // A quota or limit: waiting does not help, freeing something or a higher quota does.
+        Code::ResourceExhausted => QUOTA,
         Code::Unauthenticated | Code::PermissionDenied => NO_PERMISSION,
         Code::Cancelled
         | Code::Unknown
@@ -161,6 +169,19 @@ pub fn clap_error_line(rendered: &str) -> String {
     out
 }
 
+/// For an unexpected argument: says that a command to run follows `--` (`conch sema x --max 1
+/// echo hi` forgot it), unless clap already gave a tip about `--`.
+pub fn with_dash_dash_hint(rendered: &str, line: String) -> String {
+    if !rendered.contains("unexpected argument") || rendered.contains("tip:") {
+        return line;
+    }
+    let hint = "; the command to run goes after `--`, e.g. conch sema NAME --max N -- CMD ARGS...";
+    match line.strip_suffix(" (try --help)") {
+        Some(head) => format!("{head}{hint} (try --help)"),
+        None => format!("{line}{hint}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,7 +208,11 @@ mod tests {
         assert_eq!(code_for(&anyhow::Error::new(bad)), USAGE);
         let full =
             conch_client::Error::from_status("acquire", tonic::Status::resource_exhausted("x"));
-        assert_eq!(code_for(&anyhow::Error::new(full)), NO_SLOT);
+        assert_eq!(code_for(&anyhow::Error::new(full)), QUOTA);
+        let tls = conch_client::Error::InvalidTls {
+            what: "--cacert x: holds no PEM CERTIFICATE block".into(),
+        };
+        assert_eq!(code_for(&anyhow::Error::new(tls)), CONFIG);
         let internal = conch_client::Error::from_status("acquire", tonic::Status::internal("x"));
         assert_eq!(code_for(&anyhow::Error::new(internal)), SOFTWARE);
         // Refusals of what was asked, one code for all three.
@@ -293,6 +318,20 @@ mod tests {
             )),
             130
         );
+    }
+
+    #[test]
+    fn an_unexpected_argument_suggests_dash_dash() {
+        let rendered = "error: unexpected argument 'echo' found\n\nUsage: conch sema --max <N> <NAME> [-- <CMD>...]\n\nFor more information, try '--help'.\n";
+        let line = with_dash_dash_hint(rendered, clap_error_line(rendered));
+        assert_eq!(
+            line,
+            "unexpected argument 'echo' found; the command to run goes after `--`, e.g. conch sema NAME --max N -- CMD ARGS... (try --help)"
+        );
+        // clap's own tip about `--` is enough.
+        let rendered = "error: unexpected argument '--foo' found\n\n  tip: to pass '--foo' as a value, use '-- --foo'\n";
+        let line = with_dash_dash_hint(rendered, clap_error_line(rendered));
+        assert!(!line.contains("goes after"), "{line}");
     }
 
     #[test]

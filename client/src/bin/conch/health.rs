@@ -194,9 +194,9 @@ pub fn evaluate(rows: &[Row]) -> Health {
 
 pub async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     let rows = crate::cluster::gather(client).await;
-    if let Some(refused) = crate::cluster::refusal(&rows) {
-        eprintln!("conch: {refused}");
-        return Ok(ExitCode::from(crate::exit::NO_PERMISSION));
+    if let Some((code, refused)) = crate::cluster::refusal(&rows) {
+        eprintln!("conch: the cluster's health is unknown: this caller was {refused}");
+        return Ok(ExitCode::from(code));
     }
     let health = evaluate(&rows);
     let line = if json {
@@ -213,9 +213,9 @@ pub async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
 /// no majority follows is trusted by neither command.
 pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     let rows = crate::cluster::gather(client).await;
-    if let Some(refused) = crate::cluster::refusal(&rows) {
-        eprintln!("conch: {refused}");
-        return Ok(ExitCode::from(crate::exit::NO_PERMISSION));
+    if let Some((code, refused)) = crate::cluster::refusal(&rows) {
+        eprintln!("conch: the cluster's health is unknown: this caller was {refused}");
+        return Ok(ExitCode::from(code));
     }
     let health = evaluate(&rows);
     if json {
@@ -265,6 +265,7 @@ mod tests {
             }),
             error: None,
             refused: false,
+            tls_refused: false,
         }
     }
 
@@ -274,6 +275,7 @@ mod tests {
             status: None,
             error: Some("connection refused".into()),
             refused: false,
+            tls_refused: false,
         }
     }
 
@@ -316,8 +318,19 @@ mod tests {
             row.error = Some("unknown or revoked token".into());
             row
         };
-        let said = crate::cluster::refusal(&[refused(), down(2)]).expect("a refusal");
+        let (code, said) = crate::cluster::refusal(&[refused(), down(2)]).expect("a refusal");
         assert!(said.contains("unknown or revoked token"), "{said}");
+        assert_eq!(code, crate::exit::NO_PERMISSION);
+        let tls = || {
+            let mut row = down(1);
+            row.tls_refused = true;
+            row.error = Some("received fatal alert: CertificateRevoked".into());
+            row
+        };
+        let (code, said) = crate::cluster::refusal(&[tls(), down(2)]).expect("a refusal");
+        assert!(said.contains("CertificateRevoked"), "{said}");
+        assert_eq!(code, crate::exit::CONFIG);
+        assert_eq!(crate::cluster::refusal(&[tls(), node(2, 2, 3, 5)]), None);
         assert_eq!(
             crate::cluster::refusal(&[refused(), node(2, 2, 3, 5)]),
             None

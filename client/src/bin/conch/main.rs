@@ -1,10 +1,10 @@
 //! `conch`: run commands under cluster-wide semaphores, locks and elections served by conchd.
 //!
 //! `Cli` parsed → `run() -> anyhow::Result<ExitCode>`. Every failure prints one line,
-//! `conch: …`, and exits with the code [`exit`] documents (64 usage, 69 no node answered,
-//! 75 no slot or lock, 77 no token or no permission, 79 slot, lock or leadership lost while
-//! running;
-//! otherwise the command's own status).
+//! `conch: …`, and exits with the code [`exit`] documents (64 usage, 65 no such thing, 69 no
+//! node answered, 75 no slot or lock, 77 no token or no permission, 78 TLS settings, 79 slot,
+//! lock or leadership lost while running, 80 hold limit, 81 revoked, 82 quota; otherwise the
+//! command's own status).
 //!
 //! Secrets stay out of sight: `--token` on the command line is refused (the process list shows
 //! it to every user), a `--token-file` or `--key` that group or others may read is refused, and
@@ -26,6 +26,7 @@ mod health;
 mod identity;
 mod lock;
 mod namespace;
+mod objects;
 mod revoke;
 mod runner;
 mod sema;
@@ -108,8 +109,13 @@ fn clap_exit(e: clap::Error) -> ExitCode {
             let _ = e.print();
             ExitCode::from(exit::USAGE)
         }
-        _ => {
-            eprintln!("conch: {}", exit::clap_error_line(&e.render().to_string()));
+        kind => {
+            let rendered = e.render().to_string();
+            let mut line = exit::clap_error_line(&rendered);
+            if kind == ErrorKind::UnknownArgument {
+                line = exit::with_dash_dash_hint(&rendered, line);
+            }
+            eprintln!("conch: {line}");
             ExitCode::from(exit::USAGE)
         }
     }
@@ -199,22 +205,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(key) = &cli.key {
         private_file("--key / CONCH_KEY", key)?;
     }
-    if let Some(file) = cli.token_file.as_ref().filter(|_| cli.token.is_none()) {
+    if let Some(file) = cli.token_file().filter(|_| cli.token().is_none()) {
         private_file("--token-file / CONCH_TOKEN_FILE", file)?;
     }
     let tls = match &cli.cacert {
         Some(ca) => Some(
             ClientTls::from_files(ca, cli.cert.as_deref(), cli.key.as_deref())
-                .map_err(|e| exit::usage(e.to_string()))?,
+                .map_err(|e| exit::config(e.to_string()))?,
         ),
         None if cli.cert.is_some() || cli.key.is_some() => {
-            return Err(exit::usage(
+            return Err(exit::config(
                 "--cert/--key need --cacert (the CA that signed the nodes' certificates)",
             ));
         }
         None => None,
     };
-    let token = match (&cli.token, &cli.token_file) {
+    let token = match (cli.token(), cli.token_file()) {
         (Some(token), _) => Some(
             conch_client::BearerToken::new(token)
                 .map_err(|e| exit::usage(format!("CONCH_TOKEN: {e}")))?,
@@ -271,6 +277,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Barrier { command } => barrier::run(&client, command).await,
         Command::Revoke { command } => revoke::run(&client, command).await,
         Command::Audit(args) => revoke::audit(&client, &args).await,
+        Command::List { what } => objects::list(&client, what).await,
+        Command::Delete { what } => objects::delete(&client, what).await,
         Command::Completions { .. } | Command::Certs { .. } => Ok(ExitCode::SUCCESS),
     }
 }

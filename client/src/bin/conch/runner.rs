@@ -155,6 +155,42 @@ fn no_slot(target: &impl Target, wait: Option<Duration>) -> anyhow::Error {
     .into()
 }
 
+/// How long after `--wait` passed a wait in the queue may still take to end on its own (the
+/// server's "not granted", one round trip late) before conch stops waiting for the answer.
+const QUEUE_BACKSTOP: Duration = Duration::from_millis(500);
+
+/// `fut`, unless `bound` passes first (`None` then).
+async fn bounded<T>(bound: Option<Instant>, fut: impl Future<Output = T>) -> Option<T> {
+    match bound {
+        Some(at) => tokio::time::timeout_at(at.into(), fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
+/// `fut`, unless `bound` passes first: then the cluster did not answer within `--wait`.
+async fn within<T>(
+    bound: Option<Instant>,
+    wait: Option<Duration>,
+    fut: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    bounded(bound, fut)
+        .await
+        .unwrap_or_else(|| Err(no_answer_within(wait)))
+}
+
+/// `--wait` passed while the cluster had not answered (no quorum, or no node reachable):
+/// exit 69, as for any cluster that does not answer, but within the wait asked for.
+fn no_answer_within(wait: Option<Duration>) -> anyhow::Error {
+    Exit {
+        code: exit::UNAVAILABLE,
+        message: format!(
+            "the cluster did not answer within --wait {} (no quorum, or no node reachable)",
+            wait.map_or_else(|| "forever".to_string(), format_duration)
+        ),
+    }
+    .into()
+}
+
 /// What to say when `namespace` does not exist and the token may not create it.
 pub fn missing_namespace(namespace: &str) -> String {
     if namespace == NAMESPACE {
@@ -197,15 +233,28 @@ const REVOKE_BUDGET: Duration = Duration::from_secs(3);
 /// How long conch tries to revoke a lease it could not refresh, after its command was stopped.
 const LAST_REVOKE_TRY: Duration = Duration::from_millis(300);
 
-/// How long before the server ends a hold (its hold limit) the command must be gone.
+/// How long before the server ends a hold (its hold limit) the command must be gone, at most.
 const HOLD_MARGIN: Duration = Duration::from_secs(1);
 
-/// When to send SIGTERM for a hold that ends at `until`, and the grace before SIGKILL: the
-/// SIGKILL comes [`HOLD_MARGIN`] before the end; a hold too short for the whole `kill_after`
-/// gets SIGTERM at once and what grace is left.
+/// The shortest window for stopping a command before its hold ends.
+const HOLD_WINDOW_MIN: Duration = Duration::from_secs(1);
+
+/// When to send SIGTERM for a hold that ends at `until`, and the grace before SIGKILL.
+///
+/// The command gets the hold minus a stop window: `kill_after` plus [`HOLD_MARGIN`], but never
+/// more than a tenth of the hold (nor less than [`HOLD_WINDOW_MIN`]), so a hold of 10 s or more
+/// runs the command for at least 90 % of it. SIGKILL comes [`HOLD_MARGIN`] before the end, or half
+/// the window when that is shorter; the grace is what remains of the window, at most `kill_after`. `until` is counted
+/// from when the grant was asked for, so it is never later than the server's end of the hold.
 fn hold_stop(until: Instant, kill_after: Duration, now: Instant) -> (Instant, Duration) {
-    let kill_by = until.checked_sub(HOLD_MARGIN).unwrap_or(now).max(now);
-    let term_at = kill_by.checked_sub(kill_after).unwrap_or(now).max(now);
+    let hold = until.saturating_duration_since(now);
+    let window = kill_after
+        .saturating_add(HOLD_MARGIN)
+        .min((hold / 10).max(HOLD_WINDOW_MIN));
+    let margin = HOLD_MARGIN.min(window / 2);
+    let grace = kill_after.min(window - margin);
+    let kill_by = until.checked_sub(margin).unwrap_or(now).max(now);
+    let term_at = kill_by.checked_sub(grace).unwrap_or(now).max(now);
     (term_at, kill_by.saturating_duration_since(term_at))
 }
 
@@ -285,30 +334,52 @@ pub async fn hold(
     let metadata = &spec.metadata;
     let process_id = spec.me.process_id();
 
+    // `--wait D` bounds the wall time of everything before the command starts, also when the
+    // cluster does not answer (no quorum): the setup calls and the queueing end at the
+    // deadline, whatever their own request timeouts. (`--nonblock` asks once, each call bounded
+    // by `--timeout`.)
+    let bound = deadline.filter(|_| wait.is_some_and(|w| !w.is_zero()));
+
     tokio::select! {
-        r = target.prepare(client, namespace) => r?,
+        r = within(bound, wait, target.prepare(client, namespace)) => r?,
         sig = signals.recv() => return Ok(exit::signal_exit(sig)),
     };
 
     // Queue; a lost lease re-enters with a new one while the wait allows.
     let (lease, guards) = loop {
         let kind = target.lease_kind();
+        let create = async {
+            client
+                .create_lease_of(kind, namespace, &process_id, spec.ttl, metadata.clone())
+                .await
+                .context("create lease")
+        };
         let lease = tokio::select! {
-            r = client.create_lease_of(kind, namespace, &process_id, spec.ttl, metadata.clone()) => {
-                r.context("create lease")?
-            }
+            r = within(bound, wait, create) => r?,
             sig = signals.recv() => return Ok(exit::signal_exit(sig)),
         };
         debug!(lease = lease.id(), "lease created; queueing");
         let taken = {
             let lease_id = lease.id().to_string();
             let shown = &*target;
+            let queued = status::show_while(
+                &spec.label,
+                || shown.standing(client, &lease_id),
+                shown.take(client, &lease, namespace, deadline, metadata),
+            );
+            // The wait ends itself at the deadline (the server answers "not granted" then);
+            // this is the backstop for a cluster that stopped answering meanwhile.
+            let backstop = bound.map(|at| at + QUEUE_BACKSTOP);
             tokio::select! {
-                r = status::show_while(
-                    &spec.label,
-                    || shown.standing(client, &lease_id),
-                    shown.take(client, &lease, namespace, deadline, metadata),
-                ) => r,
+                r = bounded(backstop, queued) => match r {
+                    Some(r) => r,
+                    None => {
+                        // No slot came within --wait: one short try to free the lease (it
+                        // expires within its TTL anyway).
+                        let _ = tokio::time::timeout(LAST_REVOKE_TRY, lease.revoke()).await;
+                        return Err(no_slot(target, wait));
+                    }
+                },
                 sig = signals.recv() => {
                     // Dropping the acquire cancels the wait; revoking leaves nothing behind.
                     revoke(lease, slot).await;
@@ -340,7 +411,7 @@ pub async fn hold(
                 eprintln!(
                     "conch: lost the lease while waiting ({e}); queueing again with a new lease"
                 );
-                target.prepare(client, namespace).await?;
+                within(bound, wait, target.prepare(client, namespace)).await?;
             }
             Err(e) => {
                 revoke(lease, slot).await;
@@ -655,15 +726,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_hold_limit_is_met_with_sigkill_a_second_before_it_ends() {
+    fn a_hold_limit_leaves_the_command_most_of_its_hold() {
         let now = Instant::now();
         let s = Duration::from_secs;
+        let ms = Duration::from_millis;
         // A long hold: SIGTERM kill_after + 1 s before the end, the whole grace.
         assert_eq!(hold_stop(now + s(3600), s(5), now), (now + s(3594), s(5)));
-        // Too short for the whole grace: SIGTERM at once, SIGKILL a second before the end.
-        assert_eq!(hold_stop(now + s(4), s(5), now), (now, s(3)));
+        // A minute: the window is a tenth of it, 6 s: still the whole grace.
+        assert_eq!(hold_stop(now + s(60), s(5), now), (now + s(54), s(5)));
+        // 10 s: the command runs 9 s; SIGKILL half a second before the end.
+        assert_eq!(hold_stop(now + s(10), s(5), now), (now + s(9), ms(500)));
+        // 30 s: a 3 s window, SIGKILL a second before the end.
+        assert_eq!(hold_stop(now + s(30), s(5), now), (now + s(27), s(2)));
+        // A short grace needs no more than itself and the margin.
+        assert_eq!(hold_stop(now + s(100), s(1), now), (now + s(98), s(1)));
+        // Shorter than 10 s: a window of 1 s.
+        assert_eq!(hold_stop(now + s(4), s(5), now), (now + s(3), ms(500)));
         // Already at the end: stop at once with no grace.
         assert_eq!(hold_stop(now, s(5), now), (now, Duration::ZERO));
+        // For every hold of 10 s or more the command gets at least 90 % of it.
+        for secs in [10, 11, 15, 20, 45, 61, 300, 7200] {
+            for kill_after in [s(0), s(1), s(5), s(60)] {
+                let (term_at, grace) = hold_stop(now + s(secs), kill_after, now);
+                assert!(term_at - now >= s(secs) * 9 / 10, "{secs}s, {kill_after:?}");
+                assert!(grace <= kill_after, "{secs}s, {kill_after:?}");
+                assert!(
+                    term_at + grace < now + s(secs),
+                    "{secs}s: SIGKILL before the end"
+                );
+            }
+        }
     }
 
     #[test]

@@ -35,6 +35,8 @@ use crate::watch::Held;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub main: String,
+    /// The permits taken of `main` (`--weight`, default 1); the per-host one takes 1.
+    pub weight: u64,
     pub host: Option<String>,
     /// All or none (`--and`): every member, the first being `main`; empty for one semaphore.
     pub set: Vec<SetSlot>,
@@ -58,6 +60,7 @@ impl Plan {
             .first()
             .ok_or_else(|| "no semaphore to take".to_string())?;
         let mut plan = Plan::new(&first.name, first.max, spread, host)?;
+        plan.weight = first.weight.max(1);
         if members.len() > 1 {
             plan.set = members
                 .iter()
@@ -79,6 +82,7 @@ impl Plan {
     pub fn new(name: &str, max: u64, spread: bool, host: &str) -> Result<Plan, String> {
         Ok(Plan {
             main: sema::semaphore_name(name, max)?,
+            weight: 1,
             host: if spread {
                 Some(sema::spread_semaphore_name(name, max, host)?)
             } else {
@@ -106,6 +110,9 @@ pub struct SemaTarget {
     namespace: String,
     /// The hold limit asked for (`--max-hold`).
     pub max_hold: Option<Duration>,
+    /// `conch sema NAME`: warn once, before queueing, when NAME is held or awaited with
+    /// another `--max`.
+    pub warn_other_max: Option<String>,
 }
 
 impl SemaTarget {
@@ -118,6 +125,7 @@ impl SemaTarget {
             held: None,
             held_set: Vec::new(),
             namespace: String::new(),
+            warn_other_max: None,
             max_hold: None,
         }
     }
@@ -140,6 +148,20 @@ impl Target for SemaTarget {
     async fn prepare(&mut self, client: &Client, namespace: &str) -> anyhow::Result<()> {
         self.namespace = namespace.to_string();
         self.held = Some(ensure_semaphores(client, namespace, &self.plan, self.permits).await?);
+        if let Some(name) = self.warn_other_max.take() {
+            // A mistyped --max is loud: the same name held or awaited with another capacity.
+            // Best effort: a failure to look changes nothing about the run.
+            match crate::who::busy_other_capacities(client, namespace, &name, self.permits).await {
+                Ok(busy) => {
+                    if let Some(line) =
+                        crate::who::other_capacities_warning(&name, self.permits, &busy)
+                    {
+                        eprintln!("{line}");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "could not look for other capacities"),
+            }
+        }
         self.held_set.clear();
         for slot in self.plan.set.iter().skip(1) {
             let member = Plan::new(&slot.name, slot.max, false, "")
@@ -291,10 +313,23 @@ async fn take_slots(
             .await;
     }
     let mut guards = Vec::new();
-    for sem in plan.host.iter().chain(std::iter::once(&plan.main)) {
+    let slots = plan
+        .host
+        .iter()
+        .map(|host| (host, 1))
+        .chain(std::iter::once((&plan.main, plan.weight)));
+    for (sem, weight) in slots {
         let wait = remaining(deadline);
         match client
-            .acquire_limited(lease, namespace, sem, 1, wait, metadata.clone(), max_hold)
+            .acquire_limited(
+                lease,
+                namespace,
+                sem,
+                weight,
+                wait,
+                metadata.clone(),
+                max_hold,
+            )
             .await?
         {
             Some(g) => guards.push(g),
@@ -340,6 +375,7 @@ pub async fn run(
     );
     let mut target = SemaTarget::new(plan, args.first_max(), format!("slot in {label}"), busy);
     target.max_hold = args.max_hold;
+    target.warn_other_max = Some(args.name.clone());
     let spec = Spec {
         namespace: args.namespace.clone(),
         ttl: args.ttl,
@@ -373,6 +409,7 @@ mod tests {
             p,
             Plan {
                 main: "video-encode.2".into(),
+                weight: 1,
                 host: None,
                 set: Vec::new(),
             }

@@ -24,14 +24,16 @@ Examples:
 
   conch wait-group status nightly-2026-06-12 --json
 
-Job ids count once each: reporting the same id again changes nothing, so retries are safe.
+Job ids count once each: reporting the same id again changes nothing, so retries are safe,
+also once the group completed (exit 0). A group counts at most 100000000 jobs and expires
+more than a minute from now.
 
 Exit status:
   0                 wait, status: the group completed; done, create: done
   1                 wait, status: the group expired before all jobs reported
   2                 status: the group is still active
   the command's     run: the command's own status (its job is reported only on 0)
-  64                usage error, or the cluster refused (e.g. the group already finished)
+  64                usage error, or the cluster refused (e.g. a new job for a finished group)
   65                no such wait group (create: it exists already)
   69                no conch node answered
   75                wait: --timeout passed first
@@ -46,15 +48,15 @@ Examples:
   # on each shard: arrive, wait for all four, then run the reduce step
   conch barrier wait map-done --id \"$(hostname)\" --timeout 30m -- ./reduce.sh
 
-  # who has arrived in the current round
-  conch barrier wait map-done --who
+  # who has arrived in the current round (the same as: conch barrier wait map-done --who)
+  conch barrier status map-done
 
 The barrier is reusable: each time the last party arrives it trips, every waiter of that
 round is released together, and the next round (generation) starts empty. The command runs
 with CONCH_BARRIER_GENERATION (the round it waited for) in its environment.
 
 Exit status:
-  0                 the barrier tripped (create, --who: done)
+  0                 the barrier tripped (create, status, --who: done)
   the command's     the barrier tripped and the command ran: its own status
   64                usage error, or the cluster refused the request
   65                no such barrier (create: it exists already)
@@ -72,8 +74,8 @@ pub enum WaitGroupCommand {
         /// How many distinct jobs complete it.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
         jobs: u64,
-        /// It expires if not complete this long from now.
-        #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+        /// It expires if not complete this long from now (more than 1m, as Grackle allows).
+        #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = expires_in_arg)]
         expires_in: Duration,
         /// Kept this long after it completes or expires, then deleted (at least 60s).
         #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = retention_arg)]
@@ -135,6 +137,17 @@ pub enum WaitGroupCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum BarrierCommand {
+    /// Show the barrier: its round, who has arrived in it and who tripped the last one (the
+    /// same as `wait NAME --who`).
+    Status {
+        /// The barrier's name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ns: NamespaceArg,
+    },
     /// Create a barrier for N parties.
     Create {
         /// Barrier name: letters, digits, '-', '_' and '.'.
@@ -186,6 +199,16 @@ pub struct NamespaceArg {
 pub fn namespace_arg(s: &str) -> Result<String, String> {
     conch_client::sema::validate_name("namespace", s)?;
     Ok(s.to_string())
+}
+
+/// A wait group's expiry from now: the server refuses an `expires_at` less than a minute ahead
+/// when the call reaches it, so a minute and one second at least.
+pub fn expires_in_arg(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d <= Duration::from_secs(60) {
+        return Err("must be more than 1m (a wait group expires at least a minute ahead)".into());
+    }
+    Ok(d)
 }
 
 pub fn retention_arg(s: &str) -> Result<Duration, String> {

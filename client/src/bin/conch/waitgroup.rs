@@ -9,7 +9,8 @@
 //!
 //! Exit codes (the table of `exit.rs`): `wait` exits 0 when the group completed, 1 when it
 //! expired, 75 when `--timeout` passed first; `status` 0 completed, 1 expired, 2 active; `run`
-//! the command's own status; 64 usage or a refusal (e.g. a job reported to a finished group),
+//! the command's own status; `done` 0 also for a job the group already counted, finished or
+//! not (a safe retry); 64 usage or a refusal (e.g. a new job reported to a finished group),
 //! 65 no such group (or it exists already, for `create`), 69 no node answered, 77 access.
 
 use std::collections::HashMap;
@@ -204,6 +205,9 @@ pub async fn run(client: &Client, command: WaitGroupCommand) -> anyhow::Result<E
     }
 }
 
+/// Reports `job_id` done. Reporting it again is a safe retry, also once the group completed:
+/// the server refuses any report to a finished group, so a refusal is looked at again, and a
+/// job the completed group has recorded answers the group as a first report would.
 async fn done(
     client: &Client,
     namespace: &str,
@@ -211,9 +215,22 @@ async fn done(
     job_id: &str,
     meta: HashMap<String, String>,
 ) -> anyhow::Result<WaitGroup> {
-    Ok(client
+    let refused = match client
         .complete_jobs(namespace, name, vec![(job_id.to_string(), meta)])
-        .await?)
+        .await
+    {
+        Ok(wg) => return Ok(wg),
+        Err(e @ conch_client::Error::InvalidArgument { .. }) => e,
+        Err(e) => return Err(e.into()),
+    };
+    let wg = client.get_wait_group(namespace, name).await?;
+    if wg.status == WaitGroupStatus::Completed as i32 {
+        let jobs = client.list_completed_jobs(namespace, name).await?;
+        if jobs.iter().any(|j| j.job_id == job_id) {
+            return Ok(wg);
+        }
+    }
+    Err(refused.into())
 }
 
 async fn wait(

@@ -234,9 +234,66 @@ pub async fn run(
     } else {
         crate::print_lines(text_lines(&who))?;
     }
-    // Exit 0 whether anyone holds or nobody does: the question was answered (`--json`'s
-    // `holders` tells the two apart).
-    Ok(ExitCode::SUCCESS)
+    Ok(who_exit(&who))
+}
+
+/// `--who`'s exit status, for scripts: 0 when someone holds the asked semaphore, 1 when nobody
+/// does (whether or not it exists, whoever waits, whatever other capacities hold).
+pub fn who_exit(who: &Who) -> ExitCode {
+    if who.holders.is_empty() {
+        ExitCode::from(EMPTY)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `--who`: nobody holds the semaphore.
+pub const EMPTY: u8 = 1;
+
+/// The other capacities of `name` (`--max` other than `max`) that someone holds or waits for
+/// now, with their holders and waiters counted: the mistyped `--max` a run warns about.
+pub async fn busy_other_capacities(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    max: u64,
+) -> conch_client::Result<Vec<(u64, usize, usize)>> {
+    let mut busy = Vec::new();
+    for s in client.list_semaphores(namespace).await? {
+        let Some(SemaphoreKind::Main { name: n, max: m }) = sema::semaphore_kind(&s.name) else {
+            continue;
+        };
+        if n != name || m == max {
+            continue;
+        }
+        let holders = s.active_holders_count as usize;
+        let waiters = s.waiters_count as usize;
+        if holders + waiters > 0 {
+            busy.push((m, holders, waiters));
+        }
+    }
+    Ok(busy)
+}
+
+/// The warning a run prints when other capacities of its name are in use.
+pub fn other_capacities_warning(
+    name: &str,
+    max: u64,
+    busy: &[(u64, usize, usize)],
+) -> Option<String> {
+    if busy.is_empty() {
+        return None;
+    }
+    let said: Vec<String> = busy
+        .iter()
+        .map(|(m, holders, waiters)| format!("--max {m} ({holders} holding, {waiters} waiting)"))
+        .collect();
+    Some(format!(
+        "conch: warning: {name} is also in use with {}; each --max is a separate semaphore, so \
+         this run (--max {max}) does not exclude those: check the --max (conch sema {name} --max \
+         {max} --who lists them)",
+        said.join(", ")
+    ))
 }
 
 /// Holders and waiters of one semaphore of (name, max).
@@ -334,6 +391,17 @@ mod tests {
                 .collect(),
             others: None,
         }
+    }
+
+    #[test]
+    fn a_run_warns_of_other_capacities_in_use() {
+        assert_eq!(other_capacities_warning("x", 1, &[]), None);
+        let said = other_capacities_warning("x", 1, &[(2, 1, 0), (3, 0, 2)]).expect("warning");
+        assert!(
+            said.contains("x is also in use with --max 2 (1 holding, 0 waiting), --max 3 (0 holding, 2 waiting)"),
+            "{said}"
+        );
+        assert!(said.contains("this run (--max 1)"), "{said}");
     }
 
     #[test]
