@@ -73,6 +73,8 @@ pub struct Settings {
     pub log_format: Option<String>,
     pub worker_threads: Option<usize>,
     pub status_without_token: bool,
+    pub max_connections_per_address: Option<usize>,
+    pub adopt_data_dir: bool,
 }
 
 /// The same settings, read from a TOML file.
@@ -106,6 +108,8 @@ struct FileConfig {
     log_format: Option<String>,
     worker_threads: Option<usize>,
     status_without_token: Option<bool>,
+    max_connections_per_address: Option<usize>,
+    adopt_data_dir: Option<bool>,
 }
 
 /// Most worker threads `--worker-threads` accepts.
@@ -152,6 +156,12 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     /// Cluster status answers calls without a token (`--status-without-token`).
     pub status_without_token: bool,
+    /// Most connections one IP address may hold open on each listener
+    /// (`--max-connections-per-address`).
+    pub max_connections_per_address: usize,
+    /// Take a data directory holding state without `node-id` as this node's
+    /// (`--adopt-data-dir`, see `data_dir.rs`).
+    pub adopt_data_dir: bool,
     /// How calls to other nodes connect when not over the operating system's TCP (see
     /// `transport.rs`); `None`, always for `conchd`: TCP.
     pub dial: Option<crate::transport::Dial>,
@@ -274,6 +284,17 @@ impl Config {
                 "--worker-threads must be between 1 and {MAX_WORKER_THREADS}, not {n}"
             )));
         }
+        let max_connections_per_address = flags
+            .max_connections_per_address
+            .or(file.max_connections_per_address)
+            .unwrap_or(crate::connections::DEFAULT_PER_ADDRESS);
+        if !(1..=crate::connections::MAX_CONNECTIONS).contains(&max_connections_per_address) {
+            return Err(ConfigError::Invalid(format!(
+                "--max-connections-per-address must be between 1 and {}, not \
+                 {max_connections_per_address}",
+                crate::connections::MAX_CONNECTIONS
+            )));
+        }
         let leader_wait_ms = flags
             .leader_wait_ms
             .or(file.leader_wait_ms)
@@ -393,6 +414,8 @@ impl Config {
             log_format,
             worker_threads,
             status_without_token,
+            max_connections_per_address,
+            adopt_data_dir: flags.adopt_data_dir || file.adopt_data_dir.unwrap_or(false),
             dial: None,
         })
     }
