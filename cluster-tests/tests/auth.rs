@@ -545,7 +545,7 @@ async fn teams_keep_to_their_namespaces_and_tokens_stay_secret() -> anyhow::Resu
         "--",
         "sh",
         "-c",
-        r#"env > "$1""#,
+        r#"env > "$1" && tr '\0' '\n' < /proc/$PPID/environ > "$1.conch""#,
         "sh",
         &env_path,
     ];
@@ -563,6 +563,12 @@ async fn teams_keep_to_their_namespaces_and_tokens_stay_secret() -> anyhow::Resu
     ensure!(
         !seen.contains("CONCH_TOKEN") && !seen.contains(&a_token),
         "the command saw the token: {seen}"
+    );
+    // Nor can it read the token in conch's own environment (/proc/$PPID/environ).
+    let conch_env = std::fs::read_to_string(dir.path().join("env.out.conch"))?;
+    ensure!(
+        conch_env.contains("CONCH_TOKEN_FILE=") && !conch_env.contains(&a_token),
+        "conch's environment shows the token: {conch_env}"
     );
     let (code, out, err) = conch(
         &endpoint,
