@@ -76,7 +76,7 @@ async fn idle_strangers_from_one_address_do_not_keep_a_client_with_a_token_out()
         "--max-connections-per-address".to_string(),
         PER_ADDRESS.to_string(),
     ]);
-    let mut cluster = Cluster::launch(3, &args, false).await?;
+    let cluster = Cluster::launch(3, &args, false).await?;
     cluster.wait_for_leader(LONG).await?;
     cluster_tests::auth::wait_until_on(&cluster, LONG).await?;
     let id = cluster.ids()[0];

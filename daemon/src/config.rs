@@ -801,6 +801,43 @@ mod tests {
     }
 
     #[test]
+    fn the_per_address_connection_cap_comes_from_the_flag_or_the_file_and_is_checked()
+    -> anyhow::Result<()> {
+        let default = Config::from_settings(Settings::default())?;
+        assert_eq!(
+            default.max_connections_per_address,
+            crate::connections::DEFAULT_PER_ADDRESS
+        );
+        assert!(!default.adopt_data_dir);
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("conchd.toml");
+        std::fs::write(
+            &file,
+            "max_connections_per_address = 50\nadopt_data_dir = true\n",
+        )?;
+        let from_file = Config::from_settings(Settings {
+            config: Some(file),
+            ..Settings::default()
+        })?;
+        assert_eq!(from_file.max_connections_per_address, 50);
+        assert!(from_file.adopt_data_dir);
+        for bad in [0, crate::connections::MAX_CONNECTIONS + 1] {
+            let refused = Config::from_settings(Settings {
+                max_connections_per_address: Some(bad),
+                ..Settings::default()
+            });
+            let Err(ConfigError::Invalid(message)) = refused else {
+                anyhow::bail!("{bad} was accepted");
+            };
+            assert!(
+                message.starts_with("--max-connections-per-address must be between 1 and"),
+                "{message}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
     fn join_comes_from_the_flag_or_the_config_file() {
         let plain = Config::from_settings(Settings::default()).expect("valid");
         assert!(!plain.join, "a node bootstraps unless told to join");
