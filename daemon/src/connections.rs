@@ -273,10 +273,10 @@ impl Gate {
                 Err(Reason::PerAddress)
             } else {
                 let strangers_max = limits.max.saturating_sub(limits.reserved).max(1);
-                if slots.strangers.len() >= strangers_max || slots.open.len() >= limits.max {
-                    if let Some(oldest) = slots.strangers.first().copied() {
-                        evicted = slots.remove(oldest);
-                    }
+                if (slots.strangers.len() >= strangers_max || slots.open.len() >= limits.max)
+                    && let Some(oldest) = slots.strangers.first().copied()
+                {
+                    evicted = slots.remove(oldest);
                 }
                 if slots.open.len() >= limits.max {
                     Err(Reason::Full)
@@ -545,14 +545,14 @@ mod tests {
     #[test]
     fn a_new_connection_closes_the_oldest_stranger_but_never_a_known_caller() {
         let gate = gate(4, 1, 100);
-        let known = gate.admit(from([10, 0, 0, 1], 1)).ok().expect("admitted");
+        let known = gate.admit(from([10, 0, 0, 1], 1)).expect("admitted");
         gate.know(known.conn());
         let strangers: Vec<_> = (0..3)
-            .map(|p| gate.admit(from([10, 0, 0, 2], p)).ok().expect("admitted"))
+            .map(|p| gate.admit(from([10, 0, 0, 2], p)).expect("admitted"))
             .collect();
         assert_eq!(gate.open(), (4, 3));
         // The strangers' room (3) is full: the next one takes the oldest stranger's slot.
-        let newest = gate.admit(from([10, 0, 0, 3], 1)).ok().expect("admitted");
+        let newest = gate.admit(from([10, 0, 0, 3], 1)).expect("admitted");
         assert!(strangers[0].conn().closed.load(Ordering::SeqCst));
         assert!(!strangers[1].conn().closed.load(Ordering::SeqCst));
         assert!(!known.conn().closed.load(Ordering::SeqCst));
@@ -569,10 +569,10 @@ mod tests {
     #[test]
     fn idle_strangers_go_soon_known_callers_later_and_open_calls_never() {
         let gate = gate(100, 10, 100);
-        let stranger = gate.admit(from([10, 0, 0, 2], 1)).ok().expect("admitted");
-        let known = gate.admit(from([10, 0, 0, 1], 1)).ok().expect("admitted");
+        let stranger = gate.admit(from([10, 0, 0, 2], 1)).expect("admitted");
+        let known = gate.admit(from([10, 0, 0, 1], 1)).expect("admitted");
         gate.know(known.conn());
-        let busy = gate.admit(from([10, 0, 0, 3], 1)).ok().expect("admitted");
+        let busy = gate.admit(from([10, 0, 0, 3], 1)).expect("admitted");
         let call = busy.conn().call();
         let now = Instant::now();
         assert_eq!(gate.reap(now), 0);
@@ -593,7 +593,7 @@ mod tests {
         use tokio::io::AsyncReadExt;
         let gate = gate(100, 10, 100);
         let (io, _peer) = tokio::io::duplex(64);
-        let slot = gate.admit(from([10, 0, 0, 2], 1)).ok().expect("admitted");
+        let slot = gate.admit(from([10, 0, 0, 2], 1)).expect("admitted");
         let mut guarded = slot.wrap(io);
         let reading = tokio::spawn(async move {
             let mut buf = [0u8; 1];
