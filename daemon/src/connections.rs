@@ -23,7 +23,8 @@
 //!   and is never cut for idleness; HTTP/2 keepalive pings find dead clients under it.
 //!
 //! Each connection closed by these rules is counted in `conch_connections_refused_total`,
-//! labelled by listener and reason, and logged at most every 10 s per listener.
+//! labelled by listener and reason, and logged at most every 10 s per listener (a refused TLS
+//! handshake is counted here and logged by the TLS module with its reason).
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -237,7 +238,8 @@ impl Gate {
         self.refused
             .with_label_values(&[self.listener, reason.label()])
             .inc();
-        if self.log.due() {
+        // A refused TLS handshake is logged where it happens, with the reason.
+        if reason != Reason::Handshake && self.log.due() {
             let remote = remote.map(|r| r.ip().to_string()).unwrap_or_default();
             let why = match reason {
                 Reason::PerAddress => format!(

@@ -729,11 +729,11 @@ pub fn incoming(
                     }
                     Ok(Err(e)) => {
                         gate.count(crate::connections::Reason::Handshake, Some(remote));
-                        tracing::debug!(%remote, error = %e, "TLS handshake refused")
+                        tracing::warn!(%remote, error = %e, "TLS handshake refused")
                     }
                     Err(_) => {
                         gate.count(crate::connections::Reason::Handshake, Some(remote));
-                        tracing::debug!(%remote, "TLS handshake timed out")
+                        tracing::warn!(%remote, "TLS handshake timed out")
                     }
                 }
             });
