@@ -545,7 +545,7 @@ async fn teams_keep_to_their_namespaces_and_tokens_stay_secret() -> anyhow::Resu
         "--",
         "sh",
         "-c",
-        r#"env > "$1""#,
+        r#"env > "$1" && tr '\0' '\n' < /proc/$PPID/environ > "$1.conch""#,
         "sh",
         &env_path,
     ];
@@ -563,6 +563,12 @@ async fn teams_keep_to_their_namespaces_and_tokens_stay_secret() -> anyhow::Resu
     ensure!(
         !seen.contains("CONCH_TOKEN") && !seen.contains(&a_token),
         "the command saw the token: {seen}"
+    );
+    // Nor can it read the token in conch's own environment (/proc/$PPID/environ).
+    let conch_env = std::fs::read_to_string(dir.path().join("env.out.conch"))?;
+    ensure!(
+        conch_env.contains("CONCH_TOKEN_FILE=") && !conch_env.contains(&a_token),
+        "conch's environment shows the token: {conch_env}"
     );
     let (code, out, err) = conch(
         &endpoint,
@@ -697,6 +703,51 @@ async fn jobs_sharing_a_namespace_cannot_touch_each_others_slots() -> anyhow::Re
     };
     grackle.acquire_semaphore(acquire(a)).await?;
 
+    // What B is answered for a lease that does not exist (these go through the log).
+    let missing = format!("{}0", &lease[..lease.len() - 1]);
+    let missing = if missing == lease {
+        format!("{}1", &lease[..lease.len() - 1])
+    } else {
+        missing
+    };
+    let revoke = |id: &str| {
+        with_token(
+            pb::RevokeSemaphoreLeaseRequest {
+                namespace_name: "conch".into(),
+                lease_id: id.to_string(),
+            },
+            Some(b),
+        )
+    };
+    let refresh = |id: &str| {
+        with_token(
+            pb::RefreshSemaphoreLeaseRequest {
+                namespace_name: "conch".into(),
+                lease_id: id.to_string(),
+                ..Default::default()
+            },
+            Some(b),
+        )
+    };
+    let answers = |r: Result<(), Status>| {
+        r.map_err(|s| {
+            let message = s.message().replace(&lease, "L").replace(&missing, "L");
+            (s.code(), message)
+        })
+    };
+    let absent_revoke = answers(
+        grackle
+            .revoke_semaphore_lease(revoke(&missing))
+            .await
+            .map(|_| ()),
+    );
+    let absent_refresh = answers(
+        grackle
+            .refresh_semaphore_lease(refresh(&missing))
+            .await
+            .map(|_| ()),
+    );
+
     let before = cluster.wait_for_agreement(SHOW_UP).await?;
     for id in cluster.ids() {
         let mut g = GrackleApiClient::new(channel(&cluster, id)?);
@@ -730,19 +781,19 @@ async fn jobs_sharing_a_namespace_cannot_touch_each_others_slots() -> anyhow::Re
             Code::PermissionDenied,
             &["write permission"],
         )?;
-        expect_code(
-            &at("revoking A's lease"),
-            g.revoke_semaphore_lease(with_token(
-                pb::RevokeSemaphoreLeaseRequest {
-                    namespace_name: "conch".into(),
-                    lease_id: lease.clone(),
-                },
-                Some(b),
-            ))
-            .await,
-            Code::PermissionDenied,
-            &["belongs to another token"],
-        )?;
+        // Revoking or refreshing A's lease answers B exactly as a lease that does not exist.
+        let foreign = answers(g.revoke_semaphore_lease(revoke(&lease)).await.map(|_| ()));
+        ensure!(
+            foreign == absent_revoke && matches!(&foreign, Err((Code::NotFound, _))),
+            "{}: {foreign:?} / missing: {absent_revoke:?}",
+            at("revoking A's lease")
+        );
+        let foreign = answers(g.refresh_semaphore_lease(refresh(&lease)).await.map(|_| ()));
+        ensure!(
+            foreign == absent_refresh && matches!(&foreign, Err((Code::NotFound, _))),
+            "{}: {foreign:?} / missing: {absent_refresh:?}",
+            at("refreshing A's lease")
+        );
         expect_code(
             &at("acquiring with A's lease"),
             g.acquire_semaphore(acquire(b)).await,
@@ -1311,5 +1362,88 @@ async fn health_without_a_token_where_the_operator_allows_it() -> anyhow::Result
         code == EX_NO_PERMISSION && !err.contains("no conch node answered"),
         "listing roles with no token: {code} {out} {err}"
     );
+    Ok(())
+}
+
+/// Cluster status counts what the caller's token may read: every namespace for a cluster admin,
+/// its own for a limited token, nothing (and no cluster id or state hash) for a call without a
+/// token under --status-without-token; the whole state's bytes go to cluster admins only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_counts_only_what_it_may_read() -> anyhow::Result<()> {
+    use conch_proto::conch::conch_quota_client::ConchQuotaClient;
+    use conch_proto::conch::{ClusterStatusRequest, GetNamespaceQuotasRequest};
+    let (_work, cluster, admin) = cluster_with_admin_and(1, &["--status-without-token"]).await?;
+    let admin = admin.as_str();
+    let ch = channel(&cluster, 1)?;
+    let mut grackle = GrackleApiClient::new(ch.clone());
+    for ns in ["x", "y"] {
+        let create = pb::CreateNamespaceRequest {
+            name: ns.into(),
+            ..Default::default()
+        };
+        grackle
+            .create_namespace(with_token(create, Some(admin)))
+            .await?;
+    }
+    let semaphore = pb::CreateSemaphoreRequest {
+        namespace_name: "x".into(),
+        semaphore_name: "s".into(),
+        permits: 1,
+        ..Default::default()
+    };
+    grackle
+        .create_semaphore(with_token(semaphore, Some(admin)))
+        .await?;
+    let mut auth = ConchAuthClient::new(ch.clone());
+    create_role(&mut auth, Some(admin), "y-readers", false, &[("y", "read")]).await?;
+    let (_, y) = create_token(&mut auth, Some(admin), "y", "y-readers").await?;
+    let status = |token: Option<&str>| {
+        let (ch, request) = (ch.clone(), with_token(ClusterStatusRequest {}, token));
+        async move {
+            ConchAdminClient::new(ch)
+                .cluster_status(request)
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    };
+    let all = status(Some(admin)).await?;
+    ensure!(
+        all.namespaces >= 2 && all.semaphores >= 1 && all.state_hash != 0,
+        "admin: {all:?}"
+    );
+    ensure!(!all.cluster_id.is_empty(), "admin: {all:?}");
+    let limited = status(Some(&y)).await?;
+    ensure!(
+        (limited.namespaces, limited.semaphores) == (1, 0) && limited.state_hash != 0,
+        "y: {limited:?}"
+    );
+    let anonymous = status(None).await?;
+    ensure!(
+        (
+            anonymous.namespaces,
+            anonymous.semaphores,
+            anonymous.state_hash
+        ) == (0, 0, 0)
+            && anonymous.cluster_id.is_empty()
+            && anonymous.leader_id == all.leader_id,
+        "no token: {anonymous:?}"
+    );
+    let quotas = |token: &str| {
+        let request = with_token(
+            GetNamespaceQuotasRequest {
+                namespace_name: "y".into(),
+            },
+            Some(token),
+        );
+        let ch = ch.clone();
+        async move {
+            ConchQuotaClient::new(ch)
+                .get_namespace_quotas(request)
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    };
+    ensure!(quotas(admin).await?.state_bytes > 0);
+    ensure!(quotas(&y).await?.state_bytes == 0);
     Ok(())
 }

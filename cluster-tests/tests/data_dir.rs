@@ -75,6 +75,43 @@ async fn another_node_id_on_a_node_s_directory_is_refused() -> anyhow::Result<()
     Ok(())
 }
 
+/// A copy of node 1's directory with its `node-id` removed, started as node 3, is refused
+/// (it would join with node 1's log and vote); `--adopt-data-dir` is the operator's way to
+/// take such a directory as the node's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_directory_without_its_node_id_is_refused() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let node1_dir = cluster.nodes[&1].data_dir.clone();
+    cluster.kill(1);
+    let copy = cluster.dir().join("copy-of-node-1");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&node1_dir)
+        .arg(&copy)
+        .status()?;
+    anyhow::ensure!(status.success(), "cp -a: {status}");
+    std::fs::remove_file(copy.join("node-id"))?;
+    let _ = std::fs::remove_file(copy.join("LOCK"));
+
+    let mut stripped = spawn_on(&copy, cluster.dir(), 3, &[])?;
+    let line = refused(&mut stripped).await?;
+    assert_eq!(
+        line,
+        format!(
+            "conchd: data directory {} holds a node's state but no node-id file, so whose it is \
+             cannot be checked (a copy of another node's directory must not join as node 3); if \
+             it is node 3's own, start once with --adopt-data-dir",
+            copy.display()
+        )
+    );
+    anyhow::ensure!(!copy.join("node-id").exists(), "the refusal wrote node-id");
+
+    // Node 1's own directory is untouched: it starts and rejoins.
+    cluster.restart(1)?;
+    cluster.wait_for_leader(LONG).await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_conchd_on_a_directory_in_use_names_the_first() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

@@ -77,6 +77,8 @@ pub struct Settings {
     pub log_format: Option<String>,
     pub worker_threads: Option<usize>,
     pub status_without_token: bool,
+    pub max_connections_per_address: Option<usize>,
+    pub adopt_data_dir: bool,
 }
 
 /// The same settings, read from a TOML file.
@@ -110,6 +112,8 @@ struct FileConfig {
     log_format: Option<String>,
     worker_threads: Option<usize>,
     status_without_token: Option<bool>,
+    max_connections_per_address: Option<usize>,
+    adopt_data_dir: Option<bool>,
 }
 
 /// Most worker threads `--worker-threads` accepts.
@@ -156,6 +160,12 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     /// Cluster status answers calls without a token (`--status-without-token`).
     pub status_without_token: bool,
+    /// Most connections one IP address may hold open on each listener
+    /// (`--max-connections-per-address`).
+    pub max_connections_per_address: usize,
+    /// Take a data directory holding state without `node-id` as this node's
+    /// (`--adopt-data-dir`, see `data_dir.rs`).
+    pub adopt_data_dir: bool,
     /// How calls to other nodes connect when not over the operating system's TCP (see
     /// `transport.rs`); `None`, always for `conchd`: TCP.
     pub dial: Option<crate::transport::Dial>,
@@ -278,6 +288,17 @@ impl Config {
                 "--worker-threads must be between 1 and {MAX_WORKER_THREADS}, not {n}"
             )));
         }
+        let max_connections_per_address = flags
+            .max_connections_per_address
+            .or(file.max_connections_per_address)
+            .unwrap_or(crate::connections::DEFAULT_PER_ADDRESS);
+        if !(1..=crate::connections::MAX_CONNECTIONS).contains(&max_connections_per_address) {
+            return Err(ConfigError::Invalid(format!(
+                "--max-connections-per-address must be between 1 and {}, not \
+                 {max_connections_per_address}",
+                crate::connections::MAX_CONNECTIONS
+            )));
+        }
         let leader_wait_ms = flags
             .leader_wait_ms
             .or(file.leader_wait_ms)
@@ -397,6 +418,8 @@ impl Config {
             log_format,
             worker_threads,
             status_without_token,
+            max_connections_per_address,
+            adopt_data_dir: flags.adopt_data_dir || file.adopt_data_dir.unwrap_or(false),
             dial: None,
         })
     }
@@ -777,6 +800,43 @@ mod tests {
                 anyhow::bail!("{bad:?} was accepted");
             };
             assert!(message.starts_with("--cluster-name"), "{message}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_per_address_connection_cap_comes_from_the_flag_or_the_file_and_is_checked()
+    -> anyhow::Result<()> {
+        let default = Config::from_settings(Settings::default())?;
+        assert_eq!(
+            default.max_connections_per_address,
+            crate::connections::DEFAULT_PER_ADDRESS
+        );
+        assert!(!default.adopt_data_dir);
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("conchd.toml");
+        std::fs::write(
+            &file,
+            "max_connections_per_address = 50\nadopt_data_dir = true\n",
+        )?;
+        let from_file = Config::from_settings(Settings {
+            config: Some(file),
+            ..Settings::default()
+        })?;
+        assert_eq!(from_file.max_connections_per_address, 50);
+        assert!(from_file.adopt_data_dir);
+        for bad in [0, crate::connections::MAX_CONNECTIONS + 1] {
+            let refused = Config::from_settings(Settings {
+                max_connections_per_address: Some(bad),
+                ..Settings::default()
+            });
+            let Err(ConfigError::Invalid(message)) = refused else {
+                anyhow::bail!("{bad} was accepted");
+            };
+            assert!(
+                message.starts_with("--max-connections-per-address must be between 1 and"),
+                "{message}"
+            );
         }
         Ok(())
     }

@@ -19,8 +19,11 @@
 //!   the directory), only when absent, and never replaced
 //! - a start refused for another `--id`, another `--cluster-name` or a removed node changes
 //!   nothing in the directory but `LOCK` (all checks come before the first write)
-//! - a directory from before `node-id` existed (it holds Raft state but no `node-id`) takes the
-//!   id it is started with
+//! - a directory that holds Raft state but no `node-id` is refused: every release records it
+//!   (0.1.0 did too), so its absence means the record was lost or removed, and a copy of another
+//!   node's directory must not join as a new node with that node's log and vote. With
+//!   `--adopt-data-dir` it takes the id it is started with, for the operator who knows whose
+//!   it is
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -73,6 +76,14 @@ pub enum DataDirError {
         node: u64,
         given: String,
     },
+    /// It holds a node's state but no record of whose.
+    #[error(
+        "data directory {} holds a node's state but no node-id file, so whose it is cannot be \
+         checked (a copy of another node's directory must not join as node {id}); if it is node \
+         {id}'s own, start once with --adopt-data-dir",
+        path.display()
+    )]
+    Unclaimed { path: PathBuf, id: u64 },
     /// Its node was removed from the cluster.
     #[error(
         "data directory {} belongs to node {node}, which was removed from its cluster \
@@ -95,6 +106,7 @@ impl DataDirError {
             DataDirError::InUse { .. }
                 | DataDirError::OtherNode { .. }
                 | DataDirError::OtherCluster { .. }
+                | DataDirError::Unclaimed { .. }
         )
     }
 }
@@ -132,8 +144,14 @@ pub struct DataDir {
 
 impl DataDir {
     /// Creates the directory if needed, locks it, and checks (or, the first time, records) that
-    /// it belongs to node `id` and, when `cluster_name` is given, to that cluster.
-    pub fn open(path: &Path, id: u64, cluster_name: Option<&str>) -> Result<DataDir, DataDirError> {
+    /// it belongs to node `id` and, when `cluster_name` is given, to that cluster. A directory
+    /// holding state without `node-id` is refused unless `adopt` (`--adopt-data-dir`).
+    pub fn open(
+        path: &Path,
+        id: u64,
+        cluster_name: Option<&str>,
+        adopt: bool,
+    ) -> Result<DataDir, DataDirError> {
         create(path)?;
         let lock = lock(path)?;
         let unusable = |reason: String| DataDirError::Unusable {
@@ -169,12 +187,19 @@ impl DataDir {
             });
         }
 
+        let unclaimed = recorded_id.is_none() && holds_state(path).map_err(unusable)?;
+        if unclaimed && !adopt {
+            return Err(DataDirError::Unclaimed {
+                path: path.to_path_buf(),
+                id,
+            });
+        }
         if recorded_id.is_none() {
-            if holds_state(path).map_err(unusable)? {
-                tracing::info!(
+            if unclaimed {
+                tracing::warn!(
                     node_id = id,
                     path = %path.display(),
-                    "data directory from before node ids were recorded: recording it as this node's"
+                    "--adopt-data-dir: recording a data directory without node-id as this node's"
                 );
             }
             write_record(path, NODE_ID_FILE, &id.to_string()).map_err(unusable)?;
@@ -367,13 +392,13 @@ mod tests {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path().join("data");
         // first start   node 1, no name     -> created, node-id 1
-        let opened = DataDir::open(&dir, 1, None)?;
+        let opened = DataDir::open(&dir, 1, None, false)?;
         assert_eq!(read_node_id(&dir)?, Some(1));
         assert_eq!(opened.cluster_name(), None);
         drop(opened);
         // second start  --id 2              -> refused, naming both, nothing written
         let before = std::fs::read_dir(&dir)?.count();
-        let Err(refused) = DataDir::open(&dir, 2, Some("prod-a")) else {
+        let Err(refused) = DataDir::open(&dir, 2, Some("prod-a"), false) else {
             anyhow::bail!("node 2 opened node 1's directory");
         };
         assert!(refused.is_usage());
@@ -388,7 +413,7 @@ mod tests {
         assert_eq!(std::fs::read_dir(&dir)?.count(), before);
         assert_eq!(read_cluster_name(&dir)?, None);
         // third start   node 1 again        -> fine
-        drop(DataDir::open(&dir, 1, None)?);
+        drop(DataDir::open(&dir, 1, None, false)?);
         Ok(())
     }
 
@@ -397,13 +422,13 @@ mod tests {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path().join("data");
         // bootstrap     --cluster-name prod-a     -> recorded
-        drop(DataDir::open(&dir, 1, Some("prod-a"))?);
+        drop(DataDir::open(&dir, 1, Some("prod-a"), false)?);
         // restart       no --cluster-name         -> the recorded one holds
-        let opened = DataDir::open(&dir, 1, None)?;
+        let opened = DataDir::open(&dir, 1, None, false)?;
         assert_eq!(opened.cluster_name(), Some("prod-a"));
         drop(opened);
         // restart       --cluster-name prod-b     -> refused, naming both
-        let Err(refused) = DataDir::open(&dir, 1, Some("prod-b")) else {
+        let Err(refused) = DataDir::open(&dir, 1, Some("prod-b"), false) else {
             anyhow::bail!("another cluster name was accepted");
         };
         assert!(refused.is_usage());
@@ -422,17 +447,23 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_from_before_the_record_adopts_the_id_it_is_started_with() -> anyhow::Result<()> {
+    fn a_directory_without_its_record_is_refused_unless_adopted() -> anyhow::Result<()> {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path().join("data");
         std::fs::create_dir_all(dir.join("raft"))?;
         std::fs::write(dir.join("vote"), b"x")?;
-        // old directory, started as node 3  -> node-id 3 recorded
-        drop(DataDir::open(&dir, 3, None)?);
+        // state without node-id, started as node 3          -> refused, nothing written
+        assert!(matches!(
+            DataDir::open(&dir, 3, None, false),
+            Err(DataDirError::Unclaimed { id: 3, .. })
+        ));
+        assert_eq!(read_node_id(&dir)?, None);
+        // adopted by the operator                           -> node-id 3 recorded
+        drop(DataDir::open(&dir, 3, None, true)?);
         assert_eq!(read_node_id(&dir)?, Some(3));
         // from then on it is node 3's
         assert!(matches!(
-            DataDir::open(&dir, 1, None),
+            DataDir::open(&dir, 1, None, true),
             Err(DataDirError::OtherNode {
                 recorded: 3,
                 id: 1,
@@ -446,13 +477,13 @@ mod tests {
     fn a_second_open_is_refused_naming_the_pid_until_the_first_is_dropped() -> anyhow::Result<()> {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path().join("data");
-        let first = DataDir::open(&dir, 1, None)?;
+        let first = DataDir::open(&dir, 1, None, false)?;
         let pid = std::process::id();
         assert_eq!(
             std::fs::read_to_string(dir.join(LOCK_FILE))?.trim(),
             pid.to_string()
         );
-        let Err(refused) = DataDir::open(&dir, 1, None) else {
+        let Err(refused) = DataDir::open(&dir, 1, None, false) else {
             anyhow::bail!("opened twice");
         };
         assert!(refused.is_usage());
@@ -465,7 +496,7 @@ mod tests {
         );
         // A lock file without a pid (another program's): "another process".
         std::fs::write(dir.join(LOCK_FILE), b"")?;
-        let Err(refused) = DataDir::open(&dir, 1, None) else {
+        let Err(refused) = DataDir::open(&dir, 1, None, false) else {
             anyhow::bail!("opened twice");
         };
         assert!(
@@ -473,7 +504,7 @@ mod tests {
             "{refused}"
         );
         drop(first);
-        drop(DataDir::open(&dir, 1, None)?);
+        drop(DataDir::open(&dir, 1, None, false)?);
         Ok(())
     }
 
@@ -481,9 +512,9 @@ mod tests {
     fn a_removed_node_s_directory_is_refused() -> anyhow::Result<()> {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path().join("data");
-        drop(DataDir::open(&dir, 3, None)?);
+        drop(DataDir::open(&dir, 3, None, false)?);
         record_removed(&dir, "{voters: [1, 2], learners: []}").map_err(anyhow::Error::msg)?;
-        let Err(refused) = DataDir::open(&dir, 3, None) else {
+        let Err(refused) = DataDir::open(&dir, 3, None, false) else {
             anyhow::bail!("a removed node's directory was opened");
         };
         assert!(!refused.is_usage());

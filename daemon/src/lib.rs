@@ -50,6 +50,7 @@ pub mod transport;
 
 mod api;
 mod applied;
+mod connections;
 mod data_dir;
 mod error;
 mod expiry;

@@ -55,7 +55,7 @@ pub struct Metrics {
     /// Calls waiting on this node now (blocking acquires, holder watches).
     pub waiting_calls: IntGauge,
     /// Connections closed at once because a listener had as many as it takes.
-    pub connections_refused: IntCounter,
+    pub connections_refused: IntCounterVec,
     /// When the first certificate in use expires (seconds since the Unix epoch; 0 without TLS),
     /// set at scrape time.
     pub tls_expiry: IntGauge,
@@ -366,9 +366,14 @@ impl Metrics {
             "conch_waiting_calls",
             "Calls waiting on this node now: blocking acquires and holder watches.",
         );
-        let connections_refused = b.counter(
+        let connections_refused = b.counter_vec(
             "conch_connections_refused_total",
-            "Connections closed at once because their listener had as many as it takes.",
+            "Connections refused or closed by a listener (client, peer, metrics, ui), by reason: \
+             per_address (its address had --max-connections-per-address open), full (callers \
+             that proved who they are held every slot), evicted (a stranger closed to make room \
+             for a new connection), idle (no open call for its idle time), handshake (TLS \
+             handshake refused or timed out).",
+            &["listener", "reason"],
         );
         let tls_expiry = b.gauge(
             "conch_tls_cert_expiry_timestamp_seconds",

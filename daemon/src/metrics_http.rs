@@ -18,8 +18,9 @@ use crate::node::Node;
 pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
     use hyper::server::conn::http1;
     use hyper_util::rt::TokioIo;
+    let gate = node.connection_gate("metrics");
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics listener: accept failed");
@@ -27,12 +28,22 @@ pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
                 continue;
             }
         };
+        let Ok(slot) = gate.admit(Some(remote)) else {
+            continue;
+        };
+        let conn = Arc::clone(slot.conn());
+        let stream = slot.wrap(stream);
         let tasks = node.tasks.clone();
         let node = Arc::clone(&node);
         tasks.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let node = Arc::clone(&node);
-                async move { Ok::<_, std::convert::Infallible>(respond(&node, &request)) }
+                let call = conn.call();
+                async move {
+                    let response = respond(&node, &request);
+                    drop(call);
+                    Ok::<_, std::convert::Infallible>(response)
+                }
             });
             let connection = http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())

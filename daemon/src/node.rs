@@ -189,6 +189,18 @@ impl Node {
         node
     }
 
+    /// The connection slots of this node's listener `listener` (client, peer, metrics, ui),
+    /// closing idle connections until the node stops (see `connections.rs`).
+    pub fn connection_gate(&self, listener: &'static str) -> Arc<crate::connections::Gate> {
+        let gate = crate::connections::Gate::new(
+            listener,
+            crate::connections::Limits::with_per_address(self.config.max_connections_per_address),
+            self.metrics.connections_refused.clone(),
+        );
+        gate.reap_on(&self.tasks);
+        gate
+    }
+
     /// Proposes `cmds` (in order, in one entry) and returns their replies once the entry is
     /// committed (on the leader: applied; through a follower: the leader's replies, which this
     /// node may not have applied yet, see [`Node::write_one_at`]).

@@ -201,8 +201,8 @@ fn write(
     envelope: Vec<u8>,
 ) -> Result<(), String> {
     let dir = args.data_dir.as_path();
-    let _locked =
-        DataDir::open(dir, args.id, args.cluster_name.as_deref()).map_err(|e| e.to_string())?;
+    let _locked = DataDir::open(dir, args.id, args.cluster_name.as_deref(), false)
+        .map_err(|e| e.to_string())?;
     ClusterId::open(dir)
         .and_then(|id| id.adopt(cluster_id))
         .map_err(|e| format!("cluster id: {e}"))?;

@@ -233,7 +233,12 @@ async fn start_on(
             })?),
             None => None,
         };
-    let data_dir = DataDir::open(&config.data_dir, config.id, config.cluster_name.as_deref())?;
+    let data_dir = DataDir::open(
+        &config.data_dir,
+        config.id,
+        config.cluster_name.as_deref(),
+        config.adopt_data_dir,
+    )?;
 
     if config.tls.is_none() && !config.listen.ip().is_loopback() {
         tracing::warn!(

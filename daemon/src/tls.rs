@@ -686,13 +686,17 @@ pub async fn watch(tls: Arc<Tls>) {
     }
 }
 
-/// The TLS connections accepted on `listener`: each handshake runs in its own task, so a slow
-/// or silent client delays no one. A failed handshake is logged and dropped.
+/// The TLS connections accepted on `listener` that `gate` admits (before their handshake):
+/// each handshake runs in its own task, so a slow or silent client delays no one. A failed
+/// handshake is counted, logged and dropped.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<Tls>,
+    gate: Arc<crate::connections::Gate>,
     tasks: &crate::tasks::Tasks,
-) -> impl futures::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>> {
+) -> impl futures::Stream<
+    Item = std::io::Result<tokio_rustls::server::TlsStream<crate::connections::Guarded<TcpStream>>>,
+> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let handshakes = tasks.clone();
     tasks.spawn(async move {
@@ -709,19 +713,28 @@ pub fn incoming(
                     continue;
                 }
             };
+            let Ok(slot) = gate.admit(Some(remote)) else {
+                continue;
+            };
             // Nagle's algorithm with delayed ACKs stalls replies by ~40 ms.
             let _ = stream.set_nodelay(true);
+            let stream = slot.wrap(stream);
             let acceptor = TlsAcceptor::from(Arc::clone(&tls.material().server));
             let tx = tx.clone();
+            let gate = Arc::clone(&gate);
             handshakes.spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;
                     }
                     Ok(Err(e)) => {
+                        gate.count(crate::connections::Reason::Handshake, Some(remote));
                         tracing::warn!(%remote, error = %e, "TLS handshake refused")
                     }
-                    Err(_) => tracing::warn!(%remote, "TLS handshake timed out"),
+                    Err(_) => {
+                        gate.count(crate::connections::Reason::Handshake, Some(remote));
+                        tracing::warn!(%remote, "TLS handshake timed out")
+                    }
                 }
             });
         }

@@ -1,7 +1,8 @@
 //! A caller that is not a member, beside the workload: throughout the run it sends every node's
 //! peer service forged messages, the way an attacker who reaches the port would: proposals of a
-//! namespace of its own (`adversary-<n>`) and of `AuthDisable`, read-index requests and votes,
-//! carrying the real cluster id and a member's node id, with a wrong peer secret, and (on a TLS
+//! namespace of its own (`adversary-<n>`) and of `AuthDisable`, alone and on the streams
+//! followers forward writes on (`ProposeStream`), read-index requests, votes, and log entries on
+//! the leader's replication stream (`AppendEntriesStream`), carrying the real cluster id and a member's node id, with a wrong peer secret, and (on a TLS
 //! cluster) over a connection with the harness's client certificate instead of a node's.
 //!
 //! It only runs against a cluster whose peers authenticate (a peer secret or node certificates):
@@ -51,13 +52,19 @@ enum Forgery {
     ProposeAuthDisable,
     ReadIndex,
     Vote,
+    /// A namespace proposal as the first message of a forwarding stream.
+    ProposeStream,
+    /// Bytes as the first message of a replication stream.
+    AppendEntriesStream,
 }
 
-const FORGERIES: [Forgery; 4] = [
+const FORGERIES: [Forgery; 6] = [
     Forgery::ProposeNamespace,
     Forgery::ProposeAuthDisable,
     Forgery::ReadIndex,
     Forgery::Vote,
+    Forgery::ProposeStream,
+    Forgery::AppendEntriesStream,
 ];
 
 /// bincode of `Vec<Cmd>` holding one command: a u64 length, the variant's u32 index, its fields.
@@ -91,10 +98,14 @@ pub fn auth_disable_proposal() -> Vec<u8> {
 
 fn payload(forgery: Forgery, n: u64) -> Vec<u8> {
     match forgery {
-        Forgery::ProposeNamespace => create_namespace_proposal(&format!("{PREFIX}{n}")),
+        Forgery::ProposeNamespace | Forgery::ProposeStream => {
+            create_namespace_proposal(&format!("{PREFIX}{n}"))
+        }
         Forgery::ProposeAuthDisable => auth_disable_proposal(),
-        // Whatever the bytes, an unauthenticated vote must not reach Raft.
-        Forgery::ReadIndex | Forgery::Vote => n.to_le_bytes().to_vec(),
+        // Whatever the bytes, an unauthenticated vote or entry must not reach Raft.
+        Forgery::ReadIndex | Forgery::Vote | Forgery::AppendEntriesStream => {
+            n.to_le_bytes().to_vec()
+        }
     }
 }
 
@@ -135,27 +146,36 @@ impl Adversary {
                 };
                 let forgery = FORGERIES[(n % FORGERIES.len() as u64) as usize];
                 let posing_as = rng.pick(&ids).copied().unwrap_or(1);
-                let mut request = Request::new(PeerMessage {
+                let message = PeerMessage {
                     payload: payload(forgery, n),
-                });
+                };
                 let headers = [
                     ("conch-cluster-id", cluster_id.clone()),
                     ("conch-peer-id", posing_as.to_string()),
                     ("conch-peer-secret", format!("{:064x}", u128::from(n))),
                 ];
-                for (key, value) in headers {
-                    if let Ok(value) = value.parse() {
-                        request.metadata_mut().insert(key, value);
-                    }
-                }
-                request.set_timeout(Duration::from_secs(2));
                 let mut peer = ConchPeerClient::new(channel);
                 let answer = match forgery {
                     Forgery::ProposeNamespace | Forgery::ProposeAuthDisable => {
-                        peer.propose(request).await.map(|_| ())
+                        peer.propose(forged(message, &headers)).await.map(|_| ())
                     }
-                    Forgery::ReadIndex => peer.read_index(request).await.map(|_| ()),
-                    Forgery::Vote => peer.vote(request).await.map(|_| ()),
+                    Forgery::ReadIndex => {
+                        peer.read_index(forged(message, &headers)).await.map(|_| ())
+                    }
+                    Forgery::Vote => peer.vote(forged(message, &headers)).await.map(|_| ()),
+                    // A stream is refused when it opens; one that opens is accepted.
+                    Forgery::ProposeStream => {
+                        let stream = futures::stream::iter([message]);
+                        peer.propose_stream(forged(stream, &headers))
+                            .await
+                            .map(|_| ())
+                    }
+                    Forgery::AppendEntriesStream => {
+                        let stream = futures::stream::iter([message]);
+                        peer.append_entries_stream(forged(stream, &headers))
+                            .await
+                            .map(|_| ())
+                    }
                 };
                 report.sent += 1;
                 match answer {
@@ -182,6 +202,18 @@ impl Adversary {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or_default()
     }
+}
+
+/// `message` with the forger's `headers`, and a timeout.
+fn forged<T>(message: T, headers: &[(&'static str, String)]) -> Request<T> {
+    let mut request = Request::new(message);
+    for (key, value) in headers {
+        if let Ok(value) = value.parse() {
+            request.metadata_mut().insert(*key, value);
+        }
+    }
+    request.set_timeout(Duration::from_secs(2));
+    request
 }
 
 /// The `adversary-` namespaces that exist, read through `channel`.

@@ -34,10 +34,15 @@ fn token_hash(metadata: &MetadataMap) -> Option<TokenHash> {
     metadata
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, token) = v.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then_some(token)
-        })
+        .and_then(bearer_hash)
+}
+
+/// SHA-256 of the token of an `authorization: Bearer <token>` value.
+pub fn bearer_hash(value: &str) -> Option<TokenHash> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token)
         .filter(|t| !t.trim().is_empty())
         .map(hash_token)
 }

@@ -409,6 +409,17 @@ impl AdminService {
     }
 }
 
+/// What of the state a cluster status shows its caller.
+#[derive(Clone, Copy)]
+enum StatusView {
+    /// Every namespace's counts: a cluster admin, or access control off.
+    All,
+    /// The counts of the namespaces the caller's token may read.
+    Readable,
+    /// No counts, no cluster id or state hash: a call without a known token.
+    Nothing,
+}
+
 /// Answers a call forwarded to another node (the leader, or a leadership target) with that
 /// node's own reply or status.
 fn forwarded<T>(reply: Result<Response<T>, Status>) -> Result<Response<T>, Status> {
@@ -422,14 +433,23 @@ impl ConchAdmin for AdminService {
         request: Request<cpb::ClusterStatusRequest>,
     ) -> Result<Response<cpb::ClusterStatusResponse>, Status> {
         // Any known token may read the cluster's status (as any client may check etcd's
-        // endpoint health): it shows roles, indexes and members, nothing of the namespaces.
-        // With --status-without-token, so may a call with no token (a monitoring check).
+        // endpoint health): roles, indexes and members, and the counts of the namespaces it
+        // may read (all of them for a cluster admin, or with access control off). With
+        // --status-without-token, so may a call with no token (a monitoring check), which
+        // sees no counts, cluster id or state hash.
         let caller = Caller::of(&self.node, &request);
         if self.node.config.status_without_token {
             caller.setting_up(&self.node)?;
         } else {
             caller.authenticated(&self.node)?;
         }
+        let sees = if caller.allow(&self.node, Access::ClusterAdmin).is_ok() {
+            StatusView::All
+        } else if caller.authenticated(&self.node).is_ok() {
+            StatusView::Readable
+        } else {
+            StatusView::Nothing
+        };
         let (term, state, last_log_index, applied_index, snapshot_index, leader_id) = {
             let m = self.node.raft_status();
             (
@@ -454,11 +474,22 @@ impl ConchAdmin for AdminService {
             tokio::task::spawn_blocking(move || {
                 (
                     applied.state_hash(),
-                    applied.read(|s| (s.stats(), s.cluster_version().0, s.data_format())),
+                    applied.read(|s| {
+                        let stats = match sees {
+                            StatusView::All => s.stats(),
+                            StatusView::Readable => s.stats_where(|ns| caller.may_read_in(s, ns)),
+                            StatusView::Nothing => crate::state::Stats::default(),
+                        };
+                        (stats, s.cluster_version().0, s.data_format())
+                    }),
                 )
             })
             .await
             .map_err(|e| ApiError::Internal(format!("state hash: {e}")))?;
+        let (state_hash, cluster_id) = match sees {
+            StatusView::Nothing => (0, String::new()),
+            _ => (state_hash, self.node.cluster_id.get().unwrap_or_default()),
+        };
         // openraft 0.9 does not export the commit index; everything applied is committed.
         let commit_index = self.node.applied.applied_index().max(applied_index);
         Ok(Response::new(cpb::ClusterStatusResponse {
@@ -481,7 +512,7 @@ impl ConchAdmin for AdminService {
             leases: stats.leases,
             holders: stats.holders,
             waiters: stats.waiters,
-            cluster_id: self.node.cluster_id.get().unwrap_or_default(),
+            cluster_id,
             release: crate::release::RELEASE.to_string(),
             cluster_version_max: crate::state::version::NEWEST,
             cluster_version,

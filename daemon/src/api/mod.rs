@@ -14,6 +14,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+use crate::connections::Gate;
 use crate::identity::CLUSTER_ID_HEADER;
 use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
@@ -33,6 +34,7 @@ pub mod peer;
 pub mod quota;
 pub mod request_id;
 pub mod responses;
+pub mod slots;
 pub mod status;
 pub mod sync;
 pub mod watch_loss;
@@ -173,7 +175,7 @@ pub async fn serve(
         .build_v1alpha()
         .inspect_err(|e| tracing::warn!(error = %e, "gRPC reflection v1alpha unavailable"))
         .ok();
-    let builder = || {
+    let builder = |gate: &Arc<Gate>| {
         Server::builder()
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
             .max_concurrent_streams(Some(admission::MAX_STREAMS_PER_CONNECTION))
@@ -184,28 +186,33 @@ pub async fn serve(
             .http2_max_pending_accept_reset_streams(Some(
                 admission::MAX_STREAMS_PER_CONNECTION as usize,
             ))
+            // Each call holds its connection open and may show who is calling (connections.rs).
+            .layer(slots::SlotLayer::new(Arc::clone(&node), Arc::clone(gate)))
             // Every call is counted; every client-facing response names the leader, errors too.
             .layer(responses::ResponseLayer::new(Arc::clone(&node)))
     };
     let shared_port = peer_listener.is_none();
-    let clients = builder()
+    let client_gate = node.connection_gate("client");
+    let clients = builder(&client_gate)
         .add_routes(client_routes(&node))
         .add_service(health_service.clone())
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
         .add_optional_service(shared_port.then(|| peer_service(&node)));
     let Some(peer_listener) = peer_listener else {
-        return serve_on(&node, clients, listener, shutdown).await;
+        return serve_on(&node, clients, client_gate, listener, shutdown).await;
     };
-    let peers = builder()
+    let peer_gate = node.connection_gate("peer");
+    let peers = builder(&peer_gate)
         .add_service(peer_service(&node))
         .add_service(admin_service(&node))
         .add_service(health_service);
     let (served, peers_served) = tokio::join!(
-        serve_on(&node, clients, listener, shutdown.clone()),
+        serve_on(&node, clients, client_gate, listener, shutdown.clone()),
         serve_on(
             &node,
             peers,
+            peer_gate,
             crate::transport::Listener::Tcp(peer_listener),
             shutdown
         ),
@@ -214,53 +221,39 @@ pub async fn serve(
 }
 
 type ClientRouter = tonic::transport::server::Router<
-    tower::layer::util::Stack<responses::ResponseLayer, tower::layer::util::Identity>,
+    tower::layer::util::Stack<
+        responses::ResponseLayer,
+        tower::layer::util::Stack<slots::SlotLayer, tower::layer::util::Identity>,
+    >,
 >;
 
 async fn serve_on(
     node: &Node,
     router: ClientRouter,
+    gate: Arc<Gate>,
     listener: crate::transport::Listener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let listener = match listener {
         crate::transport::Listener::Tcp(listener) => listener,
         crate::transport::Listener::Incoming(incoming) => {
-            return serve_limited(node, router, incoming, shutdown).await;
+            let incoming = crate::connections::guard(incoming, gate);
+            return router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await;
         }
     };
     if let Some(tls) = &node.config.tls {
-        let incoming = crate::tls::incoming(listener, Arc::clone(tls), &node.tasks);
-        return serve_limited(node, router, incoming, shutdown).await;
+        let incoming = crate::tls::incoming(listener, Arc::clone(tls), gate, &node.tasks);
+        return router
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await;
     }
     // Accepted sockets get TCP_NODELAY here: with a custom listener tonic ignores
     // `Server::tcp_nodelay`, and Nagle's algorithm with delayed ACKs stalls replies by ~40 ms.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    serve_limited(node, router, incoming, shutdown).await
-}
-
-/// Serves the connections of `incoming`, at most `MAX_CONNECTIONS` of them open at once.
-async fn serve_limited<IO>(
-    node: &Node,
-    router: ClientRouter,
-    incoming: impl futures::Stream<Item = std::io::Result<IO>>,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), tonic::transport::Error>
-where
-    IO: tonic::transport::server::Connected
-        + tokio::io::AsyncRead
-        + tokio::io::AsyncWrite
-        + Unpin
-        + Send
-        + 'static,
-    IO::ConnectInfo: Clone + Send + Sync + 'static,
-{
-    use admission::{MAX_CONNECTIONS, limit_connections};
-    let refused = node.metrics.connections_refused.clone();
+    let incoming = crate::connections::guard(incoming, gate);
     router
-        .serve_with_incoming_shutdown(
-            limit_connections(incoming, MAX_CONNECTIONS, refused),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

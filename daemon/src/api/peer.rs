@@ -142,7 +142,7 @@ fn refuse(node: &Node, what: &str) -> ApiError {
     ApiError::PeerRefused(NOT_A_MEMBER.into())
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

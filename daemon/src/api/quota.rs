@@ -32,6 +32,21 @@ impl QuotaService {
     }
 }
 
+impl QuotaService {
+    /// `response` as `caller` may see it: the bytes stored over the whole state (every
+    /// namespace's) only for a cluster admin (or with access control off).
+    fn for_caller(
+        &self,
+        caller: &Caller,
+        mut response: cpb::NamespaceQuotasResponse,
+    ) -> cpb::NamespaceQuotasResponse {
+        if caller.allow(&self.node, Access::ClusterAdmin).is_err() {
+            response.state_bytes = 0;
+        }
+        response
+    }
+}
+
 fn quotas_message(q: &Quotas) -> cpb::NamespaceQuotas {
     cpb::NamespaceQuotas {
         semaphores: q.semaphores,
@@ -80,7 +95,9 @@ impl ConchQuota for QuotaService {
             .applied
             .read(|s| s.quotas(&r.namespace_name))
             .map_err(ApiError::from)?;
-        Ok(Response::new(quotas_response(view)))
+        Ok(Response::new(
+            self.for_caller(&caller, quotas_response(view)),
+        ))
     }
 
     async fn set_namespace_quotas(
@@ -105,7 +122,9 @@ impl ConchQuota for QuotaService {
             },
         };
         match self.write(&caller, cmd).await? {
-            Outcome::Quotas(view) => Ok(Response::new(quotas_response(view))),
+            Outcome::Quotas(view) => Ok(Response::new(
+                self.for_caller(&caller, quotas_response(view)),
+            )),
             other => Err(unexpected(other)),
         }
     }

@@ -161,6 +161,24 @@ pub struct Flags {
     #[arg(long, env = "CONCH_STATUS_WITHOUT_TOKEN", help_heading = "Operations")]
     pub status_without_token: bool,
 
+    /// Most connections one IP address may hold open on each of the node's listeners (client,
+    /// peer, metrics, status page); one more is closed at once and counted in
+    /// conch_connections_refused_total. Many clients on one host share its address [default:
+    /// 1000].
+    #[arg(
+        long,
+        env = "CONCH_MAX_CONNECTIONS_PER_ADDRESS",
+        help_heading = "Operations"
+    )]
+    pub max_connections_per_address: Option<usize>,
+
+    /// Take a data directory that holds a node's state but no node-id file as this node's
+    /// (--id), recording the id. Without it such a directory is refused: every release records
+    /// the id, so a directory without it is a copy or a damaged one, and a copy of another
+    /// node's directory must not join as this node with that node's log and vote.
+    #[arg(long, env = "CONCH_ADOPT_DATA_DIR", help_heading = "Operations")]
+    pub adopt_data_dir: bool,
+
     /// A one-off task instead of serving (the flags above are then not used).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -198,6 +216,8 @@ impl Flags {
             log_format: self.log_format,
             worker_threads: self.worker_threads,
             status_without_token: self.status_without_token,
+            max_connections_per_address: self.max_connections_per_address,
+            adopt_data_dir: self.adopt_data_dir,
         }
     }
 }

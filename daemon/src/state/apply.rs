@@ -77,7 +77,8 @@ impl State {
         if let Some((ns, lease)) = cmd.lease_used()
             && let Some(owner) = namespaces.get(ns).and_then(|n| n.lease_owner(lease))
         {
-            auth.may_use_lease(token, caller, ns, lease, owner)?;
+            auth.may_use_lease(token, caller, ns, lease, owner)
+                .map_err(|denied| super::read::as_if_missing(cmd, denied))?;
         }
         // What the trail records if the command succeeds, read before it changes anything.
         let drafts = audit_drafts(namespaces, cmd, caller, budget);

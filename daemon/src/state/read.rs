@@ -57,6 +57,20 @@ pub(super) fn semaphore_not_found(name: &str) -> Error {
     Error::not_found(format!("semaphore {name} not found"))
 }
 
+/// A refresh or revoke of a lease another token created answers as one of a missing lease
+/// (`denied` becomes NOT_FOUND with the same message), so a token learns nothing of leases it
+/// may not see; other refusals stay as they are.
+pub(super) fn as_if_missing(cmd: &Cmd, denied: Error) -> Error {
+    match cmd {
+        Cmd::RefreshLease { kind, lease, .. } | Cmd::RevokeLease { kind, lease, .. }
+            if denied.kind == ErrorKind::PermissionDenied =>
+        {
+            lease_of_kind_not_found(*kind, lease)
+        }
+        _ => denied,
+    }
+}
+
 pub(super) fn lease_not_found(id: &str) -> Error {
     Error::not_found(format!("lease {id} not found"))
 }
@@ -591,6 +605,7 @@ impl State {
         self.data
             .auth
             .may_use_lease(token, caller, ns, lease, owner)
+            .map_err(|denied| as_if_missing(cmd.unwrapped(), denied))
     }
 
     /// Leases in creation order; `process_id` filters when `Some`.
@@ -730,6 +745,24 @@ impl State {
     /// The state's budget on stored bytes, and the stored bytes.
     pub fn budget(&self) -> (u64, u64) {
         (self.data.budget.bytes, self.index().bytes())
+    }
+
+    /// The totals over the namespaces `visible` lets through (a token's readable ones).
+    pub fn stats_where(&self, mut visible: impl FnMut(&str) -> bool) -> Stats {
+        let mut stats = Stats::default();
+        for ns in self.data.namespaces.map().values() {
+            if !visible(ns.name()) {
+                continue;
+            }
+            stats.namespaces += 1;
+            stats.semaphores += ns.semaphores().len() as u64;
+            stats.leases += ns.leases().len() as u64;
+            for sem in ns.semaphores().values() {
+                stats.holders += sem.holders().len() as u64;
+                stats.waiters += sem.waiters().len() as u64;
+            }
+        }
+        stats
     }
 
     pub fn stats(&self) -> Stats {

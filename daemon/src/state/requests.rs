@@ -28,6 +28,18 @@ pub(super) fn scoped_key(token: &str, namespace: &str, id: &str) -> String {
     format!("t{token}/{namespace}/{id}")
 }
 
+/// The group whose quota `key` counts against: its token and namespace for a [`scoped_key`]
+/// (`t<token>/<namespace>`), its namespace for a plain id (0.1.0's keys, and cluster version
+/// 1's). The two never meet: a namespace name holds no `/`. So from cluster version 2 on, when
+/// ids are scoped, a namespace's `request_ids` quota bounds each token's ids in it, and one
+/// token's writes never push another's ids out.
+fn quota_group(key: &str, namespace: &str) -> String {
+    match key.strip_prefix('t').and_then(|_| key.rsplit_once('/')) {
+        Some((scope, _)) if key.matches('/').count() == 2 => scope.to_string(),
+        _ => namespace.to_string(),
+    }
+}
+
 /// Whether `key` is a plain request id (as 0.1.0 keys them) or a [`scoped_key`] of one.
 fn valid_key(key: &str) -> bool {
     let id = match key
@@ -57,6 +69,9 @@ pub(super) struct Requests {
     /// Derived: namespace ("" for commands about none) -> the `seq`s of its entries.
     #[serde(skip)]
     by_namespace: BTreeMap<String, BTreeSet<u64>>,
+    /// Derived: quota group ([`quota_group`]) -> the `seq`s of its entries.
+    #[serde(skip)]
+    by_group: BTreeMap<String, BTreeSet<u64>>,
 }
 
 /// Reached only through `&` outside this module.
@@ -96,8 +111,9 @@ impl Requests {
     }
 
     /// Remembers `reply` under `id` (replacing what was there) as the newest entry of
-    /// `namespace`, forgetting that namespace's oldest entries beyond `quota`, then the oldest
-    /// of all beyond the cap.
+    /// `namespace`, forgetting the oldest entries of its quota group ([`quota_group`]: the
+    /// token's in that namespace, or the namespace's for a plain id) beyond `quota`, then the
+    /// oldest of all beyond the cap.
     #[allow(clippy::too_many_arguments)] // one entry's fields, and where it counts
     pub(super) fn remember(
         &mut self,
@@ -116,6 +132,8 @@ impl Requests {
             .entry(namespace.to_string())
             .or_default()
             .insert(seq);
+        let group = quota_group(id, namespace);
+        self.by_group.entry(group.clone()).or_default().insert(seq);
         if let Some(waiter) = &waiter {
             self.waiting
                 .entry(waiter.clone())
@@ -134,10 +152,10 @@ impl Requests {
                 waiter,
             },
         );
-        while self.count(namespace) > quota {
+        while self.by_group.get(&group).map_or(0, |s| s.len() as u64) > quota {
             let oldest = self
-                .by_namespace
-                .get(namespace)
+                .by_group
+                .get(&group)
                 .and_then(|seqs| seqs.first())
                 .and_then(|seq| self.order.get(seq))
                 .cloned();
@@ -165,6 +183,13 @@ impl Requests {
             seqs.remove(&entry.seq);
             if seqs.is_empty() {
                 self.by_namespace.remove(&entry.namespace);
+            }
+        }
+        let group = quota_group(id, &entry.namespace);
+        if let Some(seqs) = self.by_group.get_mut(&group) {
+            seqs.remove(&entry.seq);
+            if seqs.is_empty() {
+                self.by_group.remove(&group);
             }
         }
         if let Some(waiter) = &entry.waiter {
@@ -235,12 +260,17 @@ impl Requests {
         self.order.clear();
         self.waiting.clear();
         self.by_namespace.clear();
+        self.by_group.clear();
         for (id, entry) in &self.entries {
             if self.order.insert(entry.seq, id.clone()).is_some() {
                 return Err(format!("request sequence {} is used twice", entry.seq));
             }
             self.by_namespace
                 .entry(entry.namespace.clone())
+                .or_default()
+                .insert(entry.seq);
+            self.by_group
+                .entry(quota_group(id, &entry.namespace))
                 .or_default()
                 .insert(entry.seq);
             if let Some(waiter) = &entry.waiter {
@@ -266,6 +296,7 @@ impl Requests {
         let mut order = BTreeMap::new();
         let mut waiting: BTreeMap<WaiterRef, BTreeSet<String>> = BTreeMap::new();
         let mut by_namespace: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+        let mut by_group: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
         let horizon = clock_ns.saturating_sub(REQUEST_RETENTION_NS);
         for (id, entry) in &self.entries {
             let at = |what: &str| format!("request id {id}: {what}");
@@ -278,6 +309,10 @@ impl Requests {
             }
             by_namespace
                 .entry(entry.namespace.clone())
+                .or_default()
+                .insert(entry.seq);
+            by_group
+                .entry(quota_group(id, &entry.namespace))
                 .or_default()
                 .insert(entry.seq);
             if entry.at_ns > clock_ns || entry.at_ns <= horizon {
@@ -318,7 +353,11 @@ impl Requests {
             .into_iter()
             .map(|(seq, id)| (seq, id.clone()))
             .collect();
-        if order != self.order || waiting != self.waiting || by_namespace != self.by_namespace {
+        if order != self.order
+            || waiting != self.waiting
+            || by_namespace != self.by_namespace
+            || by_group != self.by_group
+        {
             return Err("request id indexes do not match the entries".into());
         }
         Ok(())

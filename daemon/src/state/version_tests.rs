@@ -162,3 +162,35 @@ fn an_id_remembered_before_the_raise_still_answers_its_retry_after_it() {
     t.ok(raise(NEWEST));
     t.repeat(once_as(0xa, "r", create_lease("p")), &first);
 }
+
+#[test]
+fn after_the_raise_each_token_has_the_namespace_s_request_id_quota_to_itself() {
+    // t=1s  raise; namespace n with a request-id quota of 2
+    // t=2s  token A: leases with ids a1; then token B: b1, b2, b3 (past its own 2)
+    // t=..  token A repeats a1                      -> the same lease: B pushed none of A's out
+    // t=..  token B repeats b1                      -> a new lease: B's own oldest went first
+    let mut t = Timeline::stepping(S);
+    t.ok(raise(NEWEST));
+    t.ok(create_ns("n"));
+    t.ok(Cmd::SetQuotas {
+        ns: "n".into(),
+        quotas: super::quota::Quotas {
+            request_ids: 2,
+            ..Default::default()
+        },
+    });
+    let a1 = lease_id(&t.ok(once_as(0xa, "a1", create_lease("a"))));
+    let b1 = lease_id(&t.ok(once_as(0xb, "b1", create_lease("b"))));
+    t.ok(once_as(0xb, "b2", create_lease("b")));
+    t.ok(once_as(0xb, "b3", create_lease("b")));
+    assert_eq!(
+        lease_id(&t.ok(once_as(0xa, "a1", create_lease("a")))),
+        a1,
+        "A's id is still remembered"
+    );
+    assert_ne!(
+        lease_id(&t.ok(once_as(0xb, "b1", create_lease("b")))),
+        b1,
+        "B's oldest id was forgotten for B's newer ones"
+    );
+}

@@ -44,8 +44,9 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 
 /// Serves the status page on `listener` until the node stops.
 pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
+    let gate = node.connection_gate("ui");
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "status page listener: accept failed");
@@ -53,26 +54,38 @@ pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
                 continue;
             }
         };
+        let Ok(slot) = gate.admit(Some(remote)) else {
+            continue;
+        };
+        let conn = Arc::clone(slot.conn());
+        let stream = slot.wrap(stream);
         let tasks = node.tasks.clone();
         let node = Arc::clone(&node);
+        let gate = Arc::clone(&gate);
         tasks.spawn(async move {
             match node.config.tls.as_ref().map(|tls| tls.page_acceptor()) {
                 Some(acceptor) => {
                     let handshake =
                         tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
                     match handshake.await {
-                        Ok(Ok(stream)) => connection(node, stream).await,
-                        Ok(Err(e)) => tracing::debug!(error = %e, "status page: TLS handshake"),
-                        Err(_) => tracing::debug!("status page: TLS handshake timed out"),
+                        Ok(Ok(stream)) => connection(node, conn, stream).await,
+                        Ok(Err(e)) => {
+                            gate.count(crate::connections::Reason::Handshake, Some(remote));
+                            tracing::debug!(error = %e, "status page: TLS handshake")
+                        }
+                        Err(_) => {
+                            gate.count(crate::connections::Reason::Handshake, Some(remote));
+                            tracing::debug!("status page: TLS handshake timed out")
+                        }
                     }
                 }
-                None => connection(node, stream).await,
+                None => connection(node, conn, stream).await,
             }
         });
     }
 }
 
-async fn connection<S>(node: Arc<Node>, stream: S)
+async fn connection<S>(node: Arc<Node>, conn: Arc<crate::connections::Conn>, stream: S)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -80,7 +93,12 @@ where
     use hyper_util::rt::TokioIo;
     let service = hyper::service::service_fn(move |request| {
         let node = Arc::clone(&node);
-        async move { Ok::<_, std::convert::Infallible>(respond(&node, &request).await) }
+        let call = conn.call();
+        async move {
+            let response = respond(&node, &request).await;
+            drop(call);
+            Ok::<_, std::convert::Infallible>(response)
+        }
     });
     let connection = http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())

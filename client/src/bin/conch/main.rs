@@ -56,6 +56,8 @@ fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(e) => return clap_exit(e),
     };
+    // Before any thread starts and any command runs: the token has been read.
+    blank_in_environment_block("CONCH_TOKEN");
     if token_on_command_line {
         eprintln!(
             "conch: --token puts the token where every user of this machine can read it (the \
@@ -82,6 +84,52 @@ fn main() -> ExitCode {
             ExitCode::from(exit::code_for(&e))
         }
     }
+}
+
+/// Overwrites the value of `name` with zero bytes where the kernel keeps this process's
+/// environment as it started, which `/proc/<pid>/environ` shows to every process of the same
+/// user, the command conch runs among them. Removing the variable would not do: the C library
+/// only drops its pointer to that memory. `getenv` then finds it empty. Best effort: where
+/// `/proc` cannot be written, the block stays as it was.
+#[cfg(target_os = "linux")]
+fn blank_in_environment_block(name: &str) {
+    if std::env::var_os(name).is_some() {
+        let _ = blank_linux(name);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn blank_in_environment_block(_name: &str) {}
+
+#[cfg(target_os = "linux")]
+fn blank_linux(name: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let invalid = || std::io::Error::other("unexpected /proc/self/stat");
+    // Field 50 of /proc/self/stat is where the environment block starts; fields from the 3rd
+    // follow the command name's closing parenthesis.
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let (_, fields) = stat.rsplit_once(')').ok_or_else(invalid)?;
+    let start: u64 = fields
+        .split_whitespace()
+        .nth(50 - 3)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(invalid)?;
+    let block = std::fs::read("/proc/self/environ")?;
+    let prefix = format!("{name}=");
+    let mem = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/mem")?;
+    let mut offset = 0u64;
+    for entry in block.split(|b| *b == 0) {
+        if let Some(value) = entry.strip_prefix(prefix.as_bytes())
+            && !value.is_empty()
+        {
+            let at = start + offset + prefix.len() as u64;
+            mem.write_all_at(&vec![0u8; value.len()], at)?;
+        }
+        offset += entry.len() as u64 + 1;
+    }
+    Ok(())
 }
 
 /// Parses the command line; also says whether the token came from it (`--token`) rather than
