@@ -219,19 +219,6 @@ impl Error {
         matches!(self, Error::Unavailable { .. } | Error::Timeout { .. })
     }
 
-    /// `true` when the TLS settings are what is wrong: unusable files ([`Error::InvalidTls`]),
-    /// or no node could be reached because of them (TLS spoken to a plaintext node or the other
-    /// way round, a node certificate of another CA, a client certificate missing, of another
-    /// CA, or revoked: with TLS on, the last node closed the connection right after the
-    /// handshake). A plaintext connection that merely broke is not.
-    pub fn is_tls_configuration(&self) -> bool {
-        match self {
-            Error::InvalidTls { .. } => true,
-            Error::Unavailable { last, .. } => crate::tls::certain_tls_problem(last),
-            _ => false,
-        }
-    }
-
     /// `true` for [`Error::LeaseLost`].
     pub fn is_lease_lost(&self) -> bool {
         matches!(self, Error::LeaseLost { .. })

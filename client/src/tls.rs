@@ -191,6 +191,22 @@ const GIVE_CACERT_CERTAIN: &str =
 /// client and a plaintext node or the other way round, a node certificate of another CA, a
 /// client certificate missing, of another CA or revoked (see [`CERTAIN`]). A plaintext
 /// connection that broke is not.
+// Written here rather than in `error.rs`, which the TLS settings' own errors are built from.
+impl Error {
+    /// `true` when the TLS settings are what is wrong: unusable files ([`Error::InvalidTls`]),
+    /// or no node could be reached because of them (TLS spoken to a plaintext node or the other
+    /// way round, a node certificate of another CA, a client certificate missing, of another
+    /// CA, or revoked: with TLS on, the last node closed the connection right after the
+    /// handshake). A plaintext connection that merely broke is not.
+    pub fn is_tls_configuration(&self) -> bool {
+        match self {
+            Error::InvalidTls { .. } => true,
+            Error::Unavailable { last, .. } => certain_tls_problem(last),
+            _ => false,
+        }
+    }
+}
+
 pub(crate) fn certain_tls_problem(text: &str) -> bool {
     CERTAIN
         .iter()
