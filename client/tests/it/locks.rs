@@ -1,14 +1,12 @@
-//! The client's lock calls against real conchd nodes run in-process (tests/common): lock
+//! The client's lock calls against real conchd nodes run in-process (tests/it/common): lock
 //! leases kept alive and revoked, a wait chained over many RPCs keeping its place, the
 //! contention an unsuccessful acquire reports, fencing tokens, and a hold dropped by
 //! `DeleteLock`.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Cluster, eventually};
+use crate::common::{Cluster, eventually};
 use conch_client::lock::{self, LockOutcome};
 use conch_client::proto::grackle::ContentionReason;
 use conch_client::{Client, ClientConfig, Error, Guard, Lease, LeaseKind};
