@@ -266,7 +266,7 @@ impl NodeConfig {
 
     /// Binds (unless bound already) and validates: the configuration as `conchd` would build it
     /// from the same flags, with the bound address as `--listen`.
-    async fn bind(self) -> Result<(Config, tokio::net::TcpListener), EmbedError> {
+    pub(crate) async fn bind(self) -> Result<(Config, tokio::net::TcpListener), EmbedError> {
         let NodeConfig { listen, mut flags } = self;
         let listener = match listen {
             Listen::Addr(text) => tokio::net::TcpListener::bind(text.as_str())
