@@ -12,7 +12,7 @@ help:
 	@echo "make cluster-secure  the same with TLS, client certificates, peer mutual TLS and access control"
 	@echo "make cluster-stop  stop the nodes started by make cluster(-secure)"
 	@echo "make check         fmt, clippy (warnings are errors), unit and property tests: < 2 min after a one-line change"
-	@echo "make test          CI's command: build, doc tests, simulator seeds, every test but the slow tier: ~TIME_TEST from a clean clone"
+	@echo "make test          CI's command: build, doc tests, simulator seeds, every test but the slow tier: <= 15 min from a clean clone"
 	@echo "make test-all      test + the slow tier (bug searches, long Jepsen runs, browser, etcd) + dist-test + test-upgrade"
 	@echo "make test-slow     the slow tier alone"
 	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
