@@ -4,14 +4,17 @@ CLUSTER_DIR ?= $(CURDIR)/.cluster
 
 PREVIOUS_RELEASE ?= 0.1.0
 
-.PHONY: help build release dist dist-test dist-clean-test test test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop docs fmt lint bench bench-etcd jepsen sim proptest clean
+.PHONY: help build release dist dist-test dist-clean-test check test test-slow test-all nextest-installed test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop docs fmt lint bench bench-etcd jepsen sim proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
 	@echo "make cluster       start a local 3-node cluster on 127.0.0.1:7001-7003 in the background"
 	@echo "make cluster-secure  the same with TLS, client certificates, peer mutual TLS and access control"
 	@echo "make cluster-stop  stop the nodes started by make cluster(-secure)"
-	@echo "make test          build everything and run every test (unit, property, process-level)"
+	@echo "make check         fmt, clippy (warnings are errors), unit and property tests: < 2 min after a one-line change"
+	@echo "make test          CI's command: build, doc tests, simulator seeds, every test but the slow tier: <= 15 min from a clean clone"
+	@echo "make test-all      test + the slow tier (bug searches, long Jepsen runs, browser, etcd) + dist-test + dist-clean-test + test-upgrade + docs"
+	@echo "make test-slow     the slow tier alone"
 	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
 	@echo "make jepsen DURATION=60 NODES=3   fault injection soak with the safety checker"
 	@echo "make sim SEEDS=500 NODES=3        deterministic simulation: seeds of faults, each replayable"
@@ -48,23 +51,48 @@ dist-test:
 dist-clean-test:
 	@packaging/dist-clean-test.sh
 
+# The test tiers (README, Development; .config/nextest.toml says which test is in which):
+# - check: the lint, unit tests and the state machine's property tests at a few cases each;
+#   the loop after a change.
+# - test: CI's and the README's command. Builds everything, runs the doc tests, the simulator's
+#   fixed seeds and every unit, property and process-level test but the slow ones.
+# - test-all: test, plus the slow tier (the simulator's bug searches, the long Jepsen runs, the
+#   browser test, the etcd baseline), the release artifacts' check and the rolling upgrade from
+#   the previous release. It must pass before a change that touches those is called done.
+# A failing test's replay command is printed after the runner's summary.
+
+# Property test cases per property in `make check` (`make test` runs 256, `make proptest` more).
+CHECK_CASES ?= 32
+
+check: lint nextest-installed
+	PROPTEST_CASES=$(CHECK_CASES) $(NEXTEST) --workspace --lib --bins --no-fail-fast \
+		|| { scripts/replay-failures.sh default; exit 1; }
+
 # Process-level tests start the conchd/conch binaries, so build them first, and the clock tests
 # preload libfaketime (test-deps installs it when missing).
-# Doc tests and the release artifacts' check first, so the test runner's summary is the last
-# thing printed.
+# Doc tests first, so the test runner's summary is the last thing printed.
 # The simulator's fixed budget: seeds 1..=SIM_SEEDS (about two minutes on two cores).
 SIM_SEEDS ?= 30
+NEXTEST = $(CARGO) nextest run
 
-test: test-deps
+test: test-deps nextest-installed
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --doc
-	@packaging/dist-test.sh
 	target/debug/conch-sim --seeds $(SIM_SEEDS) --first-seed 1 --jobs 2
-	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
-		$(CARGO) nextest run --workspace --no-fail-fast; \
-	else \
-		$(CARGO) test --workspace --no-fail-fast; \
-	fi
+	$(NEXTEST) --workspace --no-fail-fast || { scripts/replay-failures.sh default; exit 1; }
+
+# The slow tier alone (`make test` does not run it).
+test-slow: test-deps nextest-installed
+	$(CARGO) build --workspace --bins
+	$(NEXTEST) --workspace --profile slow --no-fail-fast || { scripts/replay-failures.sh slow; exit 1; }
+
+test-all: test test-slow dist-test dist-clean-test test-upgrade docs
+
+nextest-installed:
+	@$(CARGO) nextest --version >/dev/null 2>&1 || { \
+		echo "the tests run under cargo-nextest (one process per test): install it with" >&2; \
+		echo "  cargo install cargo-nextest --locked   (or see https://nexte.st)" >&2; \
+		exit 1; }
 
 # A rolling upgrade from the previous release (RELEASES.toml), whose binaries are built from git
 # once and cached under target/releases/: the upgrade test (node by node under load, a step
@@ -72,8 +100,8 @@ test: test-deps
 test-upgrade:
 	$(CARGO) build --workspace --bins
 	@bin=$$(scripts/release-binaries.sh $(PREVIOUS_RELEASE)) && \
-	CONCH_PREVIOUS_CONCHD=$$bin/conchd $(CARGO) nextest run -p cluster-tests --test upgrade \
-		--ignore-default-filter -E 'test(previous_release)' && \
+	CONCH_PREVIOUS_CONCHD=$$bin/conchd $(NEXTEST) -p cluster-tests --test it \
+		--ignore-default-filter -E 'test(/^upgrade::/) & test(previous_release)' && \
 	target/debug/conch-jepsen --duration 40 --nodes 3 --upgrade-from $$bin/conchd && \
 	target/debug/conch-jepsen --duration 40 --nodes 5 --upgrade-from $$bin/conchd
 

@@ -10,7 +10,7 @@
 //! - [`rng`]: the seeded random stream behind every replayable choice (`CONCH_SEED`);
 //! - [`ops`]: small helpers over the Grackle API; [`proc`]: a process a test started (a
 //!   `conch`), killed on drop with the process groups it made;
-//! - [`jepsen`]: fault injection and the safety checker (`conch-jepsen`, `tests/jepsen.rs`);
+//! - [`jepsen`]: fault injection and the safety checker (`conch-jepsen`, `tests/it/jepsen.rs`);
 //! - [`bench`]: the benchmark workloads (`conch-bench`).
 //!
 //! Every process started here is killed when its owner is dropped, also when a test panics,

@@ -563,3 +563,70 @@ pub fn members_of(listeners: &[std::net::TcpListener]) -> std::io::Result<BTreeM
         .map(|(l, id)| Ok((id, l.local_addr()?.to_string())))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::NodeConfig;
+    use crate::server::{Running, serve, start_with_listener};
+
+    // `server::Running` is tested here, beside the configuration that builds it (the server
+    // does not import this module).
+
+    /// Generous: the machine running the tests may be busy.
+    const WITHIN: Duration = Duration::from_secs(30);
+
+    async fn started(dir: &std::path::Path) -> Running {
+        let (config, listener) = NodeConfig::single("127.0.0.1:0", dir)
+            .bind()
+            .await
+            .expect("bind a free port");
+        start_with_listener(Arc::new(config), listener)
+            .await
+            .expect("start a single node")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_dropped_without_serving_stops_before_its_directory_is_released() {
+        let dir = tempfile::tempdir().expect("a scratch directory");
+        let running = started(dir.path()).await;
+        let node = Arc::clone(&running.node);
+        let mut raft = node.raft.metrics();
+        assert!(node.tasks.running() > 0, "the node's tasks run");
+
+        drop(running);
+
+        // Raft's core ends: the channel its metrics come on closes.
+        tokio::time::timeout(WITHIN, async { while raft.changed().await.is_ok() {} })
+            .await
+            .expect("Raft stopped after the node was dropped");
+        // So does every task the node started.
+        let deadline = Instant::now() + WITHIN;
+        while node.tasks.running() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} task(s) still run",
+                node.tasks.running()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // And the directory's lock was let go: the same directory opens again.
+        let deadline = Instant::now() + WITHIN;
+        let again = loop {
+            let (config, listener) = NodeConfig::single("127.0.0.1:0", dir.path())
+                .bind()
+                .await
+                .expect("bind a free port");
+            match start_with_listener(Arc::new(config), listener).await {
+                Ok(running) => break running,
+                Err(e) => assert!(Instant::now() < deadline, "reopen: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        serve(again, std::future::ready(()))
+            .await
+            .expect("the reopened node serves and stops");
+    }
+}

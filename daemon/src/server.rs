@@ -75,21 +75,30 @@ impl StartError {
     }
 }
 
-/// A node that has bound its port and opened its data directory.
+/// A node that has bound its port, opened its data directory and started Raft and its tasks.
+///
+/// Hand it to [`serve`], which serves until told to stop, then stops Raft and the node's tasks
+/// and releases the data directory. Dropping it without serving stops the node too, in the
+/// background on the current tokio runtime: Raft first, then every task the node started, and
+/// only then is the data directory's lock released (so another start on the same directory
+/// waits for the lock rather than writing beside a node that still runs).
+#[must_use = "the node runs until it is stopped: pass it to `server::serve` (dropping it stops the node)"]
 pub struct Running {
     pub node: Arc<Node>,
-    listener: Listener,
+    /// Taken by [`serve`].
+    listener: Option<Listener>,
     /// The peer service's own port (`--peer-listen`), if it has one.
     peer_listener: Option<tokio::net::TcpListener>,
     metrics_addr: Option<std::net::SocketAddr>,
     ui_addr: Option<std::net::SocketAddr>,
-    /// Holds the data directory's lock until [`serve`] has stopped Raft.
-    data_dir: DataDir,
+    /// Holds the data directory's lock until Raft has stopped: taken by [`serve`], or by the
+    /// stop that [`Drop`] starts.
+    data_dir: Option<DataDir>,
 }
 
 impl Running {
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        match &self.listener {
+        match self.listener.as_ref()? {
             Listener::Tcp(listener) => listener.local_addr().ok(),
             Listener::Incoming(_) => None,
         }
@@ -109,6 +118,55 @@ impl Running {
     pub fn ui_addr(&self) -> Option<std::net::SocketAddr> {
         self.ui_addr
     }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Served: `serve` stops the node itself.
+        let Some(data_dir) = self.data_dir.take() else {
+            return;
+        };
+        let node = Arc::clone(&self.node);
+        let stop = async move {
+            stop_node(&node).await;
+            drop(data_dir);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(stop);
+            }
+            // Dropped outside any runtime: stop it on a thread of its own (Raft's handle and the
+            // tasks' tracker are awaited from any runtime).
+            Err(_) => {
+                let stopped =
+                    std::thread::Builder::new()
+                        .name("conch-stop".into())
+                        .spawn(move || {
+                            match tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                            {
+                                Ok(runtime) => runtime.block_on(stop),
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "stop a dropped node: no runtime")
+                                }
+                            }
+                        });
+                if let Err(e) = stopped {
+                    tracing::warn!(error = %e, "stop a dropped node: no thread");
+                }
+            }
+        }
+    }
+}
+
+/// Stops Raft, then every task the node started, and waits for them: nothing the node started
+/// outlives this.
+async fn stop_node(node: &Node) {
+    if let Err(e) = node.raft.shutdown().await {
+        tracing::warn!(error = %e, "raft shutdown");
+    }
+    node.tasks.stop().await;
 }
 
 pub fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, StartError> {
@@ -369,11 +427,11 @@ async fn start_on(
     }
     Ok(Running {
         node,
-        listener,
+        listener: Some(listener),
         peer_listener,
         metrics_addr,
         ui_addr,
-        data_dir,
+        data_dir: Some(data_dir),
     })
 }
 
@@ -404,24 +462,26 @@ async fn log_leader_changes(node: Arc<Node>) {
     }
 }
 
-/// Serves until `shutdown` resolves, then stops Raft.
+/// Serves until `shutdown` resolves, then stops Raft and the node's tasks, and releases the data
+/// directory.
 pub async fn serve(
-    running: Running,
+    mut running: Running,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let Running {
-        node,
-        listener,
-        peer_listener,
-        data_dir,
-        ..
-    } = running;
-    let served = api::serve(Arc::clone(&node), listener, peer_listener, shutdown).await;
-    if let Err(e) = node.raft.shutdown().await {
-        tracing::warn!(error = %e, "raft shutdown");
-    }
+    let node = Arc::clone(&running.node);
+    let listener = running.listener.take();
+    let peer_listener = running.peer_listener.take();
+    let data_dir = running.data_dir.take();
+    // Nothing left for its `Drop` to stop: this stops the node below.
+    drop(running);
+    let served = match listener {
+        Some(listener) => api::serve(Arc::clone(&node), listener, peer_listener, shutdown)
+            .await
+            .map_err(|e| StartError::Serve(e.to_string())),
+        None => Err(StartError::Serve("the node was served already".into())),
+    };
     // Every task the node started ends before this returns: nothing it started outlives it.
-    node.tasks.stop().await;
+    stop_node(&node).await;
     drop(data_dir);
-    served.map_err(|e| StartError::Serve(e.to_string()))
+    served
 }

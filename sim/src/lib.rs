@@ -141,10 +141,18 @@ impl SimOptions {
         args
     }
 
-    /// The command that replays this seed.
+    /// The command that replays this seed, in the build profile this binary was built in: the
+    /// debug and the release build schedule conch's tasks differently (their code runs at
+    /// different speeds against the simulated clock's ticks), so a seed found by the debug
+    /// build (`make test`) may pass in the release build (`make sim`), and the other way round.
     pub fn replay_command(&self) -> String {
+        let profile = if cfg!(debug_assertions) {
+            ""
+        } else {
+            " --release"
+        };
         format!(
-            "cargo run --release -p conch-sim -- {}",
+            "cargo run{profile} -p conch-sim -- {}",
             self.args().join(" ")
         )
     }

@@ -9,7 +9,7 @@
 //! - `fixture.json`: the members' addresses, the peer secret and what the state holds
 //!
 //! `scripts/upgrade-fixtures.sh` runs it for the previous release; the test that opens the
-//! fixtures is `cluster-tests/tests/upgrade.rs`.
+//! fixtures is `cluster-tests/tests/it/upgrade.rs`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

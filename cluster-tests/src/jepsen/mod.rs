@@ -13,7 +13,7 @@
 //! - [`cli_holders`]: `conch sema` holders beside the workload, and the `pause-client` fault;
 //! - [`adversary`]: a caller that is not a member, forging peer messages throughout.
 //!
-//! Used by `conch-jepsen` and by `tests/jepsen.rs`.
+//! Used by `conch-jepsen` and by `tests/it/jepsen.rs`.
 
 pub mod adversary;
 pub mod checker;

@@ -109,7 +109,7 @@ mod tests {
     fn the_base_version_writes_the_first_kept_format_and_the_newest_its_own() {
         assert_eq!(data_format(BASE), 7);
         assert_eq!(data_format(NEWEST), NEWEST_DATA_FORMAT);
-        assert!(NEWEST_DATA_FORMAT > OLDEST_DATA_FORMAT);
+        const { assert!(NEWEST_DATA_FORMAT > OLDEST_DATA_FORMAT) };
         assert_eq!(ClusterVersion::default(), ClusterVersion(BASE));
     }
 

@@ -227,12 +227,11 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let t0 = std::time::Instant::now();
         let status = stop_group(&mut child, pgid, Duration::from_millis(500), &mut signals)
             .await
             .unwrap();
+        // Killed, not ended by itself (its `sleep 30` would exit 0): the grace ran out on TERM.
         assert_eq!(status.signal(), Some(Signal::SIGKILL as i32));
-        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
         // Killed members may linger as zombies until whoever inherits them reaps them.
         let t1 = std::time::Instant::now();
         while live_members(pgid) > 0 && t1.elapsed() < Duration::from_secs(10) {
@@ -246,12 +245,11 @@ mod tests {
         let mut signals = Signals::install().unwrap();
         let mut child = spawn(&argv(&["sleep", "30"]), &[]).unwrap();
         let pgid = child.id().unwrap() as i32;
-        let t0 = std::time::Instant::now();
         let status = stop_group(&mut child, pgid, Duration::from_secs(5), &mut signals)
             .await
             .unwrap();
+        // Ended by TERM within its grace: not killed after it, not left to run out its sleep.
         assert_eq!(status.signal(), Some(Signal::SIGTERM as i32));
-        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     }
 
     #[test]

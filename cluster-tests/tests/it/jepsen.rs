@@ -1,9 +1,10 @@
-//! Jepsen-style runs inside `make test` (one 3-node and one 5-node run, ~40 s of faults each,
+//! Jepsen-style runs in `make test-all`, the slow tier (one 3-node and one 5-node run, ~40 s of faults each,
 //! and a 3-node run of ~36 s cycling through the faults that need the machine's help: wall-clock
 //! steps, one-way partitions either way, a full data disk; the lock workload runs beside the
 //! semaphore one in each, and a short 3-node run of ~10 s of faults is mostly lock clients), and
 //! tests of the checkers themselves on hand-written histories: a checker that never fires proves
-//! nothing.
+//! nothing. The short lock run, the checkers' tests and the leader-isolation regressions run in
+//! `make test` as well.
 //!
 //! The seed is printed first; `CONCH_SEED=<seed>` replays it. `CONCH_JEPSEN_DURATION` (seconds)
 //! changes the length of the runs.

@@ -253,13 +253,12 @@ async fn three_embedded_nodes_keep_serving_after_the_leader_is_dropped() {
         .expect("the free permit is granted");
     drop(all);
 
-    // Kill the leader: drop its handle without shutting it down (returns at once).
+    // Kill the leader: drop its handle without shutting it down (the drop only tells the
+    // serving task to stop; the node going away shows in the new leader below).
     let killed = nodes[leader as usize - 1]
         .take()
         .expect("the leader's handle");
-    let dropped_at = Instant::now();
     drop(killed);
-    assert!(dropped_at.elapsed() < Duration::from_secs(5), "drop waits");
 
     let left: Vec<&ConchNode> = nodes.iter().flatten().collect();
     assert_eq!(left.len(), 2);

@@ -2,7 +2,17 @@
 
 use std::time::Duration;
 
-use conch_sim::{Mix, SimOptions, run_seed};
+use conch_sim::{Mix, SeedReport, SimOptions, run_seed};
+
+/// What a failed seed found, and the command that replays it (in this build's profile).
+fn failed(report: &SeedReport, opts: &SimOptions) -> String {
+    format!(
+        "seed {}: {:#?}\nreplay: {}",
+        opts.seed,
+        report.violations,
+        opts.replay_command()
+    )
+}
 
 fn short(seed: u64) -> SimOptions {
     SimOptions {
@@ -41,11 +51,12 @@ fn another_seed_gives_another_history() -> anyhow::Result<()> {
 /// create was in flight, and the lane took the connection's end for the server's answer.
 #[test]
 fn seed_508_on_five_nodes_retries_a_call_cut_by_goaway() -> anyhow::Result<()> {
-    let report = run_seed(&SimOptions {
+    let opts = SimOptions {
         nodes: 5,
         mix: Mix::First,
         ..SimOptions::new(508)
-    })?;
+    };
+    let report = run_seed(&opts)?;
     assert!(
         report
             .faults
@@ -54,7 +65,7 @@ fn seed_508_on_five_nodes_retries_a_call_cut_by_goaway() -> anyhow::Result<()> {
         "the seed still stops a node on its disk: {:?}",
         report.faults
     );
-    assert!(report.passed(), "{:#?}", report.violations);
+    assert!(report.passed(), "{}", failed(&report, &opts));
     Ok(())
 }
 
@@ -65,11 +76,12 @@ fn seed_508_on_five_nodes_retries_a_call_cut_by_goaway() -> anyhow::Result<()> {
 #[test]
 fn seeds_that_found_bugs_now_pass() -> anyhow::Result<()> {
     for seed in [1007, 1051, 1223] {
-        let report = run_seed(&SimOptions {
+        let opts = SimOptions {
             mix: Mix::First,
             ..SimOptions::new(seed)
-        })?;
-        assert!(report.passed(), "seed {seed}: {:#?}", report.violations);
+        };
+        let report = run_seed(&opts)?;
+        assert!(report.passed(), "{}", failed(&report, &opts));
     }
     Ok(())
 }
@@ -79,7 +91,8 @@ fn seeds_that_found_bugs_now_pass() -> anyhow::Result<()> {
 /// power loss took the purge point its snapshot had set and it refused to start.
 #[test]
 fn seed_24_replaces_a_node_that_then_loses_power() -> anyhow::Result<()> {
-    let report = run_seed(&SimOptions::new(24))?;
+    let opts = SimOptions::new(24);
+    let report = run_seed(&opts)?;
     for fault in ["n2 is removed, then wiped and added back", "n2 loses power"] {
         assert!(
             report.faults.iter().any(|f| f.contains(fault)),
@@ -87,6 +100,6 @@ fn seed_24_replaces_a_node_that_then_loses_power() -> anyhow::Result<()> {
             report.faults
         );
     }
-    assert!(report.passed(), "{:#?}", report.violations);
+    assert!(report.passed(), "{}", failed(&report, &opts));
     Ok(())
 }

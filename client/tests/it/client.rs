@@ -1,12 +1,10 @@
-//! The client library against real conchd nodes run in-process (tests/common): queue
+//! The client library against real conchd nodes run in-process (tests/it/common): queue
 //! positions across chained RPCs and node failures, lease loss, failover, leader hints.
-
-mod common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{Cluster, Mode, eventually};
+use crate::common::{Cluster, Mode, eventually};
 use conch_client::{Client, ClientConfig, Error, Guard, Lease, LeaseLoss};
 use tokio::task::JoinHandle;
 

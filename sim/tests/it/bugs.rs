@@ -11,7 +11,7 @@
 use std::process::Command;
 
 /// At most this many seeds per bug found from seed 1: more than either needs, few enough for
-/// `make test`.
+/// `make test-all` (these searches are its slow tier, not `make test`'s).
 const MAX_SEEDS: &str = "40";
 
 fn first_failure(bug: &str, seeds: &[&str]) -> anyhow::Result<String> {

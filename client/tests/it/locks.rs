@@ -1,14 +1,12 @@
-//! The client's lock calls against real conchd nodes run in-process (tests/common): lock
+//! The client's lock calls against real conchd nodes run in-process (tests/it/common): lock
 //! leases kept alive and revoked, a wait chained over many RPCs keeping its place, the
 //! contention an unsuccessful acquire reports, fencing tokens, and a hold dropped by
 //! `DeleteLock`.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Cluster, eventually};
+use crate::common::{Cluster, eventually};
 use conch_client::lock::{self, LockOutcome};
 use conch_client::proto::grackle::ContentionReason;
 use conch_client::{Client, ClientConfig, Error, Guard, Lease, LeaseKind};
@@ -51,9 +49,18 @@ async fn lock_leases_are_their_own_kind_and_are_kept_alive() {
     let cluster = Cluster::start(1).await;
     let c = client(&cluster).await;
     // A 2 s lease outlives several TTLs: the keep-alive refreshes it with RefreshLockLease.
+    // Watched refresh by refresh until they span two TTLs past the create.
     let l = lease(&c, 2).await;
     assert_eq!(l.kind(), LeaseKind::Lock);
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut refreshed = l.refreshed();
+    let created = *refreshed.borrow_and_update();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while refreshed.borrow_and_update().duration_since(created) < 2 * l.ttl() {
+            refreshed.changed().await.expect("the keep-alive runs");
+        }
+    })
+    .await
+    .expect("refreshes span two TTLs");
     assert!(!l.is_lost(), "{:?}", l.state());
     let read = c.get_lease_of(LeaseKind::Lock, NS, l.id()).await.unwrap();
     assert_eq!(read.lease_id, l.id());

@@ -1,18 +1,16 @@
-//! `Client::wait_holder_change` against real conchd nodes run in-process (tests/common): the
+//! `Client::wait_holder_change` against real conchd nodes run in-process (tests/it/common): the
 //! server answers when the holder changes, not before, and a missing semaphore counts as nobody.
 //!
 //! The test sees a wait parked on the server (conchd's `parked` debug event) before it changes
 //! the holder, so an answer carrying the new holder is the wake-up, never a wait that started
 //! late and found the change already made.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Cluster, eventually};
+use crate::common::{Cluster, eventually};
 use conch_client::{Client, ClientConfig};
 use tracing::subscriber::Interest;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};

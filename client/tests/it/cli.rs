@@ -1,16 +1,14 @@
-//! The `conch` binary against real conchd nodes run in-process (tests/common), for what needs
+//! The `conch` binary against real conchd nodes run in-process (tests/it/common), for what needs
 //! the in-process harness: the child's environment, a slot lost to a cut link, a signal during
 //! a wait, `--spread` across faked hosts, `--who` of holders with chosen metadata. Queueing and
 //! FIFO order, the command's status and the no-slot exits against conchd processes are in
-//! cluster-tests/tests/cli.rs, once.
-
-mod common;
+//! cluster-tests/tests/it/cli.rs, once.
 
 use std::collections::HashMap;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use common::{Cluster, file_appears};
+use crate::common::{Cluster, file_appears};
 use conch_client::sema::{self, META_HOST, META_PID, META_SINCE, NAMESPACE};
 use conch_client::{Client, Lease};
 use nix::sys::signal::{Signal, kill};
@@ -433,7 +431,7 @@ async fn failures_map_to_documented_exit_codes() {
     assert!(stderr(&o).starts_with("conch: cannot run /nonexistent/cmd"));
     assert_eq!(cluster.lease_count(NAMESPACE).await, 0);
 
-    // Usage errors (64) and an unreachable cluster (69): cluster-tests/tests/cli.rs
+    // Usage errors (64) and an unreachable cluster (69): cluster-tests/tests/it/cli.rs
     // (`usage_errors_exit_64_and_an_unreachable_cluster_69`).
 
     let o = run(&cluster, &["cluster", "status"]).await;

@@ -21,7 +21,6 @@ use conch_proto::grackle as pb;
 use prost::Message;
 
 /// Wait groups and barriers.
-#[path = "grackle_wire/sync.rs"]
 mod sync;
 
 /// Grackle's v1beta messages for the calls conchd serves, as Grackle defines them.
