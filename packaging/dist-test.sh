@@ -71,7 +71,7 @@ T="$SCRATCH/$NAME"
 conch=$T/bin/conch
 conchd=$T/bin/conchd
 
-same "conchd --version" "conchd $VERSION (commit $COMMIT)" "$("$conchd" --version)"
+same "conchd --version" "conchd $VERSION (commit $COMMIT)" "$("$conchd" --version | head -1)"
 same "conch --version" "conch $VERSION (commit $COMMIT)" "$("$conch" --version)"
 
 # Every subcommand of a packed program, as prog-a-b names, from its own --help.
@@ -218,7 +218,7 @@ dpkg_root() {
 
 check "dpkg --root installs the package" dpkg_root -i "$D"
 same "installed status" "install ok installed" "$(dpkg --root="$R" -s conch 2>/dev/null | awk -F': ' '/^Status:/ { print $2 }')"
-same "installed conchd runs" "conchd $VERSION (commit $COMMIT)" "$("$R/usr/bin/conchd" --version)"
+same "installed conchd runs" "conchd $VERSION (commit $COMMIT)" "$("$R/usr/bin/conchd" --version | head -1)"
 user=$(grep '^conch:' "$R/etc/passwd" || true)
 check "postinst created the conch user" test -n "$user"
 uid=$(echo "$user" | cut -d: -f3)

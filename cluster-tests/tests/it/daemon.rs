@@ -342,7 +342,10 @@ fn versions_name_the_commit() -> anyhow::Result<()> {
         assert!(out.status.success(), "{program} --version: {out:?}");
         let line = String::from_utf8(out.stdout)?;
         let expected_start = format!("{program} {} (commit ", env!("CARGO_PKG_VERSION"));
-        let commit = line
+        // The first line names the release and commit (conchd adds its data format and
+        // cluster version on the next).
+        let first = line.lines().next().unwrap_or_default();
+        let commit = first
             .trim()
             .strip_prefix(&expected_start)
             .and_then(|rest| rest.strip_suffix(')'))
