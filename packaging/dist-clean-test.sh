@@ -49,11 +49,14 @@ for f in "$NAME.tar.gz" "$NAME-debug.tar.gz" SHA256SUMS; do
 	fi
 done
 (cd "$OUT" && sha256sum --quiet -c SHA256SUMS)
-tar -tzf "$OUT/$NAME.tar.gz" | grep -qx "$NAME/bin/conch" || {
+# The listing is read whole first: `grep -q` stops at the first match, and under pipefail the
+# tar it leaves writing into a closed pipe would fail the check.
+listing=$(tar -tzf "$OUT/$NAME.tar.gz")
+grep -qx "$NAME/bin/conch" <<<"$listing" || {
 	echo "dist-clean-test: FAIL: the tarball has no bin/conch" >&2
 	exit 1
 }
-tar -tzf "$OUT/$NAME.tar.gz" | grep -q "^$NAME/share/man/man1/conch.1$" || {
+grep -q "^$NAME/share/man/man1/conch.1$" <<<"$listing" || {
 	echo "dist-clean-test: FAIL: the tarball has no conch.1 man page" >&2
 	exit 1
 }
