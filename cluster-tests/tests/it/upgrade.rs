@@ -457,10 +457,18 @@ async fn a_cluster_of_the_previous_release_upgrades_node_by_node_under_load_and_
     // After finalizing, the previous release refuses the directories in one line.
     cluster.stop(3, Duration::from_secs(30)).await?;
     let node3 = cluster.nodes.get(&3).context("node 3")?;
-    let out = std::process::Command::new(&previous)
+    // Run under tokio with kill-on-drop: a release that started serving instead of refusing
+    // fails the test at the deadline and is not left running.
+    let run = tokio::process::Command::new(&previous)
         .args(["--id", "3", "--data-dir"])
         .arg(&node3.data_dir)
-        .output()?;
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .context("the previous release kept running on a finalized directory")??;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(
         !out.status.success() && stderr.contains("a newer conch data format (8)"),
