@@ -63,6 +63,7 @@ pub struct Settings {
     pub election_timeout_ms: Option<u64>,
     pub snapshot_every: Option<u64>,
     pub leader_wait_ms: Option<u64>,
+    pub no_early_replication: bool,
     pub log: Option<String>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -98,6 +99,7 @@ struct FileConfig {
     election_timeout_ms: Option<u64>,
     snapshot_every: Option<u64>,
     leader_wait_ms: Option<u64>,
+    no_early_replication: Option<bool>,
     log: Option<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -160,6 +162,9 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     /// Cluster status answers calls without a token (`--status-without-token`).
     pub status_without_token: bool,
+    /// The leader sends new entries to its followers before its own sync finished
+    /// (`--no-early-replication` turns it off; see `raft/early.rs`).
+    pub early_replication: bool,
     /// Most connections one IP address may hold open on each listener
     /// (`--max-connections-per-address`).
     pub max_connections_per_address: usize,
@@ -418,6 +423,8 @@ impl Config {
             log_format,
             worker_threads,
             status_without_token,
+            early_replication: !(flags.no_early_replication
+                || file.no_early_replication.unwrap_or(false)),
             max_connections_per_address,
             adopt_data_dir: flags.adopt_data_dir || file.adopt_data_dir.unwrap_or(false),
             dial: None,
@@ -801,6 +808,25 @@ mod tests {
             };
             assert!(message.starts_with("--cluster-name"), "{message}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn early_replication_is_on_unless_the_flag_or_the_file_turns_it_off() -> anyhow::Result<()> {
+        assert!(Config::from_settings(Settings::default())?.early_replication);
+        let off_by_flag = Config::from_settings(Settings {
+            no_early_replication: true,
+            ..Settings::default()
+        })?;
+        assert!(!off_by_flag.early_replication);
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("conchd.toml");
+        std::fs::write(&file, "no_early_replication = true\n")?;
+        let off_by_file = Config::from_settings(Settings {
+            config: Some(file),
+            ..Settings::default()
+        })?;
+        assert!(!off_by_file.early_replication);
         Ok(())
     }
 

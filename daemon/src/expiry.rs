@@ -17,7 +17,8 @@ const RECHECK: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_millis(50);
 
 pub async fn run(node: Arc<Node>) {
-    let mut metrics = node.raft.metrics();
+    // The role and term only: openraft's full metrics change at every step of every write.
+    let mut metrics = node.raft.server_metrics();
     let mut applied = node.applied.subscribe_applied();
     loop {
         if !node.is_leader() {

@@ -15,18 +15,23 @@ use crate::removal::{RETIRE_QUIET, Removed, RemovedNotice, TELL_EVERY, TELL_FOR,
 /// Follows the membership this node has applied until Raft stops, and retires the node when
 /// that membership leaves it out after it had been a member.
 pub async fn watch(node: std::sync::Arc<Node>) {
+    // Woken by the server metrics (which change only with the role, vote or membership; the
+    // full metrics change at every step of every write), and by the full metrics only while a
+    // membership that leaves this node out waits to be applied.
+    let mut server = node.raft.server_metrics();
     let mut metrics = node.raft.metrics();
     loop {
+        server.borrow_and_update();
+        let mut awaiting_apply = false;
         let left_out = {
             let m = metrics.borrow_and_update();
             let stored = &m.membership_config;
             if names(stored.membership(), node.id) {
                 node.removal.seen_member.store(true, Ordering::Release);
                 None
-            } else if node.removal.seen_member.load(Ordering::Acquire)
-                && *stored.log_id() <= m.last_applied
-            {
-                Some(stored.membership().clone())
+            } else if node.removal.seen_member.load(Ordering::Acquire) {
+                awaiting_apply = *stored.log_id() > m.last_applied;
+                (!awaiting_apply).then(|| stored.membership().clone())
             } else {
                 None
             }
@@ -45,7 +50,12 @@ pub async fn watch(node: std::sync::Arc<Node>) {
                 Ok(false) => return,
             }
         }
-        if metrics.changed().await.is_err() {
+        let closed = if awaiting_apply {
+            metrics.changed().await.is_err()
+        } else {
+            server.changed().await.is_err()
+        };
+        if closed {
             return;
         }
     }

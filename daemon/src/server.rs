@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::{BasicNode, SnapshotPolicy};
+use openraft::{BasicNode, ServerState, SnapshotPolicy};
 
 use crate::applied::AppliedState;
 use crate::config::Config;
@@ -26,6 +26,7 @@ use crate::identity::ClusterId;
 use crate::metrics::Metrics;
 use crate::node::Node;
 use crate::raft::Raft;
+use crate::raft::early::EarlyReplication;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{PeerDialer, PeerNetwork};
 use crate::raft::state_machine::StateMachine;
@@ -324,6 +325,8 @@ async fn start_on(
         false => StartError::from(e),
     })?;
     log_store.set_metrics(metrics.log.clone());
+    let early = EarlyReplication::new(config.id, config.early_replication);
+    log_store.set_early_replication(Arc::clone(&early));
     let applied = AppliedState::with_metrics(State::new(), 0, metrics.apply.clone());
     let mut state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
     state_machine.set_metrics(metrics.snapshots.clone());
@@ -334,15 +337,16 @@ async fn start_on(
         .map_err(|e| StartError::Raft(format!("read the log's last entry: {e}")))?
         .last_log_id
         .map_or(0, |id| id.index);
+    let network = PeerNetwork::new(
+        Duration::from_millis(500),
+        Arc::new(config.peer_routes.clone()),
+        PeerDialer::of(&config, Arc::clone(&cluster_id)),
+        Arc::clone(&metrics.trace),
+    );
     let raft = Raft::new(
         config.id,
         raft_config(&config)?,
-        PeerNetwork::new(
-            Duration::from_millis(500),
-            Arc::new(config.peer_routes.clone()),
-            PeerDialer::of(&config, Arc::clone(&cluster_id)),
-            Arc::clone(&metrics.trace),
-        ),
+        network.clone(),
         log_store,
         state_machine,
     )
@@ -392,6 +396,8 @@ async fn start_on(
         Arc::clone(&metrics),
         log_at_start,
     );
+    node.tasks
+        .spawn(early.run(network, node.raft.server_metrics()));
     let metrics_addr = match metrics_listener {
         Some(listener) => {
             let addr = listener.local_addr().ok();
@@ -437,13 +443,22 @@ async fn start_on(
 
 /// Logs every change of leader or term as this node sees it.
 async fn log_leader_changes(node: Arc<Node>) {
+    // Woken by the server metrics, which change only with the role, vote or membership (the
+    // full metrics change at every step of every write); by the full metrics only while this
+    // node leads and waits for a quorum to confirm it.
+    let mut server = node.raft.server_metrics();
     let mut metrics = node.raft.metrics();
     let mut seen = (None, 0);
     loop {
+        let confirming = {
+            let s = server.borrow_and_update();
+            s.current_leader == Some(node.id) && s.state == ServerState::Leader
+        };
         let now = {
             let m = metrics.borrow_and_update();
             (crate::node::known_leader(&m, node.id), m.current_term)
         };
+        let confirming = confirming && now.0.is_none();
         if now != seen {
             match now.0 {
                 Some(leader) => {
@@ -456,7 +471,12 @@ async fn log_leader_changes(node: Arc<Node>) {
             }
             seen = now;
         }
-        if metrics.changed().await.is_err() {
+        let closed = if confirming {
+            metrics.changed().await.is_err()
+        } else {
+            server.changed().await.is_err()
+        };
+        if closed {
             return;
         }
     }

@@ -74,17 +74,17 @@ pub fn node_error<E: std::error::Error>(
 /// Resolves when the Raft core has stopped on a storage failure (or a panic), with the line to
 /// exit with; never resolves for a node that keeps running or stops normally.
 pub async fn failed(node: NodeId, raft: Raft) -> StorageFailed {
-    let mut metrics = raft.metrics();
-    loop {
-        if let Err(fatal) = &metrics.borrow_and_update().running_state
-            && let Some(message) = describe(node, fatal)
-        {
-            return StorageFailed(message);
-        }
-        if metrics.changed().await.is_err() {
-            return std::future::pending().await;
-        }
+    // openraft's core records why it stopped in its metrics, then drops its senders: wait for
+    // the server metrics (which change only with the role, vote or membership, not at every
+    // write as the full metrics do) to close, then read the reason.
+    let mut server = raft.server_metrics();
+    while server.changed().await.is_ok() {}
+    if let Err(fatal) = &raft.metrics().borrow().running_state
+        && let Some(message) = describe(node, fatal)
+    {
+        return StorageFailed(message);
     }
+    std::future::pending().await
 }
 
 #[cfg(test)]

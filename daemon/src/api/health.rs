@@ -59,18 +59,21 @@ pub fn readiness(node: &Node, m: &RaftStatus) -> Result<(), String> {
 }
 
 /// Keeps the health statuses in step with the node's view of the cluster until Raft stops (a
-/// node removed from the cluster reports NOT_SERVING from then on).
+/// node removed from the cluster reports NOT_SERVING from then on). Checked at once when the
+/// role, vote or membership changes (openraft's server metrics), and every heartbeat for the
+/// rest (a node catching up): the full metrics change at every step of every write.
 pub async fn follow(node: Arc<Node>, reporter: HealthReporter) {
-    let mut raft = node.watch_raft();
+    let mut server = node.raft.server_metrics();
     let mut reported = None;
     loop {
-        let now = readiness(&node, &raft.status()).is_ok();
+        server.borrow_and_update();
+        let now = readiness(&node, &node.raft_status()).is_ok();
         if reported != Some(now) {
             report(&reporter, now).await;
             reported = Some(now);
         }
         tokio::select! {
-            changed = raft.changed() => if changed.is_err() {
+            changed = server.changed() => if changed.is_err() {
                 if node.removal.removed().is_some() && reported != Some(false) {
                     report(&reporter, false).await;
                 }

@@ -81,6 +81,13 @@ pub struct Flags {
     #[arg(long, env = "CONCH_LEADER_WAIT_MS")]
     pub leader_wait_ms: Option<u64>,
 
+    /// Do not send the leader's new entries to the followers before its own disk sync has
+    /// finished. By default the leader sends them at once, so the followers sync while it
+    /// does (a write still needs a majority's syncs); this turns that off, costing a write
+    /// about one sync's time.
+    #[arg(long, env = "CONCH_NO_EARLY_REPLICATION")]
+    pub no_early_replication: bool,
+
     /// Log filter, e.g. debug, or conchd=debug,openraft=info [default: info,openraft=warn, and
     /// openraft's line per retry to an unreachable peer off (conchd says it every 30 s), and its
     /// notes that a stale vote or replication answer was ignored (every election has them)].
@@ -202,6 +209,7 @@ impl Flags {
             election_timeout_ms: self.election_timeout_ms,
             snapshot_every: self.snapshot_every,
             leader_wait_ms: self.leader_wait_ms,
+            no_early_replication: self.no_early_replication,
             log: self.log,
             tls_cert: self.tls_cert,
             tls_key: self.tls_key,

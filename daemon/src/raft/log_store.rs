@@ -79,6 +79,7 @@ use openraft::{AnyError, Entry, EntryPayload, OptionalSend, RaftLogReader, Stora
 use serde::de::DeserializeOwned;
 
 use super::codec::{decode_value, encode_value};
+use super::early::EarlyReplication;
 use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::metrics::{LogMetrics, observe};
@@ -466,12 +467,19 @@ impl MemLog {
 pub struct LogStore {
     inner: Arc<Inner>,
     metrics: LogMetrics,
+    /// The leader's sends to its followers before its own sync (see [`super::early`]).
+    early: Arc<EarlyReplication>,
 }
 
 impl LogStore {
     /// Reports append timings and the commit index to `metrics` from now on.
     pub fn set_metrics(&mut self, metrics: LogMetrics) {
         self.metrics = metrics;
+    }
+
+    /// Hands every append on the leader to `early` before it is synced.
+    pub fn set_early_replication(&mut self, early: Arc<EarlyReplication>) {
+        self.early = early;
     }
 
     /// Opens (creating if needed) the log under `<data_dir>`, with [`Durability::Fsync`], and
@@ -594,6 +602,7 @@ impl LogStore {
         log.push(recovered.entries, sizes.into_iter());
         let store = LogStore {
             metrics: LogMetrics::default(),
+            early: EarlyReplication::off(),
             inner: Arc::new(Inner {
                 db,
                 path: path.clone(),
@@ -1063,12 +1072,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
             .map_err(|e| StorageIOError::write_vote(&io_other(e)))?
             .map_err(|e| StorageIOError::write_vote(&e))?;
+        self.early.vote_saved(vote);
         Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.read_meta(KEY_VOTE)
-            .map_err(|reason| StorageIOError::read_vote(AnyError::error(reason)).into())
+        let vote: Option<Vote<NodeId>> = self
+            .read_meta(KEY_VOTE)
+            .map_err(|reason| StorageIOError::read_vote(AnyError::error(reason)))?;
+        if let Some(vote) = vote {
+            self.early.vote_saved(vote);
+        }
+        Ok(vote)
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
@@ -1113,6 +1128,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // Step 0: an entry that raises the cluster version records its data format first.
             self.record_format_of(&entries)
                 .map_err(|e| StorageIOError::write_logs(&io_other(e)))?;
+            // On the leader, the followers get the entries now, and sync them while this node
+            // does (see `super::early`).
+            let prev = self.read_log().last_log_id();
+            if prev.map_or(0, |p| p.index + 1) == first {
+                self.early.appending(prev, &entries);
+            }
             // Steps 1-3, on this thread.
             let (appended, sizes) = {
                 let mut wal = self.inner.lock_wal();

@@ -6,6 +6,7 @@ use std::io::Cursor;
 use crate::state::{Batch, Reply};
 
 mod codec;
+pub mod early;
 pub mod log_store;
 pub mod network;
 pub mod peer_target;

@@ -1,0 +1,284 @@
+//! Early replication: the leader hands each append to its followers before its own `fdatasync`.
+//!
+//! openraft 0.9 runs the leader's log append to the end (its `fdatasync` included) before it
+//! starts replicating the entries, so a write pays two syncs one after the other: the leader's,
+//! then a follower's. Here the log store, as it appends on the leader, also sends the same
+//! entries to every other member as an ordinary AppendEntries (the leader's vote, the entry
+//! before them as `prev_log_id`, no commit index), on a connection of its own. The follower
+//! appends and syncs them while the leader syncs; when openraft's own AppendEntries arrives with
+//! the same entries, the follower finds them in its log and answers at once.
+//!
+//! Why this keeps Raft's guarantees: an early AppendEntries is a message the leader could have
+//! sent at any time (its entries are the leader's log, under the leader's vote), so to a
+//! follower it is a duplicated or reordered message, which Raft tolerates. Its reply is thrown
+//! away: openraft counts a follower's copy, and the leader's own, only from its own messages and
+//! only once synced, so an entry is still committed, and a write acknowledged, only once it is
+//! on disk on a majority. A follower whose log does not end at `prev_log_id` refuses it (or drops
+//! a conflicting tail the leader's own replication would drop too), and carries on.
+//!
+//! Early sends never wait: each member has a queue of one; when a send to a member is still on
+//! its way, the next append is not sent early to it (openraft's replication sends it anyway).
+//! Only a node whose saved vote is its own committed vote (the leader) sends.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::AppendEntriesRequest;
+use openraft::{BasicNode, Entry, Vote};
+use tokio::sync::{mpsc, watch};
+
+use super::network::PeerNetwork;
+use super::{LogId, NodeId, TypeConfig};
+
+/// How long an early AppendEntries may take before it is given up.
+const SEND_TTL: Duration = Duration::from_secs(1);
+
+/// The leader's early sends (see the module docs). One per node, shared by its log store and
+/// the task that keeps the members' connections ([`EarlyReplication::run`]).
+pub struct EarlyReplication {
+    id: NodeId,
+    enabled: bool,
+    /// The vote as the log store last saved (or read) it.
+    vote: Mutex<Option<Vote<NodeId>>>,
+    /// A queue of one per other member, by node id.
+    members: Mutex<BTreeMap<NodeId, Member>>,
+}
+
+struct Member {
+    addr: String,
+    queue: mpsc::Sender<AppendEntriesRequest<TypeConfig>>,
+}
+
+impl EarlyReplication {
+    /// Early sends for node `id`; `enabled: false` never sends.
+    pub fn new(id: NodeId, enabled: bool) -> Arc<EarlyReplication> {
+        Arc::new(EarlyReplication {
+            id,
+            enabled,
+            vote: Mutex::new(None),
+            members: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Does nothing: for log stores outside a node (tools, tests).
+    pub fn off() -> Arc<EarlyReplication> {
+        EarlyReplication::new(0, false)
+    }
+
+    /// The log store saved (or read) `vote`.
+    pub(super) fn vote_saved(&self, vote: Vote<NodeId>) {
+        *lock(&self.vote) = Some(vote);
+    }
+
+    /// The log store is about to sync `entries`, which follow `prev`: on the leader, hand them
+    /// to every member whose queue has room.
+    pub(super) fn appending(&self, prev: Option<LogId>, entries: &[Entry<TypeConfig>]) {
+        if !self.enabled || entries.is_empty() {
+            return;
+        }
+        let Some(vote) = *lock(&self.vote) else {
+            return;
+        };
+        if !vote.is_committed() || vote.leader_id().voted_for() != Some(self.id) {
+            return;
+        }
+        let members = lock(&self.members);
+        let mut request = None;
+        for member in members.values() {
+            let Ok(slot) = member.queue.try_reserve() else {
+                continue;
+            };
+            let request = request.get_or_insert_with(|| AppendEntriesRequest {
+                vote,
+                prev_log_id: prev,
+                entries: entries.to_vec(),
+                leader_commit: None,
+            });
+            slot.send(request.clone());
+        }
+    }
+
+    /// Keeps one sending task per other member of the cluster, following the membership in
+    /// `metrics` (openraft's server metrics, which change only with the vote, the role or the
+    /// membership), until `metrics` closes. Each task owns its own connection from `network`.
+    pub async fn run(
+        self: Arc<Self>,
+        network: PeerNetwork,
+        mut metrics: watch::Receiver<openraft::metrics::RaftServerMetrics<NodeId, BasicNode>>,
+    ) {
+        if !self.enabled {
+            return;
+        }
+        // However this ends (the node stops and drops it, or the membership closes), the
+        // sending tasks end with it.
+        let _members = ClearOnDrop(&self.members);
+        loop {
+            let wanted: BTreeMap<NodeId, String> = {
+                let metrics = metrics.borrow_and_update();
+                metrics
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .filter(|(id, _)| **id != self.id)
+                    .map(|(id, node)| (*id, node.addr.clone()))
+                    .collect()
+            };
+            self.follow(&network, wanted);
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Makes the members `wanted` (id -> address) the ones sent to: a task for each new one (or
+    /// one whose address changed); a dropped queue ends the task of a member that left.
+    fn follow(&self, network: &PeerNetwork, wanted: BTreeMap<NodeId, String>) {
+        let mut members = lock(&self.members);
+        members.retain(|id, member| wanted.get(id) == Some(&member.addr));
+        for (id, addr) in wanted {
+            if members.contains_key(&id) {
+                continue;
+            }
+            let (queue, requests) = mpsc::channel(1);
+            let node = BasicNode { addr: addr.clone() };
+            tokio::spawn(send(network.clone(), id, node, requests));
+            members.insert(id, Member { addr, queue });
+        }
+    }
+}
+
+/// Sends every request that reaches `requests` to node `id`, one at a time, ignoring the replies.
+async fn send(
+    mut network: PeerNetwork,
+    id: NodeId,
+    node: BasicNode,
+    mut requests: mpsc::Receiver<AppendEntriesRequest<TypeConfig>>,
+) {
+    let mut connection = network.new_client(id, &node).await;
+    while let Some(request) = requests.recv().await {
+        // The reply (or failure) is openraft's own replication's business, not this one's.
+        let _ = connection
+            .append_entries(request, RPCOption::new(SEND_TTL))
+            .await;
+    }
+}
+
+/// Drops every member's queue, which ends its sending task.
+struct ClearOnDrop<'a>(&'a Mutex<BTreeMap<NodeId, Member>>);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        lock(self.0).clear();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+
+    fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    /// Node 1 with members 2 and 3, each queue of one: their receivers.
+    fn leader_of_three(
+        enabled: bool,
+    ) -> (
+        Arc<EarlyReplication>,
+        Vec<mpsc::Receiver<AppendEntriesRequest<TypeConfig>>>,
+    ) {
+        let early = EarlyReplication::new(1, enabled);
+        let mut receivers = Vec::new();
+        for id in [2, 3] {
+            let (queue, requests) = mpsc::channel(1);
+            receivers.push(requests);
+            lock(&early.members).insert(
+                id,
+                Member {
+                    addr: format!("127.0.0.1:700{id}"),
+                    queue,
+                },
+            );
+        }
+        (early, receivers)
+    }
+
+    fn committed_vote(term: u64, node: NodeId) -> Vote<NodeId> {
+        let mut vote = Vote::new(term, node);
+        vote.commit();
+        vote
+    }
+
+    #[test]
+    fn the_leader_sends_each_append_to_every_member_with_its_vote_and_prev() {
+        let (early, mut receivers) = leader_of_three(true);
+        early.vote_saved(committed_vote(4, 1));
+        let prev = Some(entry(4, 9).log_id);
+        early.appending(prev, &[entry(4, 10), entry(4, 11)]);
+        for requests in &mut receivers {
+            let request = requests.try_recv().expect("an early AppendEntries");
+            assert_eq!(request.vote, committed_vote(4, 1));
+            assert_eq!(request.prev_log_id, prev);
+            let indexes: Vec<u64> = request.entries.iter().map(|e| e.log_id.index).collect();
+            assert_eq!(indexes, vec![10, 11]);
+            assert_eq!(
+                request.leader_commit, None,
+                "early sends never move a commit"
+            );
+        }
+    }
+
+    #[test]
+    fn nothing_is_sent_unless_this_node_leads_with_a_committed_vote() {
+        let cases = [
+            (true, None),
+            (true, Some(Vote::new(4, 1))),       // a candidate's vote
+            (true, Some(committed_vote(4, 2))),  // a follower of node 2
+            (false, Some(committed_vote(4, 1))), // turned off
+        ];
+        for (enabled, vote) in cases {
+            let (early, mut receivers) = leader_of_three(enabled);
+            if let Some(vote) = vote {
+                early.vote_saved(vote);
+            }
+            early.appending(None, &[entry(4, 0)]);
+            for requests in &mut receivers {
+                assert!(
+                    requests.try_recv().is_err(),
+                    "sent with enabled={enabled} vote={vote:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_member_whose_send_is_still_queued_is_skipped_not_waited_for() {
+        let (early, mut receivers) = leader_of_three(true);
+        early.vote_saved(committed_vote(2, 1));
+        early.appending(Some(entry(2, 1).log_id), &[entry(2, 2)]);
+        // Member 3's queue empties (its send went out); member 2's does not.
+        assert!(receivers[1].try_recv().is_ok());
+        early.appending(Some(entry(2, 2).log_id), &[entry(2, 3)]);
+        let first = receivers[0].try_recv().expect("member 2's first send");
+        assert_eq!(first.entries[0].log_id.index, 2);
+        assert!(
+            receivers[0].try_recv().is_err(),
+            "member 2's queue was full: the second append is left to openraft"
+        );
+        let second = receivers[1].try_recv().expect("member 3's second send");
+        assert_eq!(second.entries[0].log_id.index, 3);
+    }
+}
