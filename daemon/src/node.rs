@@ -268,9 +268,10 @@ impl Node {
     /// entry this process started with.
     ///
     /// Raft's read index is its commit index, or the first entry of the leader's term if that
-    /// is later. A leader that restarts keeps its leadership (its vote is on disk) but not its
-    /// commit index (saved lazily), and its term's first entry is the one from before the
-    /// restart: so right after a restart (every node killed at once, say) that index can be
+    /// is later. A leader that restarts wins a new term (see
+    /// `raft::early::EarlyReplication::vote_at_start`) but does not keep its commit index
+    /// (saved lazily), and a lone node's new term may start before its old entries are applied:
+    /// so right after a restart (every node killed at once, say) that index can be
     /// below writes acknowledged before it, and a read would miss them. Every acknowledged
     /// write is in the log this process started with, so a read waits for that much to apply.
     pub async fn read_index_as_leader(&self) -> Result<u64, NodeError> {

@@ -353,6 +353,8 @@ async fn start_on(
     .await
     .map_err(|e| StartError::Raft(e.to_string()))?;
 
+    crate::raft::early::campaign_after_restart(&raft, &early).await;
+
     let initialized = raft
         .is_initialized()
         .await

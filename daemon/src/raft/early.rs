@@ -40,6 +40,11 @@ const SEND_TTL: Duration = Duration::from_secs(1);
 pub struct EarlyReplication {
     id: NodeId,
     enabled: bool,
+    /// Whether this is a node's log store (not a tool's), whose vote at start is checked.
+    node: bool,
+    /// The vote read at start named this node as the leader of its term: see
+    /// [`EarlyReplication::vote_at_start`].
+    restarted_leader: std::sync::atomic::AtomicBool,
     /// The vote as the log store last saved (or read) it.
     vote: Mutex<Option<Vote<NodeId>>>,
     /// A queue of one per other member, by node id.
@@ -57,6 +62,8 @@ impl EarlyReplication {
         Arc::new(EarlyReplication {
             id,
             enabled,
+            node: true,
+            restarted_leader: std::sync::atomic::AtomicBool::new(false),
             vote: Mutex::new(None),
             members: Mutex::new(BTreeMap::new()),
         })
@@ -64,7 +71,34 @@ impl EarlyReplication {
 
     /// Does nothing: for log stores outside a node (tools, tests).
     pub fn off() -> Arc<EarlyReplication> {
-        EarlyReplication::new(0, false)
+        Arc::new(EarlyReplication {
+            id: 0,
+            enabled: false,
+            node: false,
+            restarted_leader: std::sync::atomic::AtomicBool::new(false),
+            vote: Mutex::new(None),
+            members: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The vote the log store read at start, as openraft is to see it.
+    ///
+    /// openraft restores a node whose committed vote names itself as leader at once, in the
+    /// same term. Entries it had sent early but not synced before it stopped may be gone from
+    /// its log (a crash before the write, a power loss before the sync) while a follower keeps
+    /// them; leading the same term again, it would append other entries under the same log ids,
+    /// and the follower would take them for the ones it has. So a node's own committed vote is
+    /// handed to openraft as not committed: the node starts as a follower that has voted for
+    /// itself in that term (it votes for no one else in it), and leads again only after winning
+    /// a new term, which it wins only if its log is as complete as a majority's. Whatever the
+    /// setting: the previous run may have sent early.
+    pub(super) fn vote_at_start(&self, vote: Vote<NodeId>) -> Vote<NodeId> {
+        if !self.node || !vote.is_committed() || vote.leader_id().voted_for() != Some(self.id) {
+            return vote;
+        }
+        self.restarted_leader
+            .store(true, std::sync::atomic::Ordering::Release);
+        Vote::new(vote.leader_id().term, self.id)
     }
 
     /// The log store saved (or read) `vote`.
@@ -146,6 +180,46 @@ impl EarlyReplication {
             tokio::spawn(send(network.clone(), id, node, requests));
             members.insert(id, Member { addr, queue });
         }
+    }
+}
+
+/// How long a restarted leader waits for Raft to start before it campaigns.
+const RESTART_WAIT: Duration = Duration::from_secs(5);
+
+/// A node that led its term when it stopped (see [`EarlyReplication::vote_at_start`])
+/// campaigns for a new term as soon as Raft has started, instead of after an election timeout.
+pub async fn campaign_after_restart(raft: &super::Raft, early: &EarlyReplication) {
+    if !early
+        .restarted_leader
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return;
+    }
+    let id = early.id;
+    let started = raft
+        .wait(Some(RESTART_WAIT))
+        .metrics(
+            |m| m.vote.leader_id().term > 0 && m.vote.leader_id().voted_for() == Some(id),
+            "Raft started with its stored vote",
+        )
+        .await;
+    let voter = match started {
+        Ok(m) => m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|v| v == id),
+        Err(e) => {
+            tracing::warn!(error = %e, "restarted leader: Raft did not start in time");
+            return;
+        }
+    };
+    if !voter {
+        return;
+    }
+    tracing::info!("this node led its term when it stopped: campaigning for a new term");
+    if let Err(e) = raft.trigger().elect().await {
+        tracing::warn!(error = %e, "restarted leader: could not campaign");
     }
 }
 
@@ -262,6 +336,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_node_that_led_its_term_starts_with_that_vote_not_committed() {
+        let early = EarlyReplication::new(1, true);
+        assert_eq!(early.vote_at_start(Vote::new(5, 2)), Vote::new(5, 2));
+        assert_eq!(
+            early.vote_at_start(committed_vote(5, 2)),
+            committed_vote(5, 2),
+            "another node's leadership is kept"
+        );
+        assert_eq!(early.vote_at_start(Vote::new(5, 1)), Vote::new(5, 1));
+        assert!(
+            !early
+                .restarted_leader
+                .load(std::sync::atomic::Ordering::Acquire)
+        );
+        let at_start = early.vote_at_start(committed_vote(5, 1));
+        assert_eq!(at_start, Vote::new(5, 1));
+        assert!(!at_start.is_committed());
+        assert!(
+            early
+                .restarted_leader
+                .load(std::sync::atomic::Ordering::Acquire)
+        );
+        // A tool's log store (no node) reads the vote as it is.
+        assert_eq!(
+            EarlyReplication::off().vote_at_start(committed_vote(5, 0)),
+            committed_vote(5, 0)
+        );
     }
 
     #[test]

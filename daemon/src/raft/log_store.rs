@@ -1080,6 +1080,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let vote: Option<Vote<NodeId>> = self
             .read_meta(KEY_VOTE)
             .map_err(|reason| StorageIOError::read_vote(AnyError::error(reason)))?;
+        let vote = vote.map(|vote| self.early.vote_at_start(vote));
         if let Some(vote) = vote {
             self.early.vote_saved(vote);
         }
