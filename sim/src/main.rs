@@ -145,9 +145,15 @@ fn main() -> ExitCode {
                 for v in &report.violations {
                     println!("{v}");
                 }
+                let skewed = if report.upgrade.is_empty() {
+                    ""
+                } else {
+                    ", version skew"
+                };
                 if args.child {
                     println!(
-                        "{CHILD_SUMMARY} {} {} ops, {} grants, {} wait group/barrier rounds, {} faults",
+                        "{CHILD_SUMMARY} {} {} ops, {} grants, {} wait group/barrier rounds, {} \
+                         faults{skewed}",
                         report.simulated.as_millis(),
                         report.ops,
                         report.grants,
@@ -156,8 +162,8 @@ fn main() -> ExitCode {
                     );
                 }
                 println!(
-                    "seed {seed}: {} ops, {} grants, {} wait group/barrier rounds, {} faults, {:.1} s \
-                     simulated, history {}: {}",
+                    "seed {seed}: {} ops, {} grants, {} wait group/barrier rounds, {} faults{skewed}, \
+                     {:.1} s simulated, history {}: {}",
                     report.ops,
                     report.grants,
                     report.sync_rounds,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use conch_sim::{SKEW_ONE_IN, SimOptions, run_seed};
 
 #[test]
-fn a_node_speaking_the_previous_version_blocks_finalize_until_it_is_upgraded() -> anyhow::Result<()>
-{
+fn a_node_speaking_the_previous_version_blocks_finalize_until_upgraded_and_the_seed_replays()
+-> anyhow::Result<()> {
     let opts = SimOptions {
         duration: Duration::from_secs(12),
         skew: Some(true),
@@ -23,6 +23,13 @@ fn a_node_speaking_the_previous_version_blocks_finalize_until_it_is_upgraded() -
         report.upgrade,
         opts.replay_command()
     );
+    // The printed seed replays the same execution, skew included.
+    let again = run_seed(&opts)?;
+    assert_eq!(
+        report.history_hash, again.history_hash,
+        "same seed, same execution"
+    );
+    assert_eq!(report.upgrade, again.upgrade);
     let steps = report.upgrade.join("\n");
     let node = skew.node;
     for step in [
