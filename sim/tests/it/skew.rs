@@ -48,6 +48,7 @@ fn the_seed_decides_the_skew_unless_told() {
     let seeded: Vec<u64> = (1..=200)
         .filter(|seed| SimOptions::new(*seed).version_skew().is_some())
         .collect();
+    println!("seeds with version skew: {seeded:?}");
     // About one seed in SKEW_ONE_IN, the same ones every time.
     let expected = 200 / SKEW_ONE_IN as usize;
     assert!(
