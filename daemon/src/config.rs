@@ -174,6 +174,10 @@ pub struct Config {
     /// How calls to other nodes connect when not over the operating system's TCP (see
     /// `transport.rs`); `None`, always for `conchd`: TCP.
     pub dial: Option<crate::transport::Dial>,
+    /// The newest cluster version this node speaks: this build's newest for `conchd`; lower
+    /// only for a program that runs a node as a previous release would (the simulator's
+    /// version skew, see `upgrade.rs`).
+    pub cluster_version_max: u32,
 }
 
 /// How log lines are written.
@@ -428,6 +432,7 @@ impl Config {
             max_connections_per_address,
             adopt_data_dir: flags.adopt_data_dir || file.adopt_data_dir.unwrap_or(false),
             dial: None,
+            cluster_version_max: crate::state::version::NEWEST,
         })
     }
 }

@@ -11,6 +11,9 @@
 //! - `cluster-id`: the cluster's id (see `identity.rs`).
 //! - `removed`: written when the node learns it was removed from its cluster (see
 //!   `removal.rs`); it holds the membership that left the node out.
+//! - `new-cluster-version`: written by the node that bootstraps a new cluster, before it does,
+//!   holding the cluster version the new cluster is to run at; removed once the node raised it
+//!   (or found a member that does not speak it). See `upgrade.rs`.
 //!
 //! Invariants:
 //! - [`DataDir::open`] takes the lock before it reads or writes anything else in the
@@ -37,6 +40,9 @@ pub const NODE_ID_FILE: &str = "node-id";
 pub const CLUSTER_NAME_FILE: &str = "cluster-name";
 /// Present once the node was removed from its cluster.
 pub const REMOVED_FILE: &str = "removed";
+/// Present while the new cluster this node bootstrapped is still to be raised to its cluster
+/// version.
+pub const NEW_CLUSTER_FILE: &str = "new-cluster-version";
 /// Longest `--cluster-name`.
 pub const CLUSTER_NAME_MAX_CHARS: usize = 64;
 
@@ -381,6 +387,19 @@ pub fn write_record(dir: &Path, name: &str, text: &str) -> Result<(), String> {
     }
     std::fs::rename(&tmp, &path).map_err(fail)?;
     File::open(dir).and_then(|d| d.sync_all()).map_err(fail)
+}
+
+/// Removes `<dir>/<name>` durably (fsync of the directory); a file already absent is no error.
+pub fn remove_record(dir: &Path, name: &str) -> Result<(), String> {
+    let path = dir.join(name);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("remove {}: {e}", path.display())),
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("remove {}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -77,6 +77,8 @@ enum Listen {
 pub struct NodeConfig {
     listen: Listen,
     flags: Settings,
+    /// See [`NodeConfig::cluster_version_max`]; `None`: this build's newest.
+    cluster_version_max: Option<u32>,
 }
 
 impl NodeConfig {
@@ -97,6 +99,7 @@ impl NodeConfig {
                 metrics_listen: Some("off".into()),
                 ..Settings::default()
             },
+            cluster_version_max: None,
         }
     }
 
@@ -249,25 +252,47 @@ impl NodeConfig {
         self
     }
 
+    /// The newest cluster version the node speaks (default, and at most: this build's newest;
+    /// at least 1). A lower one makes the node behave, in what it says and what it follows, as
+    /// a node of the release that speaks only up to it: it answers `ConchPeer.NodeInfo` and
+    /// shows in its status and metrics that it speaks no more, a new cluster it bootstraps
+    /// starts at that version, and it refuses log entries that raise the cluster version past
+    /// it (it falls behind, as a node of that release could not decode them). This is for
+    /// testing rolling upgrades inside one program (the simulator runs one node of a cluster
+    /// this way and then "upgrades" it); `conchd` has no such flag.
+    pub fn cluster_version_max(mut self, version: u32) -> NodeConfig {
+        self.cluster_version_max = Some(version);
+        self
+    }
+
     /// Validates without binding anything: the configuration for a program that hands the node
     /// its connections itself ([`crate::server::start_with_incoming`]) and connects it to the
     /// other nodes through `dial`. The listen address is only what the node says it listens
     /// on; a listener given with [`NodeConfig::listener`] is not used.
     #[doc(hidden)]
     pub fn into_config(self, dial: crate::transport::Dial) -> Result<Config, ConfigError> {
-        let NodeConfig { listen, mut flags } = self;
+        let NodeConfig {
+            listen,
+            mut flags,
+            cluster_version_max,
+        } = self;
         if let Listen::Addr(text) = listen {
             flags.listen = Some(text);
         }
         let mut config = Config::from_settings(flags)?;
         config.dial = Some(dial);
+        speak_at_most(&mut config, cluster_version_max)?;
         Ok(config)
     }
 
     /// Binds (unless bound already) and validates: the configuration as `conchd` would build it
     /// from the same flags, with the bound address as `--listen`.
     async fn bind(self) -> Result<(Config, tokio::net::TcpListener), EmbedError> {
-        let NodeConfig { listen, mut flags } = self;
+        let NodeConfig {
+            listen,
+            mut flags,
+            cluster_version_max,
+        } = self;
         let listener = match listen {
             Listen::Addr(text) => tokio::net::TcpListener::bind(text.as_str())
                 .await
@@ -290,8 +315,26 @@ impl NodeConfig {
             error,
         })?;
         flags.listen = Some(bound.to_string());
-        Ok((Config::from_settings(flags)?, listener))
+        let mut config = Config::from_settings(flags)?;
+        speak_at_most(&mut config, cluster_version_max)?;
+        Ok((config, listener))
     }
+}
+
+/// Sets the newest cluster version `config`'s node speaks, when given; refuses one this build
+/// does not speak.
+fn speak_at_most(config: &mut Config, version: Option<u32>) -> Result<(), ConfigError> {
+    use crate::state::version::{BASE, NEWEST};
+    let Some(version) = version else {
+        return Ok(());
+    };
+    if !(BASE..=NEWEST).contains(&version) {
+        return Err(ConfigError::Invalid(format!(
+            "cluster_version_max {version}: this build speaks cluster versions {BASE} to {NEWEST}"
+        )));
+    }
+    config.cluster_version_max = version;
+    Ok(())
 }
 
 fn local_addr_text(listener: &std::net::TcpListener) -> String {

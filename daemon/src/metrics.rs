@@ -203,6 +203,12 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        Metrics::speaking(crate::state::version::NEWEST)
+    }
+
+    /// The metrics of a node that speaks cluster versions up to `cluster_version_max` (what
+    /// `conch_build_info` says).
+    pub fn speaking(cluster_version_max: u32) -> Metrics {
         let b = Builder {
             registry: Registry::new(),
         };
@@ -336,8 +342,8 @@ impl Metrics {
         )
         .with_label_values(&[
             crate::release::RELEASE,
-            &crate::state::version::NEWEST_DATA_FORMAT.to_string(),
-            &crate::state::version::NEWEST.to_string(),
+            &crate::state::version::data_format(cluster_version_max).to_string(),
+            &cluster_version_max.to_string(),
         ])
         .set(1.0);
         let proposed_commands = b.counter(

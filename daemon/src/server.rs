@@ -317,7 +317,7 @@ async fn start_on(
     }
     let cluster_id =
         Arc::new(ClusterId::open(&config.data_dir)?.with_name(data_dir.cluster_name()));
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::speaking(config.cluster_version_max));
     // sled locks its own file too: another process holding it (e.g. a conchd from before the
     // LOCK file) is said the same way.
     let mut log_store = LogStore::open(&config.data_dir).map_err(|e| match e.is_locked() {
@@ -327,6 +327,7 @@ async fn start_on(
     log_store.set_metrics(metrics.log.clone());
     let early = EarlyReplication::new(config.id, config.early_replication);
     log_store.set_early_replication(Arc::clone(&early));
+    log_store.speak_at_most(config.cluster_version_max)?;
     let applied = AppliedState::with_metrics(State::new(), 0, metrics.apply.clone());
     let mut state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
     state_machine.set_metrics(metrics.snapshots.clone());
@@ -369,7 +370,16 @@ async fn start_on(
             config.advertise
         );
     }
+    // The cluster version a new cluster this node bootstraps (or bootstrapped, and has not
+    // raised yet) is to run at: recorded before bootstrapping, so that a restart carries on.
+    let mut new_cluster = crate::upgrade::new_cluster_version(&config.data_dir)?;
     if bootstraps {
+        new_cluster = (config.cluster_version_max > crate::state::version::BASE)
+            .then_some(config.cluster_version_max);
+        match new_cluster {
+            Some(version) => crate::upgrade::record_new_cluster(&config.data_dir, version)?,
+            None => crate::upgrade::forget_new_cluster(&config.data_dir),
+        }
         let members: BTreeMap<u64, BasicNode> = config
             .initial_cluster
             .iter()
@@ -422,9 +432,11 @@ async fn start_on(
     if let Some(tls) = &config.tls {
         node.tasks.spawn(crate::tls::watch(Arc::clone(tls)));
     }
-    if bootstraps {
-        node.tasks
-            .spawn(crate::upgrade::finalize_new_cluster(Arc::clone(&node)));
+    if let Some(version) = new_cluster {
+        node.tasks.spawn(crate::upgrade::finalize_new_cluster(
+            Arc::clone(&node),
+            version,
+        ));
     }
     node.tasks.spawn(expiry::run(Arc::clone(&node)));
     node.tasks.spawn(log_leader_changes(Arc::clone(&node)));

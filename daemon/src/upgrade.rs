@@ -7,21 +7,32 @@
 //! here and nowhere else:
 //! - by `ConchAdmin.FinalizeUpgrade` (`conch cluster finalize`), the operator's word that the
 //!   upgrade is done and no node will go back to the previous release;
-//! - once, by the node that bootstrapped a new cluster: a cluster created by this release has
-//!   no previous release to go back to.
+//! - by the node that bootstrapped a new cluster: a cluster created by this release has no
+//!   previous release to go back to. The node records the version the cluster is to run at in
+//!   its data directory before it bootstraps (`new-cluster-version`) and removes the record
+//!   once that is settled, so a restart in between carries on; a cluster created by an earlier
+//!   release never has the record, and only the operator finalizes it.
 //!
 //! What always holds: the command is proposed only after every voter and learner of the
 //! membership this node knows answered with a release that speaks the new version; a member that
 //! does not answer, or speaks less, refuses the raise, naming it. Adding a learner whose release
 //! does not speak the cluster version is refused too (`api/membership.rs`), so a member that
 //! could not decode the log never joins after the raise.
+//!
+//! What a node speaks is its build's newest cluster version unless configured lower
+//! (`Config::cluster_version_max`, for embedders such as the simulator): such a node answers
+//! `NodeInfo` with that version, bootstraps a new cluster at it, and refuses log entries that
+//! raise the cluster version past it ([`followable`]), as a node of the release that speaks no
+//! more could not decode them.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use conch_proto::conch::PeerMessage;
 use serde::{Deserialize, Serialize};
 
+use crate::data_dir::{self, DataDirError};
 use crate::node::Node;
 use crate::raft::NodeId;
 use crate::raft::network::{decode, encode};
@@ -42,13 +53,19 @@ pub struct NodeInfo {
 }
 
 impl NodeInfo {
-    /// This node's.
-    pub fn this_node() -> NodeInfo {
+    /// What a node of this build says that speaks cluster versions up to `cluster_version_max`
+    /// (this build's newest unless the node was configured to speak less).
+    pub fn speaking(cluster_version_max: u32) -> NodeInfo {
         NodeInfo {
             release: crate::release::RELEASE.to_string(),
-            cluster_version_max: NEWEST,
-            data_format_max: version::NEWEST_DATA_FORMAT,
+            cluster_version_max,
+            data_format_max: version::data_format(cluster_version_max),
         }
+    }
+
+    /// This node's.
+    pub fn this_node(node: &Node) -> NodeInfo {
+        NodeInfo::speaking(node.config.cluster_version_max)
     }
 
     /// A node of release 0.1.0, which does not serve `NodeInfo`.
@@ -75,7 +92,7 @@ pub async fn member_releases(node: &Arc<Node>) -> Vec<MemberRelease> {
         let node = Arc::clone(node);
         async move {
             let info = if member.id == node.id {
-                Ok(NodeInfo::this_node())
+                Ok(NodeInfo::this_node(&node))
             } else {
                 ask(&node, member.id, &member.addr).await
             };
@@ -127,20 +144,40 @@ pub struct Finalized {
     pub members: Vec<MemberRelease>,
 }
 
+/// Who raises the cluster version, which the log line says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Raiser {
+    /// `conch cluster finalize`: the end of a rolling upgrade.
+    Operator,
+    /// The node that bootstrapped a new cluster, which has no earlier release to go back to.
+    NewCluster,
+}
+
 /// Raises the cluster version to the newest one every member speaks (through the log, from any
 /// node). Refused with `FailedPrecondition`, changing nothing, when a member does not answer;
 /// a version already reached is answered as it is.
 pub async fn finalize(node: &Arc<Node>) -> Result<Finalized, crate::api::status::ApiError> {
+    raise(node, NEWEST, Raiser::Operator).await
+}
+
+/// [`finalize`], to `ceiling` at most.
+async fn raise(
+    node: &Arc<Node>,
+    ceiling: u32,
+    raiser: Raiser,
+) -> Result<Finalized, crate::api::status::ApiError> {
     node.linearizable().await?;
     let previous = node.applied.read(|s| s.cluster_version()).0;
     let members = member_releases(node).await;
-    let target = common_version(&members).map_err(|why| {
-        Error::failed_precondition(format!(
-            "cannot finalize the upgrade: {why}; every voter and learner must answer"
-        ))
-    })?;
+    let target = common_version(&members)
+        .map_err(|why| {
+            Error::failed_precondition(format!(
+                "cannot finalize the upgrade: {why}; every voter and learner must answer"
+            ))
+        })?
+        .min(ceiling);
     if target <= previous {
-        if previous < NEWEST {
+        if previous < NEWEST && raiser == Raiser::Operator {
             let behind: Vec<String> = members
                 .iter()
                 .filter_map(|m| m.info.as_ref().ok().map(|i| (m.id, i)))
@@ -164,11 +201,20 @@ pub async fn finalize(node: &Arc<Node>) -> Result<Finalized, crate::api::status:
     }
     node.write_one(Cmd::SetClusterVersion { version: target })
         .await??;
-    tracing::info!(
-        from = previous,
-        to = target,
-        "cluster version raised: the upgrade is final, no node can go back to the previous release"
-    );
+    match raiser {
+        Raiser::Operator => tracing::info!(
+            from = previous,
+            to = target,
+            "cluster version raised: the upgrade is final, no node can go back to the previous \
+             release"
+        ),
+        Raiser::NewCluster => tracing::info!(
+            from = previous,
+            to = target,
+            "new cluster: it runs at cluster version {target}, the newest every member speaks \
+             (created by this release, it has no earlier release to go back to)"
+        ),
+    }
     Ok(Finalized {
         previous,
         current: target,
@@ -176,28 +222,83 @@ pub async fn finalize(node: &Arc<Node>) -> Result<Finalized, crate::api::status:
     })
 }
 
-/// Run by the node that bootstrapped a new cluster: raises the cluster version to the newest
-/// once every member answers with a release that speaks it. A member of an older release
-/// leaves the cluster at the version they share, for the operator to finalize later.
-pub async fn finalize_new_cluster(node: Arc<Node>) {
+/// Records, in the data directory of a node about to bootstrap a new cluster, the cluster
+/// version the new cluster is to run at: [`finalize_new_cluster`] raises it there, and a
+/// restart before it is done carries on. Only a bootstrap writes it, so a cluster created by
+/// an earlier release (which the operator finalizes) never has one.
+pub fn record_new_cluster(data_dir: &Path, version: u32) -> Result<(), DataDirError> {
+    data_dir::write_record(data_dir, data_dir::NEW_CLUSTER_FILE, &version.to_string()).map_err(
+        |reason| DataDirError::Unusable {
+            path: data_dir.to_path_buf(),
+            reason,
+        },
+    )
+}
+
+/// The cluster version the new cluster this node bootstrapped is still to be raised to, if it
+/// bootstrapped one and that is not done (see [`record_new_cluster`]).
+pub fn new_cluster_version(data_dir: &Path) -> Result<Option<u32>, DataDirError> {
+    let path = data_dir.join(data_dir::NEW_CLUSTER_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(DataDirError::Unusable {
+                path: data_dir.to_path_buf(),
+                reason: format!("read {}: {e}", path.display()),
+            });
+        }
+    };
+    match text.trim().parse::<u32>() {
+        Ok(version) if version >= BASE => Ok(Some(version)),
+        _ => Err(DataDirError::Unusable {
+            path: data_dir.to_path_buf(),
+            reason: format!(
+                "{} does not hold a cluster version: {:?} (remove the file to leave raising the \
+                 cluster version to `conch cluster finalize`)",
+                path.display(),
+                text.trim().chars().take(32).collect::<String>()
+            ),
+        }),
+    }
+}
+
+/// Removes the record of [`record_new_cluster`]: the new cluster's version is settled.
+pub fn forget_new_cluster(data_dir: &Path) {
+    if let Err(e) = data_dir::remove_record(data_dir, data_dir::NEW_CLUSTER_FILE) {
+        tracing::warn!(error = %e, "the new cluster's version is settled, but its record stays");
+    }
+}
+
+/// Run by the node that bootstrapped a new cluster (from [`record_new_cluster`]'s record, also
+/// after a restart): raises the cluster version to `created_at` (or what this node speaks, if
+/// less) once every member answers with a release that speaks it. A member of an older
+/// release leaves the cluster at the version they share, for the operator to finalize later.
+/// Either way the record is removed once settled.
+pub async fn finalize_new_cluster(node: Arc<Node>, created_at: u32) {
+    let target = created_at.min(node.config.cluster_version_max);
+    let data_dir = node.config.data_dir.clone();
     let mut wait = Duration::from_millis(100);
     loop {
-        if node.applied.read(|s| s.cluster_version()).0 >= NEWEST {
+        if node.applied.read(|s| s.cluster_version()).0 >= target {
+            forget_new_cluster(&data_dir);
             return;
         }
         let members = member_releases(&node).await;
         match common_version(&members) {
-            Ok(target) if target < NEWEST => {
+            Ok(common) if common < target => {
                 tracing::info!(
-                    cluster_version = target,
+                    cluster_version = common,
                     "a member runs an earlier release: the cluster stays at the version all \
                      speak until `conch cluster finalize`"
                 );
+                forget_new_cluster(&data_dir);
                 return;
             }
-            Ok(_) => match finalize(&node).await {
+            Ok(_) => match raise(&node, target, Raiser::NewCluster).await {
                 Ok(done) => {
                     tracing::debug!(cluster_version = done.current, "new cluster finalized");
+                    forget_new_cluster(&data_dir);
                     return;
                 }
                 Err(e) => tracing::debug!(error = %e, "finalizing the new cluster: retrying"),
@@ -207,6 +308,33 @@ pub async fn finalize_new_cluster(node: Arc<Node>) {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(2));
     }
+}
+
+/// Whether a node that speaks cluster versions up to `cluster_version_max` can take `entries`
+/// into its log: not one that raises the cluster version past it (a node of a release that
+/// does not speak the new version could not even decode it). The refusal names the entry.
+pub fn followable(
+    entries: &[openraft::Entry<crate::raft::TypeConfig>],
+    cluster_version_max: u32,
+) -> Result<(), String> {
+    for entry in entries {
+        let openraft::EntryPayload::Normal(batch) = &entry.payload else {
+            continue;
+        };
+        for cmd in &batch.cmds {
+            if let Cmd::SetClusterVersion { version } = cmd.unwrapped()
+                && *version > cluster_version_max
+            {
+                return Err(format!(
+                    "log entry {} raises the cluster version to {version}, and this node speaks \
+                     cluster version {cluster_version_max} at most: it cannot follow the log \
+                     past it (run a release that speaks cluster version {version} on it)",
+                    entry.log_id.index
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -248,9 +376,156 @@ mod tests {
     }
 
     #[test]
+    fn a_raise_past_what_a_node_speaks_is_not_followable() {
+        let raise = |index: u64, version: u32| openraft::Entry::<crate::raft::TypeConfig> {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Normal(crate::state::Batch {
+                cmds: vec![Cmd::SetClusterVersion { version }],
+                ..Default::default()
+            }),
+        };
+        assert_eq!(followable(&[raise(4, 1), raise(5, 2)], 2), Ok(()));
+        let why = followable(&[raise(4, 1), raise(5, 2)], 1).unwrap_err();
+        assert!(
+            why.starts_with(
+                "log entry 5 raises the cluster version to 2, and this node speaks \
+                 cluster version 1 at most"
+            ),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_new_cluster_record_is_read_back_removed_and_a_damaged_one_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(new_cluster_version(dir.path()).expect("read"), None);
+        record_new_cluster(dir.path(), 2).expect("record");
+        assert_eq!(new_cluster_version(dir.path()).expect("read"), Some(2));
+        forget_new_cluster(dir.path());
+        assert_eq!(new_cluster_version(dir.path()).expect("read"), None);
+        forget_new_cluster(dir.path());
+        std::fs::write(dir.path().join(data_dir::NEW_CLUSTER_FILE), "two\n").expect("write");
+        let err = new_cluster_version(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("new-cluster-version does not hold a cluster version: \"two\"")
+                && err.contains("conch cluster finalize"),
+            "{err}"
+        );
+    }
+
+    async fn leading(config: crate::NodeConfig) -> anyhow::Result<crate::ConchNode> {
+        let node = crate::ConchNode::start(config).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !node.is_leader() {
+            anyhow::ensure!(std::time::Instant::now() < deadline, "no leader in 30 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(node)
+    }
+
+    async fn version_reaches(node: &Arc<Node>, version: u32) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while node.applied.read(|s| s.cluster_version()).0 < version {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "cluster version {version} not reached in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_that_speaks_version_1_only_bootstraps_there_and_is_finalized_once_upgraded()
+    -> anyhow::Result<()> {
+        use conch_proto::conch::ClusterStatusRequest;
+        let dir = tempfile::tempdir()?;
+        let single = || crate::NodeConfig::single("127.0.0.1:0", dir.path());
+        let bad = crate::ConchNode::start(single().cluster_version_max(NEWEST + 1))
+            .await
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            bad.as_deref(),
+            Some("cluster_version_max 3: this build speaks cluster versions 1 to 2")
+        );
+
+        let running = leading(single().cluster_version_max(BASE)).await?;
+        let node = Arc::clone(running.node());
+        assert_eq!(NodeInfo::this_node(&node).cluster_version_max, BASE);
+        let refused = finalize(&node).await.expect_err("it speaks version 1 only");
+        assert!(
+            refused.to_string().starts_with(&format!(
+                "cannot finalize the upgrade to cluster version 2: node 1 runs conch {}",
+                crate::release::RELEASE
+            )),
+            "{refused}"
+        );
+        let status = running
+            .client()
+            .admin()
+            .cluster_status(ClusterStatusRequest {})
+            .await?
+            .into_inner();
+        assert_eq!(
+            (status.cluster_version, status.cluster_version_max),
+            (1, 1),
+            "{status:?}"
+        );
+        assert_eq!(new_cluster_version(dir.path())?, None, "nothing to raise");
+        running.shutdown().await?;
+
+        // Upgraded: restarted on its data speaking the newest version. The cluster was not
+        // created at it, so it stays at version 1 until finalized.
+        let running = leading(single()).await?;
+        let node = Arc::clone(running.node());
+        node.linearizable().await?;
+        assert_eq!(node.applied.read(|s| s.cluster_version()).0, BASE);
+        let done = finalize(&node).await?;
+        assert_eq!((done.previous, done.current), (1, 2));
+        running.shutdown().await?;
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_cluster_s_version_is_raised_after_a_restart_and_its_record_then_removed()
+    -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let single = || crate::NodeConfig::single("127.0.0.1:0", dir.path());
+        // A new cluster: raised at once, and the record removed.
+        let running = leading(single()).await?;
+        version_reaches(running.node(), NEWEST).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while new_cluster_version(dir.path())?.is_some() {
+            anyhow::ensure!(std::time::Instant::now() < deadline, "the record stays");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        running.shutdown().await?;
+
+        // A bootstrap whose process stopped before the raise: a directory at version 1 that
+        // holds the record (made here from a node that speaks version 1 only).
+        let dir = tempfile::tempdir()?;
+        let single = || crate::NodeConfig::single("127.0.0.1:0", dir.path());
+        let running = leading(single().cluster_version_max(BASE)).await?;
+        running.shutdown().await?;
+        record_new_cluster(dir.path(), NEWEST)?;
+        let running = leading(single()).await?;
+        version_reaches(running.node(), NEWEST).await?;
+        running.shutdown().await?;
+        Ok(())
+    }
+
+    #[test]
     fn a_node_of_0_1_0_speaks_the_first_version_only() {
         let old = NodeInfo::release_0_1_0();
         assert_eq!((old.cluster_version_max, old.data_format_max), (1, 7));
-        assert_eq!(NodeInfo::this_node().cluster_version_max, NEWEST);
+        let this = NodeInfo::speaking(NEWEST);
+        assert_eq!(
+            (this.cluster_version_max, this.data_format_max),
+            (NEWEST, 8)
+        );
+        let capped = NodeInfo::speaking(BASE);
+        assert_eq!((capped.cluster_version_max, capped.data_format_max), (1, 7));
+        assert_eq!(capped.release, crate::release::RELEASE);
     }
 }

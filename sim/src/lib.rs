@@ -22,7 +22,12 @@
 //!   `ENOSPC`), and the node stops as `conchd` exits on a storage failure, and starts again
 //!   once the disk works; syncs can be slow;
 //! - **wall clocks** (`clocks.rs`): stepped on every node or on one, or drifting on one;
-//! - **membership** (`operator.rs`): a node is removed, then wiped and added back.
+//! - **membership** (`operator.rs`): a node is removed, then wiped and added back;
+//! - **version skew** ([`Skew`]): one node starts as a node of the previous release would
+//!   (speaking cluster version 1 only) in a cluster not yet finalized; mid-run the operator
+//!   checks that finalizing is refused, upgrades the node (restarts it on its data speaking
+//!   this build's newest version) and finalizes. No node may apply a cluster version the
+//!   previous release's node does not speak while it is a member.
 //!
 //! The workload is the one the Jepsen-style run uses (`cluster_tests::jepsen`), and so is its
 //! checker; at the end every node must agree on one applied index and state hash. The same
@@ -89,6 +94,41 @@ pub struct SimOptions {
     pub mix: Mix,
     /// Of the full mix's faults, the kinds the seed keeps (all by default).
     pub only: Kinds,
+    /// Version skew on or off; `None`: the seed decides (see [`Skew`]).
+    pub skew: Option<bool>,
+}
+
+/// Where the stream that decides a seed's version skew sits among the seed's streams.
+const SKEW_STREAM: u64 = u64::MAX - 9;
+
+/// Under the full mix, one seed in this many runs with version skew unless told.
+pub const SKEW_ONE_IN: u64 = 4;
+
+/// A seed's version skew: node `node` starts speaking the previous release's cluster version
+/// only (1), so the new cluster stays at that version; at `upgrade_at` the operator checks
+/// that finalizing is refused, restarts the node on its data speaking this build's newest
+/// version, and finalizes. Drawn from the seed (one full-mix seed in [`SKEW_ONE_IN`]), so a
+/// printed seed replays with the same skew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Skew {
+    pub node: u64,
+    pub upgrade_at: Duration,
+}
+
+impl SimOptions {
+    /// This seed's version skew, if it runs with one.
+    pub fn version_skew(&self) -> Option<Skew> {
+        let mut rng = cluster_tests::rng::Rng::derive(self.seed, SKEW_STREAM);
+        let drawn = rng.below(SKEW_ONE_IN) == 0 && self.mix == Mix::Full;
+        if !self.skew.unwrap_or(drawn) {
+            return None;
+        }
+        let node = 1 + rng.below(self.nodes);
+        // Between 30 % and 60 % of the run: faults before and after it.
+        let ms = self.duration.as_millis() as u64;
+        let upgrade_at = Duration::from_millis(ms * 3 / 10 + rng.below(ms * 3 / 10 + 1));
+        Some(Skew { node, upgrade_at })
+    }
 }
 
 impl SimOptions {
@@ -105,6 +145,7 @@ impl SimOptions {
             bug: None,
             mix: Mix::Full,
             only: Kinds::ALL,
+            skew: None,
         }
     }
 
@@ -137,6 +178,9 @@ impl SimOptions {
         }
         if !self.only.is_all() {
             args.extend(["--only-faults".to_string(), self.only.names()]);
+        }
+        if let Some(on) = self.skew {
+            args.extend(["--skew".to_string(), if on { "on" } else { "off" }.into()]);
         }
         args
     }
@@ -177,6 +221,8 @@ pub struct SeedReport {
     pub sync_rounds: usize,
     /// Every operation, one line each, in the order they were invoked.
     pub history: Vec<String>,
+    /// With version skew, what the operator did for the upgrade, with simulated times.
+    pub upgrade: Vec<String>,
 }
 
 impl SeedReport {
@@ -284,6 +330,9 @@ async fn start_node(id: u64, nodes: u64, dir: &Path) -> anyhow::Result<()> {
     if operator::joins(id) {
         config = config.join();
     }
+    if let Some(version) = operator::cluster_version_max(id) {
+        config = config.cluster_version_max(version);
+    }
     let config = config
         .initial_cluster((1..=nodes).map(|n| (n, node_addr(n))))
         .heartbeat(Duration::from_millis(100))
@@ -360,6 +409,10 @@ pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
     conchd::self_check::check_on_this_thread();
     clocks::reset();
     operator::reset();
+    let skew = opts.version_skew();
+    if let Some(skew) = skew {
+        operator::cap(skew.node);
+    }
     MISROUTES.with(|m| m.borrow_mut().clear());
     let scratch = scratch_dir().context("create a scratch directory for the nodes' data")?;
     if opts.mix == Mix::Full {
@@ -368,12 +421,15 @@ pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
     let mut result = run_in(opts, scratch.path());
     conchd::disk_faults::stop_tracking();
     let broken = conchd::self_check::take_found();
+    let (upgrade, upgrade_violations) = operator::take_upgrade_report();
     if let Ok(report) = &mut result {
         report.violations.extend(
             broken
                 .into_iter()
                 .map(|b| format!("VIOLATION [invariants] {b}")),
         );
+        report.violations.extend(upgrade_violations);
+        report.upgrade = upgrade;
     }
     conchd::entropy::unseed_thread();
     conchd::blocking::run_inline_on_this_thread(false);
@@ -442,7 +498,9 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
             Ok(())
         });
     }
-    if opts.mix == Mix::Full {
+    let skew = opts.version_skew();
+    let mut upgrade_asked = false;
+    if opts.mix == Mix::Full || skew.is_some() {
         let nodes = opts.nodes;
         sim.client(operator_ip(), async move {
             operator::run(nodes)
@@ -457,6 +515,24 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
             break;
         }
         let now = sim.elapsed();
+        if let Some(skew) = skew
+            && !upgrade_asked
+            && now >= skew.upgrade_at
+        {
+            operator::upgrade(skew.node);
+            upgrade_asked = true;
+        }
+        if let Some(node) = operator::take_restart() {
+            // The operator upgrades a node: its process stops and the new one starts on the
+            // same directory.
+            sim.bounce(node_ip(node));
+            if opts.trace {
+                println!(
+                    "fault {:>9.3}s n{node} restarted speaking the newest cluster version",
+                    now.as_secs_f64()
+                );
+            }
+        }
         if let Some(node) = operator::take_wipe() {
             // The operator replaces a removed node: stopped, its directory wiped, started empty.
             sim.crash(node_ip(node));
@@ -536,6 +612,7 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
         grants,
         sync_rounds,
         history,
+        upgrade: Vec::new(),
     })
 }
 
@@ -585,8 +662,8 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
     }
     if !operator::idle() {
         violations.push(
-            "VIOLATION [membership] a removed node was not a voter again 60 s after the \
-             faults ended"
+            "VIOLATION [operator] a removed node was not a voter again, or the upgrade not \
+             finalized, 60 s after the faults ended"
                 .into(),
         );
     }
@@ -671,6 +748,19 @@ async fn drive_workload(opts: &SimOptions) -> anyhow::Result<Found> {
              hash: {last}"
         ));
     }
+    if opts.version_skew().is_some()
+        && let Err(last) = wait_statuses(&channels, Duration::from_secs(20), |s| {
+            s.len() == channels.len()
+                && s.iter()
+                    .all(|s| s.cluster_version == 2 && s.cluster_version_max == 2)
+        })
+        .await
+    {
+        violations.push(format!(
+            "VIOLATION [upgrade] after the upgrade not every node speaks and runs at cluster \
+             version 2: {last}"
+        ));
+    }
     let by_node = channels.iter().cloned().collect();
     for (name, message) in locks::check_final_state(&shared, &by_node).await {
         violations.push(format!("VIOLATION [{name}] {message}"));
@@ -730,8 +820,16 @@ async fn wait_statuses(
                 .iter()
                 .map(|s| {
                     format!(
-                        "n{} applied {} hash {:016x} leases {} holders {} waiters {}",
-                        s.node_id, s.applied_index, s.state_hash, s.leases, s.holders, s.waiters
+                        "n{} applied {} hash {:016x} leases {} holders {} waiters {} cluster \
+                         version {} (speaks {})",
+                        s.node_id,
+                        s.applied_index,
+                        s.state_hash,
+                        s.leases,
+                        s.holders,
+                        s.waiters,
+                        s.cluster_version,
+                        s.cluster_version_max
                     )
                 })
                 .collect::<Vec<_>>()

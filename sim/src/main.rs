@@ -68,6 +68,11 @@ struct Args {
     /// clock-step, clock-drift, replace, crash-all, disk, hold, pause, slow, wall-step.
     #[arg(long, value_delimiter = ',', value_parser = parse_kind)]
     only_faults: Vec<conch_sim::Kind>,
+    /// Version skew: one node starts speaking the previous release's cluster version only and
+    /// is upgraded mid-run, then the cluster is finalized. on or off; by default the seed
+    /// decides (one seed in four of the full mix), so a printed seed replays as it ran.
+    #[arg(long, value_parser = parse_on_off)]
+    skew: Option<bool>,
     /// Stop starting seeds once one has failed (to count the seeds a bug takes to find).
     #[arg(long)]
     until_failure: bool,
@@ -114,6 +119,7 @@ fn main() -> ExitCode {
             true => conch_sim::Kinds::ALL,
             false => conch_sim::Kinds::of(&args.only_faults),
         },
+        skew: args.skew,
     };
     let options = move |seed| SimOptions {
         seed,
@@ -133,12 +139,21 @@ fn main() -> ExitCode {
                 for fault in &report.faults {
                     println!("fault {fault}");
                 }
+                for step in &report.upgrade {
+                    println!("upgrade {step}");
+                }
                 for v in &report.violations {
                     println!("{v}");
                 }
+                let skewed = if report.upgrade.is_empty() {
+                    ""
+                } else {
+                    ", version skew"
+                };
                 if args.child {
                     println!(
-                        "{CHILD_SUMMARY} {} {} ops, {} grants, {} wait group/barrier rounds, {} faults",
+                        "{CHILD_SUMMARY} {} {} ops, {} grants, {} wait group/barrier rounds, {} \
+                         faults{skewed}",
                         report.simulated.as_millis(),
                         report.ops,
                         report.grants,
@@ -147,8 +162,8 @@ fn main() -> ExitCode {
                     );
                 }
                 println!(
-                    "seed {seed}: {} ops, {} grants, {} wait group/barrier rounds, {} faults, {:.1} s \
-                     simulated, history {}: {}",
+                    "seed {seed}: {} ops, {} grants, {} wait group/barrier rounds, {} faults{skewed}, \
+                     {:.1} s simulated, history {}: {}",
                     report.ops,
                     report.grants,
                     report.sync_rounds,
@@ -281,6 +296,14 @@ fn parse_kind(name: &str) -> Result<conch_sim::Kind, String> {
         let names: Vec<&str> = conch_sim::Kind::ALL.iter().map(|k| k.name()).collect();
         format!("no fault kind {name:?}; the kinds are {}", names.join(", "))
     })
+}
+
+fn parse_on_off(word: &str) -> Result<bool, String> {
+    match word {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("--skew takes on or off, not {word:?}")),
+    }
 }
 
 fn parse_mix(n: &str) -> Result<u8, String> {

@@ -100,6 +100,89 @@ async fn a_new_cluster_runs_at_the_newest_cluster_version_and_each_node_says_its
     Ok(())
 }
 
+/// The node that bootstraps a new cluster raises its cluster version even when its process is
+/// killed before it could: here it starts alone (no majority, so no raise), is killed, and
+/// comes back with the others. Its log says a new cluster starts at the version, not that an
+/// upgrade was made final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_cluster_reaches_the_newest_version_when_its_bootstrapping_node_restarts_first()
+-> anyhow::Result<()> {
+    let work = tempfile::tempdir()?;
+    let mut ports: BTreeMap<u64, Port> = (1..=3)
+        .map(|id| Ok((id, Port::bind()?)))
+        .collect::<anyhow::Result<_>>()?;
+    let addrs: BTreeMap<u64, String> = ports
+        .iter()
+        .map(|(id, p)| (*id, p.addr().to_string()))
+        .collect();
+    let initial = addrs
+        .iter()
+        .map(|(id, addr)| format!("{id}={addr}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let spawn = |id: u64, port: Port| {
+        let data_dir = work.path().join(format!("node{id}")).display().to_string();
+        let id = id.to_string();
+        let args = [
+            "--id",
+            &id,
+            "--data-dir",
+            &data_dir,
+            "--initial-cluster",
+            &initial,
+            "--log",
+            "info,openraft=warn",
+        ];
+        Daemon::spawn_on(port, &args, work.path())
+    };
+    let first = spawn(1, ports.remove(&1).context("node 1's port")?)?;
+    let bootstrapped = wait_for("node 1 to bootstrap", Duration::from_secs(60), || async {
+        let s = status(&addrs[&1]).await.ok()?;
+        (s.members.len() == 3).then_some(s)
+    })
+    .await
+    .with_context(|| first.stderr())?;
+    ensure!(
+        bootstrapped.cluster_version == 1 && bootstrapped.leader_id == 0,
+        "alone, node 1 cannot raise the version yet: {bootstrapped:?}"
+    );
+    drop(first); // kill -9
+
+    let mut nodes = BTreeMap::new();
+    nodes.insert(1, spawn(1, Port::bind_at(&addrs[&1])?)?);
+    for (id, port) in std::mem::take(&mut ports) {
+        nodes.insert(id, spawn(id, port)?);
+    }
+    let logs = || {
+        nodes
+            .values()
+            .map(|n| n.stderr())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
+    let all: Vec<String> = addrs.values().cloned().collect();
+    wait_for_version(&all, 2).await.with_context(logs)?;
+    let node1 = nodes.get(&1).context("node 1")?;
+    wait_for(
+        "node 1's log line for the new cluster",
+        Duration::from_secs(30),
+        || async {
+            node1
+                .stderr()
+                .contains("new cluster: it runs at cluster version 2")
+                .then_some(())
+        },
+    )
+    .await
+    .with_context(logs)?;
+    ensure!(
+        !logs().contains("the upgrade is final"),
+        "a new cluster is not an upgrade: {}",
+        logs()
+    );
+    Ok(())
+}
+
 /// The fixtures of a kept release, in the repository.
 fn fixtures(release: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -514,7 +514,7 @@ impl ConchAdmin for AdminService {
             waiters: stats.waiters,
             cluster_id,
             release: crate::release::RELEASE.to_string(),
-            cluster_version_max: crate::state::version::NEWEST,
+            cluster_version_max: self.node.config.cluster_version_max,
             cluster_version,
             data_format,
         }))

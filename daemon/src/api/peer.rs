@@ -200,6 +200,14 @@ fn decode_request<T: DeserializeOwned>(request: &Request<PeerMessage>) -> Result
     decode(&request.get_ref().payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))
 }
 
+/// Refuses entries that raise the cluster version past what this node speaks, as a node of a
+/// release that does not speak the new version refuses them (it cannot decode them): the
+/// leader retries, and this node falls behind until it runs a release that speaks it.
+fn followable(node: &Node, rpc: &AppendEntriesRequest<TypeConfig>) -> Result<(), ApiError> {
+    crate::upgrade::followable(&rpc.entries, node.config.cluster_version_max)
+        .map_err(|why| ApiError::State(crate::state::Error::failed_precondition(why)))
+}
+
 fn encode_reply<T: Serialize>(value: &T) -> Result<Response<PeerMessage>, ApiError> {
     let payload =
         encode(value).map_err(|e| ApiError::Internal(format!("encode peer reply: {e}")))?;
@@ -256,6 +264,7 @@ impl AppendStream {
         let rpc: AppendEntriesRequest<TypeConfig> =
             decode(&message.payload).map_err(|e| ApiError::MalformedPeerMessage(e.to_string()))?;
         sender_is(from, rpc.vote.leader_id().voted_for())?;
+        followable(node, &rpc)?;
         node.cluster_id.adopt_from(metadata);
         node.note_client_addr(from, metadata);
         let carries_entries = !rpc.entries.is_empty();
@@ -398,6 +407,7 @@ impl ConchPeer for PeerService {
         let from = sender(&request);
         let rpc: AppendEntriesRequest<TypeConfig> = decode_request(&request)?;
         sent_by(&request, rpc.vote.leader_id().voted_for())?;
+        followable(&self.node, &rpc)?;
         self.node.cluster_id.adopt_from(request.metadata());
         self.node.note_client_addr(from, request.metadata());
         let carries_entries = !rpc.entries.is_empty();
@@ -524,7 +534,9 @@ impl ConchPeer for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         from_member(&self.node, &request)?;
-        Ok(encode_reply(&crate::upgrade::NodeInfo::this_node())?)
+        Ok(encode_reply(&crate::upgrade::NodeInfo::this_node(
+            &self.node,
+        ))?)
     }
 }
 

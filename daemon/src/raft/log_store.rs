@@ -194,6 +194,19 @@ pub enum OpenError {
         found: u32,
         release: String,
     },
+    #[error(
+        "{}: in data format {found}; this node speaks cluster version {cluster_version_max} at \
+         most and reads data formats {} to {reads}: run a release that speaks a newer cluster \
+         version on this directory",
+        path.display(),
+        READ_FORMATS.start()
+    )]
+    Capped {
+        path: PathBuf,
+        found: u32,
+        cluster_version_max: u32,
+        reads: u32,
+    },
 }
 
 impl OpenError {
@@ -406,6 +419,8 @@ struct Inner {
     log: RwLock<MemLog>,
     /// The data format recorded in `m:format` (written only by the one task that appends).
     data_format: std::sync::atomic::AtomicU32,
+    /// The newest cluster version this node speaks (see [`LogStore::speak_at_most`]).
+    cluster_version_max: std::sync::atomic::AtomicU32,
 }
 
 #[derive(Default)]
@@ -613,6 +628,7 @@ impl LogStore {
                 wal: Mutex::new(wal),
                 log: RwLock::new(log),
                 data_format: std::sync::atomic::AtomicU32::new(data_format),
+                cluster_version_max: std::sync::atomic::AtomicU32::new(version::NEWEST),
             }),
         };
         store
@@ -724,10 +740,38 @@ impl LogStore {
         sled + self.inner.lock_wal().bytes()
     }
 
+    /// From now on the node speaks cluster versions up to `cluster_version_max` only (this
+    /// build's newest unless configured lower, see `NodeConfig::cluster_version_max`): the log
+    /// refuses entries that raise the cluster version past it, and a log already in a data
+    /// format newer than that version's is refused, as the release that speaks no more refuses
+    /// it.
+    pub fn speak_at_most(&self, cluster_version_max: u32) -> Result<(), OpenError> {
+        use std::sync::atomic::Ordering;
+        let reads = version::data_format(cluster_version_max);
+        let found = self.inner.data_format.load(Ordering::Relaxed);
+        if found > reads {
+            return Err(OpenError::Capped {
+                path: self.inner.path.clone(),
+                found,
+                cluster_version_max,
+                reads,
+            });
+        }
+        self.inner
+            .cluster_version_max
+            .store(cluster_version_max, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Records the data format that `entries` need a reader to know, if newer than the one
-    /// recorded, before they are written (durably: see the module's `m:format`).
+    /// recorded, before they are written (durably: see the module's `m:format`). Entries that
+    /// raise the cluster version past what this node speaks are refused, writing nothing.
     fn record_format_of(&self, entries: &[Entry<TypeConfig>]) -> Result<(), String> {
         use std::sync::atomic::Ordering;
+        crate::upgrade::followable(
+            entries,
+            self.inner.cluster_version_max.load(Ordering::Relaxed),
+        )?;
         let Some(needed) = entries.iter().filter_map(format_needed).max() else {
             return Ok(());
         };
@@ -1392,6 +1436,50 @@ mod tests {
         );
         drop(store);
         assert_eq!(LogStore::open(dir.path()).expect("reopen").data_format(), 8);
+    }
+
+    #[test]
+    fn a_node_that_speaks_less_refuses_a_raise_past_it_and_a_log_in_a_newer_format() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = LogStore::open(dir.path()).expect("open");
+        store
+            .speak_at_most(1)
+            .expect("a new log is in 0.1.0's format");
+        let raise = |index: u64, version: u32| Entry::<TypeConfig> {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(crate::state::Batch {
+                cmds: vec![Cmd::SetClusterVersion { version }],
+                ..Default::default()
+            }),
+        };
+        store.record_format_of(&[raise(1, 1)]).expect("version 1");
+        let refused = store
+            .record_format_of(&[raise(2, 1), raise(3, 2)])
+            .expect_err("a raise past what the node speaks");
+        assert!(
+            refused.contains("log entry 3 raises the cluster version to 2")
+                && refused.contains("speaks cluster version 1 at most"),
+            "{refused}"
+        );
+        assert_eq!(store.data_format(), 7, "nothing recorded");
+        assert_eq!(store.read_meta::<u32>(KEY_FORMAT), Ok(Some(7)));
+
+        // A log a node of the newest version raised: refused as the previous release refuses it.
+        store.speak_at_most(version::NEWEST).expect("the newest");
+        store.record_format_of(&[raise(3, 2)]).expect("raise");
+        drop(store);
+        let store = LogStore::open(dir.path()).expect("reopen");
+        let Err(err) = store.speak_at_most(1) else {
+            panic!("a log in data format 8 must be refused by a node that speaks version 1")
+        };
+        let message = err.to_string();
+        assert!(
+            message.contains(
+                "in data format 8; this node speaks cluster version 1 at most and \
+                 reads data formats 7 to 7"
+            ),
+            "{message}"
+        );
     }
 
     use std::collections::BTreeSet;

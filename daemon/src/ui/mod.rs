@@ -356,7 +356,7 @@ fn cluster(node: &Node) -> view::Cluster {
         problems: crate::api::auth::setup_problem(node).into_iter().collect(),
         release: crate::release::RELEASE.to_string(),
         cluster_version: node.applied.read(|s| s.cluster_version().0),
-        cluster_version_max: crate::state::version::NEWEST,
+        cluster_version_max: node.config.cluster_version_max,
     }
 }
 
