@@ -56,8 +56,8 @@ fn modules_import_only_their_own_and_lower_layers() {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the daemon crate lies in the workspace");
-    let design = std::fs::read_to_string(workspace.join("docs/design.md"))
-        .expect("read docs/design.md");
+    let design =
+        std::fs::read_to_string(workspace.join("docs/design.md")).expect("read docs/design.md");
     let layers = documented_layers(&design);
     assert!(
         layers.len() >= 5,
@@ -177,7 +177,10 @@ fn the_layer_list_is_read_from_its_numbered_items() {
                   not `d`\n   more about it\n2. `e`: the top\n\n## Next\n\n3. `f`: elsewhere\n";
     assert_eq!(
         documented_layers(design),
-        [vec!["a".to_string(), "b/c".to_string()], vec!["e".to_string()]]
+        [
+            vec!["a".to_string(), "b/c".to_string()],
+            vec!["e".to_string()]
+        ]
     );
 }
 
@@ -610,11 +613,7 @@ pub(crate) fn test_flags(tokens: &[Token]) -> Vec<bool> {
                 braces.push(opens_test);
                 open_tests += usize::from(opens_test);
             }
-            "}" => {
-                if braces.pop() == Some(true) {
-                    open_tests -= 1;
-                }
-            }
+            "}" if braces.pop() == Some(true) => open_tests -= 1,
             ";" if pending == Some(braces.len()) => pending = None,
             _ => {}
         }
