@@ -60,4 +60,12 @@ grep -q "^$NAME/share/man/man1/conch.1$" <<<"$listing" || {
 	echo "dist-clean-test: FAIL: the tarball has no conch.1 man page" >&2
 	exit 1
 }
+# The release carries no test machinery (see packaging/dist.sh): its --version says so.
+mkdir -p "$WORK/unpacked"
+tar -xzf "$OUT/$NAME.tar.gz" -C "$WORK/unpacked"
+test_build=$("$WORK/unpacked/$NAME/bin/conchd" --version | grep '^test build:' || true)
+if [ -n "$test_build" ]; then
+	echo "dist-clean-test: FAIL: the released conchd is a test build ($test_build)" >&2
+	exit 1
+fi
 echo "dist-clean-test: make dist from a clean clone of $(git rev-parse --short HEAD): ok" >&2

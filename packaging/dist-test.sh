@@ -72,6 +72,18 @@ conch=$T/bin/conch
 conchd=$T/bin/conchd
 
 same "conchd --version" "conchd $VERSION (commit $COMMIT)" "$("$conchd" --version | head -1)"
+# A release carries no test machinery (tokio_unstable and the simulator's hooks), and its
+# --version says nothing of it; the dev build, which is the test build, says what it carries,
+# which shows the check can see it.
+test_build=$("$conchd" --version | grep '^test build:' || true)
+if [ "$PROFILE" = dev ] || [ "$PROFILE" = test ]; then
+	case "$test_build" in
+	*tokio_unstable*) pass ;;
+	*) fail "the dev build names its test machinery (tokio_unstable): got '$test_build'" ;;
+	esac
+else
+	same "conchd ($PROFILE) carries no test machinery" "" "$test_build"
+fi
 same "conch --version" "conch $VERSION (commit $COMMIT)" "$("$conch" --version)"
 
 # Every subcommand of a packed program, as prog-a-b names, from its own --help.

@@ -9,7 +9,13 @@
 # The version is the workspace's (Cargo.toml, [workspace.package]); the commit is built in.
 # Environment:
 #   PROFILE   cargo profile of the binaries (default dist: LTO, one codegen unit). The tests use
-#             dev, which `make test` has already built: the contents are the same, only slower code.
+#             dev, which `make test` has already built: the contents are the same, only slower code
+#             (and the test machinery a workspace build carries; see below).
+#
+# The release build carries no test machinery: conchd and conch are built with no rustflags at
+# all, replacing the `--cfg tokio_unstable` that .cargo/config.toml sets for workspace builds
+# (the simulator's seeded runtime, and with it the simulator's hooks in conchd). `conchd
+# --version` names what a build carries; dist-test.sh checks it.
 #   OUT       output directory (emptied first).
 #   NO_DEB=1  skip the Debian package.
 #   GZIP_LEVEL  gzip level of the tarballs (default 9; the tests use 1).
@@ -59,7 +65,7 @@ if [ "$PROFILE_DIR" = debug ]; then
 	# The test build: the same command as `make test`'s, so nothing is built twice.
 	"$CARGO" build --workspace --bins
 else
-	"$CARGO" build --profile "$PROFILE" -p conchd -p conch-client --bins
+	CARGO_ENCODED_RUSTFLAGS= "$CARGO" build --profile "$PROFILE" -p conchd -p conch-client --bins
 	# The generator of man pages and completions (a workspace program of its own), in the dev
 	# profile: it runs once, its speed does not matter.
 	"$CARGO" build -p xtask

@@ -2,6 +2,8 @@
 //! blocking pool, or, on a thread that asked for it ([`run_inline_on_this_thread`]), right where
 //! it is called. The simulator asks for that: work finishing on another thread would end at a
 //! moment of real time, not of the simulation, and a seed would no longer replay one execution.
+//!
+//! Without `--cfg tokio_unstable` (the release; `SIM_HOOKS` in lib.rs) work always goes to the blocking pool.
 
 use std::cell::Cell;
 
@@ -20,7 +22,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    if INLINE.with(|i| i.get()) {
+    if crate::SIM_HOOKS && INLINE.with(|i| i.get()) {
         return Ok(work());
     }
     tokio::task::spawn_blocking(work).await

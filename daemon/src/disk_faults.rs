@@ -18,6 +18,9 @@
 //! - each sled value written since the last flush is kept or lost on its own (sled's own flush
 //!   may have taken it), and a lost one is put back to what the last flush saw when the store is
 //!   next opened.
+//!
+//! Without `--cfg tokio_unstable` (the release; `SIM_HOOKS` in lib.rs) every hook here returns at once: a
+//! released `conchd` carries none of it.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -112,6 +115,9 @@ pub fn forget_under(dir: &Path) {
 /// Called before `len` bytes are written into `file` (at `path`) at `offset`: remembers what
 /// they replace (zeros past the end of the file) until the file is synced.
 pub(crate) fn before_write(file: &File, path: &Path, offset: u64, len: usize) {
+    if !crate::SIM_HOOKS {
+        return;
+    }
     JOURNAL.with(|j| {
         let mut j = j.borrow_mut();
         if !j.tracks(path) {
@@ -134,6 +140,9 @@ pub(crate) fn before_write(file: &File, path: &Path, offset: u64, len: usize) {
 
 /// Called once `path` was synced: its writes so far are on the disk.
 pub(crate) fn synced(path: &Path) {
+    if !crate::SIM_HOOKS {
+        return;
+    }
     JOURNAL.with(|j| {
         let mut j = j.borrow_mut();
         if j.tracks(path) {
@@ -145,6 +154,9 @@ pub(crate) fn synced(path: &Path) {
 /// Called after `key` was written into the sled store at `dir` without a flush; `before` is the
 /// value it replaced.
 pub(crate) fn value_written(dir: &Path, key: &[u8], before: Option<&[u8]>) {
+    if !crate::SIM_HOOKS {
+        return;
+    }
     JOURNAL.with(|j| {
         let mut j = j.borrow_mut();
         if !j.tracks(dir) {
@@ -160,6 +172,9 @@ pub(crate) fn value_written(dir: &Path, key: &[u8], before: Option<&[u8]>) {
 
 /// Called once the sled store at `dir` was flushed: every value written so far is durable.
 pub(crate) fn flushed(dir: &Path) {
+    if !crate::SIM_HOOKS {
+        return;
+    }
     JOURNAL.with(|j| {
         let mut j = j.borrow_mut();
         if j.tracks(dir) {
@@ -171,6 +186,9 @@ pub(crate) fn flushed(dir: &Path) {
 /// The values a crash took back from the sled store at `dir`, to put back as it opens (each key
 /// with the value the last flush saw; `None`: remove it).
 pub(crate) fn take_lost_values(dir: &Path) -> Vec<Value> {
+    if !crate::SIM_HOOKS {
+        return Vec::new();
+    }
     JOURNAL.with(|j| j.borrow_mut().lost.remove(dir).unwrap_or_default())
 }
 
@@ -269,6 +287,9 @@ pub fn slow_syncs_under(dir: &Path, delay: Option<Duration>) {
 
 /// How long a sync of a file under `path` is to take, if it was made slow.
 pub(crate) fn sync_delay(path: &Path) -> Option<Duration> {
+    if !crate::SIM_HOOKS {
+        return None;
+    }
     find_under(&SLOW, path)
 }
 
@@ -279,6 +300,9 @@ pub fn fail_syncs_under(dir: &Path, fault: Option<DiskFault>) {
 
 /// The error a sync of a file under `path` fails with, if one was asked for.
 pub(crate) fn injected(path: &Path) -> Option<io::Error> {
+    if !crate::SIM_HOOKS {
+        return None;
+    }
     find_under(&FAILING, path).map(|fault| match fault {
         DiskFault::Io => io::Error::from_raw_os_error(5),
         DiskFault::Full => io::Error::from_raw_os_error(28),

@@ -5,6 +5,8 @@
 //! Three things draw from it: the secret part of a new lease id, the jitter of a forwarded
 //! call's back-off, and Raft's randomized election timeout (through the openraft runtime in `raft/runtime.rs`).
 //! Nothing here is for keys or tokens: those always come from the operating system.
+//!
+//! Without `--cfg tokio_unstable` (the release; `SIM_HOOKS` in lib.rs) every draw is the operating system's.
 
 use std::cell::Cell;
 
@@ -25,15 +27,23 @@ pub fn unseed_thread() {
 
 /// Whether this thread draws from a seed.
 pub fn is_seeded() -> bool {
-    SEEDED.with(|s| s.get().is_some())
+    crate::SIM_HOOKS && SEEDED.with(|s| s.get().is_some())
 }
 
 /// 64 random bits: from this thread's seed if it has one, else from the operating system.
 pub fn random_u64() -> Result<u64, getrandom::Error> {
+    if !crate::SIM_HOOKS {
+        return os_u64();
+    }
     if let Some((next, out)) = SEEDED.with(|s| s.get().map(splitmix64)) {
         SEEDED.with(|s| s.set(Some(next)));
         return Ok(out);
     }
+    os_u64()
+}
+
+/// 64 random bits from the operating system.
+fn os_u64() -> Result<u64, getrandom::Error> {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes)?;
     Ok(u64::from_le_bytes(bytes))

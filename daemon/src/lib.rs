@@ -7,6 +7,18 @@
 //! See [`embed`] for the guarantees and [`ConchNode`] for an example. The protocol messages and
 //! generated clients are re-exported as [`proto`].
 
+/// Whether this build has the simulator's hooks: bugs put back (`regressions`), invariants checked
+/// after every entry (`self_check`), injected disk faults and the crash journal (`disk_faults`),
+/// blocking work run inline (`blocking`), seeded randomness (`entropy`) and a replaced wall
+/// clock (`clock::set_wall_clock`). They are compiled in, with this crate's unit tests, in the
+/// builds the simulator runs in: those with `--cfg tokio_unstable`, which .cargo/config.toml sets
+/// for workspace builds because the simulator's seeded runtime needs it (and conch-sim refuses
+/// to run without it). One flag is the one switch between a test build and a release: `make
+/// dist` builds with no rustflags, and there each hook is a test of this constant `false` that
+/// the compiler removes with the code behind it, so the node's hot path carries none. In a
+/// workspace build each hook costs a thread-local read and acts only on a thread that asked.
+pub(crate) const SIM_HOOKS: bool = cfg!(any(test, tokio_unstable));
+
 // The embedding API and what its signatures name.
 pub mod config;
 pub mod embed;

@@ -1,6 +1,8 @@
 //! Bugs conch once had, put back on demand: the simulator turns one on to show that it finds it
 //! (`conch-sim --bug NAME`). Only a thread that asked sees a bug ([`reintroduce_on_this_thread`]);
 //! nothing in `conchd` ever asks, so in a node serving clients every check here is `false`.
+//!
+//! Without `--cfg tokio_unstable` (the release; `SIM_HOOKS` in lib.rs) [`active`] is a constant `false`.
 
 use std::cell::Cell;
 
@@ -59,7 +61,7 @@ pub fn reintroduce_on_this_thread(bug: Option<Bug>) {
 
 /// Whether `bug` is back on this thread.
 pub fn active(bug: Bug) -> bool {
-    BUG.with(|b| b.get() == Some(bug))
+    crate::SIM_HOOKS && BUG.with(|b| b.get() == Some(bug))
 }
 
 #[cfg(test)]

@@ -53,17 +53,35 @@ pub fn first_speaking(cluster_version: u32) -> Option<&'static str> {
         .map(|r| r.version.as_str())
 }
 
-/// What `conchd --version` prints after the program name.
+/// What `conchd --version` prints after the program name: the release and commit, then the
+/// data format and cluster versions, then, for a build with test machinery in it, [`TEST_BUILD`].
 pub fn version_line() -> &'static str {
     static LINE: OnceLock<String> = OnceLock::new();
     LINE.get_or_init(|| {
-        format!(
+        let mut line = format!(
             "{}\ndata format {NEWEST_DATA_FORMAT} (reads {OLDEST_DATA_FORMAT} to \
              {NEWEST_DATA_FORMAT}); cluster version {NEWEST} (speaks {} to {NEWEST})",
             conch_proto::VERSION,
             crate::state::version::BASE,
-        )
+        );
+        if let Some(test_build) = test_build() {
+            line.push('\n');
+            line.push_str(&test_build);
+        }
+        line
     })
+}
+
+/// How the last line of `conchd --version` starts in a build with test machinery in it (the
+/// release check in packaging/dist-test.sh looks for it).
+pub const TEST_BUILD: &str = "test build:";
+
+/// What test machinery this build carries, if any: tokio built with `--cfg tokio_unstable` (the
+/// simulator's seeded runtime) and, with it, the simulator's hooks (`SIM_HOOKS` in lib.rs).
+/// .cargo/config.toml sets the flag for workspace builds, and rustflags apply to every crate of
+/// a build alike, so what this crate sees is what tokio was built with. A release has none.
+fn test_build() -> Option<String> {
+    cfg!(tokio_unstable).then(|| format!("{TEST_BUILD} tokio_unstable, with the simulator's hooks"))
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@
 //! One check is not the state's own: the cluster version a node applies must not exceed the
 //! ceiling the asker set ([`limit_cluster_version`]: what every member speaks, while the
 //! simulator runs a node that speaks less than this build). It is checked on every node.
+//!
+//! Without `--cfg tokio_unstable` (the release; `SIM_HOOKS` in lib.rs) the checks after each
+//! entry are compiled out.
 
 use std::cell::{Cell, RefCell};
 
@@ -58,7 +61,7 @@ pub fn take_found() -> Vec<String> {
 
 /// Called by the applied state after each entry (see `applied.rs`).
 pub(crate) fn after_apply(index: u64, state: &State) {
-    let checking = FOUND.with(|f| f.borrow().is_some());
+    let checking = crate::SIM_HOOKS && FOUND.with(|f| f.borrow().is_some());
     if !checking {
         return;
     }

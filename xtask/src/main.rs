@@ -23,8 +23,9 @@ use clap::CommandFactory;
 use clap_complete::Shell;
 
 // The CLI definition of `conch` and the one module it uses. Only the clap types are used here.
-#[allow(dead_code)]
-#[path = "../../client/src/bin/conch/cli.rs"]
+// Its re-exports name every subcommand type for the conch binary; only some are used here.
+#[allow(dead_code, unused_imports)]
+#[path = "../../client/src/bin/conch/cli/mod.rs"]
 mod cli;
 #[allow(dead_code)]
 #[path = "../../client/src/bin/conch/duration.rs"]

@@ -96,10 +96,11 @@ where
     if let Some(encoding) = request.headers().get("grpc-encoding")
         && encoding != "identity"
     {
-        return Err(Status::unimplemented(format!(
+        return Err(ApiError::Unsupported(format!(
             "Content is compressed with `{}` which isn't supported",
             encoding.to_str().unwrap_or("an unreadable encoding")
-        )));
+        ))
+        .into());
     }
     let (parts, body) = request.into_parts();
     let mut stream = Box::pin(Streaming::new_request(
@@ -111,7 +112,7 @@ where
     let message = stream
         .message()
         .await?
-        .ok_or_else(|| Status::internal("Missing request message."))?;
+        .ok_or_else(|| Status::from(ApiError::MissingMessage))?;
     let mut request = tonic::Request::from_http(http::Request::from_parts(parts, message));
     if let Some(trailers) = stream.trailers().await? {
         let mut headers = std::mem::take(request.metadata_mut()).into_headers();

@@ -1,13 +1,15 @@
 //! The Grackle semaphore API. Each handler validates, builds a command (or a read), runs it
 //! through the node and converts the reply; a blocking acquire waits in `wait.rs`.
+//!
+//! The service and the trait's handlers are here; `grackle/acquire.rs` holds a semaphore
+//! acquire's two parts, `grackle/leases.rs` the lease calls both kinds of lease share,
+//! `grackle/locks.rs` the lock calls.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use conch_proto::grackle as pb;
 use conch_proto::grackle::grackle_api_server::GrackleApi;
 use tonic::{Request, Response, Status};
-use tracing::Instrument;
 
 use super::auth::Caller;
 use super::status::ApiError;
@@ -15,13 +17,14 @@ use super::{convert, request_id};
 use crate::node::Node;
 use crate::state::auth::{Access, Permission};
 use crate::state::{
-    AcquireStatus, Cmd, Error, LeaseKind, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State,
-    limits,
+    Cmd, Error, LeaseKind, NANOS_PER_MS, NANOS_PER_SEC, Nanos, Outcome, State, limits,
 };
-use crate::wait;
-use crate::waiters::WaitKey;
 
+mod acquire;
+mod leases;
 mod locks;
+
+use acquire::Started;
 
 pub struct GrackleService {
     node: Arc<Node>,
@@ -81,151 +84,6 @@ impl GrackleService {
     fn reply<T>(&self, message: T) -> Result<Response<T>, Status> {
         Ok(Response::new(message))
     }
-
-    /// `AcquireSemaphore` as its own route serves it (`acquire_route.rs`): the same call as the
-    /// trait's, as a future that owns what it needs, so the route keeps it inline rather than in
-    /// a box of its own. The request moves into the boxed start at once: the future never keeps
-    /// room for it while the call waits.
-    pub(super) fn acquire_semaphore_owned(
-        self: Arc<Self>,
-        request: Request<pb::AcquireSemaphoreRequest>,
-    ) -> impl Future<Output = Result<Response<pb::AcquireSemaphoreResponse>, Status>> + Send + 'static
-    {
-        let span = tracing::debug_span!(
-            "acquire_semaphore",
-            ns = %request.get_ref().namespace_name,
-            sem = %request.get_ref().semaphore_name
-        );
-        let this = Arc::clone(&self);
-        let start = Box::pin(async move { this.start_acquire(request).await });
-        async move {
-            let parked = match start.await? {
-                Started::Answered(message) => return Ok(Response::new(message)),
-                Started::Queued(parked) => parked,
-            };
-            let message = self.finish_wait(parked).await?;
-            Ok(Response::new(message))
-        }
-        .instrument(span)
-    }
-
-    /// An acquire up to its reply: answered at once, or queued and parked for its wait.
-    async fn start_acquire(
-        &self,
-        request: Request<pb::AcquireSemaphoreRequest>,
-    ) -> Result<Started, Status> {
-        let remote = request.remote_addr();
-        let (write, r) = self.write_request(request)?;
-        let wait_ns = wait_ns(r.timeout_ms, r.timeout_seconds).map_err(ApiError::from)?;
-        // A call that may wait counts against its principal's waiting calls until it ends;
-        // one past the limit is refused before anything is proposed.
-        let waiting = match wait_ns > 0 {
-            true => Some(self.waiting.enter(super::admission::Principal::new(
-                write.caller.token(),
-                remote,
-            ))?),
-            false => None,
-        };
-        let key = WaitKey {
-            ns: r.namespace_name,
-            sem: r.semaphore_name,
-            lease: r.lease_id,
-        };
-        let cmd = Cmd::Acquire {
-            ns: key.ns.clone(),
-            sem: key.sem.clone(),
-            lease: key.lease.clone(),
-            weight: r.weight,
-            wait_ns,
-            metadata: convert::metadata(r.metadata),
-            max_hold_ns: convert::ms_to_ns(r.max_hold_ms),
-        };
-        let cmd = write.command(&self.node, cmd)?;
-        cmd.validate().map_err(ApiError::from)?;
-        // Register before proposing, so the grant cannot slip past us.
-        let ticket = (wait_ns > 0).then(|| self.node.applied.register_wait(key));
-        let (reply, index) = self.node.write_one_at(cmd).await.map_err(ApiError::from)?;
-        let reply = match reply.map_err(ApiError::from)? {
-            Outcome::Acquire(reply) => reply,
-            other => return Err(unexpected(other)),
-        };
-        Ok(match (reply.status, ticket, waiting) {
-            (AcquireStatus::Acquired { token, hold_ns }, _, _) => {
-                Started::Answered(acquire_message(
-                    convert::semaphore(reply.semaphore),
-                    pb::AcquireOutcome::Acquired,
-                    (token, hold_ns),
-                ))
-            }
-            (AcquireStatus::Queued { deadline_ns }, Some(ticket), Some(waiting)) => {
-                Started::Queued(Parked {
-                    ticket,
-                    deadline_ns,
-                    index,
-                    _waiting: waiting,
-                })
-            }
-            (AcquireStatus::Unavailable | AcquireStatus::Queued { .. }, _, _) => {
-                Started::Answered(acquire_message(
-                    convert::semaphore(reply.semaphore),
-                    pb::AcquireOutcome::Unavailable,
-                    (0, 0),
-                ))
-            }
-        })
-    }
-
-    /// Waits for a parked acquire to end and answers it.
-    async fn finish_wait(&self, parked: Parked) -> Result<pb::AcquireSemaphoreResponse, ApiError> {
-        let Parked {
-            ticket,
-            deadline_ns,
-            index,
-            _waiting,
-        } = parked;
-        let key = Arc::clone(ticket.key());
-        let granted = wait::wait_for_grant(&self.node, ticket, deadline_ns, index)
-            .await
-            .map_err(ApiError::from)?;
-        self.acquire_response(&key, granted)
-    }
-
-    fn acquire_response(
-        &self,
-        key: &WaitKey,
-        granted: Option<wait::Granted>,
-    ) -> Result<pb::AcquireSemaphoreResponse, ApiError> {
-        let semaphore = self
-            .node
-            .applied
-            .read(|s| s.get_semaphore(&key.ns, &key.sem))?;
-        let outcome = if granted.is_some() {
-            pb::AcquireOutcome::Acquired
-        } else {
-            pb::AcquireOutcome::TimedOut
-        };
-        Ok(acquire_message(
-            convert::semaphore(semaphore),
-            outcome,
-            granted.map_or((0, 0), |g| (g.token, g.hold_ns)),
-        ))
-    }
-}
-
-/// How an acquire's first part ended.
-enum Started {
-    Answered(pb::AcquireSemaphoreResponse),
-    Queued(Parked),
-}
-
-/// A blocking acquire that queued: all a call keeps while it waits. Its waiter's names live
-/// once, in the registry, shared with `ticket`.
-struct Parked {
-    ticket: crate::waiters::WaitTicket,
-    deadline_ns: Nanos,
-    index: u64,
-    /// Counts against the principal's waiting calls until the call ends.
-    _waiting: super::admission::WaitPermit,
 }
 
 /// Who asks for a write and under which request id.
@@ -241,20 +99,6 @@ impl Write {
     fn command(self, node: &Node, cmd: Cmd) -> Result<Cmd, ApiError> {
         self.caller.allow_write(node, &cmd)?;
         Ok(request_id::wrap(self.id, self.caller.sign(cmd)))
-    }
-}
-
-/// An acquire's answer; `(token, hold_ns)` of the grant, `(0, 0)` when not acquired.
-fn acquire_message(
-    semaphore: pb::Semaphore,
-    outcome: pb::AcquireOutcome,
-    (token, hold_ns): (u64, Nanos),
-) -> pb::AcquireSemaphoreResponse {
-    pb::AcquireSemaphoreResponse {
-        semaphore: Some(semaphore),
-        outcome: outcome as i32,
-        fencing_token: token,
-        hold_ms: hold_ms(hold_ns),
     }
 }
 
@@ -848,95 +692,6 @@ impl GrackleApi for GrackleService {
         request: Request<pb::ListBarrierParticipantsRequest>,
     ) -> Result<Response<pb::ListBarrierParticipantsResponse>, Status> {
         self.sync().list_participants(request).await
-    }
-}
-
-/// The lease calls, shared by both kinds of lease.
-impl GrackleService {
-    async fn create_lease(
-        &self,
-        write: Write,
-        kind: LeaseKind,
-        ns: String,
-        process_id: String,
-        ttl_s: u64,
-        metadata: std::collections::HashMap<String, String>,
-    ) -> Result<pb::Lease, Status> {
-        let cmd = Cmd::CreateLease {
-            ns,
-            kind,
-            process_id,
-            ttl_s,
-            metadata: convert::metadata(metadata),
-            secret: crate::api::auth::random_u64()?,
-        };
-        match self.write(write, cmd).await? {
-            Outcome::Lease(lease) => Ok(convert::lease(lease)),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn refresh_lease(
-        &self,
-        write: Write,
-        kind: LeaseKind,
-        ns: String,
-        lease: String,
-        ttl_s: u64,
-    ) -> Result<pb::Lease, Status> {
-        let cmd = Cmd::RefreshLease {
-            ns,
-            kind,
-            lease,
-            ttl_s,
-        };
-        match self.write(write, cmd).await? {
-            Outcome::Lease(lease) => Ok(convert::lease(lease)),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// The leases of `kind` the caller may see (other tokens' only with admin on the
-    /// namespace), optionally only those of one process.
-    async fn list_leases(
-        &self,
-        caller: &Caller,
-        ns: &str,
-        kind: LeaseKind,
-        process_id: &str,
-        page: &crate::state::PageRequest,
-    ) -> Result<crate::state::Page<crate::state::LeaseView>, Status> {
-        let process_id = (!process_id.is_empty()).then_some(process_id);
-        Ok(self
-            .read(|s| {
-                s.list_leases_visible(ns, kind, process_id, page, |owner| {
-                    caller.may_see_lease(s, ns, owner)
-                })
-            })
-            .await?)
-    }
-
-    /// Lease `id` of `kind`; another token's lease is not there for this caller, unless it has
-    /// admin.
-    async fn get_lease(
-        &self,
-        caller: &Caller,
-        ns: &str,
-        kind: LeaseKind,
-        id: &str,
-    ) -> Result<pb::Lease, Status> {
-        let lease = self
-            .read(|s| {
-                s.get_lease(ns, kind, id).and_then(|lease| {
-                    if caller.may_see_lease(s, ns, lease.owner) {
-                        Ok(lease)
-                    } else {
-                        Err(Error::not_found(format!("{} {id} not found", kind.noun())))
-                    }
-                })
-            })
-            .await?;
-        Ok(convert::lease(lease))
     }
 }
 

@@ -19,6 +19,8 @@
 //! | the token's role lacks the permission (the message names namespace and permission) | `PERMISSION_DENIED` |
 //! | an access control change the state refuses (enable without an admin token, …) | `FAILED_PRECONDITION` |
 //! | a new learner's address that does not answer as an empty node or one of this cluster | `FAILED_PRECONDITION` |
+//! | a call in a form the server does not take (a compressed message) | `UNIMPLEMENTED` |
+//! | a unary call without its message | `INTERNAL` (as tonic's generated servers answer) |
 //!
 //! An admin call forwarded to another node (the leader, or a leadership transfer's target)
 //! answers with that node's status, unchanged.
@@ -74,6 +76,13 @@ pub enum ApiError {
     /// (the message says what answered, if anything).
     #[error("{0}")]
     NotJoinable(String),
+    /// A call in a form this server does not take (a compressed message); the message says
+    /// which, as tonic's generated server says it.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A unary call whose body held no message (answered as tonic's generated server does).
+    #[error("Missing request message.")]
+    MissingMessage,
 }
 
 impl From<crate::state::auth::Denied> for ApiError {
@@ -121,6 +130,9 @@ impl From<ApiError> for Status {
             ApiError::Unauthenticated(message) => Status::unauthenticated(message),
             ApiError::PermissionDenied(message) => Status::permission_denied(message),
             ApiError::NotJoinable(message) => Status::failed_precondition(message),
+            ApiError::Unsupported(message) => Status::unimplemented(message),
+            // Not `internal`: the caller sent nothing, no bug of this node's to log.
+            error @ ApiError::MissingMessage => Status::internal(error.to_string()),
         }
     }
 }
@@ -241,6 +253,14 @@ mod tests {
         assert_eq!(
             status(ApiError::NotJoinable("nothing answered".into())).0,
             Code::FailedPrecondition
+        );
+        assert_eq!(
+            status(ApiError::Unsupported("compressed".into())),
+            (Code::Unimplemented, "compressed".into())
+        );
+        assert_eq!(
+            status(ApiError::MissingMessage),
+            (Code::Internal, "Missing request message.".into())
         );
     }
 }

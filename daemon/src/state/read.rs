@@ -7,6 +7,8 @@
 //! clock), their holders and waiters, and waiters whose deadline has passed; counts in semaphore
 //! views match what is shown. A lease's displayed `expires_at` is on the wall clock: the newest
 //! batch's wall stamp plus the time the lease has left on the lease clock.
+//!
+//! The reads of locks are in `read/locks.rs`, the audit trail's in `read/audit.rs`.
 
 use std::ops::Bound;
 
@@ -16,6 +18,9 @@ use super::lease_id::{lease_id, parse_lease_id};
 use super::paging::paginate;
 use super::types::*;
 use super::validate;
+
+mod audit;
+mod locks;
 
 /// The state's two clocks, for views: the lease clock decides, the wall clock is displayed.
 #[derive(Clone, Copy, Debug)]
@@ -492,101 +497,6 @@ impl State {
         Ok(holds)
     }
 
-    /// Lock `path` of `ns` as a read shows it (unlocked when nobody alive holds it).
-    pub fn get_lock(&self, ns: &str, path: &str) -> Result<LockView, Error> {
-        validate::name("namespace_name", ns)?;
-        validate::lock_name(path)?;
-        let namespace = self.namespace(ns)?;
-        let vis = self.visibility();
-        Ok(namespace.lock_view_where(path, |seq| namespace.lease_visible(seq, vis)))
-    }
-
-    /// The held locks of `ns`, by path.
-    pub fn list_locks(&self, ns: &str, page: &PageRequest) -> Result<Page<LockView>, Error> {
-        validate::name("namespace_name", ns)?;
-        let namespace = self.namespace(ns)?;
-        let vis = self.visibility();
-        paginate(page, |lo, hi| {
-            namespace
-                .locks()
-                .held()
-                .range((lo, hi))
-                .map(move |(path, _)| {
-                    let view =
-                        namespace.lock_view_where(path, |seq| namespace.lease_visible(seq, vis));
-                    (path.clone(), view)
-                })
-                .filter(|(_, view)| !view.holders.is_empty())
-        })
-    }
-
-    /// The queued lock acquires of `ns` in queue order: all of them (`path` empty), or those
-    /// for `path`, its ancestors and its descendants.
-    pub fn list_lock_waiters(
-        &self,
-        ns: &str,
-        path: &str,
-        page: &PageRequest,
-    ) -> Result<Page<LockWaiterView>, Error> {
-        validate::name("namespace_name", ns)?;
-        if !path.is_empty() {
-            validate::lock_name(path)?;
-        }
-        let namespace = self.namespace(ns)?;
-        let vis = self.visibility();
-        let related = move |p: &str| {
-            path.is_empty()
-                || p == path
-                || p.strip_prefix(path)
-                    .is_some_and(|rest| rest.starts_with('/'))
-                || path
-                    .strip_prefix(p)
-                    .is_some_and(|rest| rest.starts_with('/'))
-        };
-        let queue = namespace.locks().queue();
-        let shown = move |w: &super::lock_data::LockWaiter| {
-            related(&w.path)
-                && (vis.everything
-                    || (w.deadline_ns > vis.now_ns && namespace.lease_visible(w.seq, vis)))
-        };
-        let mut page = paginate(page, |lo, hi| {
-            queue
-                .range((lo, hi))
-                .filter(move |(_, w)| shown(w))
-                .map(|(ticket, w)| (*ticket, (*ticket, w)))
-        })?;
-        // Positions count every visible queued acquire ahead in the namespace's queue.
-        let items = page
-            .items
-            .drain(..)
-            .map(|(ticket, w)| {
-                let position = queue
-                    .range(..ticket)
-                    .filter(|(_, other)| {
-                        vis.everything
-                            || (other.deadline_ns > vis.now_ns
-                                && namespace.lease_visible(other.seq, vis))
-                    })
-                    .count() as u64;
-                LockWaiterView {
-                    lease_id: namespace.lease_id(w.seq),
-                    path: w.path.clone(),
-                    exclusive: w.exclusive,
-                    queued_at: w.queued_at,
-                    deadline_ns: w.deadline_ns,
-                    metadata: w.metadata.clone(),
-                    position,
-                    owner: namespace.leases().get(&w.seq).and_then(|l| l.owner),
-                }
-            })
-            .collect();
-        Ok(Page {
-            items,
-            next_token: page.next_token,
-            previous_token: page.previous_token,
-        })
-    }
-
     /// Refuses `cmd` if it uses an existing lease that `token` may not use (see
     /// [`Auth::may_use_lease`](super::auth::Auth::may_use_lease)).
     pub fn may_use_lease(&self, token: Option<&TokenHash>, cmd: &Cmd) -> Result<(), Error> {
@@ -779,51 +689,5 @@ impl State {
             holders: self.index().holders(),
             waiters: self.index().waiters(),
         }
-    }
-}
-
-/// A page cursor: continue below record `seq`.
-fn audit_cursor(seq: u64) -> String {
-    format!("audit-{seq}")
-}
-
-fn parse_audit_cursor(token: &str) -> Result<u64, Error> {
-    token
-        .strip_prefix("audit-")
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| Error::invalid("pagination_token is not one this call returned"))
-}
-
-impl State {
-    /// The trail's records matching `filter` that `visible` lets through, newest first, one
-    /// page (`page.token`: empty, or the `next_token` of the page before; no previous token).
-    pub fn list_audit(
-        &self,
-        filter: &super::audit::AuditFilter,
-        page: &PageRequest,
-        visible: impl Fn(&super::audit::AuditRecord) -> bool,
-    ) -> Result<Page<super::audit::AuditRecord>, Error> {
-        if !filter.namespace.is_empty() {
-            validate::name("namespace_name", &filter.namespace)?;
-        }
-        if !filter.lease.is_empty() {
-            validate::lease_id(&filter.lease)?;
-        }
-        let limit = validate::page_limit(page.limit)?;
-        let before = match page.token.as_str() {
-            "" => None,
-            token => Some(parse_audit_cursor(token)?),
-        };
-        let (items, next) = self.data.audit.newest_first(filter, before, limit, visible);
-        Ok(Page {
-            items,
-            next_token: next.map(audit_cursor).unwrap_or_default(),
-            previous_token: String::new(),
-        })
-    }
-
-    /// How many records the trail holds.
-    pub fn audit_len(&self) -> usize {
-        self.data.audit.len()
     }
 }

@@ -6,3 +6,4 @@
 mod embedded;
 mod layers;
 mod lifecycle;
+mod shape;

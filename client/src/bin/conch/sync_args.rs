@@ -1,6 +1,6 @@
 //! The command-line arguments of `conch wait-group` and `conch barrier` (clap derive; the doc
 //! comments are the help text). Apart from what they run, so that `xtask` renders their manual
-//! pages with the rest of `cli.rs`.
+//! pages with the rest of `cli/`.
 
 use std::time::Duration;
 
