@@ -673,3 +673,6 @@ mod tests {
             .expect("the reopened node serves and stops");
     }
 }
+
+#[cfg(test)]
+mod upgrade_tests;

@@ -22,7 +22,7 @@
 //! What a node speaks is its build's newest cluster version unless configured lower
 //! (`Config::cluster_version_max`, for embedders such as the simulator): such a node answers
 //! `NodeInfo` with that version, bootstraps a new cluster at it, and refuses log entries that
-//! raise the cluster version past it ([`followable`]), as a node of the release that speaks no
+//! raise the cluster version past it ([`crate::raft::followable`]), as a node of the release that speaks no
 //! more could not decode them.
 
 use std::path::Path;
@@ -310,33 +310,6 @@ pub async fn finalize_new_cluster(node: Arc<Node>, created_at: u32) {
     }
 }
 
-/// Whether a node that speaks cluster versions up to `cluster_version_max` can take `entries`
-/// into its log: not one that raises the cluster version past it (a node of a release that
-/// does not speak the new version could not even decode it). The refusal names the entry.
-pub fn followable(
-    entries: &[openraft::Entry<crate::raft::TypeConfig>],
-    cluster_version_max: u32,
-) -> Result<(), String> {
-    for entry in entries {
-        let openraft::EntryPayload::Normal(batch) = &entry.payload else {
-            continue;
-        };
-        for cmd in &batch.cmds {
-            if let Cmd::SetClusterVersion { version } = cmd.unwrapped()
-                && *version > cluster_version_max
-            {
-                return Err(format!(
-                    "log entry {} raises the cluster version to {version}, and this node speaks \
-                     cluster version {cluster_version_max} at most: it cannot follow the log \
-                     past it (run a release that speaks cluster version {version} on it)",
-                    entry.log_id.index
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,8 +357,11 @@ mod tests {
                 ..Default::default()
             }),
         };
-        assert_eq!(followable(&[raise(4, 1), raise(5, 2)], 2), Ok(()));
-        let why = followable(&[raise(4, 1), raise(5, 2)], 1).unwrap_err();
+        assert_eq!(
+            crate::raft::followable(&[raise(4, 1), raise(5, 2)], 2),
+            Ok(())
+        );
+        let why = crate::raft::followable(&[raise(4, 1), raise(5, 2)], 1).unwrap_err();
         assert!(
             why.starts_with(
                 "log entry 5 raises the cluster version to 2, and this node speaks \
@@ -411,108 +387,6 @@ mod tests {
                 && err.contains("conch cluster finalize"),
             "{err}"
         );
-    }
-
-    async fn leading(config: crate::NodeConfig) -> anyhow::Result<crate::ConchNode> {
-        let node = crate::ConchNode::start(config).await?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !node.is_leader() {
-            anyhow::ensure!(std::time::Instant::now() < deadline, "no leader in 30 s");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Ok(node)
-    }
-
-    async fn version_reaches(node: &Arc<Node>, version: u32) -> anyhow::Result<()> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while node.applied.read(|s| s.cluster_version()).0 < version {
-            anyhow::ensure!(
-                std::time::Instant::now() < deadline,
-                "cluster version {version} not reached in 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Ok(())
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_node_that_speaks_version_1_only_bootstraps_there_and_is_finalized_once_upgraded()
-    -> anyhow::Result<()> {
-        use conch_proto::conch::ClusterStatusRequest;
-        let dir = tempfile::tempdir()?;
-        let single = || crate::NodeConfig::single("127.0.0.1:0", dir.path());
-        let bad = crate::ConchNode::start(single().cluster_version_max(NEWEST + 1))
-            .await
-            .err()
-            .map(|e| e.to_string());
-        assert_eq!(
-            bad.as_deref(),
-            Some("cluster_version_max 3: this build speaks cluster versions 1 to 2")
-        );
-
-        let running = leading(single().cluster_version_max(BASE)).await?;
-        let node = Arc::clone(running.node());
-        assert_eq!(NodeInfo::this_node(&node).cluster_version_max, BASE);
-        let refused = finalize(&node).await.expect_err("it speaks version 1 only");
-        assert!(
-            refused.to_string().starts_with(&format!(
-                "cannot finalize the upgrade to cluster version 2: node 1 runs conch {}",
-                crate::release::RELEASE
-            )),
-            "{refused}"
-        );
-        let status = running
-            .client()
-            .admin()
-            .cluster_status(ClusterStatusRequest {})
-            .await?
-            .into_inner();
-        assert_eq!(
-            (status.cluster_version, status.cluster_version_max),
-            (1, 1),
-            "{status:?}"
-        );
-        assert_eq!(new_cluster_version(dir.path())?, None, "nothing to raise");
-        running.shutdown().await?;
-
-        // Upgraded: restarted on its data speaking the newest version. The cluster was not
-        // created at it, so it stays at version 1 until finalized.
-        let running = leading(single()).await?;
-        let node = Arc::clone(running.node());
-        node.linearizable().await?;
-        assert_eq!(node.applied.read(|s| s.cluster_version()).0, BASE);
-        let done = finalize(&node).await?;
-        assert_eq!((done.previous, done.current), (1, 2));
-        running.shutdown().await?;
-        Ok(())
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_new_cluster_s_version_is_raised_after_a_restart_and_its_record_then_removed()
-    -> anyhow::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let single = || crate::NodeConfig::single("127.0.0.1:0", dir.path());
-        // A new cluster: raised at once, and the record removed.
-        let running = leading(single()).await?;
-        version_reaches(running.node(), NEWEST).await?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while new_cluster_version(dir.path())?.is_some() {
-            anyhow::ensure!(std::time::Instant::now() < deadline, "the record stays");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        running.shutdown().await?;
-
-        // A bootstrap whose process stopped before the raise: a directory at version 1 that
-        // holds the record (made here from a node that speaks version 1 only).
-        let dir = tempfile::tempdir()?;
-        let single = || crate::NodeConfig::single("127.0.0.1:0", dir.path());
-        let running = leading(single().cluster_version_max(BASE)).await?;
-        running.shutdown().await?;
-        record_new_cluster(dir.path(), NEWEST)?;
-        let running = leading(single()).await?;
-        version_reaches(running.node(), NEWEST).await?;
-        running.shutdown().await?;
-        Ok(())
     }
 
     #[test]

@@ -204,7 +204,7 @@ fn decode_request<T: DeserializeOwned>(request: &Request<PeerMessage>) -> Result
 /// release that does not speak the new version refuses them (it cannot decode them): the
 /// leader retries, and this node falls behind until it runs a release that speaks it.
 fn followable(node: &Node, rpc: &AppendEntriesRequest<TypeConfig>) -> Result<(), ApiError> {
-    crate::upgrade::followable(&rpc.entries, node.config.cluster_version_max)
+    crate::raft::followable(&rpc.entries, node.config.cluster_version_max)
         .map_err(|why| ApiError::State(crate::state::Error::failed_precondition(why)))
 }
 

@@ -768,7 +768,7 @@ impl LogStore {
     /// raise the cluster version past what this node speaks are refused, writing nothing.
     fn record_format_of(&self, entries: &[Entry<TypeConfig>]) -> Result<(), String> {
         use std::sync::atomic::Ordering;
-        crate::upgrade::followable(
+        crate::raft::followable(
             entries,
             self.inner.cluster_version_max.load(Ordering::Relaxed),
         )?;
