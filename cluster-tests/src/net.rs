@@ -87,6 +87,22 @@ pub async fn connect(addr: &str, connect_timeout: Duration) -> Result<NodeChanne
         .map_err(|e| Status::unavailable(format!("connect to {addr}: {e}")))
 }
 
+/// Like [`connect`], with the client's end of the connection bound to the local address `from`
+/// (e.g. 127.0.0.2 on loopback): a node counts connections per source address, so many
+/// connections from one process are dealt over several.
+pub async fn connect_from(
+    addr: &str,
+    from: std::net::IpAddr,
+    connect_timeout: Duration,
+) -> Result<NodeChannel, Status> {
+    endpoint(addr, connect_timeout)?
+        .local_address(Some(from))
+        .connect()
+        .await
+        .map(with_token)
+        .map_err(|e| Status::unavailable(format!("connect to {addr} from {from}: {e}")))
+}
+
 /// A channel to `addr` that is connected (fails fast if the node is down); every call on it
 /// has a 10 s deadline.
 pub async fn channel(addr: &str) -> anyhow::Result<NodeChannel> {

@@ -430,6 +430,7 @@ mod tests {
             w1_clients: vec![1],
             breakdown: false,
             w1b_clients: vec![1],
+            w6: Default::default(),
         }
     }
 

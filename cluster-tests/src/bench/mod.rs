@@ -18,6 +18,7 @@ pub mod w1;
 pub mod w2;
 pub mod w4;
 pub mod w5;
+pub mod w6;
 
 use std::future::Future;
 use std::path::Path;
@@ -52,6 +53,8 @@ pub struct Opts {
     pub w1b_clients: Vec<usize>,
     /// W1 also reports where each write's time goes (`--breakdown`).
     pub breakdown: bool,
+    /// W6's settings (`--w6-*`).
+    pub w6: w6::W6Opts,
 }
 
 /// Where the clients of a workload connect.

@@ -19,6 +19,11 @@ impl Latencies {
         self.0.len()
     }
 
+    /// Adds every latency of `other`.
+    pub fn merge(&mut self, other: Latencies) {
+        self.0.extend(other.0);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

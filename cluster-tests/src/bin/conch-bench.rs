@@ -25,6 +25,9 @@ const CLI_WORKLOADS: [&str; 1] = ["E1"];
 /// Workloads run only when `--only` names them: a loss pushed to `conch sema` (BENCHMARKS.md,
 /// "Losses pushed to the holder").
 const LOSS_WORKLOADS: [&str; 1] = ["P1"];
+/// Workloads run only when `--only` names them: many live sessions on one cluster (BENCHMARKS.md,
+/// "Ten thousand live sessions").
+const SCALE_WORKLOADS: [&str; 1] = ["W6"];
 
 /// Benchmark a conch cluster: W1 uncontended cycles, W1b cycles with lease create/revoke, W2
 /// contended handoff, W3 leader failover, W4 lease refresh, W5 scale (memory, snapshot,
@@ -32,19 +35,19 @@ const LOSS_WORKLOADS: [&str; 1] = ["P1"];
 /// readers and a writer on one lock, S1 a 64-party barrier's release, S2 1 000 wait-group
 /// waiters woken, S3 a wait group of 100 000 jobs (memory, snapshot), E1 the gap when a
 /// `conch elect` leader is stopped and hands over, P1 a revoked lease to its `conch sema`
-/// command stopped.
+/// command stopped, W6 ten thousand live sessions (own connection, lease, slot or wait each).
 #[derive(Parser, Debug)]
 #[command(name = "conch-bench", after_help = EXAMPLES)]
 struct Cli {
-    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5,L1,L2,L3,S1,S2,S3,E1,
-    /// P1; the lock workloads L1-L3, the wait group and barrier workloads S1-S3 and the CLI
-    /// workloads E1 and P1 run only when named). With --baseline etcd: which of W1,W1b,W2,W3,L1,
+    /// Run only these workloads (comma-separated: W1,W1b,W2,W3,W4,W5,W6,L1,L2,L3,S1,S2,S3,E1,
+    /// P1; the lock workloads L1-L3, the wait group and barrier workloads S1-S3, the CLI
+    /// workloads E1 and P1 and the sessions workload W6 run only when named). With --baseline etcd: which of W1,W1b,W2,W3,L1,
     /// L2,L3 to compare (default W1,W1b,W2,W3).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 
-    /// Drive these nodes (host:port, comma-separated) instead of starting a cluster. W3, W5 and
-    /// S1-S3 need processes of their own and are skipped.
+    /// Drive these nodes (host:port, comma-separated) instead of starting a cluster. W3, W5, W6,
+    /// S1-S3 and P1 need processes of their own and are skipped.
     #[arg(long, value_delimiter = ',')]
     endpoints: Option<Vec<String>>,
 
@@ -52,9 +55,10 @@ struct Cli {
     #[arg(long)]
     json: bool,
 
-    /// Measured seconds per run (after the warm-up).
-    #[arg(long, default_value_t = 5)]
-    duration_s: u64,
+    /// Measured seconds per run (after the warm-up); default 5, for W6 300, for each step of
+    /// --w6-knee 60.
+    #[arg(long)]
+    duration_s: Option<u64>,
 
     /// Warm-up seconds per run, not measured.
     #[arg(long, default_value_t = 1)]
@@ -75,6 +79,46 @@ struct Cli {
     /// Waiters (open blocking acquires, one per semaphore) in W5.
     #[arg(long, default_value_t = 10_000)]
     w5_waiters: usize,
+
+    /// Sessions in W6: each its own connection, lease and slot or parked acquire (at most what
+    /// the open-file limit allows, about one file per session).
+    #[arg(long, default_value_t = 10_000)]
+    w6_sessions: usize,
+
+    /// Semaphores the W6 sessions share (session i uses semaphore i mod this; default:
+    /// sessions / 10).
+    #[arg(long)]
+    w6_semaphores: Option<usize>,
+
+    /// Permits of each W6 semaphore: its first sessions hold one each, the others park a
+    /// blocking acquire (default 9: of ten sessions per semaphore, nine hold and one waits).
+    #[arg(long, default_value_t = 9)]
+    w6_permits: u64,
+
+    /// Lease TTL of the W6 sessions, in seconds; each refreshes every third of it.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    w6_ttl_s: u64,
+
+    /// Mean seconds a W6 holder holds (exponential) before it releases and queues again.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    w6_hold_mean_s: u64,
+
+    /// Loopback source addresses the W6 connections come from (127.0.0.2 up; default: enough
+    /// for at most 500 per address and node, half of conchd's default
+    /// --max-connections-per-address).
+    #[arg(long)]
+    w6_source_addresses: Option<usize>,
+
+    /// W6 searches the knee instead: runs of increasing session counts (each on a fresh
+    /// cluster, 60 s measured unless --duration-s) until refresh p99 passes 50 ms, up to what
+    /// the open-file limit allows.
+    #[arg(long)]
+    w6_knee: bool,
+
+    /// The session counts of --w6-knee (comma-separated; default 2000,5000,10000,15000, then
+    /// every 5000 up to the open-file limit).
+    #[arg(long, value_delimiter = ',', requires = "w6_knee")]
+    w6_knee_steps: Option<Vec<usize>>,
 
     /// Start the cluster with TLS, client certificates and peer mutual TLS (certificates made
     /// for the run). Not with --endpoints.
@@ -130,6 +174,9 @@ Examples:
   target/release/conch-bench --only S1,S2,S3   # barrier release, wait-group wake-up and size
   target/release/conch-bench --only E1         # conch elect: the hand-over gap on SIGTERM
   target/release/conch-bench --only P1         # revoke -> conch sema's command stopped
+  target/release/conch-bench --only W6         # 10 000 live sessions for 5 minutes
+  target/release/conch-bench --only W6 --w6-sessions 2000 --duration-s 60   # a smaller run
+  target/release/conch-bench --only W6 --w6-knee   # session count where refresh p99 passes 50 ms
   target/release/conch-bench --only W1 --clients 1 --breakdown   # where a write's time goes
   target/release/conch-bench --only W1 --clients 1 --breakdown --placement spread  # via a follower
 
@@ -151,6 +198,7 @@ async fn main() -> ExitCode {
                 .chain(&SYNC_WORKLOADS)
                 .chain(&CLI_WORKLOADS)
                 .chain(&LOSS_WORKLOADS)
+                .chain(&SCALE_WORKLOADS)
                 .copied()
                 .collect(),
             WORKLOADS.to_vec(),
@@ -206,8 +254,9 @@ async fn main() -> ExitCode {
             "conch-bench: warning: this is a debug build; numbers are meaningless (use --release)"
         );
     }
+    let measured = |default: u64| Duration::from_secs(cli.duration_s.unwrap_or(default).max(1));
     let opts = Opts {
-        duration: Duration::from_secs(cli.duration_s.max(1)),
+        duration: measured(5),
         warmup: Duration::from_secs(cli.warmup_s),
         w4_leases: cli.w4_leases.max(1),
         w5_leases: cli.w5_leases,
@@ -218,6 +267,18 @@ async fn main() -> ExitCode {
         w1_clients: cli.clients.clone().unwrap_or_else(|| vec![1, 8, 64]),
         w1b_clients: cli.clients.clone().unwrap_or_else(|| vec![64]),
         breakdown: cli.breakdown,
+        w6: bench::w6::W6Opts {
+            sessions: cli.w6_sessions,
+            semaphores: cli.w6_semaphores,
+            permits: cli.w6_permits,
+            ttl: Duration::from_secs(cli.w6_ttl_s),
+            hold_mean: Duration::from_secs(cli.w6_hold_mean_s),
+            duration: measured(300),
+            source_addresses: cli.w6_source_addresses,
+            knee: cli.w6_knee,
+            knee_steps: cli.w6_knee_steps.clone(),
+            knee_window: measured(60),
+        },
     };
     if cli.tls {
         eprintln!("conch-bench: clusters run with TLS, client certificates and peer mutual TLS");
@@ -249,9 +310,11 @@ async fn main() -> ExitCode {
     let mut rows = Vec::new();
     let mut failed = false;
     for workload in selected {
-        if cli.endpoints.is_some() && matches!(workload, "W3" | "W5" | "S1" | "S2" | "S3" | "P1") {
+        if cli.endpoints.is_some()
+            && matches!(workload, "W3" | "W5" | "W6" | "S1" | "S2" | "S3" | "P1")
+        {
             eprintln!(
-                "conch-bench: {workload} skipped: it kills and restarts nodes, which needs a cluster of its own"
+                "conch-bench: {workload} skipped: it starts, measures or kills the nodes' processes, which needs a cluster of its own"
             );
             continue;
         }
@@ -311,6 +374,10 @@ async fn run(
     opts: &Opts,
     placement: Placement,
 ) -> anyhow::Result<Vec<Row>> {
+    if workload == "W6" {
+        // A fresh cluster per run (the knee search makes several).
+        return bench::w6::main(endpoints, opts).await;
+    }
     let mut target = Target::new(endpoints, &workload.to_lowercase(), opts.tls, opts.auth).await?;
     let mut rows = Vec::new();
     match workload {

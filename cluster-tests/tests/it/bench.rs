@@ -3,13 +3,15 @@
 //! clients spread over the nodes without following the leader hint. Only correctness is checked here (every cycle succeeds, placement holds);
 //! speed is what `conch-bench` measures. The lock workloads (L1-L3) run the same way: etcd's
 //! `concurrency.Mutex` and `recipes.RWMutex` recipes, and conch's locks; the wait group and
-//! barrier workloads (S1-S3), the election hand-over (E1) and the pushed loss (P1) at a small
-//! size.
+//! barrier workloads (S1-S3), the election hand-over (E1), the pushed loss (P1) and the live
+//! sessions (W6) at a small size.
 
 use std::time::Duration;
 
 use cluster_tests::bench::etcd::{self, EtcdCluster};
-use cluster_tests::bench::{Opts, Placement, Target, elect, etcd_locks, locks, loss, sync, w1, w2};
+use cluster_tests::bench::{
+    Opts, Placement, Target, elect, etcd_locks, locks, loss, sync, w1, w2, w6,
+};
 
 fn opts() -> Opts {
     Opts {
@@ -24,6 +26,7 @@ fn opts() -> Opts {
         w1_clients: vec![1],
         w1b_clients: vec![1],
         breakdown: false,
+        w6: Default::default(),
     }
 }
 
@@ -225,6 +228,54 @@ async fn the_pushed_loss_workload_times_every_round() -> anyhow::Result<()> {
     assert_eq!(field(&row, "rounds"), 3, "{}", row.json());
     for key in ["p50_ms", "p99_ms", "max_ms"] {
         assert!(field(&row, key).is_number(), "{key}: {}", row.json());
+    }
+    Ok(())
+}
+
+/// W6 at 30 sessions: each on its own connection from one of three source addresses, every
+/// lease kept, every release handed to a parked waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sessions_workload_keeps_every_lease_and_hands_over() -> anyhow::Result<()> {
+    let fd_limit = w6::raise_nofile()?;
+    let target = Target::new(&None, "w6", false, false).await?;
+    let opts = Opts {
+        w6: w6::W6Opts {
+            source_addresses: Some(3),
+            hold_mean: Duration::from_secs(1),
+            ..Default::default()
+        },
+        ..opts()
+    };
+    let row = w6::run(&target, &opts, 30, Duration::from_secs(5), fd_limit).await?;
+    assert_eq!(field(&row, "leases_lost"), 0, "{}", row.json());
+    assert_eq!(field(&row, "errors"), 0, "{}", row.json());
+    assert_eq!(
+        (field(&row, "holders"), field(&row, "waiters")),
+        (27.into(), 3.into()),
+        "{}",
+        row.json()
+    );
+    assert_eq!(field(&row, "waiters_at_setup"), 3, "{}", row.json());
+    assert!(
+        field(&row, "handoffs").as_u64().is_some_and(|h| h > 0),
+        "{}",
+        row.json()
+    );
+    assert!(field(&row, "p99_ms").is_number(), "{}", row.json());
+    // Every session's connection is its own: each node holds at least as many established
+    // connections as it has sessions.
+    let conns = field(&row, "conns_nodes");
+    let sessions = field(&row, "sessions_nodes");
+    for k in 0..3 {
+        assert!(
+            conns[k].as_u64() >= sessions[k].as_u64() && sessions[k].as_u64() == Some(10),
+            "node {k}: {}",
+            row.json()
+        );
+    }
+    assert_eq!(field(&row, "refused_conns_nodes"), serde_json::json!([0, 0, 0]));
+    for target_row in w6::target_rows(&row) {
+        assert!(field(&target_row, "met").is_string(), "{}", target_row.json());
     }
     Ok(())
 }
