@@ -1,14 +1,16 @@
 //! A running conch node: Raft, the applied state, and the paths every request takes.
 //!
 //! Writes: a handler calls [`Node::write`]; the proposer task collects every command that
-//! arrived meanwhile into one [`Batch`] (one Raft entry, one fsync: group commit). On the leader
-//! the batch goes to Raft; on a follower it is forwarded to the leader's proposer on the
-//! follower's `ConchPeer.ProposeStream` call to it (`node/forward_stream.rs`; a unary
-//! `ConchPeer.Propose` to a leader that does not serve the stream), and the follower answers
-//! with the leader's replies.
+//! arrived meanwhile into one [`Batch`] (one Raft entry, one fsync: group commit;
+//! `node/batches.rs`). On the leader the batch goes to Raft; on a follower it is forwarded to
+//! the leader's proposer on the follower's `ConchPeer.ProposeStream` call to it
+//! (`node/forward_stream.rs`; a unary `ConchPeer.Propose` to a leader that does not serve the
+//! stream), and the follower answers with the leader's replies. A failed call to the leader is
+//! retried or reported as `node/call_failure.rs` decides.
 //!
 //! Reads: [`Node::linearizable`] confirms leadership (read-index) once for every read that
-//! arrived meanwhile, then waits until this node applied up to that index.
+//! arrived meanwhile, then waits until this node applied up to that index
+//! (`node/read_index.rs`).
 //!
 //! A new leader's first batch starts with `ExtendLeases`, so a failover never expires a live
 //! client's lease early. Batches are stamped with the lease clock (`clock.rs`) for everything
@@ -29,7 +31,7 @@ use conch_proto::conch::PeerMessage;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
 use conch_proto::conch::conch_peer_client::ConchPeerClient;
 use openraft::ServerState;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 use crate::applied::AppliedState;
 use crate::clock::{LeaseClock, wall_ns};
@@ -45,10 +47,15 @@ use crate::storage_fault;
 use crate::tasks::Tasks;
 use crate::write_trace::{Stage, note_proposed, note_resumed};
 
+mod batches;
+mod call_failure;
 pub mod forward_stream;
 mod leader_wait;
 mod raft_view;
+mod read_index;
 
+use batches::{all_cmds, answer, run_batches};
+use call_failure::{forward_failure, stream_failure};
 use forward_stream::{ForwardFailure, Forwarder, Proposed, Target};
 use leader_wait::{LeaderWait, Woken};
 pub use raft_view::{Member, MembershipChange, MembershipChanged, RaftStatus, RaftWatch};
@@ -253,41 +260,6 @@ impl Node {
             .between(Stage::Wake, answered_at, resumed);
         note_resumed(resumed);
         result
-    }
-
-    /// Waits until a read on this node is linearizable: leadership confirmed by a quorum after
-    /// the call began, and this node applied everything committed before it.
-    pub async fn linearizable(&self) -> Result<(), NodeError> {
-        let (reply, rx) = oneshot::channel();
-        self.reads.send(reply).await.map_err(|_| shutting_down())?;
-        rx.await.map_err(|_| shutting_down())?.map(|_| ())
-    }
-
-    /// Read index for a linearizable read (also the leader side of `ConchPeer.ReadIndex`):
-    /// leadership confirmed by a quorum, then the larger of Raft's read index and the last log
-    /// entry this process started with.
-    ///
-    /// Raft's read index is its commit index, or the first entry of the leader's term if that
-    /// is later. A leader that restarts wins a new term (see
-    /// `raft::early::EarlyReplication::vote_at_start`) but does not keep its commit index
-    /// (saved lazily), and a lone node's new term may start before its old entries are applied:
-    /// so right after a restart (every node killed at once, say) that index can be
-    /// below writes acknowledged before it, and a read would miss them. Every acknowledged
-    /// write is in the log this process started with, so a read waits for that much to apply.
-    pub async fn read_index_as_leader(&self) -> Result<u64, NodeError> {
-        match self.raft.get_read_log_id().await {
-            Ok((read_log_id, _)) => {
-                let index = read_log_id.map(|l| l.index).unwrap_or(0);
-                if crate::regressions::active(crate::regressions::Bug::StaleReadAfterRestart) {
-                    return Ok(index);
-                }
-                Ok(index.max(self.log_at_start))
-            }
-            Err(e) => match e.forward_to_leader() {
-                Some(_) => Err(NodeError::NotLeader { node: self.id }),
-                None => Err(storage_fault::node_error(self.id, "confirm leadership", &e)),
-            },
-        }
     }
 
     /// The current leader, if one is known.
@@ -688,161 +660,6 @@ impl Node {
         decode(&response.into_inner().payload)
             .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))
     }
-
-    async fn run_read_index(
-        self: Arc<Self>,
-        mut rx: mpsc::Receiver<oneshot::Sender<Result<u64, NodeError>>>,
-    ) {
-        loop {
-            let Some(first) = rx.recv().await else { return };
-            let mut waiting = vec![first];
-            while let Ok(next) = rx.try_recv() {
-                waiting.push(next);
-            }
-            let mut result = self.read_index().await;
-            if let Ok(index) = result {
-                // Bounded: an index that this node's log will not reach (its entries were
-                // replaced after a leader change) must not hold the reads forever.
-                let applied =
-                    tokio::time::timeout(self.config.leader_wait, self.applied.wait_applied(index))
-                        .await;
-                if applied.is_err() {
-                    result = Err(NodeError::Unavailable(format!(
-                        "this node did not apply up to the read index {index} within {} ms; retry",
-                        self.config.leader_wait.as_millis()
-                    )));
-                }
-            }
-            for reply in waiting {
-                let _ = reply.send(result.clone());
-            }
-        }
-    }
-
-    async fn read_index(&self) -> Result<u64, NodeError> {
-        let deadline = tokio::time::Instant::now() + self.config.leader_wait;
-        let mut pause = LeaderWait::new(self.raft.server_metrics());
-        loop {
-            let leader = self.await_leader(deadline).await?;
-            let result = if leader.id == self.id {
-                self.read_index_as_leader().await
-            } else {
-                self.read_index_through(&leader).await
-            };
-            match result {
-                Err(NodeError::NotLeader { .. }) if tokio::time::Instant::now() < deadline => {
-                    if pause.after_refusal(&leader, deadline).await == Woken::Closed {
-                        return Err(shutting_down());
-                    }
-                }
-                Err(NodeError::NotLeader { .. }) => return Err(self.no_leader_error()),
-                other => return other,
-            }
-        }
-    }
-
-    async fn read_index_through(&self, leader: &LeaderInfo) -> Result<u64, NodeError> {
-        let mut client = self.peer(leader)?;
-        self.metrics.forwarded.with_label_values(&["read"]).inc();
-        let mut request = tonic::Request::new(PeerMessage {
-            payload: Vec::new(),
-        });
-        request.set_timeout(self.config.leader_wait);
-        let response = client.read_index(request).await.map_err(|status| {
-            peer_failure(
-                &status,
-                leader,
-                format!("read index from leader {}", leader.id),
-                "",
-            )
-        })?;
-        let result: Result<u64, NodeError> = decode(&response.into_inner().payload)
-            .map_err(|e| NodeError::Internal(format!("decode leader reply: {e}")))?;
-        result
-    }
-}
-
-/// Gathers the proposals from `rx` into batches and runs `handle` on each, on a task of its
-/// own, with at most `limit` batches holding a permit at once. Returns when `rx` closes.
-async fn run_batches<F, Fut>(
-    tasks: Tasks,
-    mut rx: mpsc::Receiver<Proposal>,
-    limit: usize,
-    handle: F,
-) where
-    F: Fn(Vec<Proposal>, OwnedSemaphorePermit) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let in_flight = Arc::new(Semaphore::new(limit));
-    loop {
-        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-            return;
-        };
-        let Some(batch) = gather(&mut rx).await else {
-            return;
-        };
-        tasks.spawn(handle(batch, permit));
-    }
-}
-
-/// The commands of a batch of proposals, in order.
-fn all_cmds(proposals: &[Proposal]) -> Vec<Cmd> {
-    proposals
-        .iter()
-        .flat_map(|p| p.cmds.iter().cloned())
-        .collect()
-}
-
-/// Waits for a proposal, then takes those already queued behind it, up to [`BATCH_MAX_CMDS`]
-/// commands. Proposals whose caller has gone (its deadline passed) are dropped unproposed: the
-/// caller was answered with an error, and nothing of it is applied. `None` once the queue is
-/// closed.
-async fn gather(rx: &mut mpsc::Receiver<Proposal>) -> Option<Vec<Proposal>> {
-    let mut batch = Vec::new();
-    let mut cmd_count = 0;
-    while batch.is_empty() {
-        let first = rx.recv().await?;
-        if !first.reply.is_closed() {
-            cmd_count += first.cmds.len();
-            batch.push(first);
-        }
-    }
-    while cmd_count < BATCH_MAX_CMDS {
-        match rx.try_recv() {
-            Ok(p) if p.reply.is_closed() => {}
-            Ok(p) => {
-                cmd_count += p.cmds.len();
-                batch.push(p);
-            }
-            Err(_) => break,
-        }
-    }
-    Some(batch)
-}
-
-fn answer(proposals: Vec<Proposal>, result: Result<(Vec<Reply>, u64), NodeError>) {
-    let at = Instant::now();
-    match result {
-        Ok((replies, index)) => {
-            let mut replies = replies.into_iter();
-            for proposal in proposals {
-                let mine: Vec<Reply> = replies.by_ref().take(proposal.cmds.len()).collect();
-                let outcome = if mine.len() == proposal.cmds.len() {
-                    Ok((mine, index))
-                } else {
-                    Err(NodeError::Internal(
-                        "state machine returned too few replies".into(),
-                    ))
-                };
-                let _ = proposal.reply.send((outcome, at));
-            }
-        }
-        Err(e) => {
-            for proposal in proposals {
-                let _ = proposal.reply.send((Err(e.clone()), at));
-            }
-        }
-    }
 }
 
 fn shutting_down() -> NodeError {
@@ -868,182 +685,5 @@ pub fn known_leader(
             None
         }
         other => other,
-    }
-}
-
-/// A failed forward of a write to the leader. It is tried again (through whichever node leads
-/// next) only when the leader certainly did not take it: it answered that it is not the
-/// leader, or no connection to it was ever made. A connection lost after the request went out
-/// (the leader killed right after committing, a connection reset) leaves the outcome unknown:
-/// the write may be committed, and sending it again would apply it twice.
-fn forward_failure(status: &tonic::Status, leader: &LeaderInfo) -> NodeError {
-    let refused = std::error::Error::source(status).is_none()
-        && status.message().ends_with(crate::error::NOT_LEADER_SUFFIX);
-    if status.code() == tonic::Code::Unavailable && (refused || never_connected(status)) {
-        return NodeError::NotLeader { node: leader.id };
-    }
-    NodeError::Unavailable(format!(
-        "forward to leader {} at {}: {}; the outcome is unknown",
-        leader.id,
-        leader.addr,
-        status.message()
-    ))
-}
-
-/// A forward that got no answer over the stream. A batch that never went out (no stream could
-/// be opened) is tried again when the failure may pass (the leader unreachable, stepping down,
-/// or not answering the opening in time), and is reported as it is otherwise (a refusal):
-/// either way nothing was sent. A batch that went out and got no answer has an unknown
-/// outcome, as after a unary call whose connection was lost (see [`forward_failure`]).
-fn stream_failure(failure: ForwardFailure, leader: &LeaderInfo) -> NodeError {
-    match failure {
-        ForwardFailure::NotSent(status)
-            if matches!(
-                status.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::Unknown
-                    | tonic::Code::Cancelled
-                    | tonic::Code::DeadlineExceeded
-            ) =>
-        {
-            NodeError::NotLeader { node: leader.id }
-        }
-        ForwardFailure::NotSent(status) => NodeError::Unavailable(format!(
-            "forward to leader {} at {}: {}; nothing was sent",
-            leader.id,
-            leader.addr,
-            status.message()
-        )),
-        ForwardFailure::Unknown(why) => NodeError::Unavailable(format!(
-            "forward to leader {} at {}: {why}; the outcome is unknown",
-            leader.id, leader.addr
-        )),
-        // Answered by a unary call where it happens; never reported as such.
-        ForwardFailure::Unsupported => NodeError::NotLeader { node: leader.id },
-    }
-}
-
-/// Whether a call failed because no connection could be made (so nothing was sent).
-fn never_connected(status: &tonic::Status) -> bool {
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionRefused
-                    | std::io::ErrorKind::AddrNotAvailable
-                    | std::io::ErrorKind::HostUnreachable
-                    | std::io::ErrorKind::NetworkUnreachable
-            )
-        {
-            return true;
-        }
-        // tonic wraps a failed connect in a type of its own, named in its debug form.
-        if format!("{e:?}").starts_with("ConnectError") {
-            return true;
-        }
-        source = e.source();
-    }
-    false
-}
-
-/// A failed call to the leader that may be retried whatever happened to it (a read index):
-/// `UNAVAILABLE` means the leader is unreachable, so the caller retries elsewhere; anything else
-/// is reported as `what` failed, with `note` after the leader's message.
-fn peer_failure(
-    status: &tonic::Status,
-    leader: &LeaderInfo,
-    what: String,
-    note: &str,
-) -> NodeError {
-    if status.code() == tonic::Code::Unavailable {
-        NodeError::NotLeader { node: leader.id }
-    } else {
-        NodeError::Unavailable(format!("{what}: {}{note}", status.message()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-
-    fn leader() -> LeaderInfo {
-        LeaderInfo {
-            id: 1,
-            addr: "127.0.0.1:7001".into(),
-            term: 3,
-        }
-    }
-
-    fn with_source(message: &str, kind: std::io::ErrorKind) -> tonic::Status {
-        let mut status = tonic::Status::unavailable(message);
-        status.set_source(Arc::new(std::io::Error::new(kind, "io")));
-        status
-    }
-
-    #[test]
-    fn a_forward_is_retried_only_when_the_leader_certainly_did_not_take_it() {
-        let not_leader =
-            tonic::Status::unavailable(format!("node 1 {}", crate::error::NOT_LEADER_SUFFIX));
-        assert_eq!(
-            forward_failure(&not_leader, &leader()),
-            NodeError::NotLeader { node: 1 }
-        );
-        let refused = with_source("tcp connect error", std::io::ErrorKind::ConnectionRefused);
-        assert_eq!(
-            forward_failure(&refused, &leader()),
-            NodeError::NotLeader { node: 1 }
-        );
-        // Sent, then the connection went: the leader may have committed it.
-        for status in [
-            with_source("connection reset", std::io::ErrorKind::ConnectionReset),
-            tonic::Status::unavailable("node 1 is shutting down"),
-            tonic::Status::deadline_exceeded("timeout expired"),
-        ] {
-            match forward_failure(&status, &leader()) {
-                NodeError::Unavailable(message) => {
-                    assert!(message.contains("the outcome is unknown"), "{message}")
-                }
-                other => panic!("{status:?} is no refusal: {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn a_streamed_forward_is_retried_only_when_it_never_went_out() {
-        // No stream could be opened: nothing was sent, so a passing failure is retried.
-        for status in [
-            tonic::Status::unavailable("tcp connect error"),
-            tonic::Status::deadline_exceeded("no forward stream opened in time"),
-        ] {
-            assert_eq!(
-                stream_failure(ForwardFailure::NotSent(status), &leader()),
-                NodeError::NotLeader { node: 1 }
-            );
-        }
-        // Refused at the opening: reported, and nothing was sent.
-        match stream_failure(
-            ForwardFailure::NotSent(tonic::Status::permission_denied("members only")),
-            &leader(),
-        ) {
-            NodeError::Unavailable(message) => {
-                assert!(message.contains("members only"), "{message}");
-                assert!(message.contains("nothing was sent"), "{message}");
-            }
-            other => panic!("a refusal is no retry: {other:?}"),
-        }
-        // Sent, then the stream broke or the leader went silent: the outcome is unknown.
-        match stream_failure(
-            ForwardFailure::Unknown("the forward stream failed: reset".into()),
-            &leader(),
-        ) {
-            NodeError::Unavailable(message) => {
-                assert!(message.contains("the outcome is unknown"), "{message}");
-                assert!(message.contains("reset"), "{message}");
-            }
-            other => panic!("a lost batch is no refusal: {other:?}"),
-        }
     }
 }
