@@ -342,10 +342,13 @@ impl Node {
         self.lease_clock_at(term)
     }
 
+    /// Whether this node leads, by openraft's server metrics: each report sends them before the
+    /// full metrics, so a task woken by a change of the server metrics (as the expiry ticker is)
+    /// sees the new role here, where the full metrics may not carry it yet.
     pub fn is_leader(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics.state == ServerState::Leader && metrics.current_leader == Some(self.id)
+        let server = self.raft.server_metrics();
+        let server = server.borrow();
+        server.state == ServerState::Leader && server.current_leader == Some(self.id)
     }
 
     /// Waits (bounded by `leader_wait`) until some leader is known.

@@ -21,11 +21,13 @@ pub async fn watch(node: std::sync::Arc<Node>) {
     let mut server = node.raft.server_metrics();
     let mut metrics = node.raft.metrics();
     loop {
-        server.borrow_and_update();
+        // The membership from the server metrics: openraft sends them before the full metrics
+        // in each report, so the full metrics read right after a wake-up may still hold the
+        // membership before the change.
+        let stored = server.borrow_and_update().membership_config.clone();
         let mut awaiting_apply = false;
         let left_out = {
             let m = metrics.borrow_and_update();
-            let stored = &m.membership_config;
             if names(stored.membership(), node.id) {
                 node.removal.seen_member.store(true, Ordering::Release);
                 None

@@ -460,19 +460,29 @@ async fn log_leader_changes(node: Arc<Node>) {
     // Woken by the server metrics, which change only with the role, vote or membership (the
     // full metrics change at every step of every write); by the full metrics only while this
     // node leads and waits for a quorum to confirm it.
+    // The leader and term are read from the server metrics themselves: openraft sends them
+    // before the full metrics in each report, so the full metrics read right after a wake-up
+    // may not carry the change yet. Only this node's own quorum acknowledgement, which the
+    // server metrics lack, is read from the full metrics.
     let mut server = node.raft.server_metrics();
     let mut metrics = node.raft.metrics();
     let mut seen = (None, 0);
     loop {
-        let confirming = {
+        let (leader, term, leading) = {
             let s = server.borrow_and_update();
-            s.current_leader == Some(node.id) && s.state == ServerState::Leader
+            let leading = s.current_leader == Some(node.id) && s.state == ServerState::Leader;
+            (s.current_leader, s.vote.leader_id().term, leading)
         };
-        let now = {
-            let m = metrics.borrow_and_update();
-            (crate::node::known_leader(&m, node.id), m.current_term)
+        let acked = metrics
+            .borrow_and_update()
+            .millis_since_quorum_ack
+            .is_some();
+        let known = match leader {
+            Some(id) if id == node.id && !(leading && acked) => None,
+            other => other,
         };
-        let confirming = confirming && now.0.is_none();
+        let now = (known, term);
+        let confirming = leading && known.is_none();
         if now != seen {
             match now.0 {
                 Some(leader) => {

@@ -248,6 +248,14 @@ pub fn forward<T>(metadata: &MetadataMap, message: T) -> Request<T> {
 /// that has access control off after its bootstrap is reported (see [`setup_problem`]).
 pub async fn bootstrap(node: Arc<Node>, hash: TokenHash) {
     loop {
+        // Decide on an applied state that holds every entry committed before now: a restarted
+        // node applies its log only as far as it had recorded it committed until a leader
+        // confirms the rest, and the entry that turned access control off may be in the rest.
+        if let Err(e) = node.linearizable().await {
+            tracing::debug!(error = %e, "bootstrap admin token: waiting for the log");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        }
         if !bootstrap_pending(&node) {
             match setup_problem(&node) {
                 Some(problem) => tracing::error!("{problem}"),
