@@ -150,7 +150,9 @@ impl Layout {
             bail!("--w6-semaphores {semaphores} is more than the {sessions} sessions");
         }
         let per_node = sessions.div_ceil(nodes);
-        let addresses = addresses.unwrap_or(per_node.div_ceil(ADDRESS_BUDGET)).max(1);
+        let addresses = addresses
+            .unwrap_or(per_node.div_ceil(ADDRESS_BUDGET))
+            .max(1);
         if addresses > MAX_SOURCE_ADDRESSES {
             bail!("--w6-source-addresses {addresses}: at most {MAX_SOURCE_ADDRESSES}");
         }
@@ -779,7 +781,9 @@ pub async fn run(
         nodes.push(NodeLook {
             id: *id,
             addr: addr.clone(),
-            pid: node.pid().with_context(|| format!("node {id} is not running"))?,
+            pid: node
+                .pid()
+                .with_context(|| format!("node {id} is not running"))?,
             port,
             metrics: cluster.metrics_addr(*id),
         });
@@ -1113,15 +1117,15 @@ pub async fn run(
             "raft_entries_per_s",
             round1(b.applied_index.saturating_sub(a.applied_index) as f64 / window_s),
         );
-        row.set(
-            "leader_changes",
-            b.term.saturating_sub(leader.term),
-        );
+        row.set("leader_changes", b.term.saturating_sub(leader.term));
     }
     row.set("leader", leader_id);
     row.set(
         "leader_node",
-        nodes.iter().position(|n| n.id == leader_id).map(|k| k as u64),
+        nodes
+            .iter()
+            .position(|n| n.id == leader_id)
+            .map(|k| k as u64),
     );
     row.set("semaphores", layout.semaphores as u64);
     row.set("permits", layout.permits);
@@ -1321,7 +1325,10 @@ mod tests {
         assert!(Layout::new(30, 3, Some(31), 9, None).is_err());
         // Few sessions: one semaphore at least.
         let small = Layout::new(5, 3, None, 9, None).expect("layout");
-        assert_eq!((small.semaphores, small.holders(), small.waiters()), (1, 5, 0));
+        assert_eq!(
+            (small.semaphores, small.holders(), small.waiters()),
+            (1, 5, 0)
+        );
     }
 
     #[test]
@@ -1416,13 +1423,20 @@ mod tests {
         );
         assert_eq!(
             knee_of(
-                &[(2_000, Some(4.0)), (5_000, Some(50.0)), (10_000, Some(50.1))],
+                &[
+                    (2_000, Some(4.0)),
+                    (5_000, Some(50.0)),
+                    (10_000, Some(50.1))
+                ],
                 50.0
             ),
             Some(10_000)
         );
         // A step that measured nothing (it failed) is past the knee.
-        assert_eq!(knee_of(&[(2_000, Some(4.0)), (5_000, None)], 50.0), Some(5_000));
+        assert_eq!(
+            knee_of(&[(2_000, Some(4.0)), (5_000, None)], 50.0),
+            Some(5_000)
+        );
     }
 
     #[test]

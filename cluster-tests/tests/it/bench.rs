@@ -273,9 +273,16 @@ async fn the_sessions_workload_keeps_every_lease_and_hands_over() -> anyhow::Res
             row.json()
         );
     }
-    assert_eq!(field(&row, "refused_conns_nodes"), serde_json::json!([0, 0, 0]));
+    assert_eq!(
+        field(&row, "refused_conns_nodes"),
+        serde_json::json!([0, 0, 0])
+    );
     for target_row in w6::target_rows(&row) {
-        assert!(field(&target_row, "met").is_string(), "{}", target_row.json());
+        assert!(
+            field(&target_row, "met").is_string(),
+            "{}",
+            target_row.json()
+        );
     }
     Ok(())
 }
