@@ -6,8 +6,8 @@
 //!   A file left by a stopped node is harmless: the lock goes with the process.
 //! - `node-id`: the id of the node the directory belongs to (decimal, one line).
 //! - `created-by`: the id of the node that first opened the directory empty (decimal, one
-//!   line), written with `node-id`; absent from directories of releases before it, adopted ones
-//!   and copies' edited records aside, it equals `node-id`.
+//!   line), written with `node-id` then; absent from directories written before it existed and
+//!   from adopted ones.
 //! - `cluster-name`: the `--cluster-name` given when the node bootstrapped, joined or was
 //!   restored (one line); absent while none was given. A node without one adopts the name its
 //!   leader's messages carry (see `identity.rs`).
@@ -38,7 +38,10 @@
 //!   legitimately holds a membership without itself for a while (a learner given the log
 //!   before the entry that added it, or a snapshot taken before; a node wiped and added back
 //!   whose replay of the log stops at its own earlier removal). `--adopt-data-dir` starts it
-//!   anyway, with a warning
+//!   anyway, with a warning. This refusal comes after the log store and snapshots were opened
+//!   (it needs them), so what opening them writes stays; nothing else is written. A directory
+//!   without `created-by` (written before it existed) is checked: one of a learner interrupted
+//!   while catching up then needs `--adopt-data-dir` until it has caught up
 
 use std::collections::BTreeSet;
 use std::fs::File;
