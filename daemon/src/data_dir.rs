@@ -5,6 +5,9 @@
 //!   holding that process's pid (decimal, one line) for the message a second process prints.
 //!   A file left by a stopped node is harmless: the lock goes with the process.
 //! - `node-id`: the id of the node the directory belongs to (decimal, one line).
+//! - `created-by`: the id of the node that first opened the directory empty (decimal, one
+//!   line), written with `node-id` then; absent from directories written before it existed and
+//!   from adopted ones.
 //! - `cluster-name`: the `--cluster-name` given when the node bootstrapped, joined or was
 //!   restored (one line); absent while none was given. A node without one adopts the name its
 //!   leader's messages carry (see `identity.rs`).
@@ -27,15 +30,32 @@
 //!   node's directory must not join as a new node with that node's log and vote. With
 //!   `--adopt-data-dir` it takes the id it is started with, for the operator who knows whose
 //!   it is
+//! - a directory whose Raft state records a membership (the latest in its log, else its
+//!   snapshot's) that names this node neither as a voter nor as a learner is refused too
+//!   ([`DataDir::check_members`], once the log and snapshot are open): a copy of another
+//!   node's directory whose `node-id` was edited. Not when the directory's own `created-by` is
+//!   this node: it then holds only what this node received through Raft, and a node catching up
+//!   legitimately holds a membership without itself for a while (a learner given the log
+//!   before the entry that added it, or a snapshot taken before; a node wiped and added back
+//!   whose replay of the log stops at its own earlier removal). `--adopt-data-dir` starts it
+//!   anyway, with a warning. This refusal comes after the log store and snapshots were opened
+//!   (it needs them), so what opening them writes stays; nothing else is written. A directory
+//!   without `created-by` (written before it existed) is checked: one of a learner interrupted
+//!   while catching up then needs `--adopt-data-dir` until it has caught up
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
+
+use openraft::{BasicNode, Membership};
 
 /// The lock file, holding the pid of the process that has the directory open.
 pub const LOCK_FILE: &str = "LOCK";
 /// The id of the node the directory belongs to.
 pub const NODE_ID_FILE: &str = "node-id";
+/// The id of the node that first opened the directory empty.
+pub const CREATED_BY_FILE: &str = "created-by";
 /// The cluster name the directory was created or joined with.
 pub const CLUSTER_NAME_FILE: &str = "cluster-name";
 /// Present once the node was removed from its cluster.
@@ -90,6 +110,18 @@ pub enum DataDirError {
         path.display()
     )]
     Unclaimed { path: PathBuf, id: u64 },
+    /// Its Raft state records a membership without this node, and this node did not create it.
+    #[error(
+        "data directory {} holds the log of a cluster whose members are {members}: node {id} is \
+         not one of them (a copy of another node's directory?); start with --adopt-data-dir to \
+         use it anyway",
+        path.display()
+    )]
+    NotAMember {
+        path: PathBuf,
+        id: u64,
+        members: String,
+    },
     /// Its node was removed from the cluster.
     #[error(
         "data directory {} belongs to node {node}, which was removed from its cluster \
@@ -113,6 +145,7 @@ impl DataDirError {
                 | DataDirError::OtherNode { .. }
                 | DataDirError::OtherCluster { .. }
                 | DataDirError::Unclaimed { .. }
+                | DataDirError::NotAMember { .. }
         )
     }
 }
@@ -143,6 +176,11 @@ pub fn check_cluster_name(name: &str) -> Result<(), String> {
 /// An open data directory: locked for this process, and known to belong to this node.
 #[derive(Debug)]
 pub struct DataDir {
+    path: PathBuf,
+    id: u64,
+    adopt: bool,
+    /// `created-by` names this node: the directory holds only what it received through Raft.
+    created_here: bool,
     cluster_name: Option<String>,
     /// Holds the lock; closing it releases the lock.
     _lock: File,
@@ -207,9 +245,13 @@ impl DataDir {
                     path = %path.display(),
                     "--adopt-data-dir: recording a data directory without node-id as this node's"
                 );
+            } else {
+                // Empty: whatever it will hold, this node receives (or bootstraps, or restores).
+                write_record(path, CREATED_BY_FILE, &id.to_string()).map_err(unusable)?;
             }
             write_record(path, NODE_ID_FILE, &id.to_string()).map_err(unusable)?;
         }
+        let created_here = read_id(path, CREATED_BY_FILE)? == Some(id);
         let cluster_name = match (recorded_name, cluster_name) {
             (Some(recorded), _) => Some(recorded),
             (None, Some(given)) => {
@@ -220,9 +262,28 @@ impl DataDir {
             (None, None) => None,
         };
         Ok(DataDir {
+            path: path.to_path_buf(),
+            id,
+            adopt,
+            created_here,
             cluster_name,
             _lock: lock,
         })
+    }
+
+    /// Checks the latest membership the directory's Raft state records (`None` while it records
+    /// none: a new node's empty log) against this node: see [`admit`].
+    pub fn check_members(
+        &self,
+        membership: Option<&Membership<u64, BasicNode>>,
+    ) -> Result<Admitted, DataDirError> {
+        admit(
+            &self.path,
+            self.id,
+            membership,
+            self.created_here,
+            self.adopt,
+        )
     }
 
     /// The cluster name recorded in the directory, if any.
@@ -320,19 +381,90 @@ fn read_text(dir: &Path, name: &str) -> Result<Option<String>, String> {
     }
 }
 
+/// Why a directory whose Raft state records a membership was let start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admitted {
+    /// It records no membership yet (empty, or a `--join` node not yet added).
+    NoMembership,
+    /// The membership names this node, as a voter or a learner.
+    Member,
+    /// The membership leaves this node out, but this node created the directory: it is
+    /// catching up, or waiting to learn of its removal (see the module's invariants).
+    CatchingUp,
+    /// The membership leaves this node out, and `--adopt-data-dir` starts it anyway.
+    Adopted,
+}
+
+/// Decides whether node `id` may start on the directory at `path`, whose Raft state's latest
+/// membership is `membership` (`None` when it records none); `created_here` when the
+/// directory's `created-by` is `id`, `adopt` for `--adopt-data-dir`.
+///
+/// Refused only when the membership names the node neither as a voter nor as a learner, and
+/// the node did not create the directory (see the module's invariants for why that narrows it),
+/// and the operator did not adopt it (a warning then).
+fn admit(
+    path: &Path,
+    id: u64,
+    membership: Option<&Membership<u64, BasicNode>>,
+    created_here: bool,
+    adopt: bool,
+) -> Result<Admitted, DataDirError> {
+    let Some(membership) = membership else {
+        return Ok(Admitted::NoMembership);
+    };
+    if membership.get_node(&id).is_some() {
+        return Ok(Admitted::Member);
+    }
+    let members = {
+        let ids: BTreeSet<u64> = membership.nodes().map(|(id, _)| *id).collect();
+        let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+        match ids.is_empty() {
+            true => "none".to_string(),
+            false => ids.join(", "),
+        }
+    };
+    if created_here {
+        tracing::info!(
+            node_id = id,
+            members,
+            "this node's data directory holds a membership without it: catching up"
+        );
+        return Ok(Admitted::CatchingUp);
+    }
+    if adopt {
+        tracing::warn!(
+            node_id = id,
+            members,
+            path = %path.display(),
+            "--adopt-data-dir: starting on a data directory whose membership leaves this node out"
+        );
+        return Ok(Admitted::Adopted);
+    }
+    Err(DataDirError::NotAMember {
+        path: path.to_path_buf(),
+        id,
+        members,
+    })
+}
+
 /// The node id recorded in `dir`, if any.
 pub fn read_node_id(dir: &Path) -> Result<Option<u64>, DataDirError> {
+    read_id(dir, NODE_ID_FILE)
+}
+
+/// The node id recorded in `<dir>/<name>`, if any.
+fn read_id(dir: &Path, name: &str) -> Result<Option<u64>, DataDirError> {
     let unusable = |reason: String| DataDirError::Unusable {
         path: dir.to_path_buf(),
         reason,
     };
-    let Some(text) = read_text(dir, NODE_ID_FILE).map_err(unusable)? else {
+    let Some(text) = read_text(dir, name).map_err(unusable)? else {
         return Ok(None);
     };
     match text.parse::<u64>() {
         Ok(id) if id > 0 => Ok(Some(id)),
         _ => Err(unusable(format!(
-            "{NODE_ID_FILE} does not hold a node id: {:?}",
+            "{name} does not hold a node id: {:?}",
             text.chars().take(32).collect::<String>()
         ))),
     }
@@ -489,6 +621,94 @@ mod tests {
                 ..
             })
         ));
+        Ok(())
+    }
+
+    /// Voters `voters`, learners `learners`.
+    fn membership(voters: &[u64], learners: &[u64]) -> Membership<u64, BasicNode> {
+        let nodes: std::collections::BTreeMap<u64, BasicNode> = voters
+            .iter()
+            .chain(learners)
+            .map(|id| (*id, BasicNode::new(format!("127.0.0.1:{}", 7000 + id))))
+            .collect();
+        Membership::new(vec![voters.iter().copied().collect()], nodes)
+    }
+
+    #[test]
+    fn a_membership_that_leaves_the_node_out_is_refused_unless_adopted() -> anyhow::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("data");
+        let of_1_2_4 = membership(&[1, 2], &[4]);
+        // empty log, no membership                  -> starts
+        assert_eq!(admit(&dir, 3, None, false, false)?, Admitted::NoMembership);
+        // names node 3 as a voter, or as a learner  -> starts
+        let with_3 = membership(&[1, 2, 3], &[]);
+        assert_eq!(
+            admit(&dir, 3, Some(&with_3), false, false)?,
+            Admitted::Member
+        );
+        let learner_3 = membership(&[1, 2], &[3]);
+        assert_eq!(
+            admit(&dir, 3, Some(&learner_3), false, false)?,
+            Admitted::Member
+        );
+        // {1, 2, learner 4}, started as node 3      -> refused, naming the directory and members
+        let Err(refused) = admit(&dir, 3, Some(&of_1_2_4), false, false) else {
+            anyhow::bail!("node 3 started on a directory of members 1, 2, 4");
+        };
+        assert!(refused.is_usage());
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "data directory {} holds the log of a cluster whose members are 1, 2, 4: node 3 \
+                 is not one of them (a copy of another node's directory?); start with \
+                 --adopt-data-dir to use it anyway",
+                dir.display()
+            )
+        );
+        // the same with --adopt-data-dir            -> starts, with a warning
+        assert_eq!(
+            admit(&dir, 3, Some(&of_1_2_4), false, true)?,
+            Admitted::Adopted
+        );
+        // node 3 created the directory itself       -> starts: it is catching up
+        assert_eq!(
+            admit(&dir, 3, Some(&of_1_2_4), true, false)?,
+            Admitted::CatchingUp
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn only_the_node_that_opened_a_directory_empty_is_recorded_as_its_creator() -> anyhow::Result<()>
+    {
+        let tmp = tempfile::tempdir()?;
+        let of_1_2 = membership(&[1, 2], &[]);
+        // opened empty by node 3                    -> created-by 3: a membership without it
+        //                                              is its own catching up
+        let fresh = tmp.path().join("fresh");
+        let opened = DataDir::open(&fresh, 3, None, false)?;
+        assert_eq!(read_id(&fresh, CREATED_BY_FILE)?, Some(3));
+        assert_eq!(opened.check_members(Some(&of_1_2))?, Admitted::CatchingUp);
+        drop(opened);
+        // a copy of it whose node-id was edited to 4 -> node 4 did not create it: refused
+        let copy = tmp.path().join("copy");
+        std::fs::create_dir_all(copy.join("raft"))?;
+        std::fs::copy(fresh.join(CREATED_BY_FILE), copy.join(CREATED_BY_FILE))?;
+        std::fs::write(copy.join(NODE_ID_FILE), b"4\n")?;
+        let opened = DataDir::open(&copy, 4, None, false)?;
+        assert!(matches!(
+            opened.check_members(Some(&of_1_2)),
+            Err(DataDirError::NotAMember { id: 4, .. })
+        ));
+        assert_eq!(opened.check_members(None)?, Admitted::NoMembership);
+        drop(opened);
+        // adopted (state, no node-id)               -> no created-by: the check holds
+        let adopted = tmp.path().join("adopted");
+        std::fs::create_dir_all(adopted.join("raft"))?;
+        let opened = DataDir::open(&adopted, 5, None, true)?;
+        assert_eq!(read_id(&adopted, CREATED_BY_FILE)?, None);
+        assert_eq!(opened.check_members(Some(&of_1_2))?, Admitted::Adopted);
         Ok(())
     }
 

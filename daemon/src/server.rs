@@ -4,7 +4,8 @@
 //! 1. bind the listener first, so a taken port fails before anything touches the disk;
 //! 2. open the data directory (see `data_dir.rs`): lock it first, then check it belongs to this
 //!    node and cluster; the lock is held until [`serve`] returns (or the start fails);
-//! 3. open the log store, then restore the newest snapshot into the applied state;
+//! 3. open the log store, then restore the newest snapshot into the applied state; refuse a
+//!    directory whose latest membership leaves this node out (`DataDir::check_members`);
 //! 4. start Raft (it replays committed entries after the snapshot);
 //! 5. bootstrap only an empty node, only the lowest id of `--initial-cluster`, never with
 //!    `--join` (that node waits to be added); every node started with
@@ -25,11 +26,11 @@ use crate::data_dir::{DataDir, DataDirError};
 use crate::identity::ClusterId;
 use crate::metrics::Metrics;
 use crate::node::Node;
-use crate::raft::Raft;
 use crate::raft::early::EarlyReplication;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{PeerDialer, PeerNetwork};
 use crate::raft::state_machine::StateMachine;
+use crate::raft::{Raft, TypeConfig};
 use crate::state::State;
 use crate::transport::Listener;
 use crate::{api, expiry};
@@ -332,6 +333,14 @@ async fn start_on(
     let mut state_machine = StateMachine::open(&config.data_dir, Arc::clone(&applied))?;
     state_machine.set_metrics(metrics.snapshots.clone());
     log_store.check_snapshot_covers_purged(state_machine.last_applied())?;
+    // The membership openraft will start from: the latest in the log, else the snapshot's.
+    let membership =
+        openraft::StorageHelper::<TypeConfig, _, _>::new(&mut log_store, &mut state_machine)
+            .get_membership()
+            .await
+            .map_err(|e| StartError::Raft(format!("read the membership: {e}")))?;
+    let effective = membership.effective();
+    data_dir.check_members(effective.log_id().is_some().then(|| effective.membership()))?;
     // The last entry of the log at start: see `Node::read_index_as_leader`.
     let log_at_start = openraft::storage::RaftLogStorage::get_log_state(&mut log_store)
         .await

@@ -112,6 +112,53 @@ async fn a_copied_directory_without_its_node_id_is_refused() -> anyhow::Result<(
     Ok(())
 }
 
+/// A copy of node 1's directory whose `node-id` was edited to 4, started as node 4, is refused:
+/// its log's membership (1, 2, 3) leaves node 4 out, and node 4 did not create it. With
+/// `--adopt-data-dir` it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_directory_whose_membership_leaves_the_node_out_is_refused() -> anyhow::Result<()>
+{
+    let mut cluster = Cluster::start(3).await?;
+    let node1_dir = cluster.nodes[&1].data_dir.clone();
+    cluster.kill(1);
+    let copy = cluster.dir().join("copy-of-node-1");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&node1_dir)
+        .arg(&copy)
+        .status()?;
+    anyhow::ensure!(status.success(), "cp -a: {status}");
+    std::fs::write(copy.join("node-id"), "4\n")?;
+    let _ = std::fs::remove_file(copy.join("LOCK"));
+
+    // Refused once the log and snapshot are open (their opening may log a line before).
+    let mut edited = spawn_on(&copy, cluster.dir(), 4, &[])?;
+    let code = edited.wait_exit(LONG).await?;
+    let stderr = edited.stderr();
+    anyhow::ensure!(code == Some(64), "exit {code:?}: {stderr}");
+    assert_eq!(
+        stderr.trim().lines().last().unwrap_or_default(),
+        format!(
+            "conchd: data directory {} holds the log of a cluster whose members are 1, 2, 3: \
+             node 4 is not one of them (a copy of another node's directory?); start with \
+             --adopt-data-dir to use it anyway",
+            copy.display()
+        )
+    );
+
+    // The operator's word: it starts, saying so.
+    let mut adopted = spawn_on(&copy, cluster.dir(), 4, &["--adopt-data-dir"])?;
+    serving(&mut adopted).await?;
+    anyhow::ensure!(
+        adopted
+            .stderr()
+            .contains("--adopt-data-dir: starting on a data directory whose"),
+        "no warning: {}",
+        adopted.stderr()
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_conchd_on_a_directory_in_use_names_the_first() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

@@ -182,7 +182,9 @@ pub struct Flags {
     /// Take a data directory that holds a node's state but no node-id file as this node's
     /// (--id), recording the id. Without it such a directory is refused: every release records
     /// the id, so a directory without it is a copy or a damaged one, and a copy of another
-    /// node's directory must not join as this node with that node's log and vote.
+    /// node's directory must not join as this node with that node's log and vote. Also starts
+    /// the node, with a warning, on a directory it did not create whose Raft membership leaves
+    /// it out (refused otherwise: a copy whose node-id file was edited).
     #[arg(long, env = "CONCH_ADOPT_DATA_DIR", help_heading = "Operations")]
     pub adopt_data_dir: bool,
 
