@@ -43,7 +43,6 @@
 //!   without `created-by` (written before it existed) is checked: one of a learner interrupted
 //!   while catching up then needs `--adopt-data-dir` until it has caught up
 
-use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -415,13 +414,12 @@ fn admit(
     if membership.get_node(&id).is_some() {
         return Ok(Admitted::Member);
     }
-    let members = {
-        let ids: BTreeSet<u64> = membership.nodes().map(|(id, _)| *id).collect();
-        let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
-        match ids.is_empty() {
-            true => "none".to_string(),
-            false => ids.join(", "),
-        }
+    // The membership's nodes come in id order.
+    let ids: Vec<String> = membership.nodes().map(|(id, _)| id.to_string()).collect();
+    let members = if ids.is_empty() {
+        "none".to_string()
+    } else {
+        ids.join(", ")
     };
     if created_here {
         tracing::info!(

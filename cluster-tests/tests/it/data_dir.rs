@@ -75,12 +75,9 @@ async fn another_node_id_on_a_node_s_directory_is_refused() -> anyhow::Result<()
     Ok(())
 }
 
-/// A copy of node 1's directory with its `node-id` removed, started as node 3, is refused
-/// (it would join with node 1's log and vote); `--adopt-data-dir` is the operator's way to
-/// take such a directory as the node's own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_copied_directory_without_its_node_id_is_refused() -> anyhow::Result<()> {
-    let mut cluster = Cluster::start(3).await?;
+/// Stops node 1 and copies its data directory as `cp -a` would (its `LOCK` left out, as a copy
+/// of a stopped node's directory has none held): the copy's path.
+fn copy_of_stopped_node_1(cluster: &mut Cluster) -> anyhow::Result<std::path::PathBuf> {
     let node1_dir = cluster.nodes[&1].data_dir.clone();
     cluster.kill(1);
     let copy = cluster.dir().join("copy-of-node-1");
@@ -90,8 +87,18 @@ async fn a_copied_directory_without_its_node_id_is_refused() -> anyhow::Result<(
         .arg(&copy)
         .status()?;
     anyhow::ensure!(status.success(), "cp -a: {status}");
-    std::fs::remove_file(copy.join("node-id"))?;
     let _ = std::fs::remove_file(copy.join("LOCK"));
+    Ok(copy)
+}
+
+/// A copy of node 1's directory with its `node-id` removed, started as node 3, is refused
+/// (it would join with node 1's log and vote); `--adopt-data-dir` is the operator's way to
+/// take such a directory as the node's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_directory_without_its_node_id_is_refused() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let copy = copy_of_stopped_node_1(&mut cluster)?;
+    std::fs::remove_file(copy.join("node-id"))?;
 
     let mut stripped = spawn_on(&copy, cluster.dir(), 3, &[])?;
     let line = refused(&mut stripped).await?;
@@ -119,17 +126,8 @@ async fn a_copied_directory_without_its_node_id_is_refused() -> anyhow::Result<(
 async fn a_copied_directory_whose_membership_leaves_the_node_out_is_refused() -> anyhow::Result<()>
 {
     let mut cluster = Cluster::start(3).await?;
-    let node1_dir = cluster.nodes[&1].data_dir.clone();
-    cluster.kill(1);
-    let copy = cluster.dir().join("copy-of-node-1");
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(&node1_dir)
-        .arg(&copy)
-        .status()?;
-    anyhow::ensure!(status.success(), "cp -a: {status}");
+    let copy = copy_of_stopped_node_1(&mut cluster)?;
     std::fs::write(copy.join("node-id"), "4\n")?;
-    let _ = std::fs::remove_file(copy.join("LOCK"));
 
     // Refused once the log and snapshot are open (their opening may log a line before).
     let mut edited = spawn_on(&copy, cluster.dir(), 4, &[])?;

@@ -119,19 +119,23 @@ impl EarlyReplication {
             return;
         }
         let members = lock(&self.members);
-        let mut request = None;
-        for member in members.values() {
-            let Ok(slot) = member.queue.try_reserve() else {
-                continue;
-            };
-            let request = request.get_or_insert_with(|| AppendEntriesRequest {
-                vote,
-                prev_log_id: prev,
-                entries: entries.to_vec(),
-                leader_commit: None,
-            });
+        let mut slots = members
+            .values()
+            .filter_map(|member| member.queue.try_reserve().ok());
+        let Some(first) = slots.next() else {
+            return;
+        };
+        // One copy of the entries per member sent to, the first taking the original.
+        let request = AppendEntriesRequest {
+            vote,
+            prev_log_id: prev,
+            entries: entries.to_vec(),
+            leader_commit: None,
+        };
+        for slot in slots {
             slot.send(request.clone());
         }
+        first.send(request);
     }
 
     /// Keeps one sending task per other member of the cluster, following the membership in
