@@ -395,6 +395,34 @@ fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
     builder.tempdir()
 }
 
+/// Tokio numbers every task from one counter per process, and a dropped runtime (a crash, a
+/// bounce) shuts its tasks down list by list, each task's list chosen by its number modulo a
+/// small power of two. Which connection of a crashed node closes first, and so what its peers
+/// see first, would then depend on how many tasks earlier seeds in this process spawned. Each
+/// seed starts the count at a multiple of [`TASK_ID_ALIGN`], so a seed replays alone as it ran
+/// in a batch. (One seed at a time per process: seeds run on threads side by side would share
+/// the counter.)
+fn align_task_ids() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .context("a runtime to align task ids")?;
+    for _ in 0..TASK_ID_ALIGN {
+        let id: u64 = rt
+            .spawn(async {})
+            .id()
+            .to_string()
+            .parse()
+            .context("a tokio task id is a number")?;
+        if id % TASK_ID_ALIGN == TASK_ID_ALIGN - 1 {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("tokio task ids did not reach a multiple of {TASK_ID_ALIGN}")
+}
+
+/// A multiple of the number of task lists a current-thread runtime keeps (4 in tokio 1.x).
+const TASK_ID_ALIGN: u64 = 64;
+
 /// Runs one seed to the end and checks it.
 pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
     anyhow::ensure!(
@@ -402,6 +430,7 @@ pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
         "--nodes must be 3 or 5, not {}",
         opts.nodes
     );
+    align_task_ids()?;
     conchd::clock::set_wall_clock(clocks::wall_clock);
     conchd::entropy::seed_thread(opts.seed);
     conchd::blocking::run_inline_on_this_thread(true);
@@ -836,5 +865,26 @@ async fn wait_statuses(
                 .join("; "));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After aligning, the next task's number is a multiple of [`TASK_ID_ALIGN`], however many
+    /// tasks ran before.
+    #[test]
+    fn a_seed_starts_numbering_tasks_at_a_multiple_of_the_alignment() -> anyhow::Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread().build()?;
+        for before in [0, 1, 5, 63] {
+            for _ in 0..before {
+                rt.spawn(async {});
+            }
+            align_task_ids()?;
+            let next: u64 = rt.spawn(async {}).id().to_string().parse()?;
+            assert_eq!(next % TASK_ID_ALIGN, 0, "after {before} tasks: task {next}");
+        }
+        Ok(())
     }
 }
