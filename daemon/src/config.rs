@@ -1,16 +1,18 @@
-//! Daemon configuration: [`Settings`] (from `conchd`'s flags and `CONCH_*` environment
-//! variables, or from an embedding program) and an optional TOML file, validated once into a
-//! read-only [`Config`]. The flags themselves are the binary's (`cli/flags.rs`).
+//! Daemon configuration: [`Settings`] (`conchd`'s flags and `CONCH_*` environment variables,
+//! or an embedding program's, over an optional TOML file of the same settings), validated once
+//! into a read-only [`Config`].
 //!
 //! Precedence: flag > environment variable > config file > default.
+
+mod settings;
+
+pub use settings::Settings;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-use serde::Deserialize;
 
 use crate::tls::{Tls, TlsFiles};
 
@@ -41,81 +43,6 @@ pub fn default_metrics_listen(listen: SocketAddr) -> String {
         port => port.checked_add(METRICS_PORT_OFFSET).unwrap_or(0),
     };
     format!("127.0.0.1:{port}")
-}
-
-/// What a node is told, each setting as the `conchd` flag of the same name says (see
-/// `conchd --help`): `None` (or `false`) takes the flag's default, or the config file's value
-/// when `config` names one. [`Config::from_settings`] validates them. `conchd` builds this from
-/// its flags and `CONCH_*` variables; an embedding program through [`crate::NodeConfig`].
-#[derive(Clone, Debug, Default)]
-pub struct Settings {
-    pub id: Option<u64>,
-    pub listen: Option<String>,
-    pub advertise: Option<String>,
-    pub peer_listen: Option<String>,
-    pub peer_advertise: Option<String>,
-    pub peer_secret_file: Option<PathBuf>,
-    pub data_dir: Option<PathBuf>,
-    pub initial_cluster: Option<String>,
-    pub peer_routes: Option<String>,
-    pub config: Option<PathBuf>,
-    pub heartbeat_ms: Option<u64>,
-    pub election_timeout_ms: Option<u64>,
-    pub snapshot_every: Option<u64>,
-    pub leader_wait_ms: Option<u64>,
-    pub no_early_replication: bool,
-    pub log: Option<String>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub client_ca: Option<PathBuf>,
-    pub peer_ca: Option<PathBuf>,
-    pub peer_crl: Option<PathBuf>,
-    pub bootstrap_admin_token_file: Option<PathBuf>,
-    pub join: bool,
-    pub cluster_name: Option<String>,
-    pub metrics_listen: Option<String>,
-    pub ui_listen: Option<String>,
-    pub log_format: Option<String>,
-    pub worker_threads: Option<usize>,
-    pub status_without_token: bool,
-    pub max_connections_per_address: Option<usize>,
-    pub adopt_data_dir: bool,
-}
-
-/// The same settings, read from a TOML file.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    id: Option<u64>,
-    listen: Option<String>,
-    advertise: Option<String>,
-    peer_listen: Option<String>,
-    peer_advertise: Option<String>,
-    peer_secret_file: Option<PathBuf>,
-    data_dir: Option<PathBuf>,
-    initial_cluster: Option<String>,
-    peer_routes: Option<String>,
-    heartbeat_ms: Option<u64>,
-    election_timeout_ms: Option<u64>,
-    snapshot_every: Option<u64>,
-    leader_wait_ms: Option<u64>,
-    no_early_replication: Option<bool>,
-    log: Option<String>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    client_ca: Option<PathBuf>,
-    peer_ca: Option<PathBuf>,
-    peer_crl: Option<PathBuf>,
-    bootstrap_admin_token_file: Option<PathBuf>,
-    join: Option<bool>,
-    cluster_name: Option<String>,
-    metrics_listen: Option<String>,
-    ui_listen: Option<String>,
-    log_format: Option<String>,
-    worker_threads: Option<usize>,
-    status_without_token: Option<bool>,
-    max_connections_per_address: Option<usize>,
-    adopt_data_dir: Option<bool>,
 }
 
 /// Most worker threads `--worker-threads` accepts.
@@ -201,27 +128,22 @@ pub enum ConfigError {
 }
 
 impl Config {
-    pub fn from_settings(flags: Settings) -> Result<Config, ConfigError> {
-        let file = match &flags.config {
+    pub fn from_settings(given: Settings) -> Result<Config, ConfigError> {
+        let file = match &given.config {
             Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+            None => Settings::default(),
         };
-        let id = flags.id.or(file.id).unwrap_or(1);
+        let flags = given.over(file);
+        let id = flags.id.unwrap_or(1);
         if id == 0 {
             return Err(ConfigError::Invalid(
                 "--id must be a positive integer".into(),
             ));
         }
-        let listen_text = flags
-            .listen
-            .or(file.listen)
-            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen_text = flags.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
         let listen = resolve(&listen_text)
             .map_err(|e| ConfigError::Invalid(format!("--listen {listen_text}: {e}")))?;
-        let advertise = flags
-            .advertise
-            .or(file.advertise)
-            .unwrap_or_else(|| listen.to_string());
+        let advertise = flags.advertise.unwrap_or_else(|| listen.to_string());
         let advertised = resolve(&advertise)
             .map_err(|e| ConfigError::Invalid(format!("--advertise {advertise}: {e}")))?;
         if advertised.ip().is_unspecified() {
@@ -230,21 +152,16 @@ impl Config {
                  with --listen on all interfaces, set --advertise to this node's address"
             )));
         }
-        let (peer_listen, peer_advertise) = peer_addresses(
-            flags.peer_listen.or(file.peer_listen),
-            flags.peer_advertise.or(file.peer_advertise),
-            listen,
-            &advertise,
-        )?;
-        let peer_secret = match flags.peer_secret_file.or(file.peer_secret_file) {
+        let (peer_listen, peer_advertise) =
+            peer_addresses(flags.peer_listen, flags.peer_advertise, listen, &advertise)?;
+        let peer_secret = match flags.peer_secret_file {
             Some(path) => Some(read_secret_file("--peer-secret-file", &path)?),
             None => None,
         };
         let data_dir = flags
             .data_dir
-            .or(file.data_dir)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
-        let initial_cluster = match flags.initial_cluster.or(file.initial_cluster) {
+        let initial_cluster = match flags.initial_cluster {
             Some(text) => parse_initial_cluster(&text)?,
             None => BTreeMap::from([(id, peer_advertise.clone())]),
         };
@@ -266,30 +183,24 @@ impl Config {
                 )));
             }
         }
-        let peer_routes = match flags.peer_routes.or(file.peer_routes) {
+        let peer_routes = match flags.peer_routes {
             Some(text) => parse_members("--peer-routes", &text)?,
             None => BTreeMap::new(),
         };
-        let heartbeat_ms = flags.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
-        let election_ms = flags
-            .election_timeout_ms
-            .or(file.election_timeout_ms)
-            .unwrap_or(300);
+        let heartbeat_ms = flags.heartbeat_ms.unwrap_or(100);
+        let election_ms = flags.election_timeout_ms.unwrap_or(300);
         if heartbeat_ms == 0 || election_ms < heartbeat_ms * 3 {
             return Err(ConfigError::Invalid(format!(
                 "--election-timeout-ms ({election_ms}) must be at least 3x --heartbeat-ms ({heartbeat_ms}), and both positive"
             )));
         }
-        let snapshot_every = flags
-            .snapshot_every
-            .or(file.snapshot_every)
-            .unwrap_or(10_000);
+        let snapshot_every = flags.snapshot_every.unwrap_or(10_000);
         if snapshot_every < 10 {
             return Err(ConfigError::Invalid(
                 "--snapshot-every must be at least 10".into(),
             ));
         }
-        let worker_threads = flags.worker_threads.or(file.worker_threads);
+        let worker_threads = flags.worker_threads;
         if let Some(n) = worker_threads
             && !(1..=MAX_WORKER_THREADS).contains(&n)
         {
@@ -299,7 +210,6 @@ impl Config {
         }
         let max_connections_per_address = flags
             .max_connections_per_address
-            .or(file.max_connections_per_address)
             .unwrap_or(crate::connections::DEFAULT_PER_ADDRESS);
         if !(1..=crate::connections::MAX_CONNECTIONS).contains(&max_connections_per_address) {
             return Err(ConfigError::Invalid(format!(
@@ -308,20 +218,16 @@ impl Config {
                 crate::connections::MAX_CONNECTIONS
             )));
         }
-        let leader_wait_ms = flags
-            .leader_wait_ms
-            .or(file.leader_wait_ms)
-            .unwrap_or(3_000);
+        let leader_wait_ms = flags.leader_wait_ms.unwrap_or(3_000);
         let tls = tls_settings(
-            flags.tls_cert.or(file.tls_cert),
-            flags.tls_key.or(file.tls_key),
-            flags.client_ca.or(file.client_ca),
-            flags.peer_ca.or(file.peer_ca),
-            flags.peer_crl.or(file.peer_crl),
+            flags.tls_cert,
+            flags.tls_key,
+            flags.client_ca,
+            flags.peer_ca,
+            flags.peer_crl,
         )?;
-        let join = flags.join || file.join.unwrap_or(false);
-        let status_without_token =
-            flags.status_without_token || file.status_without_token.unwrap_or(false);
+        let join = flags.join;
+        let status_without_token = flags.status_without_token;
         if tls.as_ref().is_some_and(|t| !t.peer_mtls()) && (initial_cluster.len() > 1 || join) {
             return Err(ConfigError::Invalid(
                 "--tls-cert on a cluster of several nodes needs --peer-ca: nodes dial each other \
@@ -329,14 +235,11 @@ impl Config {
                     .into(),
             ));
         }
-        let cluster_name = flags.cluster_name.or(file.cluster_name);
+        let cluster_name = flags.cluster_name;
         if let Some(name) = &cluster_name {
             crate::data_dir::check_cluster_name(name).map_err(ConfigError::Invalid)?;
         }
-        let bootstrap_admin_token = match flags
-            .bootstrap_admin_token_file
-            .or(file.bootstrap_admin_token_file)
-        {
+        let bootstrap_admin_token = match flags.bootstrap_admin_token_file {
             Some(path) => Some(read_token_file(&path)?),
             None => None,
         };
@@ -353,7 +256,6 @@ impl Config {
         }
         let metrics_text = flags
             .metrics_listen
-            .or(file.metrics_listen)
             .unwrap_or_else(|| default_metrics_listen(listen));
         let metrics_listen = match metrics_text.trim() {
             "off" => None,
@@ -367,7 +269,7 @@ impl Config {
                 "--metrics-listen {metrics_text} is the --listen address; choose another port"
             )));
         }
-        let ui_listen = match flags.ui_listen.or(file.ui_listen) {
+        let ui_listen = match flags.ui_listen {
             None => None,
             Some(text) => match text.trim() {
                 "off" => None,
@@ -391,7 +293,7 @@ impl Config {
                 }
             },
         };
-        let log_format = match flags.log_format.or(file.log_format).as_deref() {
+        let log_format = match flags.log_format.as_deref() {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
             Some(other) => {
@@ -414,10 +316,7 @@ impl Config {
             election_timeout: Duration::from_millis(election_ms),
             snapshot_every,
             leader_wait: Duration::from_millis(leader_wait_ms),
-            log: flags
-                .log
-                .or(file.log)
-                .unwrap_or_else(|| DEFAULT_LOG.to_string()),
+            log: flags.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
             tls,
             bootstrap_admin_token,
             join,
@@ -427,10 +326,9 @@ impl Config {
             log_format,
             worker_threads,
             status_without_token,
-            early_replication: !(flags.no_early_replication
-                || file.no_early_replication.unwrap_or(false)),
+            early_replication: !flags.no_early_replication,
             max_connections_per_address,
-            adopt_data_dir: flags.adopt_data_dir || file.adopt_data_dir.unwrap_or(false),
+            adopt_data_dir: flags.adopt_data_dir,
             dial: None,
             cluster_version_max: crate::state::version::NEWEST,
         })
@@ -560,7 +458,7 @@ fn read_token_file(path: &Path) -> Result<crate::state::auth::TokenHash, ConfigE
     read_secret_file("--bootstrap-admin-token-file", path)
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+fn read_file(path: &Path) -> Result<Settings, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
         path: path.to_path_buf(),
         source,

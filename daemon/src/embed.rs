@@ -76,7 +76,7 @@ enum Listen {
 #[derive(Debug)]
 pub struct NodeConfig {
     listen: Listen,
-    flags: Settings,
+    settings: Settings,
     /// See [`NodeConfig::cluster_version_max`]; `None`: this build's newest.
     cluster_version_max: Option<u32>,
 }
@@ -93,7 +93,7 @@ impl NodeConfig {
     pub fn new(id: u64, listen: impl Into<String>, data_dir: impl Into<PathBuf>) -> NodeConfig {
         NodeConfig {
             listen: Listen::Addr(listen.into()),
-            flags: Settings {
+            settings: Settings {
                 id: Some(id),
                 data_dir: Some(data_dir.into()),
                 metrics_listen: Some("off".into()),
@@ -112,7 +112,7 @@ impl NodeConfig {
 
     /// The address other nodes and clients reach this node at (default: the bound address).
     pub fn advertise(mut self, addr: impl Into<String>) -> NodeConfig {
-        self.flags.advertise = Some(addr.into());
+        self.settings.advertise = Some(addr.into());
         self
     }
 
@@ -127,7 +127,7 @@ impl NodeConfig {
             .map(|(id, addr)| format!("{id}={}", addr.into()))
             .collect::<Vec<_>>()
             .join(",");
-        self.flags.initial_cluster = Some(text);
+        self.settings.initial_cluster = Some(text);
         self
     }
 
@@ -141,105 +141,105 @@ impl NodeConfig {
             .map(|(id, addr)| format!("{id}={}", addr.into()))
             .collect::<Vec<_>>()
             .join(",");
-        self.flags.peer_routes = Some(text);
+        self.settings.peer_routes = Some(text);
         self
     }
 
     /// Never bootstrap: an empty node waits to be added to a running cluster.
     pub fn join(mut self) -> NodeConfig {
-        self.flags.join = true;
+        self.settings.join = true;
         self
     }
 
     /// The cluster's name (`--cluster-name`): recorded in the data directory when the node
     /// bootstraps or first joins; a later start with another name is refused.
     pub fn cluster_name(mut self, name: impl Into<String>) -> NodeConfig {
-        self.flags.cluster_name = Some(name.into());
+        self.settings.cluster_name = Some(name.into());
         self
     }
 
     /// Serve TLS with this certificate chain and key (PEM files, re-read when they change).
     pub fn tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> NodeConfig {
-        self.flags.tls_cert = Some(cert.into());
-        self.flags.tls_key = Some(key.into());
+        self.settings.tls_cert = Some(cert.into());
+        self.settings.tls_key = Some(key.into());
         self
     }
 
     /// Serve the peer service on its own address (port 0: any free port, then also give
     /// [`NodeConfig::peer_advertise`]); the initial cluster then names peer addresses.
     pub fn peer_listen(mut self, addr: impl Into<String>) -> NodeConfig {
-        self.flags.peer_listen = Some(addr.into());
+        self.settings.peer_listen = Some(addr.into());
         self
     }
 
     /// The address other nodes reach this node's peer service at (default: its peer listen
     /// address).
     pub fn peer_advertise(mut self, addr: impl Into<String>) -> NodeConfig {
-        self.flags.peer_advertise = Some(addr.into());
+        self.settings.peer_advertise = Some(addr.into());
         self
     }
 
     /// Peers prove they are members by this shared secret (a file holding at least 32
     /// characters, the same on every node). Access control needs this or [`NodeConfig::peer_ca`].
     pub fn peer_secret_file(mut self, path: impl Into<PathBuf>) -> NodeConfig {
-        self.flags.peer_secret_file = Some(path.into());
+        self.settings.peer_secret_file = Some(path.into());
         self
     }
 
     /// With [`NodeConfig::tls`]: require client certificates signed by this CA.
     pub fn client_ca(mut self, ca: impl Into<PathBuf>) -> NodeConfig {
-        self.flags.client_ca = Some(ca.into());
+        self.settings.client_ca = Some(ca.into());
         self
     }
 
     /// With [`NodeConfig::tls`]: mutual TLS between nodes, checked against this CA (required
     /// for a cluster of several nodes over TLS).
     pub fn peer_ca(mut self, ca: impl Into<PathBuf>) -> NodeConfig {
-        self.flags.peer_ca = Some(ca.into());
+        self.settings.peer_ca = Some(ca.into());
         self
     }
 
     /// With [`NodeConfig::peer_ca`]: certificate revocation lists of the peer CA (PEM), re-read
     /// when the file changes.
     pub fn peer_crl(mut self, crl: impl Into<PathBuf>) -> NodeConfig {
-        self.flags.peer_crl = Some(crl.into());
+        self.settings.peer_crl = Some(crl.into());
         self
     }
 
     /// Serve Prometheus metrics at `http://addr/metrics` (off by default when embedded).
     pub fn metrics_listen(mut self, addr: impl Into<String>) -> NodeConfig {
-        self.flags.metrics_listen = Some(addr.into());
+        self.settings.metrics_listen = Some(addr.into());
         self
     }
 
     /// Serve the read-only status page at `http://addr/ui/` (off by default), as `conchd
     /// --ui-listen` does.
     pub fn ui_listen(mut self, addr: impl Into<String>) -> NodeConfig {
-        self.flags.ui_listen = Some(addr.into());
+        self.settings.ui_listen = Some(addr.into());
         self
     }
 
     /// Raft heartbeat interval (default 100 ms).
     pub fn heartbeat(mut self, interval: Duration) -> NodeConfig {
-        self.flags.heartbeat_ms = Some(interval.as_millis() as u64);
+        self.settings.heartbeat_ms = Some(interval.as_millis() as u64);
         self
     }
 
     /// Minimum election timeout, at least 3 heartbeats (default 300 ms).
     pub fn election_timeout(mut self, timeout: Duration) -> NodeConfig {
-        self.flags.election_timeout_ms = Some(timeout.as_millis() as u64);
+        self.settings.election_timeout_ms = Some(timeout.as_millis() as u64);
         self
     }
 
     /// Snapshot (and compact the log) every this many entries (default 10 000).
     pub fn snapshot_every(mut self, entries: u64) -> NodeConfig {
-        self.flags.snapshot_every = Some(entries);
+        self.settings.snapshot_every = Some(entries);
         self
     }
 
     /// How long a call waits for a leader during an election (default 3 s).
     pub fn leader_wait(mut self, wait: Duration) -> NodeConfig {
-        self.flags.leader_wait_ms = Some(wait.as_millis() as u64);
+        self.settings.leader_wait_ms = Some(wait.as_millis() as u64);
         self
     }
 
@@ -248,7 +248,7 @@ impl NodeConfig {
     /// call until that is committed. Needs [`NodeConfig::peer_secret_file`] or
     /// [`NodeConfig::peer_ca`].
     pub fn bootstrap_admin_token_file(mut self, path: impl Into<PathBuf>) -> NodeConfig {
-        self.flags.bootstrap_admin_token_file = Some(path.into());
+        self.settings.bootstrap_admin_token_file = Some(path.into());
         self
     }
 
@@ -273,13 +273,13 @@ impl NodeConfig {
     pub fn into_config(self, dial: crate::transport::Dial) -> Result<Config, ConfigError> {
         let NodeConfig {
             listen,
-            mut flags,
+            mut settings,
             cluster_version_max,
         } = self;
         if let Listen::Addr(text) = listen {
-            flags.listen = Some(text);
+            settings.listen = Some(text);
         }
-        let mut config = Config::from_settings(flags)?;
+        let mut config = Config::from_settings(settings)?;
         config.dial = Some(dial);
         speak_at_most(&mut config, cluster_version_max)?;
         Ok(config)
@@ -290,7 +290,7 @@ impl NodeConfig {
     async fn bind(self) -> Result<(Config, tokio::net::TcpListener), EmbedError> {
         let NodeConfig {
             listen,
-            mut flags,
+            mut settings,
             cluster_version_max,
         } = self;
         let listener = match listen {
@@ -314,8 +314,8 @@ impl NodeConfig {
             addr: "the bound listener".into(),
             error,
         })?;
-        flags.listen = Some(bound.to_string());
-        let mut config = Config::from_settings(flags)?;
+        settings.listen = Some(bound.to_string());
+        let mut config = Config::from_settings(settings)?;
         speak_at_most(&mut config, cluster_version_max)?;
         Ok((config, listener))
     }

@@ -133,13 +133,13 @@ fn inherited_listeners(flags: &mut Flags) -> Result<Inherited, ListenFdsError> {
     let inherited = unsafe { listen_fds::take(&roles)? };
     let addr = |listener| Inherited::addr(listener).map(|a| a.to_string());
     if let Some(a) = addr(&inherited.client) {
-        flags.listen = Some(a);
+        flags.settings.listen = Some(a);
     }
     if let Some(a) = addr(&inherited.peer) {
-        flags.peer_listen = Some(a);
+        flags.settings.peer_listen = Some(a);
     }
     if let Some(a) = addr(&inherited.metrics) {
-        flags.metrics_listen = Some(a);
+        flags.settings.metrics_listen = Some(a);
     }
     Ok(inherited)
 }
@@ -275,7 +275,7 @@ fn one_line(e: &anyhow::Error) -> String {
 /// Everything that can only fail because of what the operator wrote: the configuration and the
 /// log filter.
 fn configure(flags: Flags) -> anyhow::Result<Arc<Config>> {
-    let config = Config::from_settings(flags.into_settings())?;
+    let config = Config::from_settings(flags.settings)?;
     init_logging(&config.log, config.log_format)?;
     Ok(Arc::new(config))
 }
