@@ -12,17 +12,17 @@
 //!   write lock, so a reader holding the read lock sees the position of exactly the state it
 //!   reads ([`AppliedState::read_at`])
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
-use crate::loss_watch::{Full, LossWatch, LossWatches};
 use crate::metrics::ApplyMetrics;
-use crate::state::{Batch, Reply, SnapshotError, State, SyncKind};
-use crate::sync_watch::{SyncWatch, SyncWatches};
+use crate::state::{Batch, Event, Reply, SnapshotError, State, SyncKind};
 use crate::waiters::{Registry, WaitKey, WaitTicket};
+use crate::watches::{
+    Full, HolderWatch, Loss, LossWatch, MAX_LOSS_WATCHES, Seen, SyncWatch, Watches, tick,
+};
 use crate::write_trace::Mark;
 
 /// The in-memory state machine plus its applied index and the registry of waiting callers.
@@ -35,72 +35,14 @@ pub struct AppliedState {
     next_term: AtomicU64,
     /// (index, term) of the last entry applied; written only under the state's write lock.
     position: RwLock<(u64, u64)>,
-    holder_watches: HolderWatches,
-    /// Waits on wait groups and barriers (`sync_watch.rs`).
-    sync_watches: SyncWatches,
-    /// Holders watching their lease for a loss (`loss_watch.rs`).
-    loss_watches: LossWatches,
+    /// Callers waiting for a semaphore's holders to change (`watches.rs`).
+    holder_watches: Watches<(String, String), u64>,
+    /// Waits on wait groups and barriers.
+    sync_watches: Watches<(SyncKind, String, String), u64>,
+    /// Holders watching their lease for a loss.
+    loss_watches: Watches<(String, String), Seen>,
     /// The state's hash and the position it was taken at (see [`AppliedState::state_hash`]).
     hashed: Mutex<Option<((u64, u64), u64)>>,
-}
-
-/// The semaphores someone watches the holders of: per (namespace, semaphore), a counter of the
-/// applied batches that changed them. An entry lives while a [`HolderWatch`] holds it.
-#[derive(Default)]
-struct HolderWatches {
-    by_semaphore: Mutex<BTreeMap<(String, String), watch::Sender<u64>>>,
-}
-
-impl HolderWatches {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), watch::Sender<u64>>> {
-        self.by_semaphore.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn changed<'a>(&self, semaphores: impl IntoIterator<Item = &'a (String, String)>) {
-        let map = self.lock();
-        if map.is_empty() {
-            return;
-        }
-        for key in semaphores {
-            if let Some(sender) = map.get(key) {
-                sender.send_modify(|n| *n = n.wrapping_add(1));
-            }
-        }
-    }
-
-    fn all_changed(&self) {
-        for sender in self.lock().values() {
-            sender.send_modify(|n| *n = n.wrapping_add(1));
-        }
-    }
-}
-
-/// A watch on one semaphore's holders: [`HolderWatch::changed`] resolves after an applied batch
-/// changed them (or the state was replaced). Dropping it ends the watch.
-pub struct HolderWatch {
-    applied: Arc<AppliedState>,
-    key: (String, String),
-    receiver: Option<watch::Receiver<u64>>,
-}
-
-impl HolderWatch {
-    /// Resolves at the next change after the last call (or after the watch began).
-    pub async fn changed(&mut self) {
-        if let Some(receiver) = self.receiver.as_mut() {
-            // The sender stays in the map while this receiver exists.
-            let _ = receiver.changed().await;
-        }
-    }
-}
-
-impl Drop for HolderWatch {
-    fn drop(&mut self) {
-        let mut map = self.applied.holder_watches.lock();
-        drop(self.receiver.take());
-        if map.get(&self.key).is_some_and(|s| s.receiver_count() == 0) {
-            map.remove(&self.key);
-        }
-    }
 }
 
 impl AppliedState {
@@ -117,9 +59,9 @@ impl AppliedState {
             metrics,
             next_term: AtomicU64::new(0),
             position: RwLock::new((applied_index, 0)),
-            holder_watches: HolderWatches::default(),
-            sync_watches: SyncWatches::default(),
-            loss_watches: LossWatches::default(),
+            holder_watches: Watches::default(),
+            sync_watches: Watches::default(),
+            loss_watches: Watches::with_limit(MAX_LOSS_WATCHES),
             hashed: Mutex::new(None),
         })
     }
@@ -148,17 +90,50 @@ impl AppliedState {
         self.set_position(index);
         // Still under the state lock: nobody reads this state before its events are queued.
         if !events.is_empty() {
-            self.sync_watches.notify(&events);
-            self.loss_watches.notify(&events);
+            self.wake_watches(&events);
             self.waits.deliver(index, events);
         }
         let tally = state.take_tally();
         drop(state);
-        self.holder_watches.changed(&tally.holders_changed);
+        if !self.holder_watches.is_empty() {
+            for semaphore in &tally.holders_changed {
+                self.holder_watches.update(semaphore, tick);
+            }
+        }
         self.count(batch, &tally);
         self.applied_index.send_replace(index);
         self.metrics.trace.stamp(index, Mark::ApplyDone);
         replies
+    }
+
+    /// Wakes the wait group and barrier watches of the objects `events` finish, trip or delete,
+    /// and hands each loss to the watches of its lease.
+    fn wake_watches(&self, events: &[Event]) {
+        if self.sync_watches.is_empty() && self.loss_watches.is_empty() {
+            return;
+        }
+        for event in events {
+            match event {
+                Event::Synced { ns, kind, name } => {
+                    self.sync_watches
+                        .update(&(*kind, ns.clone(), name.clone()), tick);
+                }
+                Event::Lost {
+                    ns,
+                    lease,
+                    object,
+                    cause,
+                } => {
+                    let loss = Loss {
+                        object: object.clone(),
+                        cause: *cause,
+                    };
+                    self.loss_watches
+                        .update(&(ns.clone(), lease.clone()), |seen| seen.first_loss(&loss));
+                }
+                _ => {}
+            }
+        }
     }
 
     fn count(&self, batch: &Batch, tally: &crate::state::Tally) {
@@ -193,10 +168,10 @@ impl AppliedState {
         self.set_position(index);
         *self.hashed.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.waits.recheck_all(index);
-        self.sync_watches.all_changed();
-        self.loss_watches.all_changed();
+        self.sync_watches.update_all(tick);
+        self.loss_watches.update_all(Seen::recheck);
         drop(current);
-        self.holder_watches.all_changed();
+        self.holder_watches.update_all(tick);
         self.applied_index.send_replace(index);
     }
 
@@ -256,32 +231,23 @@ impl AppliedState {
 
     /// Watches the holders of `ns/sem`. Watch before reading them, so no change between the
     /// read and the wait is missed.
-    pub fn watch_holders(self: &Arc<Self>, ns: &str, sem: &str) -> HolderWatch {
-        let key = (ns.to_string(), sem.to_string());
-        let receiver = self
-            .holder_watches
-            .lock()
-            .entry(key.clone())
-            .or_insert_with(|| watch::Sender::new(0))
-            .subscribe();
-        HolderWatch {
-            applied: Arc::clone(self),
-            key,
-            receiver: Some(receiver),
-        }
+    pub fn watch_holders(&self, ns: &str, sem: &str) -> HolderWatch {
+        self.holder_watches.watch((ns.to_string(), sem.to_string()))
     }
 
     /// Watches a wait group or barrier: woken by the entries that finish, trip or delete it.
     /// Watch before reading it, so no change between the read and the wait is missed.
     pub fn watch_sync(&self, kind: SyncKind, ns: &str, name: &str) -> SyncWatch {
-        self.sync_watches.watch(kind, ns, name)
+        self.sync_watches
+            .watch((kind, ns.to_string(), name.to_string()))
     }
 
     /// Watches lease `lease` of `ns` for a loss: woken by the entries that end the lease or
     /// one of its holds. Watch before reading the lease, so no loss in between is missed.
     /// Refused when the node keeps its limit of such watches.
     pub fn watch_loss(&self, ns: &str, lease: &str) -> Result<LossWatch, Full> {
-        self.loss_watches.watch(ns, lease)
+        self.loss_watches
+            .watch_within_limit((ns.to_string(), lease.to_string()))
     }
 
     /// Watches the applied index.
@@ -421,7 +387,7 @@ mod tests {
         assert!(watch.changed().now_or_never().is_none(), "seen once");
         // The last watch of a semaphore gone, nothing is kept for it.
         drop(watch);
-        assert!(applied.holder_watches.lock().is_empty());
+        assert!(applied.holder_watches.is_empty());
     }
 
     /// A loss watch gets the loss of its own lease from the applied entry, and nothing from

@@ -10,10 +10,10 @@
 
 use std::time::Duration;
 
-use crate::loss_watch::{LossWatch, Seen};
 use crate::node::Node;
 use crate::state::audit::{AuditAction, AuditFilter};
 use crate::state::{Error, ErrorKind, HolderView, LossCause, PageRequest, State};
+use crate::watches::{LossWatch, Seen};
 
 use super::status::ApiError;
 
@@ -164,7 +164,7 @@ pub async fn wait(
             "holder-change wait parked"
         );
         tokio::select! {
-            () = watch.changed() => {}
+            _ = watch.changed() => {}
             _ = tokio::time::sleep_until(deadline) => return Ok(now),
             // The node stops: answer with what is known, the caller watches on elsewhere.
             () = node.tasks.stopping() => return Ok(now),

@@ -406,7 +406,7 @@ impl SyncApi {
                 "sync wait parked"
             );
             tokio::select! {
-                () = watch.changed() => {}
+                _ = watch.changed() => {}
                 _ = tokio::time::sleep_until(deadline) => {}
                 () = self.node.tasks.stopping() => return Ok((view, None)),
             }
