@@ -4,7 +4,7 @@ CLUSTER_DIR ?= $(CURDIR)/.cluster
 
 PREVIOUS_RELEASE ?= 0.1.0
 
-.PHONY: help build release dist dist-test dist-clean-test check test test-slow test-all nextest-installed test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop docs fmt lint bench bench-etcd jepsen sim proptest clean
+.PHONY: help build release dist dist-test dist-clean-test check test test-doc test-slow test-all nextest-installed test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop docs fmt lint bench bench-etcd jepsen sim proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
@@ -12,8 +12,9 @@ help:
 	@echo "make cluster-secure  the same with TLS, client certificates, peer mutual TLS and access control"
 	@echo "make cluster-stop  stop the nodes started by make cluster(-secure)"
 	@echo "make check         fmt, clippy (warnings are errors), unit and property tests: < 2 min after a one-line change"
-	@echo "make test          CI's command: build, doc tests, simulator seeds, every test but the slow tier: <= 15 min from a clean clone"
-	@echo "make test-all      test + the slow tier (bug searches, long Jepsen runs, browser, etcd) + dist-test + dist-clean-test + test-upgrade + docs"
+	@echo "make test          CI's command: build, simulator seeds, every test but the slow tier: <= 15 min from a clean clone"
+	@echo "make test-all      test + the doc tests + the slow tier (bug searches, long Jepsen runs, browser, etcd) + dist-test + dist-clean-test + test-upgrade + docs"
+	@echo "make test-doc      the doc tests alone (the API examples of the crates' docs)"
 	@echo "make test-slow     the slow tier alone"
 	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
 	@echo "make jepsen DURATION=60 NODES=3   fault injection soak with the safety checker"
@@ -54,10 +55,11 @@ dist-clean-test:
 # The test tiers (README, Development; .config/nextest.toml says which test is in which):
 # - check: the lint, unit tests and the state machine's property tests at a few cases each;
 #   the loop after a change.
-# - test: CI's and the README's command. Builds everything, runs the doc tests, the simulator's
-#   fixed seeds and every unit, property and process-level test but the slow ones.
-# - test-all: test, plus the slow tier (the simulator's bug searches, the long Jepsen runs, the
-#   browser test, the etcd baseline), the release artifacts' check and the rolling upgrade from
+# - test: CI's and the README's command. Builds everything, runs the simulator's fixed seeds and
+#   every unit, property and process-level test but the slow ones. The doc tests (about two
+#   minutes, nearly all of it linking one test program per crate) run in test-all.
+# - test-all: test, plus the doc tests, the slow tier (the simulator's bug searches, the long
+#   Jepsen runs, the browser test, the etcd baseline), the release artifacts' check and the rolling upgrade from
 #   the previous release. It must pass before a change that touches those is called done.
 # A failing test's replay command is printed after the runner's summary.
 
@@ -70,14 +72,12 @@ check: lint nextest-installed
 
 # Process-level tests start the conchd/conch binaries, so build them first, and the clock tests
 # preload libfaketime (test-deps installs it when missing).
-# Doc tests first, so the test runner's summary is the last thing printed.
 # The simulator's fixed budget: seeds 1..=SIM_SEEDS (about two minutes on two cores).
 SIM_SEEDS ?= 30
 NEXTEST = $(CARGO) nextest run
 
 test: test-deps nextest-installed
 	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace --doc
 	target/debug/conch-sim --seeds $(SIM_SEEDS) --first-seed 1 --jobs 2
 	$(NEXTEST) --workspace --no-fail-fast || { scripts/replay-failures.sh default; exit 1; }
 
@@ -86,7 +86,11 @@ test-slow: test-deps nextest-installed
 	$(CARGO) build --workspace --bins
 	$(NEXTEST) --workspace --profile slow --no-fail-fast || { scripts/replay-failures.sh slow; exit 1; }
 
-test-all: test test-slow dist-test dist-clean-test test-upgrade docs
+# The examples in the crates' docs (the embedder's API among them) compile and run.
+test-doc:
+	$(CARGO) test --workspace --doc
+
+test-all: test test-doc test-slow dist-test dist-clean-test test-upgrade docs
 
 nextest-installed:
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { \
