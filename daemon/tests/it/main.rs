@@ -6,4 +6,5 @@
 mod embedded;
 mod layers;
 mod lifecycle;
+mod public_api;
 mod shape;
