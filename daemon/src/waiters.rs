@@ -2,6 +2,10 @@
 //! call (`wait.rs`) before it proposes its acquire, fed by the apply path (`applied.rs`) with
 //! the events of every applied entry.
 //!
+//! Its tickets are kept by waiter in the same keyed map as the node's watches
+//! (`watches::Keyed`); what a ticket adds is a mailbox of every event in log order, where a
+//! watch sees only the latest value.
+//!
 //! The registry also keeps the clock and the stop signal of every wait: one timer task per
 //! node wakes each ticket whose local deadline passed, and the node's stop wakes every ticket,
 //! so a waiting call keeps only its mailbox (a timer and a stop signal of its own cost about
@@ -24,6 +28,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::state::{Event, Nanos, WaitEnd};
+use crate::watches::Keyed;
 
 /// Identifies a waiter: (namespace, semaphore, lease).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -102,13 +107,11 @@ impl Mailbox {
     }
 }
 
-type WaitSenders = Vec<(u64, Arc<Mailbox>)>;
-
 #[derive(Default)]
 struct Waits {
-    /// Keyed by the same `Arc` its tickets hold: a waiting call's names are stored once.
-    by_key: BTreeMap<Arc<WaitKey>, WaitSenders>,
-    next_id: u64,
+    /// The tickets' mailboxes, by the same `Arc` the tickets hold: a waiting call's names are
+    /// stored once.
+    tickets: Keyed<Arc<WaitKey>, Arc<Mailbox>>,
     /// The armed deadlines, earliest first, by (deadline, ticket id).
     deadlines: BTreeMap<(Instant, u64), Arc<Mailbox>>,
     /// The node began to stop: every ticket, present and future, is told.
@@ -145,20 +148,12 @@ impl Registry {
         let mailbox = Arc::new(Mailbox::default());
         let (id, key) = {
             let mut waits = self.lock();
-            waits.next_id += 1;
-            let id = waits.next_id;
             // A second wait for the same waiter shares the first one's names.
-            let key = match waits.by_key.get_key_value(&key) {
-                Some((shared, _)) => Arc::clone(shared),
+            let key = match waits.tickets.stored_key(&key) {
+                Some(shared) => Arc::clone(shared),
                 None => Arc::new(key),
             };
-            // Room for one: a waiter rarely has a second waiting call (a vector's first push
-            // would make room for four).
-            waits
-                .by_key
-                .entry(Arc::clone(&key))
-                .or_insert_with(|| Vec::with_capacity(1))
-                .push((id, Arc::clone(&mailbox)));
+            let id = waits.tickets.insert(Arc::clone(&key), Arc::clone(&mailbox));
             (id, key)
         };
         WaitTicket {
@@ -214,7 +209,7 @@ impl Registry {
     /// calls this while it still holds the state lock.
     pub fn deliver(&self, index: u64, events: Vec<Event>) {
         let waits = self.lock();
-        if waits.by_key.is_empty() {
+        if waits.tickets.is_empty() {
             return;
         }
         for event in events {
@@ -240,12 +235,10 @@ impl Registry {
                     lease,
                     reason,
                 } => (WaitKey { ns, sem, lease }, WaitOutcome::Ended(reason)),
-                // Wait group and barrier waits are woken by `sync_watch.rs`.
-                Event::Synced { .. } => continue,
-                // Losses reach the holders watching them through `loss_watch.rs`.
-                Event::Lost { .. } => continue,
+                // Wait group and barrier waits, and losses, reach their watches (`watches.rs`).
+                Event::Synced { .. } | Event::Lost { .. } => continue,
             };
-            for (_, mailbox) in waits.by_key.get(&key).into_iter().flatten() {
+            for mailbox in waits.tickets.of(&key) {
                 mailbox.post(WaitEvent { index, outcome });
             }
         }
@@ -254,7 +247,7 @@ impl Registry {
     /// Tells every waiting caller to look at the state again: it was replaced at `index`, and
     /// the events between the old and the new state were never seen here.
     pub fn recheck_all(&self, index: u64) {
-        for (_, mailbox) in self.lock().by_key.values().flatten() {
+        for mailbox in self.lock().tickets.all() {
             mailbox.post(WaitEvent {
                 index,
                 outcome: WaitOutcome::Recheck,
@@ -271,7 +264,7 @@ impl Drop for StopAll {
         let mut waits = lock(&self.0);
         waits.stopping = true;
         waits.deadlines.clear();
-        for (_, mailbox) in waits.by_key.values().flatten() {
+        for mailbox in waits.tickets.all() {
             mailbox.raise(STOPPING);
         }
     }
@@ -349,12 +342,7 @@ impl Drop for WaitTicket {
         if let Some(at) = self.armed {
             waits.deadlines.remove(&(at, self.id));
         }
-        if let Some(senders) = waits.by_key.get_mut(&*self.key) {
-            senders.retain(|(id, _)| *id != self.id);
-            if senders.is_empty() {
-                waits.by_key.remove(&*self.key);
-            }
-        }
+        waits.tickets.remove(&*self.key, self.id);
     }
 }
 
@@ -441,7 +429,7 @@ mod tests {
                 outcome: WaitOutcome::Recheck
             }
         );
-        assert!(registry.lock().by_key.is_empty());
+        assert!(registry.lock().tickets.is_empty());
     }
 
     #[test]
@@ -450,11 +438,11 @@ mod tests {
         let first = registry.register(key("a"));
         let second = registry.register(key("a"));
         assert!(Arc::ptr_eq(first.key(), second.key()));
-        let (stored, _) = registry
+        let stored = registry
             .lock()
-            .by_key
-            .get_key_value(&key("a"))
-            .map(|(k, v)| (Arc::clone(k), v.len()))
+            .tickets
+            .stored_key(&key("a"))
+            .map(Arc::clone)
             .expect("registered");
         assert!(Arc::ptr_eq(&stored, first.key()));
         // One allocation of the names, owned by the registry, both tickets and this test.
@@ -467,11 +455,11 @@ mod tests {
         let first = registry.register(key("a"));
         let mut second = registry.register(key("a"));
         drop(first);
-        assert_eq!(registry.lock().by_key.get(&key("a")).map(Vec::len), Some(1));
+        assert_eq!(registry.lock().tickets.callers_of(&key("a")), 1);
         registry.deliver(2, vec![granted("a", 5)]);
         assert!(second.try_next().is_some());
         drop(second);
-        assert!(registry.lock().by_key.is_empty());
+        assert!(registry.lock().tickets.is_empty());
     }
 
     use std::time::Duration;
@@ -559,7 +547,7 @@ mod tests {
         assert_eq!(woken(&mut kept), Some(Wake::DeadlinePassed));
         drop(kept);
         assert!(registry.lock().deadlines.is_empty());
-        assert!(registry.lock().by_key.is_empty());
+        assert!(registry.lock().tickets.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

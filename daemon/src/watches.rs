@@ -10,15 +10,17 @@
 //! watches live. A snapshot install updates every watch ([`Watches::update_all`]): the entries
 //! between the old and the new state were never seen here.
 //!
-//! The queued acquires keep a registry of their own (`waiters.rs`): each receives every event
-//! about its waiter in log order, with a deadline and the node's stop, where a watch here sees
-//! only the latest value.
+//! Both this registry and the queued acquires' (`waiters.rs`, where each ticket receives every
+//! event about its waiter in log order, with a deadline and the node's stop, where a watch here
+//! sees only the latest value) keep their callers in a [`Keyed`]: who waits, by key, each under
+//! an id that its drop removes.
 //!
 //! Invariants:
 //! - a watch sees every update of its key made between its creation and its drop
 //! - a dropped watch deregisters; no key is left without a watch, and the count matches
 //! - at most `limit` watches live at once; one more is refused ([`Full`])
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,10 +46,86 @@ pub struct Full {
     pub limit: usize,
 }
 
-struct Inner<K, V> {
+/// Callers by key: each registered under an id, with what reaches it (`S`: a channel, a
+/// mailbox). The one map behind every registry of waiting callers on a node.
+pub struct Keyed<K, S> {
     next_id: u64,
+    by_key: BTreeMap<K, Vec<(u64, S)>>,
+}
+
+impl<K, S> Default for Keyed<K, S> {
+    fn default() -> Self {
+        Keyed {
+            next_id: 0,
+            by_key: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord, S> Keyed<K, S> {
+    /// Registers `reach` under `key`; the id [`Keyed::remove`] takes.
+    pub fn insert(&mut self, key: K, reach: S) -> u64 {
+        self.next_id = self.next_id.wrapping_add(1);
+        // Room for one: a key rarely has a second caller (a vector's first push would make
+        // room for four).
+        self.by_key
+            .entry(key)
+            .or_insert_with(|| Vec::with_capacity(1))
+            .push((self.next_id, reach));
+        self.next_id
+    }
+
+    /// Removes the caller `id` of `key`, and the key once it has none.
+    pub fn remove<Q: Ord + ?Sized>(&mut self, key: &Q, id: u64)
+    where
+        K: Borrow<Q>,
+    {
+        if let Some(callers) = self.by_key.get_mut(key) {
+            callers.retain(|(caller, _)| *caller != id);
+            if callers.is_empty() {
+                self.by_key.remove(key);
+            }
+        }
+    }
+
+    /// The key as stored, if any caller waits under it (to share its names).
+    pub fn stored_key<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&K>
+    where
+        K: Borrow<Q>,
+    {
+        self.by_key.get_key_value(key).map(|(stored, _)| stored)
+    }
+
+    /// What reaches each caller of `key`.
+    pub fn of<Q: Ord + ?Sized>(&self, key: &Q) -> impl Iterator<Item = &S>
+    where
+        K: Borrow<Q>,
+    {
+        self.by_key.get(key).into_iter().flatten().map(|(_, s)| s)
+    }
+
+    /// What reaches every caller.
+    pub fn all(&self) -> impl Iterator<Item = &S> {
+        self.by_key.values().flatten().map(|(_, s)| s)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// How many callers `key` has.
+    #[cfg(test)]
+    pub fn callers_of<Q: Ord + ?Sized>(&self, key: &Q) -> usize
+    where
+        K: Borrow<Q>,
+    {
+        self.by_key.get(key).map_or(0, Vec::len)
+    }
+}
+
+struct Inner<K, V> {
     count: usize,
-    by_key: BTreeMap<K, Vec<(u64, watch::Sender<V>)>>,
+    keyed: Keyed<K, watch::Sender<V>>,
 }
 
 /// The watches of one kind, by key; each sees a value of type `V` (starting at its default).
@@ -76,9 +154,8 @@ impl<K: Ord + Clone, V: Clone + Default> Watches<K, V> {
     pub fn with_limit(limit: usize) -> Self {
         Watches {
             inner: Arc::new(Mutex::new(Inner {
-                next_id: 0,
                 count: 0,
-                by_key: BTreeMap::new(),
+                keyed: Keyed::default(),
             })),
             limit,
         }
@@ -106,14 +183,8 @@ impl<K: Ord + Clone, V: Clone + Default> Watches<K, V> {
 
     fn register(&self, inner: &mut Inner<K, V>, key: K) -> Watch<K, V> {
         inner.count += 1;
-        inner.next_id = inner.next_id.wrapping_add(1);
-        let id = inner.next_id;
         let (sender, receiver) = watch::channel(V::default());
-        inner
-            .by_key
-            .entry(key.clone())
-            .or_default()
-            .push((id, sender));
+        let id = inner.keyed.insert(key.clone(), sender);
         Watch {
             watches: self.clone(),
             key,
@@ -124,22 +195,20 @@ impl<K: Ord + Clone, V: Clone + Default> Watches<K, V> {
 
     /// Whether no watch lives (the apply path then skips building keys).
     pub fn is_empty(&self) -> bool {
-        self.lock().by_key.is_empty()
+        self.lock().keyed.is_empty()
     }
 
     /// Changes the value each watch of `key` sees; `change` says whether it changed it (a
     /// watch is woken only then).
     pub fn update(&self, key: &K, mut change: impl FnMut(&mut V) -> bool) {
-        if let Some(watches) = self.lock().by_key.get(key) {
-            for (_, sender) in watches {
-                sender.send_if_modified(&mut change);
-            }
+        for sender in self.lock().keyed.of(key) {
+            sender.send_if_modified(&mut change);
         }
     }
 
     /// Changes the value every watch sees (the state was replaced).
     pub fn update_all(&self, mut change: impl FnMut(&mut V) -> bool) {
-        for (_, sender) in self.lock().by_key.values().flatten() {
+        for sender in self.lock().keyed.all() {
             sender.send_if_modified(&mut change);
         }
     }
@@ -184,12 +253,7 @@ impl<K: Ord + Clone, V> Drop for Watch<K, V> {
     fn drop(&mut self) {
         let mut inner = self.watches.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.count = inner.count.saturating_sub(1);
-        if let Some(watches) = inner.by_key.get_mut(&self.key) {
-            watches.retain(|(id, _)| *id != self.id);
-            if watches.is_empty() {
-                inner.by_key.remove(&self.key);
-            }
-        }
+        inner.keyed.remove(&self.key, self.id);
     }
 }
 
@@ -234,6 +298,25 @@ mod tests {
     use super::*;
 
     type Ticks = Watches<&'static str, u64>;
+
+    #[test]
+    fn keyed_callers_come_and_go_by_id_and_a_key_goes_with_its_last() {
+        let mut keyed = Keyed::<String, char>::default();
+        let a = keyed.insert("k".into(), 'a');
+        let b = keyed.insert("k".into(), 'b');
+        let c = keyed.insert("other".into(), 'c');
+        assert_ne!(a, b);
+        assert_eq!(keyed.of("k").collect::<String>(), "ab", "looked up borrowed");
+        assert_eq!(keyed.all().count(), 3);
+        keyed.remove("k", a);
+        assert_eq!(keyed.of("k").collect::<String>(), "b");
+        keyed.remove("k", a);
+        assert_eq!(keyed.callers_of("k"), 1, "an id is removed once");
+        keyed.remove("k", b);
+        assert!(keyed.stored_key("k").is_none(), "the key went with its last caller");
+        keyed.remove("other", c);
+        assert!(keyed.is_empty());
+    }
 
     #[test]
     fn a_watch_wakes_for_its_key_only_and_every_watch_of_it_wakes() {
