@@ -306,14 +306,21 @@ mod tests {
         let b = keyed.insert("k".into(), 'b');
         let c = keyed.insert("other".into(), 'c');
         assert_ne!(a, b);
-        assert_eq!(keyed.of("k").collect::<String>(), "ab", "looked up borrowed");
+        assert_eq!(
+            keyed.of("k").collect::<String>(),
+            "ab",
+            "looked up borrowed"
+        );
         assert_eq!(keyed.all().count(), 3);
         keyed.remove("k", a);
         assert_eq!(keyed.of("k").collect::<String>(), "b");
         keyed.remove("k", a);
         assert_eq!(keyed.callers_of("k"), 1, "an id is removed once");
         keyed.remove("k", b);
-        assert!(keyed.stored_key("k").is_none(), "the key went with its last caller");
+        assert!(
+            keyed.stored_key("k").is_none(),
+            "the key went with its last caller"
+        );
         keyed.remove("other", c);
         assert!(keyed.is_empty());
     }
