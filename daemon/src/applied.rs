@@ -21,7 +21,7 @@ use crate::metrics::ApplyMetrics;
 use crate::state::{Batch, Event, Reply, SnapshotError, State, SyncKind};
 use crate::waiters::{Registry, WaitKey, WaitTicket};
 use crate::watches::{
-    Full, HolderWatch, Loss, LossWatch, MAX_LOSS_WATCHES, Seen, SyncWatch, Watches, tick,
+    Full, HolderWatch, LossWatch, MAX_LOSS_WATCHES, Seen, SyncWatch, Watches, tick,
 };
 use crate::write_trace::Mark;
 
@@ -124,12 +124,10 @@ impl AppliedState {
                     object,
                     cause,
                 } => {
-                    let loss = Loss {
-                        object: object.clone(),
-                        cause: *cause,
-                    };
                     self.loss_watches
-                        .update(&(ns.clone(), lease.clone()), |seen| seen.first_loss(&loss));
+                        .update(&(ns.clone(), lease.clone()), |seen| {
+                            seen.first_loss(object, *cause)
+                        });
                 }
                 _ => {}
             }

@@ -275,12 +275,16 @@ pub struct Seen {
 }
 
 impl Seen {
-    /// Records `loss` unless one was seen already (a watch reports the first).
-    pub fn first_loss(&mut self, loss: &Loss) -> bool {
+    /// Records the loss of `object` (empty: the whole lease) for `cause` unless one was seen
+    /// already (a watch reports the first).
+    pub fn first_loss(&mut self, object: &str, cause: LossCause) -> bool {
         if self.loss.is_some() {
             return false;
         }
-        self.loss = Some(loss.clone());
+        self.loss = Some(Loss {
+            object: object.to_string(),
+            cause,
+        });
         true
     }
 
@@ -352,7 +356,7 @@ mod tests {
             object: "s".into(),
             cause: LossCause::HoldLimit,
         };
-        watches.update(&"lease", |seen| seen.first_loss(&first));
+        watches.update(&"lease", |seen| seen.first_loss(&first.object, first.cause));
         assert_eq!(
             watch.changed().now_or_never().and_then(|s| s.loss),
             Some(first.clone())
@@ -361,7 +365,7 @@ mod tests {
             object: String::new(),
             cause: LossCause::Revoked,
         };
-        watches.update(&"lease", |seen| seen.first_loss(&later));
+        watches.update(&"lease", |seen| seen.first_loss(&later.object, later.cause));
         assert!(
             watch.changed().now_or_never().is_none(),
             "the first loss stays"
