@@ -12,9 +12,12 @@ pub enum Bug {
     /// The lease clock followed the wall clock, so a clock step forward expired live leases
     /// (fixed by the monotonic lease clock, `clock.rs`).
     WallClockLeases,
-    /// A leader restarted as leader read at its read index without the floor of the log it
-    /// started with: right after every node restarted, a read could miss acknowledged writes
-    /// (`Node::read_index_as_leader`).
+    /// A leader restarted as leader of its old term read at its read index without the floor of
+    /// the log it started with: right after every node restarted, a read could miss
+    /// acknowledged writes (`Node::read_index_as_leader`). Since a restarted leader campaigns
+    /// for a new term (`raft::early`), whose first entry follows its whole log, the read index
+    /// covers that log too; putting the bug back also puts back the old restart (and turns
+    /// early sends off, which the old restart is unsafe with).
     StaleReadAfterRestart,
     /// A node answered Raft messages meant for another node: when the address used for one
     /// member led to another (or to the sender itself), that node's replies counted as the

@@ -71,15 +71,14 @@ fn a_phantom_hold_is_found() -> anyhow::Result<()> {
 
 #[test]
 fn stale_reads_after_every_node_lost_power_are_found() -> anyhow::Result<()> {
-    // It needs a lost commit index and a read right after the restart: with every fault a
-    // power loss of every node, seeds 22, 114, 117, 123, 147 and 195 of the first 200 found it
-    // before forwards were answered on fewer tasks, seed 53 first since (352 under the full
-    // mix); the debug build runs further before it meets it.
+    // It needs a leader that leads its old term again after every node lost power, a lost
+    // commit index and a read right after the restart. With every fault a power loss of every
+    // node, seed 18 finds it first in the debug build (73 s here).
     let seeds = [
         "--only-faults",
         "power-loss-all",
         "--seeds",
-        "400",
+        "120",
         "--first-seed",
         "1",
     ];
