@@ -26,7 +26,7 @@ use crate::client::{CallOptions, Client, ClientConfig, LEADER_METADATA_KEY, requ
 
 /// How a fake node behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Behaviour {
+pub(crate) enum Behaviour {
     /// Connections are refused (a stopped node).
     Refuse,
     /// Connections are never made (a frozen node, a black hole).
@@ -39,7 +39,7 @@ pub enum Behaviour {
 
 /// What a node saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// The client opened a connection to it (or tried to).
     Dial(String),
     /// A call reached it.
@@ -47,7 +47,7 @@ pub enum Event {
 }
 
 /// Fake nodes and what happened to them.
-pub struct Fake {
+pub(crate) struct Fake {
     order: Vec<String>,
     behaviours: Mutex<BTreeMap<String, Behaviour>>,
     events: Mutex<Vec<(Duration, Event)>>,
@@ -56,7 +56,7 @@ pub struct Fake {
 
 impl Fake {
     /// Nodes named `addr` (`host:port`), configured in this order.
-    pub fn new(nodes: &[(&str, Behaviour)]) -> Arc<Fake> {
+    pub(crate) fn new(nodes: &[(&str, Behaviour)]) -> Arc<Fake> {
         Arc::new(Fake {
             order: nodes.iter().map(|(a, _)| a.to_string()).collect(),
             behaviours: Mutex::new(
@@ -71,7 +71,7 @@ impl Fake {
     }
 
     /// Another node, not among the configured endpoints (e.g. a leader only hints name).
-    pub fn add(&self, addr: &str, behaviour: Behaviour) {
+    pub(crate) fn add(&self, addr: &str, behaviour: Behaviour) {
         self.behaviours
             .lock()
             .unwrap()
@@ -79,7 +79,7 @@ impl Fake {
     }
 
     /// A client of the configured nodes.
-    pub fn client(self: &Arc<Self>, config: ClientConfig) -> Client {
+    pub(crate) fn client(self: &Arc<Self>, config: ClientConfig) -> Client {
         let fake = Arc::clone(self);
         Client::connect_dialing(
             &self.order,
@@ -90,12 +90,12 @@ impl Fake {
     }
 
     /// Everything that happened, with its time since the fake was made.
-    pub fn events(&self) -> Vec<(Duration, Event)> {
+    pub(crate) fn events(&self) -> Vec<(Duration, Event)> {
         self.events.lock().unwrap().clone()
     }
 
     /// Only the calls: (time, node).
-    pub fn calls(&self) -> Vec<(Duration, String)> {
+    pub(crate) fn calls(&self) -> Vec<(Duration, String)> {
         self.events()
             .into_iter()
             .filter_map(|(t, e)| match e {
@@ -106,7 +106,7 @@ impl Fake {
     }
 
     /// Time since the fake was made.
-    pub fn elapsed(&self) -> Duration {
+    pub(crate) fn elapsed(&self) -> Duration {
         self.start.elapsed()
     }
 
@@ -201,7 +201,7 @@ impl Health for Node {
 }
 
 /// One call through [`Client::call`], as every wrapped RPC makes it: the node that answered.
-pub async fn check(client: &Client, opts: CallOptions) -> crate::Result<String> {
+pub(crate) async fn check(client: &Client, opts: CallOptions) -> crate::Result<String> {
     client
         .call("check", opts, |channel, timeout| async move {
             let response = HealthClient::new(channel)

@@ -27,7 +27,7 @@ use conch_proto::grackle::{
 use crate::endpoint::parse_endpoint;
 use crate::error::{Class, Error, Result, classify};
 use crate::lease_kind::LeaseKind;
-pub use crate::request_id::request;
+pub(super) use crate::request_id::request;
 
 use super::{CallOptions, Client, PAGE_LIMIT, transport_error};
 

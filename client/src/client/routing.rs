@@ -26,7 +26,7 @@ use crate::duration::format_duration;
 use crate::endpoint::parse_endpoint;
 use crate::error::{Class, Error, Result, classify};
 
-pub use crate::request_id::request;
+pub(super) use crate::request_id::request;
 use crate::request_id::{new_request_id, request_with_id};
 
 use super::{

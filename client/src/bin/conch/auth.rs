@@ -100,7 +100,7 @@ impl TokenFile {
     }
 }
 
-pub async fn run(client: &Client, command: AuthCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(client: &Client, command: AuthCommand) -> anyhow::Result<ExitCode> {
     let opts = client.default_options();
     match command {
         AuthCommand::Enable => {

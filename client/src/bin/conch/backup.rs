@@ -134,7 +134,7 @@ fn remove_stale_temporaries(dir: &Path, prefix: &str) {
 }
 
 /// Streams the backup into `target` (a path, or `-`), checking it on the way.
-pub async fn run(client: &Client, target: &str) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(client: &Client, target: &str) -> anyhow::Result<ExitCode> {
     let mut sink = Sink::open(target)?;
     let received = receive(client, &mut sink).await;
     let verified = match received {

@@ -30,7 +30,7 @@ use crate::waitgroup::{hostname, run_command};
 
 /// What `--who --json` prints.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct WhoJson {
+pub(crate) struct WhoJson {
     pub name: String,
     pub generation: i64,
     pub expected: i64,
@@ -51,7 +51,7 @@ fn line(b: &Barrier) -> String {
     )
 }
 
-pub async fn run(client: &Client, command: BarrierCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(client: &Client, command: BarrierCommand) -> anyhow::Result<ExitCode> {
     match command {
         BarrierCommand::Create {
             name,

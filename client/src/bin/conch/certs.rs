@@ -11,7 +11,7 @@ use conch_client::certs::{self, Holder};
 use crate::cli::{CertsCommand, RevokeHolder};
 use crate::timefmt::rfc3339;
 
-pub fn run(command: CertsCommand) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(command: CertsCommand) -> anyhow::Result<ExitCode> {
     let usage = |e: certs::CertError| crate::exit::usage(e.to_string());
     let (what, days, written, crl) = match command {
         CertsCommand::Init { dir, days } => {

@@ -12,7 +12,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 /// The signals conch catches (from the moment it starts) and forwards to the child's group.
-pub struct Signals {
+pub(crate) struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
@@ -23,7 +23,7 @@ pub struct Signals {
 
 impl Signals {
     /// Installs the handlers. From now on these signals no longer kill conch by default.
-    pub fn install() -> io::Result<Signals> {
+    pub(crate) fn install() -> io::Result<Signals> {
         Ok(Signals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
@@ -35,7 +35,7 @@ impl Signals {
     }
 
     /// The next signal received. Cancel-safe.
-    pub async fn recv(&mut self) -> Signal {
+    pub(crate) async fn recv(&mut self) -> Signal {
         tokio::select! {
             Some(()) = self.int.recv() => Signal::SIGINT,
             Some(()) = self.term.recv() => Signal::SIGTERM,
@@ -51,7 +51,7 @@ impl Signals {
 /// The variables conch reads its credentials from: the token, the file that holds it, and the
 /// client certificate with its key. The command does not inherit them: what it runs (a script,
 /// its logs, whatever it calls) has no business with conch's credentials.
-pub const CREDENTIAL_VARS: &[&str] =
+pub(crate) const CREDENTIAL_VARS: &[&str] =
     &["CONCH_TOKEN", "CONCH_TOKEN_FILE", "CONCH_CERT", "CONCH_KEY"];
 
 /// `argv` with conch's environment minus [`CREDENTIAL_VARS`], plus `env`.
@@ -79,7 +79,7 @@ fn command(argv: &[String], env: &[(&str, String)]) -> io::Result<Command> {
 /// the slot. Processes the command starts itself are not covered here: the guard
 /// (the `guard` module) sends SIGKILL to the rest of the group when conch dies, and processes in
 /// groups of their own get no signal unless the command passes one on.
-pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
+pub(crate) fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
     let mut cmd = command(argv, env)?;
     cmd.process_group(0).kill_on_drop(false);
     let conch = nix::unistd::getpid();
@@ -99,7 +99,7 @@ pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Child> {
 }
 
 /// Sends `sig` to every process of group `pgid`. A group that is gone is not an error.
-pub fn signal_group(pgid: i32, sig: Signal) {
+pub(crate) fn signal_group(pgid: i32, sig: Signal) {
     if pgid <= 1 {
         return;
     }
@@ -112,7 +112,7 @@ pub fn signal_group(pgid: i32, sig: Signal) {
 }
 
 /// `true` while any process (zombies included) is in group `pgid`.
-pub fn group_alive(pgid: i32) -> bool {
+pub(crate) fn group_alive(pgid: i32) -> bool {
     if pgid <= 1 {
         return false;
     }
@@ -123,7 +123,7 @@ pub fn group_alive(pgid: i32) -> bool {
 /// Stops the child's whole group: SIGTERM, then SIGKILL once `grace` has passed with anything
 /// of the group still alive. Signals received meanwhile are still forwarded. Returns the
 /// child's status.
-pub async fn stop_group(
+pub(crate) async fn stop_group(
     child: &mut Child,
     pgid: i32,
     grace: Duration,
@@ -135,7 +135,7 @@ pub async fn stop_group(
 
 /// The rest of [`stop_group`], for a group that was already sent SIGTERM: waits up to `grace`
 /// for the child and its group, forwarding signals, then sends SIGKILL to what is left.
-pub async fn finish_stopping(
+pub(crate) async fn finish_stopping(
     child: &mut Child,
     pgid: i32,
     grace: Duration,

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 /// One node's row.
 #[derive(Debug, Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     /// The address asked.
     pub endpoint: String,
     /// The answer, if the node gave one.
@@ -35,7 +35,7 @@ pub struct Row {
 }
 
 #[derive(Debug, Serialize)]
-pub struct NodeStatus {
+pub(crate) struct NodeStatus {
     pub node_id: u64,
     pub addr: String,
     pub state: String,
@@ -62,7 +62,7 @@ pub struct NodeStatus {
 }
 
 #[derive(Debug, Serialize)]
-pub struct MemberJson {
+pub(crate) struct MemberJson {
     pub id: u64,
     pub addr: String,
     pub voter: bool,
@@ -124,7 +124,7 @@ fn members_cell(members: &[MemberJson]) -> String {
 }
 
 /// The table, aligned; an unreachable node's row ends in its error.
-pub fn render_table(rows: &[Row]) -> Vec<String> {
+pub(crate) fn render_table(rows: &[Row]) -> Vec<String> {
     let header = [
         "NODE", "ADDRESS", "STATE", "LEADER", "TERM", "LAST-LOG", "COMMIT", "APPLIED", "RELEASE",
         "MEMBERS",
@@ -199,7 +199,7 @@ pub fn render_table(rows: &[Row]) -> Vec<String> {
 /// The line under the table on the cluster version: the one the nodes applied (the highest
 /// seen, when a node lags), and whether an upgrade waits to be finalized: every node speaks a
 /// newer version than the cluster runs at.
-pub fn cluster_version_line(rows: &[Row]) -> Option<String> {
+pub(crate) fn cluster_version_line(rows: &[Row]) -> Option<String> {
     let answered: Vec<&NodeStatus> = rows.iter().filter_map(|r| r.status.as_ref()).collect();
     let current = answered.iter().map(|s| s.cluster_version).max()?;
     let common = answered.iter().map(|s| s.cluster_version_max).min()?;
@@ -214,7 +214,7 @@ pub fn cluster_version_line(rows: &[Row]) -> Option<String> {
 }
 
 /// The line under the table naming the cluster id, or every id seen when nodes disagree.
-pub fn cluster_id_line(rows: &[Row]) -> Option<String> {
+pub(crate) fn cluster_id_line(rows: &[Row]) -> Option<String> {
     let mut ids: Vec<(String, Vec<u64>)> = Vec::new();
     for s in rows.iter().filter_map(|r| r.status.as_ref()) {
         let id = if s.cluster_id.is_empty() {
@@ -248,9 +248,9 @@ pub fn cluster_id_line(rows: &[Row]) -> Option<String> {
 }
 
 /// `cluster status` and `cluster health`: degraded (see `health::evaluate`).
-pub const STATUS_DEGRADED: u8 = 1;
+pub(crate) const STATUS_DEGRADED: u8 = 1;
 /// `cluster status` and `cluster health`: unhealthy (see `health::evaluate`).
-pub const STATUS_NO_LEADER: u8 = 2;
+pub(crate) const STATUS_NO_LEADER: u8 = 2;
 
 async fn ask_all(client: &Client, endpoints: Vec<String>) -> Vec<Row> {
     let mut set = tokio::task::JoinSet::new();
@@ -298,7 +298,7 @@ fn short_error(e: &conch_client::Error) -> String {
 }
 
 /// Every node's answer: the endpoints first, then members they report that nobody asked.
-pub async fn gather(client: &Client) -> Vec<Row> {
+pub(crate) async fn gather(client: &Client) -> Vec<Row> {
     let mut rows = ask_all(client, client.endpoints()).await;
     // Members the endpoints know of that nobody asked yet.
     let asked_ids: Vec<u64> = rows
@@ -338,7 +338,7 @@ pub async fn gather(client: &Client) -> Vec<Row> {
 /// 78 when the TLS settings kept every node from being asked (a revoked client certificate, one
 /// of another CA, none where one is required, TLS to a plaintext node). A monitoring check with a
 /// bad credential must not page for the cluster.
-pub fn refusal(rows: &[Row]) -> Option<(u8, String)> {
+pub(crate) fn refusal(rows: &[Row]) -> Option<(u8, String)> {
     if rows.iter().any(|r| r.status.is_some()) {
         return None;
     }

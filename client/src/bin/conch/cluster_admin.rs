@@ -17,7 +17,7 @@ use crate::exit;
 
 /// `conch cluster add-learner|promote|remove|transfer-leader|snapshot`: one admin call (the node
 /// that answers hands membership changes to the leader), then the resulting members.
-pub async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn change(client: &Client, command: ClusterCommand) -> anyhow::Result<ExitCode> {
     let opts = client.default_options();
     match command {
         ClusterCommand::Status { json } => crate::health::status(client, json).await,

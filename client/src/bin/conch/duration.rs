@@ -10,7 +10,7 @@ use std::time::Duration;
 ///
 /// Hand-written rather than a general duration crate's parser because `--ttl 1.5s` (a fraction
 /// with a unit) and a bare number of seconds are both part of the CLI's documented syntax.
-pub fn parse_duration(input: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(input: &str) -> Result<Duration, String> {
     let s = input.trim();
     if s.is_empty() {
         return Err("empty duration".to_string());

@@ -56,7 +56,7 @@ const OBSERVE_WAIT: Duration = Duration::from_secs(30);
 const OBSERVE_RETRY: Duration = Duration::from_secs(1);
 
 /// Stands as a candidate and runs the command while leader.
-pub async fn run(
+pub(crate) async fn run(
     client: &Client,
     args: &ElectArgs,
     signals: &mut Signals,
@@ -210,7 +210,7 @@ impl Target for ElectTarget {
 
 /// What `--who --json` prints.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct Election {
+pub(crate) struct Election {
     pub name: String,
     pub namespace: String,
     pub semaphore: String,
@@ -220,7 +220,7 @@ pub struct Election {
 }
 
 /// The `--who` lines: the leader, then the candidates.
-pub fn render_lines(e: &Election) -> Vec<String> {
+pub(crate) fn render_lines(e: &Election) -> Vec<String> {
     let all: Vec<&Entry> = e.leader.iter().chain(&e.candidates).collect();
     let value = |x: &Entry| x.value.clone().unwrap_or_else(|| "?".to_string());
     let host = |x: &Entry| x.host.clone().unwrap_or_else(|| "?".to_string());
@@ -259,7 +259,7 @@ pub fn render_lines(e: &Election) -> Vec<String> {
 }
 
 /// `--who`: exit 0 if there is a leader, 1 if there is none.
-pub async fn who(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn who(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> {
     let semaphore = elect::semaphore_name(&args.name).map_err(exit::usage)?;
     let found = who::gather(client, &args.namespace, &args.name, 1, &semaphore).await?;
     let election = Election {
@@ -284,7 +284,7 @@ pub async fn who(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> 
 
 /// One `--observe` record: a new leader (or none), or how the leader went.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct Change {
+pub(crate) struct Change {
     /// When conch saw the change (RFC 3339).
     pub time: String,
     /// `leader` (a leader, or `leader: false` for nobody), or how the previous leader went:
@@ -304,7 +304,7 @@ pub struct Change {
 }
 
 impl Change {
-    pub fn new(time: String, leader: Option<&SemaphoreHolder>) -> Change {
+    pub(crate) fn new(time: String, leader: Option<&SemaphoreHolder>) -> Change {
         let entry = leader.map(who::holder_entry);
         Change {
             time,
@@ -321,7 +321,7 @@ impl Change {
 
     /// How the leader `gone` (a `leader` record) went, if `ended` says: a departure record with
     /// its value, host, pid, fencing token and lease.
-    pub fn departure(
+    pub(crate) fn departure(
         time: String,
         gone: &Change,
         ended: HolderEnd,
@@ -359,7 +359,7 @@ impl Change {
 
     /// The text line: `<time> leader=<value> host=<h> pid=<p> rev=<token>`, `<time> no leader`,
     /// or for a departure `<time> <event> leader=<value> host=<h> pid=<p> rev=<token> (<cause>)`.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let or_q = |s: &Option<String>| s.clone().unwrap_or_else(|| "?".to_string());
         let who = format!(
             "leader={} host={} pid={} rev={}",
@@ -393,7 +393,7 @@ fn transient(e: &Error) -> bool {
 
 /// `--observe`: the current leader, then one line per change, until interrupted (or stdout
 /// closes: exit 0).
-pub async fn observe(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn observe(client: &Client, args: &ElectArgs) -> anyhow::Result<ExitCode> {
     let semaphore = elect::semaphore_name(&args.name).map_err(exit::usage)?;
     // `None` until the first answer, which is printed whatever it says.
     let mut known: Option<u64> = None;

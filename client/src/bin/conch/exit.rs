@@ -11,39 +11,39 @@ use std::process::ExitStatus;
 
 use tonic::Code;
 
-pub const USAGE: u8 = 64;
+pub(crate) const USAGE: u8 = 64;
 /// The cluster refused what was asked: absent, or a duplicate.
-pub const REFUSED: u8 = 65;
-pub const UNAVAILABLE: u8 = 69;
-pub const SOFTWARE: u8 = 70;
-pub const NO_SLOT: u8 = 75;
+pub(crate) const REFUSED: u8 = 65;
+pub(crate) const UNAVAILABLE: u8 = 69;
+pub(crate) const SOFTWARE: u8 = 70;
+pub(crate) const NO_SLOT: u8 = 75;
 /// The TLS settings are wrong (EX_CONFIG): an unusable `--cacert`/`--cert`/`--key`, TLS spoken
 /// to a plaintext node or the other way round, a certificate the other side refuses.
-pub const CONFIG: u8 = 78;
+pub(crate) const CONFIG: u8 = 78;
 /// Access control refused the call: no token, an unknown or revoked one, or one without the
 /// permission (EX_NOPERM).
-pub const NO_PERMISSION: u8 = 77;
-pub const SLOT_LOST: u8 = 79;
+pub(crate) const NO_PERMISSION: u8 = 77;
+pub(crate) const SLOT_LOST: u8 = 79;
 /// The hold limit (`--max-hold`, or the semaphore's) ended the command.
-pub const HOLD_LIMIT: u8 = 80;
+pub(crate) const HOLD_LIMIT: u8 = 80;
 /// An administrator revoked the slot (`conch revoke`); the reason was printed.
-pub const REVOKED: u8 = 81;
+pub(crate) const REVOKED: u8 = 81;
 /// A quota or limit refused the request (`RESOURCE_EXHAUSTED`): not "busy", since waiting does
 /// not help until something is freed or the quota raised.
-pub const QUOTA: u8 = 82;
-pub const CANNOT_EXECUTE: u8 = 126;
-pub const COMMAND_NOT_FOUND: u8 = 127;
+pub(crate) const QUOTA: u8 = 82;
+pub(crate) const CANNOT_EXECUTE: u8 = 126;
+pub(crate) const COMMAND_NOT_FOUND: u8 = 127;
 
 /// An error that carries its exit code; `Display` is the one line printed after `conch: `.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct Exit {
+pub(crate) struct Exit {
     pub code: u8,
     pub message: String,
 }
 
 /// A usage error (exit 64).
-pub fn usage(message: impl Into<String>) -> anyhow::Error {
+pub(crate) fn usage(message: impl Into<String>) -> anyhow::Error {
     Exit {
         code: USAGE,
         message: message.into(),
@@ -52,7 +52,7 @@ pub fn usage(message: impl Into<String>) -> anyhow::Error {
 }
 
 /// A configuration mistake in the TLS settings (exit 78).
-pub fn config(message: impl Into<String>) -> anyhow::Error {
+pub(crate) fn config(message: impl Into<String>) -> anyhow::Error {
     Exit {
         code: CONFIG,
         message: message.into(),
@@ -61,7 +61,7 @@ pub fn config(message: impl Into<String>) -> anyhow::Error {
 }
 
 /// The exit code for an error that ended `run`.
-pub fn code_for(err: &anyhow::Error) -> u8 {
+pub(crate) fn code_for(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
         if let Some(e) = cause.downcast_ref::<Exit>() {
             return e.code;
@@ -89,7 +89,7 @@ fn code_for_client_error(e: &conch_client::Error) -> u8 {
 
 /// The exit code for a call the cluster answered with `code`: the table "gRPC status
 /// and exit status" (a test checks the two agree, row by row).
-pub fn code_for_grpc(code: Code) -> u8 {
+pub(crate) fn code_for_grpc(code: Code) -> u8 {
     match code {
         Code::Ok => 0,
         // The request cannot be done as asked, or not in the cluster's present state.
@@ -109,7 +109,7 @@ pub fn code_for_grpc(code: Code) -> u8 {
 }
 
 /// A hint appended to the error line: how to send a token, when the cluster wanted one.
-pub fn hint(err: &anyhow::Error) -> &'static str {
+pub(crate) fn hint(err: &anyhow::Error) -> &'static str {
     let unauthenticated = err
         .chain()
         .filter_map(|e| e.downcast_ref::<conch_client::Error>())
@@ -122,7 +122,7 @@ pub fn hint(err: &anyhow::Error) -> &'static str {
 }
 
 /// The exit code that passes a child's status through: its exit code, or 128+signal.
-pub fn code_for_status(status: ExitStatus) -> u8 {
+pub(crate) fn code_for_status(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     if let Some(code) = status.code() {
         return (code & 0xff) as u8;
@@ -134,13 +134,13 @@ pub fn code_for_status(status: ExitStatus) -> u8 {
 }
 
 /// The exit code after being interrupted by signal `sig` before the command ran: 128+sig.
-pub fn signal_exit(sig: nix::sys::signal::Signal) -> std::process::ExitCode {
+pub(crate) fn signal_exit(sig: nix::sys::signal::Signal) -> std::process::ExitCode {
     std::process::ExitCode::from(128u8.saturating_add((sig as i32 & 0x7f) as u8))
 }
 
 /// Renders a clap error as one line: `the following required arguments were not provided:
 /// --max <N> (try --help)`.
-pub fn clap_error_line(rendered: &str) -> String {
+pub(crate) fn clap_error_line(rendered: &str) -> String {
     let mut out = String::new();
     let mut in_usage = false;
     for line in rendered.lines() {
@@ -171,7 +171,7 @@ pub fn clap_error_line(rendered: &str) -> String {
 
 /// For an unexpected argument: says that a command to run follows `--` (`conch sema x --max 1
 /// echo hi` forgot it), unless clap already gave a tip about `--`.
-pub fn with_dash_dash_hint(rendered: &str, line: String) -> String {
+pub(crate) fn with_dash_dash_hint(rendered: &str, line: String) -> String {
     if !rendered.contains("unexpected argument") || rendered.contains("tip:") {
         return line;
     }

@@ -55,7 +55,7 @@ use nix::time::{ClockId, clock_gettime};
 use crate::child::signal_group;
 
 /// The hidden first argument that makes `conch` a guard.
-pub const SUBCOMMAND: &str = "__guard";
+pub(crate) const SUBCOMMAND: &str = "__guard";
 
 /// The guard's longest sleep: it looks at the clock at least this often, so a machine that
 /// slept (the poll timeout does not count that time) is noticed quickly.
@@ -63,7 +63,7 @@ const TICK: Duration = Duration::from_millis(250);
 
 /// How long after the last successful refresh (sent at that instant) the guard stops the
 /// command: `ttl` minus half the safety margin conch itself keeps ([`conch_client::loss_after`]).
-pub fn guard_after(ttl: Duration) -> Duration {
+pub(crate) fn guard_after(ttl: Duration) -> Duration {
     let margin = ttl.saturating_sub(conch_client::loss_after(ttl));
     ttl - margin / 2
 }
@@ -95,7 +95,7 @@ fn boot_ns_at(at: Instant) -> i128 {
 // ---------------------------------------------------------------------------------------------
 
 /// conch's handle on its guard.
-pub struct Guard {
+pub(crate) struct Guard {
     process: Child,
     stdin: Option<ChildStdin>,
     stdout: ChildStdout,
@@ -109,7 +109,7 @@ pub struct Guard {
 
 impl Guard {
     /// Starts the guard for a command that will be stopped with `kill_after` of grace.
-    pub fn start(ttl: Duration, kill_after: Duration) -> io::Result<Guard> {
+    pub(crate) fn start(ttl: Duration, kill_after: Duration) -> io::Result<Guard> {
         use std::os::unix::process::CommandExt;
         let mut process = Command::new("/proc/self/exe")
             .arg0("conch")
@@ -143,7 +143,7 @@ impl Guard {
     }
 
     /// Makes `at` the latest deadline, whatever later refreshes say (before [`Guard::watch`]).
-    pub fn cap(&mut self, at: Instant) {
+    pub(crate) fn cap(&mut self, at: Instant) {
         self.cap = Some(at);
     }
 
@@ -163,24 +163,24 @@ impl Guard {
     }
 
     /// Guards process group `pgid`, with the lease last refreshed at `refreshed`.
-    pub fn watch(&mut self, pgid: i32, refreshed: Instant) {
+    pub(crate) fn watch(&mut self, pgid: i32, refreshed: Instant) {
         let line = format!("G {pgid} {}\n", self.deadline(refreshed));
         self.send(&line);
     }
 
     /// Moves the deadline after a refresh sent at `refreshed` succeeded.
-    pub fn renew(&mut self, refreshed: Instant) {
+    pub(crate) fn renew(&mut self, refreshed: Instant) {
         let line = format!("D {}\n", self.deadline(refreshed));
         self.send(&line);
     }
 
     /// conch is stopping the command itself (SIGTERM is about to be sent).
-    pub fn stopping(&mut self) {
+    pub(crate) fn stopping(&mut self) {
         self.send("S\n");
     }
 
     /// `true` once the guard has said that the deadline passed and it stopped the command.
-    pub fn fired(&mut self) -> bool {
+    pub(crate) fn fired(&mut self) -> bool {
         if self.fired {
             return true;
         }
@@ -195,7 +195,7 @@ impl Guard {
     }
 
     /// Tells the guard to exit and waits (briefly) until it has.
-    pub async fn finish(mut self) {
+    pub(crate) async fn finish(mut self) {
         // A guard that stopped the command, or sent the SIGKILL after conch's own stop, has
         // exited already: not being able to tell it is then no news.
         if let Some(mut stdin) = self.stdin.take() {
@@ -301,7 +301,7 @@ fn kill_group(state: &State, sig: Signal) {
 }
 
 /// The guard's `main`: `conch __guard <conch pid> <kill-after ms>`.
-pub fn main(args: &[OsString]) -> ExitCode {
+pub(crate) fn main(args: &[OsString]) -> ExitCode {
     let parsed = match args {
         [pid, ms] => pid
             .to_str()

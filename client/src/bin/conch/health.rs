@@ -21,11 +21,11 @@ use crate::cluster::{NodeStatus, Row, STATUS_DEGRADED, STATUS_NO_LEADER};
 
 /// A voter whose applied index is further than this behind the leader's commit is catching up
 /// (the same bound as the node's own gRPC health check).
-pub const CATCHING_UP_ENTRIES: u64 = 1000;
+pub(crate) const CATCHING_UP_ENTRIES: u64 = 1000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Level {
+pub(crate) enum Level {
     Healthy,
     Degraded,
     Unhealthy,
@@ -33,7 +33,7 @@ pub enum Level {
 
 /// The verdict, as `--json` prints it.
 #[derive(Debug, Serialize)]
-pub struct Health {
+pub(crate) struct Health {
     pub status: Level,
     pub summary: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -53,7 +53,7 @@ pub struct Health {
 }
 
 impl Health {
-    pub fn exit_code(&self) -> ExitCode {
+    pub(crate) fn exit_code(&self) -> ExitCode {
         match self.status {
             Level::Healthy => ExitCode::SUCCESS,
             Level::Degraded => ExitCode::from(STATUS_DEGRADED),
@@ -70,7 +70,7 @@ fn ids(list: &[u64]) -> String {
 }
 
 /// Judges the cluster from every node's answer.
-pub fn evaluate(rows: &[Row]) -> Health {
+pub(crate) fn evaluate(rows: &[Row]) -> Health {
     let answered: Vec<&NodeStatus> = rows.iter().filter_map(|r| r.status.as_ref()).collect();
     let unreachable: Vec<String> = rows
         .iter()
@@ -192,7 +192,7 @@ pub fn evaluate(rows: &[Row]) -> Health {
     }
 }
 
-pub async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     let rows = crate::cluster::gather(client).await;
     if let Some((code, refused)) = crate::cluster::refusal(&rows) {
         eprintln!("conch: the cluster's health is unknown: this caller was {refused}");
@@ -211,7 +211,7 @@ pub async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
 /// `conch cluster status`: every node's row, the cluster id, then the verdict [`run`] reaches
 /// from the same rows; its exit status is that verdict's, so a node that says it leads but that
 /// no majority follows is trusted by neither command.
-pub async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+pub(crate) async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     let rows = crate::cluster::gather(client).await;
     if let Some((code, refused)) = crate::cluster::refusal(&rows) {
         eprintln!("conch: the cluster's health is unknown: this caller was {refused}");

@@ -9,7 +9,7 @@ use crate::timefmt::now_rfc3339;
 
 /// Who this conch is, as holders and waiters show it.
 #[derive(Debug, Clone)]
-pub struct Identity {
+pub(crate) struct Identity {
     pub host: String,
     pub pid: u32,
     pub since: String,
@@ -17,7 +17,7 @@ pub struct Identity {
 }
 
 /// This machine's host name, as `gethostname(2)` reports it (`unknown` if it is empty).
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     let name = gethostname::gethostname();
     let name = name.to_string_lossy();
     let name = name.trim();
@@ -29,7 +29,7 @@ pub fn hostname() -> String {
 }
 
 impl Identity {
-    pub fn current(command: &[String]) -> Identity {
+    pub(crate) fn current(command: &[String]) -> Identity {
         Identity {
             host: hostname(),
             pid: std::process::id(),
@@ -39,7 +39,7 @@ impl Identity {
     }
 
     /// Metadata for the lease and for the waiter/holder (values cut to the server's limit).
-    pub fn metadata(&self) -> HashMap<String, String> {
+    pub(crate) fn metadata(&self) -> HashMap<String, String> {
         let cut = |s: &str| sema::truncate_utf8(s, sema::MAX_META_VALUE_LEN).to_string();
         HashMap::from([
             (META_HOST.to_string(), cut(&self.host)),
@@ -49,7 +49,7 @@ impl Identity {
         ])
     }
 
-    pub fn process_id(&self) -> String {
+    pub(crate) fn process_id(&self) -> String {
         sema::process_id(&self.host, self.pid)
     }
 }

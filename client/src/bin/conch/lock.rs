@@ -47,7 +47,7 @@ fn mode(exclusive: bool) -> &'static str {
 }
 
 /// The lock of a `conch lock` run.
-pub struct LockTarget {
+pub(crate) struct LockTarget {
     pub path: String,
     pub exclusive: bool,
     namespace: String,
@@ -56,7 +56,7 @@ pub struct LockTarget {
 }
 
 impl LockTarget {
-    pub fn new(path: &str, exclusive: bool) -> LockTarget {
+    pub(crate) fn new(path: &str, exclusive: bool) -> LockTarget {
         LockTarget {
             path: path.to_string(),
             exclusive,
@@ -200,7 +200,7 @@ impl Target for LockTarget {
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     client: &Client,
     args: &LockArgs,
     signals: &mut Signals,
@@ -232,7 +232,7 @@ pub async fn run(
 
 /// What `--who --json` prints.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct LockWho {
+pub(crate) struct LockWho {
     pub namespace: String,
     pub path: String,
     /// The path's own state: `unlocked`, `shared` or `exclusive`.
@@ -249,7 +249,7 @@ pub struct LockWho {
 
 /// Why an acquire would wait.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct WhoBlocked {
+pub(crate) struct WhoBlocked {
     /// The mode asked: `exclusive` or `shared`.
     pub mode: String,
     /// `peer` (the path itself), `ancestor` or `descendant`: the first conflict found.
@@ -260,7 +260,7 @@ pub struct WhoBlocked {
 
 /// One hold or queued acquire.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct LockEntry {
+pub(crate) struct LockEntry {
     pub path: String,
     /// `exclusive` or `shared`.
     pub mode: String,
@@ -303,14 +303,14 @@ fn entry(
     }
 }
 
-pub fn holder_entry(path: &str, h: &LockHolder) -> LockEntry {
+pub(crate) fn holder_entry(path: &str, h: &LockHolder) -> LockEntry {
     LockEntry {
         rev: Some(h.fencing_token),
         ..entry(path, h.exclusive, &h.lease_id, &h.metadata, h.locked_at)
     }
 }
 
-pub fn waiter_entry(w: &LockWaiter) -> LockEntry {
+pub(crate) fn waiter_entry(w: &LockWaiter) -> LockEntry {
     LockEntry {
         position: Some(w.position),
         ..entry(
@@ -324,7 +324,7 @@ pub fn waiter_entry(w: &LockWaiter) -> LockEntry {
 }
 
 /// `--who` from what was read: the namespace's held locks and the related queued acquires.
-pub fn gather(
+pub(crate) fn gather(
     namespace: &str,
     path: &str,
     exclusive: bool,
@@ -363,7 +363,7 @@ pub fn gather(
 }
 
 /// The text lines: holds, queued acquires, then what an acquire would wait for.
-pub fn render_lines(who: &LockWho) -> Vec<String> {
+pub(crate) fn render_lines(who: &LockWho) -> Vec<String> {
     let all: Vec<&LockEntry> = who.holders.iter().chain(&who.waiters).collect();
     let host = |e: &LockEntry| e.host.clone().unwrap_or_else(|| "?".to_string());
     let pid = |e: &LockEntry| e.pid.map_or_else(|| "?".to_string(), |p| p.to_string());
@@ -420,7 +420,7 @@ pub fn render_lines(who: &LockWho) -> Vec<String> {
 
 /// `--who`: what holds or waits, or that nothing does; exit 0 either way (the question was
 /// answered; `--json` tells the two apart).
-pub async fn who(client: &Client, args: &LockArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn who(client: &Client, args: &LockArgs) -> anyhow::Result<ExitCode> {
     let locks = match client.list_locks(&args.namespace).await {
         Ok(l) => l,
         Err(e) if e.is_not_found() => Vec::new(),
@@ -441,7 +441,7 @@ pub async fn who(client: &Client, args: &LockArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `conch lock` refuses a bad path before asking the cluster.
-pub fn check_path(path: &str) -> anyhow::Result<()> {
+pub(crate) fn check_path(path: &str) -> anyhow::Result<()> {
     lock::validate_path(path).map_err(exit::usage)
 }
 

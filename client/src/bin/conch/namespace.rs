@@ -18,7 +18,7 @@ use crate::timefmt;
 
 /// What `list --json` prints per namespace.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct NamespaceJson {
+pub(crate) struct NamespaceJson {
     pub name: String,
     pub description: String,
     /// RFC 3339.
@@ -36,7 +36,7 @@ impl From<&Namespace> for NamespaceJson {
 }
 
 /// One `list` line: `<name>  created=<time>  <description>`.
-pub fn line(n: &NamespaceJson) -> String {
+pub(crate) fn line(n: &NamespaceJson) -> String {
     let mut line = format!("{}  created={}", n.name, n.created_at);
     if !n.description.is_empty() {
         line.push_str("  ");
@@ -45,7 +45,7 @@ pub fn line(n: &NamespaceJson) -> String {
     line
 }
 
-pub async fn run(client: &Client, command: NamespaceCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(client: &Client, command: NamespaceCommand) -> anyhow::Result<ExitCode> {
     match command {
         NamespaceCommand::Create { name, description } => {
             let ns = client.create_namespace(&name, &description).await?;
@@ -99,14 +99,14 @@ pub async fn run(client: &Client, command: NamespaceCommand) -> anyhow::Result<E
 
 /// One quota: what is used and the most allowed.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct Used {
+pub(crate) struct Used {
     pub used: u64,
     pub quota: u64,
 }
 
 /// What `quota --json` prints.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct QuotaJson {
+pub(crate) struct QuotaJson {
     pub namespace: String,
     pub semaphores: Used,
     pub leases: Used,
@@ -133,7 +133,7 @@ impl From<&NamespaceQuotasResponse> for QuotaJson {
 }
 
 /// The text lines: `<quota>  <used> of <most>  (<percent>%)`, the state's budget last.
-pub fn quota_lines(q: &QuotaJson) -> Vec<String> {
+pub(crate) fn quota_lines(q: &QuotaJson) -> Vec<String> {
     let line = |what: &str, u: &Used| {
         let percent = (u.used as f64 * 100.0 / u.quota.max(1) as f64).round();
         format!("{what:<12} {} of {}  ({percent}%)", u.used, u.quota)

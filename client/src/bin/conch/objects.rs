@@ -20,7 +20,7 @@ use crate::waitgroup::WaitGroupJson;
 
 /// One semaphore, as `list semaphores --json` prints it.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct SemaphoreJson {
+pub(crate) struct SemaphoreJson {
     pub name: String,
     pub permits: u64,
     /// Permits held now (holders' weights summed).
@@ -33,7 +33,7 @@ pub struct SemaphoreJson {
 
 /// One lock path, as `list locks --json` prints it.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct LockJson {
+pub(crate) struct LockJson {
     pub path: String,
     /// `unlocked`, `shared` or `exclusive`.
     pub state: &'static str,
@@ -43,7 +43,7 @@ pub struct LockJson {
 
 /// One barrier, as `list barriers --json` prints it.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct BarrierJson {
+pub(crate) struct BarrierJson {
     pub name: String,
     pub generation: i64,
     pub arrived: i64,
@@ -54,7 +54,7 @@ pub struct BarrierJson {
 
 /// One namespace, as `list namespaces --json` prints it.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct NamespaceJson {
+pub(crate) struct NamespaceJson {
     pub name: String,
     pub description: String,
 }
@@ -68,7 +68,7 @@ fn lock_state(state: i32) -> &'static str {
 }
 
 /// Rows as aligned columns under `header`.
-pub fn table(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -105,7 +105,7 @@ fn print<T: Serialize>(
     Ok(())
 }
 
-pub async fn list(client: &Client, what: ListCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn list(client: &Client, what: ListCommand) -> anyhow::Result<ExitCode> {
     match what {
         ListCommand::Semaphores { json, ns } => {
             let items: Vec<SemaphoreJson> = client
@@ -259,7 +259,7 @@ async fn exists<T>(read: impl Future<Output = conch_client::Result<T>>) -> anyho
     }
 }
 
-pub async fn delete(client: &Client, what: DeleteCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn delete(client: &Client, what: DeleteCommand) -> anyhow::Result<ExitCode> {
     let said = match what {
         DeleteCommand::Semaphore { name, max, ns } => {
             let semaphore = match max {

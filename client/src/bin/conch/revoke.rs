@@ -21,7 +21,7 @@ use crate::timefmt::format_unix_nanos;
 
 /// What `conch audit --json` prints per record.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub seq: u64,
     pub at: Option<String>,
     pub actor: String,
@@ -56,7 +56,7 @@ fn entry(r: &AuditRecord) -> Entry {
 }
 
 /// Who, as a line shows it: `ops (role admins)` or `anonymous`.
-pub fn actor(r: &AuditRecord) -> String {
+pub(crate) fn actor(r: &AuditRecord) -> String {
     match r.actor_role.as_str() {
         "" => r.actor.clone(),
         role => format!("{} (role {role})", r.actor),
@@ -64,7 +64,7 @@ pub fn actor(r: &AuditRecord) -> String {
 }
 
 /// One record as a line: time, who, what, target, then the reason or what changed.
-pub fn line(r: &AuditRecord) -> String {
+pub(crate) fn line(r: &AuditRecord) -> String {
     let at = format_unix_nanos(r.at).unwrap_or_else(|| "-".into());
     let mut target = match r.object_kind.as_str() {
         "state" => "state".to_string(),
@@ -87,7 +87,7 @@ pub fn line(r: &AuditRecord) -> String {
     out
 }
 
-pub async fn run(client: &Client, command: RevokeCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(client: &Client, command: RevokeCommand) -> anyhow::Result<ExitCode> {
     let (kind, namespace, object, lease, reason) = match command {
         RevokeCommand::Sema {
             name,
@@ -154,7 +154,7 @@ async fn leader_lease(
     Ok(leader.lease_id)
 }
 
-pub async fn audit(client: &Client, args: &AuditArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn audit(client: &Client, args: &AuditArgs) -> anyhow::Result<ExitCode> {
     let namespace = args.namespace.as_deref().unwrap_or("");
     let lease = args.lease.as_deref().unwrap_or("");
     let records = client
@@ -179,7 +179,11 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// says so: called once a holder knows its hold is gone (its refresh found the lease gone).
 /// `None` when the trail has no such record or cannot be read now (the loss is then an
 /// ordinary one).
-pub async fn revoked(client: &Client, namespace: &str, lease_id: &str) -> Option<AuditRecord> {
+pub(crate) async fn revoked(
+    client: &Client,
+    namespace: &str,
+    lease_id: &str,
+) -> Option<AuditRecord> {
     match tokio::time::timeout(LOOKUP_TIMEOUT, client.revocation(namespace, lease_id)).await {
         Ok(Ok(record)) => record.filter(|r| r.action == REVOKE_HOLDER),
         Ok(Err(e)) => {
@@ -191,7 +195,7 @@ pub async fn revoked(client: &Client, namespace: &str, lease_id: &str) -> Option
 }
 
 /// The line a revoked holder prints after `conch: `.
-pub fn revoked_line(slot: &str, record: &AuditRecord) -> String {
+pub(crate) fn revoked_line(slot: &str, record: &AuditRecord) -> String {
     let at = format_unix_nanos(record.at).unwrap_or_else(|| "-".into());
     format!(
         "{slot} revoked by {} at {at}: {}",

@@ -50,7 +50,7 @@ use crate::identity::Identity;
 use crate::status::{self, Standing};
 
 /// What a run holds, and how it is taken, checked and shown.
-pub trait Target {
+pub(crate) trait Target {
     /// The kind of lease that holds it.
     fn lease_kind(&self) -> LeaseKind;
 
@@ -108,7 +108,7 @@ pub trait Target {
 /// How a run ended when its holder handed what it held to a preferred waiter: the command was
 /// stopped and the lease revoked; the caller may stand again.
 #[derive(Debug)]
-pub struct HandedOver {
+pub(crate) struct HandedOver {
     /// Who it went to, in words.
     pub to: String,
 }
@@ -122,12 +122,12 @@ impl std::fmt::Display for HandedOver {
 impl std::error::Error for HandedOver {}
 
 /// What is left of a wait that ends at `deadline` (`None`: forever).
-pub fn remaining(deadline: Option<Instant>) -> Option<Duration> {
+pub(crate) fn remaining(deadline: Option<Instant>) -> Option<Duration> {
     deadline.map(|d| d.saturating_duration_since(Instant::now()))
 }
 
 /// One run: where, how long to wait, what to run, and the words the messages use.
-pub struct Spec<'a> {
+pub(crate) struct Spec<'a> {
     /// The namespace everything lives in (`--namespace`).
     pub namespace: String,
     pub ttl: Duration,
@@ -192,7 +192,7 @@ fn no_answer_within(wait: Option<Duration>) -> anyhow::Error {
 }
 
 /// What to say when `namespace` does not exist and the token may not create it.
-pub fn missing_namespace(namespace: &str) -> String {
+pub(crate) fn missing_namespace(namespace: &str) -> String {
     if namespace == NAMESPACE {
         format!(
             "namespace {namespace} does not exist, and this token may not create it: a token \
@@ -208,7 +208,7 @@ pub fn missing_namespace(namespace: &str) -> String {
 
 /// A failure to set up `what` in `namespace`, as one line: a refusal because the namespace
 /// does not exist (and this token may not create it) says so, exit 77.
-pub async fn setup_error(
+pub(crate) async fn setup_error(
     client: &Client,
     namespace: &str,
     what: &str,
@@ -321,7 +321,7 @@ fn losing_line(
 /// Queues for `target`, runs the spec's command while holding it, and gives it back; the
 /// lease, refresh, self-fencing and guard machinery of `conch sema`, `conch elect` and
 /// `conch lock`.
-pub async fn hold(
+pub(crate) async fn hold(
     client: &Client,
     spec: &Spec<'_>,
     target: &mut impl Target,

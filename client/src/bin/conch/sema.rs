@@ -33,7 +33,7 @@ use crate::watch::Held;
 
 /// The semaphores one run takes, in order: the per-host one (`--spread`), then the main one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     pub main: String,
     /// The permits taken of `main` (`--weight`, default 1); the per-host one takes 1.
     pub weight: u64,
@@ -44,7 +44,7 @@ pub struct Plan {
 
 /// One member of an all-or-none run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetSlot {
+pub(crate) struct SetSlot {
     /// As given (`gpu`), for `CONCH_REVS` and messages.
     pub name: String,
     /// The semaphore (`gpu.1`).
@@ -55,7 +55,7 @@ pub struct SetSlot {
 
 impl Plan {
     /// The plan of the members of a run: one semaphore, or (more than one) an all-or-none set.
-    pub fn of_members(members: &[Member], spread: bool, host: &str) -> Result<Plan, String> {
+    pub(crate) fn of_members(members: &[Member], spread: bool, host: &str) -> Result<Plan, String> {
         let first = members
             .first()
             .ok_or_else(|| "no semaphore to take".to_string())?;
@@ -79,7 +79,7 @@ impl Plan {
 }
 
 impl Plan {
-    pub fn new(name: &str, max: u64, spread: bool, host: &str) -> Result<Plan, String> {
+    pub(crate) fn new(name: &str, max: u64, spread: bool, host: &str) -> Result<Plan, String> {
         Ok(Plan {
             main: sema::semaphore_name(name, max)?,
             weight: 1,
@@ -95,7 +95,7 @@ impl Plan {
 
 /// The slots of a `conch sema` (or `conch elect`) run: the plan's semaphores, each with one
 /// permit, all taken with one lease.
-pub struct SemaTarget {
+pub(crate) struct SemaTarget {
     pub plan: Plan,
     /// Permits of the main semaphore.
     pub permits: u64,
@@ -116,7 +116,7 @@ pub struct SemaTarget {
 }
 
 impl SemaTarget {
-    pub fn new(plan: Plan, permits: u64, wanted: String, busy: String) -> SemaTarget {
+    pub(crate) fn new(plan: Plan, permits: u64, wanted: String, busy: String) -> SemaTarget {
         SemaTarget {
             plan,
             permits,
@@ -343,7 +343,7 @@ async fn take_slots(
     Ok(Some(guards))
 }
 
-pub async fn run(
+pub(crate) async fn run(
     client: &Client,
     args: &SemaArgs,
     signals: &mut Signals,

@@ -18,7 +18,7 @@ use conch_client::{Client, format_duration};
 
 /// How the wait is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     Off,
     /// One line on a terminal, redrawn in place.
     Line,
@@ -29,7 +29,7 @@ pub enum Mode {
 static MODE: OnceLock<Mode> = OnceLock::new();
 
 /// Decides the mode once, from `-v` and whether stderr is a terminal.
-pub fn init(verbose: u8) {
+pub(crate) fn init(verbose: u8) {
     let mode = if verbose > 0 {
         Mode::Plain
     } else if std::io::stderr().is_terminal() {
@@ -51,13 +51,13 @@ const REDRAW_EVERY: Duration = Duration::from_secs(1);
 /// How often the queue and the holders are read again.
 const FETCH_EVERY: Duration = Duration::from_secs(2);
 /// The least time between two plain lines.
-pub const PLAIN_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const PLAIN_EVERY: Duration = Duration::from_secs(5);
 /// The longest a read for the line may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where the wait stands.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Standing {
+pub(crate) struct Standing {
     /// 0 = next; `None`: not (yet) in this semaphore's queue.
     pub position: Option<u64>,
     pub queued: usize,
@@ -79,7 +79,7 @@ fn secs(d: Duration) -> String {
 
 /// The status text: `waiting 5s for x[1]: next in line; held by node2 pid 4242 for 12s`, the
 /// time held counted up to `now_nanos` (ns since the Unix epoch).
-pub fn render(
+pub(crate) fn render(
     label: &str,
     waited: Duration,
     standing: Option<&Standing>,
@@ -113,14 +113,14 @@ pub fn render(
 }
 
 /// (host, pid) of a holder or waiter, from the metadata conch gives it (`?` where missing).
-pub fn host_pid(m: &std::collections::HashMap<String, String>) -> (String, String) {
+pub(crate) fn host_pid(m: &std::collections::HashMap<String, String>) -> (String, String) {
     use conch_client::sema::{META_HOST, META_PID};
     let get = |k: &str| m.get(k).cloned().unwrap_or_else(|| "?".to_string());
     (get(META_HOST), get(META_PID))
 }
 
 /// Now, in ns since the Unix epoch.
-pub fn now_nanos() -> i64 {
+pub(crate) fn now_nanos() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
@@ -132,7 +132,7 @@ fn between(from: i64, to: i64) -> Duration {
 }
 
 /// Reads the queue and holders of `semaphore` for the line.
-pub async fn semaphore_standing(
+pub(crate) async fn semaphore_standing(
     client: &Client,
     namespace: &str,
     semaphore: &str,
@@ -217,7 +217,7 @@ impl Drop for Line {
 
 /// Runs `wait` (the queueing), showing where it stands meanwhile as the mode says; `fetch`
 /// reads where it stands.
-pub async fn show_while<F: Future, S: Future<Output = Option<Standing>>>(
+pub(crate) async fn show_while<F: Future, S: Future<Output = Option<Standing>>>(
     label: &str,
     fetch: impl Fn() -> S,
     wait: F,

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 
 use crate::duration::parse_duration;
 
-pub const WAIT_GROUP_EXAMPLES: &str = "\
+pub(crate) const WAIT_GROUP_EXAMPLES: &str = "\
 Examples:
   # tonight's batch: 40 shards, give up after 6 hours
   conch wait-group create nightly-2026-06-12 --jobs 40 --expires-in 6h
@@ -40,7 +40,7 @@ Exit status:
   77                access control: no token or no permission on the namespace
   126 / 127         run: the command could not be executed / was not found";
 
-pub const BARRIER_EXAMPLES: &str = "\
+pub(crate) const BARRIER_EXAMPLES: &str = "\
 Examples:
   # four shards meet at the end of the map phase
   conch barrier create map-done --parties 4
@@ -66,7 +66,7 @@ Exit status:
   126 / 127         the command could not be executed / was not found";
 
 #[derive(Debug, Subcommand)]
-pub enum WaitGroupCommand {
+pub(crate) enum WaitGroupCommand {
     /// Create a wait group of N jobs.
     Create {
         /// Wait group name: letters, digits, '-', '_' and '.'.
@@ -136,7 +136,7 @@ pub enum WaitGroupCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum BarrierCommand {
+pub(crate) enum BarrierCommand {
     /// Show the barrier: its round, who has arrived in it and who tripped the last one (the
     /// same as `wait NAME --who`).
     Status {
@@ -190,20 +190,20 @@ pub enum BarrierCommand {
 
 /// `--namespace`, as `conch sema` takes it.
 #[derive(Debug, Args)]
-pub struct NamespaceArg {
+pub(crate) struct NamespaceArg {
     /// The namespace it lives in.
     #[arg(long, value_name = "NS", env = "CONCH_NAMESPACE", default_value = conch_client::sema::NAMESPACE, value_parser = namespace_arg)]
     pub namespace: String,
 }
 
-pub fn namespace_arg(s: &str) -> Result<String, String> {
+pub(crate) fn namespace_arg(s: &str) -> Result<String, String> {
     conch_client::sema::validate_name("namespace", s)?;
     Ok(s.to_string())
 }
 
 /// A wait group's expiry from now: the server refuses an `expires_at` less than a minute ahead
 /// when the call reaches it, so a minute and one second at least.
-pub fn expires_in_arg(s: &str) -> Result<Duration, String> {
+pub(crate) fn expires_in_arg(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d <= Duration::from_secs(60) {
         return Err("must be more than 1m (a wait group expires at least a minute ahead)".into());
@@ -211,7 +211,7 @@ pub fn expires_in_arg(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-pub fn retention_arg(s: &str) -> Result<Duration, String> {
+pub(crate) fn retention_arg(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_secs(60) {
         return Err("must be at least 60s".into());
@@ -219,7 +219,7 @@ pub fn retention_arg(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-pub fn meta_arg(s: &str) -> Result<(String, String), String> {
+pub(crate) fn meta_arg(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
         .ok_or_else(|| format!("{s}: expected KEY=VALUE"))?;

@@ -6,18 +6,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Formats a wire timestamp (ns since the Unix epoch); `None` for 0 (unknown) and for instants
 /// before the epoch, which no node reports.
-pub fn format_unix_nanos(nanos: i64) -> Option<String> {
+pub(crate) fn format_unix_nanos(nanos: i64) -> Option<String> {
     let secs = u64::try_from(nanos.div_euclid(1_000_000_000)).ok()?;
     (nanos > 0).then(|| rfc3339(UNIX_EPOCH + Duration::from_secs(secs)))
 }
 
 /// The current time as RFC 3339.
-pub fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     rfc3339(SystemTime::now().max(UNIX_EPOCH))
 }
 
 /// `t` (not before the epoch; i64 nanoseconds reach no further than the year 2262) as RFC 3339.
-pub fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 

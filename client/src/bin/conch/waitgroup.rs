@@ -29,7 +29,7 @@ use crate::timefmt;
 
 /// What `status --json` prints.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct WaitGroupJson {
+pub(crate) struct WaitGroupJson {
     pub name: String,
     pub status: &'static str,
     pub counter: i64,
@@ -43,7 +43,7 @@ pub struct WaitGroupJson {
     pub jobs: Option<Vec<String>>,
 }
 
-pub fn status_name(status: i32) -> &'static str {
+pub(crate) fn status_name(status: i32) -> &'static str {
     match WaitGroupStatus::try_from(status) {
         Ok(WaitGroupStatus::Active) => "active",
         Ok(WaitGroupStatus::Completed) => "completed",
@@ -71,7 +71,7 @@ impl From<&WaitGroup> for WaitGroupJson {
 }
 
 /// One status line: `<name>  <status>  <done>/<counter> jobs  expires=<time>`.
-pub fn line(w: &WaitGroupJson) -> String {
+pub(crate) fn line(w: &WaitGroupJson) -> String {
     let mut line = format!(
         "{}  {}  {}/{} jobs  expires={}",
         w.name, w.status, w.completed_jobs, w.counter, w.expires_at
@@ -92,7 +92,7 @@ fn status_code(status: i32) -> ExitCode {
 }
 
 /// This host's name, recorded with a job or an arrival.
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     gethostname::gethostname().to_string_lossy().into_owned()
 }
 
@@ -104,7 +104,7 @@ fn unix_nanos_in(d: Duration) -> i64 {
     i64::try_from(now.as_nanos()).unwrap_or(i64::MAX)
 }
 
-pub async fn run(client: &Client, command: WaitGroupCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(client: &Client, command: WaitGroupCommand) -> anyhow::Result<ExitCode> {
     match command {
         WaitGroupCommand::Create {
             name,
@@ -273,7 +273,7 @@ async fn wait(
 
 /// Runs `argv` in its own process group with `env`, forwarding conch's signals to it, and
 /// returns its exit code (128+N if killed by signal N; 126/127 if it could not start).
-pub async fn run_command(
+pub(crate) async fn run_command(
     argv: &[String],
     env: &[(&str, String)],
     signals: &mut Signals,

@@ -22,7 +22,7 @@ use tracing::debug;
 
 /// The semaphore as the slot was taken in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
+pub(crate) struct Held {
     pub namespace: String,
     pub semaphore: String,
     /// The permits the run asked for (`--max`; 1 for an election).
@@ -33,7 +33,7 @@ pub struct Held {
 
 /// How the semaphore differs from the one the slot was taken in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// Gone, or gone and made again.
     Deleted,
     /// It has `now` permits instead of the run's.
@@ -42,7 +42,7 @@ pub enum Change {
 
 impl Held {
     /// The semaphore as read when conch queued, for a run that asked for `permits`.
-    pub fn new(namespace: &str, semaphore: &Semaphore, permits: u64) -> Held {
+    pub(crate) fn new(namespace: &str, semaphore: &Semaphore, permits: u64) -> Held {
         Held {
             namespace: namespace.to_string(),
             semaphore: semaphore.name.clone(),
@@ -52,7 +52,7 @@ impl Held {
     }
 
     /// How `now` (`None`: not found) differs from the semaphore the slot was taken in.
-    pub fn compare(&self, now: Option<&Semaphore>) -> Option<Change> {
+    pub(crate) fn compare(&self, now: Option<&Semaphore>) -> Option<Change> {
         match now {
             None => Some(Change::Deleted),
             Some(s) if s.created_at != self.created_at => Some(Change::Deleted),
@@ -63,7 +63,7 @@ impl Held {
 
     /// What happened, for a line after `conch: ` that goes on with when it happened:
     /// `semaphore conch/x.1 was deleted` or `semaphore conch/x.1 permits changed from 1 to 5`.
-    pub fn describe(&self, change: &Change) -> String {
+    pub(crate) fn describe(&self, change: &Change) -> String {
         let what = match change {
             Change::Deleted => "was deleted".to_string(),
             Change::Permits { now } => format!("permits changed from {} to {now}", self.permits),
@@ -72,7 +72,7 @@ impl Held {
     }
 
     /// Reads the semaphore once: `Ok(Some(change))` if it is no longer the one held.
-    pub async fn check(&self, client: &Client) -> conch_client::Result<Option<Change>> {
+    pub(crate) async fn check(&self, client: &Client) -> conch_client::Result<Option<Change>> {
         match client.get_semaphore(&self.namespace, &self.semaphore).await {
             Ok(now) => Ok(self.compare(Some(&now))),
             Err(e) if e.is_not_found() => Ok(self.compare(None)),
@@ -82,7 +82,7 @@ impl Held {
 
     /// Reads the semaphore every `every` until it is no longer the one held, and says how.
     /// Never resolves while it stays the same (or cannot be read).
-    pub async fn changed(&self, client: &Client, every: Duration) -> Change {
+    pub(crate) async fn changed(&self, client: &Client, every: Duration) -> Change {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

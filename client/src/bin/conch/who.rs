@@ -31,7 +31,7 @@ use crate::timefmt::format_unix_nanos;
 
 /// What `--who --json` prints.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct Who {
+pub(crate) struct Who {
     pub name: String,
     pub max: u64,
     pub namespace: String,
@@ -49,7 +49,7 @@ pub struct Who {
 
 /// One holder or waiter.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub host: Option<String>,
     pub pid: Option<u32>,
     pub since: Option<String>,
@@ -98,14 +98,14 @@ fn entry(lease_id: &str, weight: u64, metadata: &HashMap<String, String>, at_nan
     }
 }
 
-pub fn holder_entry(h: &SemaphoreHolder) -> Entry {
+pub(crate) fn holder_entry(h: &SemaphoreHolder) -> Entry {
     Entry {
         rev: Some(h.fencing_token),
         ..entry(&h.lease_id, h.weight, &h.metadata, h.locked_at)
     }
 }
 
-pub fn waiter_entry(w: &SemaphoreWaiter, index: usize) -> Entry {
+pub(crate) fn waiter_entry(w: &SemaphoreWaiter, index: usize) -> Entry {
     // Trust the server's position; fall back to list order if it sent none.
     let position = if w.position == 0 && index > 0 {
         index as u64
@@ -119,7 +119,7 @@ pub fn waiter_entry(w: &SemaphoreWaiter, index: usize) -> Entry {
 }
 
 /// The text lines, holders first.
-pub fn render_lines(who: &Who) -> Vec<String> {
+pub(crate) fn render_lines(who: &Who) -> Vec<String> {
     let all = who.holders.iter().chain(&who.waiters);
     let host = |e: &Entry| e.host.clone().unwrap_or_else(|| "?".to_string());
     let pid = |e: &Entry| e.pid.map_or_else(|| "?".to_string(), |p| p.to_string());
@@ -151,7 +151,7 @@ pub fn render_lines(who: &Who) -> Vec<String> {
 }
 
 /// The stderr line naming the other capacities in use, if any.
-pub fn others_note(who: &Who) -> Option<String> {
+pub(crate) fn others_note(who: &Who) -> Option<String> {
     let others = who.others.as_ref().filter(|o| !o.is_empty())?;
     let maxes: Vec<String> = others.iter().map(|o| format!("--max {}", o.max)).collect();
     Some(format!(
@@ -164,7 +164,7 @@ pub fn others_note(who: &Who) -> Option<String> {
 /// What `--who` prints without `--json`: the holders and waiters, or one line saying the
 /// asked semaphore has no holder (never nothing), then the lines of the same name's other
 /// capacities, so `x --max 3 --who` never shows only `x[2/2]` lines.
-pub fn text_lines(who: &Who) -> Vec<String> {
+pub(crate) fn text_lines(who: &Who) -> Vec<String> {
     let lines = render_lines(who);
     if who.holders.is_empty() && who.waiters.is_empty() {
         let mut said = vec![format!(
@@ -178,7 +178,7 @@ pub fn text_lines(who: &Who) -> Vec<String> {
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -239,7 +239,7 @@ pub async fn run(
 
 /// `--who`'s exit status, for scripts: 0 when someone holds the asked semaphore, 1 when nobody
 /// does (whether or not it exists, whoever waits, whatever other capacities hold).
-pub fn who_exit(who: &Who) -> ExitCode {
+pub(crate) fn who_exit(who: &Who) -> ExitCode {
     if who.holders.is_empty() {
         ExitCode::from(EMPTY)
     } else {
@@ -248,11 +248,11 @@ pub fn who_exit(who: &Who) -> ExitCode {
 }
 
 /// `--who`: nobody holds the semaphore.
-pub const EMPTY: u8 = 1;
+pub(crate) const EMPTY: u8 = 1;
 
 /// The other capacities of `name` (`--max` other than `max`) that someone holds or waits for
 /// now, with their holders and waiters counted: the mistyped `--max` a run warns about.
-pub async fn busy_other_capacities(
+pub(crate) async fn busy_other_capacities(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -276,7 +276,7 @@ pub async fn busy_other_capacities(
 }
 
 /// The warning a run prints when other capacities of its name are in use.
-pub fn other_capacities_warning(
+pub(crate) fn other_capacities_warning(
     name: &str,
     max: u64,
     busy: &[(u64, usize, usize)],
@@ -297,7 +297,7 @@ pub fn other_capacities_warning(
 }
 
 /// Holders and waiters of one semaphore of (name, max).
-pub async fn gather(
+pub(crate) async fn gather(
     client: &Client,
     namespace: &str,
     name: &str,

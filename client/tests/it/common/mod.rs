@@ -37,7 +37,7 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 
 /// What a proxy does with traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Mode {
+pub(crate) enum Mode {
     Up,
     /// Bytes stop flowing (like a paused process); connections stay open.
     Stall,
@@ -45,7 +45,7 @@ pub enum Mode {
     Down,
 }
 
-pub struct Node {
+pub(crate) struct Node {
     /// The address clients use (the client proxy's; the node advertises it).
     pub addr: String,
     /// The node's own listener, past every proxy.
@@ -55,7 +55,7 @@ pub struct Node {
     shutdown: Option<oneshot::Sender<()>>,
 }
 
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub nodes: Vec<Node>,
     /// Each node's mode, as last set.
     modes: Mutex<Vec<Mode>>,
@@ -91,7 +91,7 @@ fn link_mode(mode: Mode) -> LinkMode {
 impl Cluster {
     /// Starts `n` nodes and waits until they agree on a leader. Namespaces are created by the
     /// tests (or by the client) as they need them.
-    pub async fn start(n: usize) -> Cluster {
+    pub(crate) async fn start(n: usize) -> Cluster {
         let dir = tempfile::tempdir().expect("temporary directory");
         let (nodes, links, tasks) = match Cluster::try_start(n, dir.path()).await {
             Ok(started) => started,
@@ -220,14 +220,14 @@ impl Cluster {
     }
 
     /// The client addresses (the client proxies), in node order.
-    pub fn endpoints(&self) -> Vec<String> {
+    pub(crate) fn endpoints(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.addr.clone()).collect()
     }
 
     /// Puts node `node` in `mode`: every peer link to or from it as broken as the worse of the
     /// link's two ends, then its client proxy (so a node cut off from its peers cannot commit
     /// what its clients' closed connections cancel).
-    pub fn set_mode(&self, node: usize, mode: Mode) {
+    pub(crate) fn set_mode(&self, node: usize, mode: Mode) {
         let mut modes = self.modes.lock().unwrap_or_else(|e| e.into_inner());
         modes[node] = mode;
         for (&(from, to), link) in &self.links {
@@ -239,7 +239,7 @@ impl Cluster {
     }
 
     /// gRPC requests node `node` has received from clients.
-    pub fn requests(&self, node: usize) -> u64 {
+    pub(crate) fn requests(&self, node: usize) -> u64 {
         self.nodes[node].client_proxy.requests()
     }
 
@@ -263,7 +263,7 @@ impl Cluster {
     }
 
     /// The index of the node that is leader now, as the nodes that answer report it.
-    pub async fn leader(&self) -> usize {
+    pub(crate) async fn leader(&self) -> usize {
         let t0 = Instant::now();
         loop {
             for i in 0..self.nodes.len() {
@@ -321,7 +321,7 @@ impl Cluster {
     }
 
     /// Lease ids queued on a semaphore, head first (none if it does not exist).
-    pub async fn queue(&self, ns: &str, sem: &str) -> Vec<String> {
+    pub(crate) async fn queue(&self, ns: &str, sem: &str) -> Vec<String> {
         let req = ListSemaphoreWaitersRequest {
             namespace_name: ns.to_string(),
             semaphore_name: sem.to_string(),
@@ -339,7 +339,7 @@ impl Cluster {
     }
 
     /// Lease ids holding a semaphore, in grant order (none if it does not exist).
-    pub async fn holders(&self, ns: &str, sem: &str) -> Vec<String> {
+    pub(crate) async fn holders(&self, ns: &str, sem: &str) -> Vec<String> {
         let req = ListSemaphoreHoldersRequest {
             namespace_name: ns.to_string(),
             semaphore_name: sem.to_string(),
@@ -356,7 +356,7 @@ impl Cluster {
             .unwrap_or_default()
     }
 
-    pub async fn lease_exists(&self, ns: &str, id: &str) -> bool {
+    pub(crate) async fn lease_exists(&self, ns: &str, id: &str) -> bool {
         let req = GetSemaphoreLeaseRequest {
             namespace_name: ns.to_string(),
             lease_id: id.to_string(),
@@ -371,7 +371,7 @@ impl Cluster {
     }
 
     /// Leases in namespace `ns` (0 if it does not exist).
-    pub async fn lease_count(&self, ns: &str) -> usize {
+    pub(crate) async fn lease_count(&self, ns: &str) -> usize {
         let mut count = 0;
         let mut token = String::new();
         loop {
@@ -400,7 +400,7 @@ impl Cluster {
     }
 
     /// Waits until `n` leases are queued on a semaphore, failing the test after `within`.
-    pub async fn await_queued(&self, ns: &str, sem: &str, n: usize, within: Duration) {
+    pub(crate) async fn await_queued(&self, ns: &str, sem: &str, n: usize, within: Duration) {
         assert!(
             eventually(within, async || self.queue(ns, sem).await.len() == n).await,
             "expected {n} waiters on {ns}/{sem}: {:?}",
@@ -409,7 +409,7 @@ impl Cluster {
     }
 
     /// Waits until `n` leases hold a semaphore, failing the test after `within`.
-    pub async fn await_holders(&self, ns: &str, sem: &str, n: usize, within: Duration) {
+    pub(crate) async fn await_holders(&self, ns: &str, sem: &str, n: usize, within: Duration) {
         assert!(
             eventually(within, async || self.holders(ns, sem).await.len() == n).await,
             "expected {n} holders of {ns}/{sem}: {:?}",
@@ -418,7 +418,7 @@ impl Cluster {
     }
 
     /// Revokes a lease behind its client's back.
-    pub async fn revoke(&self, ns: &str, id: &str) {
+    pub(crate) async fn revoke(&self, ns: &str, id: &str) {
         let req = RevokeSemaphoreLeaseRequest {
             namespace_name: ns.to_string(),
             lease_id: id.to_string(),
@@ -433,7 +433,7 @@ impl Cluster {
     }
 
     /// Creates a namespace (if needed) and a semaphore.
-    pub async fn semaphore(&self, ns: &str, sem: &str, permits: u64) {
+    pub(crate) async fn semaphore(&self, ns: &str, sem: &str, permits: u64) {
         let req = CreateNamespaceRequest {
             name: ns.to_string(),
             ..Default::default()
@@ -467,7 +467,7 @@ impl Cluster {
 }
 
 /// Waits until `f` holds, or `within` passes; returns whether it held.
-pub async fn eventually(within: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+pub(crate) async fn eventually(within: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
     let t0 = Instant::now();
     while t0.elapsed() < within {
         if f().await {
@@ -479,6 +479,6 @@ pub async fn eventually(within: Duration, mut f: impl AsyncFnMut() -> bool) -> b
 }
 
 /// Waits until `path` exists (a child process writes it when it is ready), or `within` passes.
-pub async fn file_appears(path: &Path, within: Duration) -> bool {
+pub(crate) async fn file_appears(path: &Path, within: Duration) -> bool {
     eventually(within, async || path.exists()).await
 }

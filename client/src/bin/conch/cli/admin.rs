@@ -23,7 +23,7 @@ subjectAltName URI urn:conch:node:<ID>; peers accept it only as that node. Node 
 made by releases before the URI existed are refused as peers: issue them again.";
 
 #[derive(Debug, Subcommand)]
-pub enum CertsCommand {
+pub(crate) enum CertsCommand {
     /// Create DIR (if needed) and a new CA in it: ca.crt, ca.key and an empty revocation list
     /// ca.crl.
     Init {
@@ -78,7 +78,7 @@ Examples:
   scp certs/ca.crl node1:/etc/conch/ca.crl        # and to every other node (--peer-crl)";
 
 #[derive(Debug, Subcommand)]
-pub enum RevokeHolder {
+pub(crate) enum RevokeHolder {
     /// Revoke DIR/node<ID>.crt (issue the node a new one with `conch certs node`).
     Node {
         /// The node's id.
@@ -98,7 +98,7 @@ pub enum RevokeHolder {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ClusterCommand {
+pub(crate) enum ClusterCommand {
     /// Ask every node (the endpoints, then the members they report) for its Raft status.
     ///
     /// Exit status, as a health check uses it: 0 if every node answered and one of them is the
@@ -221,7 +221,7 @@ or token that does not exist (or already does), 69 no conch node answered, 77 no
 unknown or revoked one, or one without the permission.";
 
 #[derive(Debug, Subcommand)]
-pub enum AuthCommand {
+pub(crate) enum AuthCommand {
     /// Turn access control on (refused unless a token with a cluster-admin role exists).
     Enable,
     /// Turn access control off: every call is allowed again.
@@ -245,7 +245,7 @@ pub enum AuthCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum RoleCommand {
+pub(crate) enum RoleCommand {
     /// Create a role (with no permissions, unless --cluster-admin).
     Create {
         /// Role name: letters, digits, '-', '_' and '.'.
@@ -279,7 +279,7 @@ pub enum RoleCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum TokenCommand {
+pub(crate) enum TokenCommand {
     /// Create a token for a role; writes it, once, to --out FILE (created with mode 0600) or
     /// else to stdout.
     Create {

@@ -73,7 +73,7 @@ Exit status:
   126 / 127         the command could not be executed / was not found";
 
 #[derive(Debug, Args)]
-pub struct SemaArgs {
+pub(crate) struct SemaArgs {
     /// Semaphore name: letters, digits, '-', '_' and '.'.
     #[arg(value_name = "NAME")]
     pub name: String,
@@ -209,7 +209,7 @@ Exit status:
   126 / 127         the command could not be executed / was not found";
 
 #[derive(Debug, Args)]
-pub struct LockArgs {
+pub(crate) struct LockArgs {
     /// Lock path: '/'-separated segments of letters, digits, '-', '_' and '.'.
     #[arg(value_name = "PATH", value_parser = lock_path_arg)]
     pub path: String,
@@ -259,7 +259,7 @@ pub struct LockArgs {
 
 impl LockArgs {
     /// Checks what clap cannot express.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if self.json && !self.who {
             return Err("--json goes with --who".to_string());
         }
@@ -267,7 +267,7 @@ impl LockArgs {
     }
 
     /// The wait bound: `None` is forever.
-    pub fn wait_bound(&self) -> Option<Duration> {
+    pub(crate) fn wait_bound(&self) -> Option<Duration> {
         if self.nonblock {
             Some(Duration::ZERO)
         } else {
@@ -316,7 +316,7 @@ Exit status:
   126 / 127         the command could not be executed / was not found";
 
 #[derive(Debug, Args)]
-pub struct ElectArgs {
+pub(crate) struct ElectArgs {
     /// Election name: letters, digits, '-', '_' and '.'.
     #[arg(value_name = "NAME")]
     pub name: String,
@@ -372,7 +372,7 @@ pub struct ElectArgs {
 
 impl ElectArgs {
     /// Checks what clap cannot express.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if self.json && !self.who && !self.observe {
             return Err("--json goes with --who or --observe".to_string());
         }
@@ -382,18 +382,18 @@ impl ElectArgs {
 
 /// One member of a `conch sema` run: a semaphore NAME, its capacity and the permits taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     pub name: String,
     pub max: u64,
     pub weight: u64,
 }
 
 /// Most members of one `conch sema` run (the server's limit on a set).
-pub const MEMBERS_MAX: usize = 16;
+pub(super) const MEMBERS_MAX: usize = 16;
 
 impl SemaArgs {
     /// Checks what clap cannot express.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if self.json && !self.who {
             return Err("--json goes with --who".to_string());
         }
@@ -404,7 +404,7 @@ impl SemaArgs {
     }
 
     /// The first member's capacity (`--max` before any `--and`).
-    pub fn first_max(&self) -> u64 {
+    pub(crate) fn first_max(&self) -> u64 {
         self.members
             .first()
             .map_or_else(|| self.max.first().copied().unwrap_or(1), |m| m.max)
@@ -413,7 +413,7 @@ impl SemaArgs {
     /// Groups --max, --and and --weight by their positions in `matches` (the `sema`
     /// subcommand's): each --and NAME starts a member, and a --max or --weight belongs to the
     /// member named last before it (NAME itself before the first --and).
-    pub fn resolve_members(&mut self, matches: &clap::ArgMatches) -> Result<(), String> {
+    pub(crate) fn resolve_members(&mut self, matches: &clap::ArgMatches) -> Result<(), String> {
         enum Part {
             Max(u64),
             And(String),
@@ -497,7 +497,7 @@ impl SemaArgs {
     }
 
     /// The wait bound: `None` is forever.
-    pub fn wait_bound(&self) -> Option<Duration> {
+    pub(crate) fn wait_bound(&self) -> Option<Duration> {
         if self.nonblock {
             Some(Duration::ZERO)
         } else {

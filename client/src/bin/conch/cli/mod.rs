@@ -18,11 +18,11 @@ mod objects;
 mod tests;
 mod values;
 
-pub use admin::{
+pub(crate) use admin::{
     AuthCommand, CertsCommand, ClusterCommand, RevokeHolder, RoleCommand, TokenCommand,
 };
-pub use hold::{ElectArgs, LockArgs, Member, SemaArgs};
-pub use objects::{AuditArgs, DeleteCommand, ListCommand, NamespaceCommand, RevokeCommand};
+pub(crate) use hold::{ElectArgs, LockArgs, Member, SemaArgs};
+pub(crate) use objects::{AuditArgs, DeleteCommand, ListCommand, NamespaceCommand, RevokeCommand};
 
 use admin::{AUTH_EXAMPLES, CERTS_EXAMPLES};
 use hold::{ELECT_EXAMPLES, LOCK_EXAMPLES, SEMA_EXAMPLES};
@@ -66,7 +66,7 @@ quota or limit refused it; otherwise the command's own status (see `conch sema -
     after_help = TOP_EXAMPLES,
     propagate_version = true
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// conchd endpoints, comma separated (host:port); any node will do.
     #[arg(
         long,
@@ -146,20 +146,20 @@ fn path_or_empty(value: &str) -> Result<PathBuf, String> {
 
 impl Cli {
     /// The token file, unless it was given empty (`CONCH_TOKEN_FILE=`), which means unset.
-    pub fn token_file(&self) -> Option<&std::path::Path> {
+    pub(crate) fn token_file(&self) -> Option<&std::path::Path> {
         self.token_file
             .as_deref()
             .filter(|p| !p.as_os_str().is_empty())
     }
 
     /// The token from `CONCH_TOKEN`, unless it is empty (`CONCH_TOKEN=`), which means unset.
-    pub fn token(&self) -> Option<&str> {
+    pub(crate) fn token(&self) -> Option<&str> {
         self.token.as_deref().filter(|t| !t.is_empty())
     }
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run a command while holding one of N cluster-wide slots, or show who holds them.
     #[command(after_help = SEMA_EXAMPLES)]
     Sema(SemaArgs),

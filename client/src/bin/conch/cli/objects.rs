@@ -37,7 +37,7 @@ Exit status: 0 deleted, 64 usage error, 65 it does not exist (nothing deleted), 
 node answered, 77 no write permission on the namespace (admin for a namespace).";
 
 #[derive(Debug, Subcommand)]
-pub enum ListCommand {
+pub(crate) enum ListCommand {
     /// The semaphores of the namespace: permits, permits held, holders, waiters.
     #[command(visible_alias = "semaphore")]
     Semaphores {
@@ -84,7 +84,7 @@ pub enum ListCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum DeleteCommand {
+pub(crate) enum DeleteCommand {
     /// A semaphore: NAME with --max N (NAME.N, as `conch sema NAME --max N` uses), or its name
     /// as `conch list semaphores` shows it.
     Semaphore {
@@ -154,7 +154,7 @@ set-budget), the target, and the reason or what changed. The cluster keeps the n
 records; they are in snapshots and backups.";
 
 #[derive(Debug, Subcommand)]
-pub enum RevokeCommand {
+pub(crate) enum RevokeCommand {
     /// Revoke a holder of `conch sema NAME --max N` (its lease id: `conch sema NAME --max N
     /// --who`, as an admin of the namespace).
     Sema {
@@ -201,7 +201,7 @@ pub enum RevokeCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct AuditArgs {
+pub(crate) struct AuditArgs {
     /// Only the records of this namespace (needs admin on it, or cluster-admin).
     #[arg(long, value_name = "NS", value_parser = namespace_arg)]
     pub namespace: Option<String>,
@@ -226,7 +226,7 @@ Examples:
   conch namespace list";
 
 #[derive(Debug, Subcommand)]
-pub enum NamespaceCommand {
+pub(crate) enum NamespaceCommand {
     /// Create a namespace (refused if it exists).
     Create {
         /// Namespace name: letters, digits, '-', '_' and '.'.

@@ -6,7 +6,7 @@ use crate::duration::parse_duration;
 
 /// `--wait`: a bound, or forever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Wait(pub Option<Duration>);
+pub(crate) struct Wait(pub Option<Duration>);
 pub(super) fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s)
 }
