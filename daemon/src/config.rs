@@ -100,7 +100,7 @@ pub struct Config {
     pub adopt_data_dir: bool,
     /// How calls to other nodes connect when not over the operating system's TCP (see
     /// `transport.rs`); `None`, always for `conchd`: TCP.
-    pub dial: Option<crate::transport::Dial>,
+    pub dial: Option<crate::net::transport::Dial>,
     /// The newest cluster version this node speaks: this build's newest for `conchd`; lower
     /// only for a program that runs a node as a previous release would (the simulator's
     /// version skew, see `upgrade.rs`).
@@ -210,12 +210,12 @@ impl Config {
         }
         let max_connections_per_address = flags
             .max_connections_per_address
-            .unwrap_or(crate::connections::DEFAULT_PER_ADDRESS);
-        if !(1..=crate::connections::MAX_CONNECTIONS).contains(&max_connections_per_address) {
+            .unwrap_or(crate::net::connections::DEFAULT_PER_ADDRESS);
+        if !(1..=crate::net::connections::MAX_CONNECTIONS).contains(&max_connections_per_address) {
             return Err(ConfigError::Invalid(format!(
                 "--max-connections-per-address must be between 1 and {}, not \
                  {max_connections_per_address}",
-                crate::connections::MAX_CONNECTIONS
+                crate::net::connections::MAX_CONNECTIONS
             )));
         }
         let leader_wait_ms = flags.leader_wait_ms.unwrap_or(3_000);
@@ -380,8 +380,8 @@ fn peer_addresses(
 /// Reads a secret file for `flag` (surrounding whitespace ignored) and returns its SHA-256; one
 /// that group or others may read or change is refused.
 fn read_secret_file(flag: &str, path: &Path) -> Result<[u8; 32], ConfigError> {
-    use crate::secret::{TOKEN_MIN_CHARS, hash_token};
-    if let Some(problem) = crate::private_file::problem(path) {
+    use crate::support::secret::{TOKEN_MIN_CHARS, hash_token};
+    if let Some(problem) = crate::base::private_file::problem(path) {
         return Err(ConfigError::Invalid(format!(
             "{flag} {}: {problem}",
             path.display()

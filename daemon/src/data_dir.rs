@@ -1,4 +1,5 @@
-//! Whose a data directory is, and that one conchd at a time uses it.
+//! Whose a data directory is, and that one conchd at a time uses it; beside it, the cluster's
+//! id and how peers check it (`identity`). Layer 4 of docs/design.md ("Module graph").
 //!
 //! Next to the Raft log and snapshots (see `raft/`), the top of a data directory holds:
 //! - `LOCK`: locked exclusively (`flock`) for as long as a node has the directory open, and
@@ -48,6 +49,8 @@ use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use openraft::{BasicNode, Membership};
+
+pub(crate) mod identity;
 
 /// The lock file, holding the pid of the process that has the directory open.
 pub const LOCK_FILE: &str = "LOCK";

@@ -1,4 +1,5 @@
-//! Running a conch node inside another program.
+//! Running a conch node inside another program: the embedding API, and below it the start
+//! `conchd` itself uses (`server`). Layer 10 of docs/design.md ("Module graph"), the top.
 //!
 //! [`NodeConfig`] describes a node in code (no flags, no `CONCH_*` environment variables, no
 //! config file); [`ConchNode::start`] runs it exactly as `conchd` does (the same
@@ -50,7 +51,9 @@ use tonic::service::Routes;
 use crate::api;
 use crate::config::{Config, ConfigError, Settings};
 use crate::node::Node;
-use crate::server::{self, StartError};
+use server::StartError;
+
+pub mod server;
 
 /// Why an embedded node did not start.
 #[derive(Debug, thiserror::Error)]
@@ -266,11 +269,11 @@ impl NodeConfig {
     }
 
     /// Validates without binding anything: the configuration for a program that hands the node
-    /// its connections itself ([`crate::server::start_with_incoming`]) and connects it to the
+    /// its connections itself ([`server::start_with_incoming`]) and connects it to the
     /// other nodes through `dial`. The listen address is only what the node says it listens
     /// on; a listener given with [`NodeConfig::listener`] is not used.
     #[doc(hidden)]
-    pub fn into_config(self, dial: crate::transport::Dial) -> Result<Config, ConfigError> {
+    pub fn into_config(self, dial: crate::net::transport::Dial) -> Result<Config, ConfigError> {
         let NodeConfig {
             listen,
             mut settings,
@@ -386,13 +389,13 @@ impl ConchNode {
     }
 
     /// Like [`ConchNode::start_config`], on the listeners a service manager passed (see
-    /// [`crate::listen_fds`]); a listener it did not pass is bound at its configured address.
+    /// [`crate::net::listen_fds`]); a listener it did not pass is bound at its configured address.
     /// `config` should name the passed listeners' addresses (as `conchd` builds it).
     pub async fn start_inherited(
         config: Arc<Config>,
-        inherited: crate::listen_fds::Inherited,
+        inherited: crate::net::listen_fds::Inherited,
     ) -> Result<ConchNode, StartError> {
-        let crate::listen_fds::Inherited {
+        let crate::net::listen_fds::Inherited {
             client,
             peer,
             metrics,
@@ -613,7 +616,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::NodeConfig;
-    use crate::server::{Running, serve, start_with_listener};
+    use super::server::{Running, serve, start_with_listener};
 
     // `server::Running` is tested here, beside the configuration that builds it (the server
     // does not import this module).

@@ -7,10 +7,11 @@
 //! See [`embed`] for the guarantees and [`ConchNode`] for an example. The protocol messages and
 //! generated clients are re-exported as [`proto`].
 
-/// Whether this build has the simulator's hooks: bugs put back (`regressions`), invariants checked
-/// after every entry (`self_check`), injected disk faults and the crash journal (`disk_faults`),
-/// blocking work run inline (`blocking`), seeded randomness (`entropy`) and a replaced wall
-/// clock (`clock::set_wall_clock`). They are compiled in, with this crate's unit tests, in the
+/// Whether this build has the simulator's hooks: bugs put back (`sim_hooks::regressions`),
+/// invariants checked after every entry (`support::self_check`), injected disk faults and the
+/// crash journal (`sim_hooks::disk_faults`), blocking work run inline (`sim_hooks::blocking`),
+/// seeded randomness (`sim_hooks::entropy`) and a replaced wall clock
+/// (`support::clock::set_wall_clock`). They are compiled in, with this crate's unit tests, in the
 /// builds the simulator runs in: those with `--cfg tokio_unstable`, which .cargo/config.toml sets
 /// for workspace builds because the simulator's seeded runtime needs it (and conch-sim refuses
 /// to run without it). One flag is the one switch between a test build and a release: `make
@@ -22,63 +23,52 @@ pub(crate) const SIM_HOOKS: bool = cfg!(any(test, tokio_unstable));
 // The embedding API and what its signatures name.
 pub mod config;
 pub mod embed;
-pub mod server;
 
 pub use conch_proto as proto;
+pub use embed::server;
 pub use embed::{ConchNode, EmbedError, LocalClient, NodeConfig};
+pub use support::release;
 
-// What the `conchd` binary and the workspace's tests use besides; not part of the embedding
-// API.
+// The layers of docs/design.md ("Module graph"), bottom first, one folder each; a module imports
+// only from its own layer and those below. Those marked `#[doc(hidden)]` are what the `conchd`
+// binary and the workspace's tests use besides; not part of the embedding API.
+
+// 1. The leaves.
 #[doc(hidden)]
-pub mod blocking;
+pub mod base;
 #[doc(hidden)]
-pub mod clock;
+pub mod net;
 #[doc(hidden)]
-pub mod disk_faults;
+pub mod sim_hooks;
+
+// 2. The state machine.
+mod state;
+
+// 3. What speaks the state's vocabulary without running a node.
+mod callers;
 #[doc(hidden)]
-pub mod entropy;
+pub mod support;
+
+// 4. Configuration and what lies on disk (`config`, above, is one of them).
+mod data_dir;
+mod tls;
+
+// 5. Raft and the applied state.
 #[doc(hidden)]
-pub mod listen_fds;
+pub mod raft;
+
+// 6. The paths every request takes.
 #[doc(hidden)]
 pub mod node;
-#[doc(hidden)]
-pub mod notify;
-#[doc(hidden)]
-pub mod private_file;
-#[doc(hidden)]
-pub mod regressions;
-#[doc(hidden)]
-pub mod removal;
-#[doc(hidden)]
-pub mod restore;
-#[doc(hidden)]
-pub mod retire;
-#[doc(hidden)]
-pub mod self_check;
-#[doc(hidden)]
-pub mod storage_fault;
-#[doc(hidden)]
-pub mod transport;
 
+// 7. What runs beside the node.
+#[doc(hidden)]
+pub mod jobs;
+
+// 8. The gRPC services.
 mod api;
-mod applied;
-mod connections;
-mod data_dir;
-mod error;
-mod expiry;
-mod identity;
-mod log_limit;
-mod metrics;
-mod metrics_http;
-mod raft;
-pub mod release;
-mod secret;
-mod state;
-mod tasks;
-mod tls;
-mod ui;
-mod upgrade;
-mod wait;
-mod waiters;
-mod watches;
-mod write_trace;
+
+// 9. The HTTP listeners.
+mod http;
+
+// 10. Running a node: `embed`, above.

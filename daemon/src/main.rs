@@ -9,7 +9,7 @@
 //! on a removed node's data directory. Every failure is one line on stderr.
 //!
 //! A service manager may pass the listening sockets (systemd socket activation: `LISTEN_FDS`,
-//! names `client`, `peer`, `metrics`; see `conchd::listen_fds`): each replaces its flag's
+//! names `client`, `peer`, `metrics`; see `conchd::net::listen_fds`): each replaces its flag's
 //! address. Sockets that cannot be used (meant for another pid, names or counts that do not
 //! match) exit 64 too.
 //!
@@ -21,12 +21,13 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
+use conchd::ConchNode;
+use conchd::base::notify;
 use conchd::config::{Config, LogFormat};
-use conchd::listen_fds::{self, Inherited, ListenFdsError};
-use conchd::removal::{EXIT_REMOVED, Removed};
+use conchd::net::listen_fds::{self, Inherited, ListenFdsError};
+use conchd::raft::removal::{EXIT_REMOVED, Removed};
+use conchd::raft::storage_fault::{self, EXIT_STORAGE, StorageFailed};
 use conchd::server::StartError;
-use conchd::storage_fault::{self, EXIT_STORAGE, StorageFailed};
-use conchd::{ConchNode, notify};
 use flags::{Command, Flags};
 
 // The command line (also compiled into `xtask` for the man page and completions).
@@ -149,7 +150,7 @@ fn inherited_listeners(flags: &mut Flags) -> Result<Inherited, ListenFdsError> {
 fn run_command(command: &Command) -> ExitCode {
     let Command::Restore(flags) = command;
     let args = flags.to_args();
-    match conchd::restore::run(&args) {
+    match conchd::raft::restore::run(&args) {
         Ok(r) => {
             let name = args
                 .cluster_name
@@ -170,8 +171,8 @@ fn run_command(command: &Command) -> ExitCode {
         Err(e) => {
             eprintln!("conchd: restore: {}", e.to_string().replace('\n', " "));
             match e {
-                conchd::restore::RestoreError::Refused(_) => ExitCode::from(EXIT_USAGE),
-                conchd::restore::RestoreError::Failed(_) => ExitCode::FAILURE,
+                conchd::raft::restore::RestoreError::Refused(_) => ExitCode::from(EXIT_USAGE),
+                conchd::raft::restore::RestoreError::Failed(_) => ExitCode::FAILURE,
             }
         }
     }
@@ -321,7 +322,7 @@ fn run(config: Arc<Config>, inherited: Inherited) -> anyhow::Result<()> {
         }
         notify::ready(&format!("node {} serving on {listening}", config.id));
         // Removed from the cluster, the node stops as on SIGTERM, then exits with its own code.
-        let removed = conchd::retire::removed(Arc::clone(node.node()));
+        let removed = conchd::jobs::retire::removed(Arc::clone(node.node()));
         let mut removal = None;
         let shutdown = async {
             tokio::select! {

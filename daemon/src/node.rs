@@ -33,19 +33,19 @@ use conch_proto::conch::conch_peer_client::ConchPeerClient;
 use openraft::ServerState;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
-use crate::applied::AppliedState;
-use crate::clock::{LeaseClock, wall_ns};
+use crate::base::error::NodeError;
+use crate::base::log_limit::LogLimit;
+use crate::base::tasks::Tasks;
+use crate::base::write_trace::{Stage, note_proposed, note_resumed};
 use crate::config::Config;
-use crate::error::NodeError;
-use crate::identity::ClusterId;
-use crate::log_limit::LogLimit;
-use crate::metrics::Metrics;
+use crate::data_dir::identity::ClusterId;
+use crate::raft::applied::AppliedState;
 use crate::raft::network::{PeerChannel, PeerDialer, decode, encode, identity, peer_client};
+use crate::raft::storage_fault;
 use crate::raft::{NodeId, Raft};
 use crate::state::{Batch, Cmd, Nanos, Reply};
-use crate::storage_fault;
-use crate::tasks::Tasks;
-use crate::write_trace::{Stage, note_proposed, note_resumed};
+use crate::support::clock::{LeaseClock, wall_ns};
+use crate::support::metrics::Metrics;
 
 mod batches;
 mod call_failure;
@@ -122,7 +122,7 @@ pub struct Node {
     /// The peer secret as peer calls carry it (`--peer-secret-file`), made once.
     pub peer_secret_header: Option<String>,
     /// Whether this node was removed from the cluster (see `removal.rs`).
-    pub removal: crate::removal::Removal,
+    pub removal: crate::raft::removal::Removal,
     /// The index of the last log entry when this process started (see
     /// [`Node::read_index_as_leader`]).
     log_at_start: u64,
@@ -161,7 +161,7 @@ impl Node {
         let peer_secret_header = config
             .peer_secret
             .as_ref()
-            .map(crate::identity::secret_header);
+            .map(crate::data_dir::identity::secret_header);
         let (proposals, proposal_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (to_forward, forward_rx) = mpsc::channel(BATCH_MAX_CMDS);
         let (reads, read_rx) = mpsc::channel(BATCH_MAX_CMDS);
@@ -185,7 +185,7 @@ impl Node {
             peer_refusals: LogLimit::new(Duration::from_secs(10)),
             tasks,
             peer_secret_header,
-            removal: crate::removal::Removal::default(),
+            removal: crate::raft::removal::Removal::default(),
             log_at_start,
         });
         node.tasks
@@ -198,10 +198,12 @@ impl Node {
 
     /// The connection slots of this node's listener `listener` (client, peer, metrics, ui),
     /// closing idle connections until the node stops (see `connections.rs`).
-    pub fn connection_gate(&self, listener: &'static str) -> Arc<crate::connections::Gate> {
-        let gate = crate::connections::Gate::new(
+    pub fn connection_gate(&self, listener: &'static str) -> Arc<crate::net::connections::Gate> {
+        let gate = crate::net::connections::Gate::new(
             listener,
-            crate::connections::Limits::with_per_address(self.config.max_connections_per_address),
+            crate::net::connections::Limits::with_per_address(
+                self.config.max_connections_per_address,
+            ),
             self.metrics.connections_refused.clone(),
         );
         gate.reap_on(&self.tasks);
@@ -301,7 +303,7 @@ impl Node {
     pub fn note_client_addr(&self, from: Option<NodeId>, metadata: &tonic::metadata::MetadataMap) {
         let Some(from) = from else { return };
         let Some(addr) = metadata
-            .get(crate::identity::CLIENT_ADDR_HEADER)
+            .get(crate::data_dir::identity::CLIENT_ADDR_HEADER)
             .and_then(|v| v.to_str().ok())
         else {
             return;

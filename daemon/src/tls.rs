@@ -323,10 +323,12 @@ pub async fn watch(tls: Arc<Tls>) {
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<Tls>,
-    gate: Arc<crate::connections::Gate>,
-    tasks: &crate::tasks::Tasks,
+    gate: Arc<crate::net::connections::Gate>,
+    tasks: &crate::base::tasks::Tasks,
 ) -> impl futures::Stream<
-    Item = std::io::Result<tokio_rustls::server::TlsStream<crate::connections::Guarded<TcpStream>>>,
+    Item = std::io::Result<
+        tokio_rustls::server::TlsStream<crate::net::connections::Guarded<TcpStream>>,
+    >,
 > {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let handshakes = tasks.clone();
@@ -359,11 +361,11 @@ pub fn incoming(
                         let _ = tx.send(Ok(stream)).await;
                     }
                     Ok(Err(e)) => {
-                        gate.count(crate::connections::Reason::Handshake, Some(remote));
+                        gate.count(crate::net::connections::Reason::Handshake, Some(remote));
                         tracing::warn!(%remote, error = %e, "TLS handshake refused")
                     }
                     Err(_) => {
-                        gate.count(crate::connections::Reason::Handshake, Some(remote));
+                        gate.count(crate::net::connections::Reason::Handshake, Some(remote));
                         tracing::warn!(%remote, "TLS handshake timed out")
                     }
                 }

@@ -1,4 +1,4 @@
-//! The wall clock each simulated node reads ([`conchd::clock::set_wall_clock`]): the
+//! The wall clock each simulated node reads ([`conchd::support::clock::set_wall_clock`]): the
 //! simulation's time since its epoch, plus the steps made on every node, plus the node's own
 //! steps and the time its drift gained or lost.
 //!

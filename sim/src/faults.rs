@@ -527,13 +527,13 @@ impl FaultPlan {
                 }
                 Fault::Disk { node, full } => {
                     let fault = match full {
-                        true => conchd::disk_faults::DiskFault::Full,
-                        false => conchd::disk_faults::DiskFault::Io,
+                        true => conchd::sim_hooks::disk_faults::DiskFault::Full,
+                        false => conchd::sim_hooks::disk_faults::DiskFault::Io,
                     };
-                    conchd::disk_faults::fail_syncs_under(&dir(*node), Some(fault));
+                    conchd::sim_hooks::disk_faults::fail_syncs_under(&dir(*node), Some(fault));
                 }
                 Fault::SlowDisk { node, delay } => {
-                    conchd::disk_faults::slow_syncs_under(&dir(*node), Some(*delay));
+                    conchd::sim_hooks::disk_faults::slow_syncs_under(&dir(*node), Some(*delay));
                 }
                 Fault::Hold { node } => {
                     for other in others(*node) {
@@ -565,7 +565,7 @@ impl FaultPlan {
                 }
                 Fault::Crash { node } | Fault::PowerLoss { node } => sim.bounce(node_ip(*node)),
                 Fault::Disk { node, .. } => {
-                    conchd::disk_faults::fail_syncs_under(&dir(*node), None);
+                    conchd::sim_hooks::disk_faults::fail_syncs_under(&dir(*node), None);
                     if self.mix == Mix::Full {
                         // The node stopped on its own; its machine is power cycled.
                         lost.extend(self.crash(sim, scratch, *node, true)?);
@@ -578,7 +578,7 @@ impl FaultPlan {
                     }
                 }
                 Fault::SlowDisk { node, .. } => {
-                    conchd::disk_faults::slow_syncs_under(&dir(*node), None);
+                    conchd::sim_hooks::disk_faults::slow_syncs_under(&dir(*node), None);
                 }
                 Fault::Hold { node } => {
                     for other in others(*node) {
@@ -617,11 +617,11 @@ impl FaultPlan {
         let losses = &mut self.losses;
         let mut pick = |below: u64| losses.below(below);
         let lost = if power {
-            conchd::disk_faults::lose_power(&dir, &mut pick).map_err(|e| {
+            conchd::sim_hooks::disk_faults::lose_power(&dir, &mut pick).map_err(|e| {
                 anyhow::anyhow!("undo n{node}'s unsynced writes in {}: {e}", dir.display())
             })?
         } else {
-            conchd::disk_faults::lose_on_crash(&dir, &mut pick)
+            conchd::sim_hooks::disk_faults::lose_on_crash(&dir, &mut pick)
         };
         Ok(Some(format!(
             "n{node} lost {} unflushed values and {} unsynced writes, tore {}, kept {}",

@@ -12,15 +12,15 @@
 //!   message latency;
 //! - **time**: every host runs on a paused tokio clock that the simulation advances one tick at
 //!   a time, so timeouts, leases and elections happen in simulated time; the wall clock a node
-//!   reads ([`conchd::clock::set_wall_clock`]) is simulated too;
+//!   reads ([`conchd::support::clock::set_wall_clock`]) is simulated too;
 //! - **chance**: tokio's scheduler choices (`select!`), Raft's election timeouts, back-off
-//!   jitter and lease ids all draw from the seed ([`conchd::entropy`]);
+//!   jitter and lease ids all draw from the seed ([`conchd::sim_hooks::entropy`]);
 //! - **crashes**: a crash drops a node's whole runtime wherever its tasks were waiting; a
 //!   restart opens its data directory again, as after `kill -9`;
-//! - **disks** ([`conchd::disk_faults`]): a crash loses sled values the node had not flushed, a
-//!   power loss also loses or tears writes it had not synced; a node's log syncs fail (`EIO` or
-//!   `ENOSPC`), and the node stops as `conchd` exits on a storage failure, and starts again
-//!   once the disk works; syncs can be slow;
+//! - **disks** ([`conchd::sim_hooks::disk_faults`]): a crash loses sled values the node had not
+//!   flushed, a power loss also loses or tears writes it had not synced; a node's log syncs fail
+//!   (`EIO` or `ENOSPC`), and the node stops as `conchd` exits on a storage failure, and starts
+//!   again once the disk works; syncs can be slow;
 //! - **wall clocks** (`clocks.rs`): stepped on every node or on one, or drifting on one;
 //! - **membership** (`operator.rs`): a node is removed, then wiped and added back;
 //! - **version skew** ([`Skew`]): one node starts as a node of the previous release would
@@ -49,8 +49,8 @@ use cluster_tests::jepsen::workload::{MAX_WAIT_MS, Shared, Workload, WorkloadCon
 use cluster_tests::net::{NodeChannel, ProcessToken};
 use conch_proto::conch::ClusterStatusRequest;
 use conch_proto::conch::conch_admin_client::ConchAdminClient;
-pub use conchd::regressions::Bug;
-use conchd::transport::{Accepted, Conn, Dial};
+use conchd::net::transport::{Accepted, Conn, Dial};
+pub use conchd::sim_hooks::regressions::Bug;
 use sha2::{Digest, Sha256};
 use tonic::transport::Endpoint;
 
@@ -88,7 +88,8 @@ pub struct SimOptions {
     pub sync: bool,
     /// Print every event (node logs at INFO and above, faults) with its simulated time.
     pub trace: bool,
-    /// A bug conch once had, put back into the nodes for this run (see `conchd::regressions`).
+    /// A bug conch once had, put back into the nodes for this run (see
+    /// `conchd::sim_hooks::regressions`).
     pub bug: Option<Bug>,
     /// Which faults the seed draws from.
     pub mix: Mix,
@@ -363,7 +364,7 @@ async fn start_node(id: u64, nodes: u64, dir: &Path) -> anyhow::Result<()> {
             Err(e) => return Err(e).with_context(|| format!("start node {id}")),
         };
     // As `conchd` exits on a storage failure, the node stops; the fault's heal starts it again.
-    let failed = conchd::storage_fault::failed(id, running.node.raft.clone());
+    let failed = conchd::raft::storage_fault::failed(id, running.node.raft.clone());
     let stop = async move {
         let said = failed.await;
         tracing::warn!("{said}");
@@ -431,11 +432,11 @@ pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
         opts.nodes
     );
     align_task_ids()?;
-    conchd::clock::set_wall_clock(clocks::wall_clock);
-    conchd::entropy::seed_thread(opts.seed);
-    conchd::blocking::run_inline_on_this_thread(true);
-    conchd::regressions::reintroduce_on_this_thread(opts.bug);
-    conchd::self_check::check_on_this_thread();
+    conchd::support::clock::set_wall_clock(clocks::wall_clock);
+    conchd::sim_hooks::entropy::seed_thread(opts.seed);
+    conchd::sim_hooks::blocking::run_inline_on_this_thread(true);
+    conchd::sim_hooks::regressions::reintroduce_on_this_thread(opts.bug);
+    conchd::support::self_check::check_on_this_thread();
     clocks::reset();
     operator::reset();
     let skew = opts.version_skew();
@@ -445,11 +446,11 @@ pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
     MISROUTES.with(|m| m.borrow_mut().clear());
     let scratch = scratch_dir().context("create a scratch directory for the nodes' data")?;
     if opts.mix == Mix::Full {
-        conchd::disk_faults::track_unsynced_under(scratch.path());
+        conchd::sim_hooks::disk_faults::track_unsynced_under(scratch.path());
     }
     let mut result = run_in(opts, scratch.path());
-    conchd::disk_faults::stop_tracking();
-    let broken = conchd::self_check::take_found();
+    conchd::sim_hooks::disk_faults::stop_tracking();
+    let broken = conchd::support::self_check::take_found();
     let (upgrade, upgrade_violations) = operator::take_upgrade_report();
     if let Ok(report) = &mut result {
         report.violations.extend(
@@ -460,9 +461,9 @@ pub fn run_seed(opts: &SimOptions) -> anyhow::Result<SeedReport> {
         report.violations.extend(upgrade_violations);
         report.upgrade = upgrade;
     }
-    conchd::entropy::unseed_thread();
-    conchd::blocking::run_inline_on_this_thread(false);
-    conchd::regressions::reintroduce_on_this_thread(None);
+    conchd::sim_hooks::entropy::unseed_thread();
+    conchd::sim_hooks::blocking::run_inline_on_this_thread(false);
+    conchd::sim_hooks::regressions::reintroduce_on_this_thread(None);
     result
 }
 
@@ -566,7 +567,7 @@ fn run_in(opts: &SimOptions, scratch: &Path) -> anyhow::Result<SeedReport> {
             // The operator replaces a removed node: stopped, its directory wiped, started empty.
             sim.crash(node_ip(node));
             let dir = node_dir(scratch, node);
-            conchd::disk_faults::forget_under(&dir);
+            conchd::sim_hooks::disk_faults::forget_under(&dir);
             std::fs::remove_dir_all(&dir)
                 .with_context(|| format!("wipe n{node}'s data directory {}", dir.display()))?;
             operator::mark_joining(node);

@@ -189,7 +189,7 @@ fn main() -> ExitCode {
         return ExitCode::from(64);
     }
     let first = args.first_seed.unwrap_or_else(|| {
-        let seed = conchd::entropy::random_u64().unwrap_or(1) >> 1;
+        let seed = conchd::sim_hooks::entropy::random_u64().unwrap_or(1) >> 1;
         println!("first seed {seed} (--first-seed {seed} runs the same seeds)");
         seed
     });

@@ -99,10 +99,10 @@ pub(crate) fn idle() -> bool {
 
 /// Starts node `node` speaking the previous release's cluster version only, until upgraded.
 /// No node of the thread may apply a newer cluster version meanwhile (checked by
-/// `conchd::self_check`).
+/// `conchd::support::self_check`).
 pub(crate) fn cap(node: u64) {
     OPERATOR.with(|o| o.borrow_mut().capped = Some(node));
-    conchd::self_check::limit_cluster_version(Some((
+    conchd::support::self_check::limit_cluster_version(Some((
         PREVIOUS_VERSION,
         format!("n{node} speaks cluster version {PREVIOUS_VERSION} at most and is a member"),
     )));
@@ -115,7 +115,7 @@ pub(crate) fn cap(node: u64) {
 /// Node `node` speaks this build's newest cluster version from its next start on.
 fn uncap(node: u64, why: &str) {
     OPERATOR.with(|o| o.borrow_mut().capped = None);
-    conchd::self_check::limit_cluster_version(None);
+    conchd::support::self_check::limit_cluster_version(None);
     step(format!("n{node} {why}"));
 }
 

@@ -12,10 +12,10 @@ use super::auth::Caller;
 use super::grackle::{hold_ms, wait_ns};
 use super::status::ApiError;
 use super::{convert, request_id};
+use crate::callers::waiters::WaitKey;
+use crate::jobs::wait;
 use crate::node::Node;
 use crate::state::{AcquireSetStatus, Cmd, Nanos, Outcome, SetMember};
-use crate::wait;
-use crate::waiters::WaitKey;
 
 pub async fn acquire_semaphores(
     node: &Arc<Node>,

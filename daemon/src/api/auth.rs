@@ -19,7 +19,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::status::ApiError;
-use crate::error::NodeError;
+use crate::base::error::NodeError;
 use crate::node::Node;
 use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView, access_of};
 use crate::state::{Cmd, Error, ErrorKind, Outcome};
@@ -27,7 +27,7 @@ use crate::state::{Cmd, Error, ErrorKind, Outcome};
 pub use conch_proto::wire::AUTHORIZATION;
 /// Generated tokens start with this.
 pub const TOKEN_PREFIX: &str = "conch_";
-use crate::secret::hash_token;
+use crate::support::secret::hash_token;
 
 /// SHA-256 of the bearer token in `metadata`, if it carries one.
 fn token_hash(metadata: &MetadataMap) -> Option<TokenHash> {
@@ -50,7 +50,7 @@ pub fn bearer_hash(value: &str) -> Option<TokenHash> {
 /// 64 random bits (a new lease id's secret part): from the operating system, or from the
 /// thread's seed under simulation (see `entropy.rs`).
 pub fn random_u64() -> Result<u64, ApiError> {
-    crate::entropy::random_u64()
+    crate::sim_hooks::entropy::random_u64()
         .map_err(|e| ApiError::Internal(format!("no randomness for a lease id: {e}")))
 }
 
@@ -518,7 +518,7 @@ impl ConchAuth for AuthService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secret::TOKEN_MIN_CHARS;
+    use crate::support::secret::TOKEN_MIN_CHARS;
 
     #[test]
     fn generated_tokens_are_long_random_and_hash_trimmed() {

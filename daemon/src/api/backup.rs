@@ -37,9 +37,11 @@ pub async fn stream(node: &Node) -> Result<BackupStream, ApiError> {
     let (state, data_format) =
         encoded.map_err(|e| ApiError::Internal(format!("encode the state: {e}")))?;
     let cluster_id = node.cluster_id.get().unwrap_or_default();
-    let file = crate::blocking::unblock(move || file(state, data_format, index, term, &cluster_id))
-        .await
-        .map_err(|e| ApiError::Internal(format!("backup task: {e}")))?;
+    let file = crate::sim_hooks::blocking::unblock(move || {
+        file(state, data_format, index, term, &cluster_id)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("backup task: {e}")))?;
     tracing::info!(
         applied_index = index,
         term,
@@ -67,7 +69,7 @@ fn encode(state: &State) -> Result<(Vec<u8>, u32), crate::state::SnapshotError> 
 fn file(state: Vec<u8>, data_format: u32, index: u64, term: u64, cluster_id: &str) -> Vec<u8> {
     let release = match data_format {
         crate::state::version::OLDEST_DATA_FORMAT => String::new(),
-        _ => crate::release::RELEASE.to_string(),
+        _ => crate::support::release::RELEASE.to_string(),
     };
     let header = Header {
         data_format,
@@ -76,7 +78,7 @@ fn file(state: Vec<u8>, data_format: u32, index: u64, term: u64, cluster_id: &st
         applied_term: term,
         // The state hash is FNV-1a 64 of exactly these bytes.
         state_hash: fnv1a64(&state),
-        created_at_ns: crate::clock::wall_ns(),
+        created_at_ns: crate::support::clock::wall_ns(),
         state_len: state.len() as u64,
         cluster_id: format::cluster_id_bytes(cluster_id),
     };
@@ -91,7 +93,7 @@ fn file(state: Vec<u8>, data_format: u32, index: u64, term: u64, cluster_id: &st
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::applied::AppliedState;
+    use crate::raft::applied::AppliedState;
     use crate::state::{Batch, Cmd};
 
     #[test]

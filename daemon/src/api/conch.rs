@@ -16,7 +16,7 @@ use super::convert;
 use super::holder_watch::Ended;
 use super::membership;
 use super::status::ApiError;
-use crate::error::NodeError;
+use crate::base::error::NodeError;
 use crate::node::{MembershipChange, Node};
 use crate::state::audit::{AuditFilter, AuditRecord};
 use crate::state::auth::{Access, Permission, token_id};
@@ -396,7 +396,7 @@ impl AdminService {
                 let removed =
                     removal.voters.contains(&member.id) || removal.learners.contains(&member.id);
                 if removed && member.id != self.node.id {
-                    crate::retire::tell(
+                    crate::jobs::retire::tell(
                         Arc::clone(&self.node),
                         member.id,
                         member.addr.clone(),
@@ -513,7 +513,7 @@ impl ConchAdmin for AdminService {
             holders: stats.holders,
             waiters: stats.waiters,
             cluster_id,
-            release: crate::release::RELEASE.to_string(),
+            release: crate::support::release::RELEASE.to_string(),
             cluster_version_max: self.node.config.cluster_version_max,
             cluster_version,
             data_format,
@@ -726,7 +726,7 @@ impl ConchAdmin for AdminService {
         request: Request<cpb::FinalizeUpgradeRequest>,
     ) -> Result<Response<cpb::FinalizeUpgradeResponse>, Status> {
         Caller::of(&self.node, &request).allow(&self.node, Access::ClusterAdmin)?;
-        let done = crate::upgrade::finalize(&self.node).await?;
+        let done = crate::api::upgrade::finalize(&self.node).await?;
         Ok(Response::new(cpb::FinalizeUpgradeResponse {
             previous_cluster_version: done.previous,
             cluster_version: done.current,

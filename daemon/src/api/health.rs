@@ -26,7 +26,7 @@ pub fn serving(leader_known: bool, last_log_index: u64, last_applied_index: u64)
 }
 
 /// Whether the node should take client traffic now, and if not why: the rule of this module's
-/// gRPC health, and of `/readyz` on the metrics listener (`metrics_http.rs`).
+/// gRPC health, and of `/readyz` on the metrics listener (`http/metrics.rs`).
 pub fn readiness(node: &Node, m: &RaftStatus) -> Result<(), String> {
     if node.removal.removed().is_some() {
         return Err("removed from the cluster".into());

@@ -10,10 +10,10 @@
 
 use std::time::Duration;
 
+use crate::callers::watches::{LossWatch, Seen};
 use crate::node::Node;
 use crate::state::audit::{AuditAction, AuditFilter};
 use crate::state::{Error, ErrorKind, HolderView, LossCause, PageRequest, State};
-use crate::watches::{LossWatch, Seen};
 
 use super::status::ApiError;
 

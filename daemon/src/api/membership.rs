@@ -113,7 +113,8 @@ pub async fn probe_new_member(
         return Err(refuse(format!(
             "it runs conch {release}, which speaks cluster version {speaks}, and this cluster \
              runs at version {current}: start it with conch {} or later",
-            crate::release::first_speaking(current).unwrap_or(crate::release::RELEASE)
+            crate::support::release::first_speaking(current)
+                .unwrap_or(crate::support::release::RELEASE)
         )));
     }
     let ours = node.cluster_id.get().unwrap_or_default();

@@ -1,5 +1,7 @@
-//! gRPC services: the Grackle API, conch's extensions, admin and access control, the peer
-//! service, health and reflection, all on one port.
+//! Layer 8 of docs/design.md ("Module graph"): the gRPC services. The Grackle API, conch's
+//! extensions, admin and access control, the peer service, health and reflection, all on one
+//! port; and rolling upgrades (`upgrade`: what each member runs, raising the cluster version),
+//! served by them.
 
 use std::sync::Arc;
 
@@ -14,8 +16,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-use crate::connections::Gate;
-use crate::identity::CLUSTER_ID_HEADER;
+use crate::data_dir::identity::CLUSTER_ID_HEADER;
+use crate::net::connections::Gate;
 use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
@@ -37,6 +39,7 @@ pub mod responses;
 pub mod slots;
 pub mod status;
 pub mod sync;
+pub mod upgrade;
 pub mod watch_loss;
 
 /// Largest client request accepted; tonic refuses anything bigger with OUT_OF_RANGE ("decoded
@@ -144,7 +147,7 @@ fn peer_service(
 /// administration, which other nodes forward admin calls to) on the peer listener.
 pub async fn serve(
     node: Arc<Node>,
-    listener: crate::transport::Listener,
+    listener: crate::net::transport::Listener,
     peer_listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
@@ -213,7 +216,7 @@ pub async fn serve(
             &node,
             peers,
             peer_gate,
-            crate::transport::Listener::Tcp(peer_listener),
+            crate::net::transport::Listener::Tcp(peer_listener),
             shutdown
         ),
     );
@@ -231,13 +234,13 @@ async fn serve_on(
     node: &Node,
     router: ClientRouter,
     gate: Arc<Gate>,
-    listener: crate::transport::Listener,
+    listener: crate::net::transport::Listener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let listener = match listener {
-        crate::transport::Listener::Tcp(listener) => listener,
-        crate::transport::Listener::Incoming(incoming) => {
-            let incoming = crate::connections::guard(incoming, gate);
+        crate::net::transport::Listener::Tcp(listener) => listener,
+        crate::net::transport::Listener::Incoming(incoming) => {
+            let incoming = crate::net::connections::guard(incoming, gate);
             return router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await;
@@ -252,7 +255,7 @@ async fn serve_on(
     // Accepted sockets get TCP_NODELAY here: with a custom listener tonic ignores
     // `Server::tcp_nodelay`, and Nagle's algorithm with delayed ACKs stalls replies by ~40 ms.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let incoming = crate::connections::guard(incoming, gate);
+    let incoming = crate::net::connections::guard(incoming, gate);
     router
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -25,14 +25,14 @@ use tonic::{Request, Response, Status, Streaming};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 
 use super::status::ApiError;
-use crate::error::NodeError;
-use crate::identity::{PEER_ID_HEADER, PEER_SECRET_HEADER};
+use crate::base::error::NodeError;
+use crate::base::write_trace::{CALL, CallStamps, Stage, record_call};
+use crate::data_dir::identity::{PEER_ID_HEADER, PEER_SECRET_HEADER};
 use crate::node::Node;
 use crate::node::forward_stream::{ForwardReply, ForwardRequest};
 use crate::raft::network::{decode, encode};
 use crate::raft::{NodeId, TypeConfig, peer_target};
 use crate::state::{Cmd, Reply};
-use crate::write_trace::{CALL, CallStamps, Stage, record_call};
 
 pub struct PeerService {
     node: Arc<Node>,
@@ -526,7 +526,9 @@ impl ConchPeer for PeerService {
         for_this_node(&self.node, &request)?;
         from_member(&self.node, &request)?;
         let notice = decode_request(&request)?;
-        Ok(encode_reply(&crate::retire::notice(&self.node, notice))?)
+        Ok(encode_reply(&crate::jobs::retire::notice(
+            &self.node, notice,
+        ))?)
     }
 
     async fn node_info(
@@ -534,7 +536,7 @@ impl ConchPeer for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         from_member(&self.node, &request)?;
-        Ok(encode_reply(&crate::upgrade::NodeInfo::this_node(
+        Ok(encode_reply(&crate::api::upgrade::NodeInfo::this_node(
             &self.node,
         ))?)
     }
@@ -547,8 +549,8 @@ mod tests {
     use conch_proto::conch::conch_peer_client::ConchPeerClient;
 
     use super::*;
+    use crate::data_dir::identity::{PeerStamp, WithClusterId};
     use crate::embed::{ConchNode, NodeConfig};
-    use crate::identity::{PeerStamp, WithClusterId};
     use crate::node::forward_stream::ForwardReply;
     use crate::raft::network::request_stream;
 

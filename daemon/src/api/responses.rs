@@ -24,9 +24,9 @@ use tokio::task::futures::TaskLocalFuture;
 use tonic::codegen::http;
 
 use super::LEADER_HEADER;
-use crate::metrics::Metrics;
+use crate::base::write_trace::{CALL, CallStamps, record_call};
 use crate::node::Node;
-use crate::write_trace::{CALL, CallStamps, record_call};
+use crate::support::metrics::Metrics;
 
 /// Path prefix of the node-to-node service, whose responses carry no leader hint.
 const PEER_PATH: &str = "/conch.v1.ConchPeer/";

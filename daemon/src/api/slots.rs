@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use tonic::codegen::http;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-use crate::connections::{CallGuard, Conn, Gate};
+use crate::net::connections::{CallGuard, Conn, Gate};
 use crate::node::Node;
 
 /// Path prefix of the node-to-node service.
@@ -107,7 +107,7 @@ fn shows_who<B>(node: &Node, request: &http::Request<B>) -> bool {
     let headers = request.headers();
     if request.uri().path().starts_with(PEER_PATH)
         && let Some(secret) = &node.peer_secret_header
-        && let Some(given) = headers.get(crate::identity::PEER_SECRET_HEADER)
+        && let Some(given) = headers.get(crate::data_dir::identity::PEER_SECRET_HEADER)
     {
         return super::peer::constant_time_eq(given.as_bytes(), secret.as_bytes());
     }

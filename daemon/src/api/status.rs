@@ -27,9 +27,9 @@
 
 use tonic::{Code, Status};
 
-use crate::error::NodeError;
+use crate::base::error::NodeError;
+use crate::jobs::wait::WaitError;
 use crate::state::{Error, ErrorKind};
-use crate::wait::WaitError;
 
 /// Why a call failed, before it becomes a [`Status`].
 #[derive(Debug, thiserror::Error)]
@@ -153,9 +153,10 @@ fn from_state(error: Error) -> Status {
 fn from_node(error: NodeError) -> Status {
     match error {
         NodeError::Unavailable(message) => Status::unavailable(message),
-        NodeError::NotLeader { node } => {
-            Status::unavailable(format!("node {node} {}", crate::error::NOT_LEADER_SUFFIX))
-        }
+        NodeError::NotLeader { node } => Status::unavailable(format!(
+            "node {node} {}",
+            crate::base::error::NOT_LEADER_SUFFIX
+        )),
         NodeError::Internal(message) => internal(message),
         NodeError::StorageFailed(message) => Status::unavailable(message),
     }

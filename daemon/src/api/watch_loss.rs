@@ -21,9 +21,9 @@ use futures::{Stream, StreamExt};
 use tonic::Status;
 
 use super::status::ApiError;
+use crate::callers::watches::LossWatch;
 use crate::node::Node;
 use crate::state::{Error, LeaseHold, LeaseKind, LossCause, lock_path};
-use crate::watches::LossWatch;
 
 pub type WatchLossStream =
     Pin<Box<dyn Stream<Item = Result<cpb::WatchLossResponse, Status>> + Send>>;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use conchd::config::Settings;
-use conchd::restore::RestoreArgs;
+use conchd::raft::restore::RestoreArgs;
 
 /// conchd: a replicated semaphore daemon answering the Grackle semaphore API.
 ///

@@ -210,7 +210,7 @@ fn the_per_address_connection_cap_comes_from_the_flag_or_the_file_and_is_checked
     let default = Config::from_settings(Settings::default())?;
     assert_eq!(
         default.max_connections_per_address,
-        crate::connections::DEFAULT_PER_ADDRESS
+        crate::net::connections::DEFAULT_PER_ADDRESS
     );
     assert!(!default.adopt_data_dir);
     let dir = tempfile::tempdir()?;
@@ -225,7 +225,7 @@ fn the_per_address_connection_cap_comes_from_the_flag_or_the_file_and_is_checked
     })?;
     assert_eq!(from_file.max_connections_per_address, 50);
     assert!(from_file.adopt_data_dir);
-    for bad in [0, crate::connections::MAX_CONNECTIONS + 1] {
+    for bad in [0, crate::net::connections::MAX_CONNECTIONS + 1] {
         let refused = Config::from_settings(Settings {
             max_connections_per_address: Some(bad),
             ..Settings::default()
@@ -325,7 +325,7 @@ fn self_signed(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
         dir.join(format!("{stem}.key")),
     );
     std::fs::write(&cert_path, cert.pem()).expect("write cert");
-    crate::private_file::write(&key_path, key.serialize_pem()).expect("write key");
+    crate::base::private_file::write(&key_path, key.serialize_pem()).expect("write key");
     (cert_path, key_path)
 }
 
@@ -375,7 +375,7 @@ fn tls_settings_are_checked_before_anything_starts() {
     refused(tls_flags(Some(&missing), Some(&key)), "read --tls-cert");
     refused(tls_flags(Some(&garbage), Some(&key)), "--tls-cert");
     let garbage_key = dir.path().join("garbage.key");
-    crate::private_file::write(&garbage_key, "hello").expect("write");
+    crate::base::private_file::write(&garbage_key, "hello").expect("write");
     refused(tls_flags(Some(&cert), Some(&garbage_key)), "--tls-key");
     // A key that group or others may read is refused, with the fix.
     use std::os::unix::fs::PermissionsExt;
@@ -531,10 +531,10 @@ fn a_separate_peer_port_is_the_address_in_the_membership() {
 fn the_bootstrap_token_file_is_read_hashed_and_checked() {
     let dir = tempfile::tempdir().expect("tempdir");
     let token = dir.path().join("admin.token");
-    crate::private_file::write(&token, "  0123456789abcdef0123456789abcdef\n")
+    crate::base::private_file::write(&token, "  0123456789abcdef0123456789abcdef\n")
         .expect("write token");
     let secret = dir.path().join("peer.secret");
-    crate::private_file::write(&secret, "fedcba9876543210fedcba9876543210\n")
+    crate::base::private_file::write(&secret, "fedcba9876543210fedcba9876543210\n")
         .expect("write secret");
     let toml = dir.path().join("conchd.toml");
     let key = format!(
@@ -566,13 +566,13 @@ fn the_bootstrap_token_file_is_read_hashed_and_checked() {
     assert!(config.peers_authenticate());
     assert_eq!(
         config.peer_secret,
-        Some(crate::secret::hash_token(
+        Some(crate::support::secret::hash_token(
             "fedcba9876543210fedcba9876543210"
         ))
     );
     assert_eq!(
         config.bootstrap_admin_token,
-        Some(crate::secret::hash_token(
+        Some(crate::support::secret::hash_token(
             "0123456789abcdef0123456789abcdef"
         ))
     );
@@ -599,7 +599,7 @@ fn the_bootstrap_token_file_is_read_hashed_and_checked() {
             "{text}"
         );
     }
-    crate::private_file::write(&token, "short\n").expect("write token");
+    crate::base::private_file::write(&token, "short\n").expect("write token");
     let missing = dir.path().join("missing.token");
     for (path, says) in [(&token, "at least 32"), (&missing, "missing.token")] {
         let err = Config::from_settings(Settings {

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api::upgrade::{NodeInfo, finalize, new_cluster_version, record_new_cluster};
 use crate::node::Node;
 use crate::state::version::{BASE, NEWEST};
-use crate::upgrade::{NodeInfo, finalize, new_cluster_version, record_new_cluster};
 
 async fn leading(config: crate::NodeConfig) -> anyhow::Result<crate::ConchNode> {
     let node = crate::ConchNode::start(config).await?;
@@ -53,7 +53,7 @@ async fn a_node_that_speaks_version_1_only_bootstraps_there_and_is_finalized_onc
     assert!(
         refused.to_string().starts_with(&format!(
             "cannot finalize the upgrade to cluster version 2: node 1 runs conch {}",
-            crate::release::RELEASE
+            crate::support::release::RELEASE
         )),
         "{refused}"
     );

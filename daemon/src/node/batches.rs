@@ -7,9 +7,9 @@ use std::time::Instant;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::{BATCH_MAX_CMDS, Proposal};
-use crate::error::NodeError;
+use crate::base::error::NodeError;
+use crate::base::tasks::Tasks;
 use crate::state::{Cmd, Reply};
-use crate::tasks::Tasks;
 
 /// Gathers the proposals from `rx` into batches and runs `handle` on each, on a task of its
 /// own, with at most `limit` batches holding a permit at once. Returns when `rx` closes.

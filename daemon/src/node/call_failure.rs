@@ -4,7 +4,7 @@
 
 use super::LeaderInfo;
 use super::forward_stream::ForwardFailure;
-use crate::error::NodeError;
+use crate::base::error::NodeError;
 
 /// A failed forward of a write to the leader. It is tried again (through whichever node leads
 /// next) only when the leader certainly did not take it: it answered that it is not the
@@ -13,7 +13,9 @@ use crate::error::NodeError;
 /// the write may be committed, and sending it again would apply it twice.
 pub(super) fn forward_failure(status: &tonic::Status, leader: &LeaderInfo) -> NodeError {
     let refused = std::error::Error::source(status).is_none()
-        && status.message().ends_with(crate::error::NOT_LEADER_SUFFIX);
+        && status
+            .message()
+            .ends_with(crate::base::error::NOT_LEADER_SUFFIX);
     if status.code() == tonic::Code::Unavailable && (refused || never_connected(status)) {
         return NodeError::NotLeader { node: leader.id };
     }
@@ -121,7 +123,7 @@ mod tests {
     #[test]
     fn a_forward_is_retried_only_when_the_leader_certainly_did_not_take_it() {
         let not_leader =
-            tonic::Status::unavailable(format!("node 1 {}", crate::error::NOT_LEADER_SUFFIX));
+            tonic::Status::unavailable(format!("node 1 {}", crate::base::error::NOT_LEADER_SUFFIX));
         assert_eq!(
             forward_failure(&not_leader, &leader()),
             NodeError::NotLeader { node: 1 }

@@ -25,11 +25,11 @@ use conch_proto::conch::PeerMessage;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::error::NodeError;
+use crate::base::error::NodeError;
+use crate::base::tasks::Tasks;
 use crate::raft::NodeId;
 use crate::raft::network::{Identity, PeerChannel, decode, encode, peer_client, request_stream};
 use crate::state::{Cmd, Reply};
-use crate::tasks::Tasks;
 
 /// What the leader answers a forwarded batch: its replies and the entry's index, or why not
 /// (a unary `Propose` reply's payload is the same).
@@ -338,7 +338,7 @@ mod tests {
     use tonic::{Request, Response, Status, Streaming};
 
     use super::*;
-    use crate::identity::{ClusterId, PeerStamp, WithClusterId};
+    use crate::data_dir::identity::{ClusterId, PeerStamp, WithClusterId};
 
     /// How the test leader treats `ProposeStream`.
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]

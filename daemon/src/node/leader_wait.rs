@@ -71,7 +71,7 @@ impl LeaderWait {
         self.retries = self.retries.saturating_add(1);
         let half = ceiling / 2;
         // Jitter from `entropy.rs` (seeded under simulation); without randomness, none.
-        let draw = crate::entropy::random_u64().unwrap_or(0);
+        let draw = crate::sim_hooks::entropy::random_u64().unwrap_or(0);
         let frac = (draw % 1_000_001) as f64 / 1_000_000.0;
         half + half.mul_f64(frac)
     }

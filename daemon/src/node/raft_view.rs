@@ -14,8 +14,8 @@ use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState};
 use tokio::sync::watch;
 
 use super::{Node, known_leader};
+use crate::raft::removal::RemovedNotice;
 use crate::raft::{NodeId, TypeConfig};
-use crate::removal::RemovedNotice;
 
 /// One member of the membership this node knows.
 #[derive(Clone, Debug, PartialEq, Eq)]

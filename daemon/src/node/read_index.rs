@@ -10,9 +10,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::call_failure::peer_failure;
 use super::leader_wait::{LeaderWait, Woken};
 use super::{LeaderInfo, Node, shutting_down};
-use crate::error::NodeError;
+use crate::base::error::NodeError;
 use crate::raft::network::decode;
-use crate::storage_fault;
+use crate::raft::storage_fault;
 
 impl Node {
     /// Waits until a read on this node is linearizable: leadership confirmed by a quorum after
@@ -38,7 +38,9 @@ impl Node {
         match self.raft.get_read_log_id().await {
             Ok((read_log_id, _)) => {
                 let index = read_log_id.map(|l| l.index).unwrap_or(0);
-                if crate::regressions::active(crate::regressions::Bug::StaleReadAfterRestart) {
+                if crate::sim_hooks::regressions::active(
+                    crate::sim_hooks::regressions::Bug::StaleReadAfterRestart,
+                ) {
                     return Ok(index);
                 }
                 Ok(index.max(self.log_at_start))

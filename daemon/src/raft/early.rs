@@ -59,12 +59,13 @@ struct Member {
 impl EarlyReplication {
     /// Early sends for node `id`; `enabled: false` never sends.
     ///
-    /// With the stale read after restart put back (`crate::regressions`), the node is as it was
-    /// when it had that bug: a restarted leader leads its old term again, which is safe only
-    /// without early sends, so there are none.
+    /// With the stale read after restart put back (`crate::sim_hooks::regressions`), the node is
+    /// as it was when it had that bug: a restarted leader leads its old term again, which is safe
+    /// only without early sends, so there are none.
     pub fn new(id: NodeId, enabled: bool) -> Arc<EarlyReplication> {
-        let old_restart =
-            crate::regressions::active(crate::regressions::Bug::StaleReadAfterRestart);
+        let old_restart = crate::sim_hooks::regressions::active(
+            crate::sim_hooks::regressions::Bug::StaleReadAfterRestart,
+        );
         Arc::new(EarlyReplication {
             id,
             enabled: enabled && !old_restart,

@@ -78,8 +78,8 @@ use super::codec::encode_value;
 use super::early::EarlyReplication;
 use super::wal::{SEGMENT_BYTES, Wal};
 use super::{LogId, NodeId, StorageError, TypeConfig};
-use crate::metrics::LogMetrics;
 use crate::state::version;
+use crate::support::metrics::LogMetrics;
 
 mod log_end;
 mod mem_log;
@@ -143,7 +143,7 @@ pub enum OpenError {
          data, so start this node with an empty data directory (in a cluster, remove the node \
          and add it back empty)",
         path.display(),
-        crate::release::RELEASE,
+        crate::support::release::RELEASE,
         READ_FORMATS.start(),
         READ_FORMATS.end()
     )]
@@ -152,7 +152,7 @@ pub enum OpenError {
         "{}: written by conch {release} (data format {found}); this build, conch {}, reads data \
          formats {} to {}: run conch {release} or a later release on this directory",
         path.display(),
-        crate::release::RELEASE,
+        crate::support::release::RELEASE,
         READ_FORMATS.start(),
         READ_FORMATS.end()
     )]
@@ -536,7 +536,7 @@ impl LogStore {
 
     /// Waits as long as a sync takes on a disk made slow (only ever under simulation).
     async fn slow_disk(&self) {
-        if let Some(delay) = crate::disk_faults::sync_delay(&self.inner.data_dir) {
+        if let Some(delay) = crate::sim_hooks::disk_faults::sync_delay(&self.inner.data_dir) {
             tokio::time::sleep(delay).await;
         }
     }
@@ -546,7 +546,7 @@ impl LogStore {
     async fn sync_meta(&self, log_end: Option<u64>) -> io::Result<()> {
         self.slow_disk().await;
         let inner = Arc::clone(&self.inner);
-        crate::blocking::unblock(move || {
+        crate::sim_hooks::blocking::unblock(move || {
             inner.sync_meta()?;
             if let Some(index) = log_end {
                 inner.log_end.write(index, false)?;
@@ -561,7 +561,7 @@ impl LogStore {
 impl Inner {
     fn sync_meta(&self) -> io::Result<()> {
         self.db.flush().map_err(io_other)?;
-        crate::disk_faults::flushed(&self.path);
+        crate::sim_hooks::disk_faults::flushed(&self.path);
         if self.durability == Durability::Fsync {
             self.data_file.sync_data()?;
         }
@@ -571,7 +571,7 @@ impl Inner {
     /// Writes one metadata value, not yet flushed.
     fn put_meta(&self, key: &[u8], value: Vec<u8>) -> sled::Result<()> {
         let before = self.db.insert(key, value)?;
-        crate::disk_faults::value_written(&self.path, key, before.as_deref());
+        crate::sim_hooks::disk_faults::value_written(&self.path, key, before.as_deref());
         Ok(())
     }
 

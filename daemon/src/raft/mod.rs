@@ -1,18 +1,25 @@
-//! openraft glue: type configuration, the log store (segment files and sled), the state-machine adapter and the
-//! peer transport.
+//! Layer 5 of docs/design.md ("Module graph"): openraft glue and what the node keeps of Raft.
+//! Type configuration, the log store (segment files and sled), the state-machine adapter and
+//! the peer transport; the applied state (`applied`); seeding a data directory from a backup
+//! (`restore`); what a node's removal from the Raft membership is (`removal`); and stopping the
+//! node when Raft's storage fails (`storage_fault`).
 
 use std::io::Cursor;
 
 use crate::state::{Batch, Cmd, Reply};
 
+pub(crate) mod applied;
 mod codec;
-pub mod early;
-pub mod log_store;
-pub mod network;
-pub mod peer_target;
-pub mod runtime;
-pub mod state_machine;
-pub mod wal;
+pub(crate) mod early;
+pub(crate) mod log_store;
+pub(crate) mod network;
+pub(crate) mod peer_target;
+pub mod removal;
+pub mod restore;
+pub(crate) mod runtime;
+pub(crate) mod state_machine;
+pub mod storage_fault;
+pub(crate) mod wal;
 
 openraft::declare_raft_types!(
     /// conch's Raft types: an entry carries a [`Batch`] of commands and answers one reply per

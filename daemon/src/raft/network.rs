@@ -24,11 +24,11 @@ use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{NodeId, TypeConfig};
+use crate::base::log_limit::LogLimits;
+use crate::base::write_trace::{Mark, WriteTrace};
 use crate::config::Config;
-use crate::identity::{ClusterId, PeerStamp, WithClusterId};
-use crate::log_limit::LogLimits;
+use crate::data_dir::identity::{ClusterId, PeerStamp, WithClusterId};
 use crate::tls::Tls;
-use crate::write_trace::{Mark, WriteTrace};
 
 /// Largest peer message accepted or sent (snapshot chunks and entry batches stay below it).
 pub const PEER_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
@@ -41,7 +41,7 @@ pub type PeerChannel = WithClusterId<Channel>;
 #[derive(Clone)]
 pub struct PeerDialer {
     tls: Option<Arc<Tls>>,
-    dial: Option<crate::transport::Dial>,
+    dial: Option<crate::net::transport::Dial>,
     cluster_id: Arc<ClusterId>,
     stamp: Arc<PeerStamp>,
 }
@@ -88,10 +88,10 @@ impl PeerDialer {
 
 /// A connector for tonic that opens each connection through `dial`.
 fn dialer(
-    dial: crate::transport::Dial,
+    dial: crate::net::transport::Dial,
 ) -> impl tower::Service<
     tonic::transport::Uri,
-    Response = hyper_util::rt::TokioIo<Box<dyn crate::transport::Conn>>,
+    Response = hyper_util::rt::TokioIo<Box<dyn crate::net::transport::Conn>>,
     Error = std::io::Error,
     Future = impl Send,
 > + Clone
@@ -474,7 +474,7 @@ mod tests {
     use tonic::{Request, Response, Status, Streaming};
 
     use super::*;
-    use crate::identity::PeerStamp;
+    use crate::data_dir::identity::PeerStamp;
 
     /// A peer that answers every AppendEntries with `HigherVote` of the request's own vote, so
     /// each reply names the request it answers. On the first stream opened it holds the reply

@@ -36,7 +36,7 @@ pub fn check(own: NodeId, metadata: &MetadataMap) -> Result<(), String> {
     let Some(value) = metadata.get(PEER_TARGET_HEADER) else {
         return Ok(());
     };
-    if crate::regressions::active(crate::regressions::Bug::MisroutedReplies) {
+    if crate::sim_hooks::regressions::active(crate::sim_hooks::regressions::Bug::MisroutedReplies) {
         return Ok(());
     }
     let target = value.to_str().ok().and_then(|v| v.parse::<NodeId>().ok());

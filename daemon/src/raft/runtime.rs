@@ -1,5 +1,6 @@
 //! The runtime openraft runs on: tokio, with Raft's random draws (the election timeout) taken
-//! from [`crate::entropy`], so that a seeded thread (the simulator) replays its elections.
+//! from [`crate::sim_hooks::entropy`], so that a seeded thread (the simulator) replays its
+//! elections.
 
 use std::future::Future;
 use std::time::Duration;
@@ -9,8 +10,8 @@ use openraft::{AsyncRuntime, OptionalSend, TokioRuntime};
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct ConchRuntime;
 
-/// Raft's random numbers: [`crate::entropy::random_u64`], or rand's thread generator should
-/// the operating system have none to give.
+/// Raft's random numbers: [`crate::sim_hooks::entropy::random_u64`], or rand's thread generator
+/// should the operating system have none to give.
 #[derive(Debug, Default)]
 pub struct RaftRng;
 
@@ -20,7 +21,7 @@ impl rand::RngCore for RaftRng {
     }
 
     fn next_u64(&mut self) -> u64 {
-        crate::entropy::random_u64().unwrap_or_else(|_| rand::thread_rng().next_u64())
+        crate::sim_hooks::entropy::random_u64().unwrap_or_else(|_| rand::thread_rng().next_u64())
     }
 
     fn fill_bytes(&mut self, dest: &mut [u8]) {

@@ -38,10 +38,10 @@ use openraft::{
 };
 
 use super::{LogId, NodeId, StorageError, TypeConfig};
-use crate::applied::AppliedState;
-use crate::metrics::SnapshotMetrics;
+use crate::raft::applied::AppliedState;
 use crate::state::fnv1a64;
 use crate::state::{Reply, SnapshotError, State, version};
+use crate::support::metrics::SnapshotMetrics;
 
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, BasicNode>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
@@ -88,7 +88,7 @@ pub enum EnvelopeError {
         "written by {} (snapshot version {found}); this build, conch {}, reads snapshot versions \
          {} to {}: {}",
         if *found < *READ_VERSIONS.start() { "a development build of conch older than release 0.1.0" } else { "a newer release of conch" },
-        crate::release::RELEASE,
+        crate::support::release::RELEASE,
         READ_VERSIONS.start(),
         READ_VERSIONS.end(),
         if *found < *READ_VERSIONS.start() {
@@ -315,7 +315,7 @@ where
     F: FnOnce() -> Result<T, SnapshotFileError> + Send + 'static,
     T: Send + 'static,
 {
-    crate::blocking::unblock(work)
+    crate::sim_hooks::blocking::unblock(work)
         .await
         .map_err(|e| SnapshotFileError::Join(e.to_string()))?
 }
@@ -500,7 +500,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         .await
         .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         self.metrics.built.inc();
-        crate::metrics::observe(&self.metrics.seconds, self.started.elapsed());
+        crate::support::metrics::observe(&self.metrics.seconds, self.started.elapsed());
         self.metrics
             .last_bytes
             .set(i64::try_from(bytes.len()).unwrap_or(i64::MAX));

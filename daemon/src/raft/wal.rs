@@ -384,15 +384,15 @@ impl Wal {
         };
         let at = segment.end;
         let dir = &self.dir;
-        crate::disk_faults::before_write(&segment.file, &segment.path, at, buf.len());
+        crate::sim_hooks::disk_faults::before_write(&segment.file, &segment.path, at, buf.len());
         let written = segment.file.write_all_at(&buf, at).and_then(|()| {
             let started = Instant::now();
-            if let Some(e) = crate::disk_faults::injected(dir) {
+            if let Some(e) = crate::sim_hooks::disk_faults::injected(dir) {
                 return Err(e);
             }
             if sync {
                 segment.file.sync_data()?;
-                crate::disk_faults::synced(&segment.path);
+                crate::sim_hooks::disk_faults::synced(&segment.path);
             }
             Ok(started.elapsed())
         });

@@ -50,7 +50,7 @@ pub(super) fn read_certs(
 }
 
 pub(super) fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    if let Some(problem) = crate::private_file::problem(path) {
+    if let Some(problem) = crate::base::private_file::problem(path) {
         return Err(invalid("--tls-key", path, problem));
     }
     let bytes = read("--tls-key", path)?;

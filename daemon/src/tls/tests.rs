@@ -91,7 +91,7 @@ const NODE: &[Eku] = &[Eku::ServerAuth, Eku::ClientAuth];
 fn load(dir: &Path, ca: &Ca, own: &Leaf, crl: Option<&str>) -> Tls {
     let write = |name: &str, text: &str| {
         let path = dir.join(name);
-        crate::private_file::write(&path, text).expect("write");
+        crate::base::private_file::write(&path, text).expect("write");
         path
     };
     let ca_path = write("ca.crt", &ca.pem);
@@ -138,8 +138,9 @@ fn the_earliest_expiry_is_the_first_certificate_to_end() {
     // A renewed certificate copied in place: the next expiry is the new one's.
     let later = now + time::Duration::days(400);
     let renewed = leaf_until(&ca, later);
-    crate::private_file::write(&dir.path().join("node.crt"), &renewed.pem).expect("write");
-    crate::private_file::write(&dir.path().join("node.key"), &renewed.key_pem).expect("write");
+    crate::base::private_file::write(&dir.path().join("node.crt"), &renewed.pem).expect("write");
+    crate::base::private_file::write(&dir.path().join("node.key"), &renewed.key_pem)
+        .expect("write");
     assert_eq!(tls.reload(true).ok(), Some(true));
     assert_eq!(tls.earliest_expiry(), Some(later.unix_timestamp()));
 }

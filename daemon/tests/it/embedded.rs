@@ -300,7 +300,7 @@ fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf
         .expect("sign");
     let (cert_path, key_path) = (dir.join("node.crt"), dir.join("node.key"));
     std::fs::write(&cert_path, cert.pem()).expect("write cert");
-    conchd::private_file::write(&key_path, key.serialize_pem()).expect("write key");
+    conchd::base::private_file::write(&key_path, key.serialize_pem()).expect("write key");
     (cert_path, key_path, cert.pem())
 }
 

@@ -11,9 +11,9 @@ use tracing::Instrument;
 use super::{GrackleService, hold_ms, unexpected, wait_ns};
 use crate::api::convert;
 use crate::api::status::ApiError;
+use crate::callers::waiters::WaitKey;
+use crate::jobs::wait;
 use crate::state::{AcquireStatus, Cmd, Nanos, Outcome};
-use crate::wait;
-use crate::waiters::WaitKey;
 
 impl GrackleService {
     /// `AcquireSemaphore` as its own route serves it (`acquire_route.rs`): the same call as the
@@ -158,7 +158,7 @@ pub(super) enum Started {
 /// A blocking acquire that queued: all a call keeps while it waits. Its waiter's names live
 /// once, in the registry, shared with `ticket`.
 pub(super) struct Parked {
-    ticket: crate::waiters::WaitTicket,
+    ticket: crate::callers::waiters::WaitTicket,
     deadline_ns: Nanos,
     index: u64,
     /// Counts against the principal's waiting calls until the call ends.

@@ -9,10 +9,10 @@ use crate::api::admission::{Principal, WaitPermit};
 use crate::api::auth::Caller;
 use crate::api::convert;
 use crate::api::status::ApiError;
+use crate::callers::waiters::{WaitKey, WaitTicket};
+use crate::jobs::wait;
 use crate::state::auth::Permission;
 use crate::state::{AcquireLockReply, AcquireStatus, Cmd, Contention, Nanos, Outcome, lock_object};
-use crate::wait;
-use crate::waiters::{WaitKey, WaitTicket};
 
 /// How a lock acquire's first part ended.
 enum LockStarted {

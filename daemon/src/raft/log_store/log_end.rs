@@ -109,12 +109,17 @@ impl LogEnd {
         }
         let seq = last.0.wrapping_add(1);
         let offset = (seq % 2) * LOG_END_SLOT_BYTES as u64;
-        crate::disk_faults::before_write(&self.file, &self.path, offset, LOG_END_SLOT_BYTES);
+        crate::sim_hooks::disk_faults::before_write(
+            &self.file,
+            &self.path,
+            offset,
+            LOG_END_SLOT_BYTES,
+        );
         self.file
             .write_all_at(&encode_log_end_slot(seq, index), offset)?;
         if sync {
             self.file.sync_data()?;
-            crate::disk_faults::synced(&self.path);
+            crate::sim_hooks::disk_faults::synced(&self.path);
         }
         *last = (seq, index);
         Ok(())

@@ -56,7 +56,7 @@ pub(super) fn read_meta<T: DeserializeOwned>(
 /// Puts back the values a simulated crash took from sled (see `disk_faults`); nothing outside a
 /// simulation.
 pub(super) fn put_back_lost_values(db: &sled::Db, path: &Path) -> Result<(), OpenError> {
-    let lost = crate::disk_faults::take_lost_values(path);
+    let lost = crate::sim_hooks::disk_faults::take_lost_values(path);
     if lost.is_empty() {
         return Ok(());
     }
@@ -127,7 +127,8 @@ pub(super) fn check_data_format(db: &sled::Db, path: &Path) -> Result<u32, OpenE
 /// Records `format` as the store's data format, written by this release, durably.
 pub(super) fn write_data_format(db: &sled::Db, format: u32) -> Result<(), String> {
     let format = encode_value(&format).map_err(|e| e.to_string())?;
-    let release = encode_value(&crate::release::RELEASE.to_string()).map_err(|e| e.to_string())?;
+    let release =
+        encode_value(&crate::support::release::RELEASE.to_string()).map_err(|e| e.to_string())?;
     db.insert(KEY_RELEASE, release)
         .and_then(|_| db.insert(KEY_FORMAT, format))
         .and_then(|_| db.flush())

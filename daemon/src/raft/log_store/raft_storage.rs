@@ -12,10 +12,10 @@ use openraft::{AnyError, Entry, OptionalSend, RaftLogReader, StorageIOError, Vot
 use super::meta::{KEY_COMMITTED, KEY_PURGED, KEY_VOTE};
 use super::vote_file::write_vote_file;
 use super::{Durability, LogStore, REPLICATION_BATCH_BYTES, io_other};
-use crate::metrics::observe;
+use crate::base::write_trace::Mark;
 use crate::raft::codec::encode_value;
 use crate::raft::{LogId, NodeId, StorageError, TypeConfig};
-use crate::write_trace::Mark;
+use crate::support::metrics::observe;
 
 /// Maps a `RangeBounds<u64>` onto inclusive index bounds; `None` when the range is empty.
 fn inclusive_bounds(range: &impl RangeBounds<u64>) -> Option<(u64, u64)> {
@@ -148,7 +148,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // leaves the file older than sled, which open accepts.
         let data_dir = self.inner.data_dir.clone();
         let vote = *vote;
-        crate::blocking::unblock(move || write_vote_file(&data_dir, &vote))
+        crate::sim_hooks::blocking::unblock(move || write_vote_file(&data_dir, &vote))
             .await
             .map_err(|e| StorageIOError::write_vote(&io_other(e)))?
             .map_err(|e| StorageIOError::write_vote(&e))?;
@@ -253,7 +253,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Lower the recorded end first (durably): the log must never end before it.
         let inner = Arc::clone(&self.inner);
         let new_end = log_id.index.saturating_sub(1);
-        crate::blocking::unblock(move || {
+        crate::sim_hooks::blocking::unblock(move || {
             inner.log_end.write(new_end, true)?;
             inner.lock_wal().truncate(log_id.index)
         })
@@ -315,7 +315,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         };
         if past_the_end || self.inner.lock_wal().purgeable(log_id.index) > 0 {
             let inner = Arc::clone(&self.inner);
-            crate::blocking::unblock(move || {
+            crate::sim_hooks::blocking::unblock(move || {
                 inner.sync_meta()?;
                 inner.lock_wal().purge(log_id.index)
             })

@@ -72,7 +72,7 @@ fn every_kept_format_opens_and_any_other_is_refused_in_one_line() {
             "format {format}: {message}"
         );
     }
-    let this = crate::release::RELEASE;
+    let this = crate::support::release::RELEASE;
     for (format, release, start) in [
         (
             None,
@@ -130,7 +130,7 @@ fn an_entry_that_raises_the_cluster_version_records_its_format_before_it_is_writ
     assert_eq!(store.read_meta::<u32>(KEY_FORMAT), Ok(Some(8)));
     assert_eq!(
         store.read_meta::<String>(KEY_RELEASE),
-        Ok(Some(crate::release::RELEASE.to_string()))
+        Ok(Some(crate::support::release::RELEASE.to_string()))
     );
     drop(store);
     assert_eq!(LogStore::open(dir.path()).expect("reopen").data_format(), 8);
@@ -193,7 +193,7 @@ use super::mem_log::MEM_LOG_BYTES;
 use super::meta::{KEY_FORMAT, KEY_RELEASE};
 use super::sled_entries::entry_key;
 use super::*;
-use crate::applied::AppliedState;
+use crate::raft::applied::AppliedState;
 use crate::raft::codec::{CodecError, decode_value};
 use crate::raft::state_machine::StateMachine;
 use crate::state::fnv1a64;
@@ -330,8 +330,8 @@ async fn a_purge_past_the_end_of_the_log_survives_a_crash_that_loses_unflushed_v
     // from 8 after a hole.
     let dir = tempfile::tempdir()?;
     // The journal is this thread's: the store's blocking work must run on it too.
-    crate::blocking::run_inline_on_this_thread(true);
-    crate::disk_faults::track_unsynced_under(dir.path());
+    crate::sim_hooks::blocking::run_inline_on_this_thread(true);
+    crate::sim_hooks::disk_faults::track_unsynced_under(dir.path());
     {
         let mut store = LogStore::open(dir.path())?;
         store.purge(log_id(1, 7)).await?;
@@ -339,11 +339,11 @@ async fn a_purge_past_the_end_of_the_log_survives_a_crash_that_loses_unflushed_v
         // Within the log: losing this purge point only brings entry 8 back.
         store.purge(log_id(2, 8)).await?;
     }
-    let lost = crate::disk_faults::lose_on_crash(dir.path(), &mut |_| 0);
+    let lost = crate::sim_hooks::disk_faults::lose_on_crash(dir.path(), &mut |_| 0);
     assert_eq!(lost.values, 1, "the purge point 8 was never flushed");
     let opened = LogStore::open(dir.path());
-    crate::disk_faults::stop_tracking();
-    crate::blocking::run_inline_on_this_thread(false);
+    crate::sim_hooks::disk_faults::stop_tracking();
+    crate::sim_hooks::blocking::run_inline_on_this_thread(false);
     let mut store = opened?;
     let state = store.get_log_state().await?;
     assert_eq!(state.last_purged_log_id, Some(log_id(1, 7)));

@@ -132,7 +132,7 @@ fn a_snapshot_of_0_1_0_opens_and_every_version_not_kept_is_refused_in_one_line()
     write_snapshot_file(dir.path(), 5, &raw_envelope(8, &meta(2, 1), &state))?;
     let opened = open(dir.path())?;
     assert_eq!(opened.applied.read(State::hash), hash);
-    let this = crate::release::RELEASE;
+    let this = crate::support::release::RELEASE;
     for (version, writer, advice) in [
         (
             6,

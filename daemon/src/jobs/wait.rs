@@ -18,10 +18,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::NodeError;
+use crate::base::error::NodeError;
+use crate::callers::waiters::{WaitEvent, WaitKey, WaitOutcome, WaitTicket, Wake};
 use crate::node::Node;
 use crate::state::{Cmd, Error, GiveUpReply, NANOS_PER_SEC, Nanos, Outcome, WaitEnd, lock_path};
-use crate::waiters::{WaitEvent, WaitKey, WaitOutcome, WaitTicket, Wake};
 
 /// How long after its deadline a waiting call gives up on its own if the leader's clock has not
 /// timed the waiter out (e.g. no leader).
@@ -86,7 +86,9 @@ pub async fn wait_for_grant(
     }
     // Boxed whole, like the give-up below: a waiting call's future keeps only the wait's own
     // state, not the catching up's.
-    let caught_up = if crate::regressions::active(crate::regressions::Bug::PhantomHold) {
+    let caught_up = if crate::sim_hooks::regressions::active(
+        crate::sim_hooks::regressions::Bug::PhantomHold,
+    ) {
         Ok(())
     } else {
         let catch_up = Box::pin(async {

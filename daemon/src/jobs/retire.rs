@@ -6,11 +6,13 @@ use std::sync::atomic::Ordering;
 use conch_proto::conch::PeerMessage;
 use openraft::{BasicNode, Membership};
 
-use crate::error::NodeError;
+use crate::base::error::NodeError;
 use crate::node::Node;
 use crate::raft::NodeId;
 use crate::raft::network::{decode, encode};
-use crate::removal::{RETIRE_QUIET, Removed, RemovedNotice, TELL_EVERY, TELL_FOR, describe, names};
+use crate::raft::removal::{
+    RETIRE_QUIET, Removed, RemovedNotice, TELL_EVERY, TELL_FOR, describe, names,
+};
 
 /// Follows the membership this node has applied until Raft stops, and retires the node when
 /// that membership leaves it out after it had been a member.

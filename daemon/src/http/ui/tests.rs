@@ -5,11 +5,11 @@ use super::html;
 use super::view::{self, Cluster, Overview};
 use super::{Form, Route, View, route};
 use crate::api::auth::Caller;
-use crate::secret::hash_token;
 use crate::state::auth::Permission;
 use crate::state::{
     BarrierCmd, Batch, Cmd, LeaseKind, Metadata, Nanos, Outcome, State, WaitGroupCmd,
 };
+use crate::support::secret::hash_token;
 
 const S: Nanos = 1_000_000_000;
 /// The wall clock at lease-clock 0: 2024-02-29 12:00:00 UTC.

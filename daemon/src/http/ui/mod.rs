@@ -70,11 +70,11 @@ pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
                     match handshake.await {
                         Ok(Ok(stream)) => connection(node, conn, stream).await,
                         Ok(Err(e)) => {
-                            gate.count(crate::connections::Reason::Handshake, Some(remote));
+                            gate.count(crate::net::connections::Reason::Handshake, Some(remote));
                             tracing::debug!(error = %e, "status page: TLS handshake")
                         }
                         Err(_) => {
-                            gate.count(crate::connections::Reason::Handshake, Some(remote));
+                            gate.count(crate::net::connections::Reason::Handshake, Some(remote));
                             tracing::debug!("status page: TLS handshake timed out")
                         }
                     }
@@ -85,7 +85,7 @@ pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
     }
 }
 
-async fn connection<S>(node: Arc<Node>, conn: Arc<crate::connections::Conn>, stream: S)
+async fn connection<S>(node: Arc<Node>, conn: Arc<crate::net::connections::Conn>, stream: S)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -354,7 +354,7 @@ fn cluster(node: &Node) -> view::Cluster {
         certificate_expires_at: not_after_ns.map(view::utc),
         certificate_expires_in_ms: not_after_ns.map(|at| at.saturating_sub(now_ns()) / 1_000_000),
         problems: crate::api::auth::setup_problem(node).into_iter().collect(),
-        release: crate::release::RELEASE.to_string(),
+        release: crate::support::release::RELEASE.to_string(),
         cluster_version: node.applied.read(|s| s.cluster_version().0),
         cluster_version_max: node.config.cluster_version_max,
     }

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::log_limit::LogLimit;
+use crate::base::log_limit::LogLimit;
 
 /// Most connections one listener keeps open.
 pub const MAX_CONNECTIONS: usize = 10_000;
@@ -224,7 +224,7 @@ impl Gate {
     }
 
     /// Closes idle connections every second while the gate is in use, on `tasks`.
-    pub fn reap_on(self: &Arc<Self>, tasks: &crate::tasks::Tasks) {
+    pub fn reap_on(self: &Arc<Self>, tasks: &crate::base::tasks::Tasks) {
         let gate = Arc::downgrade(self);
         tasks.spawn(reap_loop(gate));
     }

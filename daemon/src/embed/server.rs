@@ -20,20 +20,21 @@ use std::time::Duration;
 
 use openraft::{BasicNode, ServerState, SnapshotPolicy};
 
-use crate::applied::AppliedState;
+use crate::api;
 use crate::config::Config;
+use crate::data_dir::identity::ClusterId;
 use crate::data_dir::{DataDir, DataDirError};
-use crate::identity::ClusterId;
-use crate::metrics::Metrics;
+use crate::jobs::expiry;
+use crate::net::transport::Listener;
 use crate::node::Node;
+use crate::raft::applied::AppliedState;
 use crate::raft::early::EarlyReplication;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{PeerDialer, PeerNetwork};
 use crate::raft::state_machine::StateMachine;
 use crate::raft::{Raft, TypeConfig};
 use crate::state::State;
-use crate::transport::Listener;
-use crate::{api, expiry};
+use crate::support::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -62,7 +63,7 @@ pub enum StartError {
     #[error("serve: {0}")]
     Serve(String),
     #[error("cluster id: {0}")]
-    Identity(#[from] crate::identity::IdentityError),
+    Identity(#[from] crate::data_dir::identity::IdentityError),
 }
 
 impl StartError {
@@ -240,7 +241,7 @@ pub async fn start_with_listener(
 /// node reaches the others). There is no separate peer port, metrics port or status page.
 pub async fn start_with_incoming(
     config: Arc<Config>,
-    incoming: crate::transport::Incoming,
+    incoming: crate::net::transport::Incoming,
 ) -> Result<Running, StartError> {
     start_on(config, Listener::Incoming(incoming), None, None).await
 }
@@ -381,13 +382,13 @@ async fn start_on(
     }
     // The cluster version a new cluster this node bootstraps (or bootstrapped, and has not
     // raised yet) is to run at: recorded before bootstrapping, so that a restart carries on.
-    let mut new_cluster = crate::upgrade::new_cluster_version(&config.data_dir)?;
+    let mut new_cluster = crate::api::upgrade::new_cluster_version(&config.data_dir)?;
     if bootstraps {
         new_cluster = (config.cluster_version_max > crate::state::version::BASE)
             .then_some(config.cluster_version_max);
         match new_cluster {
-            Some(version) => crate::upgrade::record_new_cluster(&config.data_dir, version)?,
-            None => crate::upgrade::forget_new_cluster(&config.data_dir),
+            Some(version) => crate::api::upgrade::record_new_cluster(&config.data_dir, version)?,
+            None => crate::api::upgrade::forget_new_cluster(&config.data_dir),
         }
         let members: BTreeMap<u64, BasicNode> = config
             .initial_cluster
@@ -424,7 +425,7 @@ async fn start_on(
             let addr = listener.local_addr().ok();
             metrics.register_process();
             node.tasks
-                .spawn(crate::metrics_http::serve(Arc::clone(&node), listener));
+                .spawn(crate::http::metrics::serve(Arc::clone(&node), listener));
             addr
         }
         None => None,
@@ -433,7 +434,7 @@ async fn start_on(
         Some(listener) => {
             let addr = listener.local_addr().ok();
             node.tasks
-                .spawn(crate::ui::serve(Arc::clone(&node), listener));
+                .spawn(crate::http::ui::serve(Arc::clone(&node), listener));
             addr
         }
         None => None,
@@ -442,14 +443,15 @@ async fn start_on(
         node.tasks.spawn(crate::tls::watch(Arc::clone(tls)));
     }
     if let Some(version) = new_cluster {
-        node.tasks.spawn(crate::upgrade::finalize_new_cluster(
+        node.tasks.spawn(crate::api::upgrade::finalize_new_cluster(
             Arc::clone(&node),
             version,
         ));
     }
     node.tasks.spawn(expiry::run(Arc::clone(&node)));
     node.tasks.spawn(log_leader_changes(Arc::clone(&node)));
-    node.tasks.spawn(crate::retire::watch(Arc::clone(&node)));
+    node.tasks
+        .spawn(crate::jobs::retire::watch(Arc::clone(&node)));
     if let Some(hash) = config.bootstrap_admin_token {
         node.tasks
             .spawn(api::auth::bootstrap(Arc::clone(&node), hash));

@@ -35,10 +35,10 @@ use openraft::storage::RaftStateMachine;
 use openraft::{BasicNode, CommittedLeaderId, Membership};
 use sha2::{Digest, Sha256};
 
-use crate::applied::AppliedState;
 use crate::data_dir::DataDir;
-use crate::identity::ClusterId;
+use crate::data_dir::identity::ClusterId;
 use crate::raft::LogId;
+use crate::raft::applied::AppliedState;
 use crate::raft::log_store::LogStore;
 use crate::raft::state_machine::{SnapshotMeta, StateMachine, StoredMembership, encode_envelope};
 use crate::state::{State, version};
@@ -121,7 +121,7 @@ pub fn run(args: &RestoreArgs) -> Result<Restored, RestoreError> {
             "{file}: written by {writer} (data format {}); this build, conch {}, restores data \
              formats {} to {}: restore it with the release that wrote it, or a later one",
             header.data_format,
-            crate::release::RELEASE,
+            crate::support::release::RELEASE,
             readable.start(),
             readable.end(),
         )));

@@ -17,13 +17,13 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
-use crate::metrics::ApplyMetrics;
-use crate::state::{Batch, Event, Reply, SnapshotError, State, SyncKind};
-use crate::waiters::{Registry, WaitKey, WaitTicket};
-use crate::watches::{
+use crate::base::write_trace::Mark;
+use crate::callers::waiters::{Registry, WaitKey, WaitTicket};
+use crate::callers::watches::{
     Full, HolderWatch, LossWatch, MAX_LOSS_WATCHES, Seen, SyncWatch, Watches, tick,
 };
-use crate::write_trace::Mark;
+use crate::state::{Batch, Event, Reply, SnapshotError, State, SyncKind};
+use crate::support::metrics::ApplyMetrics;
 
 /// The in-memory state machine plus its applied index and the registry of waiting callers.
 pub struct AppliedState {
@@ -86,7 +86,7 @@ impl AppliedState {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let replies = state.apply_batch(batch, &mut events);
-        crate::self_check::after_apply(index, &state);
+        crate::support::self_check::after_apply(index, &state);
         self.set_position(index);
         // Still under the state lock: nobody reads this state before its events are queued.
         if !events.is_empty() {

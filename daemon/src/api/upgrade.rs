@@ -57,7 +57,7 @@ impl NodeInfo {
     /// (this build's newest unless the node was configured to speak less).
     pub fn speaking(cluster_version_max: u32) -> NodeInfo {
         NodeInfo {
-            release: crate::release::RELEASE.to_string(),
+            release: crate::support::release::RELEASE.to_string(),
             cluster_version_max,
             data_format_max: version::data_format(cluster_version_max),
         }
@@ -189,7 +189,8 @@ async fn raise(
                  cluster version {previous} at most; upgrade {} to conch {} or later first",
                 behind.join(", "),
                 if behind.len() == 1 { "it" } else { "them" },
-                crate::release::first_speaking(NEWEST).unwrap_or(crate::release::RELEASE),
+                crate::support::release::first_speaking(NEWEST)
+                    .unwrap_or(crate::support::release::RELEASE),
             ))
             .into());
         }
@@ -400,6 +401,6 @@ mod tests {
         );
         let capped = NodeInfo::speaking(BASE);
         assert_eq!((capped.cluster_version_max, capped.data_format_max), (1, 7));
-        assert_eq!(capped.release, crate::release::RELEASE);
+        assert_eq!(capped.release, crate::support::release::RELEASE);
     }
 }

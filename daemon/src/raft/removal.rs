@@ -35,7 +35,7 @@ use openraft::{BasicNode, Membership};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::error::NodeError;
+use crate::base::error::NodeError;
 use crate::raft::{LogId, NodeId};
 
 /// Exit status of `conchd` once its node was removed from the cluster, and of a start on the

@@ -17,7 +17,7 @@ use crate::state::version::{NEWEST, NEWEST_DATA_FORMAT, OLDEST_DATA_FORMAT};
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
 /// The record of kept releases, oldest first.
-const RECORD: &str = include_str!("../../RELEASES.toml");
+const RECORD: &str = include_str!("../../../RELEASES.toml");
 
 /// One kept release.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! Prometheus metrics: one registry per node (served as text on `/metrics` over HTTP/1.1 by
-//! `metrics_http.rs`). A leaf: every layer records into it, it imports none of them.
+//! `http/metrics.rs`). A leaf: every layer records into it, it imports none of them.
 //!
 //! Three kinds of values:
 //! - counters and histograms the node updates as things happen (gRPC calls, proposals, log
@@ -22,8 +22,8 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+use crate::base::write_trace::{StageHistograms, WriteTrace, stage_buckets};
 use crate::state::{QuotaView, Stats};
-use crate::write_trace::{StageHistograms, WriteTrace, stage_buckets};
 
 /// Latency buckets from 100 µs to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -341,7 +341,7 @@ impl Metrics {
             &["release", "data_format", "cluster_version_max"],
         )
         .with_label_values(&[
-            crate::release::RELEASE,
+            crate::support::release::RELEASE,
             &crate::state::version::data_format(cluster_version_max).to_string(),
             &cluster_version_max.to_string(),
         ])
@@ -602,7 +602,7 @@ mod tests {
 
     #[test]
     fn the_book_lists_every_metric() -> Result<(), prometheus::Error> {
-        let readme = include_str!("../../docs/src/operations.md");
+        let readme = include_str!("../../../docs/src/operations.md");
         let metrics = sampled();
         let text = metrics.render(
             &RaftGauges::default(),

@@ -69,7 +69,9 @@ struct Inner {
 impl LeaseClock {
     /// The lease clock now, as leader of `term` whose applied state's clock is `applied_ns`.
     pub fn now(&self, term: u64, applied_ns: Nanos) -> Nanos {
-        if crate::regressions::active(crate::regressions::Bug::WallClockLeases) {
+        if crate::sim_hooks::regressions::active(
+            crate::sim_hooks::regressions::Bug::WallClockLeases,
+        ) {
             return wall_ns();
         }
         self.read_at(term, applied_ns, Instant::now(), wall_ns)

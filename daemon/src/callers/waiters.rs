@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::callers::watches::Keyed;
 use crate::state::{Event, Nanos, WaitEnd};
-use crate::watches::Keyed;
 
 /// Identifies a waiter: (namespace, semaphore, lease).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

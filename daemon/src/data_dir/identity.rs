@@ -125,10 +125,11 @@ impl ClusterId {
             return Ok(id);
         }
         let mut bytes = [0u8; 16];
-        if crate::entropy::is_seeded() {
+        if crate::sim_hooks::entropy::is_seeded() {
             // Under simulation: from the seed, so the run replays (see `entropy.rs`).
             for chunk in bytes.chunks_mut(8) {
-                let draw = crate::entropy::random_u64().map_err(|_| IdentityError::Random)?;
+                let draw =
+                    crate::sim_hooks::entropy::random_u64().map_err(|_| IdentityError::Random)?;
                 chunk.copy_from_slice(&draw.to_le_bytes()[..chunk.len()]);
             }
         } else {

@@ -1,6 +1,6 @@
 //! The metrics listener, over HTTP/1.1 (GET, and HEAD for the probes):
-//! - `/metrics`: the node's registry (`metrics.rs`) as Prometheus text, its gauges read from
-//!   Raft and the applied state at scrape time;
+//! - `/metrics`: the node's registry (`support/metrics.rs`) as Prometheus text, its gauges read
+//!   from Raft and the applied state at scrape time;
 //! - `/healthz` (liveness): 200 `ok` whenever the process answers at all, so a probe that
 //!   restarts processes restarts only a hung one, never a node that merely waits for a leader;
 //! - `/readyz` (readiness): 200 `ready` while the node should take client traffic, else 503 with
@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::metrics::RaftGauges;
 use crate::node::Node;
+use crate::support::metrics::RaftGauges;
 
 /// Serves `/metrics` on `listener` until the node stops: HTTP/1.1, GET only.
 pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
@@ -128,7 +128,7 @@ fn render(node: &Node) -> Result<String, prometheus::Error> {
     };
     let (stats, quotas) = node.applied.read(|state| {
         let (budget, bytes) = state.budget();
-        let quotas = crate::metrics::QuotaGauges::new(budget, bytes, &state.all_quotas());
+        let quotas = crate::support::metrics::QuotaGauges::new(budget, bytes, &state.all_quotas());
         (state.stats(), quotas)
     });
     let tls_expiry = node.config.tls.as_ref().and_then(|t| t.earliest_expiry());

@@ -17,7 +17,7 @@
 
 use openraft::error::{Fatal, RaftError};
 
-use crate::error::NodeError;
+use crate::base::error::NodeError;
 use crate::raft::{NodeId, Raft};
 
 /// Exit status after a storage failure while serving (sysexits' `EX_IOERR`): distinct from a
