@@ -3,7 +3,9 @@
 //!   imports it back;
 //! - a module of the daemon's library imports only modules of its own layer or of the layers
 //!   below it, as docs/design.md ("Module graph") lists them. The list there is the one this
-//!   test reads: every top-level module of the library must be in exactly one layer.
+//!   test reads: every top-level module of the library must be in exactly one layer;
+//! - each of those top-level modules is a folder, so no file lies loose in `daemon/src` but
+//!   `lib.rs`, `main.rs` and the folders' root files.
 //!
 //! A module is a source file (`foo.rs` and `foo/mod.rs` alike; a module declared inline, such as
 //! `mod tests { … }`, belongs to its file). Each crate's tree is read from its root through its
@@ -131,6 +133,37 @@ fn modules_import_only_their_own_and_lower_layers() {
         problems.is_empty(),
         "the layers of docs/design.md (\"Module graph\"), bottom first, are {layers:?}:\n{}",
         problems.join("\n")
+    );
+}
+
+#[test]
+fn no_file_lies_loose_beside_the_layer_folders() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the daemon crate lies in the workspace");
+    let src = workspace.join("daemon/src");
+    let entries = std::fs::read_dir(&src)
+        .unwrap_or_else(|e| panic!("read {}: {e}", src.display()))
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap_or_else(|e| panic!("read {}: {e}", src.display()));
+    let mut loose: Vec<String> = entries
+        .iter()
+        .filter(|path| path.is_file() && path.extension().is_some_and(|e| e == "rs"))
+        .filter_map(|path| {
+            let stem = path.file_stem()?.to_str()?;
+            let root_of_folder = src.join(stem).is_dir();
+            let allowed = matches!(stem, "lib" | "main") || root_of_folder;
+            (!allowed).then(|| format!("daemon/src/{stem}.rs"))
+        })
+        .collect();
+    loose.sort();
+    assert!(
+        loose.is_empty(),
+        "files lie loose in daemon/src: {}. Only lib.rs, main.rs and the root file of a folder \
+         (`foo.rs` beside `foo/`) may: put each into its layer's folder (docs/design.md, \
+         \"Module graph\")",
+        loose.join(", ")
     );
 }
 
