@@ -21,38 +21,38 @@ use crate::net::connections::Gate;
 use crate::node::Node;
 use crate::raft::network::PEER_MESSAGE_MAX_BYTES;
 
-pub mod acquire_route;
-pub mod acquire_set;
-pub mod admission;
-pub mod auth;
-pub mod backup;
-pub mod conch;
-pub mod convert;
-pub mod grackle;
-pub mod health;
-pub mod holder_watch;
-pub mod membership;
-pub mod peer;
-pub mod quota;
-pub mod request_id;
-pub mod responses;
-pub mod slots;
-pub mod status;
-pub mod sync;
-pub mod upgrade;
-pub mod watch_loss;
+pub(crate) mod acquire_route;
+pub(crate) mod acquire_set;
+pub(crate) mod admission;
+pub(crate) mod auth;
+pub(crate) mod backup;
+pub(crate) mod conch;
+pub(crate) mod convert;
+pub(crate) mod grackle;
+pub(crate) mod health;
+pub(crate) mod holder_watch;
+pub(crate) mod membership;
+pub(crate) mod peer;
+pub(crate) mod quota;
+pub(crate) mod request_id;
+pub(crate) mod responses;
+pub(crate) mod slots;
+pub(crate) mod status;
+pub(crate) mod sync;
+pub(crate) mod upgrade;
+pub(crate) mod watch_loss;
 
 /// Largest client request accepted; tonic refuses anything bigger with OUT_OF_RANGE ("decoded
 /// message length too large") before a handler sees it.
-pub const CLIENT_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const CLIENT_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 
-pub use conch_proto::wire::LEADER_HEADER;
+pub(crate) use conch_proto::wire::LEADER_HEADER;
 
 /// The client-facing services, limited and guarded as clients meet them: the Grackle API,
 /// conch's extensions, administration and access control. The one list that the node's port and
 /// the in-process client (`embed::LocalClient`) both serve. Once this node was removed from the
 /// cluster, every call is answered UNAVAILABLE saying so (see `removal.rs`).
-pub fn client_routes(node: &Arc<Node>) -> Routes {
+pub(crate) fn client_routes(node: &Arc<Node>) -> Routes {
     // One count of waiting calls per principal for every service whose calls wait.
     let waiting = Arc::new(admission::Waiting::new(node.metrics.waiting_calls.clone()));
     let grackle_service = Arc::new(grackle::GrackleService::new(
@@ -145,7 +145,7 @@ fn peer_service(
 /// Serves until `shutdown` resolves: every service on `listener`, or, with a separate
 /// `peer_listener` (`--peer-listen`), the client services there and the peer service (with
 /// administration, which other nodes forward admin calls to) on the peer listener.
-pub async fn serve(
+pub(crate) async fn serve(
     node: Arc<Node>,
     listener: crate::net::transport::Listener,
     peer_listener: Option<tokio::net::TcpListener>,

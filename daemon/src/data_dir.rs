@@ -53,20 +53,20 @@ use openraft::{BasicNode, Membership};
 pub(crate) mod identity;
 
 /// The lock file, holding the pid of the process that has the directory open.
-pub const LOCK_FILE: &str = "LOCK";
+pub(crate) const LOCK_FILE: &str = "LOCK";
 /// The id of the node the directory belongs to.
-pub const NODE_ID_FILE: &str = "node-id";
+pub(crate) const NODE_ID_FILE: &str = "node-id";
 /// The id of the node that first opened the directory empty.
-pub const CREATED_BY_FILE: &str = "created-by";
+pub(crate) const CREATED_BY_FILE: &str = "created-by";
 /// The cluster name the directory was created or joined with.
-pub const CLUSTER_NAME_FILE: &str = "cluster-name";
+pub(crate) const CLUSTER_NAME_FILE: &str = "cluster-name";
 /// Present once the node was removed from its cluster.
-pub const REMOVED_FILE: &str = "removed";
+pub(crate) const REMOVED_FILE: &str = "removed";
 /// Present while the new cluster this node bootstrapped is still to be raised to its cluster
 /// version.
-pub const NEW_CLUSTER_FILE: &str = "new-cluster-version";
+pub(crate) const NEW_CLUSTER_FILE: &str = "new-cluster-version";
 /// Longest `--cluster-name`.
-pub const CLUSTER_NAME_MAX_CHARS: usize = 64;
+pub(crate) const CLUSTER_NAME_MAX_CHARS: usize = 64;
 
 /// Entries that only a data directory in use holds: their presence without `node-id` marks a
 /// directory written before the record existed.
@@ -160,7 +160,7 @@ fn holder(pid: Option<u32>) -> String {
 }
 
 /// Checks a cluster name: 1 to [`CLUSTER_NAME_MAX_CHARS`] characters of `[-_.0-9a-zA-Z]`.
-pub fn check_cluster_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_cluster_name(name: &str) -> Result<(), String> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
     if name.is_empty() || name.chars().count() > CLUSTER_NAME_MAX_CHARS {
         return Err(format!(
@@ -177,7 +177,7 @@ pub fn check_cluster_name(name: &str) -> Result<(), String> {
 
 /// An open data directory: locked for this process, and known to belong to this node.
 #[derive(Debug)]
-pub struct DataDir {
+pub(crate) struct DataDir {
     path: PathBuf,
     id: u64,
     adopt: bool,
@@ -192,7 +192,7 @@ impl DataDir {
     /// Creates the directory if needed, locks it, and checks (or, the first time, records) that
     /// it belongs to node `id` and, when `cluster_name` is given, to that cluster. A directory
     /// holding state without `node-id` is refused unless `adopt` (`--adopt-data-dir`).
-    pub fn open(
+    pub(crate) fn open(
         path: &Path,
         id: u64,
         cluster_name: Option<&str>,
@@ -275,7 +275,7 @@ impl DataDir {
 
     /// Checks the latest membership the directory's Raft state records (`None` while it records
     /// none: a new node's empty log) against this node: see [`admit`].
-    pub fn check_members(
+    pub(crate) fn check_members(
         &self,
         membership: Option<&Membership<u64, BasicNode>>,
     ) -> Result<Admitted, DataDirError> {
@@ -289,7 +289,7 @@ impl DataDir {
     }
 
     /// The cluster name recorded in the directory, if any.
-    pub fn cluster_name(&self) -> Option<&str> {
+    pub(crate) fn cluster_name(&self) -> Option<&str> {
         self.cluster_name.as_deref()
     }
 }
@@ -354,7 +354,7 @@ fn lock(dir: &Path) -> Result<File, DataDirError> {
 
 /// The error for a Raft log that sled found locked: another process (e.g. a conchd from before
 /// the `LOCK` file) has the directory open.
-pub fn in_use(dir: &Path) -> DataDirError {
+pub(crate) fn in_use(dir: &Path) -> DataDirError {
     DataDirError::InUse {
         path: dir.to_path_buf(),
         pid: None,
@@ -385,7 +385,7 @@ fn read_text(dir: &Path, name: &str) -> Result<Option<String>, String> {
 
 /// Why a directory whose Raft state records a membership was let start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admitted {
+pub(crate) enum Admitted {
     /// It records no membership yet (empty, or a `--join` node not yet added).
     NoMembership,
     /// The membership names this node, as a voter or a learner.
@@ -449,7 +449,7 @@ fn admit(
 }
 
 /// The node id recorded in `dir`, if any.
-pub fn read_node_id(dir: &Path) -> Result<Option<u64>, DataDirError> {
+pub(crate) fn read_node_id(dir: &Path) -> Result<Option<u64>, DataDirError> {
     read_id(dir, NODE_ID_FILE)
 }
 
@@ -472,7 +472,7 @@ fn read_id(dir: &Path, name: &str) -> Result<Option<u64>, DataDirError> {
 }
 
 /// The cluster name recorded in `dir`, if any.
-pub fn read_cluster_name(dir: &Path) -> Result<Option<String>, DataDirError> {
+pub(crate) fn read_cluster_name(dir: &Path) -> Result<Option<String>, DataDirError> {
     let unusable = |reason: String| DataDirError::Unusable {
         path: dir.to_path_buf(),
         reason,
@@ -487,7 +487,7 @@ pub fn read_cluster_name(dir: &Path) -> Result<Option<String>, DataDirError> {
 
 /// Records `name` as the cluster name of `dir` unless one is recorded; returns the name now
 /// recorded.
-pub fn adopt_cluster_name(dir: &Path, name: &str) -> Result<String, DataDirError> {
+pub(crate) fn adopt_cluster_name(dir: &Path, name: &str) -> Result<String, DataDirError> {
     if let Some(recorded) = read_cluster_name(dir)? {
         return Ok(recorded);
     }
@@ -503,12 +503,12 @@ pub fn adopt_cluster_name(dir: &Path, name: &str) -> Result<String, DataDirError
 }
 
 /// Records that the node was removed from its cluster, with the membership that left it out.
-pub fn record_removed(dir: &Path, membership: &str) -> Result<(), String> {
+pub(crate) fn record_removed(dir: &Path, membership: &str) -> Result<(), String> {
     write_record(dir, REMOVED_FILE, membership)
 }
 
 /// Writes `<dir>/<name>` durably: a temporary file, fsync, rename, fsync of the directory.
-pub fn write_record(dir: &Path, name: &str, text: &str) -> Result<(), String> {
+pub(crate) fn write_record(dir: &Path, name: &str, text: &str) -> Result<(), String> {
     let path = dir.join(name);
     let tmp = dir.join(format!("{name}.tmp"));
     let fail = |e: std::io::Error| format!("write {}: {e}", path.display());
@@ -523,7 +523,7 @@ pub fn write_record(dir: &Path, name: &str, text: &str) -> Result<(), String> {
 }
 
 /// Removes `<dir>/<name>` durably (fsync of the directory); a file already absent is no error.
-pub fn remove_record(dir: &Path, name: &str) -> Result<(), String> {
+pub(crate) fn remove_record(dir: &Path, name: &str) -> Result<(), String> {
     let path = dir.join(name);
     match std::fs::remove_file(&path) {
         Ok(()) => {}

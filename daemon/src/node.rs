@@ -58,7 +58,8 @@ use batches::{all_cmds, answer, run_batches};
 use call_failure::{forward_failure, stream_failure};
 use forward_stream::{ForwardFailure, Forwarder, Proposed, Target};
 use leader_wait::{LeaderWait, Woken};
-pub use raft_view::{Member, MembershipChange, MembershipChanged, RaftStatus, RaftWatch};
+pub use raft_view::Member;
+pub(crate) use raft_view::{MembershipChange, RaftStatus};
 
 /// Most commands put into one Raft entry.
 const BATCH_MAX_CMDS: usize = 4096;
@@ -198,7 +199,10 @@ impl Node {
 
     /// The connection slots of this node's listener `listener` (client, peer, metrics, ui),
     /// closing idle connections until the node stops (see `connections.rs`).
-    pub fn connection_gate(&self, listener: &'static str) -> Arc<crate::net::connections::Gate> {
+    pub(crate) fn connection_gate(
+        &self,
+        listener: &'static str,
+    ) -> Arc<crate::net::connections::Gate> {
         let gate = crate::net::connections::Gate::new(
             listener,
             crate::net::connections::Limits::with_per_address(
@@ -217,7 +221,7 @@ impl Node {
         self.propose(cmds, false).await.map(|(replies, _)| replies)
     }
 
-    pub async fn write_one(&self, cmd: Cmd) -> Result<Reply, NodeError> {
+    pub(crate) async fn write_one(&self, cmd: Cmd) -> Result<Reply, NodeError> {
         self.write_one_at(cmd).await.map(|(reply, _)| reply)
     }
 
@@ -225,7 +229,7 @@ impl Node {
     /// leader's; a follower answers without waiting to apply the entry itself, so a caller
     /// that then reads this node's local (not linearizable) state about it waits for the
     /// index first ([`AppliedState::wait_applied`]).
-    pub async fn write_one_at(&self, cmd: Cmd) -> Result<(Reply, u64), NodeError> {
+    pub(crate) async fn write_one_at(&self, cmd: Cmd) -> Result<(Reply, u64), NodeError> {
         let (mut replies, index) = self.propose(vec![cmd], false).await?;
         let reply = replies
             .pop()
@@ -234,7 +238,10 @@ impl Node {
     }
 
     /// Entry point for proposals forwarded by followers.
-    pub async fn propose_forwarded(&self, cmds: Vec<Cmd>) -> Result<(Vec<Reply>, u64), NodeError> {
+    pub(crate) async fn propose_forwarded(
+        &self,
+        cmds: Vec<Cmd>,
+    ) -> Result<(Vec<Reply>, u64), NodeError> {
         self.propose(cmds, true).await
     }
 
@@ -285,7 +292,7 @@ impl Node {
     /// Where clients reach the leader: its client address, which differs from its address in
     /// the membership when peers have a port of their own (`--peer-listen`). `None` when no
     /// leader is known, or its client address is not known yet.
-    pub fn leader_client_addr(&self) -> Option<String> {
+    pub(crate) fn leader_client_addr(&self) -> Option<String> {
         let leader = self.leader()?;
         if leader.id == self.id {
             return Some(self.config.advertise.clone());
@@ -300,7 +307,11 @@ impl Node {
     }
 
     /// Records the client address an admitted peer call from node `from` states.
-    pub fn note_client_addr(&self, from: Option<NodeId>, metadata: &tonic::metadata::MetadataMap) {
+    pub(crate) fn note_client_addr(
+        &self,
+        from: Option<NodeId>,
+        metadata: &tonic::metadata::MetadataMap,
+    ) {
         let Some(from) = from else { return };
         let Some(addr) = metadata
             .get(crate::data_dir::identity::CLIENT_ADDR_HEADER)
@@ -317,7 +328,7 @@ impl Node {
     /// Whether node `id` is a voter or learner of the membership this node knows; `None` while
     /// this node knows none (an empty node: the cluster's first members vote it in, a new learner
     /// learns the membership from its leader).
-    pub fn is_member(&self, id: NodeId) -> Option<bool> {
+    pub(crate) fn is_member(&self, id: NodeId) -> Option<bool> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let membership = metrics.membership_config.membership();
@@ -327,7 +338,7 @@ impl Node {
 
     /// True while this node leads a term whose `ExtendLeases` is not committed yet: its next
     /// batch will carry it.
-    pub fn extension_due(&self) -> bool {
+    pub(crate) fn extension_due(&self) -> bool {
         let term = self.raft.metrics().borrow().current_term;
         self.is_leader() && self.extension.due(term)
     }
@@ -339,7 +350,7 @@ impl Node {
     }
 
     /// The lease clock now, for the leader's expiry checks.
-    pub fn lease_clock_ns(&self) -> Nanos {
+    pub(crate) fn lease_clock_ns(&self) -> Nanos {
         let term = self.raft.metrics().borrow().current_term;
         self.lease_clock_at(term)
     }
@@ -407,7 +418,7 @@ impl Node {
     }
 
     /// The peer service of node `id` (advertised at `addr`), over the shared peer channel.
-    pub fn peer_of(
+    pub(crate) fn peer_of(
         &self,
         id: NodeId,
         addr: &str,
@@ -416,7 +427,7 @@ impl Node {
     }
 
     /// The admin service of node `id` (advertised at `addr`), over the shared peer channel.
-    pub fn admin_of(
+    pub(crate) fn admin_of(
         &self,
         id: NodeId,
         addr: &str,
@@ -426,7 +437,9 @@ impl Node {
 
     /// The leader's admin service when another node leads (membership changes must be made
     /// there), or `None` when this node does. Waits for a leader like a write does.
-    pub async fn leader_admin(&self) -> Result<Option<ConchAdminClient<PeerChannel>>, NodeError> {
+    pub(crate) async fn leader_admin(
+        &self,
+    ) -> Result<Option<ConchAdminClient<PeerChannel>>, NodeError> {
         if self.is_leader() {
             return Ok(None);
         }
@@ -677,7 +690,7 @@ fn shutting_down() -> NodeError {
 /// its old term until it hears of a newer one, and a node removed from the cluster keeps naming
 /// itself. Neither is reported. (Routing still follows openraft: a write sent to a stale leader
 /// is refused by Raft and retried.)
-pub fn known_leader(
+pub(crate) fn known_leader(
     metrics: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
     own_id: NodeId,
 ) -> Option<NodeId> {

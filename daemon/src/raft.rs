@@ -33,15 +33,15 @@ openraft::declare_raft_types!(
         AsyncRuntime = runtime::ConchRuntime,
 );
 
-pub type NodeId = u64;
+pub(crate) type NodeId = u64;
 pub type Raft = openraft::Raft<TypeConfig>;
-pub type LogId = openraft::LogId<NodeId>;
-pub type StorageError = openraft::StorageError<NodeId>;
+pub(crate) type LogId = openraft::LogId<NodeId>;
+pub(crate) type StorageError = openraft::StorageError<NodeId>;
 
 /// Whether a node that speaks cluster versions up to `cluster_version_max` can take `entries`
 /// into its log: not one that raises the cluster version past it (a node of a release that
 /// does not speak the new version could not even decode it). The refusal names the entry.
-pub fn followable(
+pub(crate) fn followable(
     entries: &[openraft::Entry<TypeConfig>],
     cluster_version_max: u32,
 ) -> Result<(), String> {

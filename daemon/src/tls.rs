@@ -44,12 +44,12 @@ mod node_cert;
 mod tests;
 
 use dial::NodeServerVerifier;
-pub use dial::PeerConnector;
+pub(crate) use dial::PeerConnector;
 use files::build;
 use node_cert::PeerTrust;
 
 /// How often the certificate and key files are checked for changes.
-pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a TLS handshake may take before the connection is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many accepted node certificates are remembered, so a peer RPC does not re-verify a chain.
@@ -58,7 +58,7 @@ const NODE_CERT_CACHE: usize = 16;
 const LOG_EVERY: Duration = Duration::from_secs(10);
 /// A node certificate names its node with the subjectAltName URI `urn:conch:node:<id>` (the id
 /// in decimal, no sign, no leading zero). `conch certs node` writes the same form.
-pub const NODE_URI_PREFIX: &str = "urn:conch:node:";
+pub(crate) const NODE_URI_PREFIX: &str = "urn:conch:node:";
 
 /// The files TLS is configured from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -308,7 +308,7 @@ impl Tls {
 /// Re-reads the files whenever they change (polled every [`POLL_INTERVAL`]), until the node
 /// stops. Installs no signal handler: a program reloads at once with [`Tls::reload_now`] (the
 /// `conchd` binary does on SIGHUP).
-pub async fn watch(tls: Arc<Tls>) {
+pub(crate) async fn watch(tls: Arc<Tls>) {
     let mut poll = tokio::time::interval(POLL_INTERVAL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -320,7 +320,7 @@ pub async fn watch(tls: Arc<Tls>) {
 /// The TLS connections accepted on `listener` that `gate` admits (before their handshake):
 /// each handshake runs in its own task, so a slow or silent client delays no one. A failed
 /// handshake is counted, logged and dropped.
-pub fn incoming(
+pub(crate) fn incoming(
     listener: TcpListener,
     tls: Arc<Tls>,
     gate: Arc<crate::net::connections::Gate>,

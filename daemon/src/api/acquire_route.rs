@@ -31,19 +31,19 @@ use super::status::ApiError;
 use crate::node::Node;
 
 /// The path this route serves.
-pub const PATH: &str = "/com.evrblk.grackle.v1beta.GrackleApi/AcquireSemaphore";
+pub(crate) const PATH: &str = "/com.evrblk.grackle.v1beta.GrackleApi/AcquireSemaphore";
 
 type AcquireCodec = ProstCodec<pb::AcquireSemaphoreResponse, pb::AcquireSemaphoreRequest>;
 
 /// The route: the Grackle service whose handler it calls and the node whose removal refuses it.
 #[derive(Clone)]
-pub struct AcquireRoute {
+pub(crate) struct AcquireRoute {
     service: Arc<GrackleService>,
     node: Arc<Node>,
 }
 
 impl AcquireRoute {
-    pub fn new(service: Arc<GrackleService>, node: Arc<Node>) -> Self {
+    pub(crate) fn new(service: Arc<GrackleService>, node: Arc<Node>) -> Self {
         AcquireRoute { service, node }
     }
 }

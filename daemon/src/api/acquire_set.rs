@@ -17,7 +17,7 @@ use crate::jobs::wait;
 use crate::node::Node;
 use crate::state::{AcquireSetStatus, Cmd, Nanos, Outcome, SetMember};
 
-pub async fn acquire_semaphores(
+pub(crate) async fn acquire_semaphores(
     node: &Arc<Node>,
     waiting: &Arc<super::admission::Waiting>,
     request: Request<cpb::AcquireSemaphoresRequest>,

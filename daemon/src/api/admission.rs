@@ -20,12 +20,12 @@ use tonic::Request;
 use super::status::ApiError;
 use crate::state::Error;
 
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
-pub const MAX_WAITING_PER_PRINCIPAL: usize = 10_000;
+pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
+pub(crate) const MAX_WAITING_PER_PRINCIPAL: usize = 10_000;
 
 /// Who a waiting call counts against.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Principal {
+pub(crate) enum Principal {
     Token([u8; 32]),
     Address(IpAddr),
     Unknown,
@@ -34,12 +34,12 @@ pub enum Principal {
 impl Principal {
     /// The caller's token (as [`Caller`](super::auth::Caller) read it), or else the address
     /// `request` came from.
-    pub fn of<T>(caller: &super::auth::Caller, request: &Request<T>) -> Principal {
+    pub(crate) fn of<T>(caller: &super::auth::Caller, request: &Request<T>) -> Principal {
         Principal::new(caller.token(), request.remote_addr())
     }
 
     /// `token` if there is one, else `remote`'s address.
-    pub fn new(token: Option<[u8; 32]>, remote: Option<std::net::SocketAddr>) -> Principal {
+    pub(crate) fn new(token: Option<[u8; 32]>, remote: Option<std::net::SocketAddr>) -> Principal {
         match (token, remote) {
             (Some(token), _) => Principal::Token(token),
             (None, Some(addr)) => Principal::Address(addr.ip()),
@@ -49,21 +49,21 @@ impl Principal {
 }
 
 /// Counts the waiting calls of each principal.
-pub struct Waiting {
+pub(crate) struct Waiting {
     by_principal: Mutex<HashMap<Principal, usize>>,
     /// All of them, for metrics.
     total: prometheus::IntGauge,
 }
 
 /// One waiting call; dropping it ends its count.
-pub struct WaitPermit {
+pub(crate) struct WaitPermit {
     waiting: Arc<Waiting>,
     principal: Principal,
 }
 
 impl Waiting {
     /// Counting into `total` too (`conch_waiting_calls`).
-    pub fn new(total: prometheus::IntGauge) -> Waiting {
+    pub(crate) fn new(total: prometheus::IntGauge) -> Waiting {
         Waiting {
             by_principal: Mutex::default(),
             total,
@@ -71,7 +71,7 @@ impl Waiting {
     }
 
     /// Counts one more waiting call of `principal`, or refuses it past the limit.
-    pub fn enter(self: &Arc<Self>, principal: Principal) -> Result<WaitPermit, ApiError> {
+    pub(crate) fn enter(self: &Arc<Self>, principal: Principal) -> Result<WaitPermit, ApiError> {
         self.enter_with_limit(principal, MAX_WAITING_PER_PRINCIPAL)
     }
 

@@ -24,9 +24,9 @@ use crate::node::Node;
 use crate::state::auth::{Access, Permission, RoleView, TokenHash, TokenView, access_of};
 use crate::state::{Cmd, Error, ErrorKind, Outcome};
 
-pub use conch_proto::wire::AUTHORIZATION;
+pub(crate) use conch_proto::wire::AUTHORIZATION;
 /// Generated tokens start with this.
-pub const TOKEN_PREFIX: &str = "conch_";
+pub(crate) const TOKEN_PREFIX: &str = "conch_";
 use crate::support::secret::hash_token;
 
 /// SHA-256 of the bearer token in `metadata`, if it carries one.
@@ -38,7 +38,7 @@ fn token_hash(metadata: &MetadataMap) -> Option<TokenHash> {
 }
 
 /// SHA-256 of the token of an `authorization: Bearer <token>` value.
-pub fn bearer_hash(value: &str) -> Option<TokenHash> {
+pub(crate) fn bearer_hash(value: &str) -> Option<TokenHash> {
     let (scheme, token) = value.trim().split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -49,13 +49,13 @@ pub fn bearer_hash(value: &str) -> Option<TokenHash> {
 
 /// 64 random bits (a new lease id's secret part): from the operating system, or from the
 /// thread's seed under simulation (see `entropy.rs`).
-pub fn random_u64() -> Result<u64, ApiError> {
+pub(crate) fn random_u64() -> Result<u64, ApiError> {
     crate::sim_hooks::entropy::random_u64()
         .map_err(|e| ApiError::Internal(format!("no randomness for a lease id: {e}")))
 }
 
 /// A new random token: `conch_` and 64 hex digits (256 bits).
-pub fn generate_token() -> Result<String, ApiError> {
+pub(crate) fn generate_token() -> Result<String, ApiError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
         .map_err(|e| ApiError::Internal(format!("no randomness for a token: {e}")))?;
@@ -74,18 +74,18 @@ pub fn generate_token() -> Result<String, ApiError> {
 /// machine where the write applies (the token travels with the command, see [`Caller::sign`]),
 /// so a node that has not yet applied a revocation cannot let a revoked token write.
 #[derive(Clone)]
-pub struct Caller {
+pub(crate) struct Caller {
     token: Option<TokenHash>,
 }
 
 impl Caller {
-    pub fn of<T>(node: &Node, request: &Request<T>) -> Caller {
+    pub(crate) fn of<T>(node: &Node, request: &Request<T>) -> Caller {
         Caller::from_metadata(node, request.metadata())
     }
 
     /// A caller bearing `token` (none: an anonymous caller), for requests that arrive other than
     /// as a gRPC call (the status page's).
-    pub fn bearing(token: Option<&str>) -> Caller {
+    pub(crate) fn bearing(token: Option<&str>) -> Caller {
         Caller {
             token: token
                 .map(str::trim)
@@ -95,11 +95,11 @@ impl Caller {
     }
 
     /// The SHA-256 of the call's token, if it carried one.
-    pub fn token(&self) -> Option<TokenHash> {
+    pub(crate) fn token(&self) -> Option<TokenHash> {
         self.token
     }
 
-    pub fn from_metadata(_node: &Node, metadata: &MetadataMap) -> Caller {
+    pub(crate) fn from_metadata(_node: &Node, metadata: &MetadataMap) -> Caller {
         Caller {
             token: token_hash(metadata),
         }
@@ -107,7 +107,7 @@ impl Caller {
 
     /// Refuses the call unless its token grants `access` (always allowed while off), and while
     /// this node waits for the cluster's access control to be set up.
-    pub fn allow(&self, node: &Node, access: Access) -> Result<(), ApiError> {
+    pub(crate) fn allow(&self, node: &Node, access: Access) -> Result<(), ApiError> {
         setting_up(node)?;
         node.applied
             .read(|s| s.auth().authorize(self.token.as_ref(), access))
@@ -116,12 +116,12 @@ impl Caller {
 
     /// Refuses the call only while access control is being set up (the admin token of
     /// `--bootstrap-admin-token-file` not committed yet): for calls that need no token.
-    pub fn setting_up(&self, node: &Node) -> Result<(), ApiError> {
+    pub(crate) fn setting_up(&self, node: &Node) -> Result<(), ApiError> {
         setting_up(node)
     }
 
     /// Refuses the call unless its token is known (always allowed while off).
-    pub fn authenticated(&self, node: &Node) -> Result<(), ApiError> {
+    pub(crate) fn authenticated(&self, node: &Node) -> Result<(), ApiError> {
         setting_up(node)?;
         node.applied
             .read(|s| s.auth().authenticate(self.token.as_ref()))
@@ -130,7 +130,7 @@ impl Caller {
 
     /// Whether the call may read `ns` by the auth store of `state` (for a listing read under
     /// the state's lock).
-    pub fn may_read_in(&self, state: &crate::state::State, ns: &str) -> bool {
+    pub(crate) fn may_read_in(&self, state: &crate::state::State, ns: &str) -> bool {
         state
             .auth()
             .authorize(self.token.as_ref(), Access::Namespace(ns, Permission::Read))
@@ -140,7 +140,12 @@ impl Caller {
     /// Whether the call may see a lease of `ns` created by token `owner`, by the auth store of
     /// `state`: always while access control is off; else a lease created without a token, its
     /// own, or any with admin on the namespace.
-    pub fn may_see_lease(&self, state: &crate::state::State, ns: &str, owner: Option<u64>) -> bool {
+    pub(crate) fn may_see_lease(
+        &self,
+        state: &crate::state::State,
+        ns: &str,
+        owner: Option<u64>,
+    ) -> bool {
         let auth = state.auth();
         let Some(owner) = owner else { return true };
         !auth.enabled()
@@ -156,7 +161,7 @@ impl Caller {
     /// Empties `lease_id` (a holder's or waiter's) unless this call may see that lease
     /// ([`Caller::may_see_lease`]): another token's lease id is a handle on its slots, shown
     /// only with admin on the namespace.
-    pub fn hide_lease_id(
+    pub(crate) fn hide_lease_id(
         &self,
         state: &crate::state::State,
         ns: &str,
@@ -172,7 +177,7 @@ impl Caller {
     /// read): the access it needs ([`access_of`], the state's own mapping), and, for a command
     /// that uses a lease, that the lease is the caller's or the caller has admin on its
     /// namespace.
-    pub fn allow_write(&self, node: &Node, cmd: &Cmd) -> Result<(), ApiError> {
+    pub(crate) fn allow_write(&self, node: &Node, cmd: &Cmd) -> Result<(), ApiError> {
         let Some(access) = access_of(cmd) else {
             return Ok(());
         };
@@ -186,7 +191,7 @@ impl Caller {
     }
 
     /// `cmd` carrying this call's token, for the state machine's own check.
-    pub fn sign(&self, cmd: Cmd) -> Cmd {
+    pub(crate) fn sign(&self, cmd: Cmd) -> Cmd {
         cmd.with_token(self.token)
     }
 }
@@ -195,7 +200,7 @@ impl Caller {
 /// `--bootstrap-admin-token-file` and its applied state has access control neither bootstrapped
 /// nor on. Until the token commits, no client call is answered, so there is no moment in which
 /// the cluster serves without access control.
-pub fn bootstrap_pending(node: &Node) -> bool {
+pub(crate) fn bootstrap_pending(node: &Node) -> bool {
     node.config.bootstrap_admin_token.is_some()
         && node
             .applied
@@ -216,7 +221,7 @@ fn setting_up(node: &Node) -> Result<(), ApiError> {
 
 /// The problem with this node's access control setup that an operator must fix, if any:
 /// started with `--bootstrap-admin-token-file` while the cluster has access control off.
-pub fn setup_problem(node: &Node) -> Option<String> {
+pub(crate) fn setup_problem(node: &Node) -> Option<String> {
     let configured = node.config.bootstrap_admin_token.is_some();
     let (bootstrapped, enabled) = node
         .applied
@@ -232,7 +237,7 @@ pub fn setup_problem(node: &Node) -> Option<String> {
 }
 
 /// A request to another node carrying the caller's token, so that node checks it too.
-pub fn forward<T>(metadata: &MetadataMap, message: T) -> Request<T> {
+pub(crate) fn forward<T>(metadata: &MetadataMap, message: T) -> Request<T> {
     let mut request = Request::new(message);
     if let Some(value) = metadata.get(AUTHORIZATION) {
         request.metadata_mut().insert(AUTHORIZATION, value.clone());
@@ -246,7 +251,7 @@ pub fn forward<T>(metadata: &MetadataMap, message: T) -> Request<T> {
 /// once, whoever proposes it. Runs on every start, so a cluster whose first node stopped before
 /// the token committed finishes the bootstrap when any node with the file comes back. A cluster
 /// that has access control off after its bootstrap is reported (see [`setup_problem`]).
-pub async fn bootstrap(node: Arc<Node>, hash: TokenHash) {
+pub(crate) async fn bootstrap(node: Arc<Node>, hash: TokenHash) {
     loop {
         // Decide on an applied state that holds every entry committed before now: a restarted
         // node applies its log only as far as it had recorded it committed until a leader
@@ -275,12 +280,12 @@ pub async fn bootstrap(node: Arc<Node>, hash: TokenHash) {
     }
 }
 
-pub struct AuthService {
+pub(crate) struct AuthService {
     node: Arc<Node>,
 }
 
 impl AuthService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         AuthService { node }
     }
 

@@ -26,12 +26,12 @@ use crate::node::Node;
 use crate::state::{State, fnv1a64};
 
 /// The largest chunk sent: well under a client's default 4 MiB message limit.
-pub const CHUNK_BYTES: usize = 1024 * 1024;
+pub(crate) const CHUNK_BYTES: usize = 1024 * 1024;
 
-pub type BackupStream = Pin<Box<dyn Stream<Item = Result<BackupChunk, Status>> + Send>>;
+pub(crate) type BackupStream = Pin<Box<dyn Stream<Item = Result<BackupChunk, Status>> + Send>>;
 
 /// The backup file of this node's applied state, once it holds every acknowledged write.
-pub async fn stream(node: &Node) -> Result<BackupStream, ApiError> {
+pub(crate) async fn stream(node: &Node) -> Result<BackupStream, ApiError> {
     node.linearizable().await?;
     let (encoded, index, term) = node.applied.read_at(encode);
     let (state, data_format) =

@@ -22,14 +22,14 @@ use crate::state::audit::{AuditFilter, AuditRecord};
 use crate::state::auth::{Access, Permission, token_id};
 use crate::state::{Cmd, Error, ErrorKind, LeaseKind, Outcome};
 
-pub struct ConchApiService {
+pub(crate) struct ConchApiService {
     node: Arc<Node>,
     /// Holder watches per principal (see `admission.rs`).
     waiting: Arc<super::admission::Waiting>,
 }
 
 impl ConchApiService {
-    pub fn new(node: Arc<Node>, waiting: Arc<super::admission::Waiting>) -> Self {
+    pub(crate) fn new(node: Arc<Node>, waiting: Arc<super::admission::Waiting>) -> Self {
         ConchApiService { node, waiting }
     }
 }
@@ -307,12 +307,12 @@ impl ConchApiService {
     }
 }
 
-pub struct AdminService {
+pub(crate) struct AdminService {
     node: Arc<Node>,
 }
 
 impl AdminService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         AdminService { node }
     }
 

@@ -10,7 +10,7 @@ use crate::state::{
     Metadata, NamespaceView, Nanos, PageRequest, SemaphoreView, WaiterView,
 };
 
-pub fn metadata(map: HashMap<String, String>) -> Metadata {
+pub(crate) fn metadata(map: HashMap<String, String>) -> Metadata {
     map.into_iter().collect::<BTreeMap<_, _>>()
 }
 
@@ -18,11 +18,11 @@ fn wire_metadata(map: Metadata) -> HashMap<String, String> {
     map.into_iter().collect()
 }
 
-pub fn page(token: String, limit: i32) -> PageRequest {
+pub(crate) fn page(token: String, limit: i32) -> PageRequest {
     PageRequest { token, limit }
 }
 
-pub fn namespace(v: NamespaceView) -> pb::Namespace {
+pub(crate) fn namespace(v: NamespaceView) -> pb::Namespace {
     pb::Namespace {
         name: v.name,
         description: v.description,
@@ -33,7 +33,7 @@ pub fn namespace(v: NamespaceView) -> pb::Namespace {
     }
 }
 
-pub fn semaphore(v: SemaphoreView) -> pb::Semaphore {
+pub(crate) fn semaphore(v: SemaphoreView) -> pb::Semaphore {
     pb::Semaphore {
         name: v.name,
         description: v.description,
@@ -50,7 +50,7 @@ pub fn semaphore(v: SemaphoreView) -> pb::Semaphore {
     }
 }
 
-pub fn lease(v: LeaseView) -> pb::Lease {
+pub(crate) fn lease(v: LeaseView) -> pb::Lease {
     pb::Lease {
         lease_id: v.lease_id,
         process_id: v.process_id,
@@ -61,7 +61,7 @@ pub fn lease(v: LeaseView) -> pb::Lease {
     }
 }
 
-pub fn holder(v: HolderView) -> pb::SemaphoreHolder {
+pub(crate) fn holder(v: HolderView) -> pb::SemaphoreHolder {
     pb::SemaphoreHolder {
         lease_id: v.lease_id,
         locked_at: v.locked_at,
@@ -73,20 +73,20 @@ pub fn holder(v: HolderView) -> pb::SemaphoreHolder {
 }
 
 /// Nanoseconds as whole milliseconds, rounded down (a negative value is 0).
-pub fn ms(ns: Nanos) -> u64 {
+pub(crate) fn ms(ns: Nanos) -> u64 {
     u64::try_from(ns / 1_000_000).unwrap_or(0)
 }
 
 /// Milliseconds from the wire as nanoseconds; a value past the range becomes `Nanos::MAX`,
 /// which the command's own check refuses with the field's limits.
-pub fn ms_to_ns(ms: u64) -> Nanos {
+pub(crate) fn ms_to_ns(ms: u64) -> Nanos {
     i64::try_from(ms)
         .ok()
         .and_then(|v| v.checked_mul(1_000_000))
         .unwrap_or(Nanos::MAX)
 }
 
-pub fn waiter(v: WaiterView) -> cpb::SemaphoreWaiter {
+pub(crate) fn waiter(v: WaiterView) -> cpb::SemaphoreWaiter {
     cpb::SemaphoreWaiter {
         lease_id: v.lease_id,
         weight: v.weight,
@@ -96,7 +96,7 @@ pub fn waiter(v: WaiterView) -> cpb::SemaphoreWaiter {
     }
 }
 
-pub fn lock(v: LockView) -> pb::Lock {
+pub(crate) fn lock(v: LockView) -> pb::Lock {
     let state = match v.exclusive {
         None => pb::LockState::Unlocked,
         Some(false) => pb::LockState::SharedLocked,
@@ -122,7 +122,7 @@ pub fn lock(v: LockView) -> pb::Lock {
     }
 }
 
-pub fn contention(reason: Contention) -> pb::ContentionReason {
+pub(crate) fn contention(reason: Contention) -> pb::ContentionReason {
     match reason {
         Contention::None => pb::ContentionReason::Unspecified,
         Contention::Peer => pb::ContentionReason::Peer,
@@ -131,7 +131,7 @@ pub fn contention(reason: Contention) -> pb::ContentionReason {
     }
 }
 
-pub fn lock_waiter(v: LockWaiterView) -> cpb::LockWaiter {
+pub(crate) fn lock_waiter(v: LockWaiterView) -> cpb::LockWaiter {
     cpb::LockWaiter {
         lease_id: v.lease_id,
         lock_name: v.path,
@@ -143,7 +143,7 @@ pub fn lock_waiter(v: LockWaiterView) -> cpb::LockWaiter {
 }
 
 /// An acquire's answer: a queued status here means the wait ran out (`TIMED_OUT`).
-pub fn acquire_lock(reply: AcquireLockReply) -> pb::AcquireLockResponse {
+pub(crate) fn acquire_lock(reply: AcquireLockReply) -> pb::AcquireLockResponse {
     let (outcome, token) = match reply.status {
         AcquireStatus::Acquired { token, .. } => (pb::AcquireOutcome::Acquired, token),
         AcquireStatus::Unavailable => (pb::AcquireOutcome::Unavailable, 0),

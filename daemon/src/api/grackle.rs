@@ -26,14 +26,14 @@ mod locks;
 
 use acquire::Started;
 
-pub struct GrackleService {
+pub(crate) struct GrackleService {
     node: Arc<Node>,
     /// Blocking acquires per principal (see `admission.rs`).
     waiting: Arc<super::admission::Waiting>,
 }
 
 impl GrackleService {
-    pub fn new(node: Arc<Node>, waiting: Arc<super::admission::Waiting>) -> Self {
+    pub(crate) fn new(node: Arc<Node>, waiting: Arc<super::admission::Waiting>) -> Self {
         GrackleService { node, waiting }
     }
 

@@ -18,16 +18,16 @@ use super::grackle::GrackleService;
 use crate::node::{Node, RaftStatus};
 
 /// A node whose applied index is further than this behind its log is catching up.
-pub const CATCHING_UP_ENTRIES: u64 = 1000;
+pub(crate) const CATCHING_UP_ENTRIES: u64 = 1000;
 
 /// Whether a node with these metrics should take client traffic.
-pub fn serving(leader_known: bool, last_log_index: u64, last_applied_index: u64) -> bool {
+pub(crate) fn serving(leader_known: bool, last_log_index: u64, last_applied_index: u64) -> bool {
     leader_known && last_log_index.saturating_sub(last_applied_index) <= CATCHING_UP_ENTRIES
 }
 
 /// Whether the node should take client traffic now, and if not why: the rule of this module's
 /// gRPC health, and of `/readyz` on the metrics listener (`http/metrics.rs`).
-pub fn readiness(node: &Node, m: &RaftStatus) -> Result<(), String> {
+pub(crate) fn readiness(node: &Node, m: &RaftStatus) -> Result<(), String> {
     if node.removal.removed().is_some() {
         return Err("removed from the cluster".into());
     }
@@ -62,7 +62,7 @@ pub fn readiness(node: &Node, m: &RaftStatus) -> Result<(), String> {
 /// node removed from the cluster reports NOT_SERVING from then on). Checked at once when the
 /// role, vote or membership changes (openraft's server metrics), and every heartbeat for the
 /// rest (a node catching up): the full metrics change at every step of every write.
-pub async fn follow(node: Arc<Node>, reporter: HealthReporter) {
+pub(crate) async fn follow(node: Arc<Node>, reporter: HealthReporter) {
     let mut server = node.raft.server_metrics();
     let mut reported = None;
     loop {

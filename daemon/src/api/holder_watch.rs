@@ -18,12 +18,12 @@ use crate::state::{Error, ErrorKind, HolderView, LossCause, PageRequest, State};
 use super::status::ApiError;
 
 /// The longest a single call waits; the caller asks again.
-pub const MAX_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// What a wait ends with: the holders in grant order, whether the semaphore exists, and how
 /// the holder the caller knew of went.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Holders {
+pub(crate) struct Holders {
     pub holders: Vec<HolderView>,
     pub exists: bool,
     pub known_ended: Ended,
@@ -31,7 +31,7 @@ pub struct Holders {
 
 /// How the holder a wait knew of stopped holding, as this node saw it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum Ended {
+pub(crate) enum Ended {
     /// Not seen: it went before the wait began, it still holds, or the state was replaced.
     #[default]
     Unknown,
@@ -99,13 +99,13 @@ impl Ended {
 
 impl Holders {
     /// The fencing token of the first holder; 0 when nobody holds.
-    pub fn token(&self) -> u64 {
+    pub(crate) fn token(&self) -> u64 {
         self.holders.first().map_or(0, |h| h.token)
     }
 }
 
 /// The holders of `ns/sem` in `state` (a missing namespace or semaphore: nobody, not an error).
-pub fn holders(state: &State, ns: &str, sem: &str) -> Result<Holders, Error> {
+pub(crate) fn holders(state: &State, ns: &str, sem: &str) -> Result<Holders, Error> {
     match state.list_holders(ns, sem, &PageRequest::default()) {
         Ok(page) => Ok(Holders {
             holders: page.items,
@@ -119,7 +119,7 @@ pub fn holders(state: &State, ns: &str, sem: &str) -> Result<Holders, Error> {
 
 /// Waits until the first holder of `ns/sem` is not the grant `known_token` (0: nobody), or
 /// `timeout` (at most [`MAX_WAIT`]) passes, and answers with the holders at that point.
-pub async fn wait(
+pub(crate) async fn wait(
     node: &Node,
     ns: &str,
     sem: &str,

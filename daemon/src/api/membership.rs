@@ -14,19 +14,19 @@ use crate::node::Node;
 use crate::state::Error;
 
 /// How long the address of a new learner has to answer.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The members a removal takes out, split by role (Raft removes voters and learners with
 /// different changes).
 #[derive(Debug, PartialEq, Eq)]
-pub struct Removal {
+pub(crate) struct Removal {
     pub voters: BTreeSet<u64>,
     pub learners: BTreeSet<u64>,
 }
 
 /// Checks a removal against the current members: every id must be a member, and at least one
 /// voter must remain. The error names the first id that is not a member.
-pub fn plan_removal(
+pub(crate) fn plan_removal(
     voters: &BTreeSet<u64>,
     learners: &BTreeSet<u64>,
     remove: &[u64],
@@ -58,7 +58,7 @@ pub fn plan_removal(
 /// accepts it as learner `id` only when it answers within [`PROBE_TIMEOUT`] as node `id`, with no
 /// cluster id yet or this cluster's. Anything else is refused, saying what was found. With peer
 /// mutual TLS the dial itself already requires a node certificate naming `id`.
-pub async fn probe_new_member(
+pub(crate) async fn probe_new_member(
     node: &Node,
     id: u64,
     addr: &str,

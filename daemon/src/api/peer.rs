@@ -34,12 +34,12 @@ use crate::raft::network::{decode, encode};
 use crate::raft::{NodeId, TypeConfig, peer_target};
 use crate::state::{Cmd, Reply};
 
-pub struct PeerService {
+pub(crate) struct PeerService {
     node: Arc<Node>,
 }
 
 impl PeerService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         PeerService { node }
     }
 }
@@ -47,7 +47,7 @@ impl PeerService {
 /// Who a peer call comes from, as [`admit`] established it: the sender's node id (`None` only
 /// from a sender that names none, accepted only while peers need not authenticate).
 #[derive(Clone, Copy, Debug)]
-pub struct PeerSender(pub Option<NodeId>);
+pub(crate) struct PeerSender(pub Option<NodeId>);
 
 /// What every refusal of an unauthenticated or foreign peer call says: nothing about this
 /// cluster (not its id, not its members). The reason is logged here instead.
@@ -62,7 +62,7 @@ const NOT_A_MEMBER: &str = "the peer service answers only members of this cluste
 /// 3. With neither, the call is refused whenever access control is on: a peer call can change
 ///    anything, so access control without peer authentication would be for show.
 /// 4. An authenticated call must name its sender; the cluster id it carries must be ours.
-pub fn admit(node: &Node, request: &Request<()>) -> Result<PeerSender, ApiError> {
+pub(crate) fn admit(node: &Node, request: &Request<()>) -> Result<PeerSender, ApiError> {
     admit_parts(
         node,
         request.metadata(),
@@ -216,7 +216,7 @@ fn encode_reply<T: Serialize>(value: &T) -> Result<Response<PeerMessage>, ApiErr
 
 /// The replies of a streaming peer call ([`ConchPeer::append_entries_stream`],
 /// [`ConchPeer::propose_stream`]).
-pub type PeerReplies =
+pub(crate) type PeerReplies =
     Pin<Box<dyn futures::Stream<Item = Result<PeerMessage, Status>> + Send + 'static>>;
 
 /// Who opened a streaming peer call, as its opening said: every message on it is admitted

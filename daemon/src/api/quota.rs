@@ -15,12 +15,12 @@ use crate::state::auth::{Access, Permission};
 use crate::state::quota::Quotas;
 use crate::state::{Cmd, Outcome, QuotaView};
 
-pub struct QuotaService {
+pub(crate) struct QuotaService {
     node: Arc<Node>,
 }
 
 impl QuotaService {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         QuotaService { node }
     }
 

@@ -8,10 +8,10 @@ use tonic::{Request, Status};
 use super::status::ApiError;
 use crate::state::{Cmd, validate};
 
-pub use conch_proto::wire::REQUEST_ID_HEADER;
+pub(crate) use conch_proto::wire::REQUEST_ID_HEADER;
 
 /// The request's id, if it carries one (refused when it is not a valid id), and its message.
-pub fn split<T>(request: Request<T>) -> Result<(Option<String>, T), Status> {
+pub(crate) fn split<T>(request: Request<T>) -> Result<(Option<String>, T), Status> {
     let id = match request.metadata().get(REQUEST_ID_HEADER) {
         None => None,
         Some(value) => {
@@ -24,7 +24,7 @@ pub fn split<T>(request: Request<T>) -> Result<(Option<String>, T), Status> {
 }
 
 /// `cmd`, run once per request id when there is one.
-pub fn wrap(id: Option<String>, cmd: Cmd) -> Cmd {
+pub(crate) fn wrap(id: Option<String>, cmd: Cmd) -> Cmd {
     match id {
         Some(request_id) => Cmd::Once {
             request_id,

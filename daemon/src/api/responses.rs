@@ -33,12 +33,12 @@ const PEER_PATH: &str = "/conch.v1.ConchPeer/";
 
 /// The layer, given to the server once.
 #[derive(Clone)]
-pub struct ResponseLayer {
+pub(crate) struct ResponseLayer {
     node: Arc<Node>,
 }
 
 impl ResponseLayer {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub(crate) fn new(node: Arc<Node>) -> Self {
         ResponseLayer { node }
     }
 }
@@ -56,7 +56,7 @@ impl<S> tower::Layer<S> for ResponseLayer {
 
 /// The service the layer wraps around the server's routes.
 #[derive(Clone)]
-pub struct Responses<S> {
+pub(crate) struct Responses<S> {
     inner: S,
     node: Arc<Node>,
 }
@@ -90,7 +90,7 @@ where
 /// A call's response on its way out. A plain struct rather than an `async` block: a call that
 /// waits keeps the inner future and these few fields, nothing more (an `async` block around the
 /// task-local scope kept room for the inner future twice).
-pub struct ResponseFuture<F> {
+pub(crate) struct ResponseFuture<F> {
     inner: Pin<Box<TaskLocalFuture<Cell<CallStamps>, F>>>,
     path: String,
     node: Arc<Node>,

@@ -22,13 +22,13 @@ use crate::node::Node;
 const PEER_PATH: &str = "/conch.v1.ConchPeer/";
 
 #[derive(Clone)]
-pub struct SlotLayer {
+pub(crate) struct SlotLayer {
     node: Arc<Node>,
     gate: Arc<Gate>,
 }
 
 impl SlotLayer {
-    pub fn new(node: Arc<Node>, gate: Arc<Gate>) -> SlotLayer {
+    pub(crate) fn new(node: Arc<Node>, gate: Arc<Gate>) -> SlotLayer {
         SlotLayer { node, gate }
     }
 }
@@ -46,7 +46,7 @@ impl<S> tower::Layer<S> for SlotLayer {
 }
 
 #[derive(Clone)]
-pub struct Slots<S> {
+pub(crate) struct Slots<S> {
     inner: S,
     node: Arc<Node>,
     gate: Arc<Gate>,
@@ -124,7 +124,7 @@ fn shows_who<B>(node: &Node, request: &http::Request<B>) -> bool {
 }
 
 /// A call's response on its way; the call counts as open until its body ends.
-pub struct SlotFuture<F> {
+pub(crate) struct SlotFuture<F> {
     inner: F,
     guard: Option<CallGuard>,
 }
@@ -149,7 +149,7 @@ where
 }
 
 /// A response body holding its call open.
-pub struct CallBody<B> {
+pub(crate) struct CallBody<B> {
     inner: B,
     _guard: Option<CallGuard>,
 }

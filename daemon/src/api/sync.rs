@@ -28,11 +28,11 @@ use crate::state::limits::TIMEOUT_MAX_S;
 
 /// Grackle's bounds on a wait group, checked here, before proposing, as upstream checks them:
 /// at most this many jobs...
-pub const WAIT_GROUP_COUNTER_MAX: i64 = 100_000_000;
+pub(crate) const WAIT_GROUP_COUNTER_MAX: i64 = 100_000_000;
 /// ...and an `expires_at` at least this far ahead of the node's wall clock when the call comes.
 /// Only the API checks them: the state machine applies what was proposed, so entries of a log
 /// written before (or by a release without these checks) apply exactly as they did.
-pub const WAIT_GROUP_EXPIRY_MIN: Duration = Duration::from_secs(60);
+pub(crate) const WAIT_GROUP_EXPIRY_MIN: Duration = Duration::from_secs(60);
 
 /// The node's wall clock, in nanoseconds since the Unix epoch.
 fn wall_now_ns() -> i64 {
@@ -66,7 +66,7 @@ use crate::state::{
 
 type Answer<T> = Result<Response<T>, Status>;
 
-pub struct SyncApi {
+pub(crate) struct SyncApi {
     node: Arc<Node>,
     waiting: Arc<Waiting>,
 }
@@ -95,7 +95,7 @@ fn unexpected(outcome: Outcome) -> Status {
     ApiError::Internal(format!("unexpected state machine reply: {outcome:?}")).into()
 }
 
-pub fn wait_group(v: WaitGroupView) -> pb::WaitGroup {
+pub(crate) fn wait_group(v: WaitGroupView) -> pb::WaitGroup {
     let status = match v.status {
         WaitGroupStatus::Active => pb::WaitGroupStatus::Active,
         WaitGroupStatus::Completed => pb::WaitGroupStatus::Completed,
@@ -126,7 +126,7 @@ fn job(v: JobView) -> pb::WaitGroupJob {
     }
 }
 
-pub fn barrier(v: BarrierView) -> pb::Barrier {
+pub(crate) fn barrier(v: BarrierView) -> pb::Barrier {
     pb::Barrier {
         name: v.name,
         description: v.description,
@@ -161,7 +161,7 @@ fn write_request<T>(
 }
 
 impl SyncApi {
-    pub fn new(node: Arc<Node>, waiting: Arc<Waiting>) -> Self {
+    pub(crate) fn new(node: Arc<Node>, waiting: Arc<Waiting>) -> Self {
         SyncApi { node, waiting }
     }
 
@@ -215,7 +215,7 @@ impl SyncApi {
         Ok(self.node.applied.read(read)?)
     }
 
-    pub async fn create_wait_group(
+    pub(crate) async fn create_wait_group(
         &self,
         request: Request<pb::CreateWaitGroupRequest>,
     ) -> Answer<pb::CreateWaitGroupResponse> {
@@ -239,7 +239,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn update_wait_group(
+    pub(crate) async fn update_wait_group(
         &self,
         request: Request<pb::UpdateWaitGroupRequest>,
     ) -> Answer<pb::UpdateWaitGroupResponse> {
@@ -264,7 +264,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn delete_wait_group(
+    pub(crate) async fn delete_wait_group(
         &self,
         request: Request<pb::DeleteWaitGroupRequest>,
     ) -> Answer<pb::DeleteWaitGroupResponse> {
@@ -277,7 +277,7 @@ impl SyncApi {
         Ok(Response::new(pb::DeleteWaitGroupResponse {}))
     }
 
-    pub async fn complete_jobs(
+    pub(crate) async fn complete_jobs(
         &self,
         request: Request<pb::CompleteJobsFromWaitGroupRequest>,
     ) -> Answer<pb::CompleteJobsFromWaitGroupResponse> {
@@ -300,7 +300,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn get_wait_group(
+    pub(crate) async fn get_wait_group(
         &self,
         request: Request<pb::GetWaitGroupRequest>,
     ) -> Answer<pb::GetWaitGroupResponse> {
@@ -314,7 +314,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn list_wait_groups(
+    pub(crate) async fn list_wait_groups(
         &self,
         request: Request<pb::ListWaitGroupsRequest>,
     ) -> Answer<pb::ListWaitGroupsResponse> {
@@ -331,7 +331,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn list_completed_jobs(
+    pub(crate) async fn list_completed_jobs(
         &self,
         request: Request<pb::ListWaitGroupCompletedJobsRequest>,
     ) -> Answer<pb::ListWaitGroupCompletedJobsResponse> {
@@ -348,7 +348,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn wait_for_wait_group(
+    pub(crate) async fn wait_for_wait_group(
         &self,
         request: Request<pb::WaitForWaitGroupRequest>,
     ) -> Answer<pb::WaitForWaitGroupResponse> {
@@ -413,7 +413,7 @@ impl SyncApi {
         }
     }
 
-    pub async fn create_barrier(
+    pub(crate) async fn create_barrier(
         &self,
         request: Request<pb::CreateBarrierRequest>,
     ) -> Answer<pb::CreateBarrierResponse> {
@@ -435,7 +435,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn update_barrier(
+    pub(crate) async fn update_barrier(
         &self,
         request: Request<pb::UpdateBarrierRequest>,
     ) -> Answer<pb::UpdateBarrierResponse> {
@@ -458,7 +458,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn delete_barrier(
+    pub(crate) async fn delete_barrier(
         &self,
         request: Request<pb::DeleteBarrierRequest>,
     ) -> Answer<pb::DeleteBarrierResponse> {
@@ -471,7 +471,7 @@ impl SyncApi {
         Ok(Response::new(pb::DeleteBarrierResponse {}))
     }
 
-    pub async fn arrive_at_barrier(
+    pub(crate) async fn arrive_at_barrier(
         &self,
         request: Request<pb::ArriveAtBarrierRequest>,
     ) -> Answer<pb::ArriveAtBarrierResponse> {
@@ -490,7 +490,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn get_barrier(
+    pub(crate) async fn get_barrier(
         &self,
         request: Request<pb::GetBarrierRequest>,
     ) -> Answer<pb::GetBarrierResponse> {
@@ -504,7 +504,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn list_barriers(
+    pub(crate) async fn list_barriers(
         &self,
         request: Request<pb::ListBarriersRequest>,
     ) -> Answer<pb::ListBarriersResponse> {
@@ -521,7 +521,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn list_participants(
+    pub(crate) async fn list_participants(
         &self,
         request: Request<pb::ListBarrierParticipantsRequest>,
     ) -> Answer<pb::ListBarrierParticipantsResponse> {
@@ -539,7 +539,7 @@ impl SyncApi {
         }))
     }
 
-    pub async fn wait_at_barrier(
+    pub(crate) async fn wait_at_barrier(
         &self,
         request: Request<pb::WaitAtBarrierRequest>,
     ) -> Answer<pb::WaitAtBarrierResponse> {

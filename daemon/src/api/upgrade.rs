@@ -44,7 +44,7 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What a node says of its release (`ConchPeer.NodeInfo`'s reply).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
+pub(crate) struct NodeInfo {
     pub release: String,
     /// The newest cluster version the release speaks (it speaks every one from 1 on).
     pub cluster_version_max: u32,
@@ -55,7 +55,7 @@ pub struct NodeInfo {
 impl NodeInfo {
     /// What a node of this build says that speaks cluster versions up to `cluster_version_max`
     /// (this build's newest unless the node was configured to speak less).
-    pub fn speaking(cluster_version_max: u32) -> NodeInfo {
+    pub(crate) fn speaking(cluster_version_max: u32) -> NodeInfo {
         NodeInfo {
             release: crate::support::release::RELEASE.to_string(),
             cluster_version_max,
@@ -64,12 +64,12 @@ impl NodeInfo {
     }
 
     /// This node's.
-    pub fn this_node(node: &Node) -> NodeInfo {
+    pub(crate) fn this_node(node: &Node) -> NodeInfo {
         NodeInfo::speaking(node.config.cluster_version_max)
     }
 
     /// A node of release 0.1.0, which does not serve `NodeInfo`.
-    pub fn release_0_1_0() -> NodeInfo {
+    pub(crate) fn release_0_1_0() -> NodeInfo {
         NodeInfo {
             release: "0.1.0".to_string(),
             cluster_version_max: BASE,
@@ -80,14 +80,14 @@ impl NodeInfo {
 
 /// One member's answer, or why there was none.
 #[derive(Clone, Debug)]
-pub struct MemberRelease {
+pub(crate) struct MemberRelease {
     pub id: NodeId,
     pub info: Result<NodeInfo, String>,
 }
 
 /// Asks every voter and learner of the membership this node knows for its release (this node
 /// answers for itself), in id order.
-pub async fn member_releases(node: &Arc<Node>) -> Vec<MemberRelease> {
+pub(crate) async fn member_releases(node: &Arc<Node>) -> Vec<MemberRelease> {
     let asks = node.members().into_iter().map(|member| {
         let node = Arc::clone(node);
         async move {
@@ -125,7 +125,7 @@ async fn ask(node: &Node, id: NodeId, addr: &str) -> Result<NodeInfo, String> {
 }
 
 /// The newest cluster version every member speaks, or why the members' answers allow none.
-pub fn common_version(members: &[MemberRelease]) -> Result<u32, String> {
+pub(crate) fn common_version(members: &[MemberRelease]) -> Result<u32, String> {
     let mut common = NEWEST;
     for member in members {
         match &member.info {
@@ -138,7 +138,7 @@ pub fn common_version(members: &[MemberRelease]) -> Result<u32, String> {
 
 /// What [`finalize`] did.
 #[derive(Clone, Debug)]
-pub struct Finalized {
+pub(crate) struct Finalized {
     pub previous: u32,
     pub current: u32,
     pub members: Vec<MemberRelease>,
@@ -156,7 +156,7 @@ enum Raiser {
 /// Raises the cluster version to the newest one every member speaks (through the log, from any
 /// node). Refused with `FailedPrecondition`, changing nothing, when a member does not answer;
 /// a version already reached is answered as it is.
-pub async fn finalize(node: &Arc<Node>) -> Result<Finalized, crate::api::status::ApiError> {
+pub(crate) async fn finalize(node: &Arc<Node>) -> Result<Finalized, crate::api::status::ApiError> {
     raise(node, NEWEST, Raiser::Operator).await
 }
 
@@ -227,7 +227,7 @@ async fn raise(
 /// version the new cluster is to run at: [`finalize_new_cluster`] raises it there, and a
 /// restart before it is done carries on. Only a bootstrap writes it, so a cluster created by
 /// an earlier release (which the operator finalizes) never has one.
-pub fn record_new_cluster(data_dir: &Path, version: u32) -> Result<(), DataDirError> {
+pub(crate) fn record_new_cluster(data_dir: &Path, version: u32) -> Result<(), DataDirError> {
     data_dir::write_record(data_dir, data_dir::NEW_CLUSTER_FILE, &version.to_string()).map_err(
         |reason| DataDirError::Unusable {
             path: data_dir.to_path_buf(),
@@ -238,7 +238,7 @@ pub fn record_new_cluster(data_dir: &Path, version: u32) -> Result<(), DataDirEr
 
 /// The cluster version the new cluster this node bootstrapped is still to be raised to, if it
 /// bootstrapped one and that is not done (see [`record_new_cluster`]).
-pub fn new_cluster_version(data_dir: &Path) -> Result<Option<u32>, DataDirError> {
+pub(crate) fn new_cluster_version(data_dir: &Path) -> Result<Option<u32>, DataDirError> {
     let path = data_dir.join(data_dir::NEW_CLUSTER_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
@@ -265,7 +265,7 @@ pub fn new_cluster_version(data_dir: &Path) -> Result<Option<u32>, DataDirError>
 }
 
 /// Removes the record of [`record_new_cluster`]: the new cluster's version is settled.
-pub fn forget_new_cluster(data_dir: &Path) {
+pub(crate) fn forget_new_cluster(data_dir: &Path) {
     if let Err(e) = data_dir::remove_record(data_dir, data_dir::NEW_CLUSTER_FILE) {
         tracing::warn!(error = %e, "the new cluster's version is settled, but its record stays");
     }
@@ -276,7 +276,7 @@ pub fn forget_new_cluster(data_dir: &Path) {
 /// less) once every member answers with a release that speaks it. A member of an older
 /// release leaves the cluster at the version they share, for the operator to finalize later.
 /// Either way the record is removed once settled.
-pub async fn finalize_new_cluster(node: Arc<Node>, created_at: u32) {
+pub(crate) async fn finalize_new_cluster(node: Arc<Node>, created_at: u32) {
     let target = created_at.min(node.config.cluster_version_max);
     let data_dir = node.config.data_dir.clone();
     let mut wait = Duration::from_millis(100);

@@ -25,11 +25,11 @@ use crate::callers::watches::LossWatch;
 use crate::node::Node;
 use crate::state::{Error, LeaseHold, LeaseKind, LossCause, lock_path};
 
-pub type WatchLossStream =
+pub(crate) type WatchLossStream =
     Pin<Box<dyn Stream<Item = Result<cpb::WatchLossResponse, Status>> + Send>>;
 
 /// The lease kind a request names.
-pub fn kind(kind: i32) -> Result<LeaseKind, ApiError> {
+pub(crate) fn kind(kind: i32) -> Result<LeaseKind, ApiError> {
     match cpb::WatchedLeaseKind::try_from(kind) {
         Ok(cpb::WatchedLeaseKind::Semaphore) => Ok(LeaseKind::Semaphore),
         Ok(cpb::WatchedLeaseKind::Lock) => Ok(LeaseKind::Lock),
@@ -42,7 +42,7 @@ pub fn kind(kind: i32) -> Result<LeaseKind, ApiError> {
 
 /// Starts the watch of `lease` (the caller was allowed to refresh it): the `watching` message,
 /// then at most one `lost` message. `permit` is held as long as the stream lives.
-pub async fn start<P: Send + 'static>(
+pub(crate) async fn start<P: Send + 'static>(
     node: Arc<Node>,
     ns: String,
     kind: LeaseKind,

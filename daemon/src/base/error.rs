@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// How the status of a [`NodeError::NotLeader`] ends (see `api/status.rs`): a node that
 /// forwarded a write reads it as "this node did not take it" (see `Node::commit_through`).
-pub const NOT_LEADER_SUFFIX: &str = "is not the leader; retry";
+pub(crate) const NOT_LEADER_SUFFIX: &str = "is not the leader; retry";
 
 /// Why a write or read could not be served.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

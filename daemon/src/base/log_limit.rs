@@ -31,14 +31,14 @@ impl LogLimit {
 }
 
 /// [`LogLimit`] per key (e.g. per peer), counting what it held back.
-pub struct LogLimits<K> {
+pub(crate) struct LogLimits<K> {
     every: Duration,
     /// Per key: when a line last passed, and how many were held back since.
     last: Mutex<BTreeMap<K, (Instant, u64)>>,
 }
 
 impl<K: Ord> LogLimits<K> {
-    pub fn new(every: Duration) -> LogLimits<K> {
+    pub(crate) fn new(every: Duration) -> LogLimits<K> {
         LogLimits {
             every,
             last: Mutex::new(BTreeMap::new()),
@@ -47,7 +47,7 @@ impl<K: Ord> LogLimits<K> {
 
     /// `Some(n)` when a line for `key` is due now, `n` being how many were held back since the
     /// last one (for "… (n more since)"); `None` when this one is held back.
-    pub fn due_counting(&self, key: K) -> Option<u64> {
+    pub(crate) fn due_counting(&self, key: K) -> Option<u64> {
         self.due_counting_at(key, Instant::now())
     }
 

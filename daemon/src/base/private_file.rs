@@ -13,7 +13,7 @@ use std::path::Path;
 pub const SHARED_BITS: u32 = 0o077;
 
 /// Why a file with `mode` is not private, with the fix; `None` if it is.
-pub fn mode_problem(path: &Path, mode: u32) -> Option<String> {
+pub(crate) fn mode_problem(path: &Path, mode: u32) -> Option<String> {
     (mode & SHARED_BITS != 0).then(|| {
         format!(
             "is open to group or others (mode {:04o}); run: chmod 600 {}",

@@ -49,8 +49,9 @@ impl Tasks {
         self.drain.cancelled().await;
     }
 
-    /// Whether the node has begun to stop.
-    pub fn is_stopping(&self) -> bool {
+    /// Whether the node has begun to stop. (the tests read it)
+    #[cfg(test)]
+    pub(crate) fn is_stopping(&self) -> bool {
         self.drain.is_cancelled()
     }
 

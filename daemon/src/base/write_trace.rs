@@ -133,7 +133,7 @@ impl Stage {
 /// Bucket bounds of `conch_write_stage_seconds`: 1 µs to about 1.3 s, each 25 % above the
 /// last, rounded to three significant digits, so a quantile read from them is within a few
 /// percent.
-pub fn stage_buckets() -> Vec<f64> {
+pub(crate) fn stage_buckets() -> Vec<f64> {
     let mut out: Vec<f64> = Vec::new();
     let mut bound = 1e-6f64;
     while bound < 1.5 {
@@ -286,7 +286,7 @@ impl WriteTrace {
 
     /// Stamps `mark` on every entry from `first` to `last` (at most the ring's size, the last
     /// ones).
-    pub fn stamp_range(&self, first: u64, last: u64, mark: Mark) {
+    pub(crate) fn stamp_range(&self, first: u64, last: u64, mark: Mark) {
         let ns = self.ns(Instant::now());
         let first = first.max(last.saturating_sub(SLOTS as u64 - 1));
         for index in first..=last {
@@ -314,7 +314,7 @@ impl WriteTrace {
 
     /// Records the Raft stages of entry `index`, proposed by `client_write` at `called` and
     /// returned at `returned`; nothing if its stamps are incomplete or out of order.
-    pub fn record_raft(
+    pub(crate) fn record_raft(
         &self,
         index: u64,
         called: Instant,
@@ -373,7 +373,7 @@ fn split_raft(called: u64, stamps: [u64; MARKS], returned: u64) -> Option<Vec<(S
 
 /// What the gRPC layer learns from a call's handler about its write (see [`CALL`]).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CallStamps {
+pub(crate) struct CallStamps {
     /// Writes the call proposed.
     pub writes: u32,
     /// A `ConchPeer.Propose` call: a follower's proposal.
@@ -386,11 +386,11 @@ pub struct CallStamps {
 
 tokio::task_local! {
     /// The stamps of the gRPC call this task serves, set by the gRPC layer around the call.
-    pub static CALL: Cell<CallStamps>;
+    pub(crate) static CALL: Cell<CallStamps>;
 }
 
 /// Notes on the current call (if any) that it proposed a write now.
-pub fn note_proposed(at: Instant, forwarded: bool) {
+pub(crate) fn note_proposed(at: Instant, forwarded: bool) {
     let _ = CALL.try_with(|c| {
         let mut s = c.get();
         s.writes += 1;
@@ -401,7 +401,7 @@ pub fn note_proposed(at: Instant, forwarded: bool) {
 }
 
 /// Notes on the current call (if any) that its write's result arrived.
-pub fn note_resumed(at: Instant) {
+pub(crate) fn note_resumed(at: Instant) {
     let _ = CALL.try_with(|c| {
         let mut s = c.get();
         s.resumed = Some(at);
@@ -411,7 +411,12 @@ pub fn note_resumed(at: Instant) {
 
 /// Records the outer stages of a call that wrote exactly once, from the gRPC layer's start and
 /// end.
-pub fn record_call(stamps: CallStamps, started: Instant, ended: Instant, into: &StageHistograms) {
+pub(crate) fn record_call(
+    stamps: CallStamps,
+    started: Instant,
+    ended: Instant,
+    into: &StageHistograms,
+) {
     let (1, Some(proposed), Some(resumed)) = (stamps.writes, stamps.proposed, stamps.resumed)
     else {
         return;

@@ -32,7 +32,7 @@ use crate::state::{Event, Nanos, WaitEnd};
 
 /// Identifies a waiter: (namespace, semaphore, lease).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct WaitKey {
+pub(crate) struct WaitKey {
     pub ns: String,
     pub sem: String,
     pub lease: String,
@@ -40,7 +40,7 @@ pub struct WaitKey {
 
 /// How a registered wait ended, as applied on this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WaitOutcome {
+pub(crate) enum WaitOutcome {
     Granted {
         token: u64,
         weight: u64,
@@ -53,14 +53,14 @@ pub enum WaitOutcome {
 
 /// An event about a wait, stamped with the log index that produced it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaitEvent {
+pub(crate) struct WaitEvent {
     pub index: u64,
     pub outcome: WaitOutcome,
 }
 
 /// What woke a waiting ticket: an event about its waiter, its deadline, or the node's stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wake {
+pub(crate) enum Wake {
     Event(WaitEvent),
     /// The deadline the ticket was armed with passed (see [`WaitTicket::arm`]).
     DeadlinePassed,
@@ -133,7 +133,7 @@ impl Waits {
 
 /// The callers waiting on this node, by the waiter they wait for.
 #[derive(Clone, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     waits: Arc<Mutex<Waits>>,
     /// Wakes the timer task when a deadline is armed.
     armed: Arc<Notify>,
@@ -144,7 +144,7 @@ pub struct Registry {
 impl Registry {
     /// Subscribes to the events of the wait `key` until the ticket is dropped. Register before
     /// proposing the acquire.
-    pub fn register(&self, key: WaitKey) -> WaitTicket {
+    pub(crate) fn register(&self, key: WaitKey) -> WaitTicket {
         let mailbox = Arc::new(Mailbox::default());
         let (id, key) = {
             let mut waits = self.lock();
@@ -168,7 +168,7 @@ impl Registry {
     /// The task that keeps the clock of every wait and tells them when the node stops (once
     /// `stopping` resolves); `None` if it was handed out before. Run it once per node, before
     /// any ticket is armed.
-    pub fn timer<S>(
+    pub(crate) fn timer<S>(
         &self,
         stopping: S,
     ) -> Option<impl Future<Output = ()> + Send + 'static + use<S>>
@@ -207,7 +207,7 @@ impl Registry {
 
     /// Hands the events of the entry at `index` to the callers they concern. The apply path
     /// calls this while it still holds the state lock.
-    pub fn deliver(&self, index: u64, events: Vec<Event>) {
+    pub(crate) fn deliver(&self, index: u64, events: Vec<Event>) {
         let waits = self.lock();
         if waits.tickets.is_empty() {
             return;
@@ -246,7 +246,7 @@ impl Registry {
 
     /// Tells every waiting caller to look at the state again: it was replaced at `index`, and
     /// the events between the old and the new state were never seen here.
-    pub fn recheck_all(&self, index: u64) {
+    pub(crate) fn recheck_all(&self, index: u64) {
         for mailbox in self.lock().tickets.all() {
             mailbox.post(WaitEvent {
                 index,
@@ -277,7 +277,7 @@ fn lock(waits: &Mutex<Waits>) -> MutexGuard<'_, Waits> {
 }
 
 /// A subscription to one wait's events; dropping it deregisters.
-pub struct WaitTicket {
+pub(crate) struct WaitTicket {
     registry: Registry,
     key: Arc<WaitKey>,
     id: u64,
@@ -288,14 +288,14 @@ pub struct WaitTicket {
 
 impl WaitTicket {
     /// The waiter this ticket follows (shared with the registry, not a copy).
-    pub fn key(&self) -> &Arc<WaitKey> {
+    pub(crate) fn key(&self) -> &Arc<WaitKey> {
         &self.key
     }
 
     /// Arms the ticket's deadline on the registry's timer (replacing one armed before): once
     /// `at` passed, [`WaitTicket::next`] answers [`Wake::DeadlinePassed`]. A ticket of a node
     /// that stopped is told so at once.
-    pub fn arm(&mut self, at: Instant) {
+    pub(crate) fn arm(&mut self, at: Instant) {
         let mut waits = self.registry.lock();
         if waits.stopping {
             self.mailbox.raise(STOPPING);
@@ -314,7 +314,7 @@ impl WaitTicket {
     /// The next event, waiting for one; or, with no event left, the deadline or the node's
     /// stop once either came (events keep coming while the ticket is registered, so this
     /// waits as long as it takes).
-    pub async fn next(&mut self) -> Wake {
+    pub(crate) async fn next(&mut self) -> Wake {
         loop {
             if let Some(event) = self.mailbox.take() {
                 return Wake::Event(event);
@@ -331,7 +331,7 @@ impl WaitTicket {
     }
 
     /// The next event already delivered, if any.
-    pub fn try_next(&mut self) -> Option<WaitEvent> {
+    pub(crate) fn try_next(&mut self) -> Option<WaitEvent> {
         self.mailbox.take()
     }
 }

@@ -30,15 +30,15 @@ use crate::state::{LossCause, SyncKind};
 
 /// A watch on one semaphore's holders, by (namespace, semaphore): ticks at each applied batch
 /// that changed them.
-pub type HolderWatch = Watch<(String, String), u64>;
+pub(crate) type HolderWatch = Watch<(String, String), u64>;
 /// A watch on one wait group or barrier, by (kind, namespace, name): ticks at each entry that
 /// completes, expires, trips or deletes it.
-pub type SyncWatch = Watch<(SyncKind, String, String), u64>;
+pub(crate) type SyncWatch = Watch<(SyncKind, String, String), u64>;
 /// A watch on one lease for a loss, by (namespace, lease id).
-pub type LossWatch = Watch<(String, String), Seen>;
+pub(crate) type LossWatch = Watch<(String, String), Seen>;
 
 /// How many loss watches one node keeps at most.
-pub const MAX_LOSS_WATCHES: usize = 10_000;
+pub(crate) const MAX_LOSS_WATCHES: usize = 10_000;
 
 /// The registry already keeps its limit of watches.
 #[derive(Debug, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub struct Full {
 
 /// Callers by key: each registered under an id, with what reaches it (`S`: a channel, a
 /// mailbox). The one map behind every registry of waiting callers on a node.
-pub struct Keyed<K, S> {
+pub(crate) struct Keyed<K, S> {
     next_id: u64,
     by_key: BTreeMap<K, Vec<(u64, S)>>,
 }
@@ -64,7 +64,7 @@ impl<K, S> Default for Keyed<K, S> {
 
 impl<K: Ord, S> Keyed<K, S> {
     /// Registers `reach` under `key`; the id [`Keyed::remove`] takes.
-    pub fn insert(&mut self, key: K, reach: S) -> u64 {
+    pub(crate) fn insert(&mut self, key: K, reach: S) -> u64 {
         self.next_id = self.next_id.wrapping_add(1);
         // Room for one: a key rarely has a second caller (a vector's first push would make
         // room for four).
@@ -76,7 +76,7 @@ impl<K: Ord, S> Keyed<K, S> {
     }
 
     /// Removes the caller `id` of `key`, and the key once it has none.
-    pub fn remove<Q: Ord + ?Sized>(&mut self, key: &Q, id: u64)
+    pub(crate) fn remove<Q: Ord + ?Sized>(&mut self, key: &Q, id: u64)
     where
         K: Borrow<Q>,
     {
@@ -89,7 +89,7 @@ impl<K: Ord, S> Keyed<K, S> {
     }
 
     /// The key as stored, if any caller waits under it (to share its names).
-    pub fn stored_key<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&K>
+    pub(crate) fn stored_key<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&K>
     where
         K: Borrow<Q>,
     {
@@ -97,7 +97,7 @@ impl<K: Ord, S> Keyed<K, S> {
     }
 
     /// What reaches each caller of `key`.
-    pub fn of<Q: Ord + ?Sized>(&self, key: &Q) -> impl Iterator<Item = &S>
+    pub(crate) fn of<Q: Ord + ?Sized>(&self, key: &Q) -> impl Iterator<Item = &S>
     where
         K: Borrow<Q>,
     {
@@ -105,17 +105,17 @@ impl<K: Ord, S> Keyed<K, S> {
     }
 
     /// What reaches every caller.
-    pub fn all(&self) -> impl Iterator<Item = &S> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &S> {
         self.by_key.values().flatten().map(|(_, s)| s)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }
 
     /// How many callers `key` has.
     #[cfg(test)]
-    pub fn callers_of<Q: Ord + ?Sized>(&self, key: &Q) -> usize
+    pub(crate) fn callers_of<Q: Ord + ?Sized>(&self, key: &Q) -> usize
     where
         K: Borrow<Q>,
     {
@@ -129,7 +129,7 @@ struct Inner<K, V> {
 }
 
 /// The watches of one kind, by key; each sees a value of type `V` (starting at its default).
-pub struct Watches<K, V> {
+pub(crate) struct Watches<K, V> {
     inner: Arc<Mutex<Inner<K, V>>>,
     limit: usize,
 }
@@ -151,7 +151,7 @@ impl<K: Ord + Clone, V: Clone + Default> Default for Watches<K, V> {
 
 impl<K: Ord + Clone, V: Clone + Default> Watches<K, V> {
     /// At most `limit` watches at once.
-    pub fn with_limit(limit: usize) -> Self {
+    pub(crate) fn with_limit(limit: usize) -> Self {
         Watches {
             inner: Arc::new(Mutex::new(Inner {
                 count: 0,
@@ -167,7 +167,7 @@ impl<K: Ord + Clone, V: Clone + Default> Watches<K, V> {
 
     /// Watches `key`, unless the registry keeps its limit of watches already. Watch before
     /// reading what the key names, so no change in between is missed.
-    pub fn watch_within_limit(&self, key: K) -> Result<Watch<K, V>, Full> {
+    pub(crate) fn watch_within_limit(&self, key: K) -> Result<Watch<K, V>, Full> {
         let mut inner = self.lock();
         if inner.count >= self.limit {
             return Err(Full { limit: self.limit });
@@ -176,7 +176,7 @@ impl<K: Ord + Clone, V: Clone + Default> Watches<K, V> {
     }
 
     /// Watches `key` whatever the limit (for a registry that has none).
-    pub fn watch(&self, key: K) -> Watch<K, V> {
+    pub(crate) fn watch(&self, key: K) -> Watch<K, V> {
         let mut inner = self.lock();
         self.register(&mut inner, key)
     }
@@ -194,20 +194,20 @@ impl<K: Ord + Clone, V: Clone + Default> Watches<K, V> {
     }
 
     /// Whether no watch lives (the apply path then skips building keys).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.lock().keyed.is_empty()
     }
 
     /// Changes the value each watch of `key` sees; `change` says whether it changed it (a
     /// watch is woken only then).
-    pub fn update(&self, key: &K, mut change: impl FnMut(&mut V) -> bool) {
+    pub(crate) fn update(&self, key: &K, mut change: impl FnMut(&mut V) -> bool) {
         for sender in self.lock().keyed.of(key) {
             sender.send_if_modified(&mut change);
         }
     }
 
     /// Changes the value every watch sees (the state was replaced).
-    pub fn update_all(&self, mut change: impl FnMut(&mut V) -> bool) {
+    pub(crate) fn update_all(&self, mut change: impl FnMut(&mut V) -> bool) {
         for sender in self.lock().keyed.all() {
             sender.send_if_modified(&mut change);
         }
@@ -221,7 +221,7 @@ impl<K: Ord + Clone, V: Clone + Default> Watches<K, V> {
 }
 
 /// Adds one to a tick counter: the change of a holder or sync watch.
-pub fn tick(n: &mut u64) -> bool {
+pub(crate) fn tick(n: &mut u64) -> bool {
     *n = n.wrapping_add(1);
     true
 }

@@ -16,7 +16,7 @@ use conchd::raft::restore::RestoreArgs;
 /// the same --initial-cluster.
 #[derive(Parser, Debug)]
 #[command(name = "conchd", version = conchd::release::version_line(), about, long_about, after_help = EXAMPLES)]
-pub struct Flags {
+pub(crate) struct Flags {
     /// Every serving setting (`config::Settings`: flags, environment and config file keys).
     #[command(flatten)]
     pub settings: Settings,
@@ -40,7 +40,7 @@ Examples:
 
 /// conchd's subcommands (without one, conchd serves).
 #[derive(clap::Subcommand, Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// Seed a new, empty data directory from a backup file (`conch cluster backup`).
     ///
     /// Restore every node of the new cluster with its own --id and the same --initial-cluster,
@@ -51,7 +51,7 @@ pub enum Command {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct RestoreFlags {
+pub(crate) struct RestoreFlags {
     /// The backup file.
     pub file: PathBuf,
     /// The new node's data directory: absent or empty.
@@ -71,7 +71,7 @@ pub struct RestoreFlags {
 
 impl RestoreFlags {
     /// What the library's restore is given.
-    pub fn to_args(&self) -> RestoreArgs {
+    pub(crate) fn to_args(&self) -> RestoreArgs {
         RestoreArgs {
             file: self.file.clone(),
             data_dir: self.data_dir.clone(),

@@ -27,11 +27,11 @@ use tonic::codegen::http;
 use tonic::metadata::MetadataMap;
 
 /// The metadata keys of peer calls.
-pub use conch_proto::wire::{
+pub(crate) use conch_proto::wire::{
     CLIENT_ADDR_HEADER, CLUSTER_ID_HEADER, CLUSTER_NAME_HEADER, PEER_ID_HEADER, PEER_SECRET_HEADER,
 };
 /// The file in the data directory holding the cluster id.
-pub const CLUSTER_ID_FILE: &str = "cluster-id";
+pub(crate) const CLUSTER_ID_FILE: &str = "cluster-id";
 /// A refusal is logged at most this often per foreign id.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -288,19 +288,19 @@ impl ClusterId {
 }
 
 /// How the peer secret travels: the hex of its SHA-256 (what the configuration keeps).
-pub fn secret_header(hash: &[u8; 32]) -> String {
+pub(crate) fn secret_header(hash: &[u8; 32]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What this node says about itself on every peer RPC: its node id, the peer secret if it has
 /// one, and its client address.
 #[derive(Clone, Debug)]
-pub struct PeerStamp {
+pub(crate) struct PeerStamp {
     headers: Vec<(&'static str, http::HeaderValue)>,
 }
 
 impl PeerStamp {
-    pub fn new(node_id: u64, secret: Option<&[u8; 32]>, client_addr: &str) -> PeerStamp {
+    pub(crate) fn new(node_id: u64, secret: Option<&[u8; 32]>, client_addr: &str) -> PeerStamp {
         let mut headers = Vec::new();
         let mut add = |key: &'static str, value: String| {
             if let Ok(mut value) = http::HeaderValue::from_str(&value) {
@@ -319,14 +319,14 @@ impl PeerStamp {
 
 /// A peer channel that adds this node's cluster id and [`PeerStamp`] to every request.
 #[derive(Clone)]
-pub struct WithClusterId<S> {
+pub(crate) struct WithClusterId<S> {
     inner: S,
     id: Arc<ClusterId>,
     stamp: Arc<PeerStamp>,
 }
 
 impl<S> WithClusterId<S> {
-    pub fn new(inner: S, id: Arc<ClusterId>, stamp: Arc<PeerStamp>) -> Self {
+    pub(crate) fn new(inner: S, id: Arc<ClusterId>, stamp: Arc<PeerStamp>) -> Self {
         WithClusterId { inner, id, stamp }
     }
 }

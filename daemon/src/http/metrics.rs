@@ -15,7 +15,7 @@ use crate::node::Node;
 use crate::support::metrics::RaftGauges;
 
 /// Serves `/metrics` on `listener` until the node stops: HTTP/1.1, GET only.
-pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
+pub(crate) async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
     use hyper::server::conn::http1;
     use hyper_util::rt::TokioIo;
     let gate = node.connection_gate("metrics");

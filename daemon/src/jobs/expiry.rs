@@ -16,7 +16,7 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// Pause after a failed proposal before trying again.
 const RETRY: Duration = Duration::from_millis(50);
 
-pub async fn run(node: Arc<Node>) {
+pub(crate) async fn run(node: Arc<Node>) {
     // The role and term only: openraft's full metrics change at every step of every write.
     let mut metrics = node.raft.server_metrics();
     let mut applied = node.applied.subscribe_applied();

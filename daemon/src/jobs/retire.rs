@@ -81,7 +81,7 @@ async fn next_entry(
 }
 
 /// Takes a leader's notice (`ConchPeer.Removed`): retires this node if the notice holds.
-pub fn notice(node: &Node, notice: RemovedNotice) -> Result<(), NodeError> {
+pub(crate) fn notice(node: &Node, notice: RemovedNotice) -> Result<(), NodeError> {
     if names(&notice.membership, node.id) {
         return Err(NodeError::Internal(format!(
             "a removal notice whose membership names node {}",

@@ -33,7 +33,7 @@ const ABANDONED_WAIT_LINGER_NS: Nanos = 5 * NANOS_PER_SEC;
 
 /// Why a wait ended without an answer.
 #[derive(Debug, thiserror::Error)]
-pub enum WaitError {
+pub(crate) enum WaitError {
     /// The waiter's lease or semaphore went away, or the give-up was refused.
     #[error(transparent)]
     State(#[from] Error),
@@ -45,7 +45,7 @@ pub enum WaitError {
 /// A wait's grant: its fencing token and how long the hold may last from the grant on, at
 /// most (0: no hold limit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Granted {
+pub(crate) struct Granted {
     pub token: u64,
     pub hold_ns: Nanos,
 }
@@ -56,7 +56,7 @@ pub struct Granted {
 /// catch up before the deadline asks the log instead (GiveUp answers whether the grant came
 /// first). If the returned future is dropped (the caller went away), the waiter lingers briefly
 /// in case the client re-attaches, then leaves the queue.
-pub async fn wait_for_grant(
+pub(crate) async fn wait_for_grant(
     node: &Arc<Node>,
     mut ticket: WaitTicket,
     deadline_ns: Nanos,
@@ -148,7 +148,7 @@ pub async fn wait_for_grant(
 /// ends the whole set), and every member was granted in the entry that granted it. The other
 /// members' grants come from their own tickets (registered, like the primary's, before the
 /// acquire was proposed), or, for a state replaced by a snapshot, from the holder table.
-pub async fn wait_for_set_grant(
+pub(crate) async fn wait_for_set_grant(
     node: &Arc<Node>,
     keys: &[WaitKey],
     mut tickets: Vec<WaitTicket>,

@@ -41,22 +41,22 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use crate::base::log_limit::LogLimit;
 
 /// Most connections one listener keeps open.
-pub const MAX_CONNECTIONS: usize = 10_000;
+pub(crate) const MAX_CONNECTIONS: usize = 10_000;
 /// Slots of [`MAX_CONNECTIONS`] strangers never hold.
-pub const RESERVED_FOR_KNOWN: usize = 1_000;
+pub(crate) const RESERVED_FOR_KNOWN: usize = 1_000;
 /// Default of `--max-connections-per-address`: many clients on one host fit; one host cannot
 /// hold a listener.
-pub const DEFAULT_PER_ADDRESS: usize = 1_000;
+pub(crate) const DEFAULT_PER_ADDRESS: usize = 1_000;
 /// How long a stranger's connection stays open without a call.
-pub const STRANGER_IDLE: Duration = Duration::from_secs(10);
+pub(crate) const STRANGER_IDLE: Duration = Duration::from_secs(10);
 /// How long a known caller's connection stays open without a call.
-pub const KNOWN_IDLE: Duration = Duration::from_secs(300);
+pub(crate) const KNOWN_IDLE: Duration = Duration::from_secs(300);
 /// How often idle connections are looked for.
 const REAP_EVERY: Duration = Duration::from_secs(1);
 
 /// Why a gate closed a connection (the `reason` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// Refused at once: its address had `per_address` connections open.
     PerAddress,
     /// Refused at once: known callers held every slot.
@@ -70,7 +70,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Reason::PerAddress => "per_address",
             Reason::Full => "full",
@@ -83,7 +83,7 @@ impl Reason {
 
 /// What a gate allows.
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub max: usize,
     pub reserved: usize,
     pub per_address: usize,
@@ -93,7 +93,7 @@ pub struct Limits {
 
 impl Limits {
     /// The node's limits with `per_address` connections per source address.
-    pub fn with_per_address(per_address: usize) -> Limits {
+    pub(crate) fn with_per_address(per_address: usize) -> Limits {
         Limits {
             max: MAX_CONNECTIONS,
             reserved: RESERVED_FOR_KNOWN,
@@ -105,7 +105,7 @@ impl Limits {
 }
 
 /// One open connection as its gate sees it.
-pub struct Conn {
+pub(crate) struct Conn {
     id: u64,
     remote: Option<SocketAddr>,
     known: AtomicBool,
@@ -128,12 +128,12 @@ impl Conn {
         *self.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
-    pub fn is_known(&self) -> bool {
+    pub(crate) fn is_known(&self) -> bool {
         self.known.load(Ordering::Relaxed)
     }
 
     /// Counts a call as open until the returned guard drops.
-    pub fn call(self: &Arc<Self>) -> CallGuard {
+    pub(crate) fn call(self: &Arc<Self>) -> CallGuard {
         self.open_calls.fetch_add(1, Ordering::SeqCst);
         self.touch();
         CallGuard(Arc::clone(self))
@@ -158,7 +158,7 @@ impl Conn {
 }
 
 /// One open call on a connection; dropping it ends the call.
-pub struct CallGuard(Arc<Conn>);
+pub(crate) struct CallGuard(Arc<Conn>);
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
@@ -198,7 +198,7 @@ impl Slots {
 }
 
 /// The connection slots of one listener.
-pub struct Gate {
+pub(crate) struct Gate {
     listener: &'static str,
     limits: Limits,
     slots: Mutex<Slots>,
@@ -209,7 +209,7 @@ pub struct Gate {
 impl Gate {
     /// The gate of `listener` (the metric's `listener` label), counting into `refused`
     /// (labels `listener`, `reason`).
-    pub fn new(
+    pub(crate) fn new(
         listener: &'static str,
         limits: Limits,
         refused: prometheus::IntCounterVec,
@@ -224,7 +224,7 @@ impl Gate {
     }
 
     /// Closes idle connections every second while the gate is in use, on `tasks`.
-    pub fn reap_on(self: &Arc<Self>, tasks: &crate::base::tasks::Tasks) {
+    pub(crate) fn reap_on(self: &Arc<Self>, tasks: &crate::base::tasks::Tasks) {
         let gate = Arc::downgrade(self);
         tasks.spawn(reap_loop(gate));
     }
@@ -234,7 +234,7 @@ impl Gate {
     }
 
     /// Counts and (at most every 10 s) logs a connection closed for `reason`.
-    pub fn count(&self, reason: Reason, remote: Option<SocketAddr>) {
+    pub(crate) fn count(&self, reason: Reason, remote: Option<SocketAddr>) {
         self.refused
             .with_label_values(&[self.listener, reason.label()])
             .inc();
@@ -264,7 +264,7 @@ impl Gate {
     }
 
     /// Admits a connection from `remote`, or says why not (counted already).
-    pub fn admit(self: &Arc<Self>, remote: Option<SocketAddr>) -> Result<Admitted, Reason> {
+    pub(crate) fn admit(self: &Arc<Self>, remote: Option<SocketAddr>) -> Result<Admitted, Reason> {
         let limits = self.limits;
         let mut evicted = None;
         let admitted = {
@@ -318,14 +318,14 @@ impl Gate {
     }
 
     /// The open connection from `remote`.
-    pub fn conn_from(&self, remote: SocketAddr) -> Option<Arc<Conn>> {
+    pub(crate) fn conn_from(&self, remote: SocketAddr) -> Option<Arc<Conn>> {
         let slots = self.slots();
         let id = slots.by_remote.get(&remote)?;
         slots.open.get(id).cloned()
     }
 
     /// Marks `conn` as a known caller's: it leaves the strangers.
-    pub fn know(&self, conn: &Conn) {
+    pub(crate) fn know(&self, conn: &Conn) {
         if conn.known.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -333,7 +333,7 @@ impl Gate {
     }
 
     /// Closes the connections idle past their time; how many.
-    pub fn reap(&self, now: Instant) -> usize {
+    pub(crate) fn reap(&self, now: Instant) -> usize {
         let idle: Vec<Arc<Conn>> = {
             let mut slots = self.slots();
             let ids: Vec<u64> = slots
@@ -378,18 +378,18 @@ async fn reap_loop(gate: Weak<Gate>) {
 }
 
 /// A connection's place in its gate, given back when dropped.
-pub struct Admitted {
+pub(crate) struct Admitted {
     conn: Arc<Conn>,
     gate: Arc<Gate>,
 }
 
 impl Admitted {
-    pub fn conn(&self) -> &Arc<Conn> {
+    pub(crate) fn conn(&self) -> &Arc<Conn> {
         &self.conn
     }
 
     /// `io`, closed when the gate closes this connection.
-    pub fn wrap<IO>(self, io: IO) -> Guarded<IO> {
+    pub(crate) fn wrap<IO>(self, io: IO) -> Guarded<IO> {
         Guarded { io, slot: self }
     }
 }
@@ -402,7 +402,7 @@ impl Drop for Admitted {
 
 /// An accepted connection holding its slot while it lives; it fails its reads and writes once
 /// its gate closes it.
-pub struct Guarded<IO> {
+pub(crate) struct Guarded<IO> {
     io: IO,
     slot: Admitted,
 }
@@ -471,7 +471,7 @@ impl<IO: Connected> Connected for Guarded<IO> {
 }
 
 /// The connections of `incoming` that `gate` admits, each guarded.
-pub fn guard<S, IO>(
+pub(crate) fn guard<S, IO>(
     incoming: S,
     gate: Arc<Gate>,
 ) -> impl futures::Stream<Item = io::Result<Guarded<IO>>>

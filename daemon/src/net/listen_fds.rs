@@ -32,14 +32,14 @@ pub const LISTEN_PID: &str = "LISTEN_PID";
 /// The variable naming the sockets, `:`-separated.
 pub const LISTEN_FDNAMES: &str = "LISTEN_FDNAMES";
 /// The first passed descriptor (`SD_LISTEN_FDS_START`).
-pub const FIRST_FD: i32 = 3;
+pub(crate) const FIRST_FD: i32 = 3;
 
 /// The name of the client listener (`--listen`).
-pub const CLIENT: &str = "client";
+pub(crate) const CLIENT: &str = "client";
 /// The name of the peer listener (`--peer-listen`).
-pub const PEER: &str = "peer";
+pub(crate) const PEER: &str = "peer";
 /// The name of the metrics listener (`--metrics-listen`).
-pub const METRICS: &str = "metrics";
+pub(crate) const METRICS: &str = "metrics";
 
 /// The listeners a service manager passed; `None` for each one it did not pass.
 #[derive(Debug, Default)]

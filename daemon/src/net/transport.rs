@@ -22,7 +22,7 @@ pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Conn for T {}
 
 /// What a dial returns.
-pub type Dialed = Pin<Box<dyn Future<Output = io::Result<Box<dyn Conn>>> + Send>>;
+pub(crate) type Dialed = Pin<Box<dyn Future<Output = io::Result<Box<dyn Conn>>> + Send>>;
 
 /// Opens a connection to `host:port`.
 #[derive(Clone)]
@@ -55,7 +55,7 @@ pub struct Accepted {
 pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<Accepted>> + Send>>;
 
 /// Where a node takes its client (and, sharing the port, peer) connections from.
-pub enum Listener {
+pub(crate) enum Listener {
     Tcp(tokio::net::TcpListener),
     /// Connections handed over by the program running the node.
     Incoming(Incoming),

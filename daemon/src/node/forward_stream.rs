@@ -33,26 +33,26 @@ use crate::state::{Cmd, Reply};
 
 /// What the leader answers a forwarded batch: its replies and the entry's index, or why not
 /// (a unary `Propose` reply's payload is the same).
-pub type Proposed = Result<(Vec<Reply>, u64), NodeError>;
+pub(crate) type Proposed = Result<(Vec<Reply>, u64), NodeError>;
 
 /// One forwarded batch on the stream: `Propose`'s payload with an id. Sent as
 /// `ForwardRequest<&[Cmd]>`, read as `ForwardRequest<Vec<Cmd>>` (the same bytes).
 #[derive(Debug, Serialize, Deserialize)]
-pub struct ForwardRequest<C> {
+pub(crate) struct ForwardRequest<C> {
     pub id: u64,
     pub cmds: C,
 }
 
 /// The leader's answer to the forward `id`.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct ForwardReply {
+pub(crate) struct ForwardReply {
     pub id: u64,
     pub result: Proposed,
 }
 
 /// Why a forward got no answer from the leader over the stream.
 #[derive(Debug)]
-pub enum ForwardFailure {
+pub(crate) enum ForwardFailure {
     /// The leader does not serve `ProposeStream` (a node of the previous version): nothing was
     /// sent; forward with `Propose`.
     Unsupported,
@@ -75,7 +75,7 @@ pub struct Target {
 const SEND_ATTEMPTS: usize = 3;
 
 /// A node's forward stream: at most one open, to the leader of the last forward.
-pub struct Forwarder {
+pub(crate) struct Forwarder {
     tasks: Tasks,
     next_id: AtomicU64,
     current: Mutex<Option<Arc<Slot>>>,
@@ -166,7 +166,7 @@ impl Pending {
 }
 
 impl Forwarder {
-    pub fn new(tasks: Tasks) -> Forwarder {
+    pub(crate) fn new(tasks: Tasks) -> Forwarder {
         Forwarder {
             tasks,
             next_id: AtomicU64::new(1),
@@ -177,7 +177,7 @@ impl Forwarder {
     }
 
     /// Whether forwards to `target` while it leads `term` go as unary `Propose` calls.
-    pub fn unary(&self, target: &Target, term: u64) -> bool {
+    pub(crate) fn unary(&self, target: &Target, term: u64) -> bool {
         let unary = self.unary.lock().unwrap_or_else(|p| p.into_inner());
         unary
             .as_ref()
@@ -185,19 +185,20 @@ impl Forwarder {
     }
 
     /// `target`, leading `term`, does not serve the stream: forward to it with `Propose`.
-    pub fn use_unary(&self, target: &Target, term: u64) {
+    pub(crate) fn use_unary(&self, target: &Target, term: u64) {
         let mut unary = self.unary.lock().unwrap_or_else(|p| p.into_inner());
         *unary = Some((target.id, target.addr.clone(), term));
     }
 
-    /// How many streams this node has opened (to any leader).
-    pub fn opened(&self) -> u64 {
+    /// How many streams this node has opened (to any leader). (the tests read it)
+    #[cfg(test)]
+    pub(crate) fn opened(&self) -> u64 {
         self.opened.load(Ordering::Relaxed)
     }
 
     /// Forwards `cmds` to `target` over the stream to it (opened on `channel` when none is
     /// open), waiting for the answer until `deadline`.
-    pub async fn forward(
+    pub(crate) async fn forward(
         &self,
         target: &Target,
         channel: PeerChannel,

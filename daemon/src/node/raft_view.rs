@@ -46,7 +46,7 @@ pub struct MembershipChanged {
 
 /// Raft as this node sees it at one moment.
 #[derive(Clone, Debug)]
-pub struct RaftStatus {
+pub(crate) struct RaftStatus {
     pub term: u64,
     /// `Leader`, `Follower`, `Candidate`, `Learner` or `Shutdown`.
     pub state: String,
@@ -80,19 +80,19 @@ impl RaftStatus {
 }
 
 /// Raft's status as it changes.
-pub struct RaftWatch {
+pub(crate) struct RaftWatch {
     metrics: watch::Receiver<RaftMetrics<NodeId, BasicNode>>,
     own_id: NodeId,
 }
 
 impl RaftWatch {
     /// The status now; [`RaftWatch::changed`] then reports only later changes.
-    pub fn status(&mut self) -> RaftStatus {
+    pub(crate) fn status(&mut self) -> RaftStatus {
         RaftStatus::of(&self.metrics.borrow_and_update(), self.own_id)
     }
 
     /// Waits for the next change; `Err` once Raft has stopped.
-    pub async fn changed(&mut self) -> Result<(), watch::error::RecvError> {
+    pub(crate) async fn changed(&mut self) -> Result<(), watch::error::RecvError> {
         self.metrics.changed().await
     }
 }
@@ -128,11 +128,11 @@ impl Node {
         )
     }
 
-    pub fn raft_status(&self) -> RaftStatus {
+    pub(crate) fn raft_status(&self) -> RaftStatus {
         RaftStatus::of(&self.raft.metrics().borrow(), self.id)
     }
 
-    pub fn watch_raft(&self) -> RaftWatch {
+    pub(crate) fn watch_raft(&self) -> RaftWatch {
         RaftWatch {
             metrics: self.raft.metrics(),
             own_id: self.id,
@@ -210,7 +210,7 @@ impl Node {
     }
 
     /// A peer's `InstallSnapshot` chunk, handed to Raft.
-    pub async fn install_snapshot(
+    pub(crate) async fn install_snapshot(
         &self,
         rpc: InstallSnapshotRequest<TypeConfig>,
     ) -> Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {

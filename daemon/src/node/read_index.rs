@@ -34,7 +34,7 @@ impl Node {
     /// so right after a restart (every node killed at once, say) that index can be
     /// below writes acknowledged before it, and a read would miss them. Every acknowledged
     /// write is in the log this process started with, so a read waits for that much to apply.
-    pub async fn read_index_as_leader(&self) -> Result<u64, NodeError> {
+    pub(crate) async fn read_index_as_leader(&self) -> Result<u64, NodeError> {
         match self.raft.get_read_log_id().await {
             Ok((read_log_id, _)) => {
                 let index = read_log_id.map(|l| l.index).unwrap_or(0);

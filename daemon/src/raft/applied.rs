@@ -51,7 +51,11 @@ impl AppliedState {
     }
 
     /// Like [`AppliedState::new`], counting what each batch does in `metrics`.
-    pub fn with_metrics(state: State, applied_index: u64, metrics: ApplyMetrics) -> Arc<Self> {
+    pub(crate) fn with_metrics(
+        state: State,
+        applied_index: u64,
+        metrics: ApplyMetrics,
+    ) -> Arc<Self> {
         Arc::new(AppliedState {
             state: RwLock::new(state),
             applied_index: watch::Sender::new(applied_index),
@@ -67,7 +71,7 @@ impl AppliedState {
     }
 
     /// The term of the next entry (or snapshot) applied: the storage layer says it first.
-    pub fn note_term(&self, term: u64) {
+    pub(crate) fn note_term(&self, term: u64) {
         self.next_term.store(term, Ordering::Release);
     }
 
@@ -146,7 +150,7 @@ impl AppliedState {
     }
 
     /// Records that a non-batch entry (blank, membership) at `index` was applied.
-    pub fn mark_applied(&self, index: u64) {
+    pub(crate) fn mark_applied(&self, index: u64) {
         let state = self
             .state
             .write()
@@ -219,7 +223,7 @@ impl AppliedState {
     }
 
     /// Encodes the current state for a snapshot, with the data format it is encoded in.
-    pub fn encode_snapshot(&self) -> Result<(Vec<u8>, u32), SnapshotError> {
+    pub(crate) fn encode_snapshot(&self) -> Result<(Vec<u8>, u32), SnapshotError> {
         self.read(|state| Ok((state.encode_snapshot()?, state.data_format())))
     }
 
@@ -229,13 +233,13 @@ impl AppliedState {
 
     /// Watches the holders of `ns/sem`. Watch before reading them, so no change between the
     /// read and the wait is missed.
-    pub fn watch_holders(&self, ns: &str, sem: &str) -> HolderWatch {
+    pub(crate) fn watch_holders(&self, ns: &str, sem: &str) -> HolderWatch {
         self.holder_watches.watch((ns.to_string(), sem.to_string()))
     }
 
     /// Watches a wait group or barrier: woken by the entries that finish, trip or delete it.
     /// Watch before reading it, so no change between the read and the wait is missed.
-    pub fn watch_sync(&self, kind: SyncKind, ns: &str, name: &str) -> SyncWatch {
+    pub(crate) fn watch_sync(&self, kind: SyncKind, ns: &str, name: &str) -> SyncWatch {
         self.sync_watches
             .watch((kind, ns.to_string(), name.to_string()))
     }
@@ -249,12 +253,12 @@ impl AppliedState {
     }
 
     /// Watches the applied index.
-    pub fn subscribe_applied(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe_applied(&self) -> watch::Receiver<u64> {
         self.applied_index.subscribe()
     }
 
     /// Resolves once the applied index is at least `index`.
-    pub async fn wait_applied(&self, index: u64) {
+    pub(crate) async fn wait_applied(&self, index: u64) {
         let mut rx = self.applied_index.subscribe();
         // The sender lives as long as `self`, so `wait_for` cannot fail while we borrow it.
         let _ = rx.wait_for(|applied| *applied >= index).await;
@@ -262,13 +266,13 @@ impl AppliedState {
 
     /// Subscribes to the events of the wait `key` until the ticket is dropped. Register before
     /// proposing the acquire.
-    pub fn register_wait(&self, key: WaitKey) -> WaitTicket {
+    pub(crate) fn register_wait(&self, key: WaitKey) -> WaitTicket {
         self.waits.register(key)
     }
 
     /// The task keeping the clock of this node's waits until `stopping` resolves, the first
     /// time it is asked for (see `waiters.rs`).
-    pub fn wait_timer<S>(
+    pub(crate) fn wait_timer<S>(
         &self,
         stopping: S,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static + use<S>>

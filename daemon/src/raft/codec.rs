@@ -9,7 +9,7 @@ use crate::state::fnv1a64;
 
 /// Why a stored value could not be decoded.
 #[derive(Debug, thiserror::Error)]
-pub enum CodecError {
+pub(super) enum CodecError {
     #[error("value too short for its checksum ({len} bytes)")]
     TooShort { len: usize },
     #[error("checksum mismatch (stored {stored:#018x}, computed {computed:#018x})")]
@@ -20,14 +20,14 @@ pub enum CodecError {
     Encode(bincode::Error),
 }
 
-pub fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
+pub(super) fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     let mut bytes = bincode::serialize(value).map_err(CodecError::Encode)?;
     let checksum = fnv1a64(&bytes);
     bytes.extend_from_slice(&checksum.to_le_bytes());
     Ok(bytes)
 }
 
-pub fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+pub(super) fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     let Some(split) = bytes.len().checked_sub(8) else {
         return Err(CodecError::TooShort { len: bytes.len() });
     };

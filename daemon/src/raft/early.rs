@@ -37,7 +37,7 @@ const SEND_TTL: Duration = Duration::from_secs(1);
 
 /// The leader's early sends (see the module docs). One per node, shared by its log store and
 /// the task that keeps the members' connections ([`EarlyReplication::run`]).
-pub struct EarlyReplication {
+pub(crate) struct EarlyReplication {
     id: NodeId,
     enabled: bool,
     /// Whether this is a node's log store (not a tool's), whose vote at start is checked.
@@ -62,7 +62,7 @@ impl EarlyReplication {
     /// With the stale read after restart put back (`crate::sim_hooks::regressions`), the node is
     /// as it was when it had that bug: a restarted leader leads its old term again, which is safe
     /// only without early sends, so there are none.
-    pub fn new(id: NodeId, enabled: bool) -> Arc<EarlyReplication> {
+    pub(crate) fn new(id: NodeId, enabled: bool) -> Arc<EarlyReplication> {
         let old_restart = crate::sim_hooks::regressions::active(
             crate::sim_hooks::regressions::Bug::StaleReadAfterRestart,
         );
@@ -77,7 +77,7 @@ impl EarlyReplication {
     }
 
     /// Does nothing: for log stores outside a node (tools, tests).
-    pub fn off() -> Arc<EarlyReplication> {
+    pub(crate) fn off() -> Arc<EarlyReplication> {
         Arc::new(EarlyReplication {
             id: 0,
             enabled: false,
@@ -148,7 +148,7 @@ impl EarlyReplication {
     /// Keeps one sending task per other member of the cluster, following the membership in
     /// `metrics` (openraft's server metrics, which change only with the vote, the role or the
     /// membership), until `metrics` closes. Each task owns its own connection from `network`.
-    pub async fn run(
+    pub(crate) async fn run(
         self: Arc<Self>,
         network: PeerNetwork,
         mut metrics: watch::Receiver<openraft::metrics::RaftServerMetrics<NodeId, BasicNode>>,
@@ -199,7 +199,7 @@ const RESTART_WAIT: Duration = Duration::from_secs(5);
 
 /// A node that led its term when it stopped (see [`EarlyReplication::vote_at_start`])
 /// campaigns for a new term as soon as Raft has started, instead of after an election timeout.
-pub async fn campaign_after_restart(raft: &super::Raft, early: &EarlyReplication) {
+pub(crate) async fn campaign_after_restart(raft: &super::Raft, early: &EarlyReplication) {
     if !early
         .restarted_leader
         .load(std::sync::atomic::Ordering::Acquire)

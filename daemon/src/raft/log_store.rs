@@ -104,18 +104,18 @@ use vote_file::{read_vote_file, vote_file_path, write_vote_file};
 /// heartbeat interval: a follower catching up on large entries (a flood of 10 kB semaphores batches
 /// into entries of hundreds of kB) would otherwise be sent tens of megabytes at once, a call that
 /// cannot finish in time on a busy machine, is retried as large, and never lets it catch up.
-pub const REPLICATION_BATCH_BYTES: u64 = 1024 * 1024;
+pub(crate) const REPLICATION_BATCH_BYTES: u64 = 1024 * 1024;
 
 /// sled's page cache size: sled holds only a few small values.
-pub const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
+pub(crate) const CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
 
 /// sled's background flush period. Votes and purges that delete a segment flush explicitly; this
 /// only bounds how long a purge point or a committed id stays in memory.
-pub const FLUSH_EVERY_MS: u64 = 1000;
+pub(crate) const FLUSH_EVERY_MS: u64 = 1000;
 
 /// How far an acknowledged write is made durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Durability {
+pub(crate) enum Durability {
     /// `fdatasync` of what was written: survives power loss. The default.
     Fsync,
     /// Appends are written but not synced (sled's flush still runs for the vote): survives a
@@ -178,7 +178,7 @@ pub enum OpenError {
 
 impl OpenError {
     /// sled found its file locked: another process has the log open.
-    pub fn is_locked(&self) -> bool {
+    pub(crate) fn is_locked(&self) -> bool {
         // sled 0.34 says so only in the message of an `io::ErrorKind::Other`.
         matches!(self, OpenError::Sled { source: sled::Error::Io(e), .. }
             if e.to_string().contains("could not acquire lock"))
@@ -217,7 +217,7 @@ struct Inner {
 
 /// The Raft log and vote. Cheap to clone: clones share one store (the log reader is one).
 #[derive(Clone)]
-pub struct LogStore {
+pub(crate) struct LogStore {
     inner: Arc<Inner>,
     metrics: LogMetrics,
     /// The leader's sends to its followers before its own sync (see [`super::early`]).
@@ -226,23 +226,23 @@ pub struct LogStore {
 
 impl LogStore {
     /// Reports append timings and the commit index to `metrics` from now on.
-    pub fn set_metrics(&mut self, metrics: LogMetrics) {
+    pub(crate) fn set_metrics(&mut self, metrics: LogMetrics) {
         self.metrics = metrics;
     }
 
     /// Hands every append on the leader to `early` before it is synced.
-    pub fn set_early_replication(&mut self, early: Arc<EarlyReplication>) {
+    pub(crate) fn set_early_replication(&mut self, early: Arc<EarlyReplication>) {
         self.early = early;
     }
 
     /// Opens (creating if needed) the log under `<data_dir>`, with [`Durability::Fsync`], and
     /// checks every stored value.
-    pub fn open(data_dir: &Path) -> Result<LogStore, OpenError> {
+    pub(crate) fn open(data_dir: &Path) -> Result<LogStore, OpenError> {
         Self::open_with_durability(data_dir, Durability::Fsync)
     }
 
     /// Like [`LogStore::open`], choosing how far writes are made durable.
-    pub fn open_with_durability(
+    pub(crate) fn open_with_durability(
         data_dir: &Path,
         durability: Durability,
     ) -> Result<LogStore, OpenError> {
@@ -404,7 +404,7 @@ impl LogStore {
     /// purge point exist only inside a snapshot, so a purge point beyond `snapshot_last_applied`
     /// means the snapshot directory was lost or replaced. Call after both are opened and before
     /// `Raft::new`.
-    pub fn check_snapshot_covers_purged(
+    pub(crate) fn check_snapshot_covers_purged(
         &self,
         snapshot_last_applied: Option<LogId>,
     ) -> Result<(), OpenError> {
@@ -430,7 +430,7 @@ impl LogStore {
     /// (`conchd restore` seeds a data directory this way, then installs the snapshot).
     // StorageError is openraft's type; its size is not ours to choose.
     #[allow(clippy::result_large_err)]
-    pub async fn seed_purged(&self, last: LogId) -> Result<(), StorageError> {
+    pub(crate) async fn seed_purged(&self, last: LogId) -> Result<(), StorageError> {
         let value = encode_value(&last).map_err(|e| StorageIOError::write_logs(&e))?;
         self.inner
             .put_meta(KEY_PURGED, value)
@@ -467,7 +467,7 @@ impl LogStore {
     }
 
     /// Bytes the log occupies on disk (for metrics): sled's files and the segments' records.
-    pub fn size_on_disk(&self) -> u64 {
+    pub(crate) fn size_on_disk(&self) -> u64 {
         let sled = match self.inner.db.size_on_disk() {
             Ok(bytes) => bytes,
             Err(e) => {
@@ -483,7 +483,7 @@ impl LogStore {
     /// refuses entries that raise the cluster version past it, and a log already in a data
     /// format newer than that version's is refused, as the release that speaks no more refuses
     /// it.
-    pub fn speak_at_most(&self, cluster_version_max: u32) -> Result<(), OpenError> {
+    pub(crate) fn speak_at_most(&self, cluster_version_max: u32) -> Result<(), OpenError> {
         use std::sync::atomic::Ordering;
         let reads = version::data_format(cluster_version_max);
         let found = self.inner.data_format.load(Ordering::Relaxed);

@@ -31,15 +31,15 @@ use crate::data_dir::identity::{ClusterId, PeerStamp, WithClusterId};
 use crate::tls::Tls;
 
 /// Largest peer message accepted or sent (snapshot chunks and entry batches stay below it).
-pub const PEER_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const PEER_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// A channel to a peer: every request carries this node's cluster id.
-pub type PeerChannel = WithClusterId<Channel>;
+pub(crate) type PeerChannel = WithClusterId<Channel>;
 
 /// How this node dials its peers: in plaintext, or with mutual TLS when the node serves TLS, and
 /// always stamping its cluster id.
 #[derive(Clone)]
-pub struct PeerDialer {
+pub(crate) struct PeerDialer {
     tls: Option<Arc<Tls>>,
     dial: Option<crate::net::transport::Dial>,
     cluster_id: Arc<ClusterId>,
@@ -48,7 +48,7 @@ pub struct PeerDialer {
 
 impl PeerDialer {
     /// How the node `config` describes dials its peers.
-    pub fn of(config: &Config, cluster_id: Arc<ClusterId>) -> Self {
+    pub(crate) fn of(config: &Config, cluster_id: Arc<ClusterId>) -> Self {
         let stamp = PeerStamp::new(config.id, config.peer_secret.as_ref(), &config.advertise);
         PeerDialer {
             tls: config.tls.clone(),
@@ -60,7 +60,7 @@ impl PeerDialer {
 
     /// Builds a lazily connecting gRPC channel to node `node` at `addr` (`host:port`). With
     /// TLS, the peer must present a node certificate naming `node` (see `tls.rs`).
-    pub fn channel(
+    pub(crate) fn channel(
         &self,
         node: NodeId,
         addr: &str,
@@ -108,23 +108,23 @@ fn dialer(
     })
 }
 
-pub fn peer_client(channel: PeerChannel) -> ConchPeerClient<PeerChannel> {
+pub(crate) fn peer_client(channel: PeerChannel) -> ConchPeerClient<PeerChannel> {
     ConchPeerClient::new(channel)
         .max_decoding_message_size(PEER_MESSAGE_MAX_BYTES)
         .max_encoding_message_size(PEER_MESSAGE_MAX_BYTES)
 }
 
-pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::Error> {
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::Error> {
     bincode::serialize(value)
 }
 
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
     bincode::deserialize(bytes)
 }
 
 /// Creates one [`PeerConnection`] per target node.
 #[derive(Clone)]
-pub struct PeerNetwork {
+pub(crate) struct PeerNetwork {
     connect_timeout: Duration,
     routes: Arc<BTreeMap<NodeId, String>>,
     dialer: PeerDialer,
@@ -139,7 +139,7 @@ const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(30);
 
 impl PeerNetwork {
     /// `routes` overrides the advertised address of some peers (see `--peer-routes`).
-    pub fn new(
+    pub(crate) fn new(
         connect_timeout: Duration,
         routes: Arc<BTreeMap<NodeId, String>>,
         dialer: PeerDialer,
@@ -178,7 +178,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 }
 
 /// The connection to one peer.
-pub struct PeerConnection {
+pub(crate) struct PeerConnection {
     target: NodeId,
     node: BasicNode,
     client: Result<ConchPeerClient<PeerChannel>, tonic::transport::Error>,
@@ -206,15 +206,15 @@ struct AppendStream {
 
 /// A cluster id and name, as a node knows them. A long-lived call's headers carry them as they
 /// were when it opened: a node that learns its cluster's id or name opens its streams again.
-pub type Identity = (Option<String>, Option<String>);
+pub(crate) type Identity = (Option<String>, Option<String>);
 
-pub fn identity(cluster_id: &ClusterId) -> Identity {
+pub(crate) fn identity(cluster_id: &ClusterId) -> Identity {
     (cluster_id.get(), cluster_id.name())
 }
 
 /// The request side of a long-lived streaming peer call: every message put into the sender goes
 /// out on the call, in order, until the sender is dropped (which ends the call's requests).
-pub fn request_stream() -> (
+pub(crate) fn request_stream() -> (
     tokio::sync::mpsc::UnboundedSender<PeerMessage>,
     impl futures::Stream<Item = PeerMessage> + Send + 'static,
 ) {

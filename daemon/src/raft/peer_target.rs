@@ -17,14 +17,14 @@ use tonic::metadata::MetadataMap;
 
 use super::NodeId;
 
-pub use conch_proto::wire::PEER_TARGET_HEADER;
+pub(crate) use conch_proto::wire::PEER_TARGET_HEADER;
 /// A refusal is logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
 static LOGGED: Mutex<Option<Instant>> = Mutex::new(None);
 
 /// Sets the target of an outgoing Raft RPC.
-pub fn name_target<T>(request: &mut tonic::Request<T>, target: NodeId) {
+pub(crate) fn name_target<T>(request: &mut tonic::Request<T>, target: NodeId) {
     if let Ok(value) = target.to_string().parse() {
         request.metadata_mut().insert(PEER_TARGET_HEADER, value);
     }
@@ -32,7 +32,7 @@ pub fn name_target<T>(request: &mut tonic::Request<T>, target: NodeId) {
 
 /// Checks that an incoming Raft RPC is meant for node `own`; the error says which node it was
 /// meant for.
-pub fn check(own: NodeId, metadata: &MetadataMap) -> Result<(), String> {
+pub(crate) fn check(own: NodeId, metadata: &MetadataMap) -> Result<(), String> {
     let Some(value) = metadata.get(PEER_TARGET_HEADER) else {
         return Ok(());
     };

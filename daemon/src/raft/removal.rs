@@ -44,7 +44,7 @@ use crate::raft::{LogId, NodeId};
 pub const EXIT_REMOVED: u8 = 78;
 
 /// How long a leader keeps trying to tell a node it removed.
-pub const TELL_FOR: Duration = Duration::from_secs(10);
+pub(crate) const TELL_FOR: Duration = Duration::from_secs(10);
 /// Pause between two tries.
 pub(crate) const TELL_EVERY: Duration = Duration::from_millis(500);
 /// How long a node whose applied membership leaves it out waits for a further log entry

@@ -81,7 +81,7 @@ pub struct Restored {
 }
 
 /// The id of the cluster restored from the backup whose SHA-256 is `checksum`, with `members`.
-pub fn restored_cluster_id(checksum: &[u8], members: &BTreeMap<u64, String>) -> String {
+pub(crate) fn restored_cluster_id(checksum: &[u8], members: &BTreeMap<u64, String>) -> String {
     let members: Vec<String> = members.iter().map(|(id, a)| format!("{id}={a}")).collect();
     let mut hasher = Sha256::new();
     hasher.update(b"conch restored cluster\0");

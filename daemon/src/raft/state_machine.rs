@@ -43,8 +43,8 @@ use crate::state::fnv1a64;
 use crate::state::{Reply, SnapshotError, State, version};
 use crate::support::metrics::SnapshotMetrics;
 
-pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, BasicNode>;
-pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
+pub(crate) type SnapshotMeta = openraft::SnapshotMeta<NodeId, BasicNode>;
+pub(crate) type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 
 const MAGIC: &[u8; 8] = b"CONCHSNP";
 /// The envelope version of a state in `data_format`.
@@ -110,7 +110,7 @@ pub enum EnvelopeError {
 }
 
 /// Wraps the encoded state (in `data_format`) and its meta into the snapshot file format.
-pub fn encode_envelope(
+pub(crate) fn encode_envelope(
     meta: &SnapshotMeta,
     state: &[u8],
     data_format: u32,
@@ -130,7 +130,7 @@ pub fn encode_envelope(
 
 /// Checks the envelope (magic, version, checksum, lengths) and returns the meta and the encoded
 /// state, as [`State::decode_snapshot`] reads it. The state itself is not decoded here.
-pub fn decode_envelope(bytes: &[u8]) -> Result<(SnapshotMeta, &[u8]), EnvelopeError> {
+pub(crate) fn decode_envelope(bytes: &[u8]) -> Result<(SnapshotMeta, &[u8]), EnvelopeError> {
     if bytes.len() < FIXED_LEN {
         return Err(EnvelopeError::TooShort { len: bytes.len() });
     }
@@ -322,7 +322,7 @@ where
 
 /// openraft's view of the applied state. Open it with [`StateMachine::open`] before
 /// `Raft::new`.
-pub struct StateMachine {
+pub(crate) struct StateMachine {
     applied: Arc<AppliedState>,
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
@@ -332,7 +332,7 @@ pub struct StateMachine {
 
 impl StateMachine {
     /// Reports snapshots built and installed to `metrics` from now on.
-    pub fn set_metrics(&mut self, metrics: SnapshotMetrics) {
+    pub(crate) fn set_metrics(&mut self, metrics: SnapshotMetrics) {
         self.metrics = metrics;
     }
 
@@ -340,7 +340,10 @@ impl StateMachine {
     ///
     /// A snapshot that fails its checksum or does not decode is an error: the node must not
     /// serve a state it cannot vouch for.
-    pub fn open(data_dir: &Path, applied: Arc<AppliedState>) -> Result<StateMachine, OpenError> {
+    pub(crate) fn open(
+        data_dir: &Path,
+        applied: Arc<AppliedState>,
+    ) -> Result<StateMachine, OpenError> {
         let dir = data_dir.join("snapshots");
         std::fs::create_dir_all(&dir).map_err(|source| OpenError::CreateDir {
             path: dir.clone(),
@@ -441,13 +444,13 @@ impl StateMachine {
     }
 
     /// The last log id applied (or restored from a snapshot).
-    pub fn last_applied(&self) -> Option<LogId> {
+    pub(crate) fn last_applied(&self) -> Option<LogId> {
         self.last_applied
     }
 }
 
 /// Builds a snapshot of the state as it was when the builder was made.
-pub struct SnapshotBuilder {
+pub(crate) struct SnapshotBuilder {
     /// `State::encode_snapshot` and its data format, taken by `get_snapshot_builder` while no
     /// apply can run.
     state: Result<(Vec<u8>, u32), String>,

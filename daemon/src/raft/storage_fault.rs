@@ -30,7 +30,7 @@ pub const EXIT_STORAGE: u8 = 74;
 pub struct StorageFailed(pub String);
 
 /// Whether an error text says the disk is full (`ENOSPC`).
-pub fn is_disk_full(text: &str) -> bool {
+pub(crate) fn is_disk_full(text: &str) -> bool {
     text.contains("No space left on device")
         || text.contains("os error 28")
         || text.contains("code: 28")
@@ -58,7 +58,7 @@ pub fn describe(node: NodeId, fatal: &Fatal<NodeId>) -> Option<String> {
 
 /// The error for a request that failed in Raft: [`NodeError::StorageFailed`] when the core
 /// stopped on a storage failure, else UNAVAILABLE with `what` and the error.
-pub fn node_error<E: std::error::Error>(
+pub(crate) fn node_error<E: std::error::Error>(
     node: NodeId,
     what: &str,
     e: &RaftError<NodeId, E>,

@@ -46,7 +46,7 @@ use super::codec::{decode_value, encode_value};
 /// snapshot already covers, plus the sparse rest of the last one: small segments keep the data
 /// directory close to the snapshot plus the retained log. Starting a segment costs one file
 /// creation and two syncs, once per 4 MiB of log (every few seconds at the highest write rates).
-pub const SEGMENT_BYTES: u64 = 4 * 1024 * 1024;
+pub(crate) const SEGMENT_BYTES: u64 = 4 * 1024 * 1024;
 
 const MAGIC: &[u8; 8] = b"CONCHWL1";
 const HEADER_BYTES: u64 = 16;
@@ -89,7 +89,7 @@ impl Segment {
 }
 
 /// What [`Wal::open`] read.
-pub struct Recovered {
+pub(crate) struct Recovered {
     /// The entries after the purge point, in order.
     pub entries: Vec<Entry<TypeConfig>>,
     /// The index of the last entry in the segments (purged or not).
@@ -100,7 +100,7 @@ pub struct Recovered {
 
 /// What one [`Wal::append`] did.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Appended {
+pub(crate) struct Appended {
     /// How long the `fdatasync` took.
     pub synced: Duration,
     /// Bytes of the records written.
@@ -116,7 +116,7 @@ enum Torn {
 }
 
 /// The segment files of one log. Not shared: the log store serialises access.
-pub struct Wal {
+pub(crate) struct Wal {
     dir: PathBuf,
     segments: Vec<Segment>,
     segment_bytes: u64,
@@ -131,7 +131,7 @@ pub struct Wal {
 impl Wal {
     /// Opens (creating if needed) the segments under `dir`, reading every entry. Entries up to
     /// `purged` are checked but not returned. `sync: false` skips `fdatasync` (throwaway data).
-    pub fn open(
+    pub(crate) fn open(
         dir: &Path,
         purged: Option<u64>,
         segment_bytes: u64,
@@ -249,7 +249,7 @@ impl Wal {
 
     /// Clears a torn tail found by `open` (the caller has checked that it held nothing
     /// acknowledged), so that no stale byte follows the next append.
-    pub fn repair(&mut self) -> io::Result<()> {
+    pub(crate) fn repair(&mut self) -> io::Result<()> {
         match self.torn.take() {
             None => Ok(()),
             Some(Torn::Remove(path)) => {
@@ -264,12 +264,12 @@ impl Wal {
     }
 
     /// Index the next append must start at, when the log holds entries.
-    pub fn next_index(&self) -> Option<u64> {
+    pub(crate) fn next_index(&self) -> Option<u64> {
         self.segments.last().map(Segment::next_index)
     }
 
     /// Bytes of the record of entry `index`, if the segments hold it.
-    pub fn record_bytes(&self, index: u64) -> Option<u64> {
+    pub(crate) fn record_bytes(&self, index: u64) -> Option<u64> {
         let segment = self.segment_of(index)?;
         let i = usize::try_from(index - segment.first).ok()?;
         let at = *segment.offsets.get(i)?;
@@ -285,7 +285,7 @@ impl Wal {
 
     /// Reads the entries `start..=end` back from the segments (one read per segment), checking
     /// each record as `open` does. Indexes the segments do not hold are left out.
-    pub fn read(&self, start: u64, end: u64) -> io::Result<Vec<Entry<TypeConfig>>> {
+    pub(crate) fn read(&self, start: u64, end: u64) -> io::Result<Vec<Entry<TypeConfig>>> {
         let mut out = Vec::new();
         for segment in &self.segments {
             let Some(last) = segment.last() else { continue };
@@ -331,13 +331,13 @@ impl Wal {
     }
 
     /// Bytes of headers and records in all segments.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.end).sum()
     }
 
     /// Appends `entries` (consecutive, following the log's last entry) with one write and, when
     /// syncing, one `fdatasync`.
-    pub fn append(&mut self, entries: &[Entry<TypeConfig>]) -> io::Result<Appended> {
+    pub(crate) fn append(&mut self, entries: &[Entry<TypeConfig>]) -> io::Result<Appended> {
         let Some(head) = entries.first() else {
             return Ok(Appended::default());
         };
@@ -438,7 +438,7 @@ impl Wal {
     /// Removes the entries from `index` on, durably: later segments go first (a crash between
     /// steps leaves a shorter prefix of segments, never a hole), then the tail of the segment
     /// holding `index` is cleared.
-    pub fn truncate(&mut self, index: u64) -> io::Result<()> {
+    pub(crate) fn truncate(&mut self, index: u64) -> io::Result<()> {
         let mut removed = false;
         while let Some(segment) = self.segments.last() {
             if segment.first < index {
@@ -464,7 +464,7 @@ impl Wal {
     }
 
     /// How many segments hold only entries up to `index` (what `purge(index)` deletes).
-    pub fn purgeable(&self, index: u64) -> usize {
+    pub(crate) fn purgeable(&self, index: u64) -> usize {
         self.segments
             .iter()
             .take_while(|s| s.last().is_some_and(|last| last <= index))
@@ -473,7 +473,7 @@ impl Wal {
 
     /// Deletes the segments that hold only entries up to `index`. The caller makes the purge
     /// point durable first: a segment deleted under a lost purge point is a hole.
-    pub fn purge(&mut self, index: u64) -> io::Result<()> {
+    pub(crate) fn purge(&mut self, index: u64) -> io::Result<()> {
         let count = self.purgeable(index);
         if count == 0 {
             return Ok(());

@@ -17,7 +17,7 @@ pub fn run_inline_on_this_thread(inline: bool) {
 }
 
 /// Runs `work` on the blocking pool (or inline, see the module docs) and waits for it.
-pub async fn unblock<T, F>(work: F) -> Result<T, tokio::task::JoinError>
+pub(crate) async fn unblock<T, F>(work: F) -> Result<T, tokio::task::JoinError>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,

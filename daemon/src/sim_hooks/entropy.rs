@@ -26,7 +26,7 @@ pub fn unseed_thread() {
 }
 
 /// Whether this thread draws from a seed.
-pub fn is_seeded() -> bool {
+pub(crate) fn is_seeded() -> bool {
     crate::SIM_HOOKS && SEEDED.with(|s| s.get().is_some())
 }
 

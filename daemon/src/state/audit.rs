@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-pub use super::audit_types::*;
+pub(crate) use super::audit_types::*;
 use super::types::*;
 
 /// A record before the trail numbers and stamps it.
@@ -80,7 +80,7 @@ pub(super) struct Audit {
 }
 
 /// Refuses a reason longer than [`AUDIT_REASON_MAX_BYTES`].
-pub fn reason(value: &str) -> Result<(), Error> {
+pub(crate) fn reason(value: &str) -> Result<(), Error> {
     if value.len() > AUDIT_REASON_MAX_BYTES {
         return Err(Error::invalid(format!(
             "reason must be at most {AUDIT_REASON_MAX_BYTES} bytes, got {}",

@@ -4,11 +4,11 @@
 use serde::{Deserialize, Serialize};
 
 /// The trail keeps the newest this many records.
-pub const AUDIT_RECORDS_MAX: usize = 10_000;
+pub(crate) const AUDIT_RECORDS_MAX: usize = 10_000;
 /// A reason is at most this many bytes (UTF-8).
-pub const AUDIT_REASON_MAX_BYTES: usize = 256;
+pub(crate) const AUDIT_REASON_MAX_BYTES: usize = 256;
 /// The actor of a call made without a known token.
-pub const ANONYMOUS: &str = "anonymous";
+pub(crate) const ANONYMOUS: &str = "anonymous";
 
 /// What was done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

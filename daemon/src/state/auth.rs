@@ -25,22 +25,22 @@ use super::types::*;
 use super::validate;
 
 // The access control vocabulary lives with the other commands and views.
-pub use super::types::{AuthStatusView, Permission, RoleView, TokenHash, TokenView};
+pub(crate) use super::types::{AuthStatusView, Permission, RoleView, TokenHash, TokenView};
 
 /// The namespace key of a grant that applies to every namespace.
-pub const ALL_NAMESPACES: &str = "*";
+pub(crate) const ALL_NAMESPACES: &str = "*";
 /// The namespace `conch sema` keeps its semaphores in: creating it needs only `write` on it, so
 /// `write` on it is all the CLI needs.
-pub const CLI_NAMESPACE: &str = "conch";
+pub(crate) const CLI_NAMESPACE: &str = "conch";
 /// The role the bootstrap admin token gets.
-pub const BOOTSTRAP_ROLE: &str = "cluster-admin";
+pub(crate) const BOOTSTRAP_ROLE: &str = "cluster-admin";
 /// The name of the bootstrap admin token.
-pub const BOOTSTRAP_TOKEN_NAME: &str = "bootstrap-admin";
+pub(crate) const BOOTSTRAP_TOKEN_NAME: &str = "bootstrap-admin";
 /// At most this many roles and this many tokens.
-pub const ROLES_MAX: usize = 1_000;
-pub const TOKENS_MAX: usize = 10_000;
+pub(crate) const ROLES_MAX: usize = 1_000;
+pub(crate) const TOKENS_MAX: usize = 10_000;
 /// At most this many grants per role.
-pub const GRANTS_PER_ROLE_MAX: usize = 1_000;
+pub(crate) const GRANTS_PER_ROLE_MAX: usize = 1_000;
 
 /// The auth store. Its fields are private: the hash index is kept by the methods below.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -105,7 +105,7 @@ impl From<Denied> for Error {
 /// What a client command needs of its caller's token while access control is on (the same as
 /// the API checks before proposing it); `None` for the commands nodes propose themselves:
 /// expiry, lease extension, giving up a wait, the bootstrap.
-pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
+pub(crate) fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
     use Permission::{Acquire, Admin, Write};
     Some(match cmd {
         // The CLI's own namespace may be created by whoever may acquire in it.
@@ -158,7 +158,7 @@ pub fn access_of(cmd: &Cmd) -> Option<Access<'_>> {
     })
 }
 
-pub fn token_id(id: u64) -> String {
+pub(crate) fn token_id(id: u64) -> String {
     format!("tk_{id}")
 }
 
@@ -181,7 +181,7 @@ fn role_not_found(name: &str) -> Error {
 }
 
 /// A grant's namespace: a namespace name or `*`.
-pub fn grant_namespace(value: &str) -> Result<(), Error> {
+pub(crate) fn grant_namespace(value: &str) -> Result<(), Error> {
     if value == ALL_NAMESPACES {
         Ok(())
     } else {

@@ -18,7 +18,7 @@ impl Fnv1a {
 
 /// 64-bit FNV-1a of `bytes`: the state hash's function, also the storage checksums'. Not
 /// cryptographic: it catches torn writes and bit rot, not tampering.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut hasher = Fnv1a(Fnv1a::OFFSET_BASIS);
     hasher.update(bytes);
     hasher.0

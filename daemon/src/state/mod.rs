@@ -64,11 +64,11 @@
 //!   on the wall clock.
 
 mod apply;
-pub mod audit;
+pub(crate) mod audit;
 #[cfg(test)]
 mod audit_tests;
 mod audit_types;
-pub mod auth;
+pub(crate) mod auth;
 #[cfg(test)]
 mod auth_tests;
 mod barrier;
@@ -78,7 +78,7 @@ mod hash;
 mod hold_tests;
 mod invariants;
 mod lease_id;
-pub mod limits;
+pub(crate) mod limits;
 mod lock_data;
 #[cfg(test)]
 mod lock_proptests;
@@ -90,7 +90,7 @@ mod paging;
 #[cfg(test)]
 mod proptests;
 mod queue;
-pub mod quota;
+pub(crate) mod quota;
 mod read;
 mod requests;
 mod set;
@@ -111,15 +111,15 @@ mod tests_once;
 #[cfg(test)]
 mod timeline;
 mod types;
-pub mod validate;
+pub(crate) mod validate;
 mod validate_cmd;
 mod validate_sync;
-pub mod version;
+pub(crate) mod version;
 #[cfg(test)]
 mod version_tests;
 mod waitgroup;
 
-pub use data::{State, Tally};
-pub use hash::fnv1a64;
-pub use sync_types::*;
-pub use types::*;
+pub(crate) use data::{State, Tally};
+pub(crate) use hash::fnv1a64;
+pub(crate) use sync_types::*;
+pub(crate) use types::*;

@@ -18,17 +18,17 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use super::types::Quotas;
+pub(crate) use super::types::Quotas;
 use super::types::{Error, Metadata};
 
 /// What a namespace, semaphore or lease costs besides its strings.
-pub const OBJECT_BYTES: u64 = 256;
+pub(crate) const OBJECT_BYTES: u64 = 256;
 /// What a holder or waiter costs besides its metadata.
-pub const ENTRY_BYTES: u64 = 128;
+pub(crate) const ENTRY_BYTES: u64 = 128;
 
 use super::limits::DEFAULT_STATE_BUDGET_BYTES;
 /// The largest value a byte quota or the budget may be set to.
-pub const BYTES_MAX: u64 = 64 << 30;
+pub(crate) const BYTES_MAX: u64 = 64 << 30;
 
 impl Quotas {
     /// Refuses quotas beyond what the state can hold at all.
@@ -62,7 +62,7 @@ impl Quotas {
 
 /// What a namespace uses of its quotas (semaphores and leases are counted by their maps).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     pub entries: u64,
     pub bytes: u64,
 }
@@ -105,7 +105,7 @@ pub(super) fn check(
 
 /// The state's budget on the stored bytes of all namespaces together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Budget {
+pub(crate) struct Budget {
     pub bytes: u64,
 }
 

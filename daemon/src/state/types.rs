@@ -18,18 +18,18 @@ mod access;
 mod replies;
 mod views;
 
-pub use access::*;
-pub use replies::*;
-pub use views::*;
+pub(crate) use access::*;
+pub(crate) use replies::*;
+pub(crate) use views::*;
 
 /// Free-form string map carried by namespaces, semaphores, leases, holders and waiters.
-pub type Metadata = BTreeMap<String, String>;
+pub(crate) type Metadata = BTreeMap<String, String>;
 
 /// Nanoseconds: on the lease clock (expiry, deadlines) or since the Unix epoch (display times).
-pub type Nanos = i64;
+pub(crate) type Nanos = i64;
 
-pub const NANOS_PER_SEC: i64 = 1_000_000_000;
-pub const NANOS_PER_MS: i64 = 1_000_000;
+pub(crate) const NANOS_PER_SEC: i64 = 1_000_000_000;
+pub(crate) const NANOS_PER_MS: i64 = 1_000_000;
 
 /// One Raft entry: the commands a leader proposed together, with the leader's two stamps.
 ///

@@ -12,7 +12,7 @@ use super::types::{Error, Metadata, NANOS_PER_SEC, Nanos, SetMember};
 
 /// A namespace or semaphore name: 1–128 characters of `[-_.0-9a-zA-Z]`. `field` is the request
 /// field that carried it (`name`, `namespace_name`, `semaphore_name`).
-pub fn name(field: &str, value: &str) -> Result<(), Error> {
+pub(crate) fn name(field: &str, value: &str) -> Result<(), Error> {
     let ok = !value.is_empty()
         && value.len() <= NAME_MAX_CHARS
         && value
@@ -28,7 +28,7 @@ pub fn name(field: &str, value: &str) -> Result<(), Error> {
 }
 
 /// A lock name: 1-256 characters of `[-_.0-9a-zA-Z/]`, a `/`-separated path.
-pub fn lock_name(value: &str) -> Result<(), Error> {
+pub(crate) fn lock_name(value: &str) -> Result<(), Error> {
     let ok = !value.is_empty()
         && value.len() <= LOCK_NAME_MAX_CHARS
         && value
@@ -45,7 +45,7 @@ pub fn lock_name(value: &str) -> Result<(), Error> {
 
 /// What a queued acquire waits for ([`Cmd::GiveUp`](super::Cmd::GiveUp)'s `sem`): a
 /// semaphore name, or a lock's wait object.
-pub fn wait_object(value: &str) -> Result<(), Error> {
+pub(crate) fn wait_object(value: &str) -> Result<(), Error> {
     match super::types::lock_path(value) {
         Some(path) => lock_name(path),
         None => name("semaphore_name", value),
@@ -53,7 +53,7 @@ pub fn wait_object(value: &str) -> Result<(), Error> {
 }
 
 /// A description: at most 1024 bytes.
-pub fn description(value: &str) -> Result<(), Error> {
+pub(crate) fn description(value: &str) -> Result<(), Error> {
     if value.len() <= DESCRIPTION_MAX_BYTES {
         Ok(())
     } else {
@@ -64,7 +64,7 @@ pub fn description(value: &str) -> Result<(), Error> {
 }
 
 /// Metadata: at most 32 entries, keys at most 128 bytes, values at most 256 bytes.
-pub fn metadata(value: &Metadata) -> Result<(), Error> {
+pub(crate) fn metadata(value: &Metadata) -> Result<(), Error> {
     if value.len() > METADATA_MAX_ENTRIES {
         return Err(Error::invalid(format!(
             "metadata must have at most {METADATA_MAX_ENTRIES} entries"
@@ -86,7 +86,7 @@ pub fn metadata(value: &Metadata) -> Result<(), Error> {
 }
 
 /// A lease's `process_id`: free-form, at most 128 bytes (empty is allowed).
-pub fn process_id(value: &str) -> Result<(), Error> {
+pub(crate) fn process_id(value: &str) -> Result<(), Error> {
     if value.len() <= PROCESS_ID_MAX_BYTES {
         Ok(())
     } else {
@@ -97,7 +97,7 @@ pub fn process_id(value: &str) -> Result<(), Error> {
 }
 
 /// A lease's `ttl_seconds` on create: 1–300.
-pub fn ttl_s(value: u64) -> Result<(), Error> {
+pub(crate) fn ttl_s(value: u64) -> Result<(), Error> {
     if (TTL_MIN_S..=TTL_MAX_S).contains(&value) {
         Ok(())
     } else {
@@ -108,13 +108,13 @@ pub fn ttl_s(value: u64) -> Result<(), Error> {
 }
 
 /// A lease's `ttl_seconds` on refresh: 0 (keep the lease's own TTL) or 1–300.
-pub fn refresh_ttl_s(value: u64) -> Result<(), Error> {
+pub(crate) fn refresh_ttl_s(value: u64) -> Result<(), Error> {
     if value == 0 { Ok(()) } else { ttl_s(value) }
 }
 
 /// An acquire's `timeout_seconds` as the API receives it: 0–300.
 #[cfg_attr(not(test), allow(dead_code))]
-pub fn timeout_s(value: i64) -> Result<(), Error> {
+pub(crate) fn timeout_s(value: i64) -> Result<(), Error> {
     if (0..=TIMEOUT_MAX_S).contains(&value) {
         Ok(())
     } else {
@@ -123,7 +123,7 @@ pub fn timeout_s(value: i64) -> Result<(), Error> {
 }
 
 /// An acquire's wait in nanoseconds, as carried by [`Cmd::Acquire`]: 0–300 s.
-pub fn wait_ns(value: Nanos) -> Result<(), Error> {
+pub(crate) fn wait_ns(value: Nanos) -> Result<(), Error> {
     if (0..=TIMEOUT_MAX_S * NANOS_PER_SEC).contains(&value) {
         Ok(())
     } else {
@@ -132,7 +132,7 @@ pub fn wait_ns(value: Nanos) -> Result<(), Error> {
 }
 
 /// A hold limit in nanoseconds, as commands carry it: 0 (none) or 1 s to 30 days.
-pub fn max_hold_ns(value: Nanos) -> Result<(), Error> {
+pub(crate) fn max_hold_ns(value: Nanos) -> Result<(), Error> {
     const NANOS_PER_MS: Nanos = 1_000_000;
     let min = MAX_HOLD_MIN_MS as Nanos * NANOS_PER_MS;
     let max = MAX_HOLD_MAX_MS as Nanos * NANOS_PER_MS;
@@ -152,7 +152,7 @@ fn timeout_error() -> Error {
 }
 
 /// A `lease_id`: 1–128 bytes. Whether it names a lease is for the state to say (`NotFound`).
-pub fn lease_id(value: &str) -> Result<(), Error> {
+pub(crate) fn lease_id(value: &str) -> Result<(), Error> {
     if !value.is_empty() && value.len() <= LEASE_ID_MAX_BYTES {
         Ok(())
     } else {
@@ -163,7 +163,7 @@ pub fn lease_id(value: &str) -> Result<(), Error> {
 }
 
 /// A semaphore's `permits`: 1–4294967295.
-pub fn permits(value: u64) -> Result<(), Error> {
+pub(crate) fn permits(value: u64) -> Result<(), Error> {
     if (1..=PERMITS_MAX).contains(&value) {
         Ok(())
     } else {
@@ -175,7 +175,7 @@ pub fn permits(value: u64) -> Result<(), Error> {
 
 /// An acquire's `weight`: 0 (meaning 1) up to [`PERMITS_MAX`]; anything larger exceeds every
 /// semaphore's permits.
-pub fn weight(value: u64) -> Result<(), Error> {
+pub(crate) fn weight(value: u64) -> Result<(), Error> {
     if value <= PERMITS_MAX {
         Ok(())
     } else {
@@ -185,7 +185,7 @@ pub fn weight(value: u64) -> Result<(), Error> {
 
 /// The members of an all-or-none acquire: 2 to 16 distinct semaphore names, each weight at
 /// most the permits cap.
-pub fn set_members(members: &[SetMember]) -> Result<(), Error> {
+pub(crate) fn set_members(members: &[SetMember]) -> Result<(), Error> {
     if !(SET_MEMBERS_MIN..=SET_MEMBERS_MAX).contains(&members.len()) {
         return Err(Error::invalid(format!(
             "semaphores must name {SET_MEMBERS_MIN} to {SET_MEMBERS_MAX} members, got {}",
@@ -207,12 +207,12 @@ pub fn set_members(members: &[SetMember]) -> Result<(), Error> {
 }
 
 /// The error for an acquire that could never be granted.
-pub fn weight_exceeds_permits() -> Error {
+pub(crate) fn weight_exceeds_permits() -> Error {
     Error::invalid("weight exceeds semaphore permits")
 }
 
 /// A page `limit`: 0 means 100, otherwise 1–250. Returns the effective limit.
-pub fn page_limit(value: i32) -> Result<usize, Error> {
+pub(crate) fn page_limit(value: i32) -> Result<usize, Error> {
     match value {
         0 => Ok(PAGE_LIMIT_DEFAULT),
         1..=PAGE_LIMIT_MAX => Ok(value as usize),
@@ -223,7 +223,7 @@ pub fn page_limit(value: i32) -> Result<usize, Error> {
 }
 
 /// A request id: 1 to 64 ASCII letters, digits, `-` or `_`.
-pub fn request_id(value: &str) -> Result<(), Error> {
+pub(crate) fn request_id(value: &str) -> Result<(), Error> {
     let ok = !value.is_empty()
         && value.len() <= REQUEST_ID_MAX_BYTES
         && value

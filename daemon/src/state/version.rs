@@ -22,19 +22,19 @@ use serde::{Deserialize, Serialize};
 use super::types::Error;
 
 /// The cluster version of a state that records none: what release 0.1.0 speaks.
-pub const BASE: u32 = 1;
+pub(crate) const BASE: u32 = 1;
 
 /// The newest cluster version this build speaks (it speaks every version from [`BASE`] on).
-pub const NEWEST: u32 = 2;
+pub(crate) const NEWEST: u32 = 2;
 
 /// The data format of the first release kept (0.1.0): the layout of its log entries and state.
-pub const OLDEST_DATA_FORMAT: u32 = 7;
+pub(crate) const OLDEST_DATA_FORMAT: u32 = 7;
 
 /// The data format this build writes at cluster version [`NEWEST`].
-pub const NEWEST_DATA_FORMAT: u32 = data_format(NEWEST);
+pub(crate) const NEWEST_DATA_FORMAT: u32 = data_format(NEWEST);
 
 /// The layout of the log entries and of the state's encoding at cluster version `version`.
-pub const fn data_format(version: u32) -> u32 {
+pub(crate) const fn data_format(version: u32) -> u32 {
     match version {
         0 | 1 => OLDEST_DATA_FORMAT,
         // 8: the state records its cluster version; `SetClusterVersion`; request ids scoped
@@ -55,7 +55,7 @@ impl Default for ClusterVersion {
 
 /// A command or behaviour that needs a cluster version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// A request id belongs to the token (and namespace) that sent it: another token's write
     /// with the same id neither receives its reply nor is refused because of it.
     ScopedRequestIds,
@@ -63,7 +63,7 @@ pub enum Gate {
 
 impl Gate {
     /// The cluster version from which it is open.
-    pub const fn needs(self) -> u32 {
+    pub(crate) const fn needs(self) -> u32 {
         match self {
             Gate::ScopedRequestIds => 2,
         }
@@ -77,7 +77,7 @@ impl Gate {
     }
 
     /// Whether the gate is open at `version`.
-    pub const fn open_at(self, version: ClusterVersion) -> bool {
+    pub(crate) const fn open_at(self, version: ClusterVersion) -> bool {
         version.0 >= self.needs()
     }
 
@@ -86,7 +86,7 @@ impl Gate {
     /// that the caller hears why; this release's only gate changes how existing commands run,
     /// and the state itself asks [`Gate::open_at`].
     #[allow(dead_code)]
-    pub fn check(self, version: ClusterVersion) -> Result<(), Error> {
+    pub(crate) fn check(self, version: ClusterVersion) -> Result<(), Error> {
         if self.open_at(version) {
             return Ok(());
         }

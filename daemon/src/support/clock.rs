@@ -34,7 +34,7 @@ pub fn set_wall_clock(clock: fn() -> Option<Nanos>) -> bool {
 }
 
 /// The wall clock in nanoseconds since the Unix epoch: for display times only.
-pub fn wall_ns() -> Nanos {
+pub(crate) fn wall_ns() -> Nanos {
     if crate::SIM_HOOKS
         && let Some(now) = WALL_CLOCK.get().and_then(|clock| clock())
     {
@@ -55,7 +55,7 @@ struct Anchor {
 
 /// This node's lease clock while it leads. See the module docs.
 #[derive(Debug, Default)]
-pub struct LeaseClock {
+pub(crate) struct LeaseClock {
     inner: Mutex<Inner>,
 }
 
@@ -68,7 +68,7 @@ struct Inner {
 
 impl LeaseClock {
     /// The lease clock now, as leader of `term` whose applied state's clock is `applied_ns`.
-    pub fn now(&self, term: u64, applied_ns: Nanos) -> Nanos {
+    pub(crate) fn now(&self, term: u64, applied_ns: Nanos) -> Nanos {
         if crate::sim_hooks::regressions::active(
             crate::sim_hooks::regressions::Bug::WallClockLeases,
         ) {

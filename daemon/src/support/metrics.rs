@@ -416,7 +416,7 @@ impl Metrics {
 
     /// Adds the process's memory, open files and CPU time (once, for the node that serves
     /// them).
-    pub fn register_process(&self) {
+    pub(crate) fn register_process(&self) {
         let collector = prometheus::process_collector::ProcessCollector::for_self();
         if let Err(e) = self.registry.register(Box::new(collector)) {
             tracing::warn!(error = %e, "process metrics unavailable");
@@ -548,7 +548,7 @@ impl Default for SnapshotMetrics {
 }
 
 /// Observes `duration` in seconds.
-pub fn observe(histogram: &Histogram, duration: Duration) {
+pub(crate) fn observe(histogram: &Histogram, duration: Duration) {
     histogram.observe(duration.as_secs_f64());
 }
 

@@ -46,7 +46,7 @@ pub fn releases() -> &'static [Release] {
 }
 
 /// The oldest kept release that speaks `cluster_version`, for messages ("release 0.2.0").
-pub fn first_speaking(cluster_version: u32) -> Option<&'static str> {
+pub(crate) fn first_speaking(cluster_version: u32) -> Option<&'static str> {
     releases()
         .iter()
         .find(|r| r.cluster_version >= cluster_version)
@@ -74,7 +74,7 @@ pub fn version_line() -> &'static str {
 
 /// How the last line of `conchd --version` starts in a build with test machinery in it (the
 /// release check in packaging/dist-test.sh looks for it).
-pub const TEST_BUILD: &str = "test build:";
+pub(crate) const TEST_BUILD: &str = "test build:";
 
 /// What test machinery this build carries, if any: tokio built with `--cfg tokio_unstable` (the
 /// simulator's seeded runtime) and, with it, the simulator's hooks (`SIM_HOOKS` in lib.rs).

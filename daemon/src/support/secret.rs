@@ -7,9 +7,9 @@ use sha2::{Digest, Sha256};
 use crate::state::auth::TokenHash;
 
 /// A token (generated or from the bootstrap file) has at least this many characters.
-pub const TOKEN_MIN_CHARS: usize = 32;
+pub(crate) const TOKEN_MIN_CHARS: usize = 32;
 
 /// SHA-256 of a token as presented (surrounding whitespace removed).
-pub fn hash_token(token: &str) -> TokenHash {
+pub(crate) fn hash_token(token: &str) -> TokenHash {
     Sha256::digest(token.trim().as_bytes()).into()
 }

@@ -11,7 +11,7 @@ use super::view::{
 use crate::state::Metadata;
 
 /// `text` safe inside an element or a quoted attribute.
-pub fn esc(text: &str) -> String {
+pub(super) fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -27,7 +27,7 @@ pub fn esc(text: &str) -> String {
 }
 
 /// What the layout needs besides the main part.
-pub struct Frame<'a> {
+pub(super) struct Frame<'a> {
     pub node_id: u64,
     /// The page is served without TLS.
     pub plaintext: bool,
@@ -37,7 +37,7 @@ pub struct Frame<'a> {
 }
 
 /// A whole page: `main` inside the layout every page shares.
-pub fn page(frame: &Frame<'_>, main: &str) -> String {
+pub(super) fn page(frame: &Frame<'_>, main: &str) -> String {
     let warning = if frame.plaintext {
         "<p class=\"warn\" id=\"plaintext\">Served without TLS: this page, and any token entered \
          here, cross the network readable. Start conchd with --tls-cert to serve it over \
@@ -65,7 +65,7 @@ pub fn page(frame: &Frame<'_>, main: &str) -> String {
 
 /// The form that asks for a token (kept in the tab's sessionStorage by the script, sent as a
 /// header, never in a URL), with why it is asked for.
-pub fn token_form(message: &str) -> String {
+pub(super) fn token_form(message: &str) -> String {
     format!(
         "<section class=\"token\"><h2>Token needed</h2><p class=\"bad\">{}</p>\
          <form id=\"token-form\" autocomplete=\"off\">\
@@ -79,7 +79,7 @@ pub fn token_form(message: &str) -> String {
 }
 
 /// A refusal or failure in place of a view.
-pub fn problem(message: &str) -> String {
+pub(super) fn problem(message: &str) -> String {
     format!(
         "<section class=\"problem\"><h2>Not shown</h2><p class=\"bad\">{}</p></section>",
         esc(message)
@@ -87,7 +87,7 @@ pub fn problem(message: &str) -> String {
 }
 
 /// A duration in milliseconds as a person reads it: `850ms`, `42s`, `3m 12s`, `2h 5m`, `3d 4h`.
-pub fn duration(ms: i64) -> String {
+pub(super) fn duration(ms: i64) -> String {
     let s = ms / 1_000;
     match s {
         _ if ms < 1_000 => format!("{}ms", ms.max(0)),
@@ -253,7 +253,7 @@ fn leases_table(out: &mut String, leases: &[LeaseRow], with_namespace: bool) {
 }
 
 /// The overview's main part.
-pub fn overview(o: &Overview) -> String {
+pub(super) fn overview(o: &Overview) -> String {
     let mut out = String::new();
     cluster_section(&mut out, &o.cluster);
     let _ = write!(
@@ -424,7 +424,7 @@ fn semaphore_block(out: &mut String, s: &SemaphoreBlock) {
 }
 
 /// A namespace's main part.
-pub fn namespace(n: &NamespacePage) -> String {
+pub(super) fn namespace(n: &NamespacePage) -> String {
     let mut out = String::new();
     let _ = write!(
         out,

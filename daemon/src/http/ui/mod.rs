@@ -43,7 +43,7 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'";
 
 /// Serves the status page on `listener` until the node stops.
-pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
+pub(crate) async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener) {
     let gate = node.connection_gate("ui");
     loop {
         let (stream, remote) = match listener.accept().await {

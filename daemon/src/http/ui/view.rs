@@ -18,18 +18,18 @@ use crate::state::{
 };
 
 /// Rows per list: a page of the state's paging, its largest.
-pub const ROWS: i32 = 250;
+pub(super) const ROWS: i32 = 250;
 /// The leases the overview lists, soonest to expire first.
-pub const EXPIRING: usize = 20;
+pub(super) const EXPIRING: usize = 20;
 /// The metadata keys `conch` fills in for a holder or waiter: its machine and process.
-pub const META_HOST: &str = "host";
-pub const META_PID: &str = "pid";
+pub(super) const META_HOST: &str = "host";
+pub(super) const META_PID: &str = "pid";
 
 const NANOS_PER_MILLI: Nanos = 1_000_000;
 
 /// A capped list: its rows, and whether more exist than are shown.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Listed<T> {
+pub(super) struct Listed<T> {
     pub items: Vec<T>,
     pub more: bool,
 }
@@ -45,7 +45,7 @@ impl<T> Listed<T> {
 
 /// The cluster as the serving node sees it.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Cluster {
+pub(super) struct Cluster {
     pub node_id: u64,
     pub node_addr: String,
     /// `Leader`, `Follower`, `Candidate`, `Learner` or `Shutdown`.
@@ -76,7 +76,7 @@ pub struct Cluster {
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct MemberRow {
+pub(super) struct MemberRow {
     pub id: u64,
     pub addr: String,
     /// `leader`, `follower` or `learner`.
@@ -91,7 +91,7 @@ pub struct MemberRow {
 
 /// The first page: the cluster, the namespaces, the leases expiring soonest.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Overview {
+pub(super) struct Overview {
     pub cluster: Cluster,
     pub access_control: bool,
     pub namespaces: Listed<NamespaceRow>,
@@ -101,7 +101,7 @@ pub struct Overview {
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct NamespaceRow {
+pub(super) struct NamespaceRow {
     pub name: String,
     pub description: String,
     pub semaphores: u64,
@@ -118,7 +118,7 @@ pub struct NamespaceRow {
 /// One namespace: its semaphores with their holders and queues, locks, wait groups, barriers
 /// and leases.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct NamespacePage {
+pub(super) struct NamespacePage {
     pub name: String,
     pub description: String,
     pub metadata: Metadata,
@@ -132,7 +132,7 @@ pub struct NamespacePage {
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct SemaphoreBlock {
+pub(super) struct SemaphoreBlock {
     pub name: String,
     pub description: String,
     pub permits: u64,
@@ -149,7 +149,7 @@ pub struct SemaphoreBlock {
 
 /// Who holds: a semaphore's holder, or a lock's.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct HolderRow {
+pub(super) struct HolderRow {
     pub fencing_token: u64,
     /// Empty when the caller may not see this lease (another token's).
     pub lease_id: String,
@@ -171,7 +171,7 @@ pub struct HolderRow {
 
 /// Who waits, in queue order: for a semaphore, or for a lock of the namespace.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct WaiterRow {
+pub(super) struct WaiterRow {
     /// 0 = next.
     pub position: u64,
     /// The lock path waited for (locks only).
@@ -193,7 +193,7 @@ pub struct WaiterRow {
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct LockRow {
+pub(super) struct LockRow {
     pub path: String,
     /// `exclusive` or `shared`.
     pub mode: &'static str,
@@ -202,7 +202,7 @@ pub struct LockRow {
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct WaitGroupRow {
+pub(super) struct WaitGroupRow {
     pub name: String,
     pub counter: u64,
     pub completed_jobs: u64,
@@ -212,7 +212,7 @@ pub struct WaitGroupRow {
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct BarrierRow {
+pub(super) struct BarrierRow {
     pub name: String,
     pub arrived: u64,
     pub expected: u64,
@@ -220,7 +220,7 @@ pub struct BarrierRow {
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct LeaseRow {
+pub(super) struct LeaseRow {
     pub namespace: String,
     pub lease_id: String,
     /// `semaphore` or `lock`.
@@ -268,7 +268,7 @@ fn millis(ns: Nanos) -> i64 {
 
 /// The overview's namespaces and expiring leases, read from `state` as `caller` may see them,
 /// with durations measured to `now_ns` (wall clock, ns since the Unix epoch).
-pub fn overview_of(
+pub(super) fn overview_of(
     state: &State,
     caller: &Caller,
     now_ns: Nanos,
@@ -354,7 +354,7 @@ fn lease_row(ns: &str, kind: LeaseKind, lease: LeaseView, now_ns: Nanos) -> Leas
 
 /// Namespace `ns` read from `state` as `caller` may see it (the caller's read permission on it
 /// is checked before: see the API's `Caller::allow`).
-pub fn namespace_of(
+pub(super) fn namespace_of(
     state: &State,
     caller: &Caller,
     ns: &str,
@@ -530,7 +530,7 @@ pub fn namespace_of(
 
 /// The members' rows: roles from the membership and the known leader; lag from the leader's
 /// replication progress (`matched`, on the leader only) against its `last_log_index`.
-pub fn member_rows(
+pub(super) fn member_rows(
     members: &[(u64, String, bool)],
     this_node: u64,
     leader: Option<u64>,
@@ -562,7 +562,7 @@ pub fn member_rows(
 }
 
 /// `ns` (nanoseconds since the Unix epoch) as UTC, to the second: `2026-06-12 10:15:00Z`.
-pub fn utc(ns: Nanos) -> String {
+pub(super) fn utc(ns: Nanos) -> String {
     if ns <= 0 {
         return String::new();
     }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::*;
 
 /// SHA-256 of a token.
-pub type TokenHash = [u8; 32];
+pub(crate) type TokenHash = [u8; 32];
 
 /// A permission on a namespace; each includes the ones below it: read < acquire < write <
 /// admin. (Declared in the order they were added, which the encoding keeps; [`Ord`] follows

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::*;
 
 /// What a command answers: a value, or an error that changed nothing.
-pub type Reply = Result<Outcome, Error>;
+pub(crate) type Reply = Result<Outcome, Error>;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
@@ -104,15 +104,15 @@ impl LeaseKind {
 /// What a queued acquire waits for, as [`Event`]s, [`Cmd::GiveUp`] and the waiting callers name
 /// it: a semaphore's name, or [`LOCK_OBJECT_PREFIX`] and a lock's path. The prefix holds a
 /// character no semaphore name may contain, so the two never meet.
-pub const LOCK_OBJECT_PREFIX: &str = "lock:";
+pub(crate) const LOCK_OBJECT_PREFIX: &str = "lock:";
 
 /// The wait object of lock `path`.
-pub fn lock_object(path: &str) -> String {
+pub(crate) fn lock_object(path: &str) -> String {
     format!("{LOCK_OBJECT_PREFIX}{path}")
 }
 
 /// The lock path of a wait object, if it names a lock.
-pub fn lock_path(object: &str) -> Option<&str> {
+pub(crate) fn lock_path(object: &str) -> Option<&str> {
     object.strip_prefix(LOCK_OBJECT_PREFIX)
 }
 
