@@ -379,12 +379,7 @@ impl ConchNode {
     /// Runs a node from a [`Config`] built elsewhere (as `conchd` does from its flags): binds
     /// `config.listen`, then as [`ConchNode::start`].
     pub async fn start_config(config: Arc<Config>) -> Result<ConchNode, StartError> {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|error| StartError::Bind {
-                addr: config.listen.to_string(),
-                error,
-            })?;
+        let listener = server::bind(&config).await?;
         ConchNode::start_bound(config, listener).await
     }
 

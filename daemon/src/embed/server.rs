@@ -217,13 +217,18 @@ fn describe_bind_error(e: &std::io::Error, flag: &str) -> String {
 
 /// Binds the port, opens the data directory and starts Raft and the node's tasks.
 pub async fn start(config: Arc<Config>) -> Result<Running, StartError> {
-    let listener = tokio::net::TcpListener::bind(config.listen)
+    let listener = bind(&config).await?;
+    start_with_listener(config, listener).await
+}
+
+/// Binds the client port `config.listen`.
+pub(crate) async fn bind(config: &Config) -> Result<tokio::net::TcpListener, StartError> {
+    tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|error| StartError::Bind {
             addr: config.listen.to_string(),
             error,
-        })?;
-    start_with_listener(config, listener).await
+        })
 }
 
 /// [`start`] on a port the caller has already bound (`config.listen` is then only what the
