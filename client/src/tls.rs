@@ -115,19 +115,24 @@ const UNKNOWN_CLIENT_CA: &str =
     "the node does not accept this client certificate (signed by another CA)";
 const CERT_REVOKED: &str = "the node refused this client certificate: it is revoked";
 const CERT_REFUSED: &str = "the node refused this client certificate";
+/// TLS's `decrypt_error` alert in a handshake: a signature did not verify. From a node checking
+/// a client certificate, that is one signed by another CA of the same name (every CA `conch
+/// certs` makes is named `conch CA`), or a key that is not the certificate's.
+const SIGNATURE_REFUSED: &str = "the node refused this client certificate: its signature does not verify against the node's client CA (a certificate of another CA, or --key is not --cert's key)";
 
 /// The hints that name a TLS setting as the cause. A connection closed right after a completed
 /// handshake is counted among them: it is what a client certificate the node refuses (revoked,
 /// of another CA) looks like from here (TLS 1.3 sends that verdict after the client finished its
 /// handshake, and the alert does not reach this side's error), while a node that is down
 /// refuses the connection instead.
-const CERTAIN: [&str; 7] = [
+const CERTAIN: [&str; 8] = [
     NOT_TLS,
     OTHER_CA,
     CERT_REQUIRED,
     UNKNOWN_CLIENT_CA,
     CERT_REVOKED,
     CERT_REFUSED,
+    SIGNATURE_REFUSED,
     CLOSED_AFTER_HANDSHAKE,
 ];
 
@@ -164,6 +169,9 @@ pub(crate) fn mismatch_hint(message: &str, tls: bool) -> Option<&'static str> {
     }
     if tls && (lower.contains("certificaterevoked") || lower.contains("certificate revoked")) {
         return Some(CERT_REVOKED);
+    }
+    if tls && (lower.contains("alert: decrypterror") || lower.contains("alert: decrypt error")) {
+        return Some(SIGNATURE_REFUSED);
     }
     if tls
         && (lower.contains("badcertificate")
@@ -231,6 +239,7 @@ mod tests {
             ("received fatal alert: UnknownCA", true),
             ("received fatal alert: CertificateRevoked", true),
             ("received fatal alert: BadCertificate", true),
+            ("received fatal alert: DecryptError", true),
             ("http2 error: frame with invalid size", false),
             ("transport error: connection closed", true),
             ("stream closed because of a broken pipe", true),

@@ -333,13 +333,17 @@ pub(crate) async fn gather(client: &Client) -> Vec<Row> {
     rows
 }
 
-/// When no node answered and one refused the caller: the refusal and its exit status, to be
-/// reported as one, not as an outage: 77 when access control refused the token (or its lack),
-/// 78 when the TLS settings kept every node from being asked (a revoked client certificate, one
-/// of another CA, none where one is required, TLS to a plaintext node). A monitoring check with a
-/// bad credential must not page for the cluster.
-pub(crate) fn refusal(rows: &[Row]) -> Option<(u8, String)> {
-    if rows.iter().any(|r| r.status.is_some()) {
+/// When the caller's refusal leaves the cluster's health unknown: the refusal and its exit
+/// status, to be reported as one, not as an outage: 77 when access control refused the token
+/// (or its lack), 78 when the TLS settings kept nodes from being asked (a revoked client
+/// certificate, one of another CA, none where one is required, TLS to a plaintext node). A
+/// monitoring check with a bad credential must not page for the cluster.
+///
+/// The health is unknown when no node answered, or when the nodes that answered show no quorum
+/// (`unhealthy`) while others refused the caller: a node that refused may well follow the
+/// leader, as while a new revocation list reaches one node before another.
+pub(crate) fn refusal(rows: &[Row], unhealthy: bool) -> Option<(u8, String)> {
+    if !unhealthy && rows.iter().any(|r| r.status.is_some()) {
         return None;
     }
     let (code, refused) = match rows.iter().find(|r| r.refused) {

@@ -194,11 +194,12 @@ pub(crate) fn evaluate(rows: &[Row]) -> Health {
 
 pub(crate) async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     let rows = crate::cluster::gather(client).await;
-    if let Some((code, refused)) = crate::cluster::refusal(&rows) {
+    let health = evaluate(&rows);
+    if let Some((code, refused)) = crate::cluster::refusal(&rows, health.status == Level::Unhealthy)
+    {
         eprintln!("conch: the cluster's health is unknown: this caller was {refused}");
         return Ok(ExitCode::from(code));
     }
-    let health = evaluate(&rows);
     let line = if json {
         serde_json::to_string(&health)?
     } else {
@@ -213,11 +214,12 @@ pub(crate) async fn run(client: &Client, json: bool) -> anyhow::Result<ExitCode>
 /// no majority follows is trusted by neither command.
 pub(crate) async fn status(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     let rows = crate::cluster::gather(client).await;
-    if let Some((code, refused)) = crate::cluster::refusal(&rows) {
+    let health = evaluate(&rows);
+    if let Some((code, refused)) = crate::cluster::refusal(&rows, health.status == Level::Unhealthy)
+    {
         eprintln!("conch: the cluster's health is unknown: this caller was {refused}");
         return Ok(ExitCode::from(code));
     }
-    let health = evaluate(&rows);
     if json {
         crate::print_lines([serde_json::to_string_pretty(&rows)?])?;
     } else {
@@ -311,14 +313,14 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_is_a_refusal_only_when_no_node_answered() {
+    fn a_refusal_is_reported_when_it_leaves_the_health_unknown() {
         let refused = || {
             let mut row = down(1);
             row.refused = true;
             row.error = Some("unknown or revoked token".into());
             row
         };
-        let (code, said) = crate::cluster::refusal(&[refused(), down(2)]).expect("a refusal");
+        let (code, said) = crate::cluster::refusal(&[refused(), down(2)], true).expect("a refusal");
         assert!(said.contains("unknown or revoked token"), "{said}");
         assert_eq!(code, crate::exit::NO_PERMISSION);
         let tls = || {
@@ -327,15 +329,32 @@ mod tests {
             row.error = Some("received fatal alert: CertificateRevoked".into());
             row
         };
-        let (code, said) = crate::cluster::refusal(&[tls(), down(2)]).expect("a refusal");
+        let (code, said) = crate::cluster::refusal(&[tls(), down(2)], true).expect("a refusal");
         assert!(said.contains("CertificateRevoked"), "{said}");
         assert_eq!(code, crate::exit::CONFIG);
-        assert_eq!(crate::cluster::refusal(&[tls(), node(2, 2, 3, 5)]), None);
+        assert_eq!(crate::cluster::refusal(&[down(1), down(2)], true), None);
+        // Nodes answered and show a quorum: the refusal of another changes nothing.
+        let quorum = [node(1, 1, 3, 5), node(2, 1, 3, 5), tls()];
+        assert_ne!(evaluate(&quorum).status, Level::Unhealthy);
+        assert_eq!(crate::cluster::refusal(&quorum, false), None);
+        // One node answered (it has not yet read the new revocation list), the others refused
+        // the caller: no quorum can be seen, so the health is unknown, not an outage.
+        for (rows, code) in [
+            ([node(1, 1, 3, 5), tls(), tls()], crate::exit::CONFIG),
+            (
+                [node(1, 1, 3, 5), refused(), down(3)],
+                crate::exit::NO_PERMISSION,
+            ),
+        ] {
+            assert_eq!(evaluate(&rows).status, Level::Unhealthy);
+            let (got, said) = crate::cluster::refusal(&rows, true).expect("a refusal");
+            assert_eq!(got, code, "{said}");
+        }
+        // No quorum and nobody refused: an outage, as it looks.
         assert_eq!(
-            crate::cluster::refusal(&[refused(), node(2, 2, 3, 5)]),
+            crate::cluster::refusal(&[node(1, 1, 3, 5), down(2), down(3)], true),
             None
         );
-        assert_eq!(crate::cluster::refusal(&[down(1), down(2)]), None);
     }
 
     #[test]
