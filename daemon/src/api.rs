@@ -53,6 +53,12 @@ pub(crate) use conch_proto::wire::LEADER_HEADER;
 /// the in-process client (`embed::LocalClient`) both serve. Once this node was removed from the
 /// cluster, every call is answered UNAVAILABLE saying so (see `removal.rs`).
 pub(crate) fn client_routes(node: &Arc<Node>) -> Routes {
+    client_services(node).0
+}
+
+/// [`client_routes`], and the blocking acquire's route sharing their count of waiting calls,
+/// which the node's port serves ahead of them (`acquire_route::ShortcutLayer`).
+fn client_services(node: &Arc<Node>) -> (Routes, acquire_route::AcquireRoute) {
     // One count of waiting calls per principal for every service whose calls wait.
     let waiting = Arc::new(admission::Waiting::new(node.metrics.waiting_calls.clone()));
     let grackle_service = Arc::new(grackle::GrackleService::new(
@@ -79,11 +85,12 @@ pub(crate) fn client_routes(node: &Arc<Node>) -> Routes {
     // The blocking acquire by its own route, which a waiting call costs less in
     // (`acquire_route.rs`); an exact path is matched before the service's other methods.
     let acquire = acquire_route::AcquireRoute::new(grackle_service, Arc::clone(node));
-    Routes::from(
+    let routes = Routes::from(
         routes
             .into_axum_router()
-            .route_service(acquire_route::PATH, acquire),
-    )
+            .route_service(acquire_route::PATH, acquire.clone()),
+    );
+    (routes, acquire)
 }
 
 /// Administration, for clients and for admin calls other nodes forward here (those carry their
@@ -178,7 +185,7 @@ pub(crate) async fn serve(
         .build_v1alpha()
         .inspect_err(|e| tracing::warn!(error = %e, "gRPC reflection v1alpha unavailable"))
         .ok();
-    let builder = |gate: &Arc<Gate>| {
+    let builder = |gate: &Arc<Gate>, acquire: Option<acquire_route::AcquireRoute>| {
         Server::builder()
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
             .max_concurrent_streams(Some(admission::MAX_STREAMS_PER_CONNECTION))
@@ -193,11 +200,13 @@ pub(crate) async fn serve(
             .layer(slots::SlotLayer::new(Arc::clone(&node), Arc::clone(gate)))
             // Every call is counted; every client-facing response names the leader, errors too.
             .layer(responses::ResponseLayer::new(Arc::clone(&node)))
+            .layer(acquire_route::ShortcutLayer::new(acquire))
     };
     let shared_port = peer_listener.is_none();
     let client_gate = node.connection_gate("client");
-    let clients = builder(&client_gate)
-        .add_routes(client_routes(&node))
+    let (routes, acquire) = client_services(&node);
+    let clients = builder(&client_gate, Some(acquire))
+        .add_routes(routes)
         .add_service(health_service.clone())
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
@@ -206,7 +215,7 @@ pub(crate) async fn serve(
         return serve_on(&node, clients, client_gate, listener, shutdown).await;
     };
     let peer_gate = node.connection_gate("peer");
-    let peers = builder(&peer_gate)
+    let peers = builder(&peer_gate, None)
         .add_service(peer_service(&node))
         .add_service(admin_service(&node))
         .add_service(health_service);
@@ -225,8 +234,11 @@ pub(crate) async fn serve(
 
 type ClientRouter = tonic::transport::server::Router<
     tower::layer::util::Stack<
-        responses::ResponseLayer,
-        tower::layer::util::Stack<slots::SlotLayer, tower::layer::util::Identity>,
+        acquire_route::ShortcutLayer,
+        tower::layer::util::Stack<
+            responses::ResponseLayer,
+            tower::layer::util::Stack<slots::SlotLayer, tower::layer::util::Identity>,
+        >,
     >,
 >;
 

@@ -38,6 +38,7 @@ mod flags;
 const EXIT_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
+    one_malloc_arena();
     let parsed = Flags::command()
         .try_get_matches()
         .and_then(|matches| Flags::from_arg_matches(&matches).map(|flags| (flags, matches)));
@@ -102,6 +103,26 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+/// Has glibc's malloc keep one arena for every thread, unless `MALLOC_ARENA_MAX` or
+/// `GLIBC_TUNABLES` say otherwise. With an arena per thread (glibc's default, up to eight per
+/// core), memory one thread freed is reused only by the threads of its arena: the buffers a
+/// burst of calls left on one runtime thread stayed with the node while the next burst grew
+/// another arena. With one, a node holding 10 000 waiting calls after 10 000 finished ones
+/// measured 113-118 MB instead of 124-132 MB (W5, the book's Memory and disk), with no
+/// throughput lost at 64 clients: each thread's cache of small blocks still serves most
+/// allocations without the arena's lock.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none()
+        && !std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("arena_max"))
+    {
+        // SAFETY: called first thing in `main`, before any other thread exists and before
+        // this program allocates anything that depends on the setting. A refusal (0) leaves
+        // glibc's default, which is still correct.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     }
 }
 

@@ -64,19 +64,78 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // The request moves into the decoder's own boxed future, freed before the handler runs:
+        // what an `async` block captures keeps its room for as long as the block lives, so the
+        // call's future, which lives as long as the call waits, captures only two pointers.
         let AcquireRoute { service, node } = self.clone();
+        let decoded = Box::pin(async move { decode(&node, request).await });
         Box::pin(async move {
-            // Boxed: the decoder's state is freed before the handler runs. The request is
-            // scoped to the block, so no room for it is kept across the handler's await.
-            let answer = {
-                let request = match Box::pin(decode(&node, request)).await {
-                    Ok(request) => request,
-                    Err(status) => return Ok(status.into_http()),
-                };
-                service.acquire_semaphore_owned(request)
+            let request = match decoded.await {
+                Ok(request) => request,
+                Err(status) => return Ok(status.into_http()),
             };
-            Ok(encode(answer.await))
+            Ok(encode(service.acquire_semaphore_owned(request).await))
         })
+    }
+}
+
+/// The port's shortcut to the route: a call of [`PATH`] goes straight to the [`AcquireRoute`],
+/// any other to the services behind it. The node's port layers this innermost, so a waiting
+/// call keeps neither the router's room for a request it dispatches (axum keeps a whole
+/// `http::Request` of room in every routed call's future) nor its boxed copy of the route; every
+/// call's future is then one pointer wide in the layers above. The routes keep the same route
+/// for the in-process client (`embed::LocalClient`), which has no port.
+#[derive(Clone)]
+pub(crate) struct ShortcutLayer {
+    route: Option<AcquireRoute>,
+}
+
+impl ShortcutLayer {
+    /// Serves [`PATH`] by `route`; with `None` (the peer port, which serves no client call)
+    /// every call goes to the services behind.
+    pub(crate) fn new(route: Option<AcquireRoute>) -> Self {
+        ShortcutLayer { route }
+    }
+}
+
+impl<S> tower::Layer<S> for ShortcutLayer {
+    type Service = Shortcut<S>;
+
+    fn layer(&self, inner: S) -> Shortcut<S> {
+        Shortcut {
+            route: self.route.clone(),
+            inner,
+        }
+    }
+}
+
+/// See [`ShortcutLayer`].
+#[derive(Clone)]
+pub(crate) struct Shortcut<S> {
+    route: Option<AcquireRoute>,
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Shortcut<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<StdError> + Send,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        match &mut self.route {
+            Some(route) if request.uri().path() == PATH => route.call(request),
+            _ => Box::pin(self.inner.call(request)),
+        }
     }
 }
 
@@ -147,4 +206,81 @@ fn encode(
     );
     *http.extensions_mut() = extensions;
     http
+}
+
+#[cfg(test)]
+mod tests {
+    use tower::Service as _;
+
+    use super::*;
+
+    /// A node of one, and the route serving its blocking acquires.
+    async fn route() -> anyhow::Result<(crate::ConchNode, AcquireRoute, tempfile::TempDir)> {
+        let dir = tempfile::tempdir()?;
+        let running =
+            crate::ConchNode::start(crate::NodeConfig::single("127.0.0.1:0", dir.path())).await?;
+        let node = Arc::clone(running.node());
+        let waiting = Arc::new(crate::api::admission::Waiting::new(
+            node.metrics.waiting_calls.clone(),
+        ));
+        let service = Arc::new(GrackleService::new(Arc::clone(&node), waiting));
+        Ok((running, AcquireRoute::new(service, node), dir))
+    }
+
+    fn call_of(path: &str) -> http::Request<Body> {
+        let mut request = http::Request::new(Body::empty());
+        *request.uri_mut() = http::Uri::try_from(path).expect("a path");
+        request
+    }
+
+    /// What a blocking acquire keeps while it waits is this future (its decoding and its
+    /// start run in boxes of their own, freed before the wait), one per waiting call: ten
+    /// thousand waiting calls keep it ten thousand times. It held room for the whole HTTP
+    /// request (240 bytes) and copies of the parked call's ticket and permit: 960 bytes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_acquire_keeps_no_room_for_its_request() -> anyhow::Result<()> {
+        let (running, mut route, _dir) = route().await?;
+        let future = route.call(call_of(PATH));
+        let size = std::mem::size_of_val(&*future);
+        assert!(size <= 640, "a blocking acquire's future is {size} bytes");
+        drop(future);
+        running.shutdown().await?;
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_shortcut_serves_the_acquire_path_only_and_only_on_the_client_port()
+    -> anyhow::Result<()> {
+        let (running, route, _dir) = route().await?;
+        let behind = tower::service_fn(|_: http::Request<Body>| async {
+            let mut answer = http::Response::new(Body::empty());
+            answer
+                .headers_mut()
+                .insert("served-by", http::HeaderValue::from_static("behind"));
+            Ok::<_, Infallible>(answer)
+        });
+        let served_by = |answer: &http::Response<Body>| {
+            answer
+                .headers()
+                .get("served-by")
+                .map(|v| v.to_str().unwrap_or_default().to_string())
+        };
+        let mut clients = tower::Layer::layer(&ShortcutLayer::new(Some(route)), behind);
+        let mut peers = tower::Layer::layer(&ShortcutLayer::new(None), behind);
+
+        // The acquire path is the route's: a call without its message is refused by the
+        // route's decoder, not answered by the services behind.
+        let answer = clients.call(call_of(PATH)).await?;
+        assert_eq!(served_by(&answer), None);
+        let status = tonic::Status::from_header_map(answer.headers()).expect("a gRPC status");
+        assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+        // Every other path, and every path on the peer port, goes to the services behind.
+        let other = "/com.evrblk.grackle.v1beta.GrackleApi/ReleaseSemaphore";
+        let answer = clients.call(call_of(other)).await?;
+        assert_eq!(served_by(&answer).as_deref(), Some("behind"));
+        let answer = peers.call(call_of(PATH)).await?;
+        assert_eq!(served_by(&answer).as_deref(), Some("behind"));
+        running.shutdown().await?;
+        Ok(())
+    }
 }

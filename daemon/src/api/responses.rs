@@ -74,7 +74,8 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let path = request.uri().path().to_string();
+        // The request's own path, shared rather than copied: no allocation per call.
+        let path = request.uri().clone();
         let started = Instant::now();
         // The handler notes its write's moments in the task-local (see `write_trace.rs`).
         let inner = CALL.scope(Cell::new(CallStamps::default()), self.inner.call(request));
@@ -92,7 +93,8 @@ where
 /// task-local scope kept room for the inner future twice).
 pub(crate) struct ResponseFuture<F> {
     inner: Pin<Box<TaskLocalFuture<Cell<CallStamps>, F>>>,
-    path: String,
+    /// The call's URI; its path names the method in the metrics.
+    path: http::Uri,
     node: Arc<Node>,
     started: Instant,
 }
@@ -117,8 +119,9 @@ where
         let mut response = response?;
         let node = &this.node;
         record_call(stamps, this.started, Instant::now(), &node.metrics.stages);
-        count(&node.metrics, &this.path, response.headers(), this.started);
-        if !this.path.starts_with(PEER_PATH) {
+        let path = this.path.path();
+        count(&node.metrics, path, response.headers(), this.started);
+        if !path.starts_with(PEER_PATH) {
             add_leader(node, response.headers_mut());
         }
         Poll::Ready(Ok(response))

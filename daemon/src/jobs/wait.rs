@@ -58,7 +58,7 @@ pub(crate) struct Granted {
 /// in case the client re-attaches, then leaves the queue.
 pub(crate) async fn wait_for_grant(
     node: &Arc<Node>,
-    mut ticket: WaitTicket,
+    ticket: &mut WaitTicket,
     deadline_ns: Nanos,
     index: u64,
 ) -> Result<Option<Granted>, WaitError> {
@@ -104,7 +104,7 @@ pub(crate) async fn wait_for_grant(
     };
     if caught_up.is_err() {
         give_up.disarm();
-        return Box::pin(give_up_now(node, &key, deadline_ns, &mut ticket, index)).await;
+        return Box::pin(give_up_now(node, &key, deadline_ns, ticket, index)).await;
     }
     ticket.arm(local_deadline);
     // Events from before this acquire's entry concern an earlier wait of the same lease.
@@ -130,7 +130,7 @@ pub(crate) async fn wait_for_grant(
             Wake::Event(event) => note(event, &mut last),
             Wake::DeadlinePassed => {
                 give_up.disarm();
-                return Box::pin(give_up_now(node, &key, deadline_ns, &mut ticket, index)).await;
+                return Box::pin(give_up_now(node, &key, deadline_ns, ticket, index)).await;
             }
             // The node stops: the caller re-attaches through another node and keeps its place
             // (the waiter stays queued until its lease or its deadline ends it).
@@ -158,9 +158,9 @@ pub(crate) async fn wait_for_set_grant(
     let (Some(primary), false) = (keys.first(), tickets.is_empty()) else {
         return Ok(None);
     };
-    let first = tickets.remove(0);
+    let mut first = tickets.remove(0);
     debug_assert_eq!(**first.key(), *primary);
-    let waited = wait_for_grant(node, first, deadline_ns, index).await;
+    let waited = wait_for_grant(node, &mut first, deadline_ns, index).await;
     let granted = match waited {
         Ok(Some(granted)) => granted,
         Ok(None) => return Ok(None),

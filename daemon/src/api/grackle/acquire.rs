@@ -109,22 +109,21 @@ impl GrackleService {
         })
     }
 
-    /// Waits for a parked acquire to end and answers it.
+    /// Waits for a parked acquire to end and answers it. `parked` is the only room this future
+    /// keeps for the wait's ticket and permit: the wait borrows them rather than taking copies.
     pub(super) async fn finish_wait(
         &self,
-        parked: Parked,
+        mut parked: Parked,
     ) -> Result<pb::AcquireSemaphoreResponse, ApiError> {
-        let Parked {
-            ticket,
-            deadline_ns,
-            index,
-            _waiting,
-        } = parked;
-        let key = Arc::clone(ticket.key());
-        let granted = wait::wait_for_grant(&self.node, ticket, deadline_ns, index)
-            .await
-            .map_err(ApiError::from)?;
-        self.acquire_response(&key, granted)
+        let granted = wait::wait_for_grant(
+            &self.node,
+            &mut parked.ticket,
+            parked.deadline_ns,
+            parked.index,
+        )
+        .await
+        .map_err(ApiError::from)?;
+        self.acquire_response(parked.ticket.key(), granted)
     }
 
     pub(super) fn acquire_response(

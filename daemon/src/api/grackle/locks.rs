@@ -121,7 +121,7 @@ impl GrackleService {
         parked: ParkedLock,
     ) -> Result<pb::AcquireLockResponse, ApiError> {
         let ParkedLock {
-            ticket,
+            mut ticket,
             deadline_ns,
             index,
             _waiting,
@@ -130,7 +130,7 @@ impl GrackleService {
             queued,
         } = parked;
         let key = std::sync::Arc::clone(ticket.key());
-        let granted = wait::wait_for_grant(&self.node, ticket, deadline_ns, index).await?;
+        let granted = wait::wait_for_grant(&self.node, &mut ticket, deadline_ns, index).await?;
         let token = granted.map(|g| g.token);
         let mut answer = self.answer_wait(&key, &path, token, queued)?;
         self.hide_lease_ids(&caller, &key.ns, &mut answer);
