@@ -4,7 +4,7 @@ CLUSTER_DIR ?= $(CURDIR)/.cluster
 
 PREVIOUS_RELEASE ?= 0.1.0
 
-.PHONY: help build release dist dist-test dist-clean-test check test test-doc test-slow test-all nextest-installed test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop docs fmt lint bench bench-etcd jepsen sim proptest clean
+.PHONY: help build release dist dist-test dist-clean-test check test test-doc test-slow test-all nextest-installed test-deps test-unit test-upgrade upgrade-fixtures run cluster cluster-secure cluster-stop docs fmt lint bench bench-build bench-etcd jepsen sim proptest clean
 
 help:
 	@echo "make run           start a single-node conchd on 127.0.0.1:7001 (data in ./conch-data)"
@@ -16,7 +16,7 @@ help:
 	@echo "make test-all      test + the doc tests + the slow tier (bug searches, long Jepsen runs, browser, etcd) + dist-test + dist-clean-test + test-upgrade + docs"
 	@echo "make test-doc      the doc tests alone (the API examples of the crates' docs)"
 	@echo "make test-slow     the slow tier alone"
-	@echo "make bench         benchmarks W1-W5 against a 3-node release cluster (BENCHMARKS.md)"
+	@echo "make bench         benchmarks W1-W5 against a 3-node cluster of the shipped (dist) conchd (BENCHMARKS.md)"
 	@echo "make jepsen DURATION=60 NODES=3   fault injection soak with the safety checker"
 	@echo "make sim SEEDS=500 NODES=3        deterministic simulation: seeds of faults, each replayable"
 	@echo "make bench TLS=1 / make jepsen TLS=1   the same with TLS + peer mutual TLS"
@@ -155,14 +155,22 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-bench:
-	$(CARGO) build --release -p conchd -p cluster-tests --bins
-	target/release/conch-bench $(if $(TLS),--tls) $(if $(AUTH),--auth)
+# The benchmarks measure the conchd users run: the one `make dist` ships, built in the dist
+# profile (LTO) without the simulator's hooks (`tokio_unstable`, .cargo/config.toml), into
+# target/dist/ as `make dist` builds it. conch-bench and the release conchd beside it (which
+# `target/release/conch-bench` uses when CONCHD_BIN is not set) are the release build.
+BENCH_CONCHD = target/dist/conchd
 
-bench-etcd:
-	@scripts/install-bench-deps.sh
+bench-build:
 	$(CARGO) build --release -p conchd -p cluster-tests --bins
-	target/release/conch-bench --baseline etcd $(if $(DURATION),--duration-s $(DURATION))
+	CARGO_ENCODED_RUSTFLAGS= $(CARGO) build --profile dist -p conchd --bin conchd
+
+bench: bench-build
+	CONCHD_BIN=$(BENCH_CONCHD) target/release/conch-bench $(if $(TLS),--tls) $(if $(AUTH),--auth)
+
+bench-etcd: bench-build
+	@scripts/install-bench-deps.sh
+	CONCHD_BIN=$(BENCH_CONCHD) target/release/conch-bench --baseline etcd $(if $(DURATION),--duration-s $(DURATION))
 
 jepsen:
 	$(CARGO) build -p conchd -p conch-client -p cluster-tests --bins
