@@ -179,8 +179,10 @@ Examples:
   target/release/conch-bench --only W6 --w6-knee   # session count where refresh p99 passes 50 ms
   target/release/conch-bench --only W1 --clients 1 --breakdown   # where a write's time goes
   target/release/conch-bench --only W1 --clients 1 --breakdown --placement spread  # via a follower
+  target/release/conch-bench --only W1b --clients 1 --breakdown  # W1b's four writes a cycle
 
-conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN.";
+conchd is found next to this binary (target/release/conchd) or through CONCHD_BIN; `make bench`
+and `make bench-etcd` set it to the shipped build (target/dist/conchd, the dist profile).";
 
 #[tokio::main]
 async fn main() -> ExitCode {
