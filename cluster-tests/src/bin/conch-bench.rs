@@ -149,8 +149,9 @@ struct Cli {
     baseline: Option<String>,
 
     /// With `--only W1` or `--only W1b` (best with `--clients 1`): also show where a write's
-    /// time goes, stage by stage on every node (W1b's four writes a cycle taken together) (the nodes' conch_write_stage_seconds, scraped around the
-    /// measured window), with the stages' sum beside the latency the client measured per call.
+    /// time goes, stage by stage on every node (the nodes' conch_write_stage_seconds, scraped
+    /// around the measured window; W1b's four writes a cycle are timed together), with the
+    /// stages' sum beside the latency the client measured per call.
     /// `--placement leader` times writes on the leader; `--placement spread` puts the one
     /// client on a follower, which forwards each write to the leader. Needs the cluster
     /// conch-bench starts (not with --endpoints).
